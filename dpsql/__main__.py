@@ -1,0 +1,5 @@
+import sys
+
+from dpsql.cli import main
+
+sys.exit(main())

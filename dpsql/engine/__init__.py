@@ -1,0 +1,1 @@
+"""Engines run compiled plans and return exact bounded aggregates; no privacy logic here."""

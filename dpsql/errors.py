@@ -1,0 +1,148 @@
+"""Exception hierarchy: PEP 249 classes plus dpsql's privacy refusals.
+
+Every error carries a PostgreSQL SQLSTATE (so the wire-protocol server can forward it
+unchanged), the construct it is about, its position in the SQL text where there is one,
+and what the analyst can do instead. Messages never contain private values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Position:
+    """1-based line and column of a construct in the analyst's SQL text."""
+
+    line: int
+    column: int
+    offset: int | None = None  # 0-based character offset in the SQL text, when known
+
+    def __str__(self) -> str:
+        return f"line {self.line}, column {self.column}"
+
+
+class Warning(Exception):  # noqa: A001 - the name is fixed by PEP 249
+    """PEP 249 Warning."""
+
+
+class Error(Exception):
+    """PEP 249 base class of every dpsql error.
+
+    ``sqlstate`` is a five-character PostgreSQL code, ``construct`` the SQL fragment or policy
+    key at fault, ``position`` where it stands, ``hint`` what to do instead.
+    """
+
+    sqlstate = "XX000"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        sqlstate: str | None = None,
+        construct: str | None = None,
+        position: Position | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.message = message
+        if sqlstate is not None:
+            self.sqlstate = sqlstate
+        self.construct = construct
+        self.position = position
+        self.hint = hint
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        text = self.message
+        if self.position is not None:
+            text += f" (at {self.position})"
+        if self.hint:
+            text += f". Hint: {self.hint}"
+        return f"[{self.sqlstate}] {text}"
+
+
+class InterfaceError(Error):
+    sqlstate = "08000"
+
+
+class DatabaseError(Error):
+    sqlstate = "XX000"
+
+
+class DataError(DatabaseError):
+    sqlstate = "22000"
+
+
+class OperationalError(DatabaseError):
+    sqlstate = "58000"
+
+
+class IntegrityError(DatabaseError):
+    sqlstate = "23000"
+
+
+class InternalError(DatabaseError):
+    sqlstate = "XX000"
+
+
+class ProgrammingError(DatabaseError):
+    sqlstate = "42000"
+
+
+class NotSupportedError(DatabaseError):
+    sqlstate = "0A000"
+
+
+class PolicyError(ProgrammingError):
+    """The privacy policy file is invalid; raised at connect, naming the file and key."""
+
+    sqlstate = "F0000"
+
+
+class SQLSyntaxError(ProgrammingError):
+    sqlstate = "42601"
+
+
+class UndefinedTableError(ProgrammingError):
+    sqlstate = "42P01"
+
+
+class UndefinedColumnError(ProgrammingError):
+    sqlstate = "42703"
+
+
+class PrivacyError(ProgrammingError):
+    """The query cannot be answered with differential privacy as written.
+
+    Raised before any data is read and before any budget is spent.
+    """
+
+    sqlstate = "42501"
+
+
+class BudgetExhaustedError(PrivacyError):
+    """The analyst's remaining privacy budget does not cover the query."""
+
+    sqlstate = "53400"
+
+
+# Names the DB-API module must export.
+__all__ = [
+    "BudgetExhaustedError",
+    "DataError",
+    "DatabaseError",
+    "Error",
+    "IntegrityError",
+    "InterfaceError",
+    "InternalError",
+    "NotSupportedError",
+    "OperationalError",
+    "PolicyError",
+    "Position",
+    "PrivacyError",
+    "ProgrammingError",
+    "SQLSyntaxError",
+    "UndefinedColumnError",
+    "UndefinedTableError",
+    "Warning",
+]

@@ -1,0 +1,363 @@
+"""Load and validate the privacy policy (TOML file or dict).
+
+The policy is the only source of public facts: which tables exist, what their privacy unit is,
+how much one unit may contribute, and each column's type, bounds and public domain. Anything
+here is assumed public; nothing in it may be measured on the private data.
+
+Every problem is reported at connect time as a :class:`PolicyError` naming the file, the key
+and the fix, so a bad policy never reaches a query.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dpsql.errors import PolicyError
+from dpsql.privacy.accounting import Budget
+
+COLUMN_TYPES = ("int", "float", "text", "bool", "date")
+MECHANISMS = ("laplace", "gaussian")
+FILE_SUFFIXES = (".csv", ".csv.gz", ".tsv", ".parquet")
+
+_PRIVACY_KEYS = {
+    "epsilon": "default per-query epsilon (> 0)",
+    "delta": "default per-query delta (0 <= delta < 1)",
+    "mechanism": '"laplace" or "gaussian"',
+    "budget_epsilon": "each analyst's total epsilon",
+    "budget_delta": "each analyst's total delta",
+    "ledger": "path of the durable budget ledger (SQLite), relative to the policy file",
+    "dataset": "name of this dataset in the ledger (default: the policy file's stem)",
+    "max_bins": "largest public domain enumerated for a GROUP BY key (default 10000)",
+}
+_TABLE_KEYS = {
+    "source": "a CSV/Parquet path relative to the policy file, or a table of the database",
+    "privacy_unit": "the column identifying one person (omit: every row is its own unit)",
+    "max_rows_per_unit": "rows one unit may contribute to each group (default 1)",
+    "max_groups_per_unit": "groups one unit may contribute to (default 1)",
+    "version": "a data version string; changing it invalidates cached answers",
+    "columns": "a [tables.NAME.columns.COL] table per column",
+}
+_COLUMN_KEYS = {
+    "type": '"int", "float", "text", "bool" or "date"',
+    "lower": "public lower bound (numbers)",
+    "upper": "public upper bound (numbers)",
+    "values": "the public list of values (a categorical domain)",
+    "nullable": "whether NULL may occur (default true)",
+    "granularity": "fixed-point step for sums of this column (float columns)",
+}
+
+
+@dataclass(frozen=True)
+class ColumnPolicy:
+    name: str
+    type: str
+    lower: float | None = None
+    upper: float | None = None
+    values: tuple[Any, ...] | None = None
+    nullable: bool = True
+    granularity: float = 1.0
+
+    @property
+    def bounded(self) -> bool:
+        return self.lower is not None and self.upper is not None
+
+    @property
+    def numeric(self) -> bool:
+        return self.type in ("int", "float")
+
+
+@dataclass(frozen=True)
+class TablePolicy:
+    name: str
+    source: str
+    source_path: Path | None
+    columns: Mapping[str, ColumnPolicy]
+    privacy_unit: str | None = None
+    max_rows_per_unit: int = 1
+    max_groups_per_unit: int = 1
+    version: str | None = None
+
+    @property
+    def row_level(self) -> bool:
+        """Each row is its own privacy unit."""
+        return self.privacy_unit is None
+
+
+@dataclass(frozen=True)
+class Policy:
+    path: Path | None
+    tables: Mapping[str, TablePolicy]
+    epsilon: float = 1.0
+    delta: float = 0.0
+    mechanism: str = "laplace"
+    budget: Budget = field(default_factory=lambda: Budget(10.0, 1e-6))
+    ledger_path: Path | None = None
+    dataset: str = "default"
+    max_bins: int = 10_000
+
+    def table(self, name: str) -> TablePolicy | None:
+        return self.tables.get(name.lower())
+
+
+def load_policy(policy: str | Path | Mapping[str, Any]) -> Policy:
+    """Read a policy from a TOML path or an already-parsed mapping, validating every key."""
+    if isinstance(policy, Mapping):
+        return _build(dict(policy), None)
+    path = Path(policy)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyError(
+            f"cannot read policy file {str(path)!r}: {exc.strerror}",
+            construct=str(path),
+            hint="pass the path of a TOML privacy policy to connect(policy=...)",
+        ) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(
+            f"policy file {str(path)!r} is not valid TOML: {exc}",
+            construct=str(path),
+            hint="fix the TOML syntax at the line given",
+        ) from None
+    return _build(data, path)
+
+
+class _Reporter:
+    """Formats policy errors with the file and the dotted key."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.where = f"policy file {str(path)!r}" if path else "policy"
+
+    def fail(self, key: str, problem: str, fix: str) -> PolicyError:
+        return PolicyError(f"{self.where}: {key}: {problem}", construct=key, hint=fix)
+
+    def unknown_keys(self, section: str, given: Mapping[str, Any], known: Mapping[str, str]):
+        for key in given:
+            if key not in known:
+                allowed = ", ".join(sorted(known))
+                raise self.fail(
+                    f"{section}.{key}" if section else key,
+                    "unknown key",
+                    f"remove it or use one of: {allowed}",
+                )
+
+
+def _number(rep: _Reporter, key: str, value: Any, *, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise rep.fail(key, f"expected a number, got {value!r}", "write a plain number")
+    if positive and not value > 0:
+        raise rep.fail(key, f"must be > 0, got {value!r}", "use a positive number")
+    return float(value)
+
+
+def _integer(rep: _Reporter, key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise rep.fail(key, f"must be an integer >= 1, got {value!r}", "write e.g. 1 or 10")
+    return value
+
+
+def _build(data: dict[str, Any], path: Path | None) -> Policy:
+    rep = _Reporter(path)
+    rep.unknown_keys("", data, {"privacy": "", "tables": ""})
+    privacy = data.get("privacy", {})
+    if not isinstance(privacy, dict):
+        raise rep.fail("privacy", "must be a table", "write a [privacy] section")
+    rep.unknown_keys("privacy", privacy, _PRIVACY_KEYS)
+
+    epsilon = _number(rep, "privacy.epsilon", privacy.get("epsilon", 1.0), positive=True)
+    delta = _number(rep, "privacy.delta", privacy.get("delta", 0.0))
+    if not 0 <= delta < 1:
+        raise rep.fail("privacy.delta", f"must be in [0, 1), got {delta}", "e.g. delta = 1e-6")
+    mechanism = privacy.get("mechanism", "laplace")
+    if mechanism not in MECHANISMS:
+        raise rep.fail(
+            "privacy.mechanism", f"unknown mechanism {mechanism!r}", 'use "laplace" or "gaussian"'
+        )
+    if mechanism == "gaussian" and delta <= 0:
+        raise rep.fail(
+            "privacy.delta", "the Gaussian mechanism needs delta > 0", "set e.g. delta = 1e-6"
+        )
+    budget_eps = _number(
+        rep, "privacy.budget_epsilon", privacy.get("budget_epsilon", 10.0), positive=True
+    )
+    budget_delta = _number(rep, "privacy.budget_delta", privacy.get("budget_delta", max(delta, 0)))
+    if not 0 <= budget_delta < 1:
+        raise rep.fail("privacy.budget_delta", "must be in [0, 1)", "e.g. budget_delta = 1e-5")
+    base = path.parent if path else Path.cwd()
+    ledger = privacy.get("ledger")
+    if ledger is not None and not isinstance(ledger, str):
+        raise rep.fail("privacy.ledger", "must be a path string", 'e.g. ledger = "budget.sqlite"')
+    if ledger is not None:
+        ledger_path: Path | None = (base / ledger).resolve()
+    elif path is not None:
+        ledger_path = (base / f"{path.stem}.ledger.sqlite").resolve()
+    else:
+        ledger_path = None
+    dataset = privacy.get("dataset", path.stem if path else "default")
+    if not isinstance(dataset, str) or not dataset:
+        raise rep.fail("privacy.dataset", "must be a non-empty string", 'e.g. dataset = "visits"')
+    max_bins = int(_number(rep, "privacy.max_bins", privacy.get("max_bins", 10_000), positive=True))
+
+    tables_raw = data.get("tables")
+    if not isinstance(tables_raw, dict) or not tables_raw:
+        raise rep.fail("tables", "no tables declared", "add a [tables.NAME] section per table")
+    tables = {
+        name.lower(): _table(rep, name, spec, base) for name, spec in tables_raw.items()
+    }
+    return Policy(
+        path=path,
+        tables=tables,
+        epsilon=epsilon,
+        delta=delta,
+        mechanism=mechanism,
+        budget=Budget(budget_eps, budget_delta),
+        ledger_path=ledger_path,
+        dataset=dataset,
+        max_bins=max_bins,
+    )
+
+
+def _table(rep: _Reporter, name: str, spec: Any, base: Path) -> TablePolicy:
+    key = f"tables.{name}"
+    if not isinstance(spec, dict):
+        raise rep.fail(key, "must be a table", f"write a [{key}] section")
+    rep.unknown_keys(key, spec, _TABLE_KEYS)
+    source = spec.get("source")
+    if not isinstance(source, str) or not source:
+        raise rep.fail(
+            f"{key}.source", "missing source", 'add source = "file.csv" (or a database table)'
+        )
+    source_path = None
+    if source.lower().endswith(FILE_SUFFIXES):
+        source_path = (base / source).resolve()
+        if not source_path.is_file():
+            raise rep.fail(
+                f"{key}.source",
+                f"file {str(source_path)!r} does not exist",
+                "fix the path (it is relative to the policy file)",
+            )
+    cols_raw = spec.get("columns")
+    if not isinstance(cols_raw, dict) or not cols_raw:
+        raise rep.fail(
+            f"{key}.columns", "no columns declared", f"add a [{key}.columns.COL] section per column"
+        )
+    columns = {c.lower(): _column(rep, f"{key}.columns.{c}", c, s) for c, s in cols_raw.items()}
+    unit = spec.get("privacy_unit")
+    if unit is not None:
+        if not isinstance(unit, str) or unit.lower() not in columns:
+            raise rep.fail(
+                f"{key}.privacy_unit",
+                f"{unit!r} is not a declared column",
+                f"declare it under [{key}.columns.{unit}] or fix the name",
+            )
+        unit = unit.lower()
+    rows = _integer(rep, f"{key}.max_rows_per_unit", spec.get("max_rows_per_unit", 1))
+    groups = _integer(rep, f"{key}.max_groups_per_unit", spec.get("max_groups_per_unit", 1))
+    if unit is None and (rows != 1 or groups != 1):
+        raise rep.fail(
+            f"{key}.max_rows_per_unit",
+            "without a privacy_unit every row is its own unit, so the bounds must be 1",
+            "declare privacy_unit, or remove max_rows_per_unit / max_groups_per_unit",
+        )
+    version = spec.get("version")
+    if version is not None:
+        version = str(version)
+    return TablePolicy(
+        name=name.lower(),
+        source=source,
+        source_path=source_path,
+        columns=columns,
+        privacy_unit=unit,
+        max_rows_per_unit=rows,
+        max_groups_per_unit=groups,
+        version=version,
+    )
+
+
+def _default_granularity(col_type: str, lower: float | None, upper: float | None) -> float:
+    """Fixed-point step: 1 for ints; for floats ~1e-4 of the largest magnitude, a power of 10."""
+    if col_type != "float" or lower is None or upper is None:
+        return 1.0
+    magnitude = max(abs(lower), abs(upper), 1e-12)
+    return 10.0 ** (math.floor(math.log10(magnitude)) - 4)
+
+
+def _column(rep: _Reporter, key: str, name: str, spec: Any) -> ColumnPolicy:
+    if not isinstance(spec, dict):
+        raise rep.fail(key, "must be a table", f"write a [{key}] section with type = ...")
+    rep.unknown_keys(key, spec, _COLUMN_KEYS)
+    col_type = spec.get("type")
+    if col_type not in COLUMN_TYPES:
+        raise rep.fail(
+            f"{key}.type", f"unknown or missing type {col_type!r}", f"use one of {COLUMN_TYPES}"
+        )
+    lower = spec.get("lower")
+    upper = spec.get("upper")
+    if (lower is not None or upper is not None) and col_type not in ("int", "float"):
+        raise rep.fail(key, "lower/upper are only for int and float columns", "remove them")
+    if (lower is None) != (upper is None):
+        raise rep.fail(key, "declare both lower and upper, or neither", "add the missing bound")
+    if lower is not None:
+        lower = _number(rep, f"{key}.lower", lower)
+        upper = _number(rep, f"{key}.upper", upper)
+        if lower > upper:
+            raise rep.fail(
+                f"{key}.lower", f"lower ({lower:g}) > upper ({upper:g})", "swap or fix the bounds"
+            )
+        if col_type == "int" and (lower != int(lower) or upper != int(upper)):
+            raise rep.fail(key, "bounds of an int column must be integers", "round the bounds")
+    values = spec.get("values")
+    if values is not None:
+        if not isinstance(values, list) or not values:
+            raise rep.fail(f"{key}.values", "must be a non-empty list", 'e.g. values = ["a", "b"]')
+        values = tuple(_coerce_value(rep, f"{key}.values", col_type, v) for v in values)
+        if len(set(values)) != len(values):
+            raise rep.fail(f"{key}.values", "duplicate values", "list each value once")
+    nullable = spec.get("nullable", True)
+    if not isinstance(nullable, bool):
+        raise rep.fail(f"{key}.nullable", "must be true or false", "write nullable = false")
+    granularity = spec.get("granularity")
+    if granularity is None:
+        granularity = _default_granularity(col_type, lower, upper)
+    else:
+        if col_type != "float":
+            raise rep.fail(
+                f"{key}.granularity", "only float columns take a granularity", "remove it"
+            )
+        granularity = _number(rep, f"{key}.granularity", granularity, positive=True)
+    return ColumnPolicy(
+        name=name.lower(),
+        type=col_type,
+        lower=lower,
+        upper=upper,
+        values=values,
+        nullable=nullable,
+        granularity=granularity,
+    )
+
+
+def _coerce_value(rep: _Reporter, key: str, col_type: str, value: Any) -> Any:
+    ok = {
+        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "float": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+        "text": lambda v: isinstance(v, str),
+        "bool": lambda v: isinstance(v, bool),
+        "date": lambda v: isinstance(v, _dt.date | str),
+    }[col_type]
+    if not ok(value):
+        raise rep.fail(key, f"{value!r} is not a {col_type}", f"list {col_type} values only")
+    if col_type == "date" and isinstance(value, str):
+        try:
+            return _dt.date.fromisoformat(value)
+        except ValueError:
+            raise rep.fail(key, f"{value!r} is not an ISO date", "write YYYY-MM-DD") from None
+    if col_type == "float":
+        return float(value)
+    return value

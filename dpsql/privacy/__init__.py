@@ -1,0 +1,1 @@
+"""Noise, calibration, accounting and the budget ledger."""

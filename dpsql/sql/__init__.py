@@ -1,0 +1,1 @@
+"""Analyst SQL -> bound query -> sensitivity-annotated plan -> engine SQL."""
