@@ -8,6 +8,7 @@ answer together, *before* the caller releases anything.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Protocol
 
 from dpsql.errors import BudgetExhaustedError
@@ -44,6 +45,68 @@ class Ledger(Protocol):
 
     def cached(self, analyst: str, dataset: str, cache_key: str) -> str | None:
         """A previously released answer for the same normalised query, or None."""
+        ...
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """One row of the append-only charge log.
+
+    ``kind`` is "charge" (a query), "reset" (an administrator released the spending: its cost is
+    the negated total, so the log always sums to the running total) or "budget" (an
+    administrator set the budget: zero cost, the new budget in ``query_text``).
+    """
+
+    id: int
+    at: str  # ISO 8601, UTC
+    analyst: str
+    dataset: str
+    kind: str
+    cost: Cost
+    query_text: str
+    plan_hash: str
+
+
+@dataclass(frozen=True)
+class AnalystStatus:
+    """What one analyst has spent on one dataset, against which budget."""
+
+    analyst: str
+    dataset: str
+    spent: Cost
+    budget: Budget
+    overridden: bool  # the budget is an administrator's override, not the policy default
+    charges: int  # charges since the last reset
+
+    @property
+    def epsilon_spent(self) -> float:
+        """The ε the spent (ε, δ, ρ) amounts to under the budget's δ."""
+        return self.budget.epsilon_of(self.spent)
+
+    @property
+    def remaining(self) -> tuple[float, float]:
+        return self.budget.remaining(self.spent)
+
+
+class AdminLedger(Ledger, Protocol):
+    """Administrator operations; the query pipeline never calls these."""
+
+    def set_budget(self, analyst: str, dataset: str, budget: Budget) -> None:
+        """Override the policy's default budget for one analyst (raise or lower it)."""
+        ...
+
+    def reset(self, analyst: str, dataset: str) -> None:
+        """Release everything the analyst has spent, recorded as an event in the log."""
+        ...
+
+    def analysts(self, dataset: str, default: Budget) -> list[AnalystStatus]:
+        """Every analyst with charges or a budget override on ``dataset``."""
+        ...
+
+    def entries(
+        self, dataset: str | None = None, *, analyst: str | None = None, limit: int | None = None
+    ) -> list[LogEntry]:
+        """The most recent ``limit`` log rows, oldest first."""
         ...
 
 
