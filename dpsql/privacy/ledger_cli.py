@@ -1,0 +1,354 @@
+"""``dpsql budget``: show spending, and the administrator commands set / reset / log / verify.
+
+The administrator boundary is filesystem access to the ledger file: whoever can write it can
+change budgets (these commands only make that convenient and logged), so the ledger and its
+``-wal`` / ``-shm`` files must be writable by the dpsql service account only, never by analysts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from dpsql.errors import Error
+from dpsql.policy import Policy, load_policy
+from dpsql.privacy.accounting import Budget, Cost
+from dpsql.privacy.ledger import AnalystStatus, LogEntry
+from dpsql.privacy.sqlite_ledger import SQLiteLedger
+
+_ADMIN_NOTE = (
+    "Administrator command: anyone who can write the ledger file can change budgets, so keep "
+    "it (and its -wal/-shm files) writable by the dpsql service account only."
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``dpsql budget`` and its subcommands."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--policy",
+        default=argparse.SUPPRESS,
+        metavar="P",
+        help="privacy policy (TOML); the ledger is its [privacy] ledger path (required)",
+    )
+    analyst = argparse.ArgumentParser(add_help=False)
+    analyst.add_argument("--analyst", default=argparse.SUPPRESS, metavar="A", help="analyst name")
+    as_json = argparse.ArgumentParser(add_help=False)
+    as_json.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    budget = subparsers.add_parser(
+        "budget",
+        parents=[common, analyst, as_json],
+        help="show and administer privacy budgets",
+        description="Show each analyst's spent and remaining privacy budget on the policy's "
+        "dataset (epsilon, delta, rho, and the epsilon they amount to). Subcommands change "
+        "budgets; see `dpsql budget COMMAND --help`.",
+    )
+    budget.set_defaults(handler=show)
+    sub = budget.add_subparsers(dest="budget_command", metavar="COMMAND")
+
+    p = sub.add_parser(
+        "set",
+        parents=[common, analyst],
+        help="set (raise or lower) an analyst's total budget",
+        description="Override the policy's default budget for one analyst. " + _ADMIN_NOTE,
+    )
+    p.add_argument("--epsilon", type=float, required=True, metavar="E", help="total epsilon > 0")
+    p.add_argument(
+        "--delta",
+        type=float,
+        default=None,
+        metavar="D",
+        help="total delta in [0, 1) (default: keep the current one)",
+    )
+    p.set_defaults(handler=set_budget)
+
+    p = sub.add_parser(
+        "reset",
+        parents=[common, analyst],
+        help="release an analyst's spending (logged, nothing is deleted)",
+        description="Set an analyst's spending back to zero. The reset is appended to the "
+        "log as an event carrying the released amount; no log row is deleted, and cached "
+        "answers stay (re-running a query still returns its earlier answer). " + _ADMIN_NOTE,
+    )
+    p.set_defaults(handler=reset)
+
+    p = sub.add_parser(
+        "log",
+        parents=[common, analyst, as_json],
+        help="show the append-only charge log",
+        description="Show the most recent charges and administrator events, oldest first.",
+    )
+    p.add_argument("--limit", type=int, default=20, metavar="N", help="rows to show (default 20)")
+    p.set_defaults(handler=show_log)
+
+    p = sub.add_parser(
+        "verify",
+        parents=[common],
+        help="check the ledger's integrity (totals equal the sum of the log)",
+        description="Run SQLite's integrity check and check that every running total equals "
+        "the sum of its log rows. Exit status 1 if anything is wrong.",
+    )
+    p.set_defaults(handler=verify)
+
+
+# -- handlers --------------------------------------------------------------------------------
+
+
+def show(args: argparse.Namespace) -> int:
+    return _run(args, _show)
+
+
+def set_budget(args: argparse.Namespace) -> int:
+    return _run(args, _set_budget, need_analyst=True)
+
+
+def reset(args: argparse.Namespace) -> int:
+    return _run(args, _reset, need_analyst=True)
+
+
+def show_log(args: argparse.Namespace) -> int:
+    return _run(args, _log)
+
+
+def verify(args: argparse.Namespace) -> int:
+    return _run(args, _verify)
+
+
+def _run(args: argparse.Namespace, fn: Any, *, need_analyst: bool = False) -> int:
+    name = " ".join(filter(None, ["dpsql budget", getattr(args, "budget_command", None)]))
+    if getattr(args, "policy", None) is None:
+        print(f"{name}: error: --policy is required", file=sys.stderr)
+        return 2
+    if need_analyst and not getattr(args, "analyst", None):
+        print(f"{name}: error: --analyst is required", file=sys.stderr)
+        return 2
+    try:
+        policy = load_policy(args.policy)
+        if policy.ledger_path is None:  # only for dict policies; a file always has a default
+            print(f"{name}: error: the policy names no ledger", file=sys.stderr)
+            return 1
+        return int(fn(args, policy))
+    except Error as exc:
+        print(f"{name}: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _open(policy: Policy, *, create: bool) -> SQLiteLedger | None:
+    assert policy.ledger_path is not None
+    if not create and not policy.ledger_path.exists():
+        return None
+    return SQLiteLedger(policy.ledger_path)
+
+
+def _show(args: argparse.Namespace, policy: Policy) -> int:
+    analyst = getattr(args, "analyst", None)
+    ledger = _open(policy, create=False)
+    if ledger is None:
+        statuses = [] if analyst is None else [_fresh(analyst, policy)]
+    else:
+        with ledger:
+            if analyst is None:
+                statuses = ledger.analysts(policy.dataset, policy.budget)
+            else:
+                statuses = [ledger.status(analyst, policy.dataset, policy.budget)]
+    if args.json:
+        print(json.dumps([_status_json(s) for s in statuses], indent=2))
+        return 0
+    print(
+        f"ledger {policy.ledger_path}, dataset {policy.dataset!r}, default budget "
+        f"epsilon={policy.budget.epsilon:g} delta={policy.budget.delta:g}"
+    )
+    if not statuses:
+        print("no analyst has been charged on this dataset yet")
+        return 0
+    header = (
+        "analyst",
+        "charges",
+        "spent eps",
+        "spent delta",
+        "spent rho",
+        "eps equiv",
+        "budget eps",
+        "budget delta",
+        "left eps",
+        "left delta",
+    )
+    rows = []
+    for s in statuses:
+        eps_left, delta_left = s.remaining
+        rows.append(
+            (
+                s.analyst,
+                str(s.charges),
+                _g(s.spent.epsilon),
+                _g(s.spent.delta, 3),
+                _g(s.spent.rho),
+                _g(s.epsilon_spent),
+                _g(s.budget.epsilon) + ("*" if s.overridden else ""),
+                _g(s.budget.delta, 3),
+                _g(eps_left),
+                _g(delta_left, 3),
+            )
+        )
+    _table(header, rows)
+    if any(s.overridden for s in statuses):
+        print("* budget set by an administrator (dpsql budget set)")
+    return 0
+
+
+def _set_budget(args: argparse.Namespace, policy: Policy) -> int:
+    ledger = _open(policy, create=True)
+    assert ledger is not None
+    with ledger:
+        current = ledger.budget(args.analyst, policy.dataset, policy.budget)
+        delta = current.delta if args.delta is None else args.delta
+        if not (math.isfinite(args.epsilon) and args.epsilon > 0 and 0 <= delta < 1):
+            print(
+                "dpsql budget set: error: need --epsilon > 0 and --delta in [0, 1)",
+                file=sys.stderr,
+            )
+            return 2
+        ledger.set_budget(args.analyst, policy.dataset, Budget(args.epsilon, delta))
+        status = ledger.status(args.analyst, policy.dataset, policy.budget)
+    eps_left, delta_left = status.remaining
+    print(
+        f"budget of {args.analyst!r} on {policy.dataset!r} set to epsilon={args.epsilon:g} "
+        f"delta={delta:g} (was epsilon={current.epsilon:g} delta={current.delta:g}); "
+        f"remaining epsilon={_g(eps_left)} delta={_g(delta_left, 3)}"
+    )
+    return 0
+
+
+def _reset(args: argparse.Namespace, policy: Policy) -> int:
+    ledger = _open(policy, create=True)
+    assert ledger is not None
+    with ledger:
+        released = ledger.reset(args.analyst, policy.dataset)
+    print(
+        f"spending of {args.analyst!r} on {policy.dataset!r} reset: released "
+        f"epsilon={_g(released.epsilon)} delta={_g(released.delta, 3)} rho={_g(released.rho)} "
+        "(recorded in the log)"
+    )
+    return 0
+
+
+def _log(args: argparse.Namespace, policy: Policy) -> int:
+    ledger = _open(policy, create=False)
+    entries: list[LogEntry] = []
+    if ledger is not None:
+        with ledger:
+            entries = ledger.entries(
+                policy.dataset, analyst=getattr(args, "analyst", None), limit=args.limit
+            )
+    if args.json:
+        print(json.dumps([_entry_json(e) for e in entries], indent=2))
+        return 0
+    if not entries:
+        print(f"the log of dataset {policy.dataset!r} is empty")
+        return 0
+    header = ("id", "time (UTC)", "analyst", "kind", "eps", "delta", "rho", "plan", "query")
+    rows = [
+        (
+            str(e.id),
+            e.at[:19].replace("T", " "),
+            e.analyst,
+            e.kind,
+            _g(e.cost.epsilon),
+            _g(e.cost.delta, 3),
+            _g(e.cost.rho),
+            e.plan_hash[:12],
+            _one_line(e.query_text, 60),
+        )
+        for e in entries
+    ]
+    _table(header, rows)
+    return 0
+
+
+def _verify(args: argparse.Namespace, policy: Policy) -> int:
+    ledger = _open(policy, create=False)
+    if ledger is None:
+        print(f"no ledger at {policy.ledger_path} yet: nothing to verify")
+        return 0
+    with ledger:
+        problems = ledger.verify()
+    for problem in problems:
+        print(problem)
+    if problems:
+        return 1
+    print(f"ledger {policy.ledger_path} is consistent")
+    return 0
+
+
+# -- formatting ------------------------------------------------------------------------------
+
+
+def _fresh(analyst: str, policy: Policy) -> AnalystStatus:
+    return AnalystStatus(analyst, policy.dataset, Cost(), policy.budget, False, 0)
+
+
+def _g(value: float, digits: int = 6) -> str:
+    return f"{value:.{digits}g}"
+
+
+def _one_line(text: str, width: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """Print aligned columns: numbers to the right, text to the left."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    numeric = [all(_is_number(r[i]) for r in rows) for i in range(len(header))]
+    for line in (header, *rows):
+        cells = [
+            c.rjust(w) if num else c.ljust(w)
+            for c, w, num in zip(line, widths, numeric, strict=True)
+        ]
+        print("  ".join(cells).rstrip())
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell.rstrip("*"))
+    except ValueError:
+        return False
+    return True
+
+
+def _status_json(s: AnalystStatus) -> dict[str, Any]:
+    eps_left, delta_left = s.remaining
+    return {
+        "analyst": s.analyst,
+        "dataset": s.dataset,
+        "charges": s.charges,
+        "spent": {"epsilon": s.spent.epsilon, "delta": s.spent.delta, "rho": s.spent.rho},
+        "spent_as_epsilon": _finite(s.epsilon_spent),
+        "budget": {"epsilon": s.budget.epsilon, "delta": s.budget.delta},
+        "budget_overridden": s.overridden,
+        "remaining": {"epsilon": eps_left, "delta": delta_left},
+    }
+
+
+def _entry_json(e: LogEntry) -> dict[str, Any]:
+    return {
+        "id": e.id,
+        "at": e.at,
+        "analyst": e.analyst,
+        "dataset": e.dataset,
+        "kind": e.kind,
+        "epsilon": e.cost.epsilon,
+        "delta": e.cost.delta,
+        "rho": e.cost.rho,
+        "plan_hash": e.plan_hash,
+        "query_text": e.query_text,
+    }
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None  # JSON has no infinity
