@@ -218,9 +218,12 @@ class SQLiteLedger:
         return self._transaction("DEFERRED")
 
     def _init_schema(self) -> None:
+        """Switch to WAL and create the tables, taking the write lock only on a new file."""
         conn = self._conn()
         try:
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+            if str(mode).lower() != "wal":
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         except sqlite3.Error as exc:
             raise self._error(exc) from None
         if str(mode).lower() != "wal":
@@ -229,23 +232,33 @@ class SQLiteLedger:
                 construct="ledger",
                 hint="put the ledger on a local filesystem (not a network share)",
             )
-        with self._write() as conn:
-            for statement in _SCHEMA:
-                conn.execute(statement)
-            conn.execute(
-                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
-                (str(SCHEMA_VERSION),),
-            )
-            (version,) = conn.execute(
-                "SELECT value FROM meta WHERE key = 'schema_version'"
-            ).fetchone()
-        if int(version) != SCHEMA_VERSION:
+        version = self._schema_version()
+        if version is None:
+            with self._write() as conn:
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+                conn.execute(
+                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
+                    (str(SCHEMA_VERSION),),
+                )
+            version = self._schema_version()
+        if version != str(SCHEMA_VERSION):
             raise OperationalError(
                 f"the budget ledger {str(self.path)!r} has schema version {version}, "
                 f"this dpsql reads version {SCHEMA_VERSION}",
                 construct="ledger",
                 hint="upgrade dpsql, or point the policy's ledger at another file",
             )
+
+    def _schema_version(self) -> str | None:
+        with self._read() as conn:
+            exists = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
+            ).fetchone()
+            if exists is None:
+                return None
+            row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        return None if row is None else str(row[0])
 
     def close(self) -> None:
         """Close every thread's connection. Idempotent."""
