@@ -1,0 +1,276 @@
+"""``dp_rule_list(...)``: the pure functions behind the SQL table function.
+
+Two steps, so the pipeline can charge the ledger between them and EXPLAIN can stop after the
+first:
+
+1. :func:`plan_rule_list` (no data): validates the arguments against the table's policy,
+   builds the public features from declared domains, the candidate rules, the SQL expressions
+   the engine must compute per row (one 0/1 column per feature, then the 0/1 label), and the
+   privacy :class:`~dpsql.privacy.accounting.Cost` to charge.
+2. :func:`release_rule_list` (after charging): learns the list from the fetched 0/1 matrix and
+   returns the result rows.
+
+See docs/rulelist.md for the wiring and the guarantees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dpsql.errors import PrivacyError, ProgrammingError, UndefinedColumnError
+from dpsql.policy import ColumnPolicy, TablePolicy
+from dpsql.privacy.accounting import Cost
+from dpsql.privacy.samplers import NoiseSource
+from dpsql.rulelist.candidates import Feature, Rule, public_candidates, quote_ident
+from dpsql.rulelist.learner import LearnerParams, learn, plan_budget
+from dpsql.rulelist.model import RuleList
+
+#: Result columns of ``SELECT * FROM dp_rule_list(...)``, with SQL types.
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("position", "INTEGER"),
+    ("rule", "VARCHAR"),
+    ("predicate", "VARCHAR"),
+    ("prediction", "BOOLEAN"),
+    ("noisy_negative", "DOUBLE"),
+    ("noisy_positive", "DOUBLE"),
+    ("is_default", "BOOLEAN"),
+)
+#: Candidate-set cap: the learner holds an (n_rows × candidates) float32 matrix.
+MAX_CANDIDATES = 20_000
+DEFAULT_CUTS = 3
+
+
+@dataclass(frozen=True)
+class RuleListPlan:
+    """Everything decided before data is read: features, candidates, SQL to fetch, cost."""
+
+    table: str
+    label: str
+    positive: Any
+    features: tuple[Feature, ...]
+    candidates: tuple[Rule, ...]
+    params: LearnerParams
+    cost: Cost
+    feature_sql: tuple[str, ...]  # one 0/1 INTEGER expression per feature, in order
+    label_sql: str  # 0/1 INTEGER: 1 iff label = positive (NULL -> 0)
+
+    def select_list(self) -> str:
+        """``SELECT`` list for the engine: f0 ... f{k-1}, then y (all 0/1 integers)."""
+        cols = [f"{e} AS f{i}" for i, e in enumerate(self.feature_sql)]
+        return ", ".join([*cols, f"{self.label_sql} AS y"])
+
+
+@dataclass(frozen=True)
+class RuleListRelease:
+    rows: tuple[tuple[Any, ...], ...]
+    cost: Cost
+    notes: tuple[str, ...]
+    rule_list: RuleList
+    columns: tuple[tuple[str, str], ...] = COLUMNS
+
+
+def _literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int | float):
+        return repr(value)
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def _fmt_num(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else f"{v:.6g}"
+
+
+def features_from_column(
+    col: ColumnPolicy, cuts: Sequence[float] | None = None, n_cuts: int = DEFAULT_CUTS
+) -> list[Feature]:
+    """Public boolean features of one column, from its declared domain only.
+
+    bool: the column itself; ``values``: one ``col = v`` per value (mutually exclusive);
+    bounded numbers: ``col >= c`` for declared ``cuts`` or ``n_cuts`` evenly spaced interior
+    cut points of [lower, upper].  Negations are true on NULL so the 0/1 matrix, the predicate
+    and the CASE export agree row by row.  Other columns have no public domain: [] .
+    """
+    q = quote_ident(col.name)
+    if col.type == "bool":
+        return [Feature(col.name, f"{q} IS TRUE", f"not {col.name}", f"{q} IS NOT TRUE")]
+    if col.values is not None:
+        return [
+            Feature(
+                f"{col.name} = {_literal(v)}",
+                f"{q} = {_literal(v)}",
+                f"{col.name} != {_literal(v)}",
+                f"{q} IS DISTINCT FROM {_literal(v)}",
+                exclusive=col.name,
+            )
+            for v in col.values
+        ]
+    if col.numeric and (cuts is not None or col.bounded):
+        if cuts is None:
+            lo, hi = float(col.lower), float(col.upper)  # type: ignore[arg-type]
+            cuts = [lo + (hi - lo) * i / (n_cuts + 1) for i in range(1, n_cuts + 1)]
+        if col.type == "int":
+            cuts = sorted({float(np.ceil(c)) for c in cuts})
+        out = []
+        for c in cuts:
+            s = _fmt_num(c)
+            neg = f"{q} < {s}" + (f" OR {q} IS NULL" if col.nullable else "")
+            out.append(Feature(f"{col.name} >= {s}", f"{q} >= {s}", f"{col.name} < {s}", neg))
+        return out
+    return []
+
+
+def plan_rule_list(
+    table: TablePolicy,
+    *,
+    label: str,
+    positive: Any = None,
+    features: Sequence[str] | None = None,
+    epsilon: float = 1.0,
+    delta: float | None = None,
+    max_length: int = 5,
+    min_support: float = 0.05,
+    mechanism: str = "smooth_laplace",
+    confidence: float = 0.99,
+    max_card: int = 2,
+    cut_points: Mapping[str, Sequence[float]] | None = None,
+    strict_sensitivity: bool = True,
+) -> RuleListPlan:
+    """Validate a ``dp_rule_list`` call and fix its cost, reading no data.
+
+    ``features`` (column names) defaults to every column with a public domain except the label
+    and the privacy unit.  Refusals: unknown columns, a named feature without a declared
+    domain, ``mechanism => 'none'``, smooth mechanisms on tables whose unit may own several
+    rows, missing δ for smooth_laplace / global_gaussian (n is private, so the paper's 1/n²
+    default is not available here), and candidate sets too large to hold in memory.
+    """
+    cols = {name.lower(): c for name, c in table.columns.items()}
+    lab = cols.get(label.lower())
+    if lab is None:
+        raise UndefinedColumnError(
+            f"label column {label!r} does not exist in table {table.name!r}",
+            construct=label,
+            hint="pass label => one of the table's columns",
+        )
+    if positive is None:
+        if lab.type != "bool":
+            raise ProgrammingError(
+                f"label column {lab.name!r} is not boolean: say which value is the positive class",
+                sqlstate="22023",
+                construct="positive",
+                hint=f"pass positive => a value of {lab.name}",
+            )
+        positive = True
+    if lab.values is not None and positive not in lab.values:
+        raise ProgrammingError(
+            f"positive => {positive!r} is not among the declared values of {lab.name!r}",
+            sqlstate="22023",
+            construct="positive",
+            hint="use one of: " + ", ".join(map(repr, lab.values)),
+        )
+    if mechanism == "none":
+        raise PrivacyError(
+            "mechanism => 'none' (non-private GreedyRL) is not available through SQL",
+            construct="mechanism",
+            hint="choose a private mechanism, e.g. 'smooth_laplace' or 'monotone_em'",
+        )
+    params = LearnerParams(
+        epsilon=epsilon,
+        delta=delta,
+        max_length=max_length,
+        min_support=min_support,
+        mechanism=mechanism,
+        confidence=confidence,
+        strict_sensitivity=strict_sensitivity,
+        rows_per_unit=1 if table.row_level else table.max_rows_per_unit,
+    )
+    params.validate()
+    cost = plan_budget(params, None).cost  # raises when δ is needed and missing
+
+    skip = {lab.name.lower(), (table.privacy_unit or "").lower()}
+    cut_points = {k.lower(): v for k, v in (cut_points or {}).items()}
+    chosen: list[ColumnPolicy] = []
+    if features is None:
+        chosen = [c for n, c in cols.items() if n not in skip]
+    else:
+        for name in features:
+            c = cols.get(name.lower())
+            if c is None:
+                raise UndefinedColumnError(
+                    f"feature column {name!r} does not exist in table {table.name!r}",
+                    construct=name,
+                    hint="name columns of the table in features => '...'",
+                )
+            chosen.append(c)
+    feats: list[Feature] = []
+    for c in chosen:
+        made = features_from_column(c, cut_points.get(c.name.lower()))
+        if not made and features is not None:
+            raise PrivacyError(
+                f"feature column {c.name!r} has no declared public domain",
+                construct=c.name,
+                hint='declare values = [...] (categorical), type = "bool", or lower/upper '
+                "bounds (numbers) for it in the policy, or pass cut_points",
+            )
+        feats.extend(made)
+    if not feats:
+        raise PrivacyError(
+            f"table {table.name!r} has no column with a public domain to build rules from",
+            construct=table.name,
+            hint="declare values or bounds for some columns in the policy",
+        )
+    if max_card < 1:
+        raise ProgrammingError("max_card must be >= 1", sqlstate="22023", construct="max_card")
+    rules = public_candidates(feats, max_card)
+    if len(rules) > MAX_CANDIDATES:
+        raise ProgrammingError(
+            f"{len(rules)} candidate rules exceed the limit of {MAX_CANDIDATES}",
+            sqlstate="54000",
+            construct="features",
+            hint="name fewer columns in features => '...' or use max_card => 1",
+        )
+    feature_sql = tuple(f"CASE WHEN {f.sql} THEN 1 ELSE 0 END" for f in feats)
+    label_sql = f"CASE WHEN {quote_ident(lab.name)} = {_literal(positive)} THEN 1 ELSE 0 END"
+    return RuleListPlan(
+        table.name,
+        lab.name,
+        positive,
+        tuple(feats),
+        tuple(rules),
+        params,
+        cost,
+        feature_sql,
+        label_sql,
+    )
+
+
+def release_rule_list(
+    plan: RuleListPlan, X: np.ndarray, y: np.ndarray, source: NoiseSource
+) -> RuleListRelease:
+    """Learn from the fetched rows (columns as in ``plan.select_list()``) and format the rows.
+
+    Call only after ``plan.cost`` has been charged.  The rows contain only released values
+    (chosen antecedents, noisy counts, predictions derived from them).
+    """
+    rl = learn(X, y, plan.features, plan.candidates, plan.params, source)
+    return release_rows(rl, plan.cost)
+
+
+def release_rows(rl: RuleList, cost: Cost) -> RuleListRelease:
+    rows = tuple(
+        (
+            i + 1,
+            rl.rule_text(r),
+            rl.rule_predicate(r),
+            bool(r.prediction),
+            float(r.counts[0]),
+            float(r.counts[1]),
+            r.is_default,
+        )
+        for i, r in enumerate(rl.rules)
+    )
+    return RuleListRelease(rows, cost, rl.notes, rl)
