@@ -108,11 +108,9 @@ def test_smooth_sensitivity_closed_form_matches_bruteforce():
             n = int(rng.integers(1, 1500))
             floor = int(rng.integers(1, n + 1)) if rng.random() < 0.5 else int(rng.integers(1, 6))
             floor = min(floor, n)
-            r = rng.random()
-            if r < 0.3:
-                beta = float(rng.uniform(0.05, 0.25))  # around 3-2√2, interior maxima
-            else:
-                beta = float(10 ** rng.uniform(-4, 0.5))
+            # 30% around 3 - 2√2 (interior maxima), the rest log-uniform
+            near = rng.random() < 0.3
+            beta = float(rng.uniform(0.05, 0.25) if near else 10 ** rng.uniform(-4, 0.5))
             fast = smooth_sensitivity(n, beta, floor, strict=strict)
             slow = smooth_sensitivity_bruteforce(n, beta, floor, strict=strict)
             assert fast == pytest.approx(slow, rel=1e-12), (n, beta, floor, strict)

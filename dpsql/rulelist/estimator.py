@@ -180,7 +180,8 @@ class DPGreedyRuleList:
         return Xa
 
     def predict(self, X: Any) -> np.ndarray:
-        return self.classes_[self.rule_list_.predict(self._check(X))]
+        Xa = self._check(X)
+        return self.classes_[self.rule_list_.predict(Xa)]
 
     def predict_proba(self, X: Any) -> np.ndarray:
         return self.rule_list_.predict_proba(self._check(X))

@@ -332,6 +332,8 @@ def _select(
         best = int(np.argmax(score))
         return None if best == m else best
     if mech == "none":
+        # exact ties matter here: round away float noise (G = G_c + G_l vs the node Gini)
+        g, gc, g0 = np.round(g, 12), np.round(gc, 12), round(g0, 12)
         order = np.lexsort((gc, g))
         best = int(order[0])
         ok = g[best] < g0 or (g[best] == g0 and gc[best] < g0)
