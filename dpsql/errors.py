@@ -22,7 +22,7 @@ class Position:
         return f"line {self.line}, column {self.column}"
 
 
-class Warning(Exception):  # noqa: A001 - the name is fixed by PEP 249
+class Warning(Exception):
     """PEP 249 Warning."""
 
 

@@ -208,9 +208,7 @@ def _build(data: dict[str, Any], path: Path | None) -> Policy:
     tables_raw = data.get("tables")
     if not isinstance(tables_raw, dict) or not tables_raw:
         raise rep.fail("tables", "no tables declared", "add a [tables.NAME] section per table")
-    tables = {
-        name.lower(): _table(rep, name, spec, base) for name, spec in tables_raw.items()
-    }
+    tables = {name.lower(): _table(rep, name, spec, base) for name, spec in tables_raw.items()}
     return Policy(
         path=path,
         tables=tables,

@@ -1,0 +1,195 @@
+"""The embedded DuckDB engine: loads the policy's sources, then runs compiled plans only.
+
+After loading, the connection is sealed: only the policy's own files stay readable
+(``allowed_paths``), every other file, extension or network access is off
+(``enable_external_access = false``) and no setting can change again
+(``lock_configuration = true``). The analyst's SQL text never reaches it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from dpsql.errors import OperationalError, PolicyError
+from dpsql.policy import Policy, TablePolicy
+from dpsql.sql.compile import CompiledQuery
+from dpsql.sql.domains import SQL_TYPES
+
+
+@dataclass(frozen=True)
+class EngineResult:
+    """Exact bounded aggregates: one row per present group."""
+
+    key_rows: list[tuple[Any, ...]]
+    measures: list[list[int]]  # per measure, per row (Python ints: exact)
+    key_types: tuple[str, ...]
+
+
+class QueryHandle:
+    """Lets another thread interrupt the engine query currently running for a connection."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cursor: duckdb.DuckDBPyConnection | None = None
+        self.interrupted = False
+
+    def attach(self, cursor: duckdb.DuckDBPyConnection | None) -> None:
+        with self._lock:
+            self._cursor = cursor
+
+    def interrupt(self) -> None:
+        with self._lock:
+            self.interrupted = True
+            if self._cursor is not None:
+                self._cursor.interrupt()
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _sql_string(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class DuckDBEngine:
+    name = "duckdb"
+    dialect = "duckdb"
+
+    def __init__(self, policy: Policy, database: str = ":memory:") -> None:
+        self.policy = policy
+        self._con = duckdb.connect(":memory:")
+        self.versions: dict[str, str] = {}
+        allowed: list[str] = []
+        attached = False
+        if database not in (":memory:", "", None):
+            if not Path(database).is_file():
+                raise OperationalError(
+                    f"database file {database!r} does not exist",
+                    construct="database",
+                    hint="pass the path of an existing DuckDB file, or ':memory:'",
+                )
+            self._con.execute(f"ATTACH {_sql_string(str(database))} AS src (READ_ONLY)")
+            attached = True
+        for table in policy.tables.values():
+            self._load(table, attached, database, allowed)
+        self._con.execute(
+            "SET allowed_paths = [" + ", ".join(_sql_string(p) for p in allowed) + "]"
+        )
+        self._con.execute("SET enable_external_access = false")
+        self._con.execute("SET lock_configuration = true")
+
+    def _select_list(self, table: TablePolicy) -> str:
+        return ", ".join(
+            f"CAST({_q(c.name)} AS {SQL_TYPES[c.type]}) AS {_q(c.name)}"
+            for c in table.columns.values()
+        )
+
+    def _load(self, table: TablePolicy, attached: bool, database: str, allowed: list[str]) -> None:
+        where = f"tables.{table.name}.source"
+        path = table.source_path
+        if path is None:
+            if not attached:
+                raise PolicyError(
+                    f"{where}: {table.source!r} is not a CSV/Parquet file and no database was "
+                    "given",
+                    construct=where,
+                    hint="connect(database='file.duckdb', ...) or point source at a file",
+                )
+            exists = self._con.execute(
+                "SELECT count(*) FROM duckdb_tables() WHERE database_name = 'src' "
+                "AND lower(table_name) = lower(?)",
+                [table.source],
+            ).fetchone()
+            if not exists or not exists[0]:
+                raise PolicyError(
+                    f"{where}: table {table.source!r} not found in database {database!r}",
+                    construct=where,
+                    hint="fix the table name in the policy",
+                )
+            relation = f"src.{_q(table.source)}"
+            self.versions[table.name] = table.version or ""
+            kind = "VIEW"
+        elif path.name.lower().endswith(".parquet"):
+            relation = f"read_parquet({_sql_string(str(path))})"
+            allowed.append(str(path))
+            self.versions[table.name] = table.version or _file_digest(path)
+            kind = "VIEW"
+        else:
+            relation = (
+                f"read_csv({_sql_string(str(path))}, header = true, all_varchar = true, "
+                "auto_detect = true)"
+            )
+            self.versions[table.name] = table.version or _file_digest(path)
+            kind = "TABLE"
+        try:
+            self._con.execute(
+                f"CREATE {kind} {_q(table.name)} AS SELECT {self._select_list(table)} "
+                f"FROM {relation}"
+            )
+            self._con.execute(f"SELECT * FROM {_q(table.name)} LIMIT 0").fetchall()
+        except duckdb.Error as exc:
+            raise PolicyError(
+                f"{where}: cannot load {table.source!r} with the declared columns: "
+                f"{_describe_load_error(exc)}",
+                construct=where,
+                hint="check that every declared column exists in the source with that type",
+            ) from None
+
+    def execute(self, compiled: CompiledQuery, handle: QueryHandle | None = None) -> EngineResult:
+        sql = compiled.render(self.dialect)
+        cursor = self._con.cursor()
+        try:
+            if handle is not None:
+                handle.attach(cursor)
+                if handle.interrupted:
+                    raise OperationalError("query cancelled", sqlstate="57014")
+            cursor.execute(sql)
+            rows = cursor.fetchall()
+            types = tuple(str(d[1]) for d in cursor.description or ())
+        except duckdb.InterruptException:
+            raise OperationalError(
+                "query cancelled", sqlstate="57014", hint="no budget was spent"
+            ) from None
+        except duckdb.Error as exc:
+            raise OperationalError(
+                f"engine error: {type(exc).__name__}",
+                hint="no budget was spent; please report this query",
+            ) from None
+        finally:
+            if handle is not None:
+                handle.attach(None)
+            cursor.close()
+        nk = len(compiled.key_columns)
+        key_rows = [tuple(r[:nk]) for r in rows]
+        measures = [
+            [int(r[nk + j] or 0) for r in rows] for j in range(len(compiled.measure_columns))
+        ]
+        return EngineResult(key_rows, measures, types[:nk])
+
+    def close(self) -> None:
+        self._con.close()
+
+
+def _describe_load_error(exc: Exception) -> str:
+    """Name the failing column/conversion without echoing data values."""
+    text = str(exc).splitlines()[0]
+    if "Conversion Error" in text or "Could not convert" in text:
+        return "a value does not convert to the declared type (" + text.split(":")[0] + ")"
+    if "not found" in text.lower() or "Binder Error" in text:
+        return text.split("\n")[0][:200]
+    return type(exc).__name__

@@ -1,0 +1,81 @@
+"""A DuckDB connection that holds no private data: domains, typing and post-processing.
+
+It has empty shadow copies of the policy's tables (same names and types, zero rows) so that
+expressions can be typed, and it evaluates post-processing (HAVING, ORDER BY, arithmetic over
+released aggregates) on a table of already-noised values. External access is off and its
+configuration locked, like the private engine's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import duckdb
+
+from dpsql.policy import Policy
+from dpsql.sql.domains import SQL_TYPES
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+class Scratch:
+    def __init__(self, policy: Policy) -> None:
+        self._con = duckdb.connect(":memory:")
+        for table in policy.tables.values():
+            cols = ", ".join(f"{_q(c.name)} {SQL_TYPES[c.type]}" for c in table.columns.values())
+            self._con.execute(f"CREATE TABLE {_q(table.name)} ({cols})")
+        self._con.execute("SET enable_external_access = false")
+        self._con.execute("SET lock_configuration = true")
+
+    def rows(self, sql: str) -> list[tuple[Any, ...]]:
+        cur = self._con.cursor()
+        try:
+            return cur.execute(sql).fetchall()
+        finally:
+            cur.close()
+
+    def types(self, table: str, expressions: Sequence[str]) -> list[str]:
+        """DuckDB types of expressions over an (empty) shadow table."""
+        if not expressions:
+            return []
+        cur = self._con.cursor()
+        try:
+            cur.execute(f"SELECT {', '.join(expressions)} FROM {_q(table)} LIMIT 0")
+            return [str(d[1]) for d in cur.description]
+        finally:
+            cur.close()
+
+    def post_process(
+        self,
+        post_sql: str,
+        columns: Sequence[str],
+        types: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+    ) -> tuple[list[tuple[str, str]], list[tuple[Any, ...]]]:
+        """Run ``post_sql`` over a temporary ``__released`` table; returns (description, rows)."""
+        columns_sql = ", ".join(_q(c) for c in columns)
+        if rows:
+            row_sql = "(" + ", ".join(f"CAST(? AS {t})" for t in types) + ")"
+            values = ", ".join(row_sql for _ in rows)
+            params: list[Any] = [v for row in rows for v in row]
+        else:
+            values = "(" + ", ".join(f"CAST(NULL AS {t})" for t in types) + ")"
+            params = []
+        released = f"(SELECT * FROM (VALUES {values}) AS v({columns_sql})"
+        released += ")" if rows else " WHERE false)"
+        sql = post_sql.replace('FROM "__released"', f"FROM {released} AS __released", 1)
+        sql = sql.replace("FROM __released", f"FROM {released} AS __released", 1)
+        cur = self._con.cursor()
+        try:
+            cur.execute(sql, params)
+            result = cur.fetchall()
+            description = [(d[0], str(d[1])) for d in cur.description]
+            return description, result
+        finally:
+            cur.close()
+
+    def close(self) -> None:
+        self._con.close()

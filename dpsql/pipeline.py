@@ -1,0 +1,467 @@
+"""The one pipeline every front door calls: text -> bind -> plan -> charge -> release -> rows.
+
+Data flows one way. Refusals happen in bind and plan, before the engine is touched and before
+the ledger is written. The budget is checked before the engine runs and charged atomically
+(together with the cached answer) before any value leaves this module.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import secrets
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sqlglot import exp
+
+from dpsql.engine.duckdb_engine import DuckDBEngine, EngineResult, QueryHandle
+from dpsql.engine.scratch import Scratch
+from dpsql.errors import ProgrammingError
+from dpsql.policy import MECHANISMS, Policy, load_policy
+from dpsql.privacy.ledger import Ledger, MemoryLedger
+from dpsql.privacy.release import Released, release
+from dpsql.privacy.samplers import NoiseSource, default_source
+from dpsql.sql.bind import (
+    DIALECT,
+    BoundQuery,
+    ExplainStatement,
+    PublicSelect,
+    SettingStatement,
+    TransactionStatement,
+    parse_statement,
+)
+from dpsql.sql.compile import compile_plan
+from dpsql.sql.domains import SQL_TYPES, key_domain
+from dpsql.sql.plan import Plan, build_plan
+
+TYPE_CODES = {
+    "BIGINT": "BIGINT",
+    "INTEGER": "BIGINT",
+    "SMALLINT": "BIGINT",
+    "TINYINT": "BIGINT",
+    "HUGEINT": "BIGINT",
+    "UBIGINT": "BIGINT",
+    "UINTEGER": "BIGINT",
+    "USMALLINT": "BIGINT",
+    "UTINYINT": "BIGINT",
+    "DOUBLE": "DOUBLE",
+    "FLOAT": "DOUBLE",
+    "VARCHAR": "VARCHAR",
+    "BOOLEAN": "BOOLEAN",
+    "DATE": "DATE",
+}
+
+
+def type_code(duck_type: str) -> str:
+    """DB-API type code for a DuckDB type: BIGINT, DOUBLE, VARCHAR, BOOLEAN or DATE."""
+    if duck_type.startswith("DECIMAL"):
+        return "DOUBLE"
+    return TYPE_CODES.get(duck_type, "VARCHAR")
+
+
+@dataclass
+class Settings:
+    """A session's privacy settings, changed with SET / RESET."""
+
+    epsilon: float
+    delta: float
+    mechanism: str
+
+    @classmethod
+    def from_policy(cls, policy: Policy) -> Settings:
+        return cls(policy.epsilon, policy.delta, policy.mechanism)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"epsilon": self.epsilon, "delta": self.delta, "mechanism": self.mechanism}
+
+
+@dataclass
+class Result:
+    """What a statement returns to a front door."""
+
+    description: list[tuple[str, str]] = field(default_factory=list)
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
+    intervals: list[tuple[tuple[float, float] | None, ...]] = field(default_factory=list)
+    cost: Any = None
+    cached: bool = False
+    status: str = "SELECT"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+class Service:
+    """Loads a policy and its private data once; hands out analyst connections."""
+
+    def __init__(
+        self,
+        policy: str | Path | Mapping[str, Any] | Policy,
+        database: str = ":memory:",
+        *,
+        ledger: Ledger | None = None,
+        noise: NoiseSource | None = None,
+        cache: bool = True,
+    ) -> None:
+        self.policy = policy if isinstance(policy, Policy) else load_policy(policy)
+        self.engine = DuckDBEngine(self.policy, database)
+        self.scratch = Scratch(self.policy)
+        self.ledger: Ledger = ledger if ledger is not None else self._default_ledger()
+        self.noise = noise if noise is not None else default_source()
+        self.cache = cache
+        self._domain_cache: dict[tuple[str, str], tuple | None] = {}
+        self._lock = threading.Lock()
+
+    def _default_ledger(self) -> Ledger:
+        if self.policy.ledger_path is None:
+            return MemoryLedger()
+        from dpsql.privacy.sqlite_ledger import SQLiteLedger
+
+        return SQLiteLedger(self.policy.ledger_path)
+
+    def connect(self, analyst: str = "default"):
+        from dpsql.dbapi import Connection
+
+        return Connection(self, analyst)
+
+    def close(self) -> None:
+        self.engine.close()
+        self.scratch.close()
+
+    # -- planning ----------------------------------------------------------------------------
+    def _domains(self, query: BoundQuery) -> list[tuple | None]:
+        out = []
+        for key in query.keys:
+            cache_key = (query.table.name, key.sql)
+            with self._lock:
+                known = cache_key in self._domain_cache
+                domain = self._domain_cache.get(cache_key)
+            if not known:
+                domain = key_domain(key, query.table, self.policy.max_bins, self.scratch.rows)
+                with self._lock:
+                    self._domain_cache[cache_key] = domain
+            out.append(domain)
+        return out
+
+    def plan(self, query: BoundQuery, settings: Settings) -> Plan:
+        return build_plan(
+            query,
+            self._domains(query),
+            epsilon=settings.epsilon,
+            delta=settings.delta,
+            mechanism=settings.mechanism,
+            data_version=self.engine.versions.get(query.table.name, ""),
+        )
+
+    # -- execution ---------------------------------------------------------------------------
+    def execute(
+        self,
+        text: str,
+        parameters: Sequence[Any] | None,
+        settings: Settings,
+        analyst: str,
+        handle: QueryHandle | None = None,
+    ) -> Result:
+        statement = parse_statement(text, self.policy, parameters)
+        if isinstance(statement, SettingStatement):
+            return apply_setting(statement, settings)
+        if isinstance(statement, TransactionStatement):
+            return Result(status=statement.kind.upper())
+        if isinstance(statement, PublicSelect):
+            description, rows = self.scratch.post_process(
+                statement.post.sql(dialect=DIALECT), [], [], []
+            )
+            return Result([(n, type_code(t)) for n, t in description], rows)
+        if isinstance(statement, ExplainStatement):
+            return self.explain(self.plan(statement.query, settings))
+        assert isinstance(statement, BoundQuery)
+        plan = self.plan(statement, settings)
+        return self.run(plan, analyst, handle)
+
+    def run(self, plan: Plan, analyst: str, handle: QueryHandle | None = None) -> Result:
+        dataset = self.policy.dataset
+        cache_key = plan.fingerprint() if self.cache else None
+        if cache_key is not None:
+            answer = self.ledger.cached(analyst, dataset, cache_key)
+            if answer is not None:
+                return self._finish(plan, _decode(answer), cost=None, cached=True)
+        self.ledger.check(analyst, dataset, plan.cost, self.policy.budget)
+        compiled = compile_plan(plan, secrets.randbits(62))
+        result: EngineResult = self.engine.execute(compiled, handle)
+        released = release(plan, result, self.noise)
+        key_types = [type_code(t) for t in result.key_types] or self._key_types(plan)
+        encoded = _encode(released, key_types)
+        self.ledger.charge(
+            analyst,
+            dataset,
+            plan.cost,
+            self.policy.budget,
+            query_text=plan.query.text,
+            plan_hash=plan.fingerprint(),
+            cache_key=cache_key,
+            answer=encoded,
+        )
+        return self._finish(plan, _decode(encoded), cost=plan.cost, cached=False)
+
+    def _key_types(self, plan: Plan) -> list[str]:
+        types = self.scratch.types(plan.query.table.name, [k.key.sql for k in plan.keys])
+        return [type_code(t) for t in types]
+
+    def describe(self, text: str, settings: Settings) -> list[tuple[str, str]]:
+        """Result columns of a statement, without running it or spending anything."""
+        statement = parse_statement(text, self.policy, None)
+        if isinstance(statement, BoundQuery):
+            plan = self.plan(statement, settings)
+            empty = {
+                "keys": [],
+                "key_types": self._key_types(plan),
+                "outputs": [],
+                "intervals": [],
+                "suppressed": None,
+            }
+            return self._finish(plan, empty, cost=None, cached=False).description
+        if isinstance(statement, ExplainStatement):
+            return EXPLAIN_COLUMNS
+        if isinstance(statement, SettingStatement) and statement.action == "show":
+            return [(statement.name, "VARCHAR")]
+        if isinstance(statement, PublicSelect):
+            return self.execute(text, None, settings, "").description
+        return []
+
+    def _finish(self, plan: Plan, answer: dict, *, cost: Any, cached: bool) -> Result:
+        """Post-processing on the scratch connection: the released table only."""
+        n_out = len(plan.outputs)
+        key_types = answer["key_types"]
+        columns = [f"k{i}" for i in range(len(plan.keys))]
+        types = [SQL_TYPES_BY_CODE[t] for t in key_types]
+        for i, o in enumerate(plan.outputs):
+            columns += [f"a{i}", f"a{i}_lo", f"a{i}_hi"]
+            kind = "BIGINT" if o.call.kind in ("count", "count_units") else "DOUBLE"
+            if o.call.kind == "sum" and plan.query.table.columns[o.call.column].type == "int":
+                kind = "BIGINT"
+            types += [kind, "DOUBLE", "DOUBLE"]
+        columns.append("__suppressed")
+        types.append("DOUBLE")
+        rows = []
+        keys = answer["keys"]
+        for r, key in enumerate(keys):
+            row: list[Any] = list(key)
+            for i in range(n_out):
+                value = answer["outputs"][i][r]
+                if types[len(plan.keys) + 3 * i] == "BIGINT":
+                    value = round(value)
+                low, high = answer["intervals"][i][r]
+                row += [value, low, high]
+            suppressed = answer["suppressed"]
+            row.append(suppressed[r] if suppressed is not None else None)
+            rows.append(tuple(row))
+        post = plan.query.post.copy()
+        visible = len(post.expressions)
+        for j, item in enumerate(list(post.expressions)):
+            inner = item.this if isinstance(item, exp.Alias) else item
+            if (
+                isinstance(inner, exp.Column)
+                and inner.name.startswith("a")
+                and inner.name[1:].isdigit()
+            ):
+                post = post.select(
+                    exp.alias_(exp.column(f"{inner.name}_lo"), f"__lo{j}"),
+                    exp.alias_(exp.column(f"{inner.name}_hi"), f"__hi{j}"),
+                    copy=False,
+                )
+        description, out_rows = self.scratch.post_process(
+            post.sql(dialect=DIALECT), columns, types, rows
+        )
+        hidden = {name: i for i, (name, _) in enumerate(description)}
+        intervals = []
+        for row in out_rows:
+            intervals.append(
+                tuple(
+                    (row[hidden[f"__lo{j}"]], row[hidden[f"__hi{j}"]])
+                    if f"__lo{j}" in hidden
+                    else None
+                    for j in range(visible)
+                )
+            )
+        return Result(
+            description=[(n, type_code(t)) for n, t in description[:visible]],
+            rows=[tuple(_convert(v) for v in row[:visible]) for row in out_rows],
+            intervals=intervals,
+            cost=cost,
+            cached=cached,
+        )
+
+    def explain(self, plan: Plan) -> Result:
+        rows: list[tuple[Any, ...]] = []
+        for o in plan.outputs:
+            for name in o.measures:
+                m = plan.measure(name)
+                g = m.granularity
+                rows.append(
+                    (
+                        o.call.label,
+                        f"{m.kind}({m.column or '*'})",
+                        m.mechanism.name,
+                        float(m.l1 * g),
+                        float(m.l2 * g),
+                        float(m.mechanism.scale * g),
+                        m.epsilon,
+                        m.delta,
+                        float(m.mechanism.cost.rho),
+                        float(m.mechanism.interval_halfwidth() * g),
+                    )
+                )
+        if plan.threshold is not None:
+            m = plan.measure(plan.threshold.measure)
+            rows.append(
+                (
+                    "GROUP BY " + ", ".join(k.key.sql for k in plan.keys),
+                    f"units >= tau = {plan.threshold.tau:g}",
+                    m.mechanism.name,
+                    float(m.l1),
+                    float(m.l2),
+                    float(m.mechanism.scale),
+                    m.epsilon,
+                    m.delta + plan.threshold.delta,
+                    float(m.mechanism.cost.rho),
+                    float(m.mechanism.interval_halfwidth()),
+                )
+            )
+        c = plan.cost
+        budget = self.policy.budget
+        rows.append(
+            (
+                "total",
+                f"R={plan.max_rows} rows/group, G={plan.max_groups} groups/unit",
+                plan.mechanism,
+                None,
+                None,
+                None,
+                c.epsilon if c.rho == 0 else budget.epsilon_of(c),
+                c.delta,
+                c.rho,
+                None,
+            )
+        )
+        engine_sql = compile_plan(plan, 0).render(self.engine.dialect)
+        rows.append(("engine_sql", engine_sql, None, None, None, None, None, None, None, None))
+        return Result(EXPLAIN_COLUMNS, rows, status="EXPLAIN")
+
+
+EXPLAIN_COLUMNS = [
+    ("aggregate", "VARCHAR"),
+    ("measure", "VARCHAR"),
+    ("mechanism", "VARCHAR"),
+    ("sensitivity_l1", "DOUBLE"),
+    ("sensitivity_l2", "DOUBLE"),
+    ("noise_scale", "DOUBLE"),
+    ("epsilon", "DOUBLE"),
+    ("delta", "DOUBLE"),
+    ("rho", "DOUBLE"),
+    ("ci95_halfwidth", "DOUBLE"),
+]
+
+SQL_TYPES_BY_CODE = {
+    "BIGINT": "BIGINT",
+    "DOUBLE": "DOUBLE",
+    "VARCHAR": "VARCHAR",
+    "BOOLEAN": "BOOLEAN",
+    "DATE": "DATE",
+}
+assert set(SQL_TYPES_BY_CODE.values()) == set(SQL_TYPES.values())
+
+
+def _convert(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _encode(released: Released, key_types: Sequence[str]) -> str:
+    return json.dumps(
+        {
+            "keys": [[_jsonable(v) for v in k] for k in released.key_values],
+            "key_types": list(key_types),
+            "outputs": [[float(x) for x in o] for o in released.outputs],
+            "intervals": [[[float(a), float(b)] for a, b in iv] for iv in released.intervals],
+            "suppressed": (
+                None
+                if released.suppressed_probability is None
+                else [float(x) for x in released.suppressed_probability]
+            ),
+        }
+    )
+
+
+def _decode(answer: str) -> dict:
+    data = json.loads(answer)
+    for i, t in enumerate(data["key_types"]):
+        if t == "DATE":
+            for k in data["keys"]:
+                if k[i] is not None:
+                    k[i] = dt.date.fromisoformat(k[i])
+    return data
+
+
+def apply_setting(statement: SettingStatement, settings: Settings) -> Result:
+    name = statement.name
+    known = settings.as_dict()
+    if name not in known:
+        raise ProgrammingError(
+            f"unknown setting {name!r}",
+            sqlstate="42704",
+            construct=name,
+            hint="dpsql settings: " + ", ".join(known),
+        )
+    if statement.action == "show":
+        return Result([(name, "VARCHAR")], [(str(known[name]),)], status="SHOW")
+    if statement.action == "reset":
+        # RESET goes back to the policy default, which the caller keeps in settings.defaults.
+        raise _ResetRequest(name)
+    value = statement.value
+    if name == "mechanism":
+        if str(value).lower() not in MECHANISMS:
+            raise ProgrammingError(
+                f"unknown mechanism {value!r}",
+                sqlstate="22023",
+                construct="mechanism",
+                hint="SET mechanism = 'laplace' or 'gaussian'",
+            )
+        settings.mechanism = str(value).lower()
+    else:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = float("nan")
+        ok = number > 0 if name == "epsilon" else 0 <= number < 1
+        if not ok:
+            raise ProgrammingError(
+                f"invalid value for {name}: {value!r}",
+                sqlstate="22023",
+                construct=name,
+                hint="epsilon must be > 0" if name == "epsilon" else "delta must be in [0, 1)",
+            )
+        setattr(settings, name, number)
+    return Result(status="SET")
+
+
+class _ResetRequest(Exception):
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def reset_setting(settings: Settings, defaults: Settings, name: str) -> Result:
+    setattr(settings, name, getattr(defaults, name))
+    return Result(status="RESET")
+
+
+__all__ = ["Result", "Service", "Settings", "replace"]

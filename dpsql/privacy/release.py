@@ -1,0 +1,162 @@
+"""Noisy release: exact bounded aggregates -> noised measures -> output aggregates.
+
+Only this module adds noise. Everything after the noise draw is post-processing and costs
+no privacy: thresholding compares a *noisy* unit count with τ, AVG divides two noisy values,
+counts are clamped at zero, AVG at its column's bounds, VAR at [0, (range/2)²].
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dpsql.engine.duckdb_engine import EngineResult
+from dpsql.errors import PrivacyError
+from dpsql.privacy.mechanisms import Gaussian, Mechanism
+from dpsql.privacy.samplers import NoiseSource
+from dpsql.sql.plan import Measure, OutputAggregate, Plan
+
+INTERVAL_DRAWS = 2000
+
+
+@dataclass(frozen=True)
+class Released:
+    """The released table: one row per group, keys then output aggregates, with intervals."""
+
+    key_values: list[tuple[Any, ...]]
+    outputs: list[np.ndarray]  # one float array per plan output
+    intervals: list[np.ndarray]  # per output: (n_groups, 2) 95% noise interval
+    suppressed_probability: np.ndarray | None  # per group, where thresholding applies
+
+
+def group_index(plan: Plan, result: EngineResult) -> tuple[list[tuple], np.ndarray]:
+    """The groups to release and, per measure, the exact value of each (0 for empty bins)."""
+    n_measures = len(plan.measures)
+    if not plan.keys:
+        exact = np.array([[m[0] if m else 0 for m in result.measures]], dtype=object).reshape(
+            1, n_measures
+        )
+        return [()], exact
+    if plan.threshold is None:
+        domains = [kp.domain for kp in plan.keys]
+        size = math.prod(len(d) for d in domains)  # type: ignore[arg-type]
+        if size > 1_000_000:
+            raise PrivacyError(
+                f"the GROUP BY has {size} public bins", hint="use coarser bins or fewer keys"
+            )
+        groups = list(itertools.product(*domains))  # type: ignore[arg-type]
+    else:
+        groups = list(dict.fromkeys(result.key_rows))
+    position = {g: i for i, g in enumerate(groups)}
+    exact = np.zeros((len(groups), n_measures), dtype=object)
+    for row, key in enumerate(result.key_rows):
+        i = position.get(key)
+        if i is None:  # outside the public domain: never released
+            continue
+        for j in range(n_measures):
+            exact[i, j] += result.measures[j][row]
+    return groups, exact
+
+
+def _evaluate(output: OutputAggregate, plan: Plan, values: dict[str, np.ndarray]) -> np.ndarray:
+    """An output aggregate from (noisy) measure values, in released units."""
+    kind = output.call.kind
+    first = plan.measure(output.measures[0])
+    if kind in ("count", "count_units"):
+        return np.maximum(values[first.name], 0.0)
+    if kind == "sum":
+        total = values[first.name].astype(float)
+        if first.center:
+            count = _values_measure(plan, first)
+            total = total + first.center * values[count.name]
+        return total * first.granularity
+    s, n = values[output.measures[0]], values[output.measures[1]]
+    denominator = np.maximum(n, 1.0)
+    mean_y = s / denominator
+    if kind == "avg":
+        avg = (first.center + mean_y) * first.granularity
+        return np.clip(avg, output.lower, output.upper)
+    ss_measure = plan.measure(output.measures[2])
+    ey2 = values[ss_measure.name] / denominator + ss_measure.center2
+    half_range = (first.hi - first.lo) / 2.0
+    var = np.clip(ey2 - mean_y**2, 0.0, half_range**2)
+    if kind in ("var_samp", "stddev_samp"):
+        var = np.where(denominator > 1, var * denominator / np.maximum(denominator - 1, 1), var)
+    var = var * first.granularity**2
+    return np.sqrt(var) if kind.startswith("stddev") else var
+
+
+def _values_measure(plan: Plan, sum_measure: Measure) -> Measure:
+    return next(m for m in plan.measures if m.kind == "values" and m.column == sum_measure.column)
+
+
+def release(plan: Plan, result: EngineResult, source: NoiseSource) -> Released:
+    groups, exact = group_index(plan, result)
+    n = len(groups)
+    noisy: dict[str, np.ndarray] = {}
+    for j, m in enumerate(plan.measures):
+        column = np.array([int(v) for v in exact[:, j]], dtype=object)
+        noise = m.mechanism.sample(source, n)
+        noisy[m.name] = (column + np.array([int(x) for x in noise], dtype=object)).astype(float)
+    keep = np.ones(n, dtype=bool)
+    suppressed = None
+    if plan.threshold is not None:
+        units = noisy[plan.threshold.measure]
+        keep = units >= plan.threshold.tau
+        mech = plan.measure(plan.threshold.measure).mechanism
+        sim = _approximate_noise(mech, np.random.default_rng(0), INTERVAL_DRAWS)
+        suppressed = np.array([float(np.mean(u + sim < plan.threshold.tau)) for u in units[keep]])
+    kept = {k: v[keep] for k, v in noisy.items()}
+    outputs = [_evaluate(o, plan, kept) for o in plan.outputs]
+    intervals = [
+        _interval(o, plan, kept, value) for o, value in zip(plan.outputs, outputs, strict=True)
+    ]
+    key_values = [g for g, k in zip(groups, keep, strict=True) if k]
+    return Released(key_values, outputs, intervals, suppressed)
+
+
+def _interval(
+    output: OutputAggregate, plan: Plan, noisy: dict[str, np.ndarray], value: np.ndarray
+) -> np.ndarray:
+    """95% interval of the released value's noise, by simulating the plan's own mechanisms.
+
+    Treats the released measures as the truth, redraws the (public) noise distribution and
+    recomputes the output formula: post-processing, so it costs nothing and leaks nothing.
+    """
+    n = len(value)
+    if n == 0:
+        return np.zeros((0, 2))
+    names = set(output.measures)
+    first = plan.measure(output.measures[0])
+    if output.call.kind == "sum" and first.center:
+        names.add(_values_measure(plan, first).name)
+    rng = np.random.default_rng(12345)
+    draws = min(INTERVAL_DRAWS, max(200, 200_000 // max(n, 1)))
+    sims: dict[str, np.ndarray] = {}
+    for name in names:
+        m = plan.measure(name)
+        noise = _approximate_noise(m.mechanism, rng, draws * n).reshape(draws, n)
+        sims[name] = noisy[name][None, :] + noise
+    simulated = _evaluate(output, plan, sims)
+    error = simulated - _evaluate(output, plan, {k: noisy[k][None, :] for k in names})
+    low = value + np.quantile(error, 0.025, axis=0)
+    high = value + np.quantile(error, 0.975, axis=0)
+    return np.stack([low, high], axis=1)
+
+
+def _approximate_noise(mech: Mechanism, rng: np.random.Generator, size: int) -> np.ndarray:
+    """Fast draws from (a close approximation of) a mechanism's noise, for error bars only.
+
+    Never used for a release: intervals describe the public noise distribution, so a
+    non-cryptographic generator is fine here and keeps EXPLAIN and queries fast.
+    """
+    if mech.scale == 0:
+        return np.zeros(size)
+    if isinstance(mech, Gaussian):
+        return np.rint(rng.normal(0.0, mech.scale, size))
+    p = 1.0 - np.exp(-1.0 / mech.scale)
+    return (rng.geometric(p, size) - rng.geometric(p, size)).astype(float)

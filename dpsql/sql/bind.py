@@ -1,0 +1,863 @@
+"""Bind analyst SQL to the policy: sqlglot AST -> :class:`BoundQuery`, or a refusal.
+
+Binding is the trust boundary's first half. It accepts exactly the constructs listed in
+grammar_notes.md and refuses everything else *before any data is read*, with an error that
+names the construct, its position and what to do instead. Nothing here touches an engine.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError, TokenError
+
+from dpsql.errors import (
+    NotSupportedError,
+    PrivacyError,
+    ProgrammingError,
+    SQLSyntaxError,
+    UndefinedColumnError,
+    UndefinedTableError,
+)
+from dpsql.policy import Policy, TablePolicy
+from dpsql.sql.positions import offset_position, position_of, snippet
+
+logging.getLogger("sqlglot").setLevel(logging.ERROR)
+
+DIALECT = "duckdb"
+
+# Deterministic scalar constructs allowed in WHERE, GROUP BY and post-processing.
+SCALAR_NODES: tuple[type[exp.Expression], ...] = (
+    exp.Column,
+    exp.Identifier,
+    exp.Literal,
+    exp.Boolean,
+    exp.Null,
+    exp.Paren,
+    exp.Neg,
+    exp.Not,
+    exp.And,
+    exp.Or,
+    exp.EQ,
+    exp.NEQ,
+    exp.GT,
+    exp.GTE,
+    exp.LT,
+    exp.LTE,
+    exp.NullSafeEQ,
+    exp.NullSafeNEQ,
+    exp.Is,
+    exp.In,
+    exp.Between,
+    exp.Like,
+    exp.ILike,
+    exp.Add,
+    exp.Sub,
+    exp.Mul,
+    exp.Div,
+    exp.IntDiv,
+    exp.Mod,
+    exp.Case,
+    exp.If,
+    exp.Cast,
+    exp.TryCast,
+    exp.DataType,
+    exp.Coalesce,
+    exp.Abs,
+    exp.Floor,
+    exp.Ceil,
+    exp.Round,
+    exp.Lower,
+    exp.Upper,
+    exp.Length,
+    exp.Substring,
+    exp.Trim,
+    exp.Concat,
+    exp.DPipe,
+    exp.Year,
+    exp.Month,
+    exp.Day,
+    exp.Extract,
+    exp.Var,
+    exp.Greatest,
+    exp.Least,
+    exp.TimestampTrunc,
+    exp.DateTrunc,
+    exp.Sqrt,
+    exp.Ln,
+    exp.Log,
+    exp.Exp,
+    exp.Pow,
+    exp.Sign,
+    exp.Tuple,
+    exp.Nullif,
+    exp.DataTypeParam,
+    exp.Quarter,
+    exp.DayOfWeek,
+)
+
+AGGREGATE_KINDS: dict[type[exp.Expression], str] = {
+    exp.Count: "count",
+    exp.Sum: "sum",
+    exp.Avg: "avg",
+    exp.Variance: "var_samp",
+    exp.VariancePop: "var_pop",
+    exp.Stddev: "stddev_samp",
+    exp.StddevSamp: "stddev_samp",
+    exp.StddevPop: "stddev_pop",
+}
+
+REFUSED_STATEMENTS: dict[type[exp.Expression], str] = {
+    exp.Insert: "INSERT",
+    exp.Update: "UPDATE",
+    exp.Delete: "DELETE",
+    exp.Create: "CREATE",
+    exp.Drop: "DROP",
+    exp.Alter: "ALTER",
+    exp.Merge: "MERGE",
+    exp.TruncateTable: "TRUNCATE",
+    exp.Pragma: "PRAGMA",
+    exp.Attach: "ATTACH",
+    exp.Detach: "DETACH",
+    exp.Copy: "COPY",
+    exp.Install: "INSTALL",
+    exp.Use: "USE",
+    exp.Describe: "DESCRIBE",
+}
+
+FILE_READERS = (
+    "read_csv",
+    "read_csv_auto",
+    "read_parquet",
+    "parquet_scan",
+    "read_json",
+    "read_json_auto",
+    "read_text",
+    "read_blob",
+    "glob",
+    "sniff_csv",
+    "read_ndjson",
+    "iceberg_scan",
+    "delta_scan",
+)
+
+
+@dataclass(frozen=True)
+class AggregateCall:
+    """One aggregate the analyst asked for, e.g. SUM(cost). ``column`` is None for COUNT(*)."""
+
+    kind: str  # count | count_units | sum | avg | var_samp | var_pop | stddev_samp | stddev_pop
+    column: str | None
+
+    @property
+    def label(self) -> str:
+        if self.kind == "count_units":
+            return f"COUNT(DISTINCT {self.column})"
+        return f"{self.kind.upper()}({self.column or '*'})"
+
+
+@dataclass(frozen=True)
+class GroupKey:
+    """A GROUP BY key: a validated expression over the table's columns."""
+
+    expr: exp.Expression
+    columns: tuple[str, ...]
+
+    @property
+    def sql(self) -> str:
+        return self.expr.sql(dialect=DIALECT)
+
+
+@dataclass(frozen=True)
+class BoundQuery:
+    """A validated DP query: one table, a filter, keys, aggregates, and post-processing."""
+
+    text: str
+    table: TablePolicy
+    where: exp.Expression | None
+    keys: tuple[GroupKey, ...]
+    aggregates: tuple[AggregateCall, ...]
+    post: exp.Select  # over table __released with columns k0.., a0..
+
+
+@dataclass(frozen=True)
+class PublicSelect:
+    """A SELECT that reads no table (e.g. ``SELECT 1``): evaluated without private data."""
+
+    text: str
+    post: exp.Select
+
+
+@dataclass(frozen=True)
+class SettingStatement:
+    action: str  # set | reset | show
+    name: str
+    value: Any = None
+
+
+@dataclass(frozen=True)
+class ExplainStatement:
+    query: BoundQuery
+
+
+@dataclass(frozen=True)
+class TransactionStatement:
+    """BEGIN / COMMIT / ROLLBACK: accepted as no-ops (dpsql is read-only)."""
+
+    kind: str
+
+
+Statement = BoundQuery | PublicSelect | SettingStatement | ExplainStatement | TransactionStatement
+
+
+def _refuse(
+    cls: type[ProgrammingError], message: str, node: exp.Expression | None, text: str, hint: str
+) -> ProgrammingError:
+    construct = snippet(node) if node is not None else None
+    return cls(message, construct=construct, position=position_of(node, text), hint=hint)
+
+
+def parse_statement(
+    text: str, policy: Policy, parameters: Sequence[Any] | None = None
+) -> Statement:
+    """Parse and bind one statement of analyst SQL."""
+    head = _first_word(text)
+    if head in ("SHOW", "RESET"):
+        return _setting_command(head, text)
+    if head == "EXPLAIN":
+        inner = text.lstrip()[len("EXPLAIN") :]
+        bound = parse_statement(inner, policy, parameters)
+        if not isinstance(bound, BoundQuery):
+            raise ProgrammingError(
+                "EXPLAIN takes a DP SELECT query", construct="EXPLAIN", hint="EXPLAIN SELECT ..."
+            )
+        offset = len(text) - len(inner)
+        del offset
+        return ExplainStatement(bound)
+    try:
+        statements = [s for s in sqlglot.parse(text, read=DIALECT) if s is not None]
+    except (ParseError, TokenError) as exc:
+        raise _syntax_error(exc, text) from None
+    if not statements:
+        raise SQLSyntaxError("empty query", hint="send one SELECT statement")
+    if len(statements) > 1:
+        raise _refuse(
+            PrivacyError,
+            "several statements in one query",
+            statements[1],
+            text,
+            "send one statement at a time",
+        )
+    tree = statements[0]
+    if parameters is not None:
+        tree = _substitute_parameters(tree, parameters, text)
+    elif tree.find(exp.Placeholder, exp.Parameter):
+        raise _refuse(
+            ProgrammingError,
+            "the query has parameter placeholders but no parameters were given",
+            tree.find(exp.Placeholder, exp.Parameter),
+            text,
+            "pass the values as execute(sql, parameters)",
+        )
+    return bind_tree(tree, text, policy)
+
+
+def _first_word(text: str) -> str:
+    try:
+        tokens = sqlglot.tokenize(text, read=DIALECT)
+    except (TokenError, ParseError):
+        return ""
+    return tokens[0].text.upper() if tokens else ""
+
+
+def _syntax_error(exc: Exception, text: str) -> SQLSyntaxError:
+    errors = getattr(exc, "errors", None) or []
+    position = None
+    description = str(exc).splitlines()[0] if str(exc) else "syntax error"
+    if errors:
+        first = errors[0]
+        description = first.get("description") or description
+        line, col = first.get("line"), first.get("col")
+        if line and col:
+            lines = text.splitlines() or [""]
+            offset = sum(len(x) + 1 for x in lines[: line - 1]) + max(col - 1, 0)
+            position = offset_position(text, min(offset, len(text)))
+    return SQLSyntaxError(
+        f"syntax error: {description}",
+        construct="SQL text",
+        position=position,
+        hint="dpsql reads DuckDB/PostgreSQL-style SELECT statements; see grammar_notes.md",
+    )
+
+
+def _setting_command(head: str, text: str) -> SettingStatement:
+    words = text.strip().rstrip(";").split()
+    if len(words) != 2:
+        raise SQLSyntaxError(
+            f"{head} takes one setting name", construct=head, hint=f"{head} epsilon"
+        )
+    return SettingStatement(head.lower(), words[1].lower())
+
+
+def _substitute_parameters(tree: exp.Expression, params: Sequence[Any], text: str):
+    """Replace ``?`` / ``$n`` placeholders by literals; values never become SQL text unescaped."""
+    counter = iter(range(len(params) + 1))
+
+    def replace(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Placeholder):
+            index = int(node.this) - 1 if node.this else next(counter)
+        elif isinstance(node, exp.Parameter):
+            inner = node.this.this if isinstance(node.this, exp.Expression) else node.this
+            index = int(inner) - 1
+        else:
+            return node
+        if not 0 <= index < len(params):
+            raise _refuse(
+                ProgrammingError,
+                f"parameter {index + 1} has no value ({len(params)} given)",
+                node,
+                text,
+                "pass one value per placeholder",
+            )
+        return to_literal(params[index])
+
+    return tree.transform(replace, copy=True)
+
+
+def to_literal(value: Any) -> exp.Expression:
+    if value is None:
+        return exp.Null()
+    if isinstance(value, bool):
+        return exp.Boolean(this=value)
+    if isinstance(value, int | float):
+        return exp.Literal.number(value)
+    if isinstance(value, dt.datetime):
+        return exp.Cast(
+            this=exp.Literal.string(value.isoformat()), to=exp.DataType.build("TIMESTAMP")
+        )
+    if isinstance(value, dt.date):
+        return exp.Cast(this=exp.Literal.string(value.isoformat()), to=exp.DataType.build("DATE"))
+    if isinstance(value, str):
+        return exp.Literal.string(value)
+    raise ProgrammingError(
+        f"unsupported parameter type {type(value).__name__}",
+        construct="parameter",
+        hint="pass int, float, str, bool, date or None",
+    )
+
+
+def bind_tree(tree: exp.Expression, text: str, policy: Policy) -> Statement:
+    for cls, name in REFUSED_STATEMENTS.items():
+        if isinstance(tree, cls):
+            raise _refuse(
+                PrivacyError,
+                f"{name} statements are not allowed: dpsql only answers aggregate SELECT queries",
+                tree,
+                text,
+                "send a SELECT with COUNT/SUM/AVG; data and configuration cannot be changed",
+            )
+    if isinstance(tree, exp.Transaction | exp.Commit | exp.Rollback):
+        kind = {exp.Transaction: "begin", exp.Commit: "commit", exp.Rollback: "rollback"}
+        return TransactionStatement(kind[type(tree)])
+    if isinstance(tree, exp.Set):
+        return _set_statement(tree, text)
+    if isinstance(tree, exp.Command):
+        word = str(tree.this).upper()
+        raise _refuse(
+            PrivacyError,
+            f"{word} statements are not allowed",
+            tree,
+            text,
+            "dpsql only answers aggregate SELECT queries (and SET/SHOW/RESET of privacy settings)",
+        )
+    if isinstance(tree, exp.SetOperation):
+        raise _refuse(
+            PrivacyError,
+            f"{type(tree).__name__.upper()} of queries is not supported",
+            tree,
+            text,
+            "send each SELECT separately; each is charged on its own",
+        )
+    if not isinstance(tree, exp.Select):
+        raise _refuse(
+            PrivacyError,
+            f"{type(tree).__name__} statements are not allowed",
+            tree,
+            text,
+            "send an aggregate SELECT query",
+        )
+    return _Binder(tree, text, policy).bind()
+
+
+def _set_statement(tree: exp.Set, text: str) -> SettingStatement:
+    items = tree.expressions
+    if len(items) != 1 or not isinstance(items[0], exp.SetItem):
+        raise _refuse(SQLSyntaxError, "SET takes one setting", tree, text, "SET epsilon = 0.5")
+    item = items[0].this
+    if not isinstance(item, exp.EQ) or not isinstance(item.this, exp.Column | exp.Identifier):
+        raise _refuse(SQLSyntaxError, "SET needs name = value", tree, text, "SET epsilon = 0.5")
+    name = item.this.name.lower()
+    value_node = item.expression
+    if isinstance(value_node, exp.Literal):
+        value: Any = value_node.this if value_node.is_string else float(value_node.this)
+    elif isinstance(value_node, exp.Neg) and isinstance(value_node.this, exp.Literal):
+        value = -float(value_node.this.this)
+    elif isinstance(value_node, exp.Column | exp.Identifier | exp.Var):
+        value = value_node.name
+    elif isinstance(value_node, exp.Boolean):
+        value = value_node.this
+    else:
+        raise _refuse(
+            SQLSyntaxError, "SET value must be a literal", value_node, text, "SET epsilon = 0.5"
+        )
+    return SettingStatement("set", name, value)
+
+
+class _Binder:
+    """Binds one SELECT; instance state is scratch space for a single pure binding."""
+
+    def __init__(self, tree: exp.Select, text: str, policy: Policy) -> None:
+        self.tree = tree
+        self.text = text
+        self.policy = policy
+        self.table: TablePolicy | None = None
+        self.qualifiers: set[str] = set()
+
+    # -- helpers -----------------------------------------------------------------------------
+    def refuse(self, message: str, node: exp.Expression | None, hint: str) -> PrivacyError:
+        return _refuse(PrivacyError, message, node, self.text, hint)  # type: ignore[return-value]
+
+    def bind(self) -> BoundQuery | PublicSelect:
+        tree = self.tree
+        if tree.args.get("with_") or tree.args.get("with"):
+            raise self.refuse(
+                "WITH (common table expressions) is not supported yet",
+                tree.args.get("with_") or tree.args.get("with"),
+                "write one SELECT over one table",
+            )
+        for arg in ("joins", "laterals", "windows", "qualify", "into", "locks", "sample"):
+            if tree.args.get(arg):
+                node = tree.args[arg]
+                node = node[0] if isinstance(node, list) else node
+                word = {
+                    "joins": "JOIN",
+                    "laterals": "LATERAL",
+                    "windows": "WINDOW",
+                    "qualify": "QUALIFY",
+                    "into": "INTO",
+                    "locks": "FOR UPDATE",
+                    "sample": "TABLESAMPLE",
+                }[arg]
+                raise self.refuse(
+                    f"{word} is not supported (one private table per query, for now)",
+                    node,
+                    "query one table; join public facts in your own tool after release",
+                )
+        for sub in tree.find_all(exp.Subquery, exp.Select):
+            if sub is not tree:
+                raise self.refuse(
+                    "subqueries are not supported (for now)",
+                    sub,
+                    "rewrite as one SELECT over one table",
+                )
+        for win in tree.find_all(exp.Window):
+            raise self.refuse(
+                "window functions are not allowed",
+                win,
+                "use GROUP BY with COUNT/SUM/AVG; windows would release individual rows",
+            )
+        from_ = tree.args.get("from_") or tree.args.get("from")
+        if from_ is None:
+            return self._public_select()
+        self._bind_from(from_.this)
+        assert self.table is not None
+        if any(isinstance(e, exp.Star) for e in tree.expressions) or any(
+            isinstance(e, exp.Column) and isinstance(e.this, exp.Star) for e in tree.expressions
+        ):
+            star = next(e for e in tree.expressions if isinstance(e, exp.Star | exp.Column))
+            raise self.refuse(
+                "SELECT * would release individual rows",
+                star,
+                "select aggregates, e.g. SELECT COUNT(*) FROM " + self.table.name,
+            )
+        where = tree.args.get("where")
+        where_expr = None
+        if where is not None:
+            self._check_scalar(where.this, "WHERE")
+            where_expr = self._normalise_columns(where.this)
+        keys, key_nodes = self._bind_group_by()
+        aggregates: list[AggregateCall] = []
+        post = self._build_post(keys, key_nodes, aggregates)
+        if not aggregates and not keys:
+            raise self.refuse(
+                "the query has no aggregate",
+                tree.expressions[0] if tree.expressions else tree,
+                "use COUNT(*), COUNT(col), SUM(col), AVG(col) or GROUP BY",
+            )
+        return BoundQuery(
+            text=self.text,
+            table=self.table,
+            where=where_expr,
+            keys=tuple(keys),
+            aggregates=tuple(aggregates),
+            post=post,
+        )
+
+    def _public_select(self) -> PublicSelect:
+        for node in self.tree.walk():
+            if isinstance(node, exp.Column):
+                raise self.refuse(
+                    f"unknown column {node.sql()!r} (no FROM clause)",
+                    node,
+                    "add FROM <table>",
+                )
+            if isinstance(node, exp.AggFunc):
+                raise self.refuse("aggregate without FROM", node, "add FROM <table>")
+        for item in self.tree.expressions:
+            self._check_scalar(item.unalias() if isinstance(item, exp.Alias) else item, "SELECT")
+        return PublicSelect(self.text, self.tree.copy())
+
+    def _bind_from(self, source: exp.Expression) -> None:
+        if isinstance(source, exp.Subquery):
+            raise self.refuse(
+                "subqueries are not supported (for now)", source, "query one table directly"
+            )
+        if not isinstance(source, exp.Table) or not isinstance(source.this, exp.Identifier):
+            name = snippet(source)
+            reader = any(r in name.lower() for r in FILE_READERS)
+            raise self.refuse(
+                ("file readers are not allowed" if reader else "table functions are not allowed")
+                + f": {name}",
+                source,
+                "query a table declared in the privacy policy by its name",
+            )
+        schema = source.args.get("db")
+        if source.args.get("catalog") or (
+            schema is not None and schema.name.lower() not in ("main", "public")
+        ):
+            raise _refuse(
+                UndefinedTableError,
+                f"unknown table {source.sql()!r}",
+                source,
+                self.text,
+                "query a table declared in the policy: " + ", ".join(sorted(self.policy.tables)),
+            )
+        table = self.policy.table(source.name)
+        if table is None:
+            raise _refuse(
+                UndefinedTableError,
+                f"unknown table {source.name!r}",
+                source,
+                self.text,
+                "query a table declared in the policy: " + ", ".join(sorted(self.policy.tables)),
+            )
+        self.table = table
+        self.qualifiers = {source.name.lower()}
+        if source.alias:
+            self.qualifiers.add(source.alias.lower())
+
+    def _column_name(self, col: exp.Column) -> str:
+        assert self.table is not None
+        if col.table and col.table.lower() not in self.qualifiers:
+            raise _refuse(
+                UndefinedColumnError,
+                f"unknown table or alias {col.table!r} in {col.sql()!r}",
+                col,
+                self.text,
+                f"qualify columns with {self.table.name!r} or its alias, or not at all",
+            )
+        name = col.name.lower()
+        if name not in self.table.columns:
+            raise _refuse(
+                UndefinedColumnError,
+                f"unknown column {col.name!r} in table {self.table.name!r}",
+                col,
+                self.text,
+                "columns declared in the policy: " + ", ".join(self.table.columns),
+            )
+        return name
+
+    def _normalise_columns(self, node: exp.Expression) -> exp.Expression:
+        """Copy of ``node`` with columns unqualified and lower-cased."""
+
+        def fix(n: exp.Expression) -> exp.Expression:
+            if isinstance(n, exp.Column):
+                return exp.column(self._column_name(n))
+            return n
+
+        return node.transform(fix, copy=True)
+
+    def _check_scalar(self, node: exp.Expression, clause: str) -> None:
+        for sub in node.walk():
+            if isinstance(sub, exp.AggFunc):
+                raise self.refuse(
+                    f"aggregate {snippet(sub)} is not allowed in {clause}",
+                    sub,
+                    "filter groups on noisy aggregates with HAVING",
+                )
+            if isinstance(sub, exp.Column):
+                if self.table is not None:
+                    self._column_name(sub)
+                continue
+            if isinstance(sub, exp.Rand | exp.Anonymous) or not isinstance(sub, SCALAR_NODES):
+                raise self._not_allowed(sub, clause)
+
+    def _not_allowed(self, node: exp.Expression, clause: str) -> PrivacyError:
+        name = node.sql(dialect=DIALECT).split("(")[0] if isinstance(node, exp.Func) else ""
+        kind = "function" if isinstance(node, exp.Func) else "construct"
+        lowered = name.lower()
+        if lowered in FILE_READERS:
+            return self.refuse(
+                f"file reader {name} is not allowed", node, "query tables declared in the policy"
+            )
+        if isinstance(node, exp.Rand | exp.CurrentDate | exp.CurrentTimestamp) or lowered in (
+            "now",
+            "random",
+            "uuid",
+            "gen_random_uuid",
+            "current_setting",
+            "setseed",
+        ):
+            return self.refuse(
+                f"non-deterministic or system function {snippet(node)} is not allowed in {clause}",
+                node,
+                "use literal values (e.g. DATE '2025-01-01') instead",
+            )
+        label = name or type(node).__name__
+        return self.refuse(
+            f"{kind} {label} is not allowed in {clause}",
+            node,
+            "see grammar_notes.md for the accepted functions and operators",
+        )
+
+    # -- GROUP BY ----------------------------------------------------------------------------
+    def _bind_group_by(self) -> tuple[list[GroupKey], list[exp.Expression]]:
+        group = self.tree.args.get("group")
+        if group is None:
+            return [], []
+        if group.args.get("rollup") or group.args.get("cube") or group.args.get("grouping_sets"):
+            raise self.refuse(
+                "ROLLUP/CUBE/GROUPING SETS are not supported",
+                group,
+                "send one query per grouping",
+            )
+        aliases = {
+            e.alias.lower(): e.this for e in self.tree.expressions if isinstance(e, exp.Alias)
+        }
+        keys: list[GroupKey] = []
+        nodes: list[exp.Expression] = []
+        assert self.table is not None
+        for item in group.expressions:
+            resolved = item
+            if isinstance(item, exp.Literal) and not item.is_string:
+                index = int(item.this) - 1
+                if not 0 <= index < len(self.tree.expressions):
+                    raise self.refuse(
+                        f"GROUP BY position {item.this} is out of range",
+                        item,
+                        "GROUP BY a column or a select-list position",
+                    )
+                resolved = self.tree.expressions[index]
+                resolved = resolved.this if isinstance(resolved, exp.Alias) else resolved
+            elif (
+                isinstance(item, exp.Column)
+                and not item.table
+                and item.name.lower() not in self.table.columns
+                and item.name.lower() in aliases
+            ):
+                resolved = aliases[item.name.lower()]
+            if resolved.find(exp.AggFunc):
+                raise self.refuse(
+                    "GROUP BY an aggregate is not allowed", item, "group by columns or bins"
+                )
+            self._check_scalar(resolved, "GROUP BY")
+            expr = self._normalise_columns(resolved)
+            columns = tuple(sorted({c.name for c in expr.find_all(exp.Column)}))
+            if not columns:
+                raise self.refuse("GROUP BY a constant", item, "group by a column or a bin")
+            if self.table.privacy_unit in columns:
+                raise self.refuse(
+                    f"GROUP BY the privacy unit {self.table.privacy_unit!r} would release "
+                    "one group per person",
+                    item,
+                    "group by other columns; COUNT(DISTINCT "
+                    f"{self.table.privacy_unit}) counts units",
+                )
+            key = GroupKey(expr=expr, columns=columns)
+            if any(k.sql == key.sql for k in keys):
+                continue
+            keys.append(key)
+            nodes.append(resolved)
+        return keys, nodes
+
+    # -- SELECT list, HAVING, ORDER BY -> post-processing query ------------------------------
+    def _aggregate(self, node: exp.AggFunc, aggregates: list[AggregateCall]) -> AggregateCall:
+        assert self.table is not None
+        kind = AGGREGATE_KINDS.get(type(node))
+        if kind is None:
+            name = node.sql(dialect=DIALECT).split("(")[0]
+            raise self.refuse(
+                f"aggregate {name} is not supported",
+                node,
+                "use COUNT, SUM, AVG, VARIANCE or STDDEV (MIN/MAX/MEDIAN have unbounded "
+                "sensitivity)",
+            )
+        arg = node.this
+        distinct = isinstance(arg, exp.Distinct)
+        if distinct:
+            inner = arg.expressions
+            if len(inner) != 1 or not isinstance(inner[0], exp.Column):
+                raise self.refuse(
+                    "DISTINCT takes one column", node, "COUNT(DISTINCT <privacy unit>)"
+                )
+            arg = inner[0]
+        if kind == "count" and (arg is None or isinstance(arg, exp.Star)):
+            if distinct:
+                raise self.refuse("COUNT(DISTINCT *) is not supported", node, "COUNT(*)")
+            return AggregateCall("count", None)
+        if not isinstance(arg, exp.Column) or len(node.expressions) > 0:
+            raise self.refuse(
+                f"{kind.upper()} takes one column (expressions inside aggregates are not "
+                "supported)",
+                node,
+                "aggregate a declared column; declare derived columns in the policy",
+            )
+        column = self._column_name(arg)
+        spec = self.table.columns[column]
+        if distinct:
+            if kind != "count" or column != self.table.privacy_unit:
+                raise self.refuse(
+                    f"{snippet(node)}: DISTINCT is only supported as COUNT(DISTINCT "
+                    f"{self.table.privacy_unit or '<privacy unit>'})",
+                    node,
+                    "count distinct privacy units, or use COUNT(col)",
+                )
+            return AggregateCall("count_units", column)
+        if kind == "count":
+            return AggregateCall("count", column)
+        if column == self.table.privacy_unit:
+            raise self.refuse(
+                f"{kind.upper()} of the privacy unit is meaningless",
+                node,
+                f"COUNT(DISTINCT {column}) counts units",
+            )
+        if not spec.numeric:
+            raise self.refuse(
+                f"{kind.upper()}({column}): column is {spec.type}, not a number",
+                node,
+                "aggregate an int or float column",
+            )
+        if not spec.bounded:
+            raise self.refuse(
+                f"{kind.upper()}({column}) needs declared bounds",
+                node,
+                f"declare lower and upper for {column} in the policy "
+                f"([tables.{self.table.name}.columns.{column}])",
+            )
+        return AggregateCall(kind, column)
+
+    def _build_post(
+        self,
+        keys: list[GroupKey],
+        key_nodes: list[exp.Expression],
+        aggregates: list[AggregateCall],
+    ) -> exp.Select:
+        key_sql = {
+            self._normalise_columns(n).sql(dialect=DIALECT): i for i, n in enumerate(key_nodes)
+        }
+        key_sql.update({k.sql: i for i, k in enumerate(keys)})
+
+        def rewrite(node: exp.Expression, clause: str) -> exp.Expression:
+            def visit(n: exp.Expression) -> exp.Expression:
+                if isinstance(n, exp.Window):
+                    raise self.refuse("window functions are not allowed", n, "use GROUP BY")
+                if isinstance(n, exp.AggFunc):
+                    call = self._aggregate(n, aggregates)
+                    if call not in aggregates:
+                        aggregates.append(call)
+                    return exp.column(f"a{aggregates.index(call)}")
+                if isinstance(n, exp.Column | exp.Func | exp.Binary | exp.Case | exp.Paren):
+                    try:
+                        normal = self._normalise_columns(n).sql(dialect=DIALECT)
+                    except ProgrammingError:
+                        normal = None
+                    if normal in key_sql:
+                        return exp.column(f"k{key_sql[normal]}")
+                if isinstance(n, exp.Column):
+                    if clause == "ORDER BY" and not n.table and n.name.lower() in output_aliases:
+                        return n
+                    name = self._column_name(n)
+                    raise self.refuse(
+                        f"column {name!r} is used outside an aggregate and not in GROUP BY",
+                        n,
+                        f"aggregate it (e.g. COUNT({name})) or add it to GROUP BY",
+                    )
+                return n
+
+            return node.transform(visit, copy=True)
+
+        output_aliases = {
+            e.alias.lower() for e in self.tree.expressions if isinstance(e, exp.Alias)
+        }
+        post = exp.Select()
+        for i, item in enumerate(self.tree.expressions):
+            inner = item.this if isinstance(item, exp.Alias) else item
+            self._check_post(inner, "SELECT")
+            name = item.alias if isinstance(item, exp.Alias) else _default_name(inner, i)
+            post = post.select(exp.alias_(rewrite(inner, "SELECT"), name, quoted=True), copy=False)
+        post = post.from_("__released", copy=False)
+        having = self.tree.args.get("having")
+        if having is not None:
+            self._check_post(having.this, "HAVING")
+            post = post.where(rewrite(having.this, "HAVING"), copy=False)
+        order = self.tree.args.get("order")
+        if order is not None:
+            ordered = []
+            for o in order.expressions:
+                self._check_post(o.this, "ORDER BY")
+                ordered.append(rewrite(o, "ORDER BY"))
+            post.set("order", exp.Order(expressions=ordered))
+        if self.tree.args.get("distinct"):
+            post.set("distinct", exp.Distinct())
+        for arg in ("limit", "offset"):
+            node = self.tree.args.get(arg)
+            if node is not None:
+                value = node.expression if arg == "limit" else node.this
+                value = value if value is not None else node.this
+                if not isinstance(value, exp.Literal) or value.is_string:
+                    raise self.refuse(f"{arg.upper()} must be a number", node, f"{arg.upper()} 10")
+                post.set(arg, node.copy())
+        return post
+
+    def _check_post(self, node: exp.Expression, clause: str) -> None:
+        """Post-processing may use aggregates, keys and deterministic scalar functions."""
+        for sub in node.walk():
+            if isinstance(sub, exp.AggFunc | exp.Star | exp.Distinct | exp.Column):
+                continue
+            if isinstance(sub, exp.Window):
+                raise self.refuse("window functions are not allowed", sub, "use GROUP BY")
+            if isinstance(sub, exp.Rand | exp.Anonymous) or not isinstance(sub, SCALAR_NODES):
+                parent = sub.parent
+                if isinstance(parent, exp.AggFunc | exp.Distinct) and isinstance(
+                    sub, exp.Column | exp.Star
+                ):
+                    continue
+                raise self._not_allowed(sub, clause)
+
+
+def _default_name(node: exp.Expression, index: int) -> str:
+    if isinstance(node, exp.Column):
+        return node.name.lower()
+    if isinstance(node, exp.AggFunc):
+        return type(node).__name__.lower() if not isinstance(node, exp.Count) else "count"
+    return f"col{index + 1}"
+
+
+def unsupported(message: str, hint: str) -> NotSupportedError:
+    return NotSupportedError(message, hint=hint)

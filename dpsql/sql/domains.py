@@ -1,0 +1,126 @@
+"""Public domains of GROUP BY keys, computed from the policy alone.
+
+A key whose every possible value follows from public facts (declared ``values``, a bool, an
+int column's declared bounds, or a CASE whose branches are constants) has a public domain:
+every bin is released, empty ones too, so a key's presence reveals nothing. Any other key is
+released only through τ-thresholding. The enumeration never looks at private rows, so a
+domain is public whatever function of the column the key applies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqlglot import exp
+
+from dpsql.policy import ColumnPolicy, TablePolicy
+from dpsql.sql.bind import GroupKey
+
+FLOAT_GRID_POINTS = 100_000
+MAX_ENUMERATION = 1_000_000
+
+SQL_TYPES = {
+    "int": "BIGINT",
+    "float": "DOUBLE",
+    "text": "VARCHAR",
+    "bool": "BOOLEAN",
+    "date": "DATE",
+}
+
+# evaluate(sql) -> rows of a query over public, generated relations only
+Evaluator = Callable[[str], list[tuple[Any, ...]]]
+
+
+def _literal(value: Any, col_type: str) -> str:
+    from dpsql.sql.bind import to_literal
+
+    return exp.cast(to_literal(value), SQL_TYPES[col_type]).sql(dialect="duckdb")
+
+
+def column_relation(col: ColumnPolicy) -> tuple[str, int] | None:
+    """SQL of a one-column relation holding every value the policy allows, and its size."""
+    name = exp.to_identifier(col.name).sql(dialect="duckdb")
+    sql_type = SQL_TYPES[col.type]
+    if col.values is not None:
+        body = " UNION ALL ".join(f"SELECT {_literal(v, col.type)} AS {name}" for v in col.values)
+        size = len(col.values)
+    elif col.type == "bool":
+        body = f"SELECT CAST(b AS BOOLEAN) AS {name} FROM (VALUES (false), (true)) t(b)"
+        size = 2
+    elif col.type == "int" and col.bounded:
+        lo, hi = int(col.lower), int(col.upper)  # type: ignore[arg-type]
+        size = hi - lo + 1
+        if size > MAX_ENUMERATION:
+            return None
+        body = f"SELECT CAST(range AS BIGINT) AS {name} FROM range({lo}, {hi + 1})"
+    elif col.type == "float" and col.bounded:
+        lo, hi = float(col.lower), float(col.upper)  # type: ignore[arg-type]
+        steps = min(FLOAT_GRID_POINTS, max(1, round((hi - lo) / col.granularity)))
+        size = steps + 1
+        body = (
+            f"SELECT CAST({lo!r} + ({hi - lo!r}) * range / {steps} AS DOUBLE) AS {name} "
+            f"FROM range(0, {steps + 1})"
+        )
+    else:
+        return None
+    if col.nullable:
+        body += f" UNION ALL SELECT CAST(NULL AS {sql_type}) AS {name}"
+        size += 1
+    return f"({body})", size
+
+
+def _constant_case(expr: exp.Expression) -> list[Any] | None:
+    if not isinstance(expr, exp.Case) or expr.args.get("this") is not None:
+        return None
+    branches = [i.args["true"] for i in expr.args.get("ifs", [])]
+    default = expr.args.get("default")
+    branches.append(default if default is not None else exp.Null())
+    out: list[Any] = []
+    for b in branches:
+        if isinstance(b, exp.Null):
+            value = None
+        elif isinstance(b, exp.Literal):
+            value = b.this if b.is_string else float(b.this)
+            if not b.is_string and float(b.this).is_integer():
+                value = int(float(b.this))
+        elif isinstance(b, exp.Boolean):
+            value = b.this
+        else:
+            return None
+        if value not in out:
+            out.append(value)
+    return out
+
+
+def key_domain(
+    key: GroupKey, table: TablePolicy, max_bins: int, evaluate: Evaluator
+) -> tuple | None:
+    """The key's public domain (sorted, NULL last), or None if it must be thresholded."""
+    constant = _constant_case(key.expr)
+    if constant is not None:
+        return _ordered(constant) if len(constant) <= max_bins else None
+    relations = []
+    total = 1
+    for c in key.columns:
+        rel = column_relation(table.columns[c])
+        if rel is None:
+            return None
+        relations.append(rel[0])
+        total *= rel[1]
+    if total > MAX_ENUMERATION or (isinstance(key.expr, exp.Column) and total > max_bins):
+        return None
+    source = " CROSS JOIN ".join(f"{r} AS t{i}" for i, r in enumerate(relations))
+    rows = evaluate(f"SELECT DISTINCT {key.sql} FROM {source} LIMIT {max_bins + 1}")
+    if len(rows) > max_bins:
+        return None
+    return _ordered([r[0] for r in rows])
+
+
+def _ordered(values: Sequence[Any]) -> tuple:
+    present = [v for v in values if v is not None]
+    try:
+        present = sorted(present)
+    except TypeError:
+        present = list(present)
+    return tuple(present) + ((None,) if len(present) != len(values) else ())

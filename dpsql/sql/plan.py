@@ -1,0 +1,278 @@
+"""The sensitivity-annotated plan: what the engine computes and how each value is noised.
+
+A plan is a frozen value. Every *measure* (an exact integer aggregate the engine returns) carries
+its per-row range in fixed-point units, the per-unit bound after contribution bounding, its L1 and
+L2 sensitivity, its mechanism (scale, cost) and its share of the query's ε/δ. Output aggregates
+(COUNT, SUM, AVG, VAR, STDDEV) are post-processing of measures.
+
+Neighbouring relation: add or remove one privacy unit with all of its rows. After bounding, a
+unit keeps at most R = max_rows_per_unit rows in each of at most G = max_groups_per_unit groups
+(G = 1 without GROUP BY; G = min(G, number of public bins) for a public domain).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from dpsql.errors import PrivacyError
+from dpsql.privacy.accounting import Cost
+from dpsql.privacy.mechanisms import Gaussian, Laplace, Mechanism
+from dpsql.sql.bind import AggregateCall, BoundQuery, GroupKey
+
+# Measure kinds and the value one row contributes (before summing):
+#   rows   - 1 for every row                       (COUNT(*))
+#   values - 1 if the column is not NULL           (COUNT(col), denominators)
+#   units  - 1 per (unit, group)                   (COUNT(DISTINCT unit), thresholding)
+#   sum    - round(clamp(x)/g) - center, 0 if NULL (SUM, AVG, VAR)
+#   sumsq  - (round(clamp(x)/g) - center)^2 - center2, 0 if NULL (VAR, STDDEV)
+MEASURE_KINDS = ("rows", "values", "units", "sum", "sumsq")
+
+
+@dataclass(frozen=True)
+class Measure:
+    name: str
+    kind: str
+    column: str | None
+    granularity: float  # released value = integer * granularity (g for sum, g² for sumsq)
+    center: int  # integer subtracted from each row value (fixed-point units)
+    lo: int  # per-row integer range (before centring) after clamping and rounding
+    hi: int
+    center2: int  # sumsq only: subtracted from each squared centred value
+    row_bound: int  # max |per-row contribution| after centring
+    per_group_bound: int  # max |contribution| of one unit to one group: R * row_bound
+    l1: float  # per-unit L1 sensitivity across all groups
+    l2: float  # per-unit L2 sensitivity across all groups
+    epsilon: float  # share of the query's ε
+    delta: float  # share of the query's δ (Gaussian only)
+    mechanism: Mechanism
+
+
+@dataclass(frozen=True)
+class OutputAggregate:
+    """An aggregate the analyst asked for, as a formula over measures."""
+
+    call: AggregateCall
+    measures: tuple[str, ...]  # names of measures it reads, in formula order
+    lower: float | None = None  # clamp range of the released value (AVG) or None
+    upper: float | None = None
+
+
+@dataclass(frozen=True)
+class KeyPlan:
+    key: GroupKey
+    domain: tuple | None  # the public domain, or None when released by thresholding
+
+
+@dataclass(frozen=True)
+class Threshold:
+    measure: str  # the units measure it reads
+    tau: float
+    delta: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    query: BoundQuery
+    keys: tuple[KeyPlan, ...]
+    measures: tuple[Measure, ...]
+    outputs: tuple[OutputAggregate, ...]
+    threshold: Threshold | None
+    epsilon: float
+    delta: float
+    mechanism: str
+    max_rows: int  # R
+    max_groups: int  # G (effective)
+    cost: Cost
+    data_version: str = ""
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def measure(self, name: str) -> Measure:
+        return next(m for m in self.measures if m.name == name)
+
+    @property
+    def bounded_by_unit(self) -> bool:
+        return self.query.table.privacy_unit is not None
+
+    def fingerprint(self) -> str:
+        """Hash of everything that determines the released distribution (not post-processing)."""
+        q = self.query
+        parts = [
+            q.table.name,
+            q.where.sql(dialect="duckdb") if q.where is not None else "",
+            "|".join(k.key.sql + repr(k.domain) for k in self.keys),
+            "|".join(
+                f"{m.name}:{m.kind}:{m.column}:{m.granularity!r}:{m.center}:{m.center2}:"
+                f"{m.lo}:{m.hi}:{m.mechanism!r}"
+                for m in self.measures
+            ),
+            repr(self.threshold),
+            f"{self.max_rows}:{self.max_groups}:{self.mechanism}:{self.epsilon!r}:{self.delta!r}",
+            self.data_version,
+        ]
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _fixed_point(lower: float, upper: float, g: float) -> tuple[int, int]:
+    return round(lower / g), round(upper / g)
+
+
+def _measure_specs(
+    query: BoundQuery, thresholded: bool
+) -> tuple[list[tuple[str, str | None]], list[tuple[AggregateCall, list[tuple[str, str | None]]]]]:
+    """The (kind, column) measures the query needs, and each output's measures in order."""
+    needed: list[tuple[str, str | None]] = []
+
+    def need(kind: str, column: str | None) -> tuple[str, str | None]:
+        spec = (kind, column)
+        if spec not in needed:
+            needed.append(spec)
+        return spec
+
+    outputs = []
+    for call in query.aggregates:
+        c = call.column
+        if call.kind == "count":
+            outputs.append((call, [need("rows", None) if c is None else need("values", c)]))
+        elif call.kind == "count_units":
+            outputs.append((call, [need("units", None)]))
+        elif call.kind == "sum":
+            outputs.append((call, [need("sum", c)]))
+        elif call.kind == "avg":
+            outputs.append((call, [need("sum", c), need("values", c)]))
+        else:  # variance / stddev
+            outputs.append((call, [need("sum", c), need("values", c), need("sumsq", c)]))
+    if thresholded:
+        need("units", None)
+    return needed, outputs
+
+
+def build_plan(
+    query: BoundQuery,
+    domains: Sequence[tuple | None],
+    *,
+    epsilon: float,
+    delta: float,
+    mechanism: str,
+    data_version: str = "",
+) -> Plan:
+    """Annotate a bound query with bounds, sensitivities, mechanisms and the budget split."""
+    table = query.table
+    thresholded = any(d is None for d in domains)
+    if thresholded and delta <= 0:
+        key = next(k for k, d in zip(query.keys, domains, strict=True) if d is None)
+        raise PrivacyError(
+            f"GROUP BY {key.sql}: the keys are not public, and releasing them needs delta > 0 "
+            "(thresholding)",
+            construct=key.sql,
+            hint=f"declare the public values of {', '.join(key.columns)} in the policy "
+            "(values = [...]), group by a public binning, or SET delta = 1e-6",
+        )
+    if mechanism == "gaussian" and delta <= 0:
+        raise PrivacyError(
+            "the Gaussian mechanism needs delta > 0",
+            construct="mechanism",
+            hint="SET delta = 1e-6, or SET mechanism = 'laplace'",
+        )
+    R = table.max_rows_per_unit
+    # A row-level table's unit is one row, which lies in exactly one group.
+    G = table.max_groups_per_unit if (query.keys and table.privacy_unit) else 1
+    if query.keys and not thresholded:
+        bins = math.prod(len(d) for d in domains if d is not None)
+        G = min(G, bins)
+
+    specs, output_specs = _measure_specs(query, thresholded)
+    k = len(specs)
+    measure_delta = 0.0
+    threshold_delta = 0.0
+    if thresholded:
+        threshold_delta = delta if mechanism == "laplace" else delta / 2
+    if mechanism == "gaussian":
+        measure_delta = (delta - threshold_delta) / k
+    eps_share = epsilon / k
+
+    # Centre sums on the midpoint when a count of the same column is released anyway.
+    counted = {c for kind, c in specs if kind == "values"}
+    measures: list[Measure] = []
+    names: dict[tuple[str, str | None], str] = {}
+    for i, (kind, column) in enumerate(specs):
+        name = f"m{i}"
+        names[(kind, column)] = name
+        g = 1.0
+        lo = hi = center = center2 = 0
+        if kind in ("rows", "values") or kind == "units":
+            row_bound = 1
+        else:
+            col = table.columns[column]  # type: ignore[index]
+            g = col.granularity
+            lo, hi = _fixed_point(col.lower, col.upper, g)  # type: ignore[arg-type]
+            if column in counted:
+                center = (lo + hi) // 2
+            row_bound = max(abs(lo - center), abs(hi - center))
+            if kind == "sumsq":
+                span = row_bound * row_bound  # squared centred values lie in [0, span]
+                center2 = span // 2
+                row_bound = max(center2, span - center2)
+                g = g * g
+        per_group = row_bound if kind == "units" else R * row_bound
+        l1 = float(G * per_group)
+        l2 = math.sqrt(G) * per_group
+        if mechanism == "laplace":
+            mech: Mechanism = Laplace(l1=l1, epsilon=eps_share)
+        else:
+            mech = Gaussian(l2=l2, epsilon=eps_share, delta=measure_delta)
+        measures.append(
+            Measure(
+                name=name,
+                kind=kind,
+                column=column,
+                granularity=g,
+                center=center,
+                lo=lo,
+                hi=hi,
+                center2=center2,
+                row_bound=row_bound,
+                per_group_bound=per_group,
+                l1=l1,
+                l2=l2,
+                epsilon=eps_share,
+                delta=measure_delta,
+                mechanism=mech,
+            )
+        )
+
+    outputs = []
+    for call, parts in output_specs:
+        col = table.columns[call.column] if call.column else None
+        lower = upper = None
+        if call.kind == "avg" and col is not None:
+            lower, upper = col.lower, col.upper
+        outputs.append(
+            OutputAggregate(call, tuple(names[p] for p in parts), lower=lower, upper=upper)
+        )
+
+    threshold = None
+    if thresholded:
+        units = measures[specs.index(("units", None))]
+        tau = units.mechanism.threshold(threshold_delta, G)
+        threshold = Threshold(measure=units.name, tau=tau, delta=threshold_delta)
+
+    cost = Cost(delta=threshold_delta)
+    for m in measures:
+        cost = cost + m.mechanism.cost
+    return Plan(
+        query=query,
+        keys=tuple(KeyPlan(key, d) for key, d in zip(query.keys, domains, strict=True)),
+        measures=tuple(measures),
+        outputs=tuple(outputs),
+        threshold=threshold,
+        epsilon=epsilon,
+        delta=delta if (thresholded or mechanism == "gaussian") else 0.0,
+        mechanism=mechanism,
+        max_rows=R,
+        max_groups=G,
+        cost=cost,
+        data_version=data_version,
+    )
