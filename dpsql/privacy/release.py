@@ -143,8 +143,8 @@ def _interval(
         sims[name] = noisy[name][None, :] + noise
     simulated = _evaluate(output, plan, sims)
     error = simulated - _evaluate(output, plan, {k: noisy[k][None, :] for k in names})
-    low = value + np.quantile(error, 0.025, axis=0)
-    high = value + np.quantile(error, 0.975, axis=0)
+    low = value + np.quantile(error, 0.025, axis=0, method="lower")
+    high = value + np.quantile(error, 0.975, axis=0, method="higher")
     return np.stack([low, high], axis=1)
 
 

@@ -131,6 +131,9 @@ REFUSED_STATEMENTS: dict[type[exp.Expression], str] = {
     exp.Describe: "DESCRIBE",
 }
 
+# Post-processing functions that read a released value's 95% noise interval.
+ERROR_BAR_FUNCTIONS = ("dp_interval_low", "dp_interval_high", "dp_suppression_probability")
+
 FILE_READERS = (
     "read_csv",
     "read_csv_auto",
@@ -775,6 +778,8 @@ class _Binder:
 
         def rewrite(node: exp.Expression, clause: str) -> exp.Expression:
             def visit(n: exp.Expression) -> exp.Expression:
+                if isinstance(n, exp.Anonymous) and n.name.lower() in ERROR_BAR_FUNCTIONS:
+                    return self._error_bar(n, aggregates, aliases)
                 if isinstance(n, exp.Window):
                     raise self.refuse("window functions are not allowed", n, "use GROUP BY")
                 if isinstance(n, exp.AggFunc):
@@ -804,6 +809,9 @@ class _Binder:
 
         output_aliases = {
             e.alias.lower() for e in self.tree.expressions if isinstance(e, exp.Alias)
+        }
+        aliases = {
+            e.alias.lower(): e.this for e in self.tree.expressions if isinstance(e, exp.Alias)
         }
         post = exp.Select()
         for i, item in enumerate(self.tree.expressions):
@@ -835,10 +843,40 @@ class _Binder:
                 post.set(arg, node.copy())
         return post
 
+    def _error_bar(
+        self,
+        node: exp.Anonymous,
+        aggregates: list[AggregateCall],
+        aliases: dict[str, exp.Expression],
+    ) -> exp.Expression:
+        """dp_interval_low/high(agg or alias) and dp_suppression_probability()."""
+        name = node.name.lower()
+        if name == "dp_suppression_probability":
+            if node.expressions:
+                raise self.refuse(f"{name}() takes no argument", node, f"{name}()")
+            return exp.column("__suppressed")
+        args = node.expressions
+        target = args[0] if len(args) == 1 else None
+        if isinstance(target, exp.Column) and not target.table:
+            target = aliases.get(target.name.lower(), target)
+        if not isinstance(target, exp.AggFunc):
+            raise self.refuse(
+                f"{name} takes one aggregate or the alias of one",
+                node,
+                f"{name}(COUNT(*)) or {name}(n) where n is an aggregate's alias",
+            )
+        call = self._aggregate(target, aggregates)
+        if call not in aggregates:
+            aggregates.append(call)
+        suffix = "lo" if name == "dp_interval_low" else "hi"
+        return exp.column(f"a{aggregates.index(call)}_{suffix}")
+
     def _check_post(self, node: exp.Expression, clause: str) -> None:
         """Post-processing may use aggregates, keys and deterministic scalar functions."""
         for sub in node.walk():
             if isinstance(sub, exp.AggFunc | exp.Star | exp.Distinct | exp.Column):
+                continue
+            if isinstance(sub, exp.Anonymous) and sub.name.lower() in ERROR_BAR_FUNCTIONS:
                 continue
             if isinstance(sub, exp.Window):
                 raise self.refuse("window functions are not allowed", sub, "use GROUP BY")
