@@ -258,9 +258,8 @@ def learn(
         if idx.size == 0:
             stop = "no_candidates"
             break
-        Ca = C[:, idx]
-        nc = w @ Ca
-        nc1 = (w * yw) @ Ca
+        nc = (w @ C)[idx]
+        nc1 = ((w * yw) @ C)[idx]
         pick = _select(mech, rem, rem1, nc, nc1, params, plan, noise, floor)
         if pick is None:
             stop = "no_improvement" if mech not in ("exponential", "monotone_em") else "stop"
