@@ -2,66 +2,181 @@
 
 All quantities are in noise units (integers). A mechanism is built from a sensitivity and a
 privacy parameter, and is the single place where scale, privacy cost, the 95% interval and
-the thresholding τ are derived, so they can never disagree.
+the thresholding τ are derived, so they can never disagree. Intervals and τ are computed from
+the pmf of the *discrete* noise actually drawn, at the exact parameter the sampler realises
+(:func:`dpsql.privacy.samplers.laplace_scale`, :func:`~dpsql.privacy.samplers.gaussian_sigma2`),
+which is never smaller than the requested one.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from scipy import optimize, special, stats
+from scipy import special
 
 from dpsql.privacy.accounting import Cost
-from dpsql.privacy.samplers import NoiseSource
+from dpsql.privacy.samplers import NoiseSource, gaussian_sigma2, laplace_scale
+
+# --- analytic Gaussian (Balle & Wang 2018) ---------------------------------------------------
 
 
-def _norm_cdf(x: float) -> float:
-    return 0.5 * special.erfc(-x / math.sqrt(2.0))
+def gaussian_delta(sigma: float, l2: float, epsilon: float) -> float:
+    """The exact δ(ε) of N(0, σ²) noise on an L2-sensitivity-``l2`` query (Balle & Wang 2018,
+    Theorem 8): Φ(Δ/2σ − εσ/Δ) − e^ε Φ(−Δ/2σ − εσ/Δ), evaluated in log space."""
+    a = l2 / (2 * sigma)
+    b = epsilon * sigma / l2
+    first = special.log_ndtr(a - b)
+    second = epsilon + special.log_ndtr(-a - b)
+    if second >= first:
+        return 0.0
+    return float(math.exp(first) * -math.expm1(second - first))
 
 
 @lru_cache(maxsize=1024)
 def analytic_gaussian_sigma(l2: float, epsilon: float, delta: float) -> float:
     """Smallest σ for which N(0, σ²) noise on an L2-sensitivity-``l2`` query is (ε, δ)-DP.
 
-    Balle & Wang (2018), Theorem 8: the exact condition
-    Φ(Δ/2σ − εσ/Δ) − e^ε Φ(−Δ/2σ − εσ/Δ) ≤ δ, solved numerically; valid for every ε > 0.
+    Balle & Wang (2018), Theorem 8 is an exact characterisation, valid for every ε > 0 (unlike
+    σ = Δ √(2 ln(1.25/δ)) / ε, which needs ε < 1). δ(σ) decreases in σ; we bisect in log σ
+    and return the upper end of the final bracket, so δ(σ) <= δ always holds (relative
+    precision 1e-12).
     """
     if l2 <= 0:
         return 0.0
-    if not (epsilon > 0 and 0 < delta < 1):
+    if not (epsilon > 0 and math.isfinite(epsilon) and 0 < delta < 1):
         raise ValueError("the Gaussian mechanism needs epsilon > 0 and 0 < delta < 1")
-
-    def excess(sigma: float) -> float:
-        a = l2 / (2 * sigma)
-        b = epsilon * sigma / l2
-        return _norm_cdf(a - b) - math.exp(epsilon) * _norm_cdf(-a - b) - delta
-
-    hi = l2
-    while excess(hi) > 0:
+    lo = hi = float(l2)
+    while gaussian_delta(hi, l2, epsilon) > delta:
         hi *= 2
-    lo = hi / 2
-    while excess(lo) <= 0 and lo > 1e-12:
+    while lo > 1e-300 and gaussian_delta(lo, l2, epsilon) <= delta:
         lo /= 2
-    return float(optimize.brentq(excess, lo, hi, xtol=1e-12 * hi, rtol=1e-15))
+    while hi - lo > 1e-12 * hi:
+        mid = math.sqrt(lo * hi) if hi > 2 * lo else 0.5 * (lo + hi)
+        if gaussian_delta(mid, l2, epsilon) <= delta:
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
-def _discrete_laplace_tail(scale: float, m: int) -> float:
-    """P(X >= m) for m >= 1 under the discrete Laplace with parameter ``scale``."""
-    q = math.exp(-1.0 / scale)
-    return q**m / (1 + q)
+def classical_gaussian_sigma(l2: float, epsilon: float, delta: float) -> float:
+    """Δ √(2 ln(1.25/δ)) / ε (Dwork & Roth 2014, Thm A.1): for comparison only, valid for ε < 1."""
+    return l2 * math.sqrt(2 * math.log(1.25 / delta)) / epsilon
+
+
+# --- tails of the discrete noise ------------------------------------------------------------
+
+
+def discrete_laplace_tail(scale: float, m: int) -> float:
+    """P(X >= m) for X with P(k) ∝ exp(-|k|/r), r the scale the sampler realises for ``scale``.
+
+    With q = e^(-1/r): P(X >= m) = q^m / (1 + q) for m >= 0, and 1 − P(X >= 1 − m) otherwise.
+    """
+    log_q = -1.0 / float(laplace_scale(scale))
+    if m < 0:
+        return 1.0 - discrete_laplace_tail(scale, 1 - m)
+    return math.exp(m * log_q - math.log1p(math.exp(log_q)))
+
+
+def discrete_gaussian_tail(sigma: float, m: int) -> float:
+    """P(X >= m) for X with P(k) ∝ exp(-k²/2σ²), σ² the variance the sampler realises.
+
+    Summed directly for σ <= 5000; beyond, ∑_{k>=m} f(k) by Euler–Maclaurin
+    (∫_m^∞ f + f(m)/2 − f'(m)/12, next term O(σ^-3) relative) and Z = σ√(2π) (Poisson
+    summation, error e^(-2π²σ²)).
+    """
+    s2 = float(gaussian_sigma2(sigma))
+    if m <= 0:
+        return 1.0 - discrete_gaussian_tail(sigma, 1 - m)
+    sd = math.sqrt(s2)
+    if sd <= 5000:
+        width = math.ceil(40 * sd) + 2
+        j = np.arange(0, width, dtype=np.float64)
+        # ∑_{k>=m} e^(-k²/2σ²) = e^(-m²/2σ²) ∑_{j>=0} e^(-(2mj + j²)/2σ²)
+        rest = float(np.exp(-(2 * m * j + j * j) / (2 * s2)).sum())
+        k = np.arange(1, width, dtype=np.float64)
+        z = 1.0 + 2.0 * float(np.exp(-(k * k) / (2 * s2)).sum())
+        return math.exp(-(m * m) / (2 * s2)) * rest / z
+    f_m = math.exp(-(m * m) / (2 * s2))
+    integral = sd * math.sqrt(math.pi / 2) * float(special.erfc(m / (sd * math.sqrt(2))))
+    total = integral + f_m / 2 + (m / s2) * f_m / 12
+    return total / (sd * math.sqrt(2 * math.pi))
+
+
+def _smallest_m(tail: Callable[[int], float], target: float, guess: int) -> int:
+    """Smallest integer m with tail(m) <= target, for a non-increasing ``tail``."""
+    m = guess
+    while tail(m) > target:
+        m += 1
+    while tail(m - 1) <= target:
+        m -= 1
+    return m
+
+
+# --- fixed-point release -------------------------------------------------------------------
+
+
+def release_fixed_point(exact: np.ndarray, noise: np.ndarray, granularity: float) -> np.ndarray:
+    """(exact + noise) · granularity: the released float is a function of the noisy *integer*
+    alone, so it carries nothing about the exact value beyond what the DP integer does.
+
+    The sum is taken in int64 (overflow is an error, not a wrap-around); the product is one
+    correctly rounded IEEE multiplication of that integer by ``granularity``, so each result is
+    the double nearest to k·granularity — exactly k·granularity when ``granularity`` is a power
+    of two (see :func:`lattice_granularity`). Floating-point noise is never added to a float
+    (Mironov 2012).
+    """
+    if not (math.isfinite(granularity) and granularity > 0):
+        raise ValueError(f"granularity must be a finite number > 0, got {granularity!r}")
+    exact = np.asarray(exact)
+    noise = np.asarray(noise)
+    if exact.dtype.kind not in "iu" or noise.dtype.kind not in "iu":
+        raise TypeError("release_fixed_point adds integer noise to integer aggregates only")
+    exact = exact.astype(np.int64)
+    noise = noise.astype(np.int64)
+    limit = 1 << 53  # every |k| <= 2^53 is an exact double
+    if exact.size and (np.abs(exact).max() > limit or np.abs(noise).max() > limit):
+        raise OverflowError("fixed-point aggregate exceeds 2^53 units; use a coarser granularity")
+    k = exact + noise
+    if k.size and np.abs(k).max() > limit:
+        raise OverflowError("fixed-point aggregate exceeds 2^53 units; use a coarser granularity")
+    return k.astype(np.float64) * float(granularity)
+
+
+def lattice_granularity(desired: float) -> float:
+    """The largest power of two <= ``desired``: a granularity on whose lattice every released
+    value k·g (|k| <= 2^53) is represented exactly."""
+    if not (math.isfinite(desired) and desired > 0):
+        raise ValueError(f"granularity must be a finite number > 0, got {desired!r}")
+    _, exponent = math.frexp(desired)  # desired = m · 2^exponent with 0.5 <= m < 1
+    return math.ldexp(1.0, exponent - 1)
+
+
+# --- mechanisms -----------------------------------------------------------------------------
+
+
+def _check(name: str, value: float, *, positive: bool) -> None:
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ValueError(f"{name} must be a finite number {'>' if positive else '>='} 0")
 
 
 @dataclass(frozen=True)
 class Laplace:
-    """Discrete Laplace noise with scale Δ1/ε: pure ε-DP."""
+    """Discrete Laplace noise with scale Δ1/ε: pure ε-DP for integer queries of L1
+    sensitivity Δ1 (P(k)/P(k+Δ1) <= e^ε). The sampler's scale is >= Δ1/ε, never smaller."""
 
     l1: float
     epsilon: float
 
     name = "laplace"
+
+    def __post_init__(self) -> None:
+        _check("l1", self.l1, positive=False)
+        _check("epsilon", self.epsilon, positive=True)
 
     @property
     def scale(self) -> float:
@@ -76,36 +191,59 @@ class Laplace:
             return np.zeros(size, dtype=np.int64)
         return source.discrete_laplace(self.scale, size)
 
+    def _tail(self, m: int) -> float:
+        if self.l1 == 0:
+            return 1.0 if m <= 0 else 0.0
+        return discrete_laplace_tail(self.scale, m)
+
     def interval_halfwidth(self, confidence: float = 0.95) -> float:
-        """Smallest integer h with P(|X| <= h) >= confidence."""
+        """Smallest integer h with P(|X| <= h) >= confidence, i.e. 2 P(X >= h+1) <= 1 − c."""
+        if not 0 < confidence < 1:
+            raise ValueError("confidence must be in (0, 1)")
         if self.l1 == 0:
             return 0.0
-        q = math.exp(-1.0 / self.scale)
-        # P(|X| > h) = 2 q^(h+1) / (1 + q)
-        h = math.log((1 - confidence) * (1 + q) / 2) / math.log(q) - 1
-        return float(max(0, math.ceil(h)))
+        target = (1 - confidence) / 2
+        return float(_smallest_m(self._tail, target, self._laplace_guess(target)) - 1)
 
     def threshold(self, delta: float, max_groups: int) -> float:
-        """τ so that a key held by one unit (count 1) is released with probability <= δ.
+        """Smallest integer τ with P(1 + X >= τ) <= δ / max_groups.
 
-        The unit can create at most ``max_groups`` keys, so each gets δ / max_groups.
+        A key is released when its noisy unit count is >= τ. A key held by a single unit has
+        count 1, and one unit can create at most ``max_groups`` keys, so by a union bound the
+        keys it alone creates appear with probability <= δ.
         """
+        if not (0 < delta < 1) or max_groups < 1:
+            raise ValueError("thresholding needs 0 < delta < 1 and max_groups >= 1")
         target = delta / max_groups
-        q = math.exp(-1.0 / self.scale)
-        # P(1 + X >= τ) = q^(τ-1) / (1 + q) <= target
-        m = math.log(target * (1 + q)) / math.log(q)
-        return 1.0 + math.ceil(m)
+        if self.l1 == 0:
+            return 2.0
+        return float(1 + _smallest_m(self._tail, target, self._laplace_guess(target)))
+
+    def _laplace_guess(self, target: float) -> int:
+        """m with q^m/(1+q) ≈ target, q = e^(-1/r): the exact search then moves a step or two."""
+        r = float(laplace_scale(self.scale))
+        return max(0, math.ceil(r * (-math.log(target) - math.log1p(math.exp(-1 / r)))))
 
 
 @dataclass(frozen=True)
 class Gaussian:
-    """Discrete Gaussian noise, σ from the analytic Gaussian mechanism; charged as ρ-zCDP."""
+    """Discrete Gaussian noise, σ from the analytic Gaussian mechanism; charged as ρ-zCDP.
+
+    ρ = Δ2²/(2σ²) holds for the discrete Gaussian on integer queries (Canonne, Kamath &
+    Steinke 2020, Thm 4); the sampler's σ² is >= the requested σ², so ρ is an upper bound.
+    """
 
     l2: float
     epsilon: float
     delta: float
 
     name = "gaussian"
+
+    def __post_init__(self) -> None:
+        _check("l2", self.l2, positive=False)
+        _check("epsilon", self.epsilon, positive=True)
+        if not 0 < self.delta < 1:
+            raise ValueError("delta must be in (0, 1)")
 
     @property
     def scale(self) -> float:
@@ -127,15 +265,31 @@ class Gaussian:
             return np.zeros(size, dtype=np.int64)
         return source.discrete_gaussian(self.scale, size)
 
+    def _tail(self, m: int) -> float:
+        if self.l2 == 0:
+            return 1.0 if m <= 0 else 0.0
+        return discrete_gaussian_tail(self.scale, m)
+
     def interval_halfwidth(self, confidence: float = 0.95) -> float:
+        """Smallest integer h with P(|X| <= h) >= confidence for the discrete Gaussian."""
+        if not 0 < confidence < 1:
+            raise ValueError("confidence must be in (0, 1)")
         if self.l2 == 0:
             return 0.0
-        return float(math.ceil(self.scale * stats.norm.ppf(0.5 + confidence / 2)))
+        sd = math.sqrt(float(gaussian_sigma2(self.scale)))
+        guess = math.ceil(sd * float(special.ndtri(0.5 + confidence / 2)))
+        return float(_smallest_m(self._tail, (1 - confidence) / 2, guess + 1) - 1)
 
     def threshold(self, delta: float, max_groups: int) -> float:
-        """τ so that a key held by one unit is released with probability <= δ / max_groups."""
+        """Smallest integer τ with P(1 + X >= τ) <= δ/max_groups (as :meth:`Laplace.threshold`)."""
+        if not (0 < delta < 1) or max_groups < 1:
+            raise ValueError("thresholding needs 0 < delta < 1 and max_groups >= 1")
         target = delta / max_groups
-        return 1.0 + math.ceil(self.scale * stats.norm.isf(target))
+        if self.l2 == 0:
+            return 2.0
+        sd = math.sqrt(float(gaussian_sigma2(self.scale)))
+        guess = max(1, math.ceil(sd * float(-special.ndtri(target))))
+        return float(1 + _smallest_m(self._tail, target, guess))
 
 
 Mechanism = Laplace | Gaussian

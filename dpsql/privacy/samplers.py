@@ -5,14 +5,43 @@ generator directly, so the exact CSPRNG samplers, a seeded source for statistica
 the "no noise" test hook are interchangeable.
 
 Scales are in *noise units*: aggregates are integers (counts, or sums in fixed point at the
-plan's granularity), so every sampler returns int64 arrays.
+plan's granularity), so the integer samplers return int64 arrays.
+
+Exactness. ``discrete_laplace`` and ``discrete_gaussian`` are Algorithms 1-3 of Canonne, Kamath
+and Steinke, "The Discrete Gaussian for Differential Privacy" (NeurIPS 2020): the parameter is a
+rational, every decision is a Bernoulli with a rational or exp(-rational) probability, and each
+Bernoulli(n/d) is decided by comparing n/d with a uniform real drawn lazily, one random byte
+(base-256 digit) at a time, in integer arithmetic. Given uniform random bytes the output
+distribution is exactly the stated pmf — no floating point is involved. Vectorisation changes
+only the order in which independent draws are made. Draws from rejected proposals are discarded
+by position, never by value, so accepted outputs stay i.i.d.
+
+Realised parameters. A float ``scale``/``sigma`` is first converted to the exact rational that is
+sampled: :func:`laplace_scale` and :func:`gaussian_sigma2` round *up* (never down, so the privacy
+guarantee computed from the requested float still holds) to a rational with a bounded
+denominator; the relative increase is below 2**-31 (Laplace scale >= 2**-10) and 2**-23
+(Gaussian σ², σ >= 1).
 """
 
 from __future__ import annotations
 
+import math
+import os
+from collections.abc import Callable
+from fractions import Fraction
+from functools import lru_cache
 from typing import Protocol
 
 import numpy as np
+from scipy import special
+
+RandomBytes = Callable[[int], bytes]
+
+# Integers handled in int64 arithmetic must satisfy den < 2**_DEN_BITS so that `num << 8` with
+# num <= den stays below 2**63; larger ones fall back to Python integers (object arrays).
+_DEN_BITS = 54
+_PRECISION_BITS = 20  # minimum precision of the realised Laplace scale
+_GAUSS_BITS = 24  # σ²/t is realised as a/q with a ≈ 2**24: relative rounding <= 2**-24
 
 
 class NoiseSource(Protocol):
@@ -52,53 +81,372 @@ class ZeroNoise:
     def discrete_gaussian(self, sigma: float, size: int) -> np.ndarray:
         return np.zeros(size, dtype=np.int64)
 
-
-class _GeneratorNoise:
-    """Geometric-difference / rounded-Gaussian sampling from a numpy Generator.
-
-    Interim implementation behind the interface; the exact samplers replace it.
-    """
-
-    def __init__(self, rng: np.random.Generator) -> None:
-        self._rng = rng
-
-    def discrete_laplace(self, scale: float, size: int) -> np.ndarray:
-        p = 1.0 - np.exp(-1.0 / scale)
-        g1 = self._rng.geometric(p, size) - 1
-        g2 = self._rng.geometric(p, size) - 1
-        return (g1 - g2).astype(np.int64)
-
-    def discrete_gaussian(self, sigma: float, size: int) -> np.ndarray:
-        return np.rint(self._rng.normal(0.0, sigma, size)).astype(np.int64)
-
     def uniform(self, size: int) -> np.ndarray:
-        return self._rng.random(size)
+        return np.zeros(size, dtype=np.float64)
 
     def laplace(self, scale: float, size: int) -> np.ndarray:
-        return self._rng.laplace(0.0, scale, size)
+        return np.zeros(size, dtype=np.float64)
 
     def gaussian(self, sigma: float, size: int) -> np.ndarray:
-        return self._rng.normal(0.0, sigma, size)
+        return np.zeros(size, dtype=np.float64)
 
     def cauchy(self, size: int) -> np.ndarray:
-        return self._rng.standard_cauchy(size)
+        return np.zeros(size, dtype=np.float64)
 
     def gumbel(self, scale: float, size: int) -> np.ndarray:
-        return self._rng.gumbel(0.0, scale, size)
+        return np.zeros(size, dtype=np.float64)
 
 
-class SeededNoise(_GeneratorNoise):
-    """Deterministic noise for statistical tests with fixed seeds. Not for releases."""
+# --- realised parameters ---------------------------------------------------------------------
+
+
+def _check_positive(name: str, value: float) -> Fraction:
+    if not (isinstance(value, int | float | np.floating | np.integer) and math.isfinite(value)):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+    return Fraction(float(value))
+
+
+def _round_up(x: Fraction, max_den: int) -> Fraction:
+    """A rational >= x with denominator <= max_den, within 1/max_den of x (usually much closer)."""
+    if x.denominator <= max_den:
+        return x
+    near = x.limit_denominator(max_den)
+    return near if near >= x else Fraction(math.ceil(x * max_den), max_den)
+
+
+def laplace_scale(scale: float) -> Fraction:
+    """The exact scale t/s that ``discrete_laplace(scale, ·)`` realises.
+
+    The float's exact value when its denominator is <= N, N = max(2**20, ⌊2**32 / scale⌋);
+    otherwise :meth:`Fraction.limit_denominator` (N) if that lies above ``scale``, else
+    ⌈scale·N⌉/N. Always >= ``scale``, with relative excess below 2**-31 for scales in
+    [2**-10, 2**50] (the numerator t stays near 2**32, which keeps the uniform draws short).
+    """
+    x = _check_positive("scale", scale)
+    return _round_up(x, max(1 << _PRECISION_BITS, math.floor((1 << 32) / x)))
+
+
+def _gaussian_params(sigma: float) -> tuple[int, int, int]:
+    """(t, a, q) with t = ⌊σ⌋ + 1 and realised σ² = t·a/q >= σ², q a power of two.
+
+    Writing σ²/t = a/q keeps every quantity of the rejection step an integer of moderate size:
+    γ = (|Y| − σ²/t)² / (2σ²) = (q|Y| − a)² / (2taq).
+    """
+    s2 = _check_positive("sigma", sigma) ** 2
+    t = math.floor(float(sigma)) + 1
+    c = s2 / t
+    # a = ceil(c·q) ≈ 2**24 for precision, but keep D = 2taq below 2**_DEN_BITS when possible.
+    k = max(0, _GAUSS_BITS - math.floor(math.log2(c)))
+    while k > 0 and 2 * t * math.ceil(c * (1 << k)) * (1 << k) >= 1 << _DEN_BITS:
+        k -= 1
+    q = 1 << k
+    return t, math.ceil(c * q), q
+
+
+def gaussian_sigma2(sigma: float) -> Fraction:
+    """The exact variance parameter σ² that ``discrete_gaussian(sigma, ·)`` realises (>= σ²)."""
+    t, a, q = _gaussian_params(sigma)
+    return Fraction(t * a, q)
+
+
+_TIE = 2
+
+
+@lru_cache(maxsize=64)
+def _exp_table(num: int, den: int) -> tuple[np.ndarray, list[Fraction]]:
+    """For γ = num/den in [0, 1]: the thresholds x_k = γ^k/k! (down to 2^-16) and, for each
+    16-bit prefix u of a uniform U, whether K = 1 + #{k : U < x_k} is odd (1), even (0), or not
+    decided by the prefix (_TIE: some x_k lies inside [u, u+1)/2^16)."""
+    xs: list[Fraction] = []
+    x = Fraction(1)
+    for k in range(1, 64):
+        x = x * Fraction(num, den * k)
+        xs.append(x)
+        if x * 2**16 < 1:
+            break
+    u = np.arange(1 << 16, dtype=np.int64)
+    count = np.zeros(u.size, dtype=np.int64)
+    tie = np.zeros(u.size, dtype=bool)
+    for x in xs:
+        # U < x for sure iff u + 1 <= 2^16 x; U >= x for sure iff u >= 2^16 x.
+        floor = math.floor(x * 2**16)
+        count += u + 1 <= floor
+        if x * 2**16 != floor:
+            tie |= u == floor
+    table = np.where(tie, _TIE, (count % 2 == 0).astype(np.int64)).astype(np.int8)
+    table.flags.writeable = False
+    return table, xs
+
+
+def _gaussian_acceptance(t: int, sigma2: float) -> float:
+    """P(a Lap_ℤ(t) proposal is accepted) = tanh(1/2t) e^(-σ²/2t²) Σ_y e^(-y²/2σ²), used only
+    to size the batches of proposals (never to decide anything)."""
+    sigma = math.sqrt(sigma2)
+    if sigma > 50:
+        total = sigma * math.sqrt(2 * math.pi)  # Poisson summation; error e^(-2π²σ²)
+    else:
+        y = np.arange(-math.ceil(40 * sigma) - 2, math.ceil(40 * sigma) + 3)
+        total = float(np.exp(-(y**2) / (2 * sigma2)).sum())
+    return math.tanh(1 / (2 * t)) * math.exp(-sigma2 / (2 * t * t)) * total
+
+
+# --- exact samplers over a stream of uniform random bytes ------------------------------------
+
+
+class _ExactSampler:
+    """Exact samplers (Canonne–Kamath–Steinke 2020) fed by a source of uniform random bytes."""
+
+    def __init__(self, random_bytes: RandomBytes) -> None:
+        self._random_bytes = random_bytes
+
+    # -- raw randomness --
+
+    def _words(self, n: int, dtype: type[np.unsignedinteger]) -> np.ndarray:
+        width = np.dtype(dtype).itemsize
+        return np.frombuffer(self._random_bytes(n * width), dtype=dtype)
+
+    def _bits(self, n: int) -> np.ndarray:
+        """n fair coin flips as a bool array."""
+        raw = np.frombuffer(self._random_bytes((n + 7) // 8), dtype=np.uint8)
+        return np.unpackbits(raw, count=n).astype(bool)
+
+    def _uniform_below(self, n: int, t: int) -> np.ndarray:
+        """n uniform integers in {0, ..., t-1} (t < 2**63), by masking and rejection."""
+        if t == 1:
+            return np.zeros(n, dtype=np.int64)
+        k = (t - 1).bit_length()
+        dtype = next(
+            d for d in (np.uint8, np.uint16, np.uint32, np.uint64) if np.dtype(d).itemsize * 8 >= k
+        )
+        mask = dtype((1 << k) - 1)
+        out = (self._words(n, dtype) & mask).astype(np.int64)
+        todo = np.flatnonzero(out >= t)
+        while todo.size:
+            w = (self._words(todo.size, dtype) & mask).astype(np.int64)
+            out[todo] = w
+            todo = todo[w >= t]
+        return out
+
+    # -- Bernoulli with rational probability --
+
+    def _bernoulli(self, num: np.ndarray, den: int | np.ndarray) -> np.ndarray:
+        """Bernoulli(num/den) elementwise, 0 <= num <= den: compare num/den with a uniform real
+        whose base-256 digits are drawn only while they tie with the digits of num/den."""
+        shifted = num << 8
+        digit = shifted // den
+        u = self._words(len(num), np.uint8)
+        out = u < digit
+        idx = np.flatnonzero(u == digit)
+        if not idx.size:
+            return out
+        d = den[idx] if isinstance(den, np.ndarray) else den
+        rest = shifted[idx] - digit[idx] * d
+        while idx.size:  # ties: about 1 in 256 per digit
+            shifted = rest << 8
+            digit = shifted // d
+            u = self._words(idx.size, np.uint8)
+            out[idx] = u < digit
+            tie = np.flatnonzero(u == digit)
+            if isinstance(d, np.ndarray):
+                d = d[tie]
+            idx, rest = idx[tie], shifted[tie] - digit[tie] * d
+        return out
+
+    def _lazy_count_below(self, prefix: int, nbits: int, thresholds: list[Fraction]) -> int:
+        """#{k : U < thresholds[k]} for decreasing thresholds, where the uniform real U is known
+        to start with the ``nbits``-bit ``prefix``; more bytes of U are drawn while undecided."""
+        count = 0
+        for x in thresholds:
+            p, q = x.numerator, x.denominator
+            while True:  # U ∈ [prefix, prefix + 1) / 2^nbits
+                if (prefix + 1) * q <= p << nbits:
+                    count += 1
+                    break
+                if prefix * q >= p << nbits:
+                    return count
+                prefix = (prefix << 8) | self._random_bytes(1)[0]
+                nbits += 8
+        return count
+
+    def _bernoulli_exp_const(self, n: int, num: int, den: int) -> np.ndarray:
+        """n draws of Bernoulli(exp(-γ)) for one rational γ = num/den in [0, 1].
+
+        CKS Algorithm 1 returns [K odd] for K = min{k >= 1 : Bernoulli(γ/k) = 0}, so
+        P(K > k) = γ^k / k!. The same K is min{k : U >= γ^k/k!} for a single uniform U, since
+        these events are nested. The first 16 bits of U decide through a table built from the
+        exact thresholds; when they cannot (about 1 draw in 10^4) more bits of U are drawn
+        and compared with the exact rationals.
+        """
+        table, thresholds = _exp_table(num, den)
+        u = self._words(n, np.uint16)
+        out = table[u]
+        for i in np.flatnonzero(out == _TIE):
+            count = self._lazy_count_below(int(u[i]), 16, thresholds)
+            out[i] = count % 2 == 0  # K = count + 1 odd
+        return out.astype(bool)
+
+    def _bernoulli_exp_frac(self, num: np.ndarray, den: int | np.ndarray) -> np.ndarray:
+        """Bernoulli(exp(-num/den)) elementwise for 0 <= num/den <= 1 (CKS Algorithm 1).
+
+        K <- 1; while Bernoulli(γ/K): K <- K+1; return K odd. Bernoulli(γ/K) is drawn as
+        Bernoulli(1/K) AND Bernoulli(γ), which keeps the integers as small as den.
+        """
+        go = self._bernoulli(num, den)
+        out = ~go  # stopped at K = 1: odd
+        idx = np.flatnonzero(go)
+        k = 2
+        while idx.size:
+            go = self._bernoulli_words_1_over(idx.size, k)
+            sub = np.flatnonzero(go)
+            d = den[idx[sub]] if isinstance(den, np.ndarray) else den
+            go[sub] = self._bernoulli(num[idx[sub]], d)
+            if k % 2 == 1:
+                out[idx[~go]] = True
+            idx = idx[go]
+            k += 1
+        return out
+
+    def _bernoulli_words_1_over(self, n: int, k: int) -> np.ndarray:
+        """n draws of Bernoulli(1/k), k >= 2."""
+        return self._bernoulli(np.ones(n, dtype=np.int64), k)
+
+    def _bernoulli_exp(self, num: np.ndarray, den: int) -> np.ndarray:
+        """Bernoulli(exp(-num/den)), num >= 0: ⌊γ⌋ Bernoulli(exp(-1)) and one for the rest."""
+        whole = num // den
+        out = self._bernoulli_exp_frac(num - whole * den, den)
+        live = np.flatnonzero(out & (whole > 0))
+        j = 1
+        while live.size:  # the j-th Bernoulli(exp(-1)) for those with ⌊γ⌋ >= j still alive
+            ok = self._bernoulli_exp_const(live.size, 1, 1)
+            out[live] = ok
+            j += 1
+            live = live[ok & (whole[live] >= j)]
+        return out
+
+    def _geometric_exp_const(self, n: int, num: int, den: int) -> np.ndarray:
+        """P(V = v) ∝ exp(-v·num/den), v >= 0: count successes of Bernoulli(exp(-num/den))."""
+        whole, frac = divmod(num, den)
+        v = np.zeros(n, dtype=np.int64)
+        idx = np.arange(n)
+        while idx.size:
+            ok = self._bernoulli_exp_const(idx.size, frac, den)
+            for _ in range(whole):
+                sub = np.flatnonzero(ok)
+                ok[sub] = self._bernoulli_exp_const(sub.size, 1, 1)
+            idx = idx[ok]
+            v[idx] += 1
+        return v
+
+    # -- discrete Laplace and Gaussian --
+
+    def _discrete_laplace_ts(self, t: int, s: int, size: int) -> np.ndarray:
+        """Exact draws from Lap_ℤ(t/s), P(k) ∝ exp(-|k|·s/t) (CKS Algorithm 2), t < 2**54.
+
+        Y = |Z| is geometric with ratio e^(-s/t). For t <= s (scale <= 1) it is drawn directly
+        as a count of Bernoulli(e^(-s/t)) successes; otherwise as ⌊X/s⌋ with X = U + t·V
+        geometric with ratio e^(-1/t), U geometric on {0..t-1} (uniform, kept with probability
+        e^(-U/t)) and V geometric with ratio e^(-1). A sign bit is attached and (-, 0) rejected.
+        """
+        if t >= 1 << _DEN_BITS:
+            raise ValueError(f"discrete Laplace scale {t}/{s} is too large for the exact sampler")
+        direct = t <= s
+        accept_u = 1.0 if direct else -math.expm1(-1.0) / (t * -math.expm1(-1.0 / t))
+        accept = accept_u * (1 - 0.5 * -math.expm1(-s / t))  # P(not (B = 1, Y = 0))
+        out = np.empty(size, dtype=np.int64)
+        filled = 0
+        while filled < size:
+            need = size - filled
+            tries = int(need / accept * 1.02) + 16
+            if direct:
+                y = self._geometric_exp_const(tries, s, t)
+            else:
+                u = self._uniform_below(tries, t)
+                u = u[self._bernoulli_exp_frac(u, t)]
+                y = (u + t * self._geometric_exp_const(u.size, 1, 1)) // s
+            negative = self._bits(y.size)
+            keep = ~(negative & (y == 0))  # so that 0 is not counted twice
+            z = np.where(negative, -y, y)[keep][:need]
+            out[filled : filled + z.size] = z
+            filled += z.size
+        return out
+
+    def discrete_laplace(self, scale: float, size: int) -> np.ndarray:
+        """i.i.d. draws with P(k) ∝ exp(-|k| / r), r = :func:`laplace_scale` (scale) >= scale."""
+        r = laplace_scale(scale)
+        return self._discrete_laplace_ts(r.numerator, r.denominator, size)
+
+    def discrete_gaussian(self, sigma: float, size: int) -> np.ndarray:
+        """i.i.d. draws with P(k) ∝ exp(-k²/(2σ²)), σ² = :func:`gaussian_sigma2` (sigma) (CKS
+        Algorithm 3: propose Y ~ Lap_ℤ(t), accept with probability exp(-(|Y| − σ²/t)²/(2σ²)))."""
+        t, a, q = _gaussian_params(sigma)
+        out = np.empty(size, dtype=np.int64)
+        filled = 0
+        accept = _gaussian_acceptance(t, float(Fraction(t * a, q)))
+        while filled < size:
+            need = size - filled
+            tries = int(need / accept * 1.02) + 16
+            y = self._discrete_laplace_ts(t, 1, tries)
+            z = y[self._gaussian_accept(np.abs(y), t, a, q)]
+            z = z[:need]
+            out[filled : filled + z.size] = z
+            filled += z.size
+        return out
+
+    def _gaussian_accept(self, m: np.ndarray, t: int, a: int, q: int) -> np.ndarray:
+        """Bernoulli(exp(-(q·m − a)²/(2taq))) for proposals |Y| = m, in int64 where the
+        integers fit and in Python integers (object arrays) for huge σ or extreme proposals."""
+        den = 2 * t * a * q
+        accept = np.empty(m.size, dtype=bool)
+        fits = m < ((1 << 31) + a) // q if den < 1 << _DEN_BITS else np.zeros(m.size, dtype=bool)
+        for part, dtype in ((np.flatnonzero(fits), np.int64), (np.flatnonzero(~fits), object)):
+            if part.size:
+                d = m[part].astype(dtype) * q - a
+                accept[part] = self._bernoulli_exp(d * d, den)
+        return accept
+
+    # -- continuous draws (selection scores only; never added to a released aggregate) --
+
+    def _open_uniform(self, size: int) -> np.ndarray:
+        """float64 uniform on (0, 1): 53 random bits, centred in their cell."""
+        return ((self._words(size, np.uint64) >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
+
+    def uniform(self, size: int) -> np.ndarray:
+        return (self._words(size, np.uint64) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+    def laplace(self, scale: float, size: int) -> np.ndarray:
+        u = self._open_uniform(size) - 0.5
+        return -scale * np.sign(u) * np.log1p(-2.0 * np.abs(u))
+
+    def gaussian(self, sigma: float, size: int) -> np.ndarray:
+        return sigma * special.ndtri(self._open_uniform(size))
+
+    def cauchy(self, size: int) -> np.ndarray:
+        return np.tan(np.pi * (self._open_uniform(size) - 0.5))
+
+    def gumbel(self, scale: float, size: int) -> np.ndarray:
+        return -scale * np.log(-np.log(self._open_uniform(size)))
+
+
+class SeededNoise(_ExactSampler):
+    """Deterministic noise for statistical tests with fixed seeds. Not for releases.
+
+    The same exact algorithms as :class:`SecureNoise`, fed by a seeded PCG64 byte stream.
+    """
 
     def __init__(self, seed: int) -> None:
-        super().__init__(np.random.default_rng(seed))
+        super().__init__(np.random.Generator(np.random.PCG64(seed)).bytes)
 
 
-class SecureNoise(_GeneratorNoise):
-    """Noise for real releases."""
+class SecureNoise(_ExactSampler):
+    """Noise for real releases: every random byte comes from the OS CSPRNG (``os.urandom``).
+
+    Nothing is buffered, so the source is safe to share between threads and across ``fork``.
+    """
 
     def __init__(self) -> None:
-        super().__init__(np.random.default_rng())
+        super().__init__(os.urandom)
 
 
 def default_source() -> NoiseSource:
