@@ -31,6 +31,7 @@ from dpsql.sql.bind import (
     BoundQuery,
     ExplainStatement,
     PublicSelect,
+    RuleListCall,
     SettingStatement,
     TransactionStatement,
     parse_statement,
@@ -38,6 +39,7 @@ from dpsql.sql.bind import (
 from dpsql.sql.compile import compile_plan
 from dpsql.sql.domains import SQL_TYPES, key_domain
 from dpsql.sql.plan import Plan, build_plan
+from dpsql.sql.rows import bounded_rows_sql
 
 TYPE_CODES = {
     "BIGINT": "BIGINT",
@@ -90,6 +92,7 @@ class Result:
     cost: Any = None
     cached: bool = False
     status: str = "SELECT"
+    notes: list[str] = field(default_factory=list)
 
 
 def _jsonable(value: Any) -> Any:
@@ -182,7 +185,11 @@ class Service:
             )
             return Result([(n, type_code(t)) for n, t in description], rows)
         if isinstance(statement, ExplainStatement):
+            if isinstance(statement.query, RuleListCall):
+                return self.explain_rule_list(self._plan_rule_list(statement.query, settings))
             return self.explain(self.plan(statement.query, settings))
+        if isinstance(statement, RuleListCall):
+            return self.run_rule_list(statement, settings, analyst, handle)
         assert isinstance(statement, BoundQuery)
         plan = self.plan(statement, settings)
         return self.run(plan, analyst, handle)
@@ -211,6 +218,111 @@ class Service:
             answer=encoded,
         )
         return self._finish(plan, _decode(encoded), cost=plan.cost, cached=False)
+
+    # -- dp_rule_list ---------------------------------------------------------------------
+    def _plan_rule_list(self, call: RuleListCall, settings: Settings):
+        from dpsql.rulelist.table_function import plan_rule_list
+
+        arguments = dict(call.arguments)
+        arguments.setdefault("epsilon", settings.epsilon)
+        if "delta" not in arguments and settings.delta > 0:
+            arguments["delta"] = settings.delta
+        if isinstance(arguments.get("features"), str):
+            arguments["features"] = [
+                f.strip() for f in arguments["features"].split(",") if f.strip()
+            ]
+        known = set(
+            plan_rule_list.__code__.co_varnames[
+                1 : plan_rule_list.__code__.co_argcount + plan_rule_list.__code__.co_kwonlyargcount
+            ]
+        )
+        for name in arguments:
+            if name not in known:
+                raise ProgrammingError(
+                    f"dp_rule_list has no argument {name!r}",
+                    sqlstate="42883",
+                    construct=name,
+                    hint="arguments: " + ", ".join(sorted(known - {"cut_points"})),
+                )
+        arguments.pop("cut_points", None)
+        return plan_rule_list(call.table, **arguments)
+
+    def run_rule_list(
+        self, call: RuleListCall, settings: Settings, analyst: str, handle: QueryHandle | None
+    ) -> Result:
+        import hashlib
+
+        from dpsql.rulelist.table_function import COLUMNS, release_rule_list
+
+        plan = self._plan_rule_list(call, settings)
+        dataset = self.policy.dataset
+        fingerprint = hashlib.sha256(
+            repr(
+                (
+                    call.table.name,
+                    sorted(call.arguments.items()),
+                    settings.as_dict(),
+                    self.engine.versions.get(call.table.name, ""),
+                )
+            ).encode()
+        ).hexdigest()
+        cache_key = "rulelist:" + fingerprint if self.cache else None
+        answer = self.ledger.cached(analyst, dataset, cache_key) if cache_key else None
+        cost = None
+        if answer is None:
+            self.ledger.check(analyst, dataset, plan.cost, self.policy.budget)
+            sql = bounded_rows_sql(call.table, plan.select_list(), secrets.randbits(62))
+            matrix = self.engine.fetch_matrix(sql, handle)
+            released = release_rule_list(plan, matrix[:, :-1], matrix[:, -1], self.noise)
+            answer = json.dumps(
+                {"rows": [list(r) for r in released.rows], "notes": list(released.notes)}
+            )
+            self.ledger.charge(
+                analyst,
+                dataset,
+                plan.cost,
+                self.policy.budget,
+                query_text=call.text,
+                plan_hash=fingerprint,
+                cache_key=cache_key,
+                answer=answer,
+            )
+            cost = plan.cost
+        data = json.loads(answer)
+        rows = [tuple(r) for r in data["rows"]]
+        description, out_rows = self.scratch.post_process(
+            call.post.sql(dialect=DIALECT),
+            [c for c, _ in COLUMNS],
+            [t for _, t in COLUMNS],
+            rows,
+        )
+        result = Result(
+            [(n, type_code(t)) for n, t in description],
+            [tuple(_convert(v) for v in r) for r in out_rows],
+            intervals=[tuple(None for _ in description) for _ in out_rows],
+            cost=cost,
+            cached=cost is None,
+        )
+        result.notes = data["notes"]
+        return result
+
+    def explain_rule_list(self, plan) -> Result:
+        c = plan.cost
+        rows = [
+            (
+                f"dp_rule_list({plan.table}, label => {plan.label})",
+                f"{len(plan.candidates)} public candidate rules, max_length {plan.params.max_length}",
+                plan.params.mechanism,
+                None,
+                None,
+                None,
+                c.epsilon,
+                c.delta,
+                c.rho,
+                None,
+            )
+        ]
+        return Result(EXPLAIN_COLUMNS, rows, status="EXPLAIN")
 
     def _key_types(self, plan: Plan) -> list[str]:
         types = self.scratch.types(plan.query.table.name, [k.key.sql for k in plan.keys])

@@ -198,6 +198,16 @@ class PublicSelect:
 
 
 @dataclass(frozen=True)
+class RuleListCall:
+    """``SELECT … FROM dp_rule_list('table', label => …, …)``: the DP rule-list learner."""
+
+    text: str
+    table: TablePolicy
+    arguments: dict[str, Any]
+    post: exp.Select  # over table __released with the function's result columns
+
+
+@dataclass(frozen=True)
 class SettingStatement:
     action: str  # set | reset | show
     name: str
@@ -206,7 +216,7 @@ class SettingStatement:
 
 @dataclass(frozen=True)
 class ExplainStatement:
-    query: BoundQuery
+    query: BoundQuery | RuleListCall
 
 
 @dataclass(frozen=True)
@@ -216,7 +226,14 @@ class TransactionStatement:
     kind: str
 
 
-Statement = BoundQuery | PublicSelect | SettingStatement | ExplainStatement | TransactionStatement
+Statement = (
+    BoundQuery
+    | PublicSelect
+    | RuleListCall
+    | SettingStatement
+    | ExplainStatement
+    | TransactionStatement
+)
 
 
 def _refuse(
@@ -236,7 +253,7 @@ def parse_statement(
     if head == "EXPLAIN":
         inner = text.lstrip()[len("EXPLAIN") :]
         bound = parse_statement(inner, policy, parameters)
-        if not isinstance(bound, BoundQuery):
+        if not isinstance(bound, BoundQuery | RuleListCall):
             raise ProgrammingError(
                 "EXPLAIN takes a DP SELECT query", construct="EXPLAIN", hint="EXPLAIN SELECT ..."
             )
@@ -478,6 +495,13 @@ class _Binder:
         from_ = tree.args.get("from_") or tree.args.get("from")
         if from_ is None:
             return self._public_select()
+        source = from_.this
+        if (
+            isinstance(source, exp.Table)
+            and isinstance(source.this, exp.Anonymous)
+            and source.this.name.lower() == "dp_rule_list"
+        ):
+            return self._rule_list(source.this)
         self._bind_from(from_.this)
         assert self.table is not None
         if any(isinstance(e, exp.Star) for e in tree.expressions) or any(
@@ -511,6 +535,76 @@ class _Binder:
             aggregates=tuple(aggregates),
             post=post,
         )
+
+    def _rule_list(self, call: exp.Anonymous) -> RuleListCall:
+        from dpsql.rulelist.table_function import COLUMNS
+
+        args = call.expressions
+        if not args or not (isinstance(args[0], exp.Literal) and args[0].is_string):
+            raise self.refuse(
+                "dp_rule_list needs the table name first",
+                call,
+                "dp_rule_list('table', label => 'column', epsilon => 1.0, ...)",
+            )
+        table = self.policy.table(args[0].this)
+        if table is None:
+            raise _refuse(
+                UndefinedTableError,
+                f"unknown table {args[0].this!r}",
+                args[0],
+                self.text,
+                "use a table declared in the policy: " + ", ".join(sorted(self.policy.tables)),
+            )
+        arguments: dict[str, Any] = {}
+        for arg in args[1:]:
+            if not isinstance(arg, exp.Kwarg) or not isinstance(
+                arg.expression, exp.Literal | exp.Boolean | exp.Neg
+            ):
+                raise self.refuse(
+                    "dp_rule_list arguments are name => literal",
+                    arg,
+                    "e.g. label => 'income', epsilon => 1.0",
+                )
+            value_node = arg.expression
+            if isinstance(value_node, exp.Boolean):
+                value: Any = value_node.this
+            elif isinstance(value_node, exp.Neg):
+                value = -float(value_node.this.this)
+            elif value_node.is_string:
+                value = value_node.this
+            else:
+                number = float(value_node.this)
+                value = (
+                    int(number) if number.is_integer() and "." not in value_node.this else number
+                )
+            arguments[arg.this.name.lower()] = value
+        for clause in ("group", "having"):
+            if self.tree.args.get(clause):
+                raise self.refuse(
+                    f"{clause.upper()} is not supported on dp_rule_list",
+                    self.tree.args[clause],
+                    "select its columns, filter with WHERE, sort with ORDER BY",
+                )
+        names = [c for c, _ in COLUMNS]
+        post = self.tree.copy()
+        post.set("from_", exp.From(this=exp.to_table("__released")))
+        for col in post.find_all(exp.Column):
+            if col.name.lower() not in names and not any(
+                isinstance(e, exp.Alias) and e.alias.lower() == col.name.lower()
+                for e in self.tree.expressions
+            ):
+                raise _refuse(
+                    UndefinedColumnError,
+                    f"dp_rule_list has no column {col.name!r}",
+                    col,
+                    self.text,
+                    "its columns: " + ", ".join(names),
+                )
+            col.set("table", None)
+        for node in post.walk():
+            if isinstance(node, exp.AggFunc | exp.Window | exp.Anonymous | exp.Subquery):
+                raise self._not_allowed(node, "dp_rule_list query")
+        return RuleListCall(self.text, table, arguments, post)
 
     def _public_select(self) -> PublicSelect:
         for node in self.tree.walk():

@@ -1,0 +1,28 @@
+"""Engine SQL for row-level inputs of a DP algorithm (dp_rule_list): bounded per unit.
+
+The learner's sensitivities assume each privacy unit contributes at most R rows, so the
+engine keeps at most R rows per unit, chosen by a keyed hash of the row with a fresh secret
+(never RANDOM()); row-level tables need no bounding.
+"""
+
+from __future__ import annotations
+
+from dpsql.policy import TablePolicy
+from dpsql.sql.compile import KEYED_HASH
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def bounded_rows_sql(table: TablePolicy, select_list: str, secret: int) -> str:
+    """``SELECT select_list`` over the table, at most R rows per privacy unit."""
+    source = _q(table.name)
+    if table.privacy_unit is None:
+        return f"SELECT {select_list} FROM {source}"
+    columns = ", ".join(_q(c) for c in table.columns)
+    return (
+        f"SELECT {select_list} FROM (SELECT * FROM {source} QUALIFY ROW_NUMBER() OVER "
+        f"(PARTITION BY {_q(table.privacy_unit)} ORDER BY {KEYED_HASH}({columns}, {secret})) "
+        f"<= {table.max_rows_per_unit}) AS {source}"
+    )
