@@ -8,6 +8,7 @@ the ledger is written. The budget is checked before the engine runs and charged 
 from __future__ import annotations
 
 import datetime as dt
+import inspect
 import json
 import secrets
 import threading
@@ -231,11 +232,7 @@ class Service:
             arguments["features"] = [
                 f.strip() for f in arguments["features"].split(",") if f.strip()
             ]
-        known = set(
-            plan_rule_list.__code__.co_varnames[
-                1 : plan_rule_list.__code__.co_argcount + plan_rule_list.__code__.co_kwonlyargcount
-            ]
-        )
+        known = set(inspect.signature(plan_rule_list).parameters) - {"table"}
         for name in arguments:
             if name not in known:
                 raise ProgrammingError(
@@ -311,7 +308,7 @@ class Service:
         rows = [
             (
                 f"dp_rule_list({plan.table}, label => {plan.label})",
-                f"{len(plan.candidates)} public candidate rules, max_length {plan.params.max_length}",
+                f"{len(plan.candidates)} public candidates, max_length {plan.params.max_length}",
                 plan.params.mechanism,
                 None,
                 None,
