@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dpsql.privacy.samplers import SeededNoise  # noqa: E402
 from dpsql.rulelist.candidates import (  # noqa: E402
     Feature,
+    RuleCounter,
     mined_candidates,
     public_candidates,
-    rule_matrix,
 )
 from dpsql.rulelist.learner import LearnerParams, learn  # noqa: E402
 
@@ -88,10 +88,10 @@ def split(X, y, names, seed: int, lambdas, public: bool) -> Split:
     cands = {}
     for lam in lambdas:
         rules = mined_candidates(X[tr], lam, 2)
-        cands[lam] = (rules, rule_matrix(X[tr], rules))
+        cands[lam] = (rules, RuleCounter(X[tr], rules))
     if public:
         rules = public_candidates(feats, 2)
-        cands[-1.0] = (rules, rule_matrix(X[tr], rules))
+        cands[-1.0] = (rules, RuleCounter(X[tr], rules))
     return Split(X[tr], y[tr], X[te], y[te], feats, cands)
 
 
@@ -107,9 +107,7 @@ def fit_score(sp: Split, mech: str, L: int, lam: float, eps: float, stream: int)
         confidence=0.99,
         strict_sensitivity=True,
     )
-    rl = learn(
-        sp.X_train, sp.y_train, sp.features, rules, params, SeededNoise(stream), candidate_matrix=C
-    )
+    rl = learn(sp.X_train, sp.y_train, sp.features, rules, params, SeededNoise(stream), counter=C)
     return float(np.mean(rl.predict(sp.X_test) == sp.y_test))
 
 
@@ -203,16 +201,16 @@ def run_timing(args) -> None:
             t0 = time.perf_counter()
             rules = mined_candidates(Xt, 0.05, 2)
             t1 = time.perf_counter()
-            C = rule_matrix(Xt, rules)
+            C = RuleCounter(Xt, rules)
             t2 = time.perf_counter()
             params = LearnerParams(epsilon=1.0, max_length=7, min_support=0.05, mechanism=mech)
-            rl = learn(Xt, yt, feats, rules, params, SeededNoise(rep), candidate_matrix=C)
+            rl = learn(Xt, yt, feats, rules, params, SeededNoise(rep), counter=C)
             t3 = time.perf_counter()
             times.append((t1 - t0, t2 - t1, t3 - t2, t3 - t0))
         mine, mat, fit, tot = np.median(np.asarray(times), axis=0)
         print(
             f"adult {len(yt)} rows x {len(rules)} candidates, L=7, {mech}: mining {mine:.3f} s "
-            f"+ candidate matrix {mat:.3f} s + learning {fit:.3f} s = {tot:.3f} s "
+            f"+ counter setup {mat:.3f} s + learning {fit:.3f} s = {tot:.3f} s "
             f"(median of 5; {len(rl.rules)} rules)"
         )
 

@@ -10,6 +10,7 @@ from dpsql.privacy.samplers import SeededNoise
 from dpsql.rulelist.candidates import (
     Feature,
     Literal,
+    RuleCounter,
     mined_candidates,
     public_candidates,
     rule_mask,
@@ -106,16 +107,22 @@ def test_seeded_runs_are_reproducible():
     assert a == b
 
 
-def test_candidate_matrix_and_masks_agree():
-    X, _ = synthetic(300)
+def test_candidate_counts_agree_with_masks():
+    X, y = synthetic(300)
     feats = [Feature.binary_column(f"x{j}") for j in range(6)]
     cands = public_candidates(feats, 2)
-    C = rule_matrix(X, cands)
-    for j in (0, 5, 17, len(cands) - 1):
-        assert np.array_equal(C[:, j] > 0, rule_mask(X, cands[j]))
     # 12 literals, pairs of different features: 12 + (66 - 6) = 72, no data involved
     assert len(cands) == 72
-    assert len(public_candidates(feats, 3)) > len(cands)
+    w = (np.random.default_rng(1).random(300) < 0.7).astype(np.float32)
+    for rules in (cands, public_candidates(feats, 3)):
+        rc = RuleCounter(X, rules)
+        assert rc.pair == (rules is cands)
+        nc, nc1 = rc.counts(w, w * y)
+        C = rule_matrix(X, rules)
+        for j in range(0, len(rules), 7):
+            mask = rule_mask(X, rules[j])
+            assert np.array_equal(C[j] > 0, mask) and np.array_equal(rc.caught(j), mask)
+            assert nc[j] == (mask * w).sum() and nc1[j] == (mask * w * y).sum()
 
 
 def test_mined_candidates_follow_the_papers_support_filter():

@@ -20,7 +20,7 @@ from dpsql.errors import DataError, PrivacyError, ProgrammingError
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.mechanisms import analytic_gaussian_sigma
 from dpsql.privacy.samplers import NoiseSource
-from dpsql.rulelist.candidates import Feature, Rule, rule_matrix
+from dpsql.rulelist.candidates import Feature, Rule, RuleCounter
 from dpsql.rulelist.gini import (
     gini_scores,
     impurity_mass,
@@ -211,13 +211,13 @@ def learn(
     params: LearnerParams,
     source: NoiseSource,
     *,
-    candidate_matrix: np.ndarray | None = None,
+    counter: RuleCounter | None = None,
 ) -> RuleList:
     """Learn a rule list (Algorithm 1 and variants).  ``X`` is (n, len(features)) 0/1.
 
     The candidate list must not depend on the data for the privacy guarantee to hold (see
-    :mod:`dpsql.rulelist.candidates`).  ``candidate_matrix`` may pass a precomputed
-    :func:`rule_matrix` (benchmarks reuse it across fits).
+    :mod:`dpsql.rulelist.candidates`).  ``counter`` may pass a precomputed
+    :class:`RuleCounter` for these X and candidates (benchmarks reuse it across fits).
     """
     params.validate()
     y = check_labels(y)
@@ -227,9 +227,9 @@ def learn(
     n = X.shape[0]
     plan = plan_budget(params, n)
     noise = _Noise(params, plan, source)
-    C = rule_matrix(X, candidates) if candidate_matrix is None else candidate_matrix
-    w = np.ones(n, dtype=C.dtype)
-    yw = y.astype(C.dtype)
+    rc = RuleCounter(X, candidates) if counter is None else counter
+    w = np.ones(n, dtype=rc.dtype)  # 1 = row not caught yet
+    yw = y.astype(rc.dtype)
     active = np.ones(len(candidates), dtype=bool)
     mech = params.mechanism
     L = params.max_length
@@ -258,14 +258,14 @@ def learn(
         if idx.size == 0:
             stop = "no_candidates"
             break
-        nc = (w @ C)[idx]
-        nc1 = ((w * yw) @ C)[idx]
+        nc, nc1 = rc.counts(w, w * yw)
+        nc, nc1 = nc[idx].astype(np.float64), nc1[idx].astype(np.float64)
         pick = _select(mech, rem, rem1, nc, nc1, params, plan, noise, floor)
         if pick is None:
             stop = "no_improvement" if mech not in ("exponential", "monotone_em") else "stop"
             break
         j = int(idx[pick])
-        caught = (C[:, j] > 0) & (w > 0)
+        caught = rc.caught(j) & (w > 0)
         c1 = float(yw[caught].sum())
         c0 = float(caught.sum()) - c1
         q0, q1 = noise.counts(c0, c1)
