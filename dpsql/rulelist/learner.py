@@ -183,7 +183,7 @@ class _Noise:
         self.p, self.plan, self.src = params, plan, source
         self.k = params.rows_per_unit
         self.smooth = None
-        if params.mechanism in SMOOTH:
+        if params.mechanism in SMOOTH and params.max_length > 1:
             from dpsql.privacy.smooth import SmoothCauchy, SmoothLaplace
 
             if params.mechanism == "smooth_cauchy":
