@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dpsql.engine.duckdb_engine import QueryHandle
-from dpsql.errors import InterfaceError, ProgrammingError
+from dpsql.errors import InterfaceError, ProgrammingError, Warning
 from dpsql.pipeline import Result, Service, Settings, _ResetRequest, reset_setting
 
 apilevel = "2.0"
@@ -122,6 +122,13 @@ class Cursor:
     def cost(self) -> Any:
         """The privacy cost charged for the last statement (None if cached or free)."""
         return None if self._result is None else self._result.cost
+
+    @property
+    def messages(self) -> list[tuple[type, str]]:
+        """PEP 249 extension: notes from the last statement (e.g. why a rule list is short)."""
+        if self._result is None:
+            return []
+        return [(Warning, note) for note in self._result.notes]
 
     @property
     def cached(self) -> bool:

@@ -177,6 +177,8 @@ class Service:
     ) -> Result:
         statement = parse_statement(text, self.policy, parameters)
         if isinstance(statement, SettingStatement):
+            if statement.action == "show" and statement.name == "budget":
+                return self.show_budget(analyst)
             return apply_setting(statement, settings)
         if isinstance(statement, TransactionStatement):
             return Result(status=statement.kind.upper())
@@ -219,6 +221,36 @@ class Service:
             answer=encoded,
         )
         return self._finish(plan, _decode(encoded), cost=plan.cost, cached=False)
+
+    def show_budget(self, analyst: str) -> Result:
+        """``SHOW budget``: the analyst's own spent and remaining budget (costs nothing)."""
+        dataset = self.policy.dataset
+        budget = self.ledger.budget(analyst, dataset, self.policy.budget)
+        spent = self.ledger.spent(analyst, dataset)
+        eps_left, delta_left = budget.remaining(spent)
+        columns = [
+            ("analyst", "VARCHAR"),
+            ("spent_epsilon", "DOUBLE"),
+            ("spent_delta", "DOUBLE"),
+            ("spent_rho", "DOUBLE"),
+            ("epsilon_equivalent", "DOUBLE"),
+            ("budget_epsilon", "DOUBLE"),
+            ("budget_delta", "DOUBLE"),
+            ("remaining_epsilon", "DOUBLE"),
+            ("remaining_delta", "DOUBLE"),
+        ]
+        row = (
+            analyst,
+            spent.epsilon,
+            spent.delta,
+            spent.rho,
+            budget.epsilon_of(spent),
+            budget.epsilon,
+            budget.delta,
+            eps_left,
+            delta_left,
+        )
+        return Result(columns, [row], status="SHOW")
 
     # -- dp_rule_list ---------------------------------------------------------------------
     def _plan_rule_list(self, call: RuleListCall, settings: Settings):
@@ -341,6 +373,8 @@ class Service:
         if isinstance(statement, ExplainStatement):
             return EXPLAIN_COLUMNS
         if isinstance(statement, SettingStatement) and statement.action == "show":
+            if statement.name == "budget":
+                return self.show_budget("").description
             return [(statement.name, "VARCHAR")]
         if isinstance(statement, PublicSelect):
             return self.execute(text, None, settings, "").description

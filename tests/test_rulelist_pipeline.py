@@ -109,3 +109,19 @@ def test_predictions_match_case_expression(service):
     scored = service.scratch.rows(f"SELECT {case} FROM visits")
     assert scored == []  # the scratch shadow table is empty: no private rows there
     assert isinstance(np.array([r[4] for r in rows]), np.ndarray)
+
+
+def test_show_budget_reports_own_spending(service):
+    conn = service.connect("rl-frank")
+    cur = conn.cursor()
+    cur.execute("SELECT COUNT(*) FROM visits")
+    cur.execute("SHOW budget")
+    (row,) = cur.fetchall()
+    names = [d[0] for d in cur.description]
+    assert names == [d[0] for d in conn.describe("SHOW budget")]
+    values = dict(zip(names, row, strict=True))
+    assert values["analyst"] == "rl-frank"
+    assert values["spent_epsilon"] == pytest.approx(service.policy.epsilon)
+    assert values["remaining_epsilon"] == pytest.approx(
+        service.policy.budget.epsilon - service.policy.epsilon
+    )
