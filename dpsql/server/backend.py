@@ -1,0 +1,159 @@
+"""Adapters from a session to its two answerers: the DP pipeline and the catalog shadow.
+
+Both return :class:`Outcome` (columns with PostgreSQL OIDs, rows, command tag), so the protocol
+layer never cares which one answered. Calls here are blocking; the session runs them in the
+server's thread pool.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import inspect
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dpsql.server import types as t
+from dpsql.server.sqltext import _skip, keywords
+
+_PLACEHOLDER = re.compile(r"\$(\d+)")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One statement's result: ``columns`` is None for statements that return no rows."""
+
+    columns: tuple[tuple[str, int], ...] | None
+    rows: list[tuple] = field(default_factory=list)
+    tag: str = "SELECT"
+    notices: tuple[tuple[str, str, str], ...] = ()  # (severity, SQLSTATE, text)
+
+
+def placeholder_count(sql: str) -> int:
+    """Highest ``$n`` outside quotes and comments (0 if none)."""
+    highest, i, n = 0, 0, len(sql)
+    while i < n:
+        j = _skip(sql, i)
+        if j != i:
+            i = j
+            continue
+        m = _PLACEHOLDER.match(sql, i)
+        if m and (i == 0 or not (sql[i - 1].isalnum() or sql[i - 1] == "_")):
+            highest = max(highest, int(m.group(1)))
+            i = m.end()
+            continue
+        i += 1
+    return highest
+
+
+def literal(value: object) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, dt.date):
+        return f"DATE '{value.isoformat()}'"
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def inline_parameters(sql: str, params: Sequence[object]) -> str:
+    """Replace ``$n`` with SQL literals (used only to *describe* a query, which runs nothing)."""
+    out, i, n = [], 0, len(sql)
+    while i < n:
+        j = _skip(sql, i)
+        if j != i:
+            out.append(sql[i:j])
+            i = j
+            continue
+        m = _PLACEHOLDER.match(sql, i)
+        if m and (i == 0 or not (sql[i - 1].isalnum() or sql[i - 1] == "_")):
+            k = int(m.group(1))
+            out.append(literal(params[k - 1]) if 0 < k <= len(params) else m.group(0))
+            i = m.end()
+            continue
+        out.append(sql[i])
+        i += 1
+    return "".join(out)
+
+
+def _columns(description: Sequence[Sequence[Any]] | None) -> tuple[tuple[str, int], ...] | None:
+    if not description:
+        return None
+    return tuple((str(d[0]), t.DPSQL_TYPE_OIDS.get(str(d[1]).upper(), t.TEXT)) for d in description)
+
+
+def command_tag(sql: str, rows: int, status: str | None, has_rows: bool) -> str:
+    if has_rows:
+        head = (status or "SELECT").split()[0].upper()
+        if head in ("SHOW", "EXPLAIN"):
+            return head
+        return f"SELECT {rows}"
+    if status and status.upper() not in ("SELECT",):
+        return status.upper()
+    words = keywords(sql, 2)
+    return words[0].upper() if words else "SELECT 0"
+
+
+class DpBackend:
+    """One analyst's dpsql connection, as used by one wire-protocol session."""
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+        try:
+            params = inspect.signature(connection.describe).parameters
+            self._describe_takes_params = "parameters" in params
+        except (TypeError, ValueError):
+            self._describe_takes_params = False
+
+    @property
+    def setting_names(self) -> set[str]:
+        try:
+            return {str(k).lower() for k in self.connection.settings}
+        except Exception:
+            return set()
+
+    def execute(self, sql: str, params: Sequence[object] | None) -> Outcome:
+        cur = self.connection.cursor()
+        try:
+            cur.execute(sql, list(params) if params else None)
+            columns = _columns(cur.description)
+            rows = [tuple(r) for r in cur.fetchall()] if columns else []
+            status = getattr(cur, "statusmessage", None)
+            notices = _cost_notice(getattr(cur, "cost", None), getattr(cur, "cached", False))
+            tag = command_tag(sql, len(rows), status, columns is not None)
+            return Outcome(columns, rows, tag, notices)
+        finally:
+            close = getattr(cur, "close", None)
+            if close:
+                close()
+
+    def describe(self, sql: str, params: Sequence[object] | None) -> tuple[tuple[str, int], ...]:
+        """Result columns; plans the query, runs nothing, spends nothing."""
+        count = placeholder_count(sql)
+        values = list(params) if params is not None else [None] * count
+        if self._describe_takes_params:
+            description = self.connection.describe(sql, parameters=values or None)
+        else:
+            description = self.connection.describe(inline_parameters(sql, values))
+        return _columns(description) or ()
+
+    def interrupt(self) -> None:
+        self.connection.interrupt()
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+def _cost_notice(cost: Any, cached: bool) -> tuple[tuple[str, str, str], ...]:
+    """A NOTICE telling the client what the statement was charged (clients can total it)."""
+    if cached:
+        return (("NOTICE", "00000", "dpsql: cached answer, charged epsilon=0 delta=0 rho=0"),)
+    if cost is None:
+        return ()
+    eps = float(getattr(cost, "epsilon", 0.0))
+    delta = float(getattr(cost, "delta", 0.0))
+    rho = float(getattr(cost, "rho", 0.0))
+    return (("NOTICE", "00000", f"dpsql: charged epsilon={eps!r} delta={delta!r} rho={rho!r}"),)

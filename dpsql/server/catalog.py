@@ -1,0 +1,641 @@
+"""Catalog and session queries, answered from an empty shadow schema — never from private data.
+
+The shadow is a separate in-memory DuckDB database holding (a) the policy's tables with the same
+names, columns and types and zero rows, (b) our own ``pg_catalog`` (schema ``pgc``) and
+``information_schema`` (schema ``infs``) tables filled from the policy, and (c) macros for the
+PostgreSQL functions clients call (``format_type``, ``pg_get_userbyid``, ...). External access is
+off and the configuration locked, so a query routed here can read nothing but the public schema.
+
+Client SQL is PostgreSQL; :func:`rewrite` turns it into DuckDB SQL over the emulated catalog with
+sqlglot, substituting per-session values (current_user, current_database(), current_setting()).
+Only SELECT-type statements are ever executed here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import duckdb
+import sqlglot
+from sqlglot import exp
+
+from dpsql.server import catalog_schema as cs
+from dpsql.server import types as t
+from dpsql.server.failures import ClientError
+
+SERVER_VERSION = "16.0"
+VERSION_STRING = f"PostgreSQL {SERVER_VERSION} (dpsql) on x86_64-pc-linux-gnu, 64-bit"
+
+_DUCK_TYPES = {
+    "int": "BIGINT",
+    "float": "DOUBLE",
+    "text": "VARCHAR",
+    "bool": "BOOLEAN",
+    "date": "DATE",
+}
+
+# (name, params, body): PostgreSQL functions the catalog queries of psql, JDBC, SQLAlchemy and
+# BI tools call. Overloads share a name.
+_MACROS: list[tuple[str, list[tuple[str, str]]]] = [
+    ("pg_get_userbyid", [("o", f"'{cs.OWNER_NAME}'")]),
+    ("pg_table_is_visible", [("o", "true")]),
+    ("pg_type_is_visible", [("o", "true")]),
+    ("pg_function_is_visible", [("o", "true")]),
+    ("pg_collation_is_visible", [("o", "true")]),
+    ("pg_opclass_is_visible", [("o", "true")]),
+    ("pg_operator_is_visible", [("o", "true")]),
+    ("pg_conversion_is_visible", [("o", "true")]),
+    ("pg_ts_config_is_visible", [("o", "true")]),
+    ("pg_statistics_obj_is_visible", [("o", "true")]),
+    (
+        "format_type",
+        [("o, m", "coalesce((SELECT f FROM pgc.dp_type_names WHERE oid = o), '???')")],
+    ),
+    (
+        "dp_regtype_name",
+        [("o", "coalesce((SELECT f FROM pgc.dp_type_names WHERE oid = o), CAST(o AS VARCHAR))")],
+    ),
+    (
+        "dp_regtype_oid",
+        [
+            (
+                "s",
+                "(SELECT min(oid) FROM pgc.pg_type WHERE typname = s OR oid IN "
+                "(SELECT oid FROM pgc.dp_type_names WHERE f = s))",
+            )
+        ],
+    ),
+    (
+        "dp_regclass_oid",
+        [
+            (
+                "s",
+                "(SELECT min(oid) FROM pgc.pg_class WHERE relname = "
+                "regexp_replace(replace(s, '\"', ''), '^.*\\.', ''))",
+            )
+        ],
+    ),
+    (
+        "dp_regclass_name",
+        [
+            (
+                "o",
+                "coalesce((SELECT min(relname) FROM pgc.pg_class WHERE "
+                "oid = o), CAST(o AS VARCHAR))",
+            )
+        ],
+    ),
+    ("dp_regnamespace_oid", [("s", "(SELECT min(oid) FROM pgc.pg_namespace WHERE nspname = s)")]),
+    ("dp_regnamespace_name", [("o", "(SELECT min(nspname) FROM pgc.pg_namespace WHERE oid = o)")]),
+    ("dp_regproc_oid", [("s", "CAST(0 AS UINTEGER)")]),
+    ("dp_regproc_name", [("o", "CAST(o AS VARCHAR)")]),
+    ("dp_regrole_oid", [("s", f"CAST({cs.OWNER_OID} AS UINTEGER)")]),
+    ("dp_regrole_name", [("o", f"'{cs.OWNER_NAME}'")]),
+    ("obj_description", [("o", "CAST(NULL AS VARCHAR)"), ("o, c", "CAST(NULL AS VARCHAR)")]),
+    ("col_description", [("o, n", "CAST(NULL AS VARCHAR)")]),
+    ("shobj_description", [("o, c", "CAST(NULL AS VARCHAR)")]),
+    ("pg_get_expr", [("e, r", "CAST(NULL AS VARCHAR)"), ("e, r, p", "CAST(NULL AS VARCHAR)")]),
+    ("pg_get_indexdef", [("o", "CAST(NULL AS VARCHAR)"), ("o, c, p", "CAST(NULL AS VARCHAR)")]),
+    ("pg_get_constraintdef", [("o", "CAST(NULL AS VARCHAR)"), ("o, p", "CAST(NULL AS VARCHAR)")]),
+    ("pg_get_viewdef", [("o", "CAST(NULL AS VARCHAR)"), ("o, p", "CAST(NULL AS VARCHAR)")]),
+    ("pg_get_triggerdef", [("o", "CAST(NULL AS VARCHAR)"), ("o, p", "CAST(NULL AS VARCHAR)")]),
+    ("pg_get_ruledef", [("o", "CAST(NULL AS VARCHAR)"), ("o, p", "CAST(NULL AS VARCHAR)")]),
+    ("pg_get_functiondef", [("o", "CAST(NULL AS VARCHAR)")]),
+    ("pg_get_function_arguments", [("o", "CAST(NULL AS VARCHAR)")]),
+    ("pg_get_function_identity_arguments", [("o", "CAST(NULL AS VARCHAR)")]),
+    ("pg_get_function_result", [("o", "CAST(NULL AS VARCHAR)")]),
+    ("pg_get_partkeydef", [("o", "CAST(NULL AS VARCHAR)")]),
+    ("pg_get_partition_constraintdef", [("o", "CAST(NULL AS VARCHAR)")]),
+    ("pg_get_statisticsobjdef_columns", [("o", "CAST(NULL AS VARCHAR)")]),
+    ("pg_get_serial_sequence", [("a, b", "CAST(NULL AS VARCHAR)")]),
+    ("pg_encoding_to_char", [("e", "'UTF8'")]),
+    ("pg_char_to_encoding", [("e", "6")]),
+    ("has_table_privilege", [("a, b", "true"), ("a, b, c", "true")]),
+    ("has_schema_privilege", [("a, b", "true"), ("a, b, c", "true")]),
+    ("has_database_privilege", [("a, b", "true"), ("a, b, c", "true")]),
+    ("has_column_privilege", [("a, b, c", "true"), ("a, b, c, d", "true")]),
+    ("has_any_column_privilege", [("a, b", "true"), ("a, b, c", "true")]),
+    ("has_function_privilege", [("a, b", "true"), ("a, b, c", "true")]),
+    ("has_sequence_privilege", [("a, b", "true"), ("a, b, c", "true")]),
+    ("pg_has_role", [("a, b", "true"), ("a, b, c", "true")]),
+    ("pg_is_in_recovery", [("", "false")]),
+    ("pg_size_pretty", [("x", "CAST(x AS VARCHAR) || ' bytes'")]),
+    ("pg_relation_size", [("x", "CAST(0 AS BIGINT)"), ("x, f", "CAST(0 AS BIGINT)")]),
+    ("pg_total_relation_size", [("x", "CAST(0 AS BIGINT)")]),
+    ("pg_table_size", [("x", "CAST(0 AS BIGINT)")]),
+    ("pg_indexes_size", [("x", "CAST(0 AS BIGINT)")]),
+    ("pg_database_size", [("x", "CAST(0 AS BIGINT)")]),
+    ("pg_tablespace_location", [("x", "''")]),
+    ("pg_is_other_temp_schema", [("x", "false")]),
+    ("pg_my_temp_schema", [("", "CAST(0 AS UINTEGER)")]),
+    ("to_regclass", [("s", "pgc.dp_regclass_oid(s)")]),
+    ("to_regtype", [("s", "pgc.dp_regtype_oid(s)")]),
+    ("current_schemas", [("b", "['pg_catalog', 'public']")]),
+    ("array_lower", [("a, d", "CASE WHEN len(a) > 0 THEN 1 END")]),
+    ("array_upper", [("a, d", "CASE WHEN len(a) > 0 THEN len(a) END")]),
+    ("txid_current", [("", "CAST(1 AS BIGINT)")]),
+    ("pg_postmaster_start_time", [("", "TIMESTAMPTZ '2000-01-01 00:00:00+00'")]),
+    ("inet_server_addr", [("", "CAST(NULL AS VARCHAR)")]),
+    ("inet_server_port", [("", "CAST(NULL AS INTEGER)")]),
+    ("inet_client_addr", [("", "CAST(NULL AS VARCHAR)")]),
+    ("row_security_active", [("x", "false")]),
+    ("pg_relation_is_publishable", [("x", "false")]),
+    (
+        "quote_ident",
+        [
+            (
+                "x",
+                "CASE WHEN regexp_full_match(x, '[a-z_][a-z0-9_$]*') THEN x "
+                "ELSE '\"' || replace(x, '\"', '\"\"') || '\"' END",
+            )
+        ],
+    ),
+]
+
+_REG_TYPES = {
+    "regclass",
+    "regtype",
+    "regnamespace",
+    "regproc",
+    "regprocedure",
+    "regrole",
+    "regoper",
+    "regoperator",
+    "regconfig",
+    "regdictionary",
+    "regcollation",
+}
+_REG_KIND = {
+    "regprocedure": "regproc",
+    "regoper": "regproc",
+    "regoperator": "regproc",
+    "regconfig": "regproc",
+    "regdictionary": "regproc",
+    "regcollation": "regproc",
+}
+_TYPE_ALIASES = {
+    "oid": "UINTEGER",
+    "name": "VARCHAR",
+    "char": "VARCHAR",
+    "xid": "UINTEGER",
+    "cid": "UINTEGER",
+    "tid": "VARCHAR",
+    "int2vector": "SMALLINT[]",
+    "oidvector": "UINTEGER[]",
+    "aclitem": "VARCHAR",
+    "pg_node_tree": "VARCHAR",
+    "regclass": "UINTEGER",
+    "regtype": "UINTEGER",
+    "bpchar": "VARCHAR",
+}
+
+_RENAMES = {
+    "json_build_object": "json_object",
+    "jsonb_build_object": "json_object",
+    "json_agg": "json_group_array",
+    "jsonb_agg": "json_group_array",
+}
+
+_OPERATOR = re.compile(r"OPERATOR\s*\(\s*pg_catalog\s*\.\s*([^\s)]+)\s*\)", re.IGNORECASE)
+_COLLATE = re.compile(
+    r"\s+COLLATE\s+(?:pg_catalog\s*\.\s*)?\"?(?:default|C|POSIX)\"?", re.IGNORECASE
+)
+
+
+class CatalogError(ClientError):
+    """A catalog query that failed."""
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """Per-connection values substituted into catalog queries."""
+
+    user: str
+    database: str
+    pid: int
+    settings: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class CatalogResult:
+    columns: tuple[tuple[str, int], ...]  # (name, type OID)
+    rows: list[tuple]
+
+
+def _lit(value: object) -> exp.Expression:
+    if value is None:
+        return exp.Null()
+    if isinstance(value, bool):
+        return exp.Boolean(this=value)
+    if isinstance(value, int):
+        return exp.Literal.number(value)
+    return exp.Literal.string(str(value))
+
+
+def _func_name(node: exp.Expression) -> str | None:
+    if isinstance(node, exp.Anonymous):
+        return str(node.this).lower()
+    return None
+
+
+def _rewrite_node(node: exp.Expression, info: SessionInfo) -> exp.Expression:
+    # pg_catalog.f(...) -> f(...): our macros shadow DuckDB's via the search path.
+    if (
+        isinstance(node, exp.Dot)
+        and isinstance(node.this, exp.Identifier)
+        and node.this.name.lower() == "pg_catalog"
+        and isinstance(node.expression, exp.Func)
+    ):
+        return _rewrite_node(node.expression, info)
+    if isinstance(node, exp.Table):
+        db = node.args.get("db")
+        dbname = db.name.lower() if db is not None else ""
+        name = node.name.lower()
+        if not isinstance(node.this, exp.Identifier):
+            node.set("db", None)  # a table function such as pg_catalog.generate_series(...)
+        elif dbname == "pg_catalog" or (not dbname and name in cs.PG_TABLES):
+            node.set("db", exp.to_identifier("pgc"))
+        elif dbname == "information_schema":
+            node.set("db", exp.to_identifier("infs"))
+        elif dbname in ("public", "main"):
+            node.set("db", exp.to_identifier("public"))
+        node.set("catalog", None)
+        return node
+    if isinstance(node, exp.Column) and node.args.get("db") is not None:
+        # pg_catalog.pg_class.relname -> pg_class.relname (the table keeps its own name)
+        if node.args["db"].name.lower() in ("pg_catalog", "information_schema", "public"):
+            node.set("db", None)
+            node.set("catalog", None)
+        return node
+    if isinstance(node, exp.CurrentUser | exp.SessionUser):
+        return _lit(info.user)
+    if (
+        isinstance(node, exp.Column)
+        and not node.table
+        and node.name.lower()
+        in (
+            "user",
+            "current_role",
+            "current_user",
+            "session_user",
+        )
+        and not node.this.quoted
+    ):
+        return _lit(info.user)
+    if isinstance(node, exp.CurrentSchema):
+        return _lit("public")
+    if isinstance(node, exp.CurrentDatabase | exp.CurrentCatalog):
+        return _lit(info.database)
+    if isinstance(node, exp.CurrentVersion):
+        return _lit(VERSION_STRING)
+    name = _func_name(node)
+    if name in _RENAMES:
+        node.set("this", _RENAMES[name])
+        return node
+    if name == "version":
+        return _lit(VERSION_STRING)
+    if name == "pg_backend_pid":
+        return _lit(info.pid)
+    if name in ("current_setting", "dp_current_setting"):
+        args = node.expressions
+        if args and isinstance(args[0], exp.Literal):
+            key = args[0].name.lower()
+            if key in info.settings:
+                return _lit(info.settings[key])
+            missing_ok = len(args) > 1 and args[1].sql().lower() == "true"
+            if missing_ok:
+                return exp.Null()
+            raise CatalogError(f'unrecognized configuration parameter "{args[0].name}"', "42704")
+    if isinstance(node, exp.Collate):
+        return node.this
+    if isinstance(node, exp.Cast):
+        to = node.args.get("to")
+        full_name = to.sql(dialect="postgres").lower() if to else ""
+        type_name = full_name.replace("pg_catalog.", "").strip('"')
+        if type_name in _REG_TYPES:
+            kind = _REG_KIND.get(type_name, type_name)
+            operand = node.this
+            if (isinstance(operand, exp.Literal) and operand.is_string) or isinstance(
+                operand, exp.Parameter | exp.Placeholder
+            ):
+                return exp.Anonymous(this=f"dp_{kind}_oid", expressions=[operand])
+            return exp.Anonymous(this=f"dp_{kind}_name", expressions=[operand])
+        if type_name in _TYPE_ALIASES:
+            node.set("to", exp.DataType.build(_TYPE_ALIASES[type_name], dialect="duckdb"))
+            return node
+        if full_name != type_name:
+            node.set("to", exp.DataType.build(type_name, dialect="postgres"))
+            return node
+    if isinstance(node, exp.EQ | exp.NEQ) and isinstance(node.expression, exp.Any):
+        target = node.expression.this
+        if isinstance(target, exp.Paren):
+            target = target.this
+        if not isinstance(target, exp.Query | exp.Subquery):
+            contains = exp.Anonymous(this="list_contains", expressions=[target, node.this])
+            return contains if isinstance(node, exp.EQ) else exp.Not(this=contains)
+    return node
+
+
+def rewrite(sql: str, info: SessionInfo) -> str:
+    """PostgreSQL catalog SQL -> DuckDB SQL over the emulated catalog (one statement)."""
+    text = _OPERATOR.sub(r"\1", sql)
+    text = _COLLATE.sub("", text)
+    try:
+        tree = sqlglot.parse_one(text, read="postgres")
+    except sqlglot.errors.ParseError as exc:
+        raise CatalogError(f"syntax error: {_first_line(str(exc))}", "42601") from None
+    if tree is None:
+        raise CatalogError("empty statement", "42601")
+
+    def fix(node: exp.Expression) -> exp.Expression:
+        new = _rewrite_node(node, info)
+        # sqlglot does not descend into a replacement node: rewrite its subtree too.
+        return new if new is node else new.transform(fix, copy=False)
+
+    tree = tree.transform(fix, copy=False)
+    return tree.sql(dialect="duckdb")
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text
+
+
+class Shadow:
+    """The shadow database: one per server, a DuckDB cursor per session."""
+
+    def __init__(self, policy: object, dataset: str, settings: Mapping[str, str]) -> None:
+        self.dataset = dataset
+        self._db = duckdb.connect(":memory:", config={"threads": 1})
+        self._lock = threading.Lock()
+        self.tables = _tables_from_policy(policy)
+        self._build(settings)
+        self._db.execute("SET enable_external_access = false")
+        self._db.execute("SET lock_configuration = true")
+
+    def _build(self, settings: Mapping[str, str]) -> None:
+        db = self._db
+        db.execute("CREATE SCHEMA public")
+        db.execute("CREATE SCHEMA pgc")
+        db.execute("CREATE SCHEMA infs")
+        for table in self.tables:
+            cols = ", ".join(f'"{c.name}" {_duck_type(c.type_oid)}' for c in table.columns)
+            db.execute(f'CREATE TABLE public."{table.name}" ({cols})')
+        for name, cols in cs.PG_TABLES.items():
+            spec = ", ".join(f'"{c}" {ty}' for c, ty in cols)
+            db.execute(f"CREATE TABLE pgc.{name} ({spec})")
+        rows = {
+            "pg_type": cs.rows_pg_type(),
+            "pg_namespace": cs.rows_pg_namespace(),
+            "pg_class": cs.rows_pg_class(self.tables),
+            "pg_attribute": cs.rows_pg_attribute(self.tables),
+            "pg_database": cs.rows_pg_database(self.dataset),
+            "pg_settings": cs.rows_pg_settings(dict(settings)),
+            **cs.FIXED_ROWS,
+        }
+        for name, data in rows.items():
+            if data:
+                marks = ", ".join("?" * len(data[0]))
+                db.executemany(f"INSERT INTO pgc.{name} VALUES ({marks})", data)
+        db.execute("CREATE TABLE pgc.dp_type_names (oid UINTEGER, f VARCHAR)")
+        db.executemany(
+            "INSERT INTO pgc.dp_type_names VALUES (?, ?)",
+            [(oid, cs.format_type(oid)) for oid in t.PG_TYPES],
+        )
+        for name, body in cs.PG_VIEWS.items():
+            db.execute(f"CREATE VIEW pgc.{name} AS {body}")
+        for name, overloads in _MACROS:
+            defs = ", ".join(f"({params}) AS {body}" for params, body in overloads)
+            db.execute(f"CREATE MACRO pgc.{name} {defs}")
+        self._build_information_schema()
+
+    def _build_information_schema(self) -> None:
+        db = self._db
+        ds = self.dataset.replace("'", "''")
+        db.execute(
+            "CREATE VIEW infs.schemata AS SELECT * FROM (VALUES "
+            f"('{ds}', 'public', '{cs.OWNER_NAME}'), "
+            f"('{ds}', 'information_schema', '{cs.OWNER_NAME}'), "
+            f"('{ds}', 'pg_catalog', '{cs.OWNER_NAME}')) "
+            "AS s(catalog_name, schema_name, schema_owner)"
+        )
+        db.execute(
+            "CREATE TABLE infs.tables (table_catalog VARCHAR, table_schema VARCHAR, "
+            "table_name VARCHAR, table_type VARCHAR, self_referencing_column_name VARCHAR, "
+            "reference_generation VARCHAR, user_defined_type_catalog VARCHAR, "
+            "user_defined_type_schema VARCHAR, user_defined_type_name VARCHAR, "
+            "is_insertable_into VARCHAR, is_typed VARCHAR, commit_action VARCHAR)"
+        )
+        db.executemany(
+            "INSERT INTO infs.tables VALUES (?, 'public', ?, 'BASE TABLE', NULL, NULL, NULL, "
+            "NULL, NULL, 'NO', 'NO', NULL)",
+            [(self.dataset, tb.name) for tb in self.tables],
+        )
+        db.execute(
+            "CREATE TABLE infs.columns (table_catalog VARCHAR, table_schema VARCHAR, "
+            "table_name VARCHAR, column_name VARCHAR, ordinal_position INTEGER, "
+            "column_default VARCHAR, is_nullable VARCHAR, data_type VARCHAR, "
+            "character_maximum_length INTEGER, character_octet_length INTEGER, "
+            "numeric_precision INTEGER, numeric_precision_radix INTEGER, "
+            "numeric_scale INTEGER, datetime_precision INTEGER, interval_type VARCHAR, "
+            "interval_precision INTEGER, character_set_catalog VARCHAR, "
+            "character_set_schema VARCHAR, character_set_name VARCHAR, "
+            "collation_catalog VARCHAR, collation_schema VARCHAR, collation_name VARCHAR, "
+            "domain_catalog VARCHAR, domain_schema VARCHAR, domain_name VARCHAR, "
+            "udt_catalog VARCHAR, udt_schema VARCHAR, udt_name VARCHAR, "
+            "scope_catalog VARCHAR, scope_schema VARCHAR, scope_name VARCHAR, "
+            "maximum_cardinality INTEGER, dtd_identifier VARCHAR, "
+            "is_self_referencing VARCHAR, is_identity VARCHAR, identity_generation VARCHAR, "
+            "identity_start VARCHAR, identity_increment VARCHAR, identity_maximum VARCHAR, "
+            "identity_minimum VARCHAR, identity_cycle VARCHAR, is_generated VARCHAR, "
+            "generation_expression VARCHAR, is_updatable VARCHAR)"
+        )
+        precision = {t.INT8: (64, 2, 0), t.FLOAT8: (53, 2, None)}
+        col_rows = []
+        for tb in self.tables:
+            for num, col in enumerate(tb.columns, start=1):
+                prec, radix, scale = precision.get(col.type_oid, (None, None, None))
+                col_rows.append(
+                    (
+                        self.dataset,
+                        "public",
+                        tb.name,
+                        col.name,
+                        num,
+                        None,
+                        "YES" if col.nullable else "NO",
+                        cs.format_type(col.type_oid),
+                        None,
+                        1073741824 if col.type_oid == t.TEXT else None,
+                        prec,
+                        radix,
+                        scale,
+                        0 if col.type_oid == t.DATE else None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        self.dataset,
+                        "pg_catalog",
+                        t.PG_TYPES[col.type_oid].name,
+                        None,
+                        None,
+                        None,
+                        None,
+                        str(num),
+                        "NO",
+                        "NO",
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        "NO",
+                        "NEVER",
+                        None,
+                        "NO",
+                    )
+                )
+        if col_rows:
+            marks = ", ".join("?" * len(col_rows[0]))
+            db.executemany(f"INSERT INTO infs.columns VALUES ({marks})", col_rows)
+        for name, cols in {
+            "views": "table_catalog, table_schema, table_name, view_definition, check_option, "
+            "is_updatable, is_insertable_into, is_trigger_updatable, is_trigger_deletable, "
+            "is_trigger_insertable_into",
+            "table_constraints": "constraint_catalog, constraint_schema, constraint_name, "
+            "table_catalog, table_schema, table_name, constraint_type, is_deferrable, "
+            "initially_deferred, enforced, nulls_distinct",
+            "key_column_usage": "constraint_catalog, constraint_schema, constraint_name, "
+            "table_catalog, table_schema, table_name, column_name, ordinal_position, "
+            "position_in_unique_constraint",
+            "referential_constraints": "constraint_catalog, constraint_schema, "
+            "constraint_name, unique_constraint_catalog, unique_constraint_schema, "
+            "unique_constraint_name, match_option, update_rule, delete_rule",
+            "constraint_column_usage": "table_catalog, table_schema, table_name, column_name, "
+            "constraint_catalog, constraint_schema, constraint_name",
+            "routines": "specific_catalog, specific_schema, specific_name, routine_catalog, "
+            "routine_schema, routine_name, routine_type, data_type",
+            "parameters": "specific_catalog, specific_schema, specific_name, ordinal_position, "
+            "parameter_mode, parameter_name, data_type",
+            "sequences": "sequence_catalog, sequence_schema, sequence_name, data_type",
+            "triggers": "trigger_catalog, trigger_schema, trigger_name, event_manipulation, "
+            "event_object_catalog, event_object_schema, event_object_table",
+        }.items():
+            spec = ", ".join(f"{c.strip()} VARCHAR" for c in cols.split(","))
+            db.execute(f"CREATE TABLE infs.{name} ({spec})")
+
+    def cursor(self) -> ShadowCursor:
+        with self._lock:
+            cur = self._db.cursor()
+        cur.execute("SET search_path = 'pgc,public'")
+        return ShadowCursor(cur)
+
+    def close(self) -> None:
+        self._db.close()
+
+
+class ShadowCursor:
+    """One session's handle on the shadow; ``run`` is blocking (call it from a worker thread)."""
+
+    def __init__(self, cursor: duckdb.DuckDBPyConnection) -> None:
+        self._cur = cursor
+
+    def run(self, sql: str, params: Sequence[object] | None, info: SessionInfo) -> CatalogResult:
+        duck_sql = rewrite(sql, info)
+        try:
+            statements = duckdb.extract_statements(duck_sql)
+        except duckdb.Error as exc:
+            raise CatalogError(_clean(exc), "42601") from None
+        if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
+            raise CatalogError(
+                "cannot execute this statement: dpsql is read-only",
+                "25006",
+                hint="only queries are accepted; private tables are answered with "
+                "differential privacy, the catalog from the policy",
+            )
+        try:
+            rel = self._cur.execute(duck_sql, list(params) if params else None)
+            description = rel.description or []
+            rows = rel.fetchall()
+        except duckdb.InterruptException:
+            raise CatalogError("canceling statement due to user request", "57014") from None
+        except duckdb.CatalogException as exc:
+            raise CatalogError(_clean(exc), _catalog_state(exc)) from None
+        except duckdb.ParserException as exc:
+            raise CatalogError(_clean(exc), "42601") from None
+        except duckdb.BinderException as exc:
+            raise CatalogError(_clean(exc), "42703") from None
+        except duckdb.Error as exc:
+            raise CatalogError(_clean(exc), "XX000") from None
+        columns = tuple((d[0], t.duckdb_type_oid(str(d[1]))) for d in description)
+        return CatalogResult(columns, rows)
+
+    def describe(self, sql: str, info: SessionInfo) -> tuple[tuple[str, int], ...]:
+        """Result columns of a catalog query, by running it (it reads no private data)."""
+        duck_sql = rewrite(sql, info)
+        try:
+            rel = self._cur.execute(f"DESCRIBE {duck_sql}")
+            return tuple((r[0], t.duckdb_type_oid(str(r[1]))) for r in rel.fetchall())
+        except duckdb.Error as exc:
+            raise CatalogError(_clean(exc), "42601") from None
+
+    def interrupt(self) -> None:
+        self._cur.interrupt()
+
+    def close(self) -> None:
+        with contextlib.suppress(duckdb.Error):
+            self._cur.close()
+
+
+def _catalog_state(exc: Exception) -> str:
+    text = str(exc)
+    if "Table with name" in text or ("does not exist" in text and "Table" in text):
+        return "42P01"
+    if "Function" in text:
+        return "42883"
+    return "42704"
+
+
+def _clean(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    for prefix in ("Catalog Error: ", "Binder Error: ", "Parser Error: ", "Conversion Error: "):
+        text = text.removeprefix(prefix)
+    return text.replace("pgc.", "pg_catalog.").replace("infs.", "information_schema.")
+
+
+def _duck_type(oid: int) -> str:
+    return {
+        t.INT8: "BIGINT",
+        t.FLOAT8: "DOUBLE",
+        t.TEXT: "VARCHAR",
+        t.BOOL: "BOOLEAN",
+        t.DATE: "DATE",
+        t.INT4: "INTEGER",
+    }.get(oid, "VARCHAR")
+
+
+def _tables_from_policy(policy: object) -> list[cs.CatalogTable]:
+    tables = []
+    policy_tables = getattr(policy, "tables", {})
+    for i, (name, table) in enumerate(sorted(policy_tables.items())):
+        cols = tuple(
+            cs.CatalogColumn(
+                col.name,
+                t.POLICY_TYPE_OIDS.get(col.type, t.TEXT),
+                bool(getattr(col, "nullable", True)),
+            )
+            for col in table.columns.values()
+        )
+        tables.append(cs.CatalogTable(cs.FIRST_TABLE_OID + 2 * i, name, cols))
+    return tables

@@ -1,0 +1,133 @@
+"""``dpsql serve`` and ``dpsql user add/list/remove``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import getpass
+import logging
+import signal
+import sys
+from typing import Any
+
+from dpsql.server.users import UserStore, UserStoreError, users_path
+
+
+def register(subparsers: Any) -> None:
+    serve = subparsers.add_parser(
+        "serve",
+        help="serve the PostgreSQL wire protocol (psql, JDBC, psycopg, BI tools)",
+        description="Accept PostgreSQL clients; each login is an analyst with its own budget.",
+    )
+    serve.add_argument("--policy", required=True, help="privacy policy (TOML)")
+    serve.add_argument("--database", default=":memory:", help="DuckDB database for the data")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--port", type=int, default=5433, help="TCP port (default 5433)")
+    serve.add_argument("--tls-cert", help="PEM certificate chain: enables TLS (sslmode=require)")
+    serve.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    serve.add_argument(
+        "--tls-required", action="store_true", help="refuse clients that do not use TLS"
+    )
+    serve.add_argument("--users", help="users file (default: <policy stem>.users.json)")
+    serve.add_argument("--max-connections", type=int, default=100)
+    serve.add_argument("--no-cache", action="store_true", help="disable the answer cache")
+    serve.set_defaults(handler=_serve)
+
+    user = subparsers.add_parser("user", help="manage the analysts who may log in to the server")
+    user_sub = user.add_subparsers(dest="user_command", metavar="ACTION", required=True)
+    add = user_sub.add_parser("add", help="add (or with --replace, change) a login")
+    add.add_argument("name")
+    add.add_argument("--policy", required=True)
+    add.add_argument("--users", help="users file (default: <policy stem>.users.json)")
+    add.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
+    add.add_argument("--replace", action="store_true", help="change an existing user's password")
+    add.set_defaults(handler=_user_add)
+    lst = user_sub.add_parser("list", help="list logins")
+    lst.add_argument("--policy", required=True)
+    lst.add_argument("--users")
+    lst.set_defaults(handler=_user_list)
+    rm = user_sub.add_parser("remove", help="remove a login (its ledger history stays)")
+    rm.add_argument("name")
+    rm.add_argument("--policy", required=True)
+    rm.add_argument("--users")
+    rm.set_defaults(handler=_user_remove)
+
+
+def _store(args: argparse.Namespace) -> UserStore:
+    return UserStore(args.users or users_path(args.policy))
+
+
+def _user_add(args: argparse.Namespace) -> int:
+    if args.password_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    else:
+        password = getpass.getpass(f"Password for {args.name}: ")
+        if password != getpass.getpass("Repeat: "):
+            print("dpsql: passwords do not match", file=sys.stderr)
+            return 1
+    try:
+        _store(args).add(args.name, password, replace=args.replace)
+    except UserStoreError as exc:
+        print(f"dpsql: {exc}", file=sys.stderr)
+        return 1
+    print(f"user {args.name} saved in {_store(args).path}")
+    return 0
+
+
+def _user_list(args: argparse.Namespace) -> int:
+    try:
+        for name in _store(args).names():
+            print(name)
+    except UserStoreError as exc:
+        print(f"dpsql: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _user_remove(args: argparse.Namespace) -> int:
+    try:
+        _store(args).remove(args.name)
+    except UserStoreError as exc:
+        print(f"dpsql: {exc}", file=sys.stderr)
+        return 1
+    print(f"user {args.name} removed")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import dpsql
+    from dpsql.server.server import Server, tls_context
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        print("dpsql: --tls-cert and --tls-key go together", file=sys.stderr)
+        return 2
+    try:
+        service = dpsql.Service(args.policy, args.database, cache=not args.no_cache)
+    except dpsql.Error as exc:
+        print(f"dpsql: {exc}", file=sys.stderr)
+        return 1
+    ctx = tls_context(args.tls_cert, args.tls_key) if args.tls_cert else None
+    server = Server(
+        service,
+        _store(args),
+        ssl_context=ctx,
+        require_tls=args.tls_required,
+        max_connections=args.max_connections,
+    )
+
+    async def main() -> None:
+        port = await server.start(args.host, args.port)
+        print(f"dpsql serving {args.policy} on {args.host}:{port}", flush=True)
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await server.close()
+
+    asyncio.run(main())
+    service.close()
+    return 0

@@ -1,0 +1,180 @@
+"""The asyncio server: accepts connections, owns the thread pool, the shadow and cancel keys."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import itertools
+import logging
+import os
+import ssl
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from dpsql.server import protocol as p
+from dpsql.server.catalog import Shadow
+from dpsql.server.session import Session
+from dpsql.server.settings import DEFAULTS
+from dpsql.server.users import UserStore
+
+log = logging.getLogger("dpsql.server")
+
+
+def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert_file, key_file)
+    return ctx
+
+
+class Server:
+    """A PostgreSQL v3 front door to one :class:`dpsql.Service`.
+
+    ``users`` maps logins to SCRAM verifiers; each login is the analyst charged in the ledger.
+    """
+
+    def __init__(
+        self,
+        service: Any,
+        users: UserStore | Any,
+        *,
+        policy: Any = None,
+        ssl_context: ssl.SSLContext | None = None,
+        require_tls: bool = False,
+        max_message: int = p.DEFAULT_MAX_MESSAGE,
+        max_connections: int = 100,
+        workers: int | None = None,
+    ) -> None:
+        self.service = service
+        self.users = users
+        self.policy = policy if policy is not None else service.policy
+        self.dataset = str(getattr(self.policy, "dataset", "dpsql"))
+        self.private_names = {str(name).lower() for name in self.policy.tables}
+        self.shadow = Shadow(self.policy, self.dataset, DEFAULTS)
+        self.ssl_context = ssl_context
+        self.require_tls = require_tls
+        self.max_message = max_message
+        self.max_connections = max_connections
+        self.executor = ThreadPoolExecutor(
+            max_workers=workers or min(32, (os.cpu_count() or 2) * 4 + 8),
+            thread_name_prefix="dpsql-query",
+        )
+        self.mock_secret = os.urandom(32)
+        self.sessions: dict[int, Session] = {}
+        self._pids = itertools.count(1000 + int.from_bytes(os.urandom(2), "big"))
+        self._server: asyncio.base_events.Server | None = None
+
+    # called by sessions -------------------------------------------------------------------
+    def next_pid(self) -> int:
+        return next(self._pids) & 0x7FFFFFFF
+
+    def connect_analyst(self, analyst: str) -> Any:
+        return self.service.connect(analyst=analyst)
+
+    def unregister(self, session: Session) -> None:
+        if self.sessions.get(session.pid) is session:
+            del self.sessions[session.pid]
+
+    def cancel(self, pid: int, secret: int) -> None:
+        session = self.sessions.get(pid)
+        if session is None:
+            return
+        if hmac.compare_digest(
+            secret.to_bytes(4, "big", signed=True), session.secret.to_bytes(4, "big", signed=True)
+        ):
+            session.cancel()
+
+    # lifecycle -----------------------------------------------------------------------------
+    async def start(self, host: str = "127.0.0.1", port: int = 5433) -> int:
+        self._server = await asyncio.start_server(self._accept, host, port)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        session = Session(self, reader, writer)
+        if len(self.sessions) >= self.max_connections:
+            writer.write(
+                p.error_response("53300", "sorry, too many clients already", severity="FATAL")
+            )
+            with contextlib.suppress(Exception):
+                await writer.drain()
+                writer.close()
+            return
+        self.sessions[session.pid] = session
+        await session.run()
+
+    async def serve_forever(self) -> None:
+        assert self._server is not None
+        async with self._server:
+            await self._server.serve_forever()
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for session in list(self.sessions.values()):
+                session.cancel()
+                with contextlib.suppress(Exception):
+                    session.writer.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 5)
+        self.executor.shutdown(wait=True, cancel_futures=True)
+        self.shadow.close()
+
+
+class ServerThread:
+    """Runs a :class:`Server` on its own event loop in a background thread (tests, bench)."""
+
+    def __init__(self, factory: Callable[[], Server], host: str = "127.0.0.1", port: int = 0):
+        self._factory = factory
+        self.host = host
+        self.port = port
+        self.server: Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    def start(self) -> int:
+        self._thread = threading.Thread(target=self._run, name="dpsql-server", daemon=True)
+        self._thread.start()
+        self._ready.wait(30)
+        if self._error is not None:
+            raise self._error
+        return self.port
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        try:
+            self.server = self._factory()
+            self.port = loop.run_until_complete(self.server.start(self.host, self.port))
+        except BaseException as exc:
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(self.server.close())
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.close()
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(30)
+
+    def __enter__(self) -> ServerThread:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,826 @@
+"""One client connection: startup, TLS, SCRAM, then the simple and extended query protocols.
+
+Statements are routed by what they reference: anything naming a private table (or a dpsql
+privacy setting) goes to the analyst's dpsql connection; everything else — catalog and session
+queries — goes to the empty shadow database. Blocking work runs in the server's thread pool so
+the event loop keeps serving other clients; a reader task keeps reading while a query runs, so a
+client that disconnects mid-query interrupts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from dpsql import errors as dperr
+from dpsql.server import protocol as p
+from dpsql.server import types as t
+from dpsql.server.backend import DpBackend, Outcome, placeholder_count
+from dpsql.server.catalog import SessionInfo, ShadowCursor
+from dpsql.server.failures import ClientError
+from dpsql.server.scram import MECHANISM, ScramError, ScramExchange
+from dpsql.server.settings import (
+    REPORTED,
+    SessionSettings,
+    SettingError,
+    parse_set,
+    set_name_of,
+)
+from dpsql.server.sqltext import identifiers, keywords, split_statements
+
+if TYPE_CHECKING:
+    from dpsql.server.server import Server
+
+log = logging.getLogger("dpsql.server")
+
+AUTH_TIMEOUT = 60.0
+MAX_STATEMENTS = 1000
+MAX_PREPARED_BYTES = 16 << 20
+QUEUE_DEPTH = 8
+
+_TX_WORDS = {"begin", "start", "commit", "end", "rollback", "abort", "savepoint", "release"}
+_NOOP_WORDS = {"discard", "deallocate", "listen", "unlisten", "close", "checkpoint"}
+
+
+class SqlError(Exception):
+    """An error reported to the client; ``position`` is a 0-based offset in the statement."""
+
+    def __init__(
+        self,
+        sqlstate: str,
+        message: str,
+        *,
+        hint: str | None = None,
+        position: int | None = None,
+        fatal: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+        self.message = message
+        self.hint = hint
+        self.position = position
+        self.fatal = fatal
+
+
+class _Closed(Exception):
+    """The client went away."""
+
+
+def as_sql_error(exc: BaseException) -> SqlError:
+    if isinstance(exc, SqlError):
+        return exc
+    if isinstance(exc, dperr.Error):
+        pos = exc.position.offset if exc.position is not None else None
+        return SqlError(exc.sqlstate, exc.message, hint=exc.hint, position=pos)
+    if isinstance(exc, ClientError):
+        return SqlError(exc.sqlstate, exc.message, hint=exc.hint)
+    if isinstance(exc, t.ParameterError):
+        return SqlError("22P02", str(exc))
+    if isinstance(exc, t.UnsupportedBinary):
+        return SqlError("0A000", str(exc), hint="request text format for this column")
+    if isinstance(exc, p.ProtocolViolation):
+        return SqlError(exc.sqlstate, exc.message, fatal=True)
+    log.exception("internal error", exc_info=exc)
+    return SqlError("XX000", "internal error in dpsql server", hint="see the server log")
+
+
+@dataclass
+class Prepared:
+    name: str
+    sql: str
+    param_oids: tuple[int, ...]
+    kind: str
+    columns: tuple[tuple[str, int], ...] | None = None
+    described: bool = False
+
+
+@dataclass
+class Portal:
+    statement: Prepared
+    params: tuple[Any, ...]
+    formats: tuple[int, ...]
+    outcome: Outcome | None = None
+    pos: int = 0
+    columns: tuple[tuple[str, int], ...] | None = None
+    encoded: list[bytes] = field(default_factory=list)
+
+
+def _formats_for(formats: Sequence[int], count: int) -> tuple[int, ...]:
+    if not formats:
+        return (0,) * count
+    if len(formats) == 1:
+        return (formats[0],) * count
+    if len(formats) != count:
+        raise SqlError(
+            "08P01", f"bind message has {len(formats)} result formats but query has {count} columns"
+        )
+    return tuple(formats)
+
+
+def _encode_rows(
+    columns: Sequence[tuple[str, int]], rows: Sequence[Sequence[Any]], formats: Sequence[int]
+) -> list[bytes]:
+    out = []
+    for row in rows:
+        values: list[bytes | None] = []
+        for (_, oid), fmt, value in zip(columns, formats, row, strict=True):
+            if value is None:
+                values.append(None)
+            elif fmt == 1:
+                values.append(t.encode_binary(value, oid))
+            else:
+                values.append(t.encode_text(value, oid))
+        out.append(p.data_row(values))
+    return out
+
+
+def _row_description(columns: Sequence[tuple[str, int]], formats: Sequence[int]) -> bytes:
+    return p.row_description(
+        [
+            p.Field(name, oid, t.type_size(oid), -1, 0, 0, fmt)
+            for (name, oid), fmt in zip(columns, formats, strict=True)
+        ]
+    )
+
+
+class Session:
+    def __init__(
+        self, server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.server = server
+        self.reader = reader
+        self.writer = writer
+        self.pid = server.next_pid()
+        self.secret = secrets.randbelow(1 << 31)
+        self.user = ""
+        self.database = ""
+        self.settings: SessionSettings | None = None
+        self.dp: DpBackend | None = None
+        self.shadow: ShadowCursor | None = None
+        self.tx = "I"
+        self.statements: dict[str, Prepared] = {}
+        self.prepared_bytes = 0
+        self.portals: dict[str, Portal] = {}
+        self.skip_to_sync = False
+        self.queue: asyncio.Queue[Any] = asyncio.Queue(QUEUE_DEPTH)
+        self._interrupt: Callable[[], None] | None = None
+        self._cancelled = False
+        self._closing = False
+
+    # ---------------------------------------------------------------------------------------
+    # plumbing
+
+    def send(self, data: bytes) -> None:
+        if not self.writer.is_closing():
+            self.writer.write(data)
+
+    async def flush(self) -> None:
+        try:
+            await self.writer.drain()
+        except (ConnectionError, RuntimeError) as exc:
+            raise _Closed() from exc
+
+    async def fatal(self, sqlstate: str, message: str, hint: str | None = None) -> None:
+        self.send(p.error_response(sqlstate, message, severity="FATAL", hint=hint))
+        with contextlib.suppress(_Closed):
+            await self.flush()
+
+    async def _read_exact(self, n: int) -> bytes:
+        try:
+            return await self.reader.readexactly(n)
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            raise _Closed() from exc
+
+    async def read_message(self) -> tuple[bytes, bytes]:
+        header = await self._read_exact(5)
+        kind = header[:1]
+        length = struct.unpack("!i", header[1:])[0]
+        if length < 4:
+            raise p.ProtocolViolation(f"invalid message length {length}")
+        if length - 4 > self.server.max_message:
+            raise p.ProtocolViolation(
+                f"message of {length - 4} bytes exceeds the server's limit of "
+                f"{self.server.max_message} bytes",
+                sqlstate="54000",
+            )
+        body = await self._read_exact(length - 4)
+        return kind, body
+
+    def cancel(self) -> None:
+        """Called on the event loop for a CancelRequest carrying this session's key."""
+        self._cancelled = True
+        if self._interrupt is not None:
+            try:
+                self._interrupt()
+            except Exception:
+                log.debug("interrupt failed", exc_info=True)
+
+    async def _blocking(self, fn: Callable[..., Any], *args: Any, interrupt: Any = None) -> Any:
+        loop = asyncio.get_running_loop()
+        self._cancelled = False
+        self._interrupt = interrupt
+        try:
+            return await loop.run_in_executor(self.server.executor, fn, *args)
+        finally:
+            self._interrupt = None
+
+    # ---------------------------------------------------------------------------------------
+    # lifecycle
+
+    async def run(self) -> None:
+        try:
+            startup = await asyncio.wait_for(self._startup(), AUTH_TIMEOUT)
+            if startup is None:
+                return
+            if not await asyncio.wait_for(self._authenticate(startup), AUTH_TIMEOUT):
+                return
+            if not await self._open_backends(startup):
+                return
+            await self._main_loop()
+        except TimeoutError:
+            await self.fatal("08006", "authentication timed out")
+        except p.ProtocolViolation as exc:
+            await self.fatal(exc.sqlstate, exc.message)
+        except _Closed:
+            pass
+        except Exception:
+            log.exception("session %s failed", self.pid)
+            await self.fatal("XX000", "internal error in dpsql server")
+        finally:
+            await self._cleanup()
+
+    async def _cleanup(self) -> None:
+        self._closing = True
+        if self._interrupt is not None:
+            with contextlib.suppress(Exception):
+                self._interrupt()
+        self.server.unregister(self)
+        loop = asyncio.get_running_loop()
+        for backend in (self.dp, self.shadow):
+            if backend is not None:
+                with contextlib.suppress(Exception):
+                    await loop.run_in_executor(self.server.executor, backend.close)
+        with contextlib.suppress(Exception):
+            self.writer.close()
+
+    async def _startup(self) -> p.Startup | None:
+        tls_done = False
+        while True:
+            header = await self._read_exact(4)
+            length = struct.unpack("!i", header)[0]
+            if length < 8 or length > p.STARTUP_MAX:
+                await self.fatal("08P01", "invalid length of startup packet")
+                return None
+            msg = p.parse_startup_packet(await self._read_exact(length - 4))
+            if msg == p.SSL_REQUEST:
+                if tls_done or self.server.ssl_context is None:
+                    self.send(b"N")
+                    await self.flush()
+                    continue
+                if self.reader._buffer:  # type: ignore[attr-defined]
+                    # Plaintext bytes sent after SSLRequest would be trusted as if encrypted
+                    # (CVE-2021-23214): refuse.
+                    await self.fatal("08P01", "received unencrypted data after SSL request")
+                    return None
+                self.send(b"S")
+                await self.flush()
+                await self.writer.start_tls(self.server.ssl_context)
+                tls_done = True
+                continue
+            if msg == p.GSSENC_REQUEST:
+                self.send(b"N")
+                await self.flush()
+                continue
+            if isinstance(msg, p.CancelKey):
+                self.server.cancel(msg.pid, msg.secret)
+                return None
+            assert isinstance(msg, p.Startup)
+            if self.server.require_tls and not tls_done:
+                await self.fatal(
+                    "28000", "this server requires TLS", hint="connect with sslmode=require"
+                )
+                return None
+            return msg
+
+    async def _authenticate(self, startup: p.Startup) -> bool:
+        user = startup.params.get("user", "")
+        if not user:
+            await self.fatal("28000", "no PostgreSQL user name specified in startup packet")
+            return False
+        failed = f'password authentication failed for user "{user}"'
+        try:
+            verifier = self.server.users.get(user)
+        except Exception:
+            log.exception("cannot read the users file")
+            verifier = None
+        exchange = ScramExchange(verifier, mock_secret=self.server.mock_secret, user=user)
+        self.send(p.authentication_sasl([MECHANISM]))
+        await self.flush()
+        try:
+            kind, body = await self.read_message()
+            if kind != b"p":
+                await self.fatal("28000", "authentication required: expected a SASL response")
+                return False
+            mechanism, data = p.parse_sasl_initial(body)
+            if mechanism != MECHANISM:
+                await self.fatal(
+                    "28000",
+                    f"SASL mechanism {mechanism!r} is not supported",
+                    hint="use SCRAM-SHA-256",
+                )
+                return False
+            self.send(p.authentication_sasl_continue(exchange.first(data)))
+            await self.flush()
+            kind, body = await self.read_message()
+            if kind != b"p":
+                await self.fatal("28000", "authentication required: expected a SASL response")
+                return False
+            final = exchange.final(body)
+        except ScramError as exc:
+            if exc.sqlstate == "28P01":
+                await self.fatal("28P01", failed)
+            else:
+                await self.fatal(exc.sqlstate, exc.message)
+            return False
+        self.send(p.authentication_sasl_final(final))
+        self.send(p.authentication_ok())
+        self.user = user
+        self.database = startup.params.get("database") or user
+        return True
+
+    async def _open_backends(self, startup: p.Startup) -> bool:
+        try:
+            conn = await self._blocking(self.server.connect_analyst, self.user)
+        except Exception as exc:
+            err = as_sql_error(exc)
+            await self.fatal(err.sqlstate, err.message, err.hint)
+            return False
+        self.dp = DpBackend(conn)
+        self.shadow = await self._blocking(self.server.shadow.cursor)
+        self.settings = SessionSettings(self.user, startup.params.get("application_name", ""))
+        for key, value in _startup_options(startup.params).items():
+            with contextlib.suppress(SettingError):
+                self.settings.set(key, value)
+        for name in REPORTED:
+            self.send(p.parameter_status(name, self.settings.values[name]))
+        self.send(p.backend_key_data(self.pid, self.secret))
+        self.send(p.ready_for_query(self.tx))
+        await self.flush()
+        return True
+
+    async def _reader_task(self) -> None:
+        try:
+            while True:
+                kind, body = await self.read_message()
+                await self.queue.put((kind, body))
+                if kind == b"X":
+                    return
+        except _Closed:
+            if self._interrupt is not None:
+                with contextlib.suppress(Exception):
+                    self._interrupt()
+            await self.queue.put(None)
+        except p.ProtocolViolation as exc:
+            await self.queue.put(exc)
+
+    async def _main_loop(self) -> None:
+        reader = asyncio.create_task(self._reader_task())
+        try:
+            while True:
+                item = await self.queue.get()
+                if item is None:
+                    return
+                if isinstance(item, p.ProtocolViolation):
+                    await self.fatal(item.sqlstate, item.message)
+                    return
+                kind, body = item
+                if kind == b"X":
+                    return
+                if not await self._dispatch(kind, body):
+                    return
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+
+    async def _dispatch(self, kind: bytes, body: bytes) -> bool:
+        """Handle one message; False closes the connection."""
+        if kind in (b"d", b"c", b"f"):
+            return True  # CopyData/CopyDone/CopyFail outside COPY are ignored, as in PostgreSQL
+        if kind == b"S":
+            self.skip_to_sync = False
+            if self.tx == "I":
+                self.portals.clear()
+            self.send(p.ready_for_query(self.tx))
+            await self.flush()
+            return True
+        if self.skip_to_sync and kind in (b"P", b"B", b"D", b"E", b"C", b"H"):
+            return True
+        handler = {
+            b"Q": self._simple_query,
+            b"P": self._parse,
+            b"B": self._bind,
+            b"D": self._describe,
+            b"E": self._execute_portal,
+            b"C": self._close,
+            b"H": self._flush,
+            b"F": self._function_call,
+        }.get(kind)
+        if handler is None:
+            await self.fatal("08P01", f"invalid frontend message type {kind[0]}")
+            return False
+        try:
+            await handler(body)
+        except _Closed:
+            return False
+        except Exception as exc:
+            err = as_sql_error(exc)
+            if err.fatal:
+                await self.fatal(err.sqlstate, err.message)
+                return False
+            self._send_error(err, 0, None)
+            if kind != b"Q":
+                self.skip_to_sync = True
+            if self.tx == "T":
+                self.tx = "E"
+            if kind in (b"Q", b"F"):
+                self.send(p.ready_for_query(self.tx))
+            await self.flush()
+        return True
+
+    def _send_error(self, err: SqlError, offset: int, text: str | None) -> None:
+        position = None
+        if err.position is not None:
+            position = offset + err.position + 1
+        self.send(p.error_response(err.sqlstate, err.message, hint=err.hint, position=position))
+
+    # ---------------------------------------------------------------------------------------
+    # routing and execution
+
+    def info(self) -> SessionInfo:
+        assert self.settings is not None
+        return SessionInfo(self.user, self.server.dataset, self.pid, self.settings.lowered())
+
+    def classify(self, sql: str) -> str:
+        words = keywords(sql, 3)
+        if not words:
+            return "empty"
+        head = words[0]
+        if head in _TX_WORDS:
+            return "tx"
+        if head in ("set", "show", "reset"):
+            name = set_name_of(sql)
+            assert self.dp is not None
+            if name is not None and (name in self.dp.setting_names or name.startswith("dpsql.")):
+                return "dp"
+            return head
+        if head in _NOOP_WORDS:
+            return "noop"
+        if identifiers(sql) & self.server.private_names:
+            return "dp"
+        return "catalog"
+
+    def _check_failed_block(self, sql: str, kind: str) -> None:
+        if self.tx != "E":
+            return
+        words = keywords(sql, 1)
+        if kind == "tx" and words and words[0] in ("commit", "end", "rollback", "abort"):
+            return
+        raise SqlError(
+            "25P02",
+            "current transaction is aborted, commands ignored until end of transaction block",
+            hint="send ROLLBACK (or COMMIT) to end the failed transaction block",
+        )
+
+    async def run_statement(self, sql: str, kind: str, params: Sequence[Any]) -> Outcome:
+        self._check_failed_block(sql, kind)
+        if kind == "empty":
+            return Outcome(None, [], "")
+        if kind == "tx":
+            return self._transaction(sql)
+        if kind == "set":
+            return self._set(sql)
+        if kind == "reset":
+            return self._reset(sql)
+        if kind == "show":
+            return self._show(sql)
+        if kind == "noop":
+            return self._noop(sql)
+        if kind == "dp":
+            assert self.dp is not None
+            outcome = await self._blocking(
+                self.dp.execute, sql, list(params) or None, interrupt=self.dp.interrupt
+            )
+            return outcome
+        assert self.shadow is not None
+        result = await self._blocking(
+            self.shadow.run, sql, list(params) or None, self.info(), interrupt=self.shadow.interrupt
+        )
+        return Outcome(result.columns, result.rows, f"SELECT {len(result.rows)}")
+
+    async def describe_statement(
+        self, stmt: Prepared, params: Sequence[Any] | None
+    ) -> tuple[tuple[str, int], ...] | None:
+        """Result columns without running a DP query (it runs nothing, spends nothing)."""
+        kind = stmt.kind
+        if kind == "show":
+            name = set_name_of(stmt.sql) or ""
+            if name == "all":
+                return (("name", t.TEXT), ("setting", t.TEXT), ("description", t.TEXT))
+            return ((name, t.TEXT),)
+        if kind in ("tx", "set", "reset", "noop", "empty"):
+            return None
+        if kind == "dp":
+            assert self.dp is not None
+            words = keywords(stmt.sql, 1)
+            if words and words[0] in ("set", "reset"):
+                return None
+            cols = await self._blocking(self.dp.describe, stmt.sql, params)
+            return cols or None
+        assert self.shadow is not None
+        values = list(params) if params is not None else [None] * len(stmt.param_oids)
+        result = await self._blocking(self.shadow.run, stmt.sql, values or None, self.info())
+        return result.columns
+
+    def _transaction(self, sql: str) -> Outcome:
+        words = keywords(sql, 3)
+        head = words[0]
+        notices: list[tuple[str, str, str]] = []
+        if head in ("begin", "start"):
+            if self.tx != "I":
+                notices.append(("WARNING", "25001", "there is already a transaction in progress"))
+            self.tx = "T"
+            return Outcome(
+                None, [], "BEGIN" if head == "begin" else "START TRANSACTION", tuple(notices)
+            )
+        if head in ("commit", "end"):
+            tag = "ROLLBACK" if self.tx == "E" else "COMMIT"
+            if self.tx == "I":
+                notices.append(("WARNING", "25P01", "there is no transaction in progress"))
+            self.tx = "I"
+            return Outcome(None, [], tag, tuple(notices))
+        if head in ("rollback", "abort"):
+            if "to" in words[1:3]:
+                if self.tx == "I":
+                    raise SqlError(
+                        "25P01", "ROLLBACK TO SAVEPOINT can only be used in transaction blocks"
+                    )
+                self.tx = "T"
+                return Outcome(None, [], "ROLLBACK")
+            if self.tx == "I":
+                notices.append(("WARNING", "25P01", "there is no transaction in progress"))
+            self.tx = "I"
+            return Outcome(None, [], "ROLLBACK", tuple(notices))
+        if self.tx == "I":
+            raise SqlError("25P01", f"{head.upper()} can only be used in transaction blocks")
+        return Outcome(None, [], head.upper())
+
+    def _set(self, sql: str) -> Outcome:
+        assert self.settings is not None
+        cmd = parse_set(sql)
+        if cmd.name is not None:
+            for name in self.settings.set(cmd.name, cmd.value):
+                self.send(p.parameter_status(name, self.settings.values[name]))
+        return Outcome(None, [], "SET")
+
+    def _reset(self, sql: str) -> Outcome:
+        assert self.settings is not None and self.dp is not None
+        name = set_name_of(sql)
+        if name == "all":
+            for changed in self.settings.reset_all():
+                self.send(p.parameter_status(changed, self.settings.values[changed]))
+            for dp_name in sorted(self.dp.setting_names):
+                self.dp.execute(f"RESET {dp_name}", None)
+        elif name:
+            for changed in self.settings.set(name, None):
+                self.send(p.parameter_status(changed, self.settings.values[changed]))
+        return Outcome(None, [], "RESET")
+
+    def _show(self, sql: str) -> Outcome:
+        assert self.settings is not None
+        name = set_name_of(sql) or ""
+        if name == "all":
+            rows = [(k, v, "") for k, v in sorted(self.settings.values.items())]
+            cols = (("name", t.TEXT), ("setting", t.TEXT), ("description", t.TEXT))
+            return Outcome(cols, rows, "SHOW")
+        return Outcome(((name, t.TEXT),), [(self.settings.get(name),)], "SHOW")
+
+    def _noop(self, sql: str) -> Outcome:
+        words = keywords(sql, 3)
+        head = words[0]
+        if head == "discard":
+            self.statements.clear()
+            self.portals.clear()
+            self.prepared_bytes = 0
+            return Outcome(None, [], "DISCARD " + (words[1].upper() if len(words) > 1 else "ALL"))
+        if head == "deallocate":
+            rest = [w for w in words[1:] if w != "prepare"]
+            if rest and rest[0] == "all":
+                self.statements = {k: v for k, v in self.statements.items() if k == ""}
+                return Outcome(None, [], "DEALLOCATE ALL")
+            if rest:
+                self.statements.pop(rest[0], None)
+            return Outcome(None, [], "DEALLOCATE")
+        if head == "close":
+            return Outcome(None, [], "CLOSE CURSOR")
+        return Outcome(None, [], head.upper())
+
+    def _send_notices(self, outcome: Outcome) -> None:
+        for severity, code, text in outcome.notices:
+            self.send(p.notice_response(code, text, severity=severity))
+
+    # ---------------------------------------------------------------------------------------
+    # simple query
+
+    async def _simple_query(self, body: bytes) -> None:
+        text = p.parse_query(body)
+        statements = split_statements(text)
+        if not statements:
+            self.send(p.empty_query_response())
+        for st in statements:
+            try:
+                kind = self.classify(st.text)
+                outcome = await self.run_statement(st.text, kind, ())
+                if outcome.columns is not None:
+                    formats = (0,) * len(outcome.columns)
+                    rows = _encode_rows(outcome.columns, outcome.rows, formats)
+                    self._send_notices(outcome)
+                    self.send(_row_description(outcome.columns, formats))
+                    for row in rows:
+                        self.send(row)
+                else:
+                    self._send_notices(outcome)
+                self.send(p.command_complete(outcome.tag))
+                await self.flush()
+            except _Closed:
+                raise
+            except Exception as exc:
+                err = as_sql_error(exc)
+                if err.fatal:
+                    raise
+                self._send_error(err, st.offset, text)
+                if self.tx == "T":
+                    self.tx = "E"
+                break
+        self.send(p.ready_for_query(self.tx))
+        await self.flush()
+
+    # ---------------------------------------------------------------------------------------
+    # extended query
+
+    async def _parse(self, body: bytes) -> None:
+        msg = p.parse_parse(body)
+        parts = split_statements(msg.query)
+        if len(parts) > 1:
+            raise SqlError("42601", "cannot insert multiple commands into a prepared statement")
+        if msg.name and msg.name in self.statements:
+            raise SqlError("42P05", f'prepared statement "{msg.name}" already exists')
+        if msg.name and len(self.statements) >= MAX_STATEMENTS:
+            raise SqlError(
+                "54000",
+                f"too many prepared statements (limit {MAX_STATEMENTS})",
+                hint="close statements you no longer need",
+            )
+        sql = parts[0].text if parts else ""
+        old = self.statements.get(msg.name)
+        used = self.prepared_bytes - (len(old.sql) if old else 0) + len(sql)
+        if used > MAX_PREPARED_BYTES:
+            raise SqlError(
+                "54000",
+                "prepared statements use too much memory",
+                hint="close statements you no longer need",
+            )
+        count = max(placeholder_count(sql), len(msg.param_oids))
+        oids = tuple(msg.param_oids) + (0,) * (count - len(msg.param_oids))
+        kind = self.classify(sql)
+        self.statements[msg.name] = Prepared(msg.name, sql, oids, kind)
+        self.prepared_bytes = used
+        self.send(p.parse_complete())
+
+    async def _bind(self, body: bytes) -> None:
+        msg = p.parse_bind(body)
+        stmt = self.statements.get(msg.statement)
+        if stmt is None:
+            raise SqlError("26000", f'prepared statement "{msg.statement}" does not exist')
+        if len(msg.params) != len(stmt.param_oids):
+            raise SqlError(
+                "08P01",
+                f"bind message supplies {len(msg.params)} parameters, but prepared statement "
+                f'"{stmt.name}" requires {len(stmt.param_oids)}',
+            )
+        if msg.portal and msg.portal in self.portals:
+            raise SqlError("42P03", f'cursor "{msg.portal}" already exists')
+        if len(self.portals) >= MAX_STATEMENTS:
+            raise SqlError("54000", "too many open portals", hint="close portals or Sync")
+        fmts = _formats_for(msg.param_formats, len(msg.params))
+        values = tuple(
+            t.decode_param(data, oid, fmt)
+            for data, oid, fmt in zip(msg.params, stmt.param_oids, fmts, strict=True)
+        )
+        self.portals[msg.portal] = Portal(stmt, values, msg.result_formats)
+        self.send(p.bind_complete())
+
+    async def _describe(self, body: bytes) -> None:
+        msg = p.parse_describe(body)
+        if msg.kind == "S":
+            stmt = self.statements.get(msg.name)
+            if stmt is None:
+                raise SqlError("26000", f'prepared statement "{msg.name}" does not exist')
+            self._check_failed_block(stmt.sql, stmt.kind)
+            if not stmt.described:
+                stmt.columns = await self.describe_statement(stmt, None)
+                stmt.described = True
+            self.send(p.parameter_description([o or t.TEXT for o in stmt.param_oids]))
+            if stmt.columns:
+                self.send(_row_description(stmt.columns, (0,) * len(stmt.columns)))
+            else:
+                self.send(p.no_data())
+            return
+        portal = self.portals.get(msg.name)
+        if portal is None:
+            raise SqlError("34000", f'portal "{msg.name}" does not exist')
+        self._check_failed_block(portal.statement.sql, portal.statement.kind)
+        if portal.columns is None and portal.outcome is None:
+            portal.columns = await self.describe_statement(portal.statement, portal.params)
+        columns = portal.outcome.columns if portal.outcome is not None else portal.columns
+        if columns:
+            self.send(_row_description(columns, _formats_for(portal.formats, len(columns))))
+        else:
+            self.send(p.no_data())
+
+    async def _execute_portal(self, body: bytes) -> None:
+        msg = p.parse_execute(body)
+        portal = self.portals.get(msg.portal)
+        if portal is None:
+            raise SqlError("34000", f'portal "{msg.portal}" does not exist')
+        if portal.outcome is None:
+            stmt = portal.statement
+            if stmt.kind == "empty":
+                self._check_failed_block(stmt.sql, stmt.kind)
+                self.send(p.empty_query_response())
+                portal.outcome = Outcome(None, [], "")
+                return
+            outcome = await self.run_statement(stmt.sql, stmt.kind, portal.params)
+            columns = outcome.columns or ()
+            formats = _formats_for(portal.formats, len(columns))
+            portal.encoded = _encode_rows(columns, outcome.rows, formats) if columns else []
+            portal.outcome = outcome
+            self._send_notices(outcome)
+        elif portal.outcome.tag == "":
+            self.send(p.empty_query_response())
+            return
+        outcome = portal.outcome
+        limit = msg.max_rows if msg.max_rows > 0 else len(portal.encoded)
+        chunk = portal.encoded[portal.pos : portal.pos + limit]
+        for row in chunk:
+            self.send(row)
+        portal.pos += len(chunk)
+        if outcome.columns is not None and portal.pos < len(portal.encoded):
+            self.send(p.portal_suspended())
+            return
+        if outcome.columns is not None and msg.max_rows > 0:
+            self.send(p.command_complete(f"SELECT {len(chunk)}"))
+        else:
+            self.send(p.command_complete(outcome.tag))
+        portal.encoded = []
+
+    async def _close(self, body: bytes) -> None:
+        msg = p.parse_close(body)
+        if msg.kind == "S":
+            old = self.statements.pop(msg.name, None)
+            if old is not None:
+                self.prepared_bytes -= len(old.sql)
+        else:
+            self.portals.pop(msg.name, None)
+        self.send(p.close_complete())
+
+    async def _flush(self, body: bytes) -> None:
+        await self.flush()
+
+    async def _function_call(self, body: bytes) -> None:
+        raise SqlError("0A000", "the fastpath function call protocol is not supported")
+
+
+def _startup_options(params: dict[str, str] | Any) -> dict[str, str]:
+    """``options=-c key=value ...`` plus plain startup parameters such as DateStyle."""
+    out: dict[str, str] = {}
+    for key, value in params.items():
+        if key in ("user", "database", "options", "replication", "application_name"):
+            continue
+        out[key] = value
+    options = params.get("options", "")
+    tokens = options.replace("--", "-c ").split()
+    for i, tok in enumerate(tokens):
+        if tok == "-c" and i + 1 < len(tokens) and "=" in tokens[i + 1]:
+            key, _, value = tokens[i + 1].partition("=")
+            out[key] = value
+        elif tok.startswith("-c") and "=" in tok[2:]:
+            key, _, value = tok[2:].partition("=")
+            out[key] = value
+    return out

@@ -1,0 +1,63 @@
+import java.sql.Connection;
+import java.sql.DatabaseMetaData;
+import java.sql.DriverManager;
+import java.sql.PreparedStatement;
+import java.sql.ResultSet;
+import java.sql.SQLException;
+import java.sql.Statement;
+import java.util.Properties;
+
+/**
+ * JDBC smoke test for dpsql serve: connect, DatabaseMetaData.getTables/getColumns, a DP query,
+ * a prepared DP query with a parameter, and a refusal. Prints one "KEY value" line per check;
+ * the Python test asserts on them. Usage: java -cp postgresql.jar JdbcSmoke.java URL USER PASS
+ */
+public class JdbcSmoke {
+    public static void main(String[] args) throws Exception {
+        Properties props = new Properties();
+        props.setProperty("user", args[1]);
+        props.setProperty("password", args[2]);
+        try (Connection conn = DriverManager.getConnection(args[0], props)) {
+            DatabaseMetaData meta = conn.getMetaData();
+            System.out.println("PRODUCT " + meta.getDatabaseProductName() + " "
+                    + meta.getDatabaseProductVersion());
+            try (ResultSet rs = meta.getTables(null, "public", "%", new String[] {"TABLE"})) {
+                while (rs.next()) {
+                    System.out.println("TABLE " + rs.getString("TABLE_SCHEM") + "."
+                            + rs.getString("TABLE_NAME") + " " + rs.getString("TABLE_TYPE"));
+                }
+            }
+            try (ResultSet rs = meta.getColumns(null, "public", "visits", "%")) {
+                while (rs.next()) {
+                    System.out.println("COLUMN " + rs.getString("COLUMN_NAME") + " "
+                            + rs.getString("TYPE_NAME") + " " + rs.getInt("DATA_TYPE") + " "
+                            + rs.getString("IS_NULLABLE"));
+                }
+            }
+            try (Statement st = conn.createStatement();
+                    ResultSet rs = st.executeQuery(
+                            "SELECT department, COUNT(*) AS n FROM visits GROUP BY department"
+                                    + " ORDER BY department")) {
+                while (rs.next()) {
+                    System.out.println("DP " + rs.getString(1) + " " + rs.getLong(2));
+                }
+            }
+            try (PreparedStatement ps = conn.prepareStatement(
+                    "SELECT COUNT(*) AS n FROM visits WHERE age >= ?")) {
+                ps.setInt(1, 40);
+                try (ResultSet rs = ps.executeQuery()) {
+                    rs.next();
+                    System.out.println("PREPARED " + rs.getMetaData().getColumnTypeName(1) + " "
+                            + rs.getLong(1));
+                }
+            }
+            try (Statement st = conn.createStatement()) {
+                st.executeQuery("SELECT * FROM visits LIMIT 100");
+                System.out.println("REFUSAL none");
+            } catch (SQLException e) {
+                System.out.println("REFUSAL " + e.getSQLState());
+            }
+        }
+        System.out.println("DONE");
+    }
+}
