@@ -930,7 +930,7 @@ class _Binder:
         for arg in ("limit", "offset"):
             node = self.tree.args.get(arg)
             if node is not None:
-                value = node.expression if arg == "limit" else node.this
+                value = node.expression
                 value = value if value is not None else node.this
                 if not isinstance(value, exp.Literal) or value.is_string:
                     raise self.refuse(f"{arg.upper()} must be a number", node, f"{arg.upper()} 10")

@@ -1,0 +1,160 @@
+"""Shared helpers for the core test suite: small dict policies, exact connections, spies.
+
+Exact connections use the internal test hooks (``ZeroNoise``, a ``MemoryLedger``, no answer
+cache) so a query returns its exact contribution-bounded aggregates, which tests compare with
+hand-written reference SQL run directly in DuckDB.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import math
+import tomllib
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+
+import dpsql
+from dpsql.privacy.ledger import MemoryLedger
+from dpsql.privacy.samplers import ZeroNoise
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE_TOML = ROOT / "fixtures" / "visits.toml"
+FIXTURE_CSV = ROOT / "fixtures" / "visits.csv"
+DATA = Path(__file__).resolve().parent / "data"
+
+# cl(x, lo, hi): clamp like dpsql does. Not LEAST(GREATEST(...)) alone: DuckDB's GREATEST and
+# LEAST skip NULL arguments, so GREATEST(NULL, lo) is lo, not NULL.
+CLAMP_MACRO = (
+    "CREATE MACRO cl(x, lo, hi) AS "
+    "CASE WHEN x IS NULL THEN NULL ELSE LEAST(GREATEST(x, lo), hi) END"
+)
+
+
+def fixture_policy(*, privacy: dict | None = None, table: dict | None = None) -> dict:
+    """The shipped fixture's policy as a dict (source made absolute), with overrides."""
+    policy = tomllib.loads(FIXTURE_TOML.read_text())
+    policy["tables"]["visits"]["source"] = str(FIXTURE_CSV)
+    policy["privacy"].update(privacy or {})
+    policy["tables"]["visits"].update(table or {})
+    return policy
+
+
+def write_csv(path: Path, header: Sequence[str], rows: Iterable[Sequence[Any]]) -> Path:
+    """CSV with empty cells for None (read back as NULL)."""
+    with path.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(header)
+        for row in rows:
+            writer.writerow(["" if v is None else v for v in row])
+    return path
+
+
+def table_policy(
+    path: Path,
+    columns: dict[str, dict],
+    *,
+    name: str = "t",
+    unit: str | None = None,
+    rows: int = 1,
+    groups: int = 1,
+    privacy: dict | None = None,
+) -> dict:
+    """A one-table dict policy over the CSV at ``path``."""
+    spec: dict[str, Any] = {"source": str(path), "columns": copy.deepcopy(columns)}
+    if unit is not None:
+        spec.update(privacy_unit=unit, max_rows_per_unit=rows, max_groups_per_unit=groups)
+    base = {"epsilon": 1.0, "delta": 1e-6, "budget_epsilon": 1e9, "budget_delta": 0.5}
+    base.update(privacy or {})
+    return {"privacy": base, "tables": {name: spec}}
+
+
+def exact_connect(policy: Any, **options: Any) -> dpsql.Connection:
+    """A connection releasing exact bounded aggregates (noise switched off)."""
+    options.setdefault("ledger", MemoryLedger())
+    options.setdefault("noise", ZeroNoise())
+    options.setdefault("cache", False)
+    return dpsql.connect(policy=policy, **options)
+
+
+def rows_of(conn: dpsql.Connection, sql: str, params: Sequence[Any] | None = None) -> list:
+    cur = conn.cursor()
+    cur.execute(sql, params)
+    return cur.fetchall()
+
+
+def _sort_key(row: Sequence[Any]) -> tuple:
+    return tuple((v is None, repr(type(v)) if v is None else "", v) for v in row)
+
+
+def assert_same_rows(
+    got: Sequence[Sequence[Any]],
+    expected: Sequence[Sequence[Any]],
+    *,
+    ordered: bool = False,
+    rel: float = 1e-9,
+    abs_tol: float = 1e-9,
+) -> None:
+    """Row sets equal, numbers compared with a relative tolerance (fixed point -> float)."""
+    got = [tuple(r) for r in got]
+    expected = [tuple(r) for r in expected]
+    if not ordered:
+        got = sorted(got, key=_sort_key)
+        expected = sorted(expected, key=_sort_key)
+    assert len(got) == len(expected), f"{len(got)} rows, expected {len(expected)}:\n{got}"
+    for g_row, e_row in zip(got, expected, strict=True):
+        assert len(g_row) == len(e_row), (g_row, e_row)
+        for g, e in zip(g_row, e_row, strict=True):
+            if isinstance(e, float) or isinstance(g, float):
+                assert g is not None and e is not None, (g_row, e_row)
+                assert math.isclose(float(g), float(e), rel_tol=rel, abs_tol=abs_tol), (
+                    g_row,
+                    e_row,
+                )
+            else:
+                assert g == e, (g_row, e_row)
+
+
+class EngineSpy:
+    """Records every compiled query the private engine runs (and lets it run)."""
+
+    def __init__(self, service: dpsql.Service) -> None:
+        self.engine = service.engine
+        self.original = self.engine.execute
+        self.sql: list[str] = []
+        self.engine.execute = self  # type: ignore[method-assign]
+
+    def __call__(self, compiled, handle=None):
+        self.sql.append(compiled.render(self.engine.dialect))
+        return self.original(compiled, handle)
+
+    @property
+    def calls(self) -> int:
+        return len(self.sql)
+
+
+@pytest.fixture(scope="session")
+def visits() -> Iterable[dpsql.Connection]:
+    """Exact connection to the shipped fixture with its own policy (R = 5, G = 3)."""
+    conn = exact_connect(fixture_policy(privacy={"budget_epsilon": 1e9}))
+    yield conn
+    conn.close()
+
+
+@pytest.fixture(scope="session")
+def visits_ref() -> Iterable[duckdb.DuckDBPyConnection]:
+    """The fixture loaded directly into DuckDB with the policy's types, for reference SQL."""
+    con = duckdb.connect(":memory:")
+    con.execute(
+        "CREATE TABLE visits AS SELECT CAST(patient_id AS BIGINT) AS patient_id, "
+        "CAST(age AS BIGINT) AS age, department, diagnosis, CAST(cost AS DOUBLE) AS cost, "
+        "CAST(visit_date AS DATE) AS visit_date, CAST(smoker AS BOOLEAN) AS smoker "
+        f"FROM read_csv('{FIXTURE_CSV}', header = true, all_varchar = true)"
+    )
+    con.execute(CLAMP_MACRO)
+    yield con
+    con.close()
