@@ -41,6 +41,7 @@ RandomBytes = Callable[[int], bytes]
 # num <= den stays below 2**63; larger ones fall back to Python integers (object arrays).
 _DEN_BITS = 54
 _PRECISION_BITS = 20  # minimum precision of the realised Laplace scale
+_GROUPED = 32  # parameters taking <= this many values are sampled value by value (tables)
 _GAUSS_BITS = 24  # σ²/t is realised as a/q with a ≈ 2**24: relative rounding <= 2**-24
 
 
@@ -154,7 +155,7 @@ def gaussian_sigma2(sigma: float) -> Fraction:
 _TIE = 2
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=128)
 def _exp_table(num: int, den: int) -> tuple[np.ndarray, list[Fraction]]:
     """For γ = num/den in [0, 1]: the thresholds x_k = γ^k/k! (down to 2^-16) and, for each
     16-bit prefix u of a uniform U, whether K = 1 + #{k : U < x_k} is odd (1), even (0), or not
@@ -190,6 +191,19 @@ def _gaussian_acceptance(t: int, sigma2: float) -> float:
         y = np.arange(-math.ceil(40 * sigma) - 2, math.ceil(40 * sigma) + 3)
         total = float(np.exp(-(y**2) / (2 * sigma2)).sum())
     return math.tanh(1 / (2 * t)) * math.exp(-sigma2 / (2 * t * t)) * total
+
+
+@lru_cache(maxsize=32)
+def _exp_tables(
+    gammas: tuple[Fraction, ...],
+) -> tuple[np.ndarray, list[list[Fraction]], np.ndarray]:
+    """Stacked :func:`_exp_table` s for the fractional parts of several γ, their thresholds,
+    and the integer parts ⌊γ⌋."""
+    parts = [_exp_table(g.numerator % g.denominator, g.denominator) for g in gammas]
+    table = np.stack([p[0] for p in parts])
+    table.flags.writeable = False
+    whole = np.array([g.numerator // g.denominator for g in gammas], dtype=np.int64)
+    return table, [p[1] for p in parts], whole
 
 
 # --- exact samplers over a stream of uniform random bytes ------------------------------------
@@ -287,6 +301,27 @@ class _ExactSampler:
             out[i] = count % 2 == 0  # K = count + 1 odd
         return out.astype(bool)
 
+    def _bernoulli_exp_keyed(self, keys: np.ndarray, gammas: tuple[Fraction, ...]) -> np.ndarray:
+        """Bernoulli(exp(-gammas[key])) elementwise, for a parameter taking few values: one
+        table lookup per draw (the method of :meth:`_bernoulli_exp_const`), then the ⌊γ⌋
+        Bernoulli(exp(-1)) factors."""
+        table, thresholds, whole = _exp_tables(gammas)
+        u = self._words(keys.size, np.uint16)
+        out = table[keys, u]
+        for i in np.flatnonzero(out == _TIE):
+            count = self._lazy_count_below(int(u[i]), 16, thresholds[keys[i]])
+            out[i] = count % 2 == 0
+        out = out.astype(bool)
+        need = whole[keys]
+        live = np.flatnonzero(out & (need > 0))
+        j = 1
+        while live.size:
+            ok = self._bernoulli_exp_const(live.size, 1, 1)
+            out[live] = ok
+            j += 1
+            live = live[ok & (need[live] >= j)]
+        return out
+
     def _bernoulli_exp_frac(self, num: np.ndarray, den: int | np.ndarray) -> np.ndarray:
         """Bernoulli(exp(-num/den)) elementwise for 0 <= num/den <= 1 (CKS Algorithm 1).
 
@@ -363,7 +398,10 @@ class _ExactSampler:
                 y = self._geometric_exp_const(tries, s, t)
             else:
                 u = self._uniform_below(tries, t)
-                u = u[self._bernoulli_exp_frac(u, t)]
+                if t <= _GROUPED:
+                    u = u[self._bernoulli_exp_keyed(u, tuple(Fraction(v, t) for v in range(t)))]
+                else:
+                    u = u[self._bernoulli_exp_frac(u, t)]
                 y = (u + t * self._geometric_exp_const(u.size, 1, 1)) // s
             negative = self._bits(y.size)
             keep = ~(negative & (y == 0))  # so that 0 is not counted twice
@@ -399,11 +437,18 @@ class _ExactSampler:
         integers fit and in Python integers (object arrays) for huge σ or extreme proposals."""
         den = 2 * t * a * q
         accept = np.empty(m.size, dtype=bool)
+        rest = np.arange(m.size)
+        if t <= _GROUPED // 16 and den < 1 << _DEN_BITS:  # small σ: |Y| takes few values
+            few = m < 16 * t
+            gammas = tuple(Fraction((q * v - a) ** 2, den) for v in range(16 * t))
+            accept[few] = self._bernoulli_exp_keyed(m[few], gammas)
+            rest = np.flatnonzero(~few)
+        m = m[rest]
         fits = m < ((1 << 31) + a) // q if den < 1 << _DEN_BITS else np.zeros(m.size, dtype=bool)
         for part, dtype in ((np.flatnonzero(fits), np.int64), (np.flatnonzero(~fits), object)):
             if part.size:
                 d = m[part].astype(dtype) * q - a
-                accept[part] = self._bernoulli_exp(d * d, den)
+                accept[rest[part]] = self._bernoulli_exp(d * d, den)
         return accept
 
     # -- continuous draws (selection scores only; never added to a released aggregate) --
