@@ -68,7 +68,6 @@ def _log_sums(path: Path) -> tuple[int, float, int]:
 
 def test_threads_and_processes_never_overspend(tmp_path: Path) -> None:
     path = tmp_path / "shared.ledger.sqlite"
-    ledger = SQLiteLedger(path)  # one instance shared by all threads: a connection per thread
     ready, results, start = SPAWN.Queue(), SPAWN.Queue(), SPAWN.Event()
     procs = [
         SPAWN.Process(target=_process_worker, args=(str(path), f"p{k}", ready, start, results))
@@ -76,6 +75,8 @@ def test_threads_and_processes_never_overspend(tmp_path: Path) -> None:
     ]
     for p in procs:
         p.start()
+    # Opened while the processes may be creating the file too: schema creation must be safe.
+    ledger = SQLiteLedger(path)  # one instance shared by all threads: a connection per thread
     accepted: dict[str, int] = {}
     lock = threading.Lock()
 
