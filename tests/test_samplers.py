@@ -278,3 +278,15 @@ def test_continuous_helpers(method: str, args: tuple, dist) -> None:
     draws = getattr(SeededNoise(12), method)(*args, 50_000)
     assert draws.dtype == np.float64 and np.all(np.isfinite(draws))
     assert stats.kstest(draws, dist.cdf).pvalue > P_FLOOR
+
+
+def test_keyed_bernoulli_exp_frequencies() -> None:
+    """The table path used when γ takes few values (small t, small σ), integer parts included."""
+    gammas = (Fraction(0), Fraction(1, 3), Fraction(5, 2), Fraction(7, 7))
+    n = 60_000
+    keys = np.repeat(np.arange(len(gammas)), n)
+    draws = SeededNoise(15)._bernoulli_exp_keyed(keys, gammas)
+    for i, g in enumerate(gammas):
+        p = math.exp(-float(g))
+        got = draws[keys == i].mean()
+        assert abs(got - p) <= 5 * math.sqrt(p * (1 - p) / n) + 1e-12
