@@ -122,7 +122,9 @@ class DpBackend:
             columns = _columns(cur.description)
             rows = [tuple(r) for r in cur.fetchall()] if columns else []
             status = getattr(cur, "statusmessage", None)
-            notices = _cost_notice(getattr(cur, "cost", None), getattr(cur, "cached", False))
+            notices = tuple(
+                ("WARNING", "01000", str(text)) for _, text in getattr(cur, "messages", ())
+            ) + _cost_notice(getattr(cur, "cost", None), getattr(cur, "cached", False))
             tag = command_tag(sql, len(rows), status, columns is not None)
             return Outcome(columns, rows, tag, notices)
         finally:

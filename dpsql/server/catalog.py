@@ -351,6 +351,8 @@ def rewrite(sql: str, info: SessionInfo) -> str:
     if tree is None:
         raise CatalogError("empty statement", "42601")
 
+    _name_columns(tree)
+
     def fix(node: exp.Expression) -> exp.Expression:
         new = _rewrite_node(node, info)
         # sqlglot does not descend into a replacement node: rewrite its subtree too.
@@ -358,6 +360,62 @@ def rewrite(sql: str, info: SessionInfo) -> str:
 
     tree = tree.transform(fix, copy=False)
     return tree.sql(dialect="duckdb")
+
+
+_FUNC_NAMES = {
+    exp.CurrentUser: "current_user",
+    exp.SessionUser: "session_user",
+    exp.CurrentSchema: "current_schema",
+    exp.CurrentDatabase: "current_database",
+    exp.CurrentCatalog: "current_catalog",
+    exp.CurrentVersion: "version",
+}
+
+
+def _pg_column_name(node: exp.Expression) -> str:
+    """The name PostgreSQL gives an unaliased select-list item (FigureColname)."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.Column):
+        return node.name
+    if isinstance(node, exp.Cast):
+        inner = node.this
+        if isinstance(inner, exp.Column | exp.Func | exp.Cast) and not isinstance(
+            inner, exp.Literal
+        ):
+            return _pg_column_name(inner)
+        to = node.args.get("to")
+        return to.sql(dialect="postgres").lower().split(".")[-1].strip('"') if to else "?column?"
+    if isinstance(node, exp.Dot) and isinstance(node.expression, exp.Func):
+        return _pg_column_name(node.expression)
+    for cls, name in _FUNC_NAMES.items():
+        if isinstance(node, cls):
+            return name
+    if isinstance(node, exp.Anonymous):
+        return str(node.this).lower()
+    if isinstance(node, exp.Case):
+        return "case"
+    if isinstance(node, exp.Func) and not isinstance(node, exp.Binary | exp.Unary):
+        return node.sql_name().lower()
+    return "?column?"
+
+
+def _name_columns(tree: exp.Expression) -> None:
+    """Alias unaliased select items the way PostgreSQL names them (psql shows these names)."""
+    select = tree
+    while isinstance(select, exp.SetOperation):
+        select = select.this
+    if not isinstance(select, exp.Select):
+        return
+    items = []
+    for item in select.expressions:
+        if isinstance(item, exp.Alias | exp.Star) or (
+            isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
+        ):
+            items.append(item)
+        else:
+            items.append(exp.alias_(item, _pg_column_name(item), quoted=True))
+    select.set("expressions", items)
 
 
 def _first_line(text: str) -> str:

@@ -479,12 +479,22 @@ class Session:
             assert self.dp is not None
             if name is not None and (name in self.dp.setting_names or name.startswith("dpsql.")):
                 return "dp"
+            if head == "show" and name not in ("all", None) and not self._pg_setting(name):
+                return "dp"  # e.g. SHOW budget: the pipeline answers or says it is unknown
             return head
         if head in _NOOP_WORDS:
             return "noop"
         if identifiers(sql) & self.server.private_names:
             return "dp"
         return "catalog"
+
+    def _pg_setting(self, name: str) -> bool:
+        assert self.settings is not None
+        try:
+            self.settings.get(name)
+        except SettingError:
+            return False
+        return True
 
     def _check_failed_block(self, sql: str, kind: str) -> None:
         if self.tx != "E":
