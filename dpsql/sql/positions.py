@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sqlglot
 from sqlglot import exp
+from sqlglot.errors import ParseError, TokenError
 
 from dpsql.errors import Position
 
@@ -17,9 +19,32 @@ def position_of(node: exp.Expression | None, text: str) -> Position | None:
         start = meta.get("start")
         if start is not None and (best is None or start < best):
             best = start
+    # Keywords (CREATE, JOIN, LIMIT, OVER, ...) carry no position in sqlglot, so the earliest
+    # one above can lie inside the construct: move back to the construct's own first token.
+    head = _first_token(node.sql(dialect="duckdb"))
+    if head is not None:
+        starts = [
+            t.start
+            for t in _tokens(text)
+            if t.text.upper() == head and (best is None or t.start <= best)
+        ]
+        if starts:
+            best = starts[-1]
     if best is None:
         return None
     return offset_position(text, best)
+
+
+def _tokens(text: str) -> list:
+    try:
+        return sqlglot.tokenize(text, read="duckdb")
+    except (TokenError, ParseError):
+        return []
+
+
+def _first_token(sql: str) -> str | None:
+    tokens = _tokens(sql)
+    return tokens[0].text.upper() if tokens else None
 
 
 def offset_position(text: str, offset: int) -> Position:
