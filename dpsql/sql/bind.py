@@ -621,6 +621,12 @@ class _Binder:
         return PublicSelect(self.text, self.tree.copy())
 
     def _bind_from(self, source: exp.Expression) -> None:
+        if isinstance(source, exp.Table) and source.args.get("sample") is not None:
+            raise self.refuse(
+                "TABLESAMPLE is not supported",
+                source.args["sample"],
+                "filter rows with WHERE; sampling would need its own privacy analysis",
+            )
         if isinstance(source, exp.Subquery):
             raise self.refuse(
                 "subqueries are not supported (for now)", source, "query one table directly"
