@@ -744,10 +744,17 @@ class _Binder:
         group = self.tree.args.get("group")
         if group is None:
             return [], []
-        if group.args.get("rollup") or group.args.get("cube") or group.args.get("grouping_sets"):
+        sets = exp.Rollup | exp.Cube | exp.GroupingSets
+        grouping = next((e for e in group.expressions if isinstance(e, sets)), None)
+        if (
+            grouping is not None
+            or group.args.get("rollup")
+            or group.args.get("cube")
+            or group.args.get("grouping_sets")
+        ):
             raise self.refuse(
                 "ROLLUP/CUBE/GROUPING SETS are not supported",
-                group,
+                grouping or group,
                 "send one query per grouping",
             )
         aliases = {
