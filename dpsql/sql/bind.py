@@ -251,14 +251,14 @@ def parse_statement(
     if head in ("SHOW", "RESET"):
         return _setting_command(head, text)
     if head == "EXPLAIN":
-        inner = text.lstrip()[len("EXPLAIN") :]
+        start = text.upper().index("EXPLAIN") + len("EXPLAIN")
+        # Blank out the keyword instead of cutting it, so refusals point into ``text``.
+        inner = "".join(c if c == "\n" else " " for c in text[:start]) + text[start:]
         bound = parse_statement(inner, policy, parameters)
         if not isinstance(bound, BoundQuery | RuleListCall):
             raise ProgrammingError(
                 "EXPLAIN takes a DP SELECT query", construct="EXPLAIN", hint="EXPLAIN SELECT ..."
             )
-        offset = len(text) - len(inner)
-        del offset
         return ExplainStatement(bound)
     try:
         statements = [s for s in sqlglot.parse(text, read=DIALECT) if s is not None]
