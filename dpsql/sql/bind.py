@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import sqlglot
@@ -19,6 +19,7 @@ from sqlglot.errors import ParseError, TokenError
 
 from dpsql.errors import (
     NotSupportedError,
+    Position,
     PrivacyError,
     ProgrammingError,
     SQLSyntaxError,
@@ -171,6 +172,7 @@ class GroupKey:
 
     expr: exp.Expression
     columns: tuple[str, ...]
+    position: Position | None = field(default=None, compare=False)  # in the analyst's text
 
     @property
     def sql(self) -> str:
@@ -799,7 +801,7 @@ class _Binder:
                     "group by other columns; COUNT(DISTINCT "
                     f"{self.table.privacy_unit}) counts units",
                 )
-            key = GroupKey(expr=expr, columns=columns)
+            key = GroupKey(expr=expr, columns=columns, position=position_of(item, self.text))
             if any(k.sql == key.sql for k in keys):
                 continue
             keys.append(key)

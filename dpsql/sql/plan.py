@@ -167,6 +167,7 @@ def build_plan(
             f"GROUP BY {key.sql}: the keys are not public, and releasing them needs delta > 0 "
             "(thresholding)",
             construct=key.sql,
+            position=key.position,
             hint=f"declare the public values of {', '.join(key.columns)} in the policy "
             "(values = [...]), group by a public binning, or SET delta = 1e-6",
         )
