@@ -183,12 +183,21 @@ def test_bernoulli_exp_frequency(num: int, den: int) -> None:
 
 
 def test_lazy_tie_resolution_is_exact() -> None:
-    """A 16-bit prefix that straddles 1/3 is resolved with more bits: P(U < 1/3 | prefix) is
-    (2^16/3 − 21845) = 1/3 exactly."""
+    """Prefixes that the 16-bit tables cannot decide are finished with more bits of U.
+
+    γ = 1/3: the prefix 21845 straddles x_1 = 1/3, and P(U < 1/3 | prefix) = 2^16/3 − 21845 =
+    1/3 exactly (x_2 = 1/18 is below the cell). The prefix 0 contains every x_k below 2^-16:
+    γ = 1/64 has x_3 = 2^-18/6 inside it, so the count must go on past the table's last
+    threshold: P(count >= 3 | U < 2^-16) = 2^16 x_3 = 1/24.
+    """
     src = SeededNoise(10)
     n = 30_000
-    hits = sum(src._lazy_count_below(21845, 16, [Fraction(1, 3)]) for _ in range(n))
+    hits = sum(src._lazy_count_below(21845, 16, Fraction(1, 3)) for _ in range(n))
     assert abs(hits / n - 1 / 3) < 5 * math.sqrt(2 / 9 / n)
+    counts = np.array([src._lazy_count_below(0, 16, Fraction(1, 64)) for _ in range(n)])
+    assert counts.min() >= 2  # x_1, x_2 >= 2^-16: U below both for sure
+    p = 1 / 24
+    assert abs(np.mean(counts >= 3) - p) < 5 * math.sqrt(p * (1 - p) / n)
 
 
 def test_uniform_below_is_uniform() -> None:

@@ -156,29 +156,27 @@ _TIE = 2
 
 
 @lru_cache(maxsize=128)
-def _exp_table(num: int, den: int) -> tuple[np.ndarray, list[Fraction]]:
-    """For γ = num/den in [0, 1]: the thresholds x_k = γ^k/k! (down to 2^-16) and, for each
-    16-bit prefix u of a uniform U, whether K = 1 + #{k : U < x_k} is odd (1), even (0), or not
-    decided by the prefix (_TIE: some x_k lies inside [u, u+1)/2^16)."""
-    xs: list[Fraction] = []
-    x = Fraction(1)
-    for k in range(1, 64):
-        x = x * Fraction(num, den * k)
-        xs.append(x)
-        if x * 2**16 < 1:
-            break
+def _exp_table(num: int, den: int) -> np.ndarray:
+    """For γ = num/den in [0, 1] and each 16-bit prefix u of a uniform U: whether
+    K = 1 + #{k : U < γ^k/k!} is odd (1) or even (0), or _TIE when the prefix cannot tell
+    (some γ^k/k! lies strictly inside the cell [u, u+1)/2^16; thresholds below 2^-16 all lie in
+    the cell u = 0)."""
     u = np.arange(1 << 16, dtype=np.int64)
     count = np.zeros(u.size, dtype=np.int64)
     tie = np.zeros(u.size, dtype=bool)
-    for x in xs:
+    x = Fraction(1)
+    for k in range(1, 64):
+        x = x * Fraction(num, den * k)
         # U < x for sure iff u + 1 <= 2^16 x; U >= x for sure iff u >= 2^16 x.
         floor = math.floor(x * 2**16)
         count += u + 1 <= floor
         if x * 2**16 != floor:
             tie |= u == floor
+        if floor == 0:  # every later threshold is in the cell u = 0 as well
+            break
     table = np.where(tie, _TIE, (count % 2 == 0).astype(np.int64)).astype(np.int8)
     table.flags.writeable = False
-    return table, xs
+    return table
 
 
 def _gaussian_acceptance(t: int, sigma2: float) -> float:
@@ -194,16 +192,12 @@ def _gaussian_acceptance(t: int, sigma2: float) -> float:
 
 
 @lru_cache(maxsize=32)
-def _exp_tables(
-    gammas: tuple[Fraction, ...],
-) -> tuple[np.ndarray, list[list[Fraction]], np.ndarray]:
-    """Stacked :func:`_exp_table` s for the fractional parts of several γ, their thresholds,
-    and the integer parts ⌊γ⌋."""
-    parts = [_exp_table(g.numerator % g.denominator, g.denominator) for g in gammas]
-    table = np.stack([p[0] for p in parts])
+def _exp_tables(gammas: tuple[Fraction, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Stacked :func:`_exp_table` s for the fractional parts of several γ, and ⌊γ⌋."""
+    table = np.stack([_exp_table(g.numerator % g.denominator, g.denominator) for g in gammas])
     table.flags.writeable = False
     whole = np.array([g.numerator // g.denominator for g in gammas], dtype=np.int64)
-    return table, [p[1] for p in parts], whole
+    return table, whole
 
 
 # --- exact samplers over a stream of uniform random bytes ------------------------------------
@@ -268,11 +262,14 @@ class _ExactSampler:
             idx, rest = idx[tie], shifted[tie] - digit[tie] * d
         return out
 
-    def _lazy_count_below(self, prefix: int, nbits: int, thresholds: list[Fraction]) -> int:
-        """#{k : U < thresholds[k]} for decreasing thresholds, where the uniform real U is known
-        to start with the ``nbits``-bit ``prefix``; more bytes of U are drawn while undecided."""
+    def _lazy_count_below(self, prefix: int, nbits: int, gamma: Fraction) -> int:
+        """#{k >= 1 : U < γ^k/k!} for γ in [0, 1], where the uniform real U is known to start
+        with the ``nbits``-bit ``prefix``; more bytes of U are drawn while a comparison is
+        undecided. The thresholds decrease, so counting stops at the first one U exceeds."""
         count = 0
-        for x in thresholds:
+        x = Fraction(1)
+        while True:
+            x = x * gamma / (count + 1)
             p, q = x.numerator, x.denominator
             while True:  # U ∈ [prefix, prefix + 1) / 2^nbits
                 if (prefix + 1) * q <= p << nbits:
@@ -282,7 +279,6 @@ class _ExactSampler:
                     return count
                 prefix = (prefix << 8) | self._random_bytes(1)[0]
                 nbits += 8
-        return count
 
     def _bernoulli_exp_const(self, n: int, num: int, den: int) -> np.ndarray:
         """n draws of Bernoulli(exp(-γ)) for one rational γ = num/den in [0, 1].
@@ -293,11 +289,11 @@ class _ExactSampler:
         exact thresholds; when they cannot (about 1 draw in 10^4) more bits of U are drawn
         and compared with the exact rationals.
         """
-        table, thresholds = _exp_table(num, den)
+        table = _exp_table(num, den)
         u = self._words(n, np.uint16)
         out = table[u]
         for i in np.flatnonzero(out == _TIE):
-            count = self._lazy_count_below(int(u[i]), 16, thresholds)
+            count = self._lazy_count_below(int(u[i]), 16, Fraction(num, den))
             out[i] = count % 2 == 0  # K = count + 1 odd
         return out.astype(bool)
 
@@ -305,11 +301,11 @@ class _ExactSampler:
         """Bernoulli(exp(-gammas[key])) elementwise, for a parameter taking few values: one
         table lookup per draw (the method of :meth:`_bernoulli_exp_const`), then the ⌊γ⌋
         Bernoulli(exp(-1)) factors."""
-        table, thresholds, whole = _exp_tables(gammas)
+        table, whole = _exp_tables(gammas)
         u = self._words(keys.size, np.uint16)
         out = table[keys, u]
         for i in np.flatnonzero(out == _TIE):
-            count = self._lazy_count_below(int(u[i]), 16, thresholds[keys[i]])
+            count = self._lazy_count_below(int(u[i]), 16, gammas[keys[i]] - whole[keys[i]])
             out[i] = count % 2 == 0
         out = out.astype(bool)
         need = whole[keys]
