@@ -457,6 +457,14 @@ class _Binder:
 
     def bind(self) -> BoundQuery | PublicSelect:
         tree = self.tree
+        if not tree.expressions:
+            raise _refuse(
+                SQLSyntaxError,
+                "SELECT without a select list",
+                tree,
+                self.text,
+                "name what to select, e.g. SELECT COUNT(*) FROM <table>",
+            )
         if tree.args.get("with_") or tree.args.get("with"):
             raise self.refuse(
                 "WITH (common table expressions) is not supported yet",
