@@ -300,6 +300,24 @@ def _default_only_note(stop: str, floor: int, threshold: int, plan: BudgetPlan) 
     return f"only the default rule ({stop})"
 
 
+def em_log_weights(
+    mech: str, n: float, n1: float, nc: np.ndarray, nc1: np.ndarray, eps: float, k: int = 1
+) -> np.ndarray:
+    """Log-weights of the exponential-mechanism selections; the last entry is "stop".
+
+    monotone_em: -ε·H/(2k), H = n·G the un-normalised impurity (monotone, sensitivity < 2 per
+    row, so no factor 2).  exponential (the paper's baseline): ε·(1 - G)/(2·½).
+    """
+    if mech == "monotone_em":
+        h = np.append(
+            impurity_mass(nc, nc1) + impurity_mass(n - nc, n1 - nc1), impurity_mass(n, n1)
+        )
+        return -eps * h / (H_SENSITIVITY * k)
+    g, _ = gini_scores(n, n1, nc, nc1)
+    u = np.append(1.0 - g, 1.0 - node_gini(n, n1))
+    return eps * u / (2.0 * G_SENSITIVITY)
+
+
 def _select(
     mech: str,
     n: float,
@@ -314,22 +332,13 @@ def _select(
     """Index (into the active candidates) of the rule to add, or None to stop."""
     src, eps = noise.src, plan.epsilon_node
     m = nc.shape[0]
-    if mech == "monotone_em":
-        # Exponential mechanism on the monotone score -H with sensitivity 2·k (no factor 2):
-        # argmax of ε·(-H)/Δ + Gumbel(1) samples it exactly; the last entry is "stop".
-        h = np.append(
-            impurity_mass(nc, nc1) + impurity_mass(n - nc, n1 - nc1), impurity_mass(n, n1)
-        )
-        score = -eps * h / (H_SENSITIVITY * params.rows_per_unit) + src.gumbel(1.0, m + 1)
-        best = int(np.argmax(score))
+    if mech in ("monotone_em", "exponential"):
+        # Gumbel-max: argmax(log-weight + Gumbel(1)) samples the exponential mechanism exactly.
+        score = em_log_weights(mech, n, n1, nc, nc1, eps, params.rows_per_unit)
+        best = int(np.argmax(score + src.gumbel(1.0, m + 1)))
         return None if best == m else best
     g, gc = gini_scores(n, n1, nc, nc1)
     g0 = node_gini(n, n1)
-    if mech == "exponential":
-        u = np.append(1.0 - g, 1.0 - g0)
-        score = eps * u / (2.0 * G_SENSITIVITY) + src.gumbel(1.0, m + 1)
-        best = int(np.argmax(score))
-        return None if best == m else best
     if mech == "none":
         # exact ties matter here: round away float noise (G = G_c + G_l vs the node Gini)
         g, gc, g0 = np.round(g, 12), np.round(gc, 12), round(g0, 12)
