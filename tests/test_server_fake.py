@@ -627,7 +627,7 @@ def test_fuzzed_message_sequences(server, messages):
     c = RawClient("127.0.0.1", server.port)
     assert c.login("alice", "pw-alice").status == "I"
     # a lying length can leave the server (rightly) waiting for more bytes: stop waiting soon
-    c.sock.settimeout(0.5)
+    c.sock.settimeout(0.2)
     try:
         for raw in messages:
             c.send_raw(raw)
@@ -648,3 +648,25 @@ def test_fuzzed_message_sequences(server, messages):
 
 def test_server_alive_after_fuzzing(server):
     _alive(server)
+
+
+def test_psycopg_cancel(server):
+    psycopg = pytest.importorskip("psycopg", reason="psycopg 3 is not installed")
+    dsn = f"host=127.0.0.1 port={server.port} user=alice password=pw-alice dbname=visits"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        fake = server.service.connections[-1]
+        errors_seen: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                conn.execute("SELECT slow FROM visits")
+            except psycopg.Error as exc:
+                errors_seen.append(exc)
+
+        worker = threading.Thread(target=run)
+        worker.start()
+        assert fake.started.wait(10)
+        conn.cancel_safe()
+        worker.join(20)
+        assert isinstance(errors_seen[0], psycopg.errors.QueryCanceled)
+        assert conn.execute("SELECT n FROM visits").fetchall()[0][0] == 1
