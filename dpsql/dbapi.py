@@ -156,6 +156,8 @@ class Cursor:
         return self
 
     def _rows(self) -> list[tuple[Any, ...]]:
+        if self._closed:
+            raise InterfaceError("cursor is closed", hint="open a new cursor")
         if self._result is None:
             raise ProgrammingError("no statement executed", hint="call execute() first")
         if not self._result.description:
