@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import inspect
 import json
+import math
 import secrets
 import threading
 from collections.abc import Mapping, Sequence
@@ -585,7 +586,7 @@ def apply_setting(statement: SettingStatement, settings: Settings) -> Result:
             number = float(value)
         except (TypeError, ValueError):
             number = float("nan")
-        ok = number > 0 if name == "epsilon" else 0 <= number < 1
+        ok = math.isfinite(number) and (number > 0 if name == "epsilon" else 0 <= number < 1)
         if not ok:
             raise ProgrammingError(
                 f"invalid value for {name}: {value!r}",
