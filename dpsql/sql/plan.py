@@ -108,6 +108,8 @@ class Plan:
                 f"{m.lo}:{m.hi}:{m.mechanism!r}"
                 for m in self.measures
             ),
+            # the cached answer stores one array per output, so outputs are part of the key
+            "|".join(f"{o.call.label}:{','.join(o.measures)}" for o in self.outputs),
             repr(self.threshold),
             f"{self.max_rows}:{self.max_groups}:{self.mechanism}:{self.epsilon!r}:{self.delta!r}",
             self.data_version,
