@@ -13,6 +13,7 @@ from typing import Any
 
 import duckdb
 
+from dpsql.errors import DataError
 from dpsql.policy import Policy
 from dpsql.sql.domains import SQL_TYPES
 
@@ -74,6 +75,14 @@ class Scratch:
             result = cur.fetchall()
             description = [(d[0], str(d[1])) for d in cur.description]
             return description, result
+        except duckdb.Error as exc:
+            # Only released (noisy) values and literals are in this connection: the first line
+            # of the message is safe to show, and says what went wrong.
+            raise DataError(
+                f"post-processing failed: {str(exc).splitlines()[0]}",
+                construct="SELECT list / HAVING / ORDER BY",
+                hint="check casts, divisions and overflows in expressions over the aggregates",
+            ) from None
         finally:
             cur.close()
 
