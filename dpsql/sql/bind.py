@@ -277,6 +277,10 @@ def parse_statement(
             "send one statement at a time",
         )
     tree = statements[0]
+    # sqlglot keeps comments on nodes and renders them again: drop them, so no analyst text
+    # but validated expressions ever reaches the engine SQL.
+    for node in tree.walk():
+        node.comments = None
     if parameters is not None:
         tree = _substitute_parameters(tree, parameters, text)
     elif tree.find(exp.Placeholder, exp.Parameter):
