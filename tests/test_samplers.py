@@ -299,3 +299,14 @@ def test_keyed_bernoulli_exp_frequencies() -> None:
         p = math.exp(-float(g))
         got = draws[keys == i].mean()
         assert abs(got - p) <= 5 * math.sqrt(p * (1 - p) / n) + 1e-12
+
+
+@pytest.mark.parametrize("tiny", [1e-10, 1e-300, 5e-324])
+def test_tiny_scales_give_zero_noise_without_overflow(tiny: float) -> None:
+    """Realised parameters stay >= the request even for denormal scales; the noise is then 0
+    with overwhelming probability (e.g. P(X != 0) < 2e-9 for the Gaussian at σ² = 2^-52)."""
+    src = SeededNoise(16)
+    assert not src.discrete_laplace(tiny, 1000).any()
+    assert not src.discrete_gaussian(tiny, 1000).any()
+    assert laplace_scale(tiny) >= Fraction(tiny)
+    assert gaussian_sigma2(tiny) >= Fraction(tiny) ** 2

@@ -139,7 +139,8 @@ def _gaussian_params(sigma: float) -> tuple[int, int, int]:
     t = math.floor(float(sigma)) + 1
     c = s2 / t
     # a = ceil(c·q) ≈ 2**24 for precision, but keep D = 2taq below 2**_DEN_BITS when possible.
-    k = max(0, _GAUSS_BITS - math.floor(math.log2(c)))
+    log2_c = c.numerator.bit_length() - c.denominator.bit_length()  # within 1 of log2(c)
+    k = max(0, _GAUSS_BITS - log2_c)
     while k > 0 and 2 * t * math.ceil(c * (1 << k)) * (1 << k) >= 1 << _DEN_BITS:
         k -= 1
     q = 1 << k
@@ -365,6 +366,8 @@ class _ExactSampler:
             ok = self._bernoulli_exp_const(idx.size, frac, den)
             for _ in range(whole):
                 sub = np.flatnonzero(ok)
+                if not sub.size:
+                    break
                 ok[sub] = self._bernoulli_exp_const(sub.size, 1, 1)
             idx = idx[ok]
             v[idx] += 1
@@ -384,7 +387,8 @@ class _ExactSampler:
             raise ValueError(f"discrete Laplace scale {t}/{s} is too large for the exact sampler")
         direct = t <= s
         accept_u = 1.0 if direct else -math.expm1(-1.0) / (t * -math.expm1(-1.0 / t))
-        accept = accept_u * (1 - 0.5 * -math.expm1(-s / t))  # P(not (B = 1, Y = 0))
+        ratio = s / t if s.bit_length() - t.bit_length() < 1000 else math.inf
+        accept = accept_u * (1 - 0.5 * -math.expm1(-ratio))  # P(not (B = 1, Y = 0))
         out = np.empty(size, dtype=np.int64)
         filled = 0
         while filled < size:
