@@ -1,0 +1,271 @@
+"""The sensitivity table of grammar_notes.md, rule by rule, on the plans dpsql builds.
+
+Neighbours: add or remove one privacy unit with all its rows. R = max_rows_per_unit, G =
+max_groups_per_unit (1 without GROUP BY, 1 for row-level tables, min(G, bins) for a public
+domain). Values are in the plan's integer (fixed-point) units; EXPLAIN shows them × g.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from conftest import table_policy, write_csv
+
+import dpsql
+from dpsql.pipeline import Settings
+from dpsql.privacy.accounting import Cost
+from dpsql.privacy.ledger import MemoryLedger
+from dpsql.privacy.mechanisms import Gaussian, Laplace, analytic_gaussian_sigma
+from dpsql.sql.bind import parse_statement
+from dpsql.sql.plan import Plan
+
+R, G = 3, 4
+COLUMNS = {
+    "uid": {"type": "int", "nullable": False},
+    "grp": {"type": "text", "values": ["a", "b", "c", "d", "e", "f"], "nullable": False},
+    "flag": {"type": "bool", "nullable": False},
+    "maybe": {"type": "bool"},  # nullable: false, true, NULL
+    "cost": {"type": "float", "lower": 0.0, "upper": 5000.0},
+    "n": {"type": "int", "lower": -5, "upper": 10},
+    "name": {"type": "text"},
+}
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    base = tmp_path_factory.mktemp("sens")
+    t = write_csv(base / "t.csv", list(COLUMNS), [(1, "a", True, None, 1.0, 2, "x")])
+    r = write_csv(base / "r.csv", ["k", "x"], [("a", 1)])
+    policy = table_policy(t, COLUMNS, unit="uid", rows=R, groups=G)
+    policy["tables"]["r"] = {
+        "source": str(r),
+        "columns": {
+            "k": {"type": "text", "values": ["a", "b", "c"], "nullable": False},
+            "x": {"type": "int", "lower": 0, "upper": 10},
+        },
+    }
+    svc = dpsql.Service(policy, ledger=MemoryLedger())
+    yield svc
+    svc.close()
+
+
+def plan_of(service, sql, epsilon=1.0, delta=1e-6, mechanism="laplace") -> Plan:
+    return service.plan(parse_statement(sql, service.policy), Settings(epsilon, delta, mechanism))
+
+
+def only(plan: Plan, kind: str, column: str | None = None):
+    (m,) = [m for m in plan.measures if m.kind == kind and (column is None or m.column == column)]
+    return m
+
+
+def fixed(service, column: str) -> tuple[int, int, float]:
+    """The column's integer range [lo, hi] and granularity g, as the plan must use them."""
+    col = service.policy.tables["t"].columns[column]
+    g = col.granularity
+    return round(col.lower / g), round(col.upper / g), g
+
+
+# -- COUNT ----------------------------------------------------------------------------------
+
+
+def test_count_without_group_by(service):
+    plan = plan_of(service, "SELECT COUNT(*) FROM t")
+    m = only(plan, "rows")
+    assert plan.max_rows == R and plan.max_groups == 1
+    assert (m.row_bound, m.per_group_bound, m.l1, m.l2) == (1, R, R, R)
+
+
+def test_count_group_by_public_key(service):
+    plan = plan_of(service, "SELECT grp, COUNT(*) FROM t GROUP BY grp")  # 6 bins >= G
+    m = only(plan, "rows")
+    assert plan.max_groups == G
+    assert m.l1 == G * R
+    assert m.l2 == pytest.approx(math.sqrt(G) * R)
+
+
+@pytest.mark.parametrize(
+    ("keys", "bins"),
+    [("flag", 2), ("maybe", 3), ("grp, flag", 12), ("CASE WHEN n < 0 THEN 'neg' END", 2)],
+)
+def test_groups_capped_by_number_of_public_bins(service, keys, bins):
+    plan = plan_of(service, f"SELECT COUNT(*) FROM t GROUP BY {keys}")
+    assert plan.threshold is None
+    assert plan.max_groups == min(G, bins)
+    m = only(plan, "rows")
+    assert m.l1 == min(G, bins) * R
+    assert m.l2 == pytest.approx(math.sqrt(min(G, bins)) * R)
+
+
+def test_count_column_has_the_count_sensitivity(service):
+    plan = plan_of(service, "SELECT grp, COUNT(cost) FROM t GROUP BY grp")
+    m = only(plan, "values", "cost")
+    assert (m.row_bound, m.l1) == (1, G * R)
+    assert m.l2 == pytest.approx(math.sqrt(G) * R)
+
+
+def test_count_distinct_units(service):
+    m = only(plan_of(service, "SELECT COUNT(DISTINCT uid) FROM t"), "units")
+    assert (m.per_group_bound, m.l1, m.l2) == (1, 1, 1)
+    m = only(plan_of(service, "SELECT grp, COUNT(DISTINCT uid) FROM t GROUP BY grp"), "units")
+    assert (m.per_group_bound, m.l1) == (1, G)
+    assert m.l2 == pytest.approx(math.sqrt(G))
+
+
+def test_row_level_table_has_r_and_g_of_one(service):
+    plan = plan_of(service, "SELECT k, COUNT(*), SUM(x) FROM r GROUP BY k")
+    assert (plan.max_rows, plan.max_groups) == (1, 1)
+    assert only(plan, "rows").l1 == 1
+    assert only(plan, "sum").l1 == 10
+
+
+# -- SUM, AVG, VAR --------------------------------------------------------------------------
+
+
+def test_sum_alone_is_uncentred(service):
+    lo, hi, g = fixed(service, "cost")
+    m = only(plan_of(service, "SELECT SUM(cost) FROM t"), "sum")
+    assert (m.center, m.lo, m.hi, m.granularity) == (0, lo, hi, g)
+    assert m.row_bound == max(abs(lo), abs(hi))
+    assert m.l1 == R * max(abs(lo), abs(hi))
+    m = only(plan_of(service, "SELECT grp, SUM(n) FROM t GROUP BY grp"), "sum")
+    assert m.row_bound == 10 and m.l1 == G * R * 10
+    assert m.l2 == pytest.approx(math.sqrt(G) * R * 10)
+    # COUNT(*) counts rows, not the column: the sum stays uncentred
+    assert only(plan_of(service, "SELECT SUM(n), COUNT(*) FROM t"), "sum").center == 0
+
+
+def test_sum_is_centred_when_its_count_is_released(service):
+    lo, hi, _ = fixed(service, "cost")
+    m = only(plan_of(service, "SELECT SUM(cost), COUNT(cost) FROM t"), "sum")
+    assert m.center == (lo + hi) // 2
+    assert m.row_bound == max(m.center - lo, hi - m.center)
+    assert m.l1 == R * m.row_bound < R * max(abs(lo), abs(hi))
+    m = only(plan_of(service, "SELECT SUM(n), COUNT(n) FROM t"), "sum")
+    assert (m.center, m.row_bound, m.l1) == (2, 8, R * 8)  # c = (-5 + 10) // 2
+
+
+def test_avg_is_a_centred_sum_over_a_count(service):
+    plan = plan_of(service, "SELECT grp, AVG(cost) FROM t GROUP BY grp", epsilon=0.8)
+    s, n = only(plan, "sum", "cost"), only(plan, "values", "cost")
+    lo, hi, _ = fixed(service, "cost")
+    assert s.center == (lo + hi) // 2 and s.l1 == G * R * s.row_bound
+    assert n.l1 == G * R
+    assert s.epsilon == n.epsilon == pytest.approx(0.4)
+    (out,) = plan.outputs
+    assert out.measures == (s.name, n.name) and (out.lower, out.upper) == (0.0, 5000.0)
+
+
+def test_variance_uses_sum_of_centred_squares(service):
+    plan = plan_of(service, "SELECT VAR_SAMP(n) FROM t")
+    s, n, q = only(plan, "sum", "n"), only(plan, "values", "n"), only(plan, "sumsq", "n")
+    assert {m.name for m in plan.measures} == {s.name, n.name, q.name}
+    span = s.row_bound**2  # centred values lie in [-8, 8]: squares in [0, 64]
+    assert (span, q.center2) == (64, 32)
+    assert q.row_bound == max(q.center2, span - q.center2) == 32
+    assert q.l1 == R * 32
+    assert q.granularity == s.granularity**2
+
+
+# -- budget split and mechanisms ------------------------------------------------------------
+
+
+def test_epsilon_is_split_equally_across_measures(service):
+    plan = plan_of(service, "SELECT COUNT(*), SUM(cost), AVG(n) FROM t", epsilon=2.0)
+    assert [m.kind for m in plan.measures] == ["rows", "sum", "sum", "values"]
+    assert all(m.epsilon == pytest.approx(0.5) for m in plan.measures)
+    assert plan.cost == Cost(epsilon=pytest.approx(2.0))
+    # a measure shared by two outputs is drawn once and charged once
+    shared = plan_of(service, "SELECT AVG(cost), COUNT(cost), SUM(cost) FROM t")
+    assert len(shared.measures) == 2
+    assert all(m.epsilon == pytest.approx(0.5) for m in shared.measures)
+
+
+def test_laplace_scale_is_l1_over_epsilon_share(service):
+    plan = plan_of(service, "SELECT grp, COUNT(*), SUM(n) FROM t GROUP BY grp", epsilon=0.5)
+    for m in plan.measures:
+        assert isinstance(m.mechanism, Laplace)
+        assert m.mechanism.l1 == m.l1 and m.mechanism.epsilon == 0.25
+        assert m.mechanism.scale == pytest.approx(m.l1 / 0.25)
+        assert m.delta == 0
+    assert plan.cost == Cost(epsilon=0.5)
+
+
+def test_gaussian_splits_delta_and_uses_the_analytic_sigma(service):
+    plan = plan_of(
+        service, "SELECT grp, COUNT(*), AVG(n) FROM t GROUP BY grp", 0.9, 3e-6, "gaussian"
+    )
+    k = len(plan.measures)
+    assert k == 3
+    rho = 0.0
+    for m in plan.measures:
+        assert isinstance(m.mechanism, Gaussian)
+        assert (m.epsilon, m.delta) == (pytest.approx(0.3), pytest.approx(1e-6))
+        sigma = analytic_gaussian_sigma(m.l2, 0.3, 1e-6)
+        assert m.mechanism.scale == pytest.approx(sigma)
+        assert m.mechanism.cost.rho == pytest.approx(m.l2**2 / (2 * sigma**2))
+        rho += m.mechanism.cost.rho
+    assert plan.cost.epsilon == 0 and plan.cost.delta == 0
+    assert plan.cost.rho == pytest.approx(rho)
+
+
+# -- thresholding ---------------------------------------------------------------------------
+
+
+def test_laplace_threshold_takes_delta_and_keeps_g(service):
+    plan = plan_of(service, "SELECT name, COUNT(*) FROM t GROUP BY name", 1.0, 1e-6)
+    assert plan.max_groups == G  # no public domain to cap G
+    units = only(plan, "units")  # added for the threshold though not asked for
+    assert [m.kind for m in plan.measures] == ["rows", "units"]
+    assert units.l1 == G and units.epsilon == 0.5
+    th = plan.threshold
+    assert th.measure == units.name and th.delta == 1e-6
+    assert th.tau == units.mechanism.threshold(1e-6, G)
+    # P(1 + X >= tau) <= delta / G for the discrete Laplace noise of the units measure
+    q = math.exp(-1 / units.mechanism.scale)
+    assert q ** (th.tau - 1) / (1 + q) <= 1e-6 / G < q ** (th.tau - 2) / (1 + q)
+    assert plan.cost == Cost(epsilon=pytest.approx(1.0), delta=1e-6)
+
+
+def test_gaussian_threshold_takes_half_of_delta(service):
+    plan = plan_of(service, "SELECT name, COUNT(*) FROM t GROUP BY name", 1.0, 4e-6, "gaussian")
+    th = plan.threshold
+    assert th.delta == pytest.approx(2e-6)
+    assert all(m.delta == pytest.approx(1e-6) for m in plan.measures)  # (4e-6 / 2) / 2
+    units = only(plan, "units")
+    assert th.tau == units.mechanism.threshold(2e-6, G)
+    assert plan.cost.delta == pytest.approx(2e-6) and plan.cost.rho > 0
+
+
+def test_public_and_non_public_keys_together_are_thresholded(service):
+    plan = plan_of(service, "SELECT grp, name, COUNT(*) FROM t GROUP BY grp, name")
+    assert plan.threshold is not None and plan.max_groups == G
+    assert [k.domain is None for k in plan.keys] == [False, True]
+
+
+# -- EXPLAIN shows the plan -----------------------------------------------------------------
+
+
+def test_explain_rows_match_the_plan(service):
+    sql = "SELECT name, COUNT(*), AVG(cost) FROM t GROUP BY name"
+    plan = plan_of(service, sql, 0.6, 1e-6)
+    conn = service.connect("explainer")
+    cur = conn.cursor()
+    cur.execute("SET epsilon = 0.6")
+    cur.execute("EXPLAIN " + sql)
+    rows = cur.fetchall()
+    measures = [plan.measure(name) for o in plan.outputs for name in o.measures]
+    for row, m in zip(rows, measures, strict=False):
+        g = m.granularity
+        assert row[2] == "laplace"
+        assert row[3] == pytest.approx(m.l1 * g) and row[4] == pytest.approx(m.l2 * g)
+        assert row[5] == pytest.approx(m.mechanism.scale * g)
+        assert row[6] == pytest.approx(m.epsilon)
+        assert row[9] == pytest.approx(m.mechanism.interval_halfwidth() * g)
+    tau_row = rows[len(measures)]
+    assert tau_row[1] == f"units >= tau = {plan.threshold.tau:g}"
+    assert tau_row[7] == pytest.approx(1e-6)
+    total = next(r for r in rows if r[0] == "total")
+    assert total[1] == f"R={R} rows/group, G={G} groups/unit"
+    assert total[6] == pytest.approx(0.6) and total[7] == pytest.approx(1e-6)
+    assert service.ledger.spent("explainer", service.policy.dataset) == Cost()
