@@ -23,6 +23,7 @@ from dpsql.privacy.mechanisms import (
     gaussian_delta,
     lattice_granularity,
     release_fixed_point,
+    zcdp_rho,
 )
 from dpsql.privacy.samplers import SeededNoise, ZeroNoise, gaussian_sigma2, laplace_scale
 
@@ -111,6 +112,15 @@ def test_rho_to_epsilon_is_valid_for_the_gaussian(sigma: float, delta: float) ->
     # ... and it is an upper bound on the exact ε at this δ, loose by less than a factor 5 here
     exact = analytic_epsilon(sigma, delta)
     assert exact <= eps <= 5 * exact
+
+
+@pytest.mark.parametrize(("eps", "delta"), [(0.1, 1e-6), (1.0, 1e-6), (3.0, 1e-9), (10.0, 1e-3)])
+def test_zcdp_rho_inverts_the_conversion(eps: float, delta: float) -> None:
+    rho = zcdp_rho(eps, delta)
+    assert rho_to_epsilon(rho, delta) == pytest.approx(eps, rel=1e-12)
+    sigma = 1 / math.sqrt(2 * rho)
+    assert sigma >= analytic_gaussian_sigma(1.0, eps, delta)  # looser for a single release
+    assert gaussian_delta(sigma, 1.0, eps) <= delta
 
 
 def analytic_epsilon(sigma: float, delta: float) -> float:
