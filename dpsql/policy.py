@@ -24,6 +24,13 @@ from dpsql.privacy.accounting import Budget
 COLUMN_TYPES = ("int", "float", "text", "bool", "date")
 MECHANISMS = ("laplace", "gaussian")
 FILE_SUFFIXES = (".csv", ".csv.gz", ".tsv", ".parquet")
+ENGINE_NAMES = ("duckdb", "spark")
+
+_ENGINE_KEYS = {
+    "name": '"duckdb" (default: embedded) or "spark"',
+    "master": 'the Spark master URL, e.g. "local[*]", "spark://host:7077", "yarn"',
+    "conf": 'extra Spark settings, e.g. conf = { "spark.executor.memory" = "8g" }',
+}
 
 _PRIVACY_KEYS = {
     "epsilon": "default per-query epsilon (> 0)",
@@ -31,6 +38,8 @@ _PRIVACY_KEYS = {
     "mechanism": '"laplace" or "gaussian"',
     "budget_epsilon": "each analyst's total epsilon",
     "budget_delta": "each analyst's total delta",
+    "gaussian_share": "fraction of budget_epsilon reserved for Gaussian (zCDP) releases "
+    "(default 0 for laplace policies, 1 for gaussian ones)",
     "ledger": "path of the durable budget ledger (SQLite), relative to the policy file",
     "dataset": "name of this dataset in the ledger (default: the policy file's stem)",
     "max_bins": "largest public domain enumerated for a GROUP BY key (default 10000)",
@@ -90,6 +99,15 @@ class TablePolicy:
 
 
 @dataclass(frozen=True)
+class EngineConfig:
+    """Which engine runs the compiled plans, and (for Spark) how to reach it."""
+
+    name: str = "duckdb"
+    master: str | None = None
+    conf: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Policy:
     path: Path | None
     tables: Mapping[str, TablePolicy]
@@ -100,6 +118,7 @@ class Policy:
     ledger_path: Path | None = None
     dataset: str = "default"
     max_bins: int = 10_000
+    engine: EngineConfig = field(default_factory=EngineConfig)
 
     def table(self, name: str) -> TablePolicy | None:
         return self.tables.get(name.lower())
@@ -165,7 +184,8 @@ def _integer(rep: _Reporter, key: str, value: Any) -> int:
 
 def _build(data: dict[str, Any], path: Path | None) -> Policy:
     rep = _Reporter(path)
-    rep.unknown_keys("", data, {"privacy": "", "tables": ""})
+    rep.unknown_keys("", data, {"privacy": "", "tables": "", "engine": ""})
+    engine = _engine(rep, data.get("engine", {}))
     privacy = data.get("privacy", {})
     if not isinstance(privacy, dict):
         raise rep.fail("privacy", "must be a table", "write a [privacy] section")
@@ -190,6 +210,19 @@ def _build(data: dict[str, Any], path: Path | None) -> Policy:
     budget_delta = _number(rep, "privacy.budget_delta", privacy.get("budget_delta", max(delta, 0)))
     if not 0 <= budget_delta < 1:
         raise rep.fail("privacy.budget_delta", "must be in [0, 1)", "e.g. budget_delta = 1e-5")
+    share = _number(
+        rep,
+        "privacy.gaussian_share",
+        privacy.get("gaussian_share", 1.0 if mechanism == "gaussian" else 0.0),
+    )
+    if not 0 <= share <= 1:
+        raise rep.fail("privacy.gaussian_share", "must be in [0, 1]", "e.g. gaussian_share = 0.5")
+    if share > 0 and budget_delta <= 0:
+        raise rep.fail(
+            "privacy.budget_delta",
+            "a Gaussian share of the budget needs budget_delta > 0",
+            "set budget_delta = 1e-5, or gaussian_share = 0",
+        )
     base = path.parent if path else Path.cwd()
     ledger = privacy.get("ledger")
     if ledger is not None and not isinstance(ledger, str):
@@ -208,21 +241,53 @@ def _build(data: dict[str, Any], path: Path | None) -> Policy:
     tables_raw = data.get("tables")
     if not isinstance(tables_raw, dict) or not tables_raw:
         raise rep.fail("tables", "no tables declared", "add a [tables.NAME] section per table")
-    tables = {name.lower(): _table(rep, name, spec, base) for name, spec in tables_raw.items()}
+    tables = {
+        name.lower(): _table(rep, name, spec, base, engine.name)
+        for name, spec in tables_raw.items()
+    }
     return Policy(
         path=path,
         tables=tables,
         epsilon=epsilon,
         delta=delta,
         mechanism=mechanism,
-        budget=Budget(budget_eps, budget_delta),
+        budget=Budget(budget_eps, budget_delta, share),
         ledger_path=ledger_path,
         dataset=dataset,
         max_bins=max_bins,
+        engine=engine,
     )
 
 
-def _table(rep: _Reporter, name: str, spec: Any, base: Path) -> TablePolicy:
+def _engine(rep: _Reporter, spec: Any) -> EngineConfig:
+    if not isinstance(spec, dict):
+        raise rep.fail("engine", "must be a table", 'write an [engine] section with name = "spark"')
+    rep.unknown_keys("engine", spec, _ENGINE_KEYS)
+    name = spec.get("name", "duckdb")
+    if name not in ENGINE_NAMES:
+        raise rep.fail("engine.name", f"unknown engine {name!r}", 'use "duckdb" or "spark"')
+    master = spec.get("master")
+    if master is not None and (not isinstance(master, str) or not master):
+        raise rep.fail("engine.master", "must be a string", 'e.g. master = "local[*]"')
+    conf = spec.get("conf", {})
+    if not isinstance(conf, dict) or not all(
+        isinstance(v, str | int | float | bool) for v in conf.values()
+    ):
+        raise rep.fail(
+            "engine.conf",
+            "must be a table of Spark settings with plain values",
+            'e.g. conf = { "spark.sql.shuffle.partitions" = 400 }',
+        )
+    if name != "spark" and (master is not None or conf):
+        raise rep.fail(
+            "engine.master" if master is not None else "engine.conf",
+            "only the Spark engine takes a master or conf",
+            'set name = "spark", or remove them',
+        )
+    return EngineConfig(name, master, dict(conf))
+
+
+def _table(rep: _Reporter, name: str, spec: Any, base: Path, engine: str = "duckdb") -> TablePolicy:
     key = f"tables.{name}"
     if not isinstance(spec, dict):
         raise rep.fail(key, "must be a table", f"write a [{key}] section")
@@ -233,9 +298,12 @@ def _table(rep: _Reporter, name: str, spec: Any, base: Path) -> TablePolicy:
             f"{key}.source", "missing source", 'add source = "file.csv" (or a database table)'
         )
     source_path = None
-    if source.lower().endswith(FILE_SUFFIXES):
+    if engine == "spark" and "://" in source:
+        pass  # a URI Spark reads itself (s3a://, hdfs://, file://), checked when it loads
+    elif source.lower().rstrip("/").endswith(FILE_SUFFIXES):
         source_path = (base / source).resolve()
-        if not source_path.is_file():
+        # Spark also reads directories of part files (how it writes Parquet).
+        if not (source_path.is_file() or (engine == "spark" and source_path.is_dir())):
             raise rep.fail(
                 f"{key}.source",
                 f"file {str(source_path)!r} does not exist",

@@ -15,6 +15,8 @@ from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.sqlite_ledger import SCHEMA_VERSION, SQLiteLedger, open_ledger
 
 BUDGET = Budget(epsilon=1.0, delta=1e-6)
+# Costs that mix kinds need a budget split in advance between pure epsilon and zCDP.
+MIXED = Budget(epsilon=2.0, delta=2e-6, gaussian_share=0.5)
 
 
 @pytest.fixture
@@ -41,7 +43,8 @@ def any_ledger(request, tmp_path: Path):
 def charge(led, cost: Cost, analyst: str = "alice", dataset: str = "ds", **kw) -> None:
     kw.setdefault("query_text", "SELECT COUNT(*) FROM t")
     kw.setdefault("plan_hash", "p1")
-    led.charge(analyst, dataset, cost, BUDGET, **kw)
+    mixed = cost.rho or led.spent(analyst, dataset).rho
+    led.charge(analyst, dataset, cost, MIXED if mixed else BUDGET, **kw)
 
 
 def state(led: SQLiteLedger) -> tuple:

@@ -128,7 +128,7 @@ def _charge_then_hang(path: str, stage: str | None, ready) -> None:
 
     ledger = SQLiteLedger(path, fault_hook=hang)
     ledger.charge(
-        "alice", "ds", DOOMED, Budget(1.0, 1e-6), query_text="doomed", plan_hash="h",
+        "alice", "ds", DOOMED, Budget(1.0, 1e-6, gaussian_share=0.5), query_text="doomed", plan_hash="h",
         cache_key="doomed-key", answer="[42]",
     )  # fmt: skip
     ready.set()
@@ -150,7 +150,7 @@ def _kill_while(path: Path, stage: str | None) -> None:
 def _prepared(tmp_path: Path) -> Path:
     path = tmp_path / "crash.ledger.sqlite"
     with SQLiteLedger(path) as led:
-        led.charge("alice", "ds", PRIOR, Budget(1.0, 1e-6), query_text="prior", plan_hash="p")
+        led.charge("alice", "ds", PRIOR, Budget(1.0, 1e-6, gaussian_share=0.5), query_text="prior", plan_hash="p")
     return path
 
 
@@ -164,7 +164,7 @@ def test_sigkill_inside_the_charge_transaction_charges_nothing(tmp_path: Path, s
         assert [e.query_text for e in led.entries()] == ["prior"]  # no half-written row
         assert led.cached("alice", "ds", "doomed-key") is None
         # The dead process's lock is gone: the ledger takes new charges at once.
-        led.charge("alice", "ds", DOOMED, Budget(1.0, 1e-6), query_text="after", plan_hash="h")
+        led.charge("alice", "ds", DOOMED, Budget(1.0, 1e-6, gaussian_share=0.5), query_text="after", plan_hash="h")
         assert led.spent("alice", "ds") == PRIOR + DOOMED
         assert led.verify() == []
 
@@ -189,7 +189,7 @@ def test_readers_are_not_blocked_by_a_hanging_charge(tmp_path: Path) -> None:
         assert ready.wait(60)
         with SQLiteLedger(path, timeout=10) as led:
             assert led.spent("alice", "ds") == PRIOR  # the uncommitted charge is invisible
-            assert len(led.analysts("ds", Budget(1.0, 1e-6))) == 1
+            assert len(led.analysts("ds", Budget(1.0, 1e-6, gaussian_share=0.5))) == 1
     finally:
         os.kill(child.pid, signal.SIGKILL)
         child.join(60)

@@ -115,7 +115,7 @@ def exhausted(analyst: str, budget: Budget, spent: Cost, cost: Cost) -> BudgetEx
     return BudgetExhaustedError(
         f"privacy budget exhausted for analyst {analyst!r}: the query needs "
         f"epsilon={cost.epsilon:.6g}, delta={cost.delta:.3g}, rho={cost.rho:.6g}; remaining "
-        f"epsilon={eps_left:.6g}, delta={delta_left:.3g}",
+        f"epsilon={eps_left:.6g}, delta={delta_left:.3g} ({budget.refusal_reason(spent + cost)})",
         construct="budget",
         hint="lower the query's epsilon (SET epsilon = ...), ask fewer aggregates, "
         "or ask an administrator to raise the budget",

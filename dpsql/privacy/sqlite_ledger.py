@@ -342,7 +342,7 @@ class SQLiteLedger:
 
     def budget(self, analyst: str, dataset: str, default: Budget) -> Budget:
         with self._read() as conn:
-            return self._budget_in(conn, analyst, dataset) or default
+            return _with_share(self._budget_in(conn, analyst, dataset), default)
 
     def spent(self, analyst: str, dataset: str) -> Cost:
         with self._read() as conn:
@@ -351,7 +351,7 @@ class SQLiteLedger:
     def check(self, analyst: str, dataset: str, cost: Cost, default: Budget) -> None:
         _validate_cost(cost)
         with self._read() as conn:
-            budget = self._budget_in(conn, analyst, dataset) or default
+            budget = _with_share(self._budget_in(conn, analyst, dataset), default)
             spent, _ = self._spent_in(conn, analyst, dataset)
         if not budget.covers(spent + cost):
             raise exhausted(analyst, budget, spent, cost)
@@ -376,7 +376,7 @@ class SQLiteLedger:
         """
         _validate_cost(cost)
         with self._write() as conn:
-            budget = self._budget_in(conn, analyst, dataset) or default
+            budget = _with_share(self._budget_in(conn, analyst, dataset), default)
             spent, charges = self._spent_in(conn, analyst, dataset)
             total = spent + cost
             if not budget.covers(total):
@@ -536,10 +536,17 @@ def _fmt_budget(budget: Budget) -> str:
     return f"epsilon={budget.epsilon:.6g} delta={budget.delta:.3g}"
 
 
+def _with_share(override: Budget | None, default: Budget) -> Budget:
+    """An administrator's override keeps the policy's fixed Gaussian share of the budget."""
+    if override is None:
+        return default
+    return Budget(override.epsilon, override.delta, default.gaussian_share)
+
+
 def _status(dataset: str, default: Budget, row: tuple[Any, ...]) -> AnalystStatus:
     analyst, eps, delta, rho, charges, b_eps, b_delta = row
     override = b_eps is not None
-    budget = Budget(b_eps, b_delta) if override else default
+    budget = _with_share(Budget(b_eps, b_delta), default) if override else default
     return AnalystStatus(
         analyst,
         dataset,
