@@ -171,6 +171,8 @@ class _Reporter:
 def _number(rep: _Reporter, key: str, value: Any, *, positive: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
         raise rep.fail(key, f"expected a number, got {value!r}", "write a plain number")
+    if math.isinf(value):
+        raise rep.fail(key, f"must be finite, got {value!r}", "write a finite number")
     if positive and not value > 0:
         raise rep.fail(key, f"must be > 0, got {value!r}", "use a positive number")
     return float(value)
