@@ -7,7 +7,8 @@ with dpsql.connect(policy="fixtures/visits.toml", analyst="alice") as conn:
     print(cur.fetchall())
 """
 
-from dpsql.dbapi import Connection, Cursor, apilevel, connect, paramstyle, threadsafety
+from typing import TYPE_CHECKING, Any
+
 from dpsql.errors import (
     BudgetExhaustedError,
     DatabaseError,
@@ -23,7 +24,33 @@ from dpsql.errors import (
     ProgrammingError,
     Warning,
 )
-from dpsql.pipeline import Service
+
+if TYPE_CHECKING:
+    from dpsql.dbapi import Connection, Cursor, connect
+    from dpsql.pipeline import Service
+
+# PEP 249 module globals (also in dpsql.dbapi).
+apilevel = "2.0"
+threadsafety = 1
+paramstyle = "qmark"
+
+_LAZY = {
+    "Connection": "dpsql.dbapi",
+    "Cursor": "dpsql.dbapi",
+    "connect": "dpsql.dbapi",
+    "Service": "dpsql.pipeline",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import the engine-heavy modules on first use, so `dpsql budget` etc. start fast."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dpsql' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
 
 __version__ = "0.1.0"
 

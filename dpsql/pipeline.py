@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 from sqlglot import exp
 
-from dpsql.engine.duckdb_engine import DuckDBEngine, EngineResult, QueryHandle
+from dpsql.engine.base import open_engine
+from dpsql.engine.duckdb_engine import EngineResult, QueryHandle
 from dpsql.engine.scratch import Scratch
 from dpsql.errors import ProgrammingError
 from dpsql.policy import MECHANISMS, Policy, load_policy
@@ -116,9 +117,13 @@ class Service:
         ledger: Ledger | None = None,
         noise: NoiseSource | None = None,
         cache: bool = True,
+        engine: str | None = None,
+        spark_session: Any = None,
     ) -> None:
         self.policy = policy if isinstance(policy, Policy) else load_policy(policy)
-        self.engine = DuckDBEngine(self.policy, database)
+        # engine: "duckdb" | "spark" (default: the policy's [engine] name); spark_session: an
+        # existing SparkSession to run on.
+        self.engine = open_engine(self.policy, database, engine, spark_session)
         self.scratch = Scratch(self.policy)
         self.ledger: Ledger = ledger if ledger is not None else self._default_ledger()
         self.noise = noise if noise is not None else default_source()
@@ -141,6 +146,9 @@ class Service:
     def close(self) -> None:
         self.engine.close()
         self.scratch.close()
+        close_ledger = getattr(self.ledger, "close", None)
+        if close_ledger is not None:
+            close_ledger()
 
     # -- planning ----------------------------------------------------------------------------
     def _domains(self, query: BoundQuery) -> list[tuple | None]:
