@@ -557,3 +557,53 @@ def test_broken_tau_leaks_a_units_own_keys_end_to_end(sources: dict[str, Path]) 
     low, _ = clopper_pearson(hits, runs, 1 - CONFIDENCE)
     print(f"\n[audit] thresholded  τ=1 end to end: own key released {hits}/{runs}, P >= {low:.3f}")
     assert low > DELTA
+
+
+# --- row order ------------------------------------------------------------------------------
+
+ORDER_KEYS = tuple(f"k{i:02d}" for i in range(15))
+ORDER_RUNS = 80  # per dataset, end to end
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="KNOWN LEAK: a thresholded GROUP BY releases its rows in the engine's hash-table "
+    "order, which changes when a unit's own (suppressed) keys are present. Fix: release groups "
+    "in a canonical order (sort them in dpsql.privacy.release.group_index); then remove this "
+    "marker.",
+)
+def test_row_order_does_not_reveal_a_suppressed_unit(tmp_path: Path) -> None:
+    """Without ORDER BY the rows come out in some order, and that order is released too: it
+    must not depend on keys that thresholding suppressed. D: 15 keys of 30 units each; D″ adds
+    a unit with G keys of its own (released with probability <= δ). Events, fixed in advance:
+    "the first row is key k", for each k; the same (ε, δ) audit as above."""
+    base = [(u, "a", ORDER_KEYS[u % len(ORDER_KEYS)], 5.0) for u in range(30 * len(ORDER_KEYS))]
+    firsts: dict[str, np.ndarray] = {}
+    delta = 0.0
+    for i, (name, rows) in enumerate((("D", base), ("D″", base + UNIQUE))):
+        service = RecordingService(
+            policy(write_csv(tmp_path / f"{i}.csv", rows), "laplace"),
+            ledger=MemoryLedger(),
+            noise=SeededNoise(31 + i),
+            cache=False,
+        )
+        cursor = service.connect("auditor").cursor()
+        sql = next(c.sql for c in CASES if c.name == "thresholded")
+        firsts[name] = np.array(
+            [
+                next(row[0] for row in cursor.execute(sql).fetchall() if row[0] in ORDER_KEYS)
+                for _ in range(ORDER_RUNS)
+            ]
+        )
+        delta = service.plans[0].delta
+        service.close()
+    events = [
+        indicator_event(f"first row is {k}", firsts["D"] == k, firsts["D″"] == k)
+        for k in ORDER_KEYS
+    ]
+    report = audit(
+        events, ORDER_RUNS, ORDER_RUNS, epsilon=EPSILON, delta=delta, confidence=CONFIDENCE
+    )
+    print(f"\n[audit] row order    thresholded: {report}")
+    assert not report.violated, str(report)
