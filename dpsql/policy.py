@@ -238,7 +238,7 @@ def _build(data: dict[str, Any], path: Path | None) -> Policy:
     dataset = privacy.get("dataset", path.stem if path else "default")
     if not isinstance(dataset, str) or not dataset:
         raise rep.fail("privacy.dataset", "must be a non-empty string", 'e.g. dataset = "visits"')
-    max_bins = int(_number(rep, "privacy.max_bins", privacy.get("max_bins", 10_000), positive=True))
+    max_bins = _integer(rep, "privacy.max_bins", privacy.get("max_bins", 10_000))
 
     tables_raw = data.get("tables")
     if not isinstance(tables_raw, dict) or not tables_raw:
