@@ -330,7 +330,7 @@ def _table(rep: _Reporter, name: str, spec: Any, base: Path, engine: str = "duck
     groups = _integer(rep, f"{key}.max_groups_per_unit", spec.get("max_groups_per_unit", 1))
     if unit is None and (rows != 1 or groups != 1):
         raise rep.fail(
-            f"{key}.max_rows_per_unit",
+            f"{key}.max_rows_per_unit" if rows != 1 else f"{key}.max_groups_per_unit",
             "without a privacy_unit every row is its own unit, so the bounds must be 1",
             "declare privacy_unit, or remove max_rows_per_unit / max_groups_per_unit",
         )
