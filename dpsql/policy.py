@@ -178,6 +178,19 @@ def _number(rep: _Reporter, key: str, value: Any, *, positive: bool = False) -> 
     return float(value)
 
 
+def _no_duplicates(rep: _Reporter, section: str, given: Mapping[str, Any]) -> None:
+    """Names are case-insensitive (SQL identifiers): two differing only in case would clash."""
+    seen: dict[str, str] = {}
+    for name in given:
+        first = seen.setdefault(name.lower(), name)
+        if first != name:
+            raise rep.fail(
+                f"{section}.{name}",
+                f"duplicate of {first!r} (names are case-insensitive)",
+                "rename or remove one of them",
+            )
+
+
 def _integer(rep: _Reporter, key: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise rep.fail(key, f"must be an integer >= 1, got {value!r}", "write e.g. 1 or 10")
@@ -243,6 +256,7 @@ def _build(data: dict[str, Any], path: Path | None) -> Policy:
     tables_raw = data.get("tables")
     if not isinstance(tables_raw, dict) or not tables_raw:
         raise rep.fail("tables", "no tables declared", "add a [tables.NAME] section per table")
+    _no_duplicates(rep, "tables", tables_raw)
     tables = {
         name.lower(): _table(rep, name, spec, base, engine.name)
         for name, spec in tables_raw.items()
@@ -316,6 +330,7 @@ def _table(rep: _Reporter, name: str, spec: Any, base: Path, engine: str = "duck
         raise rep.fail(
             f"{key}.columns", "no columns declared", f"add a [{key}.columns.COL] section per column"
         )
+    _no_duplicates(rep, f"{key}.columns", cols_raw)
     columns = {c.lower(): _column(rep, f"{key}.columns.{c}", c, s) for c, s in cols_raw.items()}
     unit = spec.get("privacy_unit")
     if unit is not None:
