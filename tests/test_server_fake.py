@@ -318,6 +318,10 @@ def test_set_show_reset_of_pg_settings(client):
     assert client.query("RESET application_name").tags() == ["RESET"]
     assert client.query("SHOW application_name").text_rows() == [[""]]
     assert client.query("SELECT current_setting('extra_float_digits')").text_rows() == [["3"]]
+    # a misspelt privacy setting is refused, not silently stored
+    assert client.query("SET epsilonn = 0.1").errors()[0]["C"] == "42704"
+    reply = client.query("SET TIME ZONE 'Europe/Paris'; SHOW timezone")
+    assert reply.columns()[0][0] == "TimeZone" and reply.text_rows() == [["Europe/Paris"]]
 
 
 def test_privacy_settings_go_to_the_dp_connection(server, client):
@@ -670,3 +674,36 @@ def test_psycopg_cancel(server):
         worker.join(20)
         assert isinstance(errors_seen[0], psycopg.errors.QueryCanceled)
         assert conn.execute("SELECT n FROM visits").fetchall()[0][0] == 1
+
+
+def test_shadow_reads_no_files_not_even_its_temp_directory(client, tmp_path):
+    secret = tmp_path / "secret.csv"
+    secret.write_text("a,b\n1,2\n")
+    reply = client.query(f"SELECT * FROM read_csv('{secret}')")
+    assert reply.errors() and reply.rows() == []
+    reply = client.query(
+        "SELECT value FROM duckdb_settings() WHERE name IN ('allowed_directories', "
+        "'allowed_paths', 'temp_directory', 'enable_external_access', 'lock_configuration') "
+        "ORDER BY name"
+    )
+    assert reply.text_rows() == [["[]"], ["[]"], ["false"], ["true"], [""]]
+
+
+def test_client_that_never_reads_cannot_grow_server_buffers(server):
+    """Backpressure: once its replies are unread, the server stops reading that client."""
+    c = RawClient("127.0.0.1", server.port)
+    c.login("alice", "pw-alice")
+    chunk = p.message(b"Q", p.cstr("SELECT n FROM visits")) * 2000  # ~60 KB of queries
+    c.sock.settimeout(2.0)
+    sent = 0
+    limit = 256 << 20
+    try:
+        while sent < limit:
+            sent += c.sock.send(chunk)
+    except TimeoutError:
+        pass
+    # The kernel's socket buffers hold a few MB; the server itself holds at most a queue of
+    # 8 messages and one transport buffer. Without backpressure this would reach the limit.
+    assert sent < 64 << 20
+    c.sock.close()
+    _alive(server)

@@ -28,6 +28,8 @@ from dpsql.server import types as t
 from dpsql.server.failures import ClientError
 
 SERVER_VERSION = "16.0"
+SHADOW_TIMEOUT = 30.0  # seconds before a catalog query is interrupted
+SHADOW_MAX_ROWS = 100_000  # catalog answers are small; this bounds a session's memory
 VERSION_STRING = f"PostgreSQL {SERVER_VERSION} (dpsql) on x86_64-pc-linux-gnu, 64-bit"
 
 _DUCK_TYPES = {
@@ -431,6 +433,10 @@ class Shadow:
         self._lock = threading.Lock()
         self.tables = _tables_from_policy(policy)
         self._build(settings)
+        # No temp directory: DuckDB would otherwise add it (".tmp" under the working directory,
+        # where another DuckDB may spill) to the paths readable despite the lock below.
+        self._db.execute("SET temp_directory = ''")
+        self._db.execute("SET memory_limit = '256MB'")
         self._db.execute("SET enable_external_access = false")
         self._db.execute("SET lock_configuration = true")
 
@@ -622,10 +628,13 @@ class ShadowCursor:
                 hint="only queries are accepted; private tables are answered with "
                 "differential privacy, the catalog from the policy",
             )
+        watchdog = threading.Timer(SHADOW_TIMEOUT, self._cur.interrupt)
+        watchdog.daemon = True
+        watchdog.start()
         try:
             rel = self._cur.execute(duck_sql, list(params) if params else None)
             description = rel.description or []
-            rows = rel.fetchall()
+            rows = rel.fetchmany(SHADOW_MAX_ROWS + 1)
         except duckdb.InterruptException:
             raise CatalogError("canceling statement due to user request", "57014") from None
         except duckdb.CatalogException as exc:
@@ -636,6 +645,10 @@ class ShadowCursor:
             raise CatalogError(_clean(exc), "42703") from None
         except duckdb.Error as exc:
             raise CatalogError(_clean(exc), "XX000") from None
+        finally:
+            watchdog.cancel()
+        if len(rows) > SHADOW_MAX_ROWS:
+            raise CatalogError(f"catalog query returned more than {SHADOW_MAX_ROWS} rows", "54000")
         columns = tuple((d[0], t.duckdb_type_oid(str(d[1]))) for d in description)
         return CatalogResult(columns, rows)
 

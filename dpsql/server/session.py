@@ -29,6 +29,7 @@ from dpsql.server.settings import (
     REPORTED,
     SessionSettings,
     SettingError,
+    canonical,
     parse_set,
     set_name_of,
 )
@@ -619,7 +620,8 @@ class Session:
             rows = [(k, v, "") for k, v in sorted(self.settings.values.items())]
             cols = (("name", t.TEXT), ("setting", t.TEXT), ("description", t.TEXT))
             return Outcome(cols, rows, "SHOW")
-        return Outcome(((name, t.TEXT),), [(self.settings.get(name),)], "SHOW")
+        value = self.settings.get(name)
+        return Outcome(((canonical(name), t.TEXT),), [(value,)], "SHOW")
 
     def _noop(self, sql: str) -> Outcome:
         words = keywords(sql, 3)

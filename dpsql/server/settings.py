@@ -73,6 +73,19 @@ DEFAULTS = {
 DEFAULTS.pop("datestyle")
 
 _CANONICAL = {k.lower(): k for k in DEFAULTS}
+# Other PostgreSQL settings clients send; accepted (they change nothing here) so tools connect,
+# while a misspelt name such as "epsilonn" is refused instead of silently ignored.
+_ACCEPTED = {
+    "work_mem", "maintenance_work_mem", "temp_buffers", "effective_cache_size",
+    "random_page_cost", "seq_page_cost", "geqo", "synchronous_commit", "xmloption",
+    "array_nulls", "backslash_quote", "escape_string_warning", "quote_all_identifiers",
+    "idle_session_timeout", "plan_cache_mode", "max_parallel_workers_per_gather",
+    "default_with_oids", "check_function_bodies", "constraint_exclusion", "cursor_tuple_fraction",
+    "from_collapse_limit", "join_collapse_limit", "force_parallel_mode", "session_replication_role",
+    "default_tablespace", "temp_tablespaces", "vacuum_freeze_min_age", "gin_fuzzy_search_limit",
+    "role", "session_authorization",
+}  # fmt: skip
+_ACCEPTED_PREFIXES = ("enable_", "log_", "tcp_", "lc_", "debug_", "track_", "auto_explain.")
 _READ_ONLY = {
     "server_version",
     "server_version_num",
@@ -210,6 +223,13 @@ class SessionSettings:
 
     def set(self, name: str, value: str | None) -> list[str]:
         key = canonical(name)
+        known = key in self.values or key in _ACCEPTED or "." in key
+        if not known and not key.startswith(_ACCEPTED_PREFIXES):
+            raise SettingError(
+                f'unrecognized configuration parameter "{name}"',
+                "42704",
+                hint="dpsql's privacy settings are epsilon, delta and mechanism",
+            )
         if key in _READ_ONLY:
             raise SettingError(f'parameter "{name}" cannot be changed', "55P02")
         if value is None:

@@ -112,7 +112,7 @@ _DUCKDB_SCALARS = {
     "TINYINT": INT2,
     "UTINYINT": INT2,
     "USMALLINT": INT4,
-    "UINTEGER": INT8,
+    "UINTEGER": OID,  # the catalog stores oid columns as UINTEGER
     "UBIGINT": NUMERIC,
     "HUGEINT": NUMERIC,
     "UHUGEINT": NUMERIC,
