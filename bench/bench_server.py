@@ -32,11 +32,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import dpsql  # noqa: E402
-from dpsql.policy import load_policy  # noqa: E402
-from dpsql.privacy.sqlite_ledger import SQLiteLedger  # noqa: E402
-from dpsql.server.testing import RawClient  # noqa: E402
-from dpsql.server.users import UserStore, users_path  # noqa: E402
+import dpsql
+from dpsql.policy import load_policy
+from dpsql.privacy.sqlite_ledger import SQLiteLedger
+from dpsql.server.testing import RawClient
+from dpsql.server.users import UserStore, users_path
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "bench-password"

@@ -43,8 +43,7 @@ def test_scram_rfc7677_vector():
     exchange.server_nonce = "%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0"
     first = exchange.first(b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO")
     assert first == (
-        b"r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
-        b"s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096"
+        b"r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096"
     )
     final = exchange.final(
         b"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
