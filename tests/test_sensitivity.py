@@ -269,3 +269,14 @@ def test_explain_rows_match_the_plan(service):
     assert total[1] == f"R={R} rows/group, G={G} groups/unit"
     assert total[6] == pytest.approx(0.6) and total[7] == pytest.approx(1e-6)
     assert service.ledger.spent("explainer", service.policy.dataset) == Cost()
+
+
+def test_public_keys_alone_have_nothing_to_noise(service):
+    """SELECT grp ... GROUP BY grp releases the declared domain: public, so it costs nothing."""
+    plan = plan_of(service, "SELECT grp FROM t GROUP BY grp")
+    assert plan.measures == () and plan.cost == Cost()
+    conn = service.connect("keys-only")
+    cur = conn.cursor()
+    cur.execute("SELECT grp FROM t GROUP BY grp")
+    assert cur.fetchall() == [(g,) for g in "abcdef"]
+    assert service.ledger.spent("keys-only", service.policy.dataset) == Cost()

@@ -187,7 +187,8 @@ def build_plan(
         G = min(G, bins)
 
     specs, output_specs = _measure_specs(query, thresholded)
-    k = len(specs)
+    # k = 0: only public keys are asked for (SELECT grp ... GROUP BY grp): nothing to noise.
+    k = max(len(specs), 1)
     measure_delta = 0.0
     threshold_delta = 0.0
     if thresholded:
