@@ -287,6 +287,11 @@ def test_sqlalchemy_inspector_and_pandas(server):
         assert columns["cost"]["nullable"] and not columns["age"]["nullable"]
         assert inspector.get_pk_constraint("visits")["constrained_columns"] == []
         assert inspector.get_indexes("visits") == []
+        assert inspector.has_table("visits") and not inspector.has_table("nope")
+        assert inspector.get_view_names() == [] and inspector.get_foreign_keys("visits") == []
+        assert inspector.get_unique_constraints("visits") == []
+        assert inspector.get_check_constraints("visits") == []
+        table = sa.Table("visits", sa.MetaData(), autoload_with=engine)
         with engine.connect() as conn:
             frame = pd.read_sql(
                 "SELECT department, AVG(age) AS mean_age FROM visits GROUP BY department", conn
@@ -299,6 +304,8 @@ def test_sqlalchemy_inspector_and_pandas(server):
                 params={"d": dt.date(2024, 6, 1)},
             )
             assert frame["n"].iloc[0] >= 0
+            query = sa.select(sa.func.count()).select_from(table).where(table.c.age > 40)
+            assert conn.execute(query).scalar() > 0
     finally:
         engine.dispose()
 
@@ -330,6 +337,7 @@ def test_jdbc_metadata_and_dp_query(server):
     assert "COLUMN cost float8 8 YES" in lines
     assert sum(1 for line in lines if line.startswith("DP ")) == 6
     assert any(line.startswith("PREPARED int8 ") for line in lines)
+    assert "BROWSE schemas=3 catalogs=1 tables=1 pk=0 fk=0 idx=0 types=true procs=0" in lines
     assert "REFUSAL 42501" in lines
     assert lines[-1] == "DONE"
 

@@ -25,6 +25,7 @@ from sqlglot import exp
 
 from dpsql.server import catalog_schema as cs
 from dpsql.server import types as t
+from dpsql.server.backend import inline_parameters
 from dpsql.server.failures import ClientError
 
 SERVER_VERSION = "16.0"
@@ -93,7 +94,8 @@ _MACROS: list[tuple[str, list[tuple[str, str]]]] = [
     ),
     ("dp_regnamespace_oid", [("s", "(SELECT min(oid) FROM pgc.pg_namespace WHERE nspname = s)")]),
     ("dp_regnamespace_name", [("o", "(SELECT min(nspname) FROM pgc.pg_namespace WHERE oid = o)")]),
-    ("dp_regproc_oid", [("s", "CAST(0 AS UINTEGER)")]),
+    # regproc columns (typinput, ...) hold function names here, so a regproc is its name
+    ("dp_regproc_oid", [("s", "regexp_replace(s, '^pg_catalog\\.', '')")]),
     ("dp_regproc_name", [("o", "CAST(o AS VARCHAR)")]),
     ("dp_regrole_oid", [("s", f"CAST({cs.OWNER_OID} AS UINTEGER)")]),
     ("dp_regrole_name", [("o", f"'{cs.OWNER_NAME}'")]),
@@ -137,6 +139,16 @@ _MACROS: list[tuple[str, list[tuple[str, str]]]] = [
     ("to_regclass", [("s", "pgc.dp_regclass_oid(s)")]),
     ("to_regtype", [("s", "pgc.dp_regtype_oid(s)")]),
     ("current_schemas", [("b", "['pg_catalog', 'public']")]),
+    (
+        "_pg_expandarray",
+        [
+            (
+                "a",
+                "unnest(list_transform(range(1, len(a) + 1), "
+                "lambda i: struct_pack(x := a[i], n := i)))",
+            )
+        ],
+    ),
     ("array_lower", [("a, d", "CASE WHEN len(a) > 0 THEN 1 END")]),
     ("array_upper", [("a, d", "CASE WHEN len(a) > 0 THEN len(a) END")]),
     ("txid_current", [("", "CAST(1 AS BIGINT)")]),
@@ -249,7 +261,7 @@ def _rewrite_node(node: exp.Expression, info: SessionInfo) -> exp.Expression:
     if (
         isinstance(node, exp.Dot)
         and isinstance(node.this, exp.Identifier)
-        and node.this.name.lower() == "pg_catalog"
+        and node.this.name.lower() in ("pg_catalog", "information_schema")
         and isinstance(node.expression, exp.Func)
     ):
         return _rewrite_node(node.expression, info)
@@ -304,14 +316,17 @@ def _rewrite_node(node: exp.Expression, info: SessionInfo) -> exp.Expression:
         return _lit(info.pid)
     if name in ("current_setting", "dp_current_setting"):
         args = node.expressions
-        if args and isinstance(args[0], exp.Literal):
-            key = args[0].name.lower()
+        first = args[0] if args else None
+        while isinstance(first, exp.Cast):
+            first = first.this
+        if isinstance(first, exp.Literal):
+            key = first.name.lower()
             if key in info.settings:
                 return _lit(info.settings[key])
             missing_ok = len(args) > 1 and args[1].sql().lower() == "true"
             if missing_ok:
                 return exp.Null()
-            raise CatalogError(f'unrecognized configuration parameter "{args[0].name}"', "42704")
+            raise CatalogError(f'unrecognized configuration parameter "{first.name}"', "42704")
     if isinstance(node, exp.Collate):
         return node.this
     if isinstance(node, exp.Cast):
@@ -616,6 +631,10 @@ class ShadowCursor:
         self._cur = cursor
 
     def run(self, sql: str, params: Sequence[object] | None, info: SessionInfo) -> CatalogResult:
+        if params:
+            # Inline bound values as literals, so rewriting sees them (current_setting($1),
+            # $1::regclass). Safe here: literals are escaped, and the shadow holds no data.
+            sql = inline_parameters(sql, params)
         duck_sql = rewrite(sql, info)
         try:
             statements = duckdb.extract_statements(duck_sql)
@@ -632,7 +651,7 @@ class ShadowCursor:
         watchdog.daemon = True
         watchdog.start()
         try:
-            rel = self._cur.execute(duck_sql, list(params) if params else None)
+            rel = self._cur.execute(duck_sql)
             description = rel.description or []
             rows = rel.fetchmany(SHADOW_MAX_ROWS + 1)
         except duckdb.InterruptException:

@@ -225,6 +225,10 @@ PG_TABLES: dict[str, list[tuple[str, str]]] = {
         ("oid", _O), ("evtname", _N), ("evtevent", _N), ("evtowner", _O), ("evtfoid", _O),
         ("evtenabled", _C), ("evttags", "VARCHAR[]"),
     ],
+    "pg_conversion": [
+        ("oid", _O), ("conname", _N), ("connamespace", _O), ("conowner", _O),
+        ("conforencoding", _I4), ("contoencoding", _I4), ("conproc", _TX), ("condefault", _B),
+    ],
     "pg_views": [
         ("schemaname", _N), ("viewname", _N), ("viewowner", _N), ("definition", _TX),
     ],
@@ -306,6 +310,13 @@ def format_type(oid: int) -> str:
     return FORMAT_TYPE.get(oid, "???")
 
 
+def _io_functions(info: t.PgType) -> tuple[str, str, str, str]:
+    """typinput/typoutput/typreceive/typsend (JDBC tells arrays by typinput = array_in)."""
+    if info.category == "A":
+        return "array_in", "array_out", "array_recv", "array_send"
+    return f"{info.name}in", f"{info.name}out", f"{info.name}recv", f"{info.name}send"
+
+
 def rows_pg_type() -> list[tuple]:
     rows = []
     for oid, info in sorted(t.PG_TYPES.items()):
@@ -328,10 +339,7 @@ def rows_pg_type() -> list[tuple]:
                 "array_subscript_handler" if elem else "-",
                 elem,
                 t.ARRAY_OF.get(oid, 0),
-                f"{info.name}in",
-                f"{info.name}out",
-                f"{info.name}recv",
-                f"{info.name}send",
+                *_io_functions(info),
                 "-",
                 "-",
                 "-",

@@ -34,6 +34,17 @@ public class JdbcSmoke {
                             + rs.getString("IS_NULLABLE"));
                 }
             }
+            // what BI tools call while browsing (Metabase, DBeaver): must not fail
+            String[] kinds = {"TABLE", "PARTITIONED TABLE", "VIEW", "FOREIGN TABLE",
+                    "MATERIALIZED VIEW"};
+            System.out.println("BROWSE schemas=" + count(meta.getSchemas())
+                    + " catalogs=" + count(meta.getCatalogs())
+                    + " tables=" + count(meta.getTables(null, null, "%", kinds))
+                    + " pk=" + count(meta.getPrimaryKeys(null, "public", "visits"))
+                    + " fk=" + count(meta.getImportedKeys(null, "public", "visits"))
+                    + " idx=" + count(meta.getIndexInfo(null, "public", "visits", false, true))
+                    + " types=" + (count(meta.getTypeInfo()) > 0)
+                    + " procs=" + count(meta.getProcedures(null, "public", "%")));
             try (Statement st = conn.createStatement();
                     ResultSet rs = st.executeQuery(
                             "SELECT department, COUNT(*) AS n FROM visits GROUP BY department"
@@ -59,5 +70,15 @@ public class JdbcSmoke {
             }
         }
         System.out.println("DONE");
+    }
+
+    private static int count(ResultSet rs) throws SQLException {
+        int n = 0;
+        try (rs) {
+            while (rs.next()) {
+                n++;
+            }
+        }
+        return n;
     }
 }
