@@ -841,7 +841,9 @@ class _Binder:
                     "DISTINCT takes one column", node, "COUNT(DISTINCT <privacy unit>)"
                 )
             arg = inner[0]
-        if kind == "count" and (arg is None or isinstance(arg, exp.Star)):
+        # COUNT(1), COUNT('x'), COUNT(true): a non-NULL constant counts rows, like COUNT(*)
+        constant = isinstance(arg, exp.Literal | exp.Boolean)
+        if kind == "count" and (arg is None or isinstance(arg, exp.Star) or constant):
             if distinct:
                 raise self.refuse("COUNT(DISTINCT *) is not supported", node, "COUNT(*)")
             return AggregateCall("count", None)
