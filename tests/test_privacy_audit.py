@@ -1,10 +1,13 @@
 """Empirical privacy audit of the whole release path (issue 3, item 6).
 
-For COUNT, SUM, a public-domain histogram and a thresholded GROUP BY we release many times on
+For COUNT, SUM, a public-domain histogram and a thresholded GROUP BY (Laplace), and COUNT and
+the thresholded GROUP BY again with the Gaussian mechanism, we release many times on
 neighbouring datasets D and D′ = D + one worst-case privacy unit, and bound the privacy loss of
 the released output from below with Clopper–Pearson intervals (dpsql.privacy.audit). A correct
 release must show no significant violation of its (ε, δ); the same audit of a deliberately
 broken mechanism (half the noise scale, or τ = 1) must show one, so the audit has power.
+D″ = D + a unit with keys of its own checks that thresholding releases them with probability
+<= δ, and that the order of the released rows does not give them away (a known leak: xfail).
 
 How the samples are drawn:
 - End to end: ``E2E_RUNS`` queries per case and dataset through dpsql.Service and the DB-API
@@ -58,7 +61,7 @@ from dpsql.privacy.samplers import NoiseSource, SeededNoise, ZeroNoise
 from dpsql.sql.plan import Plan
 
 EPSILON = 1.0  # per query: large, so the tail events that show the loss have mass
-DELTA = 0.01  # thresholding only; large enough to be measured with a few thousand runs
+DELTA = 0.01  # thresholding and Gaussian; large enough to measure with a few thousand runs
 R, G = 3, 2  # max_rows_per_unit, max_groups_per_unit
 CONFIDENCE = 0.999  # simultaneous, per audit
 RUNS = 6000  # bulk releases per dataset, correct mechanism
