@@ -15,6 +15,7 @@ import secrets
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,8 @@ def _jsonable(value: Any) -> Any:
         return value.isoformat()
     if isinstance(value, np.generic):
         return value.item()
+    if isinstance(value, Decimal):  # e.g. GROUP BY x * 1.5: DECIMAL keys, released as DOUBLE
+        return float(value)
     return value
 
 

@@ -388,3 +388,17 @@ def test_row_level_table_needs_no_bounding(tmp_path: Path):
         f"FROM read_csv('{path}') GROUP BY 1"
     ).fetchall()
     assert_same_rows(got, expected)
+
+
+def test_thresholded_keys_of_other_types(tmp_path: Path):
+    """Non-public keys of DECIMAL, DATE and BOOLEAN type round-trip through the answer cache."""
+    rows = [(i % 3, f"2024-0{1 + i % 3}-01") for i in range(300)]
+    path = write_csv(tmp_path / "k.csv", ["x", "d"], rows)
+    cols = {"x": {"type": "int"}, "d": {"type": "date"}}
+    with exact_connect(table_policy(path, cols, privacy={"epsilon": 50.0})) as conn:
+        got = rows_of(conn, "SELECT x * 1.5 AS k, COUNT(*) FROM t GROUP BY k ORDER BY k")
+        assert got == [(0.0, 100), (1.5, 100), (3.0, 100)]
+        got = rows_of(conn, "SELECT d, COUNT(*) FROM t GROUP BY d ORDER BY d")
+        assert got == [(dt.date(2024, m, 1), 100) for m in (1, 2, 3)]
+        got = rows_of(conn, "SELECT x > 0 AS k, COUNT(*) FROM t GROUP BY k ORDER BY k")
+        assert got == [(False, 100), (True, 200)]
