@@ -338,6 +338,7 @@ def test_jdbc_metadata_and_dp_query(server):
     assert sum(1 for line in lines if line.startswith("DP ")) == 6
     assert any(line.startswith("PREPARED int8 ") for line in lines)
     assert "BROWSE schemas=3 catalogs=1 tables=1 pk=0 fk=0 idx=0 types=true procs=0" in lines
+    assert "REPEATED 14" in lines
     assert "REFUSAL 42501" in lines
     assert lines[-1] == "DONE"
 

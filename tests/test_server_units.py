@@ -202,6 +202,9 @@ def test_binary_round_trips():
 def test_parameter_decoding_errors():
     assert t.decode_param(b"42", t.INT8, 0) == 42
     assert t.decode_param(b"x", 0, 0) == "x"
+    # JDBC's untyped setDate() value
+    assert t.decode_param(b"2024-03-01 +00", 0, 0) == dt.date(2024, 3, 1)
+    assert t.decode_param(b"2024-03-01", 0, 0) == "2024-03-01"
     assert t.decode_param(b"on", t.BOOL, 0) is True
     assert t.decode_param(None, t.INT8, 1) is None
     with pytest.raises(t.ParameterError):

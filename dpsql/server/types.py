@@ -7,6 +7,7 @@ decode exactly what they were told in the RowDescription.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import decimal
 import math
@@ -299,8 +300,19 @@ def _parse_number(text: str) -> int | float:
         return float(text)
 
 
+# JDBC sends setDate()/setTimestamp() values untyped (OID 0) with a zone suffix, relying on the
+# server to infer the type from context; "2024-01-01 +00" is never meant as text.
+_JDBC_DATE = re.compile(r"^(\d{4}-\d{2}-\d{2}) [+-]\d{2}(:?\d{2})?$")
+
+
 def decode_text_param(text: str, oid: int) -> object:
     """A text-format parameter as the Python value dpsql substitutes for ``$n``."""
+    if oid in (0, UNKNOWN):
+        m = _JDBC_DATE.match(text)
+        if m:
+            with contextlib.suppress(ValueError):
+                return dt.date.fromisoformat(m.group(1))
+        return text
     try:
         if oid in (INT2, INT4, INT8, OID):
             return int(text.strip())

@@ -62,6 +62,25 @@ public class JdbcSmoke {
                             + rs.getLong(1));
                 }
             }
+            // past prepareThreshold (5) the driver switches to a named server-side statement
+            // and binary transfer: run it 7 times with a date parameter
+            try (PreparedStatement ps = conn.prepareStatement(
+                    "SELECT smoker, COUNT(*) AS n, AVG(cost) AS c FROM visits"
+                            + " WHERE visit_date >= ? GROUP BY smoker ORDER BY smoker")) {
+                int groups = 0;
+                for (int i = 0; i < 7; i++) {
+                    ps.setDate(1, java.sql.Date.valueOf("2024-0" + (1 + i) + "-01"));
+                    try (ResultSet rs = ps.executeQuery()) {
+                        while (rs.next()) {
+                            rs.getBoolean(1);
+                            rs.getLong(2);
+                            rs.getDouble(3);
+                            groups++;
+                        }
+                    }
+                }
+                System.out.println("REPEATED " + groups);
+            }
             try (Statement st = conn.createStatement()) {
                 st.executeQuery("SELECT * FROM visits LIMIT 100");
                 System.out.println("REFUSAL none");
