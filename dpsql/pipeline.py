@@ -25,7 +25,7 @@ from sqlglot import exp
 from dpsql.engine.base import open_engine
 from dpsql.engine.duckdb_engine import EngineResult, QueryHandle
 from dpsql.engine.scratch import Scratch
-from dpsql.errors import ProgrammingError
+from dpsql.errors import DataError, ProgrammingError
 from dpsql.policy import MECHANISMS, Policy, load_policy
 from dpsql.privacy.ledger import Ledger, MemoryLedger
 from dpsql.privacy.release import Released, release
@@ -217,6 +217,17 @@ class Service:
             if answer is not None:
                 return self._finish(plan, _decode(answer), cost=None, cached=True)
         self.ledger.check(analyst, dataset, plan.cost, self.policy.budget)
+        for m in plan.measures:  # a scale the sampler cannot draw: refuse before reading data
+            try:
+                m.mechanism.sample(self.noise, 0)
+            except ValueError as exc:
+                raise DataError(
+                    f"cannot draw noise for {m.kind}({m.column or '*'}): {exc}",
+                    sqlstate="22023",
+                    construct="epsilon",
+                    hint="the noise scale is too large: raise epsilon (SET epsilon = ...); "
+                    "nothing was spent",
+                ) from None
         compiled = compile_plan(plan, secrets.randbits(62))
         result: EngineResult = self.engine.execute(compiled, handle)
         released = release(plan, result, self.noise)

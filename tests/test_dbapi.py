@@ -409,3 +409,15 @@ def test_post_processing_errors_are_dbapi_errors(conn):
             cur.execute(sql)
     with pytest.raises(DataError):
         cur.execute("SELECT 'a'::INT")
+
+
+def test_undrawable_noise_scale_is_refused_before_running(policy):
+    """A tiny epsilon gives a noise scale the exact sampler cannot draw: refused, nothing read."""
+    with dpsql.connect(policy=policy, ledger=MemoryLedger(), noise=SeededNoise(1)) as conn:
+        spy = EngineSpy(conn.service)
+        cur = conn.cursor()
+        cur.execute("SET epsilon = 1e-12")
+        with pytest.raises(DataError) as info:
+            cur.execute("SELECT COUNT(*), SUM(v) FROM t")
+        assert "epsilon" in info.value.hint
+        assert spy.calls == 0 and spent(conn) == Cost()
