@@ -328,6 +328,15 @@ def test_privacy_settings_go_to_the_dp_connection(server, client):
     conn = server.service.connections[-1]
     assert client.query("SET epsilon = 0.5").tags() == ["SET"]
     assert conn.log[-1][0] == "SET epsilon = 0.5"
+    client.query("SET application_name = 'pool'")
+    reply = client.query("DISCARD ALL")  # a pool hands the connection on: fresh settings
+    assert reply.tags() == ["DISCARD ALL"]
+    assert {e[0] for e in conn.log[-3:]} == {"RESET epsilon", "RESET delta", "RESET mechanism"}
+    assert client.query("SHOW application_name").text_rows() == [[""]]
+
+
+def test_explain_of_a_catalog_query_is_not_supported(client):
+    assert client.query("EXPLAIN SELECT 1").errors()[0]["C"] == "0A000"
 
 
 # --------------------------------------------------------------------------------------------

@@ -485,6 +485,8 @@ class Session:
             return head
         if head in _NOOP_WORDS:
             return "noop"
+        if head == "explain" and not identifiers(sql) & self.server.private_names:
+            return "explain"
         if identifiers(sql) & self.server.private_names:
             return "dp"
         return "catalog"
@@ -523,6 +525,12 @@ class Session:
             return self._show(sql)
         if kind == "noop":
             return self._noop(sql)
+        if kind == "explain":
+            raise SqlError(
+                "0A000",
+                "EXPLAIN is available for differentially private queries only",
+                hint="EXPLAIN SELECT COUNT(*) FROM <private table> shows the noise and the cost",
+            )
         if kind == "dp":
             assert self.dp is not None
             outcome = await self._blocking(
@@ -545,7 +553,7 @@ class Session:
             if name == "all":
                 return (("name", t.TEXT), ("setting", t.TEXT), ("description", t.TEXT))
             return ((name, t.TEXT),)
-        if kind in ("tx", "set", "reset", "noop", "empty"):
+        if kind in ("tx", "set", "reset", "noop", "empty", "explain"):
             return None
         if kind == "dp":
             assert self.dp is not None
@@ -627,10 +635,14 @@ class Session:
         words = keywords(sql, 3)
         head = words[0]
         if head == "discard":
-            self.statements.clear()
-            self.portals.clear()
-            self.prepared_bytes = 0
-            return Outcome(None, [], "DISCARD " + (words[1].upper() if len(words) > 1 else "ALL"))
+            what = words[1] if len(words) > 1 else "all"
+            if what == "all":  # what connection pools send: back to a fresh session
+                self._reset("RESET ALL")
+            if what in ("all", "plans"):
+                self.statements.clear()
+                self.portals.clear()
+                self.prepared_bytes = 0
+            return Outcome(None, [], "DISCARD " + what.upper())
         if head == "deallocate":
             rest = [w for w in words[1:] if w != "prepare"]
             if rest and rest[0] == "all":
