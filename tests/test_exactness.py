@@ -402,3 +402,25 @@ def test_thresholded_keys_of_other_types(tmp_path: Path):
         assert got == [(dt.date(2024, m, 1), 100) for m in (1, 2, 3)]
         got = rows_of(conn, "SELECT x > 0 AS k, COUNT(*) FROM t GROUP BY k ORDER BY k")
         assert got == [(False, 100), (True, 200)]
+
+
+def test_fixture_thresholded_diagnosis(loose, visits_ref):
+    """GROUP BY the non-public diagnosis: exactly the codes held by >= tau patients, exact."""
+    cur = loose.cursor()
+    cur.execute("SET epsilon = 100")  # tau ~ 37 units: among the rare codes (30-45 units)
+    try:
+        cur.execute("EXPLAIN SELECT diagnosis, COUNT(*) FROM visits GROUP BY diagnosis")
+        tau_row = next(r for r in cur.fetchall() if str(r[1]).startswith("units >= tau"))
+        tau = float(tau_row[1].split("=")[-1])
+        got = rows_of(loose, "SELECT diagnosis, COUNT(*) FROM visits GROUP BY diagnosis")
+    finally:
+        cur.execute("RESET epsilon")
+    units = dict(
+        visits_ref.execute(
+            "SELECT diagnosis, COUNT(DISTINCT patient_id) FROM visits GROUP BY 1"
+        ).fetchall()
+    )
+    expected = visits_ref.execute("SELECT diagnosis, COUNT(*) FROM visits GROUP BY 1").fetchall()
+    expected = [r for r in expected if units[r[0]] >= tau]
+    assert 10 < len(expected) < len(units)  # common codes released, some rare ones not
+    assert_same_rows(got, expected)
