@@ -716,3 +716,25 @@ def test_client_that_never_reads_cannot_grow_server_buffers(server):
     assert sent < 64 << 20
     c.sock.close()
     _alive(server)
+
+
+def test_cancel_a_long_catalog_query(server):
+    c = RawClient("127.0.0.1", server.port)
+    c.login("alice", "pw-alice")
+    c.send(b"Q", p.cstr("SELECT count(*) FROM range(1000000000000)"))
+    c.sock.settimeout(0.2)
+    reply = None
+    for _ in range(100):  # re-send until the query has started and been interrupted
+        cancel_request("127.0.0.1", server.port, c.pid, c.secret)
+        try:
+            kind, body = c.recv()
+        except TimeoutError:
+            continue
+        c.sock.settimeout(20)
+        rest = c.until_ready()
+        rest.messages.insert(0, (kind, body))
+        reply = rest
+        break
+    assert reply is not None
+    assert reply.errors()[0]["C"] == "57014" and reply.status == "I"
+    c.close()
