@@ -318,9 +318,10 @@ def test_sqlalchemy_inspector_and_pandas(server):
 def test_jdbc_metadata_and_dp_query(server):
     java = shutil.which("java")
     jar = next((j for j in JDBC_JARS if j.exists()), None)
-    if java is None or jar is None:
-        pytest.skip("java or the PostgreSQL JDBC driver is missing "
-                    "(apt-get install default-jre-headless libpostgresql-jdbc-java)")  # fmt: skip
+    # `java File.java` (single-file source launch) needs the JDK's compiler module
+    if java is None or shutil.which("javac") is None or jar is None:
+        pytest.skip("a JDK or the PostgreSQL JDBC driver is missing "
+                    "(apt-get install default-jdk-headless libpostgresql-jdbc-java)")  # fmt: skip
     source = Path(__file__).parent / "java" / "JdbcSmoke.java"
     url = f"jdbc:postgresql://127.0.0.1:{server.port}/visits"
     out = subprocess.run(
