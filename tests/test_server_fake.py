@@ -738,3 +738,10 @@ def test_cancel_a_long_catalog_query(server):
     assert reply is not None
     assert reply.errors()[0]["C"] == "57014" and reply.status == "I"
     c.close()
+
+
+def test_function_call_is_not_supported_and_needs_no_sync(client):
+    client.send(b"F", struct.pack("!I", 1234) + struct.pack("!hhh", 0, 0, 0))
+    reply = client.until_ready()
+    assert reply.errors()[0]["C"] == "0A000" and reply.status == "I"
+    assert client.query("SELECT n FROM visits").tags() == ["SELECT 3"]

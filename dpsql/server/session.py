@@ -446,7 +446,7 @@ class Session:
                 await self.fatal(err.sqlstate, err.message)
                 return False
             self._send_error(err, 0, None)
-            if kind != b"Q":
+            if kind not in (b"Q", b"F"):  # extended-protocol errors discard until Sync
                 self.skip_to_sync = True
             if self.tx == "T":
                 self.tx = "E"
