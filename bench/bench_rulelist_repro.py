@@ -158,6 +158,29 @@ def run_grid(args) -> None:
             )
         for mech, (k, tot) in within.items():
             print(f"  {mech}: {k}/{tot} cells within one reference std")
+        if args.markdown:
+            print_markdown(rows, acc)
+
+
+def print_markdown(rows: list[dict], acc: dict[tuple, list[float]]) -> None:
+    """Compact table for docs/rulelist.md: one line per (mechanism, L, λ), ε across."""
+    eps_list = ["0.1", "0.5", "1", "5", "10", "50"]
+    print("\n| mechanism | L | λ | " + " | ".join(f"ε={e}" for e in eps_list) + " |")
+    print("|---|---|---|" + "---|" * len(eps_list))
+    lines: dict[tuple, dict[str, str]] = {}
+    for r in rows:
+        key = (r["mechanism"], int(r["max_length"]), float(r["min_support"]), r["epsilon"])
+        a = np.asarray(acc[key])
+        rm, rs = float(r["test_mean"]), float(r["test_std"])
+        mark = "" if abs(a.mean() - rm) <= rs else " ✗"
+        lines.setdefault(key[:3], {})[key[3]] = f"{a.mean():.3f} / {rm:.3f}±{rs:.3f}{mark}"
+    for (mech, L, lam), cells in lines.items():
+        if mech == "vanilla":
+            cell = next(iter(cells.values()))
+            print(f"| vanilla (non-DP) | {L} | 0 | {cell} (any ε) |" + " |" * (len(eps_list) - 1))
+        else:
+            row = " | ".join(cells.get(e, "") for e in eps_list)
+            print(f"| {mech} | {L} | {lam:.2f} | {row} |")
 
 
 def run_proven(args) -> None:
@@ -239,6 +262,7 @@ def main() -> None:
     ap.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=None)
     ap.add_argument("--proven", action="store_true", help="smooth_laplace vs monotone_em")
     ap.add_argument("--timing", action="store_true", help="time one Adult fit (L = 7)")
+    ap.add_argument("--markdown", action="store_true", help="also print the docs table")
     args = ap.parse_args()
     args.dataset = ["compas", "adult"] if args.dataset == "all" else [args.dataset]
     if args.timing:
