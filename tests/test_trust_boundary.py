@@ -107,3 +107,27 @@ def test_errors_never_echo_private_values(tmp_path: Path):
         exact_connect(table_policy(path, cols, unit="uid"))
     assert "private-value-123" not in str(info.value)
     assert "tables.t.source" in str(info.value)
+
+
+ORACLES = [
+    "SELECT COUNT(*) FROM t WHERE CASE WHEN uid = {u} THEN CAST(note AS INT) ELSE 1 END = 1",
+    "SELECT COUNT(*) FROM t WHERE 1 // (uid - {u}) >= 0",
+    "SELECT COUNT(*) FROM t GROUP BY CASE WHEN v = {u} THEN CAST(note AS INT) ELSE 0 END",
+]
+
+
+@pytest.mark.parametrize("sql", ORACLES)
+def test_evaluation_errors_do_not_reveal_rows(tmp_path: Path, sql):
+    """An expression that fails only on some row must not fail the query (an error is a free,
+    exact answer to "does that row exist?"); the failing rows are dropped or get a NULL key."""
+    path = write_csv(tmp_path / "t.csv", ["uid", "v", "note"], [(1, 1, "x"), (2, 2, "y")])
+    cols = {
+        "uid": {"type": "int"},
+        "v": {"type": "int", "lower": 0, "upper": 9},
+        "note": {"type": "text"},
+    }
+    policy = table_policy(path, cols, unit="uid", privacy={"delta": 1e-6})
+    with exact_connect(policy) as conn:
+        present = conn.cursor().execute(sql.format(u=1)).fetchall()
+        absent = conn.cursor().execute(sql.format(u=5)).fetchall()
+    assert present is not None and absent is not None

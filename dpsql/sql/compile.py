@@ -142,13 +142,15 @@ def compile_plan(plan: Plan, secret: int) -> CompiledQuery:
     table = query.table
     conditions = []
     if query.where is not None:
-        conditions.append(f"({query.where.sql(dialect='duckdb')})")
+        # TRY: a row whose expression fails (CAST('x' AS INT), 1 // 0) is filtered out instead
+        # of failing the query, so that an error can never reveal whether such a row exists.
+        conditions.append(f"TRY({query.where.sql(dialect='duckdb')})")
     conditions.extend(_domain_filters(plan))
     where_sql = f" WHERE {' AND '.join(conditions)}" if conditions else ""
     source = _q(table.name)
 
     keys = [f"k{i}" for i in range(len(plan.keys))]
-    key_select = [f"{kp.key.sql} AS {k}" for kp, k in zip(plan.keys, keys, strict=True)]
+    key_select = [f"TRY({kp.key.sql}) AS {k}" for kp, k in zip(plan.keys, keys, strict=True)]
     values = {m.name: row_value(m, table) for m in plan.measures}
     value_measures = [m for m in plan.measures if values[m.name] is not None]
     measure_cols = tuple(m.name for m in plan.measures)
