@@ -745,3 +745,51 @@ def test_function_call_is_not_supported_and_needs_no_sync(client):
     reply = client.until_ready()
     assert reply.errors()[0]["C"] == "0A000" and reply.status == "I"
     assert client.query("SELECT n FROM visits").tags() == ["SELECT 3"]
+
+
+BROWSING_QUERIES = [
+    # DBeaver / Metabase / DataGrip style catalog reads (shapes taken from those tools)
+    "SELECT db.oid, db.* FROM pg_catalog.pg_database db WHERE datallowconn AND NOT "
+    "datistemplate OR db.datname = 'visits' ORDER BY db.datname",
+    "SELECT n.oid, n.*, d.description FROM pg_catalog.pg_namespace n LEFT OUTER JOIN "
+    "pg_catalog.pg_description d ON d.objoid = n.oid AND d.objsubid = 0 AND "
+    "d.classoid = 'pg_namespace'::regclass ORDER BY nspname",
+    "SELECT c.relname, a.*, pg_catalog.pg_get_expr(ad.adbin, ad.adrelid, true) AS def_value, "
+    "dsc.description, dep.objid FROM pg_catalog.pg_attribute a INNER JOIN pg_catalog.pg_class c "
+    "ON (a.attrelid = c.oid) LEFT OUTER JOIN pg_catalog.pg_attrdef ad ON (a.attrelid = "
+    "ad.adrelid AND a.attnum = ad.adnum) LEFT OUTER JOIN pg_catalog.pg_description dsc ON "
+    "(c.oid = dsc.objoid AND a.attnum = dsc.objsubid) LEFT OUTER JOIN pg_depend dep ON "
+    "dep.refobjid = a.attrelid AND dep.deptype = 'i' AND dep.refobjsubid = a.attnum WHERE NOT "
+    "a.attisdropped AND c.relkind NOT IN ('i','I','c') AND c.oid = 16384 ORDER BY a.attnum",
+    "SELECT t.oid, t.*, c.relkind, format_type(nullif(t.typbasetype, 0), t.typtypmod) AS "
+    "base_type_name FROM pg_catalog.pg_type t LEFT OUTER JOIN pg_catalog.pg_type et ON "
+    "et.oid = t.typelem LEFT OUTER JOIN pg_catalog.pg_class c ON c.oid = t.typrelid",
+    "SELECT string_agg(word, ',') FROM pg_catalog.pg_get_keywords() WHERE word <> ALL "
+    "('{a,abs,absolute}'::text[])",
+    "SELECT c.relname FROM pg_class c WHERE c.relname = ANY('{visits,other}')",
+    "SELECT r.oid, r.* FROM pg_catalog.pg_roles r",
+    "SELECT pg_catalog.pg_is_in_recovery(), pg_catalog.current_schemas(false)",
+    "SELECT setting FROM pg_catalog.pg_settings WHERE name = 'max_index_keys'",
+    "SELECT * FROM information_schema.key_column_usage",
+    "SELECT has_table_privilege('visits', 'SELECT'), obj_description(16384, 'pg_class')",
+]
+
+
+@pytest.mark.parametrize("sql", BROWSING_QUERIES)
+def test_bi_tool_browsing_queries(server, client, sql):
+    conn = server.service.connections[-1]
+    before = len(conn.log)
+    reply = client.query(sql)
+    assert reply.errors() == [] and reply.tags()[0].startswith("SELECT")
+    assert len(conn.log) == before  # answered from the shadow
+
+
+def test_array_parameters_in_catalog_queries(client):
+    client.parse("SELECT relname FROM pg_class WHERE relname = ANY($1)", oids=[1009])
+    client.bind([b'{visits,"x y"}'])
+    client.execute()
+    assert client.sync().text_rows() == [["visits"]]
+    client.parse("SELECT relname FROM pg_class WHERE relname = ANY($1)")  # untyped, as psycopg
+    client.bind([b"{visits}"])
+    client.execute()
+    assert client.sync().text_rows() == [["visits"]]

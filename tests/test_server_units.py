@@ -286,3 +286,11 @@ def test_rewrite_catalog_sql():
     assert "DP_REGCLASS_NAME" in sql.upper() and "DP_REGCLASS_OID('PG_CLASS')" in sql.upper()
     assert "LIST_CONTAINS" in sql.upper()
     assert '"current_user"' in sql  # PostgreSQL's column name for an unaliased call
+
+
+def test_array_parameter_decoding():
+    assert t.decode_param(b'{a,"b c",NULL,"q\\"x"}', 1009, 0) == ["a", "b c", None, 'q"x']
+    assert t.decode_param(b"{1,2}", 1016, 0) == [1, 2]
+    assert t.decode_param(t.encode_binary([1, None], 1016), 1016, 1) == [1, None]
+    with pytest.raises(t.ParameterError):
+        t.decode_param(b"{{1},{2}}", 1016, 0)

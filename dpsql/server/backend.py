@@ -56,6 +56,8 @@ def literal(value: object) -> str:
         return repr(value)
     if isinstance(value, dt.date):
         return f"DATE '{value.isoformat()}'"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(literal(v) for v in value) + "]"
     return "'" + str(value).replace("'", "''") + "'"
 
 

@@ -341,20 +341,40 @@ def _rewrite_node(node: exp.Expression, info: SessionInfo) -> exp.Expression:
             ):
                 return exp.Anonymous(this=f"dp_{kind}_oid", expressions=[operand])
             return exp.Anonymous(this=f"dp_{kind}_name", expressions=[operand])
+        if type_name.endswith("[]") and (array := _array_literal(node.this)) is not None:
+            node.set("this", array)
         if type_name in _TYPE_ALIASES:
             node.set("to", exp.DataType.build(_TYPE_ALIASES[type_name], dialect="duckdb"))
             return node
         if full_name != type_name:
             node.set("to", exp.DataType.build(type_name, dialect="postgres"))
             return node
-    if isinstance(node, exp.EQ | exp.NEQ) and isinstance(node.expression, exp.Any):
+    if isinstance(node, exp.EQ | exp.NEQ) and isinstance(node.expression, exp.Any | exp.All):
         target = node.expression.this
         if isinstance(target, exp.Paren):
             target = target.this
         if not isinstance(target, exp.Query | exp.Subquery):
+            target = _array_literal(target) or target
             contains = exp.Anonymous(this="list_contains", expressions=[target, node.this])
-            return contains if isinstance(node, exp.EQ) else exp.Not(this=contains)
+            # x = ANY(list) is membership; x <> ALL(list) is its negation
+            if isinstance(node, exp.EQ) and isinstance(node.expression, exp.Any):
+                return contains
+            if isinstance(node, exp.NEQ) and isinstance(node.expression, exp.All):
+                return exp.Not(this=contains)
     return node
+
+
+def _array_literal(node: exp.Expression) -> exp.Expression | None:
+    """A PostgreSQL array literal string '{a,b}' as a DuckDB list, else None."""
+    while isinstance(node, exp.Cast):
+        node = node.this
+    if not (isinstance(node, exp.Literal) and node.is_string and node.name.startswith("{")):
+        return None
+    try:
+        items = t.parse_array_text(node.name)
+    except t.ParameterError:
+        return None
+    return exp.Array(expressions=[_lit(v) for v in items])
 
 
 def rewrite(sql: str, info: SessionInfo) -> str:
@@ -489,7 +509,17 @@ class Shadow:
         for name, overloads in _MACROS:
             defs = ", ".join(f"({params}) AS {body}" for params, body in overloads)
             db.execute(f"CREATE MACRO pgc.{name} {defs}")
+        self._build_functions()
         self._build_information_schema()
+
+    def _build_functions(self) -> None:
+        self._db.execute(
+            "CREATE MACRO pgc.pg_get_keywords() AS TABLE SELECT keyword_name AS word, "
+            "CASE keyword_category WHEN 'reserved' THEN 'R' WHEN 'unreserved' THEN 'U' "
+            "WHEN 'type_function' THEN 'T' ELSE 'C' END AS catcode, true AS barelabel, "
+            "keyword_category AS catdesc, 'can be bare label' AS baredesc "
+            "FROM duckdb_keywords()"
+        )
 
     def _build_information_schema(self) -> None:
         db = self._db

@@ -305,8 +305,41 @@ def _parse_number(text: str) -> int | float:
 _JDBC_DATE = re.compile(r"^(\d{4}-\d{2}-\d{2}) [+-]\d{2}(:?\d{2})?$")
 
 
+def parse_array_text(text: str) -> list[str | None]:
+    """A one-dimensional PostgreSQL array literal ``{a,"b c",NULL}`` as a list of strings."""
+    text = text.strip()
+    if not (text.startswith("{") and text.endswith("}")):
+        raise ParameterError(f'malformed array literal: "{text}"')
+    items: list[str | None] = []
+    body, i, n = text[1:-1], 0, len(text) - 2
+    while i < n:
+        if body[i] == '"':
+            j, chars = i + 1, []
+            while j < n and body[j] != '"':
+                if body[j] == "\\" and j + 1 < n:
+                    j += 1
+                chars.append(body[j])
+                j += 1
+            items.append("".join(chars))
+            i = j + 1
+        else:
+            j = body.find(",", i)
+            j = n if j < 0 else j
+            raw = body[i:j].strip()
+            if raw.startswith("{"):
+                raise ParameterError("multidimensional arrays are not supported")
+            items.append(None if raw.upper() == "NULL" else raw)
+            i = j
+        if i < n and body[i] == ",":
+            i += 1
+    return items
+
+
 def decode_text_param(text: str, oid: int) -> object:
     """A text-format parameter as the Python value dpsql substitutes for ``$n``."""
+    if oid in ELEMENT_OF:
+        elem = ELEMENT_OF[oid]
+        return [None if v is None else decode_text_param(v, elem) for v in parse_array_text(text)]
     if oid in (0, UNKNOWN):
         m = _JDBC_DATE.match(text)
         if m:
@@ -335,8 +368,29 @@ def decode_text_param(text: str, oid: int) -> object:
     return text
 
 
+def _decode_binary_array(data: bytes) -> list[object]:
+    ndim, _flags, elem = struct.unpack("!iiI", data[:12])
+    if ndim == 0:
+        return []
+    if ndim != 1:
+        raise UnsupportedBinary("multidimensional arrays are not supported")
+    count, _lower = struct.unpack("!ii", data[12:20])
+    pos, out = 20, []
+    for _ in range(count):
+        (size,) = struct.unpack("!i", data[pos : pos + 4])
+        pos += 4
+        if size < 0:
+            out.append(None)
+            continue
+        out.append(decode_binary_param(data[pos : pos + size], elem))
+        pos += size
+    return out
+
+
 def decode_binary_param(data: bytes, oid: int) -> object:
     try:
+        if oid in ELEMENT_OF:
+            return _decode_binary_array(data)
         if oid == INT2:
             return struct.unpack("!h", data)[0]
         if oid == INT4:
