@@ -417,3 +417,6 @@ def test_tls_require_and_verify_full(tls_server, tls_files):
             assert n > 0
     with pytest.raises(psycopg.OperationalError, match="requires TLS"):
         psycopg.connect(_dsn(tls_server, "tls", sslmode="disable"))
+    # SCRAM-SHA-256-PLUS is not offered: a client that requires channel binding stops
+    with pytest.raises(psycopg.OperationalError, match="channel binding"):
+        psycopg.connect(_dsn(tls_server, "tls", sslmode="require", channel_binding="require"))
