@@ -280,3 +280,26 @@ def test_public_keys_alone_have_nothing_to_noise(service):
     cur.execute("SELECT grp FROM t GROUP BY grp")
     assert cur.fetchall() == [(g,) for g in "abcdef"]
     assert service.ledger.spent("keys-only", service.policy.dataset) == Cost()
+
+
+def test_ranges_that_overflow_64_bit_squares_are_refused(tmp_path):
+    """Squares of values over 2**31.5 overflow BIGINT in the engine; an overflow that only some
+    rows trigger would be a data-dependent error, so VAR/STDDEV refuse such columns up front."""
+    from conftest import EngineSpy, exact_connect
+
+    path = write_csv(tmp_path / "o.csv", ["uid", "x", "y"], [(1, 999999.0, 10**10)])
+    cols = {
+        "uid": {"type": "int"},
+        "x": {"type": "float", "lower": 0, "upper": 1e6, "granularity": 1e-4},
+        "y": {"type": "int", "lower": 0, "upper": 10**10},
+    }
+    with exact_connect(table_policy(path, cols, unit="uid")) as conn:
+        spy = EngineSpy(conn.service)
+        for sql in ("SELECT VAR_POP(x) FROM t", "SELECT STDDEV(y) FROM t WHERE uid = 1"):
+            with pytest.raises(dpsql.NotSupportedError, match="too large") as info:
+                conn.cursor().execute(sql)
+            assert "granularity" in info.value.hint
+        assert spy.calls == 0
+        assert conn.cursor().execute("SELECT SUM(x), SUM(y) FROM t").fetchall() == [
+            (999999.0, 10**10)
+        ]

@@ -17,7 +17,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dpsql.errors import PrivacyError
+from dpsql.errors import NotSupportedError, PrivacyError
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.mechanisms import Gaussian, Laplace, Mechanism
 from dpsql.sql.bind import AggregateCall, BoundQuery, GroupKey
@@ -215,6 +215,17 @@ def build_plan(
             if column in counted:
                 center = (lo + hi) // 2
             row_bound = max(abs(lo - center), abs(hi - center))
+            # The engine computes per-row values (and their squares) in 64-bit integers: an
+            # overflow would fail the query only when some row is extreme, a data-dependent
+            # error. Refuse such plans up front instead.
+            limit = 3_037_000_499 if kind == "sumsq" else 2**62  # isqrt(2**63 - 1)
+            if max(abs(lo), abs(hi), row_bound) > limit:
+                raise NotSupportedError(
+                    f"{column}: its fixed-point range (bounds / granularity) is too large for "
+                    "64-bit " + ("sums of squares (VAR, STDDEV)" if kind == "sumsq" else "sums"),
+                    construct=column,
+                    hint=f"declare a coarser granularity or narrower bounds for {column}",
+                )
             if kind == "sumsq":
                 span = row_bound * row_bound  # squared centred values lie in [0, span]
                 center2 = span // 2
