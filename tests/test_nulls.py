@@ -123,3 +123,12 @@ def test_rows_without_a_privacy_unit_are_dropped(tmp_path):
     with _heavy_null_key(tmp_path, null_units=True) as c:
         assert rows_of(c, "SELECT COUNT(DISTINCT uid) FROM t") == [(3,)]
         assert rows_of(c, "SELECT COUNT(*) FROM t WHERE uid IS NULL") == [(0,)]
+
+
+def test_rows_on_which_a_key_fails_form_the_null_bin(conn):
+    """Keys are evaluated under TRY (in the engine and over the public domain): a failing row
+    is counted in the NULL bin rather than failing the query (which would reveal it)."""
+    got = dict(rows_of(conn, "SELECT 10 // (age - 3) AS k, COUNT(*) FROM t GROUP BY k"))
+    assert got[None] == 1 and sum(got.values()) == 5  # age 3 fails; age 42 is out of domain
+    got = dict(rows_of(conn, "SELECT CAST(strict AS INT) AS k, COUNT(*) FROM t GROUP BY k"))
+    assert got == {None: 4}

@@ -111,7 +111,8 @@ def key_domain(
     if total > MAX_ENUMERATION or (isinstance(key.expr, exp.Column) and total > max_bins):
         return None
     source = " CROSS JOIN ".join(f"{r} AS t{i}" for i, r in enumerate(relations))
-    rows = evaluate(f"SELECT DISTINCT {key.sql} FROM {source} LIMIT {max_bins + 1}")
+    # TRY, as the engine evaluates keys: a value on which the key fails becomes the NULL bin.
+    rows = evaluate(f"SELECT DISTINCT TRY({key.sql}) FROM {source} LIMIT {max_bins + 1}")
     if len(rows) > max_bins:
         return None
     return _ordered([r[0] for r in rows])
