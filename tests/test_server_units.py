@@ -23,7 +23,7 @@ from dpsql.cli import main as cli_main
 from dpsql.server import protocol as p
 from dpsql.server import types as t
 from dpsql.server.backend import inline_parameters, placeholder_count
-from dpsql.server.catalog import SessionInfo, rewrite
+from dpsql.server.catalog_sql import SessionInfo, rewrite
 from dpsql.server.scram import ScramError, ScramExchange, make_verifier
 from dpsql.server.settings import SessionSettings, SettingError, parse_set, set_name_of
 from dpsql.server.sqltext import identifiers, split_statements

@@ -22,7 +22,8 @@ from dpsql import errors as dperr
 from dpsql.server import protocol as p
 from dpsql.server import types as t
 from dpsql.server.backend import DpBackend, Outcome, placeholder_count
-from dpsql.server.catalog import SessionInfo, ShadowCursor
+from dpsql.server.catalog import ShadowCursor
+from dpsql.server.catalog_sql import SessionInfo
 from dpsql.server.failures import ClientError
 from dpsql.server.scram import MECHANISM, ScramError, ScramExchange
 from dpsql.server.settings import (

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from dpsql.server.catalog import SERVER_VERSION
+from dpsql.server.catalog_sql import SERVER_VERSION
 from dpsql.server.failures import ClientError
 
 # Canonical spellings of the parameters reported in ParameterStatus (PostgreSQL's GUC_REPORT).
