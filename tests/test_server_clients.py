@@ -39,7 +39,7 @@ def policy_path(tmp_path_factory) -> Path:
     for name in ("visits.toml", "visits.csv"):
         shutil.copy(FIXTURES / name, root / name)
     users = UserStore(users_path(root / "visits.toml"))
-    for name in ("alice", "bob", "carol", "soak", "spender", "describer", "tls"):
+    for name in ("alice", "bob", "carol", "soak", "spender", "describer", "tls", "jdbc"):
         users.add(name, PASSWORD)
     return root / "visits.toml"
 
@@ -325,7 +325,7 @@ def test_jdbc_metadata_and_dp_query(server):
     source = Path(__file__).parent / "java" / "JdbcSmoke.java"
     url = f"jdbc:postgresql://127.0.0.1:{server.port}/visits"
     out = subprocess.run(
-        [java, "-cp", str(jar), str(source), url, "alice", PASSWORD],
+        [java, "-cp", str(jar), str(source), url, "jdbc", PASSWORD],
         capture_output=True,
         text=True,
         timeout=180,

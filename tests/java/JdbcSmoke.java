@@ -18,6 +18,9 @@ public class JdbcSmoke {
         props.setProperty("user", args[1]);
         props.setProperty("password", args[2]);
         try (Connection conn = DriverManager.getConnection(args[0], props)) {
+            try (Statement st = conn.createStatement()) {
+                st.execute("SET epsilon = 0.1");  // a small share of the budget per query
+            }
             DatabaseMetaData meta = conn.getMetaData();
             System.out.println("PRODUCT " + meta.getDatabaseProductName() + " "
                     + meta.getDatabaseProductVersion());
