@@ -158,6 +158,8 @@ class Session:
         self.server = server
         self.reader = reader
         self.writer = writer
+        peer = writer.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.pid = server.next_pid()
         self.secret = secrets.randbelow(1 << 31)
         self.user = ""
@@ -345,6 +347,13 @@ class Session:
                 return False
             final = exchange.final(body)
         except ScramError as exc:
+            # the log (not the client) says whether the user exists
+            log.info(
+                "login failed for %r from %s: %s",
+                user,
+                self.peer,
+                "unknown user" if exchange.mock else exc.message,
+            )
             if exc.sqlstate == "28P01":
                 await self.fatal("28P01", failed)
             else:
@@ -354,6 +363,7 @@ class Session:
         self.send(p.authentication_ok())
         self.user = user
         self.database = startup.params.get("database") or user
+        log.info("analyst %r connected from %s (pid %d)", user, self.peer, self.pid)
         return True
 
     async def _open_backends(self, startup: p.Startup) -> bool:
