@@ -33,6 +33,11 @@ class Released:
     suppressed_probability: np.ndarray | None  # per group, where thresholding applies
 
 
+def _canonical(key: tuple) -> tuple:
+    """Sort key for group keys: by value, NULL last (each key column holds one type)."""
+    return tuple((True, 0) if v is None else (False, v) for v in key)
+
+
 def group_index(plan: Plan, result: EngineResult) -> tuple[list[tuple], np.ndarray]:
     """The groups to release and, per measure, the exact value of each (0 for empty bins)."""
     n_measures = len(plan.measures)
@@ -50,7 +55,9 @@ def group_index(plan: Plan, result: EngineResult) -> tuple[list[tuple], np.ndarr
             )
         groups = list(itertools.product(*domains))  # type: ignore[arg-type]
     else:
-        groups = list(dict.fromkeys(result.key_rows))
+        # Sorted: the engine's (hash-table) row order depends on every key present, including
+        # keys that thresholding suppresses, so releasing it would leak them.
+        groups = sorted(dict.fromkeys(result.key_rows), key=_canonical)
     position = {g: i for i, g in enumerate(groups)}
     exact = np.zeros((len(groups), n_measures), dtype=object)
     for row, key in enumerate(result.key_rows):
