@@ -793,3 +793,13 @@ def test_array_parameters_in_catalog_queries(client):
     client.bind([b"{visits}"])
     client.execute()
     assert client.sync().text_rows() == [["visits"]]
+
+
+def test_catalog_column_types_match_postgresql(client):
+    reply = client.query("SELECT oid, relname, relnatts, reltuples, relkind FROM pg_class LIMIT 1")
+    assert [oid for _, oid, _ in reply.columns()] == [t.OID, t.NAME, t.INT2, t.FLOAT4, t.TEXT]
+    client.parse("SELECT oid, relname FROM pg_class WHERE relname = 'visits'")
+    client.bind(result_formats=[1])
+    client.execute()
+    row = client.sync().rows()[0]
+    assert struct.unpack("!I", row[0])[0] == 16384 and row[1] == b"visits"

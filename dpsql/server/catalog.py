@@ -406,7 +406,7 @@ class ShadowCursor:
             watchdog.cancel()
         if len(rows) > SHADOW_MAX_ROWS:
             raise CatalogError(f"catalog query returned more than {SHADOW_MAX_ROWS} rows", "54000")
-        columns = tuple((d[0], t.duckdb_type_oid(str(d[1]))) for d in description)
+        columns = tuple((d[0], _column_oid(d[0], str(d[1]))) for d in description)
         return CatalogResult(columns, rows)
 
     def describe(self, sql: str, info: SessionInfo) -> tuple[tuple[str, int], ...]:
@@ -424,6 +424,21 @@ class ShadowCursor:
     def close(self) -> None:
         with contextlib.suppress(duckdb.Error):
             self._cur.close()
+
+
+# Catalog columns PostgreSQL types as ``name`` (OID 19); DuckDB has no such type, so a VARCHAR
+# result column with one of these names is described as ``name``, as PostgreSQL would.
+_NAME_COLUMNS = {
+    "relname", "attname", "typname", "nspname", "datname", "proname", "conname", "rolname",
+    "usename", "collname", "spcname", "amname", "extname", "lanname", "tgname", "rulename",
+    "polname", "stxname", "pubname", "enumlabel", "evtname", "srvname", "opcname", "oprname",
+    "schemaname", "tablename", "indexname", "viewname", "matviewname",
+}  # fmt: skip
+
+
+def _column_oid(name: str, duck_type: str) -> int:
+    oid = t.duckdb_type_oid(duck_type)
+    return t.NAME if oid == t.TEXT and name.lower() in _NAME_COLUMNS else oid
 
 
 def _catalog_state(exc: Exception) -> str:
