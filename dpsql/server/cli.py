@@ -31,7 +31,11 @@ def register(subparsers: Any) -> None:
     )
     serve.add_argument("--users", help="users file (default: <policy stem>.users.json)")
     serve.add_argument("--max-connections", type=int, default=100)
-    serve.add_argument("--no-cache", action="store_true", help="disable the answer cache")
+    serve.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="disable the answer cache: re-runs are charged again (for benchmarks)",
+    )
     serve.set_defaults(handler=_serve)
 
     user = subparsers.add_parser("user", help="manage the analysts who may log in to the server")
@@ -108,10 +112,21 @@ def _serve(args: argparse.Namespace) -> int:
     except dpsql.Error as exc:
         print(f"dpsql: {exc}", file=sys.stderr)
         return 1
+    store = _store(args)
+    try:
+        if not store.names():
+            print(
+                f"dpsql: warning: no users in {store.path}; add one with "
+                f"`dpsql user add NAME --policy {args.policy}`",
+                file=sys.stderr,
+            )
+    except UserStoreError as exc:
+        print(f"dpsql: {exc}", file=sys.stderr)
+        return 1
     ctx = tls_context(args.tls_cert, args.tls_key) if args.tls_cert else None
     server = Server(
         service,
-        _store(args),
+        store,
         ssl_context=ctx,
         require_tls=args.tls_required,
         max_connections=args.max_connections,
