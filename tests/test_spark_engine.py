@@ -1,0 +1,350 @@
+"""The same private plan on Spark: identical exact bounded aggregates to DuckDB.
+
+Noise is off (``ZeroNoise``), so each engine's answer is its exact contribution-bounded
+aggregate. DuckDB's answers are themselves checked against hand-written reference SQL in
+test_exactness.py, whose queries this file reuses: every accepted query shape runs on both
+engines over the same CSV and must agree.
+
+The keyed hash differs between engines (DuckDB HASH vs Spark xxhash64), so *which* rows and
+groups a unit keeps when it exceeds R or G can differ. Exact comparisons therefore use data on
+which no bound binds; on over-bound data the tests check the invariants instead (each unit
+keeps exactly min(n, R) rows per group, in at most G groups) and exact equality where the
+choice cannot matter.
+
+One Spark session (local[2]) is shared by the whole module to keep the run to minutes.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'dpsql[spark]')")
+if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
+    pytest.skip("Spark needs Java 17+ (no java on PATH, no JAVA_HOME)", allow_module_level=True)
+
+from conftest import (
+    assert_same_rows,
+    exact_connect,
+    fixture_policy,
+    rows_of,
+    table_policy,
+    write_csv,
+)
+from test_exactness import CASES, COLUMNS, HEADER, ORDERED, _clean_rows
+
+import dpsql
+from dpsql.errors import OperationalError, PolicyError
+from dpsql.privacy.ledger import MemoryLedger
+from dpsql.privacy.samplers import SeededNoise
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("dpsql-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def _pair(policy, spark, **options):
+    """(DuckDB connection, Spark connection) over the same policy, noise off."""
+    duck = exact_connect(policy, **options)
+    on_spark = exact_connect(policy, engine="spark", spark_session=spark, **options)
+    return duck, on_spark
+
+
+def _same(pair, sql, *, ordered=False):
+    duck, on_spark = pair
+    expected = rows_of(duck, sql)
+    got = rows_of(on_spark, sql)
+    assert_same_rows(got, expected, ordered=ordered, rel=1e-12, abs_tol=1e-9)
+    return got
+
+
+# -- bounds that never bind: exact equality ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory, spark):
+    path = write_csv(tmp_path_factory.mktemp("clean") / "t.csv", HEADER, _clean_rows())
+    pair = _pair(table_policy(path, COLUMNS, unit="uid", rows=3, groups=3), spark)
+    yield pair
+    for conn in pair:
+        conn.close()
+
+
+def test_spark_connection_runs_on_spark(clean):
+    duck, on_spark = clean
+    assert duck.service.engine.name == "duckdb"
+    assert on_spark.service.engine.name == "spark"
+    cur = on_spark.cursor()
+    cur.execute("EXPLAIN SELECT grp, COUNT(*) FROM t GROUP BY grp")
+    engine_sql = next(r[1] for r in cur.fetchall() if r[0] == "engine_sql")
+    assert "XXHASH64(" in engine_sql.upper() and "rand" not in engine_sql.lower()
+    assert "QUALIFY" not in engine_sql.upper()
+
+
+@pytest.mark.parametrize("sql", [c[0] for c in CASES], ids=[c[0][:70] for c in CASES])
+def test_every_query_shape_matches_duckdb(clean, sql):
+    _same(clean, sql)
+
+
+@pytest.mark.parametrize("sql", [c[0] for c in ORDERED], ids=[c[0][:70] for c in ORDERED])
+def test_post_processing_matches_duckdb(clean, sql):
+    _same(clean, sql, ordered=True)
+
+
+def test_thresholded_keys_match_duckdb(clean):
+    """GROUP BY a non-public key: the same groups pass tau (zero noise), with the same values."""
+    for conn in clean:
+        conn.cursor().execute("SET epsilon = 10")
+    got = _same(clean, "SELECT name, COUNT(*), AVG(score) FROM t GROUP BY name")
+    assert {r[0] for r in got} == {"alpha", "beta"}  # 'zeta' (one unit) stays below tau
+
+
+def test_public_histogram_releases_empty_bins_on_spark(clean):
+    got = _same(clean, "SELECT age, COUNT(*) FROM t WHERE age < 5 GROUP BY age")
+    assert [a for a, _ in got] == list(range(91))
+
+
+def test_fixture_matches_when_bounds_do_not_bind(spark):
+    policy = fixture_policy(
+        privacy={"budget_epsilon": 1e9},
+        table={"max_rows_per_unit": 100, "max_groups_per_unit": 100},
+    )
+    pair = _pair(policy, spark)
+    try:
+        _same(pair, "SELECT COUNT(*), COUNT(cost), SUM(cost), AVG(cost) FROM visits")
+        _same(
+            pair,
+            "SELECT department, COUNT(*), AVG(cost), STDDEV(cost), VAR_POP(age) FROM visits "
+            "WHERE visit_date >= DATE '2024-03-01' AND NOT smoker GROUP BY department",
+        )
+        _same(pair, "SELECT smoker, COUNT(DISTINCT patient_id), SUM(age) FROM visits GROUP BY 1")
+    finally:
+        for conn in pair:
+            conn.close()
+
+
+# -- bounds that bind: invariants, and equality where the choice cannot matter -----------------
+
+GRP5 = ["g1", "g2", "g3", "g4", "g5"]
+
+
+@pytest.fixture(scope="module")
+def heavy(tmp_path_factory, spark):
+    """50 units, each with 5 rows in each of 4 groups (R = 2, G = 3 both bind)."""
+    rnd = random.Random(3)
+    rows, groups_of = [], {}
+    for uid in range(1, 51):
+        groups_of[uid] = rnd.sample(GRP5, 4)
+        for g in groups_of[uid]:
+            rows += [(uid, g, uid % 11, i) for i in range(5)]  # val constant per unit
+    path = write_csv(tmp_path_factory.mktemp("heavy") / "h.csv", ["uid", "grp", "val", "i"], rows)
+    cols = {
+        "uid": {"type": "int"},
+        "grp": {"type": "text", "values": GRP5, "nullable": False},
+        "val": {"type": "int", "lower": 0, "upper": 8},
+        "i": {"type": "int", "lower": 0, "upper": 4},
+    }
+    pair = _pair(table_policy(path, cols, unit="uid", rows=2, groups=3), spark)
+    yield pair, groups_of
+    for conn in pair:
+        conn.close()
+
+
+def test_r_binding_totals_equal_across_engines(heavy):
+    """Without GROUP BY each unit keeps exactly R = 2 of its 20 rows on either engine."""
+    pair, _ = heavy
+    assert _same(pair, "SELECT COUNT(*), COUNT(DISTINCT uid) FROM t") == [(100, 50)]
+    expected_sum = sum(2 * min(uid % 11, 8) for uid in range(1, 51))
+    assert _same(pair, "SELECT SUM(val), AVG(val) FROM t")[0][0] == expected_sum
+
+
+@pytest.mark.parametrize("engine", ["duckdb", "spark"])
+def test_each_unit_keeps_r_rows_in_at_most_g_groups(heavy, engine):
+    pair, groups_of = heavy
+    conn = pair[0] if engine == "duckdb" else pair[1]
+    result = rows_of(conn, "SELECT grp, COUNT(*), COUNT(DISTINCT uid), SUM(val) FROM t GROUP BY 1")
+    counts = {g: n for g, n, _, _ in result}
+    units = {g: u for g, _, u, _ in result}
+    assert sum(counts.values()) == 50 * 3 * 2  # every unit: G = 3 groups x R = 2 rows
+    assert sum(units.values()) == 50 * 3
+    for g in GRP5:
+        assert units[g] <= sum(g in gs for gs in groups_of.values())
+        assert counts[g] == 2 * units[g]
+    assert sum(r[3] for r in result) == sum(3 * 2 * min(uid % 11, 8) for uid in range(1, 51))
+
+
+def test_fixture_with_its_own_bounds(spark):
+    """visits (R = 5, G = 3): COUNT is sum of min(n, 5) on both; a per-patient-constant key
+    never makes G bind, so that GROUP BY is identical too."""
+    pair = _pair(fixture_policy(privacy={"budget_epsilon": 1e9}), spark)
+    try:
+        for where in ("", "WHERE department = 'cardiology'"):
+            _same(pair, f"SELECT COUNT(*) FROM visits {where}")
+        _same(pair, "SELECT smoker, FLOOR(age / 10) AS d, COUNT(*) FROM visits GROUP BY 1, 2")
+    finally:
+        for conn in pair:
+            conn.close()
+
+
+# -- the rule-list table function on Spark-resident data ---------------------------------------
+
+
+def test_rule_list_on_spark_matches_duckdb(spark):
+    """dp_rule_list reads its bounded rows through the engine; with bounds that do not bind
+    and the same seeded noise both engines learn the same list."""
+    policy = fixture_policy(table={"max_rows_per_unit": 100})
+    query = (
+        "SELECT position, rule, prediction, noisy_negative, noisy_positive FROM dp_rule_list("
+        "'visits', label => 'smoker', epsilon => 1.0, max_length => 3, "
+        "mechanism => 'monotone_em') ORDER BY position"
+    )
+    results = []
+    for options in ({}, {"engine": "spark", "spark_session": spark}):
+        with dpsql.connect(
+            policy=policy, ledger=MemoryLedger(), noise=SeededNoise(7), cache=False, **options
+        ) as conn:
+            results.append(rows_of(conn, query))
+    assert results[0] == results[1]
+    assert len(results[1]) >= 1
+
+
+# -- bad input at connect or first query: clear errors, nothing charged ------------------------
+
+
+def _spend(conn):
+    return conn.service.ledger.spent(conn.analyst, conn.service.policy.dataset)
+
+
+def test_missing_catalog_table_is_a_policy_error(spark):
+    policy = fixture_policy()
+    policy["tables"]["visits"]["source"] = "analytics.no_such_visits"
+    with pytest.raises(PolicyError) as err:
+        exact_connect(policy, engine="spark", spark_session=spark)
+    assert "not found in the Spark catalog" in str(err.value)
+    assert err.value.construct == "tables.visits.source"
+
+
+def test_catalog_table_source(spark, tmp_path):
+    """A table of the Spark catalog (here a temp view of the caller's session) as the source;
+    dpsql's own views live in an isolated session and do not leak into the caller's."""
+    rows = [(u, "a" if u % 2 else "b", u % 7) for u in range(1, 41)]
+    spark.createDataFrame(rows, "uid long, grp string, val long").createOrReplaceGlobalTempView(
+        "dpsql_catalog_src"
+    )
+    cols = {
+        "uid": {"type": "int"},
+        "grp": {"type": "text", "values": ["a", "b"], "nullable": False},
+        "val": {"type": "int", "lower": 0, "upper": 5},
+    }
+    policy = table_policy(tmp_path / "unused.csv", cols, unit="uid", rows=1, groups=1)
+    policy["tables"]["t"]["source"] = "global_temp.dpsql_catalog_src"
+    policy["engine"] = {"name": "spark"}
+    with exact_connect(policy, spark_session=spark) as conn:
+        got = rows_of(conn, "SELECT grp, COUNT(*), SUM(val) FROM t GROUP BY grp")
+    expected = [
+        ("a", 20, sum(min(u % 7, 5) for u in range(1, 41, 2))),
+        ("b", 20, sum(min(u % 7, 5) for u in range(2, 41, 2))),
+    ]
+    assert_same_rows(got, expected)
+    assert not spark.catalog.tableExists("t")
+
+
+def test_schema_missing_column_is_a_policy_error(spark, tmp_path):
+    path = write_csv(tmp_path / "s.csv", ["uid", "grp"], [(1, "a"), (2, "b")])
+    cols = {"uid": {"type": "int"}, "grp": {"type": "text"}, "age": {"type": "int"}}
+    with pytest.raises(PolicyError) as err:
+        exact_connect(table_policy(path, cols), engine="spark", spark_session=spark)
+    message = str(err.value)
+    assert "age" in message and "uid, grp" in message
+
+
+def test_schema_wrong_type_in_csv_is_a_policy_error(spark, tmp_path):
+    path = write_csv(tmp_path / "s.csv", ["uid", "age"], [(1, "12"), (2, "secret-value")])
+    cols = {"uid": {"type": "int"}, "age": {"type": "int", "lower": 0, "upper": 99}}
+    with pytest.raises(PolicyError) as err:
+        exact_connect(table_policy(path, cols), engine="spark", spark_session=spark)
+    assert err.value.construct == "tables.t.columns.age.type"
+    assert "secret-value" not in str(err.value)  # never echo data values
+
+
+def test_schema_wrong_type_in_parquet_is_a_policy_error(spark, tmp_path):
+    target = str(tmp_path / "p.parquet")
+    spark.createDataFrame([(1, "x"), (2, "y")], "uid long, age string").write.parquet(target)
+    cols = {"uid": {"type": "int"}, "age": {"type": "int", "lower": 0, "upper": 99}}
+    policy = table_policy(Path(target), cols)
+    policy["engine"] = {"name": "spark"}  # a Parquet *directory*: Spark-only source
+    with pytest.raises(PolicyError) as err:
+        exact_connect(policy, spark_session=spark)
+    assert "declared 'int'" in str(err.value) and "string" in str(err.value)
+
+
+def test_parquet_directory_source_matches_csv(spark, tmp_path):
+    rows = _clean_rows()
+    csv_path = write_csv(tmp_path / "t.csv", HEADER, rows)
+    target = str(tmp_path / "t.parquet")
+    spark.read.option("header", True).csv(str(csv_path)).selectExpr(
+        "CAST(uid AS BIGINT) uid",
+        "grp",
+        "CAST(age AS INT) age",
+        "CAST(score AS DOUBLE) score",
+        "CAST(flag AS BOOLEAN) flag",
+        "name",
+        "CAST(day AS DATE) day",
+    ).write.parquet(target)
+    from_csv = table_policy(csv_path, COLUMNS, unit="uid", rows=3, groups=3)
+    from_parquet = table_policy(Path(target), COLUMNS, unit="uid", rows=3, groups=3)
+    from_parquet["engine"] = {"name": "spark"}
+    sql = (
+        "SELECT grp, COUNT(*), AVG(score), SUM(age) FROM t WHERE day < DATE '2024-09-01' GROUP BY 1"
+    )
+    with exact_connect(from_csv) as duck, exact_connect(from_parquet, spark_session=spark) as pq:
+        assert_same_rows(rows_of(pq, sql), rows_of(duck, sql), rel=1e-12)
+        assert pq.service.engine.versions["t"].startswith("dir:")
+
+
+def test_engine_failure_at_first_query_charges_nothing(clean, monkeypatch):
+    """A Spark failure mid-query is an OperationalError; no rows, no budget spent."""
+    _, on_spark = clean
+    engine = on_spark.service.engine
+    before = _spend(on_spark)
+
+    def broken_sql(sql):
+        raise RuntimeError("executor lost")
+
+    monkeypatch.setattr(engine._spark, "sql", broken_sql)
+    cur = on_spark.cursor()
+    with pytest.raises(OperationalError) as err:
+        cur.execute("SELECT COUNT(*) FROM t")
+    assert "no budget was spent" in str(err.value)
+    assert _spend(on_spark) == before
+    with pytest.raises(dpsql.Error):
+        cur.fetchall()
+
+
+def test_division_by_zero_in_where_is_null_not_an_error(clean):
+    """ANSI mode is off in dpsql's Spark session: a data-dependent runtime error would be an
+    uncharged side channel. On Spark x / 0 is NULL (the row is filtered out); DuckDB gives
+    +inf, so the engines differ exactly on the rows with a zero divisor."""
+    duck, on_spark = clean
+    got = rows_of(on_spark, "SELECT COUNT(*) FROM t WHERE 100 / (age - 37) > 1")
+    assert got == rows_of(duck, "SELECT COUNT(*) FROM t WHERE age <> 37 AND 100 / (age - 37) > 1")
