@@ -74,12 +74,16 @@ def _spark_safe(expression: exp.Expression) -> exp.Expression:
 
     - ``(col)`` becomes ``col``: Spark 4.0 cannot parse ``WHERE (flag)`` (a parenthesised
       boolean column).
+    - ``TRY(x)`` becomes ``x``: Spark has no TRY, and the Spark engine runs with ANSI mode off,
+      where failing casts and divisions by zero already give NULL instead of an error.
     - The outermost SELECT's sums accumulate in DECIMAL(38, 0): Spark's SUM(BIGINT) wraps
       around silently past 2^63 (DuckDB widens to HUGEINT), which sums of squared fixed-point
       values reach within ~10^8 rows.
     """
 
     def unparen(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Try):
+            node = node.this
         if isinstance(node, exp.Paren) and isinstance(node.this, exp.Column):
             return node.this
         return node
