@@ -803,3 +803,15 @@ def test_catalog_column_types_match_postgresql(client):
     client.execute()
     row = client.sync().rows()[0]
     assert struct.unpack("!I", row[0])[0] == 16384 and row[1] == b"visits"
+
+
+def test_statement_timeout_interrupts(server):
+    c = RawClient("127.0.0.1", server.port)
+    c.login("alice", "pw-alice")
+    assert c.query("SET statement_timeout = 'soon'").errors()[0]["C"] == "22023"
+    assert c.query("SET statement_timeout = '200ms'").tags() == ["SET"]
+    reply = c.query("SELECT slow FROM visits")
+    err = reply.errors()[0]
+    assert err["C"] == "57014" and "statement timeout" in err["M"]
+    assert c.query("SET statement_timeout = 0; SELECT n FROM visits").tags() == ["SET", "SELECT 3"]
+    c.close()

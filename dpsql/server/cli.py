@@ -22,6 +22,9 @@ def register(subparsers: Any) -> None:
     )
     serve.add_argument("--policy", required=True, help="privacy policy (TOML)")
     serve.add_argument("--database", default=":memory:", help="DuckDB database for the data")
+    serve.add_argument(
+        "--engine", choices=("duckdb", "spark"), help="engine (default: the policy's [engine])"
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
     serve.add_argument("--port", type=int, default=5433, help="TCP port (default 5433)")
     serve.add_argument("--tls-cert", help="PEM certificate chain: enables TLS (sslmode=require)")
@@ -108,7 +111,9 @@ def _serve(args: argparse.Namespace) -> int:
         print("dpsql: --tls-cert and --tls-key go together", file=sys.stderr)
         return 2
     try:
-        service = dpsql.Service(args.policy, args.database, cache=not args.no_cache)
+        service = dpsql.Service(
+            args.policy, args.database, cache=not args.no_cache, engine=args.engine
+        )
     except dpsql.Error as exc:
         print(f"dpsql: {exc}", file=sys.stderr)
         return 1

@@ -175,6 +175,7 @@ class Session:
         self.queue: asyncio.Queue[Any] = asyncio.Queue(QUEUE_DEPTH)
         self._interrupt: Callable[[], None] | None = None
         self._cancelled = False
+        self._timed_out = False
         self._closing = False
 
     # ---------------------------------------------------------------------------------------
@@ -229,10 +230,46 @@ class Session:
         loop = asyncio.get_running_loop()
         self._cancelled = False
         self._interrupt = interrupt
+        timer = None
+        timeout = self._statement_timeout() if interrupt is not None else 0.0
+        if timeout > 0:
+            timer = loop.call_later(timeout, self._time_out)
         try:
             return await loop.run_in_executor(self.server.executor, fn, *args)
+        except Exception as exc:
+            if self._timed_out:
+                raise SqlError(
+                    "57014",
+                    "canceling statement due to statement timeout",
+                    hint="raise statement_timeout (SET statement_timeout = '60s') or simplify",
+                ) from exc
+            raise
         finally:
             self._interrupt = None
+            self._timed_out = False
+            if timer is not None:
+                timer.cancel()
+
+    def _time_out(self) -> None:
+        self._timed_out = True
+        self.cancel()
+
+    def _statement_timeout(self) -> float:
+        """statement_timeout in seconds (PostgreSQL syntax: 500, '500ms', '5s', '1min')."""
+        if self.settings is None:
+            return 0.0
+        text = self.settings.values.get("statement_timeout", "0").strip().lower()
+        units = {"ms": 0.001, "s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+        for unit in ("ms", "min", "s", "h", "d"):
+            if text.endswith(unit):
+                number, scale = text[: -len(unit)].strip(), units[unit]
+                break
+        else:
+            number, scale = text, 0.001
+        try:
+            return max(0.0, float(number) * scale)
+        except ValueError:
+            return 0.0
 
     # ---------------------------------------------------------------------------------------
     # lifecycle

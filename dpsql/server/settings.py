@@ -251,8 +251,19 @@ class SessionSettings:
         return changed
 
 
+_DURATION = re.compile(r"^\s*\d+(\.\d+)?\s*(ms|s|min|h|d)?\s*$", re.IGNORECASE)
+
+
 def _validate(key: str, value: str) -> None:
     low = value.lower().replace("-", "").replace("_", "")
+    if key in ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout") and (
+        not _DURATION.match(value)
+    ):
+        raise SettingError(
+            f'invalid value for parameter "{key}": "{value}"',
+            "22023",
+            hint="e.g. 5000, '5s' or '1min' (0 disables)",
+        )
     if key == "client_encoding" and low not in ("utf8", "unicode"):
         raise SettingError(
             f'invalid value for parameter "client_encoding": "{value}"',
