@@ -214,24 +214,23 @@ def parse_bind(body: bytes) -> Bind:
     return Bind(portal, statement, formats, tuple(params), res_formats)
 
 
-def parse_describe(body: bytes) -> Describe:
+def _statement_or_portal(body: bytes, message: str) -> tuple[str, str]:
+    """The ('S' | 'P', name) body shared by Describe and Close."""
     r = Reader(body)
     kind = chr(r.byte())
     name = r.cstring()
     r.end()
-    if kind not in "SP":
-        raise ProtocolViolation(f"invalid DESCRIBE message subtype {kind!r}")
-    return Describe(kind, name)
+    if kind not in ("S", "P"):
+        raise ProtocolViolation(f"invalid {message} message subtype {kind!r}")
+    return kind, name
+
+
+def parse_describe(body: bytes) -> Describe:
+    return Describe(*_statement_or_portal(body, "DESCRIBE"))
 
 
 def parse_close(body: bytes) -> Close:
-    r = Reader(body)
-    kind = chr(r.byte())
-    name = r.cstring()
-    r.end()
-    if kind not in "SP":
-        raise ProtocolViolation(f"invalid CLOSE message subtype {kind!r}")
-    return Close(kind, name)
+    return Close(*_statement_or_portal(body, "CLOSE"))
 
 
 def parse_execute(body: bytes) -> Execute:
