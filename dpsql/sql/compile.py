@@ -7,14 +7,20 @@ RANDOM(): selection must be a function of the unit's own rows only, and unpredic
 
 Bounding with a privacy unit (R rows per group, G groups per unit):
 
-1. ``base``     the filtered rows, with key values and per-row fixed-point measure values;
-2. ``per_group`` one row per (unit, group) with its row count and partial sums over all rows;
-3. ``sampled``  only for (unit, group) pairs over R rows: their R rows of smallest keyed hash,
-                re-aggregated — usually a tiny fraction, which is what keeps this cheap
-                compared with a row_number() window over every row;
-4. ``bounded``  per_group where within R, plus the sampled pairs;
-5. ``ranked``   (GROUP BY only) at most G groups per unit, by keyed hash of the key;
-6. the final GROUP BY keys summing the bounded partials.
+1. ``base``     one row per (unit, group): its row count and partial aggregates over all its
+                rows, straight from the table (no per-row CTE: no hash, no copy of the rows);
+                bare-column keys are filtered to their public domain here, on the pairs;
+2. ``sampled``  only (unit, group) pairs over R rows re-read their rows (a semi join on the
+                pair, NULL keys matching NULL) and keep the R of smallest keyed hash of the
+                whole row -- the hash and the row_number() window run on those rows only;
+3. ``bounded``  base where within R, plus the sampled pairs;
+4. ``crowded``/``ranked`` (GROUP BY only, and only when G is below the number of public bins)
+                units over G groups keep G, by keyed hash of the key; the other units' pairs
+                bypass the window through an anti join;
+5. the final GROUP BY keys summing the bounded partials.
+
+A row_number() window over every row costs ~50x the plain query at 10 rows per unit; see
+docs/performance.md for the measured figures of this plan.
 
 Row-level tables (every row its own unit) need no bounding: one scan and one GROUP BY.
 """
@@ -271,16 +277,16 @@ def _bounded_sql(plan: Plan, secret: int, where_sql: str, key_exprs: list[str]) 
     all_columns = ", ".join(_q(c) for c in table.columns)
     match = " AND ".join(["b.__u = o.__u"] + [f"b.{k} IS NOT DISTINCT FROM o.{k}" for k in ks])
     ctes = [
-        f"per_group AS ({pairs})",
+        f"base AS ({pairs})",
         # Only (unit, group) pairs over R rows re-read their rows: R of smallest keyed hash.
         (
             f"sampled AS (SELECT {gc}, COUNT(*) AS __n{aggs} FROM (SELECT b.*, ROW_NUMBER() "
             f"OVER (PARTITION BY {', '.join('b.' + c for c in ['__u', *ks])} ORDER BY "
             f"{KEYED_HASH}({all_columns}, {secret})) AS __r FROM (SELECT *, {unit} AS __u"
-            f"{keyed} FROM {source}{where_sql}) AS b SEMI JOIN (SELECT {gc} FROM per_group "
+            f"{keyed} FROM {source}{where_sql}) AS b SEMI JOIN (SELECT {gc} FROM base "
             f"WHERE __n > {R}) AS o ON {match}) AS s WHERE __r <= {R} GROUP BY {gc})"
         ),
-        f"bounded AS (SELECT * FROM per_group WHERE __n <= {R} UNION ALL SELECT * FROM sampled)",
+        f"bounded AS (SELECT * FROM base WHERE __n <= {R} UNION ALL SELECT * FROM sampled)",
     ]
     final_source = "bounded"
     domains = [kp.domain for kp in plan.keys]

@@ -1,0 +1,473 @@
+"""Core speed: planning latency, and DP queries vs the same plain DuckDB query, side by side.
+
+Generates a deterministic synthetic table of patient visits (``--rows``, default 10M; about
+10 rows per patient) into a DuckDB file under ``bench/data/`` (git-ignored), then in ONE run:
+
+1. planning latency (parse -> bind -> plan -> compile) over a mix of queries on the fixture;
+2. the fixture (20k rows) DP query vs plain, end to end, and DP queries/s on one thread;
+3. for each query: the plain DuckDB query and the DP query (row-level table, and the same data
+   with a privacy unit), interleaved, ``--reps`` times: medians of wall and process-CPU time,
+   and their ratios. "DP" is the whole pipeline (bind, plan, engine, noise, post-processing);
+   "engine" is the compiled SQL alone;
+4. peak memory: a fresh subprocess per query, its peak RSS (VmHWM, what ru_maxrss reports for a
+   process not forked from a bigger one: whole-process peak, which includes Python, DuckDB and the pages of the table it read),
+   and that peak minus the RSS just before the query.
+
+Correctness is checked in the same run: with ZeroNoise, the row-level DP aggregates equal a
+hand-written reference query exactly, and (``--check-reference``, on by default for --quick)
+the unit-level result equals the previous window-over-every-row plan with the same secret.
+
+    python bench/bench_core.py --quick          # 1M rows, ~2 minutes
+    python bench/bench_core.py                  # 10M rows
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import duckdb  # noqa: E402
+
+from dpsql.pipeline import Service, Settings  # noqa: E402
+from dpsql.privacy.ledger import MemoryLedger  # noqa: E402
+from dpsql.privacy.samplers import ZeroNoise  # noqa: E402
+from dpsql.sql.bind import parse_statement  # noqa: E402
+from dpsql.sql.compile import compile_plan  # noqa: E402
+
+DEPARTMENTS = ["cardiology", "dermatology", "emergency", "neurology", "oncology", "pediatrics"]
+
+COLUMNS: dict[str, dict[str, Any]] = {
+    "patient_id": {"type": "int", "nullable": False},
+    "age": {"type": "int", "lower": 0, "upper": 100, "nullable": False},
+    "department": {"type": "text", "values": DEPARTMENTS, "nullable": False},
+    "diagnosis": {"type": "text", "nullable": False},
+    "cost": {"type": "float", "lower": 0.0, "upper": 5000.0, "granularity": 0.01},
+    "visit_date": {"type": "date", "nullable": False},
+    "smoker": {"type": "bool", "nullable": False},
+}
+
+# {t} is the table: visits_rows (every row its own unit) or visits (privacy unit patient_id).
+QUERIES = {
+    "group_by": "SELECT department, COUNT(*), SUM(cost), AVG(cost) FROM {t} GROUP BY department",
+    "no_group": "SELECT COUNT(*), SUM(cost), AVG(cost) FROM {t}",
+    "bins_where": (
+        "SELECT smoker, FLOOR(age / 10) * 10 AS decade, COUNT(*), AVG(cost) FROM {t} "
+        "WHERE visit_date >= DATE '2024-03-01' GROUP BY smoker, decade"
+    ),
+}
+
+PLANNING_MIX = [
+    "SELECT COUNT(*) FROM visits",
+    "SELECT department, COUNT(*), AVG(cost) FROM visits GROUP BY department",
+    "SELECT department, smoker, SUM(cost) AS s FROM visits WHERE age BETWEEN 20 AND 60 "
+    "GROUP BY 1, 2 ORDER BY s DESC LIMIT 5",
+    "SELECT FLOOR(age / 10) * 10 AS decade, COUNT(DISTINCT patient_id), STDDEV(cost) "
+    "FROM visits GROUP BY decade HAVING COUNT(*) > 10",
+    "SELECT diagnosis, COUNT(*) FROM visits WHERE department IN ('oncology', 'neurology') "
+    "GROUP BY diagnosis",
+    "SELECT AVG(age), SUM(cost) FROM visits WHERE smoker AND cost > 100",
+]
+
+
+def generate(path: Path, rows: int, hot: float) -> None:
+    """Deterministic data (DuckDB's HASH of the row number): ~10 rows per patient, a patient's
+    visits go to their 'home' department with probability ``hot``; ~17% of costs lie above
+    the declared upper bound (clamping binds), 2% are NULL."""
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    units = max(1, rows // 10)
+    depts = ", ".join(f"'{d}'" for d in DEPARTMENTS)
+    hot_per_mille = round(hot * 1000)
+    con = duckdb.connect(str(tmp))
+    con.execute(
+        f"""
+        CREATE TABLE visits AS
+        WITH r AS (SELECT i, hash(i, 1) % {units} AS pid FROM range({rows}) t(i))
+        SELECT
+          CAST(pid AS BIGINT) AS patient_id,
+          CAST(18 + hash(pid, 2) % 80 AS BIGINT) AS age,
+          ([{depts}])[1 + CAST(CASE WHEN hash(i, 3) % 1000 < {hot_per_mille}
+              THEN hash(pid, 4) % 6 ELSE hash(i, 5) % 6 END AS BIGINT)] AS department,
+          'D' || lpad(CAST(hash(i, 6) % 300 AS VARCHAR), 3, '0') AS diagnosis,
+          CASE WHEN hash(i, 7) % 50 = 0 THEN NULL
+               ELSE CAST(hash(i, 8) % 600000 AS DOUBLE) / 100 END AS cost,
+          DATE '2024-01-01' + CAST(hash(i, 9) % 366 AS INTEGER) AS visit_date,
+          hash(pid, 10) % 4 = 0 AS smoker
+        FROM r
+        """
+    )
+    con.close()
+    tmp.rename(path)
+
+
+def policy(max_rows: int, max_groups: int) -> dict[str, Any]:
+    return {
+        "privacy": {
+            "epsilon": 1.0,
+            "delta": 1e-6,
+            "budget_epsilon": 1e12,
+            "budget_delta": 0.5,
+            "dataset": "bench",
+        },
+        "tables": {
+            "visits_rows": {"source": "visits", "columns": COLUMNS},
+            "visits": {
+                "source": "visits",
+                "privacy_unit": "patient_id",
+                "max_rows_per_unit": max_rows,
+                "max_groups_per_unit": max_groups,
+                "columns": COLUMNS,
+            },
+        },
+    }
+
+
+def service(db: Path | str, pol: dict | str, noise: Any = None) -> Service:
+    return Service(pol, str(db), ledger=MemoryLedger(), noise=noise, cache=False)
+
+
+def cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def timed(fn) -> tuple[float, float]:
+    c, w = cpu(), time.perf_counter()
+    fn()
+    return time.perf_counter() - w, cpu() - c
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+# -- planning -------------------------------------------------------------------------------
+def bench_planning(reps: int) -> dict[str, Any]:
+    svc = service(":memory:", str(ROOT / "fixtures" / "visits.toml"))
+    settings = Settings.from_policy(svc.policy)
+    per_query = {}
+    everything = []
+    for q in PLANNING_MIX:  # warm the domain cache: it depends on the policy only
+        compile_plan(svc.plan(parse_statement(q, svc.policy), settings), 1)
+    for q in PLANNING_MIX:
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            compile_plan(svc.plan(parse_statement(q, svc.policy), settings), 1).render("duckdb")
+            times.append(time.perf_counter() - t)
+        per_query[q] = med(times) * 1e3
+        everything += times
+    svc.close()
+    return {"median_ms": med(everything) * 1e3, "per_query_ms": per_query}
+
+
+def bench_fixture(reps: int) -> dict[str, Any]:
+    """The fixture query at 20k rows: plain vs DP end to end, and DP queries/s (one thread)."""
+    svc = service(":memory:", str(ROOT / "fixtures" / "visits.toml"))
+    settings = Settings.from_policy(svc.policy)
+    settings.epsilon = 1e-9
+    q = "SELECT department, COUNT(*), AVG(cost) FROM visits GROUP BY department"
+    con = svc.engine._con
+    plain, dp = [], []
+    for _ in range(reps):
+        plain.append(timed(lambda: con.execute(q).fetchall())[0])
+        dp.append(timed(lambda: svc.execute(q, None, settings, "bench"))[0])
+    svc.close()
+    return {
+        "plain_ms": med(plain) * 1e3,
+        "dp_ms": med(dp) * 1e3,
+        "ratio": med(dp) / med(plain),
+        "dp_queries_per_s": 1 / med(dp),
+    }
+
+
+# -- plain vs DP at scale --------------------------------------------------------------------
+def check_row_level(svc: Service, exact: Service) -> None:
+    """ZeroNoise: the row-level DP aggregates equal hand-written reference SQL, exactly."""
+    settings = Settings.from_policy(exact.policy)
+    q = QUERIES["group_by"].format(t="visits_rows")
+    plan = exact.plan(parse_statement(q, exact.policy), settings)
+    got = exact.engine.execute(compile_plan(plan, 7))
+    by_key = {k[0]: [m[i] for m in got.measures] for i, k in enumerate(got.key_rows)}
+    ref = svc.engine._con.execute(
+        "SELECT department, COUNT(*), SUM(CASE WHEN cost IS NOT NULL THEN CAST(ROUND(LEAST("
+        "GREATEST(cost, 0.0), 5000.0) / 0.01) AS BIGINT) - 250000 END), COUNT(cost) "
+        "FROM visits_rows GROUP BY department"
+    ).fetchall()
+    for dept, n, s, c in ref:
+        assert by_key[dept] == [n, s, c], (dept, by_key[dept], (n, s, c))
+    released = dict(
+        (r[0], r[1:]) for r in exact.execute(q, None, settings, "check").rows
+    )  # COUNT(*) after (zero) noise equals the plain count
+    for dept, n, _, _ in ref:
+        assert released[dept][0] == n
+
+
+def reference_unit_sql(plan: Any, secret: int) -> str:
+    """The previous plan (row_number() over every row), kept as an executable reference."""
+    from dpsql.sql.compile import _domain_filters, _q, row_value
+
+    table = plan.query.table
+    conds = [f"TRY({plan.query.where.sql(dialect='duckdb')})"] if plan.query.where else []
+    conds += _domain_filters(plan)
+    where = f" WHERE {' AND '.join(conds)}" if conds else ""
+    keys = [f"k{i}" for i in range(len(plan.keys))]
+    key_select = [f"TRY({kp.key.sql}) AS {k}" for kp, k in zip(plan.keys, keys, strict=True)]
+    vm = [m for m in plan.measures if row_value(m, table) is not None]
+    cols = ", ".join(_q(c) for c in table.columns)
+    gc = ", ".join(["__u", *keys])
+    base = [f"{_q(table.privacy_unit)} AS __u", *key_select]
+    base += [f"{row_value(m, table)} AS v_{m.name}" for m in vm]
+    base.append(f"HASH({cols}, {secret}) AS __h")
+    sums = "".join(f", SUM(v_{m.name}) AS v_{m.name}" for m in vm)
+    sql = (
+        f"WITH base AS (SELECT {', '.join(base)} FROM {_q(table.name)}{where}), "
+        f"kept AS (SELECT * FROM base QUALIFY ROW_NUMBER() OVER (PARTITION BY {gc} "
+        f"ORDER BY __h) <= {plan.max_rows}), "
+        f"bounded AS (SELECT {gc}, COUNT(*) AS __n{sums} FROM kept GROUP BY {gc})"
+    )
+    src = "bounded"
+    if keys:
+        sql += (
+            f", ranked AS (SELECT * FROM bounded QUALIFY ROW_NUMBER() OVER (PARTITION BY __u "
+            f"ORDER BY HASH({', '.join(keys)}, {secret}), {', '.join(keys)}) <= {plan.max_groups})"
+        )
+        src = "ranked"
+    sel = list(keys)
+    for m in plan.measures:
+        sel.append(
+            "SUM(__n)"
+            if m.kind == "rows"
+            else "COUNT(*)"
+            if m.kind == "units"
+            else f"SUM(v_{m.name})"
+        )
+    return f"{sql} SELECT {', '.join(sel)} FROM {src}" + (
+        f" GROUP BY {', '.join(keys)}" if keys else ""
+    )
+
+
+def _norm(rows: list[tuple], nk: int) -> list[tuple]:
+    return sorted(tuple(int(v or 0) if i >= nk else v for i, v in enumerate(r)) for r in rows)
+
+
+def check_unit_level(exact: Service) -> None:
+    """Same secret, same rows and groups kept: the new plan equals the window-everything one."""
+    settings = Settings.from_policy(exact.policy)
+    settings.delta = 1e-6
+    for name, q in QUERIES.items():
+        plan = exact.plan(parse_statement(q.format(t="visits"), exact.policy), settings)
+        compiled = compile_plan(plan, 4242)
+        got = exact.engine._con.execute(compiled.render("duckdb")).fetchall()
+        ref = exact.engine._con.execute(reference_unit_sql(plan, 4242)).fetchall()
+        nk = len(plan.keys)
+        assert _norm(got, nk) == _norm(ref, nk), name
+        print(f"  check: unit-level {name} equals the reference plan ({len(got)} groups)")
+
+
+def bench_scale(svc: Service, reps: int, tables: list[str]) -> list[dict[str, Any]]:
+    settings = Settings.from_policy(svc.policy)
+    con = svc.engine._con
+    out = []
+    for name, q in QUERIES.items():
+        plain_sql = q.format(t="visits_rows")
+        for table in tables:
+            dp_sql = q.format(t=table)
+            plan = svc.plan(parse_statement(dp_sql, svc.policy), settings)
+            engine_sql = compile_plan(plan, 99).render("duckdb")
+            rec: dict[str, list[float]] = {k: [] for k in ("pw", "pc", "dw", "dc", "ew", "ec")}
+            runs = {
+                "p": lambda s=plain_sql: con.execute(s).fetchall(),
+                "d": lambda s=dp_sql: svc.execute(s, None, settings, "bench"),
+                "e": lambda s=engine_sql: con.execute(s).fetchall(),
+            }
+            for _ in range(reps):
+                for key, fn in runs.items():
+                    w, c = timed(fn)
+                    rec[key + "w"].append(w)
+                    rec[key + "c"].append(c)
+            m = {k: med(v) for k, v in rec.items()}
+            row = {
+                "query": name,
+                "table": table,
+                "plain_ms": m["pw"] * 1e3,
+                "dp_ms": m["dw"] * 1e3,
+                "engine_ms": m["ew"] * 1e3,
+                "ratio_wall": m["dw"] / m["pw"],
+                "ratio_cpu": m["dc"] / m["pc"],
+                "engine_ratio_wall": m["ew"] / m["pw"],
+                "engine_ratio_cpu": m["ec"] / m["pc"],
+            }
+            out.append(row)
+            print(
+                f"  {name:10s} {table:12s} plain {row['plain_ms']:8.1f} ms  DP {row['dp_ms']:8.1f}"
+                f" ms  x{row['ratio_wall']:5.2f} wall  x{row['ratio_cpu']:5.2f} cpu   "
+                f"(engine SQL alone x{row['engine_ratio_wall']:5.2f} wall,"
+                f" x{row['engine_ratio_cpu']:5.2f} cpu)",
+                flush=True,
+            )
+    return out
+
+
+# -- memory: one fresh process per query -------------------------------------------------------
+def _rss_kib(field: str = "VmRSS") -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def memory_child(db: str, pol: str, kind: str, query: str, table: str) -> None:
+    svc = service(db, json.loads(pol))
+    settings = Settings.from_policy(svc.policy)
+    before = _rss_kib()
+    if kind == "plain":
+        svc.engine._con.execute(QUERIES[query].format(t="visits_rows")).fetchall()
+    else:
+        svc.execute(QUERIES[query].format(t=table), None, settings, "bench")
+    # VmHWM: this process's peak RSS. (ru_maxrss would do, but Linux carries it over from the
+    # parent across fork + exec, so a child of a big bench process reports the parent's peak.)
+    peak = _rss_kib("VmHWM")
+    print(json.dumps({"before_kib": before, "peak_kib": peak}))
+
+
+def bench_memory(db: Path, pol: dict, queries: list[str], tables: list[str]) -> list[dict]:
+    def child(kind: str, query: str, table: str) -> dict:
+        out = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--memory-child",
+                str(db),
+                json.dumps(pol),
+                kind,
+                query,
+                table,
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    rows = []
+    for query in queries:
+        plain = child("plain", query, "visits_rows")
+        for table in tables:
+            dp = child("dp", query, table)
+            row = {
+                "query": query,
+                "table": table,
+                "plain_peak_mib": plain["peak_kib"] / 1024,
+                "dp_peak_mib": dp["peak_kib"] / 1024,
+                "ratio_peak": dp["peak_kib"] / plain["peak_kib"],
+                "plain_query_mib": (plain["peak_kib"] - plain["before_kib"]) / 1024,
+                "dp_query_mib": (dp["peak_kib"] - dp["before_kib"]) / 1024,
+            }
+            rows.append(row)
+            print(
+                f"  {query:10s} {table:12s} peak RSS plain {row['plain_peak_mib']:7.1f} MiB  DP "
+                f"{row['dp_peak_mib']:7.1f} MiB  x{row['ratio_peak']:4.2f}   (above the RSS "
+                f"before the query: plain {row['plain_query_mib']:6.1f}, DP "
+                f"{row['dp_query_mib']:6.1f} MiB)",
+                flush=True,
+            )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--rows", type=int, default=10_000_000, help="rows to generate (10M)")
+    ap.add_argument("--quick", action="store_true", help="1M rows, fewer repetitions")
+    ap.add_argument("--reps", type=int, default=None, help="repetitions per query (5; quick 3)")
+    ap.add_argument(
+        "--hot",
+        type=float,
+        default=0.6,
+        help="share of a patient's visits in their home department (0.6)",
+    )
+    ap.add_argument("--max-rows-per-unit", type=int, default=5, help="R (5)")
+    ap.add_argument("--max-groups-per-unit", type=int, default=3, help="G (3)")
+    ap.add_argument("--data-dir", type=Path, default=ROOT / "bench" / "data")
+    ap.add_argument(
+        "--check-reference",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="compare the unit-level plan with the window-everything plan "
+        "(default: on with --quick; ~60 s per query at 10M rows)",
+    )
+    ap.add_argument("--skip-memory", action="store_true")
+    ap.add_argument("--only", choices=["planning", "fixture", "scale"], default=None)
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    ap.add_argument("--memory-child", nargs=5, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.memory_child:
+        memory_child(*args.memory_child)
+        return 0
+    rows = 1_000_000 if args.quick else args.rows
+    reps = args.reps or (3 if args.quick else 5)
+    check = args.quick if args.check_reference is None else args.check_reference
+    results: dict[str, Any] = {"rows": rows, "reps": reps}
+    print(
+        f"dpsql core bench: {rows:,} rows, {reps} reps, duckdb {duckdb.__version__}, "
+        f"{os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
+    if args.only in (None, "planning"):
+        p = bench_planning(200)
+        results["planning"] = p
+        print(f"planning (parse+bind+plan+compile) median {p['median_ms']:.2f} ms over the mix")
+        for q, ms in p["per_query_ms"].items():
+            print(f"  {ms:6.2f} ms  {q[:80]}")
+    if args.only in (None, "fixture"):
+        f = bench_fixture(30)
+        results["fixture"] = f
+        print(
+            f"fixture (20k rows) GROUP BY department: plain {f['plain_ms']:.2f} ms, DP end to end "
+            f"{f['dp_ms']:.2f} ms (x{f['ratio']:.1f}), {f['dp_queries_per_s']:.0f} DP queries/s"
+            " on one thread"
+        )
+    if args.only in (None, "scale"):
+        db = args.data_dir / f"core_{rows}_hot{round(args.hot * 100)}.duckdb"
+        t = time.perf_counter()
+        generate(db, rows, args.hot)
+        print(f"data: {db} ({time.perf_counter() - t:.1f} s to generate or find)", flush=True)
+        pol = policy(args.max_rows_per_unit, args.max_groups_per_unit)
+        svc = service(db, pol)
+        exact = service(db, pol, noise=ZeroNoise())
+        check_row_level(svc, exact)
+        print("  check: row-level DP aggregates (ZeroNoise) equal the reference query exactly")
+        if check:
+            check_unit_level(exact)
+        exact.close()
+        tables = ["visits_rows", "visits"]
+        print(
+            f"plain vs DP, medians of {reps} interleaved runs (visits = privacy unit "
+            f"patient_id, R={args.max_rows_per_unit}, G={args.max_groups_per_unit}):"
+        )
+        results["scale"] = bench_scale(svc, reps, tables)
+        svc.close()
+        if not args.skip_memory:
+            print("peak memory (fresh process per query, peak RSS = VmHWM):")
+            results["memory"] = bench_memory(db, pol, ["group_by", "no_group"], tables)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
