@@ -103,12 +103,8 @@ def _heavy_null_key(tmp_path, null_units: bool = False):
     return exact_connect(table_policy(path, cols, unit="uid", rows=2, groups=2))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="compile.py: the `(unit, key) IN (SELECT ...)` that picks the R rows of units over "
-    "R never matches a NULL key, so such units lose their NULL group entirely",
-)
 def test_null_group_of_units_over_the_row_bound_keeps_r_rows(tmp_path):
+    """Units over R in the NULL group keep R rows there too (NULL keys match NULL keys)."""
     with _heavy_null_key(tmp_path) as c:
         got = dict(rows_of(c, "SELECT grp, COUNT(*) FROM t GROUP BY grp"))
     assert got == {"a": 6, "b": 0, None: 6}
@@ -116,8 +112,8 @@ def test_null_group_of_units_over_the_row_bound_keeps_r_rows(tmp_path):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="rows with a NULL privacy unit are grouped as one unit when they are at most R, and "
-    "silently dropped when more (same IN/NULL issue); proposed: always drop them",
+    reason="rows with a NULL privacy unit are kept as if one unit when they are at most R, and "
+    "all dropped when more; proposed (for the lead to decide): always drop them",
 )
 def test_rows_without_a_privacy_unit_are_dropped(tmp_path):
     with _heavy_null_key(tmp_path, null_units=True) as c:
