@@ -198,6 +198,19 @@ def test_catalog_and_describe_spend_nothing(server):
     assert _spent(server, "describer") == before
 
 
+def test_zero_row_probes_describe_without_spending(server):
+    """BI tools learn columns with LIMIT 0 / WHERE 1 = 0: answered, and nothing is spent."""
+    with psycopg.connect(_dsn(server, "describer")) as conn:
+        before = _spent(server, "describer")
+        cur = conn.execute("SELECT * FROM visits LIMIT 0")
+        assert [d.name for d in cur.description][:3] == ["patient_id", "age", "department"]
+        assert [d.type_code for d in cur.description][:2] == [20, 20] and cur.fetchall() == []
+        cur = conn.execute("SELECT department, AVG(cost) AS c FROM visits GROUP BY 1 LIMIT 0")
+        assert [(d.name, d.type_code) for d in cur.description] == [("department", 25), ("c", 701)]
+        assert conn.execute("SELECT age FROM visits WHERE 1 = 0").fetchall() == []
+        assert _spent(server, "describer") == before
+
+
 def test_budget_exhaustion_is_53400(server):
     with psycopg.connect(_dsn(server, "spender"), autocommit=True) as conn:
         conn.execute("SET epsilon = 6")

@@ -815,3 +815,35 @@ def test_statement_timeout_interrupts(server):
     assert err["C"] == "57014" and "statement timeout" in err["M"]
     assert c.query("SET statement_timeout = 0; SELECT n FROM visits").tags() == ["SET", "SELECT 3"]
     c.close()
+
+
+def test_zero_row_probes_run_nothing(server, client):
+    conn = server.service.connections[-1]
+    before = len(conn.log)
+    for sql in ["SELECT * FROM visits LIMIT 0", "SELECT n FROM (SELECT * FROM visits) v LIMIT 0"]:
+        reply = client.query(sql)
+        assert reply.errors() == [] and reply.rows() == [] and reply.tags() == ["SELECT 0"]
+        assert [c[0] for c in reply.columns()] == ["n", "x", "s", "b", "d"]  # planned columns
+    assert len(conn.log) == before
+
+
+def test_probe_recognition():
+    from dpsql.server.probes import is_zero_row_probe
+
+    for sql in [
+        "SELECT * FROM visits LIMIT 0",
+        "SELECT a FROM visits WHERE 1 = 0",
+        "SELECT a FROM visits WHERE (1 <> 1) AND a > 3",
+        "SELECT department, COUNT(*) FROM visits GROUP BY department LIMIT 0",
+        "SELECT a FROM visits WHERE false",
+    ]:
+        assert is_zero_row_probe(sql), sql
+    for sql in [
+        "SELECT * FROM visits LIMIT 1",
+        "SELECT COUNT(*) FROM visits WHERE 1 = 0",  # one (noisy) row, not zero
+        "SELECT department, COUNT(*) FROM visits WHERE false GROUP BY department",
+        "SELECT a FROM visits WHERE 1 = 0 OR a > 1",
+        "SELECT * FROM (SELECT * FROM visits LIMIT 0) v",
+        "SELECT a FROM visits WHERE '1' = 1",
+    ]:
+        assert not is_zero_row_probe(sql), sql

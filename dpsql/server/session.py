@@ -25,6 +25,7 @@ from dpsql.server.backend import DpBackend, Outcome, placeholder_count
 from dpsql.server.catalog import ShadowCursor
 from dpsql.server.catalog_sql import SessionInfo
 from dpsql.server.failures import ClientError
+from dpsql.server.probes import is_zero_row_probe
 from dpsql.server.scram import MECHANISM, ScramError, ScramExchange
 from dpsql.server.settings import (
     REPORTED,
@@ -536,7 +537,7 @@ class Session:
         if head == "explain" and not identifiers(sql) & self.server.private_names:
             return "explain"
         if identifiers(sql) & self.server.private_names:
-            return "dp"
+            return "probe" if head in ("select", "with") and is_zero_row_probe(sql) else "dp"
         return "catalog"
 
     def _pg_setting(self, name: str) -> bool:
@@ -585,6 +586,8 @@ class Session:
                 self.dp.execute, sql, list(params) or None, interrupt=self.dp.interrupt
             )
             return outcome
+        if kind == "probe":
+            return Outcome(await self._probe_columns(sql, params), [], "SELECT 0")
         assert self.shadow is not None
         result = await self._blocking(
             self.shadow.run, sql, list(params) or None, self.info(), interrupt=self.shadow.interrupt
@@ -603,6 +606,8 @@ class Session:
             return ((name, t.TEXT),)
         if kind in ("tx", "set", "reset", "noop", "empty", "explain"):
             return None
+        if kind == "probe":
+            return await self._probe_columns(stmt.sql, params)
         if kind == "dp":
             assert self.dp is not None
             words = keywords(stmt.sql, 1)
@@ -613,6 +618,23 @@ class Session:
         assert self.shadow is not None
         values = list(params) if params is not None else [None] * len(stmt.param_oids)
         result = await self._blocking(self.shadow.run, stmt.sql, values or None, self.info())
+        return result.columns
+
+    async def _probe_columns(
+        self, sql: str, params: Sequence[Any] | None
+    ) -> tuple[tuple[str, int], ...]:
+        """Columns of a zero-row probe: the planned DP columns, else the shadow's (public)."""
+        assert self.dp is not None and self.shadow is not None
+        try:
+            columns = await self._blocking(self.dp.describe, sql, params)
+        except dperr.Error:
+            columns = ()
+        if columns:
+            return columns
+        values = list(params) if params else None
+        result = await self._blocking(
+            self.shadow.run, sql, values, self.info(), interrupt=self.shadow.interrupt
+        )
         return result.columns
 
     def _transaction(self, sql: str) -> Outcome:

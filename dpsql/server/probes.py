@@ -1,0 +1,54 @@
+"""Zero-row probes: queries that return no rows whatever the data holds.
+
+BI tools learn a query's columns by running it with ``LIMIT 0`` or ``WHERE 1 = 0`` (Tableau,
+Superset, JDBC ``ResultSetMetaData``). Such a query releases nothing about the private data,
+so it is answered without the pipeline's charge: with the planned DP columns when the query is a
+DP aggregate, else from the empty shadow tables (the schema is public). Recognition is purely
+syntactic and conservative: a top-level ``LIMIT 0`` or a WHERE clause that is constant false.
+"""
+
+from __future__ import annotations
+
+import sqlglot
+from sqlglot import exp
+
+
+def _constant_false(node: exp.Expression | None) -> bool:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.Boolean):
+        return node.this is False
+    if isinstance(node, exp.EQ | exp.NEQ):
+        left, right = node.this, node.expression
+        if (
+            isinstance(left, exp.Literal)
+            and isinstance(right, exp.Literal)
+            and left.is_string == right.is_string  # '1' = 1 is true in PostgreSQL: undecided
+        ):
+            same = (
+                left.this == right.this if left.is_string else float(left.this) == float(right.this)
+            )
+            return not same if isinstance(node, exp.EQ) else same
+    if isinstance(node, exp.And):
+        return _constant_false(node.this) or _constant_false(node.expression)
+    return False
+
+
+def is_zero_row_probe(sql: str) -> bool:
+    try:
+        tree = sqlglot.parse_one(sql, read="postgres")
+    except (sqlglot.errors.ParseError, sqlglot.errors.TokenError):
+        return False
+    if not isinstance(tree, exp.Select):
+        return False
+    limit = tree.args.get("limit")
+    if isinstance(limit, exp.Limit):
+        value = limit.expression
+        if isinstance(value, exp.Literal) and not value.is_string and value.this == "0":
+            return True
+    where = tree.args.get("where")
+    # a constant-false WHERE on a grouped query still yields one row for a global aggregate
+    grouped = tree.args.get("group") is not None or any(
+        item.find(exp.AggFunc) for item in tree.expressions
+    )
+    return where is not None and not grouped and _constant_false(where.this)
