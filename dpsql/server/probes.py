@@ -25,9 +25,14 @@ def _constant_false(node: exp.Expression | None) -> bool:
             and isinstance(right, exp.Literal)
             and left.is_string == right.is_string  # '1' = 1 is true in PostgreSQL: undecided
         ):
-            same = (
-                left.this == right.this if left.is_string else float(left.this) == float(right.this)
-            )
+            try:
+                same = (
+                    left.this == right.this
+                    if left.is_string
+                    else float(left.this) == float(right.this)
+                )
+            except ValueError:
+                return False
             return not same if isinstance(node, exp.EQ) else same
     if isinstance(node, exp.And):
         return _constant_false(node.this) or _constant_false(node.expression)
