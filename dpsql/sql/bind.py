@@ -27,7 +27,7 @@ from dpsql.errors import (
     UndefinedTableError,
 )
 from dpsql.policy import Policy, TablePolicy
-from dpsql.sql.positions import offset_position, position_of, snippet
+from dpsql.sql.positions import _tokens, offset_position, position_of, snippet
 
 logging.getLogger("sqlglot").setLevel(logging.ERROR)
 
@@ -295,10 +295,7 @@ def parse_statement(
 
 
 def _first_word(text: str) -> str:
-    try:
-        tokens = sqlglot.tokenize(text, read=DIALECT)
-    except (TokenError, ParseError):
-        return ""
+    tokens = _tokens(text)  # cached: position_of tokenizes the same text again
     return tokens[0].text.upper() if tokens else ""
 
 

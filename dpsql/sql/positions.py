@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
@@ -35,11 +37,18 @@ def position_of(node: exp.Expression | None, text: str) -> Position | None:
     return offset_position(text, best)
 
 
-def _tokens(text: str) -> list:
+def _tokens(text: str) -> tuple:
+    """sqlglot tokens of ``text``, cached: binding asks for the same text's tokens several
+    times (the first word, each GROUP BY key's position), and tokenizing dominates planning."""
+    return _tokens_cached(text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _tokens_cached(text: str) -> tuple:
     try:
-        return sqlglot.tokenize(text, read="duckdb")
+        return tuple(sqlglot.tokenize(text, read="duckdb"))
     except (TokenError, ParseError):
-        return []
+        return ()
 
 
 def _first_token(sql: str) -> str | None:
