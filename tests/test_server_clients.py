@@ -361,11 +361,10 @@ def test_jdbc_metadata_and_dp_query(server):
 # TLS
 
 
-@pytest.fixture(scope="module")
-def tls_files(tmp_path_factory):
-    x509 = pytest.importorskip("cryptography.x509", reason="cryptography is not installed")
+def _self_signed_with_cryptography(root: Path) -> None:
     import ipaddress
 
+    from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
@@ -390,7 +389,6 @@ def tls_files(tmp_path_factory):
         )
         .sign(key, hashes.SHA256())
     )
-    root = tmp_path_factory.mktemp("tls")
     (root / "server.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     (root / "server.key").write_bytes(
         key.private_bytes(
@@ -399,6 +397,30 @@ def tls_files(tmp_path_factory):
             serialization.NoEncryption(),
         )
     )
+
+
+def _self_signed_with_openssl(root: Path, openssl: str) -> None:
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-keyout", str(root / "server.key"), "-out", str(root / "server.crt"),
+         "-days", "2", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+         "-addext", "basicConstraints=critical,CA:TRUE"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory):
+    """A self-signed certificate for localhost / 127.0.0.1 (cryptography, else openssl)."""
+    root = tmp_path_factory.mktemp("tls")
+    try:
+        _self_signed_with_cryptography(root)
+    except ImportError:
+        openssl = shutil.which("openssl")
+        if openssl is None:
+            pytest.skip("neither the cryptography package nor the openssl command is available")
+        _self_signed_with_openssl(root, openssl)
     return root / "server.crt", root / "server.key"
 
 
