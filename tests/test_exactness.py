@@ -442,3 +442,40 @@ def test_thresholded_groups_are_released_in_a_canonical_order(clean):
             assert keys == sorted(keys, key=lambda k: [(v is None, v or "") for v in k])
     finally:
         cur.execute("RESET epsilon")
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_bounding_per_unit_and_group_decoded_from_sums(tmp_path: Path, seed):
+    """Each unit u carries v = 4**u, so SUM(v) per group spells out, in base 4, how many rows
+    every unit kept there (< 4 since R <= 3). Check, unit by unit: a unit keeps min(n, R) rows
+    in each kept group, and keeps min(#groups, G) of its groups, NULL group included."""
+    rnd = random.Random(seed)
+    R, G = rnd.randint(1, 3), rnd.randint(1, 3)
+    rows, n = [], {}
+    for uid in range(15):
+        for g in rnd.sample(["a", "b", "c", None], rnd.randint(1, 4)):
+            n[uid, g] = rnd.randint(1, 6)
+            rows += [(uid, g, 4**uid)] * n[uid, g]
+    rnd.shuffle(rows)
+    path = write_csv(tmp_path / "b.csv", ["uid", "grp", "v"], rows)
+    cols = {
+        "uid": {"type": "int", "nullable": False},
+        "grp": {"type": "text", "values": ["a", "b", "c"]},
+        "v": {"type": "int", "lower": 0, "upper": 4**14},
+    }
+    with exact_connect(table_policy(path, cols, unit="uid", rows=R, groups=G)) as conn:
+        result = rows_of(conn, "SELECT grp, SUM(v), COUNT(*) FROM t GROUP BY grp")
+        (total,) = rows_of(conn, "SELECT SUM(v) FROM t")[0]
+    kept = {}
+    for g, s, count in result:
+        digits = [(s // 4**u) % 4 for u in range(15)]
+        assert sum(digits) == count
+        kept.update({(u, g): d for u, d in enumerate(digits) if d})
+    for uid in range(15):
+        mine = {g for (u, g) in n if u == uid}
+        chosen = {g for (u, g) in kept if u == uid}
+        assert chosen <= mine and len(chosen) == min(len(mine), G)
+        assert all(kept[uid, g] == min(n[uid, g], R) for g in chosen)
+    # without GROUP BY a unit is one group: min(its rows, R)
+    by_unit = {u: sum(c for (w, _), c in n.items() if w == u) for u in range(15)}
+    assert total == sum(min(c, R) * 4**u for u, c in by_unit.items())
