@@ -128,3 +128,21 @@ def test_rows_on_which_a_key_fails_form_the_null_bin(conn):
     assert got[None] == 1 and sum(got.values()) == 5  # age 3 fails; age 42 is out of domain
     got = dict(rows_of(conn, "SELECT CAST(strict AS INT) AS k, COUNT(*) FROM t GROUP BY k"))
     assert got == {None: 4}
+
+
+@pytest.mark.parametrize("unit", [None, "uid"])
+def test_out_of_domain_public_key_is_dropped_when_thresholded_too(tmp_path, unit):
+    """GROUP BY a public and a non-public key: tuples whose public part lies outside its
+    declared values are dropped, as without the non-public key (row-level tables too)."""
+    rows = [(i, "zz" if i % 3 == 0 else "a", "x") for i in range(300)]
+    path = write_csv(tmp_path / "d.csv", ["uid", "grp", "name"], rows)
+    cols = {
+        "uid": {"type": "int"},
+        "grp": {"type": "text", "values": ["a", "b"], "nullable": False},
+        "name": {"type": "text"},
+    }
+    policy = table_policy(path, cols, unit=unit, privacy={"epsilon": 100.0})
+    with exact_connect(policy) as c:
+        assert rows_of(c, "SELECT grp, name, COUNT(*) FROM t GROUP BY grp, name") == [
+            ("a", "x", 200)
+        ]

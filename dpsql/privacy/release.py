@@ -58,6 +58,12 @@ def group_index(plan: Plan, result: EngineResult) -> tuple[list[tuple], np.ndarr
         # Sorted: the engine's (hash-table) row order depends on every key present, including
         # keys that thresholding suppresses, so releasing it would leak them.
         groups = sorted(dict.fromkeys(result.key_rows), key=_canonical)
+        # A public key's value outside its declared domain is dropped here too (a row-level
+        # plan does not filter such rows in the engine).
+        domains = [set(kp.domain) if kp.domain is not None else None for kp in plan.keys]
+        groups = [
+            g for g in groups if all(d is None or v in d for v, d in zip(g, domains, strict=True))
+        ]
     position = {g: i for i, g in enumerate(groups)}
     exact = np.zeros((len(groups), n_measures), dtype=object)
     for row, key in enumerate(result.key_rows):
