@@ -103,7 +103,8 @@ class Server:
                 writer.close()
             return
         self.sessions[session.pid] = session
-        await session.run()
+        with contextlib.suppress(asyncio.CancelledError):  # the server is shutting down
+            await session.run()
 
     async def serve_forever(self) -> None:
         assert self._server is not None

@@ -304,12 +304,14 @@ class Session:
                 self._interrupt()
         self.server.unregister(self)
         loop = asyncio.get_running_loop()
-        for backend in (self.dp, self.shadow):
-            if backend is not None:
-                with contextlib.suppress(Exception):
-                    await loop.run_in_executor(self.server.executor, backend.close)
-        with contextlib.suppress(Exception):
-            self.writer.close()
+        try:
+            for backend in (self.dp, self.shadow):
+                if backend is not None:
+                    with contextlib.suppress(Exception):
+                        await loop.run_in_executor(self.server.executor, backend.close)
+        finally:  # also when the server shuts down and cancels this task
+            with contextlib.suppress(Exception):
+                self.writer.close()
 
     async def _startup(self) -> p.Startup | None:
         tls_done = False
