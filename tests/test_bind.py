@@ -128,6 +128,8 @@ def test_comments_are_dropped(policy):
         ("SHOW epsilon", SettingStatement("show", "epsilon")),
         ("show DELTA;", SettingStatement("show", "delta")),
         ("RESET mechanism", SettingStatement("reset", "mechanism")),
+        ("/* a */ SHOW epsilon -- b", SettingStatement("show", "epsilon")),
+        ("RESET delta; -- done", SettingStatement("reset", "delta")),
         ("BEGIN", TransactionStatement("begin")),
         ("COMMIT", TransactionStatement("commit")),
         ("ROLLBACK", TransactionStatement("rollback")),
@@ -138,7 +140,11 @@ def test_settings_and_transactions(policy, sql, expected):
 
 
 def test_explain_wraps_the_bound_query(policy):
-    for sql in ("EXPLAIN SELECT COUNT(*) FROM t", "  explain\nSELECT COUNT(*) FROM t"):
+    for sql in (
+        "EXPLAIN SELECT COUNT(*) FROM t",
+        "  explain\nSELECT COUNT(*) FROM t",
+        "/* explain this */ EXPLAIN SELECT COUNT(*) FROM t",
+    ):
         stmt = parse_statement(sql, policy)
         assert isinstance(stmt, ExplainStatement)
         assert stmt.query.aggregates == (AggregateCall("count", None),)

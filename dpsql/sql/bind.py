@@ -253,7 +253,7 @@ def parse_statement(
     if head in ("SHOW", "RESET"):
         return _setting_command(head, text)
     if head == "EXPLAIN":
-        start = text.upper().index("EXPLAIN") + len("EXPLAIN")
+        start = sqlglot.tokenize(text, read=DIALECT)[0].end + 1  # after the keyword
         # Blank out the keyword instead of cutting it, so refusals point into ``text``.
         inner = "".join(c if c == "\n" else " " for c in text[:start]) + text[start:]
         bound = parse_statement(inner, policy, parameters)
@@ -320,7 +320,8 @@ def _syntax_error(exc: Exception, text: str) -> SQLSyntaxError:
 
 
 def _setting_command(head: str, text: str) -> SettingStatement:
-    words = text.strip().rstrip(";").split()
+    # tokens, not text.split(): comments are not words
+    words = [t.text for t in sqlglot.tokenize(text, read=DIALECT) if t.text != ";"]
     if len(words) != 2:
         raise SQLSyntaxError(
             f"{head} takes one setting name", construct=head, hint=f"{head} epsilon"
