@@ -348,3 +348,45 @@ def test_division_by_zero_in_where_is_null_not_an_error(clean):
     duck, on_spark = clean
     got = rows_of(on_spark, "SELECT COUNT(*) FROM t WHERE 100 / (age - 37) > 1")
     assert got == rows_of(duck, "SELECT COUNT(*) FROM t WHERE age <> 37 AND 100 / (age - 37) > 1")
+
+
+def test_cli_query_on_spark_from_the_policy(spark, tmp_path, capsys):
+    """`dpsql query --engine spark` runs and charges like on DuckDB; it joins the test's
+    running session (getOrCreate) and must not stop it when done. The answer cache is keyed
+    by data version, not engine."""
+    from conftest import FIXTURE_CSV, FIXTURE_TOML
+
+    from dpsql.cli import main
+
+    text = FIXTURE_TOML.read_text().replace('source = "visits.csv"', f'source = "{FIXTURE_CSV}"')
+    policy = tmp_path / "visits.toml"
+    policy.write_text(text + '\n[engine]\nname = "spark"\nmaster = "local[2]"\n')
+    outputs = []
+    for engine in ("spark", "duckdb"):
+        sql = "SELECT COUNT(*) AS n FROM visits WHERE age > 50"
+        assert main(["query", sql, "--policy", str(policy), "--engine", engine]) == 0
+        outputs.append(capsys.readouterr())
+    assert "charged epsilon=1" in outputs[0].err
+    # Same analyst, same data version, same plan: DuckDB serves Spark's cached answer.
+    assert "cached" in outputs[1].err and outputs[1].out == outputs[0].out
+    assert spark.sparkContext._jsc is not None  # the shared session is still running
+    assert spark.range(3).count() == 3
+
+
+def test_cancelled_query_is_not_run_or_charged(clean, monkeypatch):
+    """A connection interrupted before its query runs raises 57014; nothing is charged."""
+    from dpsql.engine.base import QueryHandle
+
+    _, on_spark = clean
+    engine = on_spark.service.engine
+    handle = QueryHandle()
+    handle.interrupt()
+    compiled_sql: list[str] = []
+    before = _spend(on_spark)
+    monkeypatch.setattr(engine._spark, "sql", compiled_sql.append)
+    with pytest.raises(OperationalError) as err:
+        on_spark.service.execute(
+            "SELECT COUNT(*) FROM t", None, on_spark._settings, on_spark.analyst, handle
+        )
+    assert err.value.sqlstate == "57014"
+    assert compiled_sql == [] and _spend(on_spark) == before

@@ -153,7 +153,9 @@ class _Sessions:
     @classmethod
     def release(cls, session: Any) -> None:
         with cls.lock:
-            left = cls.users.get(id(session), 1) - 1
+            if id(session) not in cls.users:  # joined, not built by dpsql: not ours to stop
+                return
+            left = cls.users[id(session)] - 1
             if left <= 0:
                 cls.users.pop(id(session), None)
                 session.stop()
@@ -171,6 +173,9 @@ def start_session(master: str | None, conf: Mapping[str, Any], app_name: str = "
         builder = builder.master(master)
     for key, value in conf.items():
         builder = builder.config(key, str(value).lower() if isinstance(value, bool) else value)
+    from pyspark import SparkContext
+
+    joined = SparkContext._active_spark_context is not None  # getOrCreate will reuse it
     try:
         session = builder.getOrCreate()
     except Exception as exc:  # the JVM did not start, or rejected the master/conf
@@ -189,7 +194,8 @@ def start_session(master: str | None, conf: Mapping[str, Any], app_name: str = "
             hint="check engine.master (local[*], spark://host:7077, yarn, k8s://...) "
             "and engine.conf in the policy",
         ) from None
-    _Sessions.acquire(session)
+    if not joined or id(session) in _Sessions.users:  # built here, or by an earlier engine
+        _Sessions.acquire(session)
     return session
 
 

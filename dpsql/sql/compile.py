@@ -82,6 +82,9 @@ def _spark_safe(expression: exp.Expression) -> exp.Expression:
       boolean column).
     - ``TRY(x)`` becomes ``x``: Spark has no TRY, and the Spark engine runs with ANSI mode off,
       where failing casts and divisions by zero already give NULL instead of an error.
+    - ``SELECT * ... QUALIFY w`` gets its star expanded (from the CTEs it reads): sqlglot turns
+      QUALIFY into ``SELECT * FROM (SELECT *, w AS _w ...) WHERE _w ...``, whose extra column
+      would break a UNION ALL beside it.
     - The outermost SELECT's sums accumulate in DECIMAL(38, 0): Spark's SUM(BIGINT) wraps
       around silently past 2^63 (DuckDB widens to HUGEINT), which sums of squared fixed-point
       values reach within ~10^8 rows.
@@ -95,11 +98,61 @@ def _spark_safe(expression: exp.Expression) -> exp.Expression:
         return node
 
     expression = expression.transform(unparen)
+    ctes = {cte.alias: cte.this for cte in expression.find_all(exp.CTE)}
+    for select in list(expression.find_all(exp.Select)):
+        if select.args.get("qualify") is not None and any(map(_is_star, select.expressions)):
+            columns = _output_columns(select, ctes)
+            if columns:
+                select.set("expressions", [exp.column(c) for c in columns])
     outer = expression if isinstance(expression, exp.Select) else None
     if outer is not None:
         for total in [s for item in outer.expressions for s in item.find_all(exp.Sum)]:
             total.set("this", exp.cast(total.this, exp.DataType.build("DECIMAL(38, 0)")))
     return expression
+
+
+def _is_star(item: exp.Expression) -> bool:
+    return isinstance(item, exp.Star) or (
+        isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
+    )
+
+
+def _output_columns(query: exp.Expression, ctes: dict) -> list[str] | None:
+    """Output column names of a query over CTEs/subqueries (None: depends on a base table)."""
+    if isinstance(query, exp.Subquery):
+        return _output_columns(query.this, ctes)
+    if isinstance(query, exp.Union):
+        return _output_columns(query.left, ctes)
+    if not isinstance(query, exp.Select):
+        return None
+    names: list[str] = []
+    for item in query.expressions:
+        if not _is_star(item):
+            if not item.alias_or_name:
+                return None
+            names.append(item.alias_or_name)
+            continue
+        qualifier = item.table if isinstance(item, exp.Column) else ""
+        from_ = query.args.get("from_") or query.args.get("from")
+        sources = [from_.this] if from_ is not None else []
+        for join in query.args.get("joins") or []:
+            if (join.args.get("kind") or "").upper() not in ("SEMI", "ANTI"):
+                sources.append(join.this)  # semi/anti joins add no columns
+        if qualifier:
+            sources = [src for src in sources if src.alias_or_name == qualifier]
+        if len(sources) != 1:
+            return None
+        source = sources[0]
+        if isinstance(source, exp.Table) and source.name in ctes:
+            inner = _output_columns(ctes[source.name], ctes)
+        elif isinstance(source, exp.Subquery):
+            inner = _output_columns(source.this, ctes)
+        else:
+            inner = None
+        if inner is None:
+            return None
+        names.extend(inner)
+    return names
 
 
 def _q(name: str) -> str:
