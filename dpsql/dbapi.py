@@ -61,10 +61,10 @@ class Connection:
         """Cancel the engine query running for this connection (from another thread)."""
         self._handle.interrupt()
 
-    def describe(self, sql: str) -> list[tuple]:
+    def describe(self, sql: str, parameters: Sequence[Any] | None = None) -> list[tuple]:
         """PEP 249 description of a statement's result, without running it or spending."""
         self._check_open()
-        return _description(self._service.describe(sql, self._settings))
+        return _description(self._service.describe(sql, self._settings, parameters))
 
     def execute(self, sql: str, parameters: Sequence[Any] | None = None) -> Cursor:
         return self.cursor().execute(sql, parameters)

@@ -132,6 +132,7 @@ class Service:
         self.noise = noise if noise is not None else default_source()
         self.cache = cache
         self._domain_cache: dict[tuple[str, str], tuple | None] = {}
+        self._typed: set[tuple[str, tuple[str, ...]]] = set()
         self._lock = threading.Lock()
 
     def _default_ledger(self) -> Ledger:
@@ -168,7 +169,28 @@ class Service:
             out.append(domain)
         return out
 
+    def _check_types(self, query: BoundQuery) -> None:
+        """Type-check WHERE and GROUP BY on the empty shadow table (no data involved).
+
+        Engine SQL evaluates these under TRY (so a data-dependent failure cannot act as a
+        membership oracle); a mistyped literal would then silently filter every row. Checking
+        against the schema alone turns it into an error that depends on the query text only.
+        """
+        expressions = [k.sql for k in query.keys]
+        if query.where is not None:
+            expressions.append(query.where.sql(dialect=DIALECT))
+        key = (query.table.name, tuple(expressions))
+        with self._lock:
+            if key in self._typed:
+                return
+        self.scratch.check_types(query.table.name, expressions)
+        with self._lock:
+            if len(self._typed) > 4096:
+                self._typed.clear()
+            self._typed.add(key)
+
     def plan(self, query: BoundQuery, settings: Settings) -> Plan:
+        self._check_types(query)
         return build_plan(
             query,
             self._domains(query),
@@ -380,9 +402,11 @@ class Service:
         types = self.scratch.types(plan.query.table.name, [k.key.sql for k in plan.keys])
         return [type_code(t) for t in types]
 
-    def describe(self, text: str, settings: Settings) -> list[tuple[str, str]]:
+    def describe(
+        self, text: str, settings: Settings, parameters: Sequence[Any] | None = None
+    ) -> list[tuple[str, str]]:
         """Result columns of a statement, without running it or spending anything."""
-        statement = parse_statement(text, self.policy, None)
+        statement = parse_statement(text, self.policy, parameters)
         if isinstance(statement, BoundQuery):
             plan = self.plan(statement, settings)
             empty = {
@@ -400,7 +424,7 @@ class Service:
                 return self.show_budget("").description
             return [(statement.name, "VARCHAR")]
         if isinstance(statement, PublicSelect):
-            return self.execute(text, None, settings, "").description
+            return self.execute(text, parameters, settings, "").description
         return []
 
     def _finish(self, plan: Plan, answer: dict, *, cost: Any, cached: bool) -> Result:

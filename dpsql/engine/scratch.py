@@ -13,7 +13,7 @@ from typing import Any
 
 import duckdb
 
-from dpsql.errors import DataError
+from dpsql.errors import DataError, ProgrammingError
 from dpsql.policy import Policy
 from dpsql.sql.domains import SQL_TYPES
 
@@ -46,6 +46,33 @@ class Scratch:
         try:
             cur.execute(f"SELECT {', '.join(expressions)} FROM {_q(table)} LIMIT 0")
             return [str(d[1]) for d in cur.description]
+        finally:
+            cur.close()
+
+    def check_types(self, table: str, expressions: Sequence[str]) -> None:
+        """Bind expressions against the empty shadow table; raise on a type error.
+
+        The shadow holds no rows, so the message depends only on the SQL text and schema.
+        """
+        if not expressions:
+            return
+        cur = self._con.cursor()
+        try:
+            cur.execute(f"SELECT {', '.join(expressions)} FROM {_q(table)} LIMIT 0")
+        except duckdb.ConversionException as exc:
+            raise DataError(
+                f"invalid value for the column's type: {_first_line(exc)}",
+                sqlstate="22P02",
+                construct="literal",
+                hint="compare columns with literals of their declared type",
+            ) from None
+        except duckdb.Error as exc:
+            raise ProgrammingError(
+                f"type error: {_first_line(exc)}",
+                sqlstate="42804",
+                construct="expression",
+                hint="check the operand types against the policy's column types",
+            ) from None
         finally:
             cur.close()
 
@@ -88,3 +115,8 @@ class Scratch:
 
     def close(self) -> None:
         self._con.close()
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text[:300]

@@ -1,0 +1,60 @@
+"""Mistyped literals and expressions fail from the query text alone, spending nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import dpsql
+from dpsql.privacy.ledger import MemoryLedger
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "visits.toml"
+
+
+@pytest.fixture(scope="module")
+def conn():
+    with dpsql.connect(policy=FIXTURE, ledger=MemoryLedger(), cache=False) as c:
+        yield c
+
+
+@pytest.mark.parametrize(
+    "sql,params,construct",
+    [
+        ("SELECT COUNT(*) FROM visits WHERE age > ?", ["abc"], "'abc'"),
+        ("SELECT COUNT(*) FROM visits WHERE visit_date > ?", ["2024-01-01 +00"], None),
+        ("SELECT COUNT(*) FROM visits WHERE age IN ('1', 'x')", None, "'x'"),
+        ("SELECT COUNT(*) FROM visits WHERE age BETWEEN 'a' AND 3", None, "'a'"),
+        ("SELECT COUNT(*) FROM visits WHERE 'nope' = smoker", None, "'nope'"),
+    ],
+)
+def test_bad_literal_is_22p02_and_free(conn, sql, params, construct) -> None:
+    ledger = conn.service.ledger
+    with pytest.raises(dpsql.DataError) as info:
+        conn.cursor().execute(sql, params)
+    assert info.value.sqlstate == "22P02"
+    if construct:
+        assert info.value.construct == construct
+    assert ledger.spent(conn.analyst, conn.service.policy.dataset).is_zero
+
+
+def test_type_error_found_on_the_shadow_schema(conn) -> None:
+    with pytest.raises(dpsql.ProgrammingError) as info:
+        conn.cursor().execute("SELECT COUNT(*) FROM visits WHERE department + 1 > 3")
+    assert info.value.sqlstate == "42804"
+    assert conn.service.ledger.spent(conn.analyst, conn.service.policy.dataset).is_zero
+
+
+def test_good_literals_still_work(conn) -> None:
+    cur = conn.cursor()
+    cur.execute("SELECT COUNT(*) FROM visits WHERE age > ? AND visit_date > ?", ["5", "2024-06-01"])
+    assert cur.fetchone()[0] >= 0
+
+
+def test_describe_with_parameters_spends_nothing(conn) -> None:
+    before = conn.service.ledger.spent(conn.analyst, conn.service.policy.dataset)
+    description = conn.describe(
+        "SELECT department, AVG(cost) AS c FROM visits WHERE age > ? GROUP BY 1", [18]
+    )
+    assert [(d[0], d[1]) for d in description] == [("department", "VARCHAR"), ("c", "DOUBLE")]
+    assert conn.service.ledger.spent(conn.analyst, conn.service.policy.dataset) == before
