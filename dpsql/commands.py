@@ -20,6 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("sql", help="the SQL statement (quote it)")
         p.add_argument("--policy", required=True, help="privacy policy (TOML)")
         p.add_argument("--database", default=":memory:", help="DuckDB file holding sources")
+        p.add_argument(
+            "--engine", choices=("duckdb", "spark"), help="engine (default: the policy's [engine])"
+        )
         p.add_argument("--analyst", default="default", help="whose budget to charge")
         p.add_argument("--epsilon", type=float, help="this query's epsilon")
         p.add_argument("--delta", type=float, help="this query's delta")
@@ -38,7 +41,9 @@ def _run(args: argparse.Namespace) -> int:
     import dpsql
 
     try:
-        with dpsql.connect(args.database, policy=args.policy, analyst=args.analyst) as conn:
+        with dpsql.connect(
+            args.database, policy=args.policy, analyst=args.analyst, engine=args.engine
+        ) as conn:
             cur = conn.cursor()
             for setting in ("epsilon", "delta", "mechanism"):
                 value = getattr(args, setting)
