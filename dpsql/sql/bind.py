@@ -18,6 +18,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
 from dpsql.errors import (
+    DataError,
     NotSupportedError,
     Position,
     PrivacyError,
@@ -530,6 +531,7 @@ class _Binder:
         if where is not None:
             self._check_scalar(where.this, "WHERE")
             where_expr = self._normalise_columns(where.this)
+            self._check_literal_types(where.this)
         keys, key_nodes = self._bind_group_by()
         aggregates: list[AggregateCall] = []
         post = self._build_post(keys, key_nodes, aggregates)
@@ -722,6 +724,40 @@ class _Binder:
                 continue
             if isinstance(sub, exp.Rand | exp.Anonymous) or not isinstance(sub, SCALAR_NODES):
                 raise self._not_allowed(sub, clause)
+
+    def _check_literal_types(self, node: exp.Expression) -> None:
+        """A string literal compared with a non-text column must convert to its type.
+
+        The engine evaluates WHERE under TRY, so a bad literal would otherwise filter out
+        every row silently; this error depends on the query text and policy only.
+        """
+        assert self.table is not None
+        for cmp in node.find_all(
+            exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.In, exp.Between
+        ):
+            column = cmp.this if isinstance(cmp.this, exp.Column) else None
+            if isinstance(cmp, exp.In | exp.Between):
+                others = cmp.expressions or [cmp.args.get("low"), cmp.args.get("high")]
+            else:
+                others = [cmp.expression]
+                if column is None and isinstance(cmp.expression, exp.Column):
+                    column, others = cmp.expression, [cmp.this]
+            if column is None or column.name.lower() not in self.table.columns:
+                continue
+            spec = self.table.columns[column.name.lower()]
+            for other in others:
+                if (
+                    isinstance(other, exp.Literal)
+                    and other.is_string
+                    and not _converts(other.this, spec.type)
+                ):
+                    raise DataError(
+                        f"invalid {spec.type} value {other.this!r} for column {column.name!r}",
+                        sqlstate="22P02",
+                        construct=snippet(other),
+                        position=position_of(other, self.text),
+                        hint=f"compare {column.name} with a literal of type {spec.type}",
+                    )
 
     def _not_allowed(self, node: exp.Expression, clause: str) -> PrivacyError:
         name = node.sql(dialect=DIALECT).split("(")[0] if isinstance(node, exp.Func) else ""
@@ -1011,6 +1047,23 @@ class _Binder:
                 ):
                     continue
                 raise self._not_allowed(sub, clause)
+
+
+def _converts(text: str, col_type: str) -> bool:
+    """Whether a string literal converts to a column type (as DuckDB's implicit cast would)."""
+    value = text.strip()
+    try:
+        if col_type == "int":
+            return float(value).is_integer()
+        if col_type == "float":
+            float(value)
+        elif col_type == "date":
+            dt.date.fromisoformat(value)
+        elif col_type == "bool":
+            return value.lower() in ("true", "false", "t", "f", "1", "0", "yes", "no", "y", "n")
+    except ValueError:
+        return False
+    return True
 
 
 def _default_name(node: exp.Expression, index: int) -> str:
