@@ -390,3 +390,25 @@ def test_cancelled_query_is_not_run_or_charged(clean, monkeypatch):
         )
     assert err.value.sqlstate == "57014"
     assert compiled_sql == [] and _spend(on_spark) == before
+
+
+def test_wire_server_on_spark(clean, tmp_path):
+    """The PostgreSQL wire server over a Spark-backed Service answers like the DuckDB one."""
+    from dpsql.server.server import Server, ServerThread
+    from dpsql.server.testing import RawClient
+    from dpsql.server.users import UserStore
+
+    duck, on_spark = clean
+    users = UserStore(tmp_path / "t.users.json")
+    users.add("alice", "pw-alice")
+    thread = ServerThread(lambda: Server(on_spark.service, users))
+    thread.start()
+    try:
+        client = RawClient("127.0.0.1", thread.port, timeout=300)
+        assert client.login("alice", "pw-alice", database="t").status == "I"
+        reply = client.query("SELECT grp, COUNT(*) FROM t GROUP BY grp ORDER BY grp NULLS LAST")
+        client.close()
+    finally:
+        thread.stop()
+    expected = rows_of(duck, "SELECT grp, COUNT(*) FROM t GROUP BY grp ORDER BY grp NULLS LAST")
+    assert reply.text_rows() == [[g, str(n)] for g, n in expected]
