@@ -156,7 +156,8 @@ def _output_columns(query: exp.Expression, ctes: dict) -> list[str] | None:
 
 
 def _q(name: str) -> str:
-    return exp.to_identifier(name, quoted=True).sql(dialect="duckdb")
+    """A quoted DuckDB identifier (what sqlglot renders, without a tree per column)."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _col(col: ColumnPolicy) -> str:
