@@ -198,6 +198,9 @@ REFUSALS = [
     ("SELECT COUNT(*) FROM t GROUP BY 3", P, S, "out of range", "3", "GROUP BY"),
     # other refusals
     ("SELECT COUNT(*) FROM t TABLESAMPLE 10%", P, S, "TABLESAMPLE", "TABLESAMPLE", "WHERE"),
+    ("SELECT COUNT(*) FROM t AT (VERSION => 1)", P, S, "table modifiers", "AT (", "FROM t"),
+    ("SELECT COUNT(*) FROM t WITH (NOLOCK)", P, S, "table modifiers", "WITH (", "FROM t"),
+    ("SELECT COUNT(cat) FROM t AS u(cat)", P, S, "column aliases", "u(cat)", "FROM t"),
     ("SELECT COUNT(*) FROM t LIMIT 1 + 1", P, S, "LIMIT", "LIMIT", "LIMIT 10"),
     ("EXPLAIN SELECT * FROM t", P, S, "SELECT *", "*", "aggregates"),
     ("EXPLAIN\n  SELECT name, COUNT(*) FROM t GROUP BY name", P, S, "not public", "name@2", "val"),

@@ -641,6 +641,20 @@ class _Binder:
                 source.args["sample"],
                 "filter rows with WHERE; sampling would need its own privacy analysis",
             )
+        if isinstance(source, exp.Table):
+            # Anything but [db.]name [AS alias] (time travel AT (...), hints, ONLY, column
+            # aliases) would be silently ignored by the compiled query: refuse it instead.
+            plain = ("this", "db", "catalog", "alias")
+            extra = [k for k, v in source.args.items() if v and k not in plain]
+            alias = source.args.get("alias")
+            if extra or (alias is not None and alias.columns):
+                node = source.args[extra[0]] if extra else alias
+                node = node[0] if isinstance(node, list) else node
+                raise self.refuse(
+                    "table modifiers and column aliases are not supported",
+                    node if isinstance(node, exp.Expression) else source,
+                    f"write FROM {source.name} [AS alias] and name the policy's columns",
+                )
         if isinstance(source, exp.Subquery):
             raise self.refuse(
                 "subqueries are not supported (for now)", source, "query one table directly"
