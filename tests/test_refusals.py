@@ -114,7 +114,10 @@ REFUSALS = [
     ("LOAD httpfs", P, S, "LOAD", "LOAD", "SELECT"),
     ("  VACUUM", P, S, "VACUUM", "VACUUM", "SELECT"),
     ("CALL pragma_version()", P, S, "CALL", "CALL", "SELECT"),
-    ("SUMMARIZE t", P, S, "not allowed", "SUMMARIZE", "SELECT"),
+    ("SUMMARIZE t", P, S, "SUMMARIZE statements are not allowed", "SUMMARIZE", "SELECT"),
+    ("CHECKPOINT", P, S, "CHECKPOINT statements are not allowed", "CHECKPOINT", "SELECT"),
+    ("DEALLOCATE p", P, S, "DEALLOCATE statements are not allowed", "DEALLOCATE", "SELECT"),
+    ("VALUES (1)", P, S, "VALUES statements are not allowed", "VALUES", "SELECT"),
     # several statements
     (
         "SELECT COUNT(*) FROM t; SELECT COUNT(*) FROM t",

@@ -412,7 +412,8 @@ def bind_tree(tree: exp.Expression, text: str, policy: Policy) -> Statement:
     if not isinstance(tree, exp.Select):
         raise _refuse(
             PrivacyError,
-            f"{type(tree).__name__} statements are not allowed",
+            # the statement's own keyword: CHECKPOINT parses as a Column, DEALLOCATE as an Alias
+            f"{_first_word(text) or type(tree).__name__} statements are not allowed",
             tree,
             text,
             "send an aggregate SELECT query",
