@@ -110,11 +110,6 @@ def test_null_group_of_units_over_the_row_bound_keeps_r_rows(tmp_path):
     assert got == {"a": 6, "b": 0, None: 6}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rows with a NULL privacy unit are kept as if one unit when they are at most R, and "
-    "all dropped when more; proposed (for the lead to decide): always drop them",
-)
 def test_rows_without_a_privacy_unit_are_dropped(tmp_path):
     with _heavy_null_key(tmp_path, null_units=True) as c:
         assert rows_of(c, "SELECT COUNT(DISTINCT uid) FROM t") == [(3,)]

@@ -288,6 +288,9 @@ def compile_plan(plan: Plan, secret: int) -> CompiledQuery:
         # of failing the query, so that an error can never reveal whether such a row exists.
         conditions.append(f"TRY({query.where.sql(dialect='duckdb')})")
     conditions.extend(_domain_filters(plan, skip_column_keys=True))
+    if not row_level:
+        # A row without a privacy unit belongs to nobody we can bound: it is never used.
+        conditions.append(f"{_q(table.privacy_unit)} IS NOT NULL")
     where_sql = f" WHERE {' AND '.join(conditions)}" if conditions else ""
     source = _q(table.name)
     measure_cols = tuple(m.name for m in plan.measures)

@@ -22,7 +22,8 @@ def bounded_rows_sql(table: TablePolicy, select_list: str, secret: int) -> str:
         return f"SELECT {select_list} FROM {source}"
     columns = ", ".join(_q(c) for c in table.columns)
     return (
-        f"SELECT {select_list} FROM (SELECT * FROM {source} QUALIFY ROW_NUMBER() OVER "
+        f"SELECT {select_list} FROM (SELECT * FROM {source} "
+        f"WHERE {_q(table.privacy_unit)} IS NOT NULL QUALIFY ROW_NUMBER() OVER "
         f"(PARTITION BY {_q(table.privacy_unit)} ORDER BY {KEYED_HASH}({columns}, {secret})) "
         f"<= {table.max_rows_per_unit}) AS {source}"
     )
