@@ -25,7 +25,7 @@ from sqlglot import exp
 from dpsql.engine.base import open_engine
 from dpsql.engine.duckdb_engine import EngineResult, QueryHandle
 from dpsql.engine.scratch import Scratch
-from dpsql.errors import DataError, ProgrammingError
+from dpsql.errors import DataError, Error, ProgrammingError
 from dpsql.policy import MECHANISMS, Policy, load_policy
 from dpsql.privacy.ledger import Ledger, MemoryLedger
 from dpsql.privacy.release import Released, release
@@ -133,6 +133,7 @@ class Service:
         self.cache = cache
         self._domain_cache: dict[tuple[str, str], tuple | None] = {}
         self._typed: set[tuple[str, tuple[str, ...]]] = set()
+        self._post_checked: set[str] = set()
         self._lock = threading.Lock()
 
     def _default_ledger(self) -> Ledger:
@@ -239,6 +240,7 @@ class Service:
             if answer is not None:
                 return self._finish(plan, _decode(answer), cost=None, cached=True)
         self.ledger.check(analyst, dataset, plan.cost, self.policy.budget)
+        self._dry_run_post(plan)
         for m in plan.measures:  # a scale the sampler cannot draw: refuse before reading data
             try:
                 m.mechanism.sample(self.noise, 0)
@@ -427,6 +429,57 @@ class Service:
             return self.execute(text, parameters, settings, "").description
         return []
 
+    def _dry_run_post(self, plan: Plan) -> None:
+        """Run post-processing on one fixed, public dummy row before anything is spent.
+
+        The row (NULL keys, every aggregate 1) depends on nothing private, so refusing a
+        query whose post-processing fails on it (``CAST(COUNT(*) AS DATE)``) leaks nothing.
+        Failures that depend on the noisy values can only surface after the charge, as they
+        must.
+        """
+        post = plan.query.post
+        trivial = (
+            exp.Column,
+            exp.Alias,
+            exp.Identifier,
+            exp.Literal,
+            exp.Ordered,
+            exp.Select,
+            exp.From,
+            exp.Table,
+            exp.Order,
+            exp.Limit,
+            exp.Offset,
+            exp.Star,
+        )
+        if all(isinstance(node, trivial) for node in post.walk()):
+            return
+        key = post.sql(dialect=DIALECT)
+        with self._lock:
+            if key in self._post_checked:
+                return
+        n = len(plan.outputs)
+        answer = {
+            "keys": [[None] * len(plan.keys)],
+            "key_types": self._key_types(plan),
+            "outputs": [[1.0]] * n,
+            "intervals": [[[1.0, 1.0]]] * n,
+            "suppressed": None,
+        }
+        try:
+            self._finish(plan, answer, cost=None, cached=False)
+        except Error as exc:
+            raise ProgrammingError(
+                f"the query's post-processing fails before any data is used: {exc.message}",
+                sqlstate="42804",
+                construct=exc.construct,
+                hint="fix the expression over the aggregates; nothing was spent",
+            ) from None
+        with self._lock:
+            if len(self._post_checked) > 4096:
+                self._post_checked.clear()
+            self._post_checked.add(key)
+
     def _finish(self, plan: Plan, answer: dict, *, cost: Any, cached: bool) -> Result:
         """Post-processing on the scratch connection: the released table only."""
         n_out = len(plan.outputs)
@@ -447,7 +500,7 @@ class Service:
             row: list[Any] = list(key)
             for i in range(n_out):
                 value = answer["outputs"][i][r]
-                if types[len(plan.keys) + 3 * i] == "BIGINT":
+                if types[len(plan.keys) + 3 * i] == "BIGINT" and value is not None:
                     value = round(value)
                 low, high = answer["intervals"][i][r]
                 row += [value, low, high]

@@ -58,3 +58,12 @@ def test_describe_with_parameters_spends_nothing(conn) -> None:
     )
     assert [(d[0], d[1]) for d in description] == [("department", "VARCHAR"), ("c", "DOUBLE")]
     assert conn.service.ledger.spent(conn.analyst, conn.service.policy.dataset) == before
+
+
+def test_post_processing_type_error_is_refused_before_charging(conn) -> None:
+    before = conn.service.ledger.spent(conn.analyst, conn.service.policy.dataset)
+    with pytest.raises(dpsql.ProgrammingError) as info:
+        conn.cursor().execute("SELECT CAST(COUNT(*) AS DATE) FROM visits")
+    assert info.value.sqlstate == "42804"
+    assert "nothing was spent" in str(info.value)
+    assert conn.service.ledger.spent(conn.analyst, conn.service.policy.dataset) == before
