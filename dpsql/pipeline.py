@@ -469,9 +469,9 @@ class Service:
         try:
             self._finish(plan, answer, cost=None, cached=False)
         except Error as exc:
-            raise ProgrammingError(
+            raise type(exc)(
                 f"the query's post-processing fails before any data is used: {exc.message}",
-                sqlstate="42804",
+                sqlstate=exc.sqlstate,
                 construct=exc.construct,
                 hint="fix the expression over the aggregates; nothing was spent",
             ) from None
