@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 import sqlglot
+from sqlglot import exp
 
 from dpsql.engine.duckdb_engine import EngineResult, QueryHandle, _file_digest
 from dpsql.errors import OperationalError, PolicyError
@@ -426,7 +427,7 @@ class SparkEngine:
                 handle.attach(_Cancel(context, group))  # type: ignore[arg-type]
                 if handle.interrupted:
                     raise OperationalError("query cancelled", sqlstate="57014")
-            return collect(self._spark.sql(sql))
+            return self._collect_staged(sql, group, collect)
         except OperationalError:
             raise
         except Exception as exc:
@@ -450,6 +451,29 @@ class SparkEngine:
                 handle.attach(None)
             with contextlib.suppress(Exception):  # the JVM may be gone: nothing to clear
                 context.setLocalProperty("spark.jobGroup.id", None)
+
+    def _collect_staged(self, sql: str, group: str, collect: Callable[[Any], Any]) -> Any:
+        """Run ``sql`` with each CTE it reads more than once computed once (cached).
+
+        Spark inlines CTEs, so a bounding step referenced by three later steps would be
+        recomputed (scans and shuffles included) three times; DuckDB materialises such CTEs.
+        The cached stages are per query (unique view names) and dropped afterwards.
+        """
+        stages, final = stage_ctes(sql, f"__{group.replace('-', '_')}_")
+        made: list[tuple[str, Any]] = []
+        try:
+            for name, body in stages:
+                df = self._spark.sql(body).persist(self._storage_level())
+                made.append((name, df))
+                df.createOrReplaceTempView(name)
+                df.count()  # compute it once, here
+            return collect(self._spark.sql(final))
+        finally:
+            for name, df in made:
+                with contextlib.suppress(Exception):
+                    self._spark.catalog.dropTempView(name)
+                with contextlib.suppress(Exception):
+                    df.unpersist()
 
     def execute(self, compiled: CompiledQuery, handle: QueryHandle | None = None) -> EngineResult:
         rows = self._run(compiled.render(self.dialect), handle, lambda df: df.collect())
@@ -485,6 +509,47 @@ class SparkEngine:
         if self._built and getattr(self, "_root", None) is not None:
             _Sessions.release(self._root)
             self._root = None
+
+
+def stage_ctes(sql: str, prefix: str) -> tuple[list[tuple[str, str]], str]:
+    """Split Spark SQL into (view name, SQL) stages for CTEs read more than once, plus the rest.
+
+    Each stage's SQL keeps the CTEs it needs that are read only once; references to staged
+    CTEs are renamed to their views. Without such CTEs the query is returned unchanged.
+    """
+    tree = sqlglot.parse_one(sql, read="spark")
+    with_ = tree.args.get("with_") or tree.args.get("with")
+    if with_ is None:
+        return [], sql
+    ctes = list(with_.expressions)
+    names = {cte.alias for cte in ctes}
+    reads = dict.fromkeys(names, 0)
+    for table in tree.find_all(exp.Table):
+        if table.name in names and not table.db:
+            reads[table.name] += 1
+    staged = {name for name, n in reads.items() if n > 1}
+    if not staged:
+        return [], sql
+    for table in list(tree.find_all(exp.Table)):
+        if table.name in staged and not table.db:
+            alias = table.alias or table.name
+            table.set("this", exp.to_identifier(prefix + table.name))
+            table.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
+    stages: list[tuple[str, str]] = []
+    inline: list[exp.CTE] = []
+    for cte in ctes:
+        if cte.alias in staged:
+            body = cte.this.copy()
+            if inline:
+                body.set("with_", exp.With(expressions=[c.copy() for c in inline]))
+            stages.append((prefix + cte.alias, body.sql(dialect="spark")))
+        else:
+            inline.append(cte)
+    if inline:
+        with_.set("expressions", inline)
+    else:
+        tree.set("with_", None)
+    return stages, tree.sql(dialect="spark")
 
 
 def _python_key(value: Any) -> Any:

@@ -91,8 +91,8 @@ def _spark_safe(expression: exp.Expression) -> exp.Expression:
     """
 
     def unparen(node: exp.Expression) -> exp.Expression:
-        if isinstance(node, exp.Try):
-            node = node.this
+        if isinstance(node, exp.Try):  # transform() does not descend into a replacement
+            return node.this.transform(unparen)
         if isinstance(node, exp.Paren) and isinstance(node.this, exp.Column):
             return node.this
         return node
