@@ -349,8 +349,9 @@ def _bounded_sql(plan: Plan, secret: int, where_sql: str, key_exprs: list[str]) 
     domains = [kp.domain for kp in plan.keys]
     bins = math.prod(len(d) for d in domains) if all(d is not None for d in domains) else None  # type: ignore[arg-type]
     if ks and (bins is None or bins > G):
-        # At most G groups per unit, by keyed hash of the key; only units over G are ranked.
-        key_hash = f"{KEYED_HASH}({', '.join(ks)}, {secret})"
+        # At most G groups per unit, by keyed hash of (unit, key): each unit drops its own
+        # groups, not the same groups for everyone. Only units over G are ranked.
+        key_hash = f"{KEYED_HASH}(__u, {', '.join(ks)}, {secret})"
         same_unit = "b.__u IS NOT DISTINCT FROM c.__u"
         ctes += [
             f"crowded AS (SELECT __u FROM bounded GROUP BY __u HAVING COUNT(*) > {G})",
