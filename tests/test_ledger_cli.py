@@ -53,7 +53,14 @@ def ledger_of(policy: Path) -> SQLiteLedger:
 
 def spend(policy: Path, analyst: str, cost: Cost, query: str = "SELECT COUNT(*) FROM visits"):
     with ledger_of(policy) as led:
-        led.charge(analyst, "visits", cost, Budget(2.0, 1e-5, 0.5 if cost.rho else 0.0), query_text=query, plan_hash="f00d")
+        led.charge(
+            analyst,
+            "visits",
+            cost,
+            Budget(2.0, 1e-5, 0.5 if cost.rho else 0.0),
+            query_text=query,
+            plan_hash="f00d",
+        )
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

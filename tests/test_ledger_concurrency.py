@@ -150,7 +150,14 @@ def _kill_while(path: Path, stage: str | None) -> None:
 def _prepared(tmp_path: Path) -> Path:
     path = tmp_path / "crash.ledger.sqlite"
     with SQLiteLedger(path) as led:
-        led.charge("alice", "ds", PRIOR, Budget(1.0, 1e-6, gaussian_share=0.5), query_text="prior", plan_hash="p")
+        led.charge(
+            "alice",
+            "ds",
+            PRIOR,
+            Budget(1.0, 1e-6, gaussian_share=0.5),
+            query_text="prior",
+            plan_hash="p",
+        )
     return path
 
 
@@ -164,7 +171,14 @@ def test_sigkill_inside_the_charge_transaction_charges_nothing(tmp_path: Path, s
         assert [e.query_text for e in led.entries()] == ["prior"]  # no half-written row
         assert led.cached("alice", "ds", "doomed-key") is None
         # The dead process's lock is gone: the ledger takes new charges at once.
-        led.charge("alice", "ds", DOOMED, Budget(1.0, 1e-6, gaussian_share=0.5), query_text="after", plan_hash="h")
+        led.charge(
+            "alice",
+            "ds",
+            DOOMED,
+            Budget(1.0, 1e-6, gaussian_share=0.5),
+            query_text="after",
+            plan_hash="h",
+        )
         assert led.spent("alice", "ds") == PRIOR + DOOMED
         assert led.verify() == []
 
