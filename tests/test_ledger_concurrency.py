@@ -116,6 +116,8 @@ def test_threads_and_processes_never_overspend(tmp_path: Path) -> None:
 
 PRIOR = Cost(epsilon=0.125)
 DOOMED = Cost(epsilon=0.25, rho=0.001)
+# Charges that mix kinds need a budget split in advance between pure epsilon and zCDP.
+MIXED = Budget(1.0, 1e-6, gaussian_share=0.5)
 
 
 def _charge_then_hang(path: str, stage: str | None, ready) -> None:
@@ -128,7 +130,7 @@ def _charge_then_hang(path: str, stage: str | None, ready) -> None:
 
     ledger = SQLiteLedger(path, fault_hook=hang)
     ledger.charge(
-        "alice", "ds", DOOMED, Budget(1.0, 1e-6, gaussian_share=0.5), query_text="doomed", plan_hash="h",
+        "alice", "ds", DOOMED, MIXED, query_text="doomed", plan_hash="h",
         cache_key="doomed-key", answer="[42]",
     )  # fmt: skip
     ready.set()
@@ -154,7 +156,7 @@ def _prepared(tmp_path: Path) -> Path:
             "alice",
             "ds",
             PRIOR,
-            Budget(1.0, 1e-6, gaussian_share=0.5),
+            MIXED,
             query_text="prior",
             plan_hash="p",
         )
@@ -175,7 +177,7 @@ def test_sigkill_inside_the_charge_transaction_charges_nothing(tmp_path: Path, s
             "alice",
             "ds",
             DOOMED,
-            Budget(1.0, 1e-6, gaussian_share=0.5),
+            MIXED,
             query_text="after",
             plan_hash="h",
         )
@@ -203,7 +205,7 @@ def test_readers_are_not_blocked_by_a_hanging_charge(tmp_path: Path) -> None:
         assert ready.wait(60)
         with SQLiteLedger(path, timeout=10) as led:
             assert led.spent("alice", "ds") == PRIOR  # the uncommitted charge is invisible
-            assert len(led.analysts("ds", Budget(1.0, 1e-6, gaussian_share=0.5))) == 1
+            assert len(led.analysts("ds", MIXED)) == 1
     finally:
         os.kill(child.pid, signal.SIGKILL)
         child.join(60)
