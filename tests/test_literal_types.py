@@ -66,3 +66,24 @@ def test_post_processing_type_error_is_refused_before_charging(conn) -> None:
         conn.cursor().execute("SELECT CAST(COUNT(*) AS DATE) FROM visits")
     assert "nothing was spent" in str(info.value)
     assert conn.service.ledger.spent(conn.analyst, conn.service.policy.dataset) == before
+
+
+def test_having_may_name_a_select_alias(conn) -> None:
+    cur = conn.cursor()
+    cur.execute("SELECT department, COUNT(*) AS n FROM visits GROUP BY department HAVING n > 0")
+    by_alias = cur.fetchall()
+    cur.execute(
+        "SELECT department, COUNT(*) AS n FROM visits GROUP BY department HAVING COUNT(*) > 0"
+    )
+    assert cur.fetchall() == by_alias  # same measures: the cached release, same filter
+
+
+def test_count_interval_is_the_exact_discrete_half_width(conn) -> None:
+    cur = conn.cursor()
+    cur.execute("EXPLAIN SELECT COUNT(*) FROM visits WHERE smoker")
+    half = cur.fetchall()[0][9]
+    cur.execute("SELECT COUNT(*) FROM visits WHERE smoker")
+    (value,) = cur.fetchone()
+    ((low, high),) = cur.intervals[0]
+    assert high - value == pytest.approx(half)
+    assert low == pytest.approx(max(value - half, 0.0))

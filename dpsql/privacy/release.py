@@ -145,7 +145,15 @@ def _interval(
         return np.zeros((0, 2))
     names = set(output.measures)
     first = plan.measure(output.measures[0])
-    if output.call.kind == "sum" and first.center:
+    kind = output.call.kind
+    if kind in ("count", "count_units") or (kind == "sum" and not first.center):
+        # One measure, no formula: the exact half-width of the discrete noise itself.
+        half = first.mechanism.interval_halfwidth() * first.granularity
+        low = value - half
+        if kind != "sum":
+            low = np.maximum(low, 0.0)  # counts are released clamped at zero
+        return np.stack([low, value + half], axis=1)
+    if kind == "sum" and first.center:
         names.add(_values_measure(plan, first).name)
     rng = np.random.default_rng(12345)
     draws = min(INTERVAL_DRAWS, max(200, 200_000 // max(n, 1)))

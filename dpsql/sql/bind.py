@@ -998,7 +998,22 @@ class _Binder:
         having = self.tree.args.get("having")
         if having is not None:
             self._check_post(having.this, "HAVING")
-            post = post.where(rewrite(having.this, "HAVING"), copy=False)
+            condition = having.this
+            table_columns = self.table.columns if self.table is not None else {}
+
+            def unalias(n: exp.Expression) -> exp.Expression:
+                # HAVING may name a select alias (as DuckDB and PostgreSQL-style tools allow).
+                if (
+                    isinstance(n, exp.Column)
+                    and not n.table
+                    and n.name.lower() in aliases
+                    and n.name.lower() not in table_columns
+                ):
+                    return aliases[n.name.lower()].copy()
+                return n
+
+            condition = condition.transform(unalias, copy=True)
+            post = post.where(rewrite(condition, "HAVING"), copy=False)
         order = self.tree.args.get("order")
         if order is not None:
             ordered = []
