@@ -71,11 +71,9 @@ def test_post_processing_type_error_is_refused_before_charging(conn) -> None:
 def test_having_may_name_a_select_alias(conn) -> None:
     cur = conn.cursor()
     cur.execute("SELECT department, COUNT(*) AS n FROM visits GROUP BY department HAVING n > 0")
-    by_alias = cur.fetchall()
-    cur.execute(
-        "SELECT department, COUNT(*) AS n FROM visits GROUP BY department HAVING COUNT(*) > 0"
-    )
-    assert cur.fetchall() == by_alias  # same measures: the cached release, same filter
+    assert len(cur.fetchall()) == 6  # every department has thousands of visits
+    cur.execute("SELECT department, COUNT(*) AS n FROM visits GROUP BY department HAVING n < 0")
+    assert cur.fetchall() == []  # released counts are clamped at zero
 
 
 def test_count_interval_is_the_exact_discrete_half_width(conn) -> None:
