@@ -43,7 +43,7 @@ from dpsql.sql.bind import (
 from dpsql.sql.compile import compile_plan
 from dpsql.sql.domains import SQL_TYPES, key_domain
 from dpsql.sql.plan import Plan, build_plan
-from dpsql.sql.rows import bounded_rows_sql
+from dpsql.sql.rows import pattern_counts_sql
 
 TYPE_CODES = {
     "BIGINT": "BIGINT",
@@ -347,8 +347,11 @@ class Service:
         cost = None
         if answer is None:
             self.ledger.check(analyst, dataset, plan.cost, self.policy.budget)
-            sql = bounded_rows_sql(call.table, plan.select_list(), secrets.randbits(62))
-            matrix = self.engine.fetch_matrix(sql, handle)
+            columns = [f"f{i}" for i in range(len(plan.feature_sql))] + ["y"]
+            sql = pattern_counts_sql(call.table, plan.select_list(), columns, secrets.randbits(62))
+            counted = self.engine.fetch_matrix(sql, handle)
+            # Counts were computed in the engine; the learner takes one row per sample.
+            matrix = np.repeat(counted[:, :-1], counted[:, -1], axis=0).astype(np.int8)
             released = release_rule_list(plan, matrix[:, :-1], matrix[:, -1], self.noise)
             answer = json.dumps(
                 {"rows": [list(r) for r in released.rows], "notes": list(released.notes)}

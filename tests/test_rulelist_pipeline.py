@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 import dpsql
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import SeededNoise
+from dpsql.sql.rows import bounded_rows_sql
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "visits.toml"
 QUERY = (
@@ -59,26 +61,32 @@ def test_explain_spends_nothing(service):
     assert service.ledger.spent("rl-bob", service.policy.dataset).is_zero
 
 
-def test_rows_bounded_per_unit(service, monkeypatch):
-    """The learner sees at most max_rows_per_unit rows of each patient."""
+def test_rows_bounded_per_unit_and_counted_in_the_engine(service, monkeypatch):
+    """The learner sees at most max_rows_per_unit rows of each patient, as pattern counts."""
     seen = {}
     original = service.engine.fetch_matrix
 
     def spy(sql, handle=None):
         seen["sql"] = sql
-        return original(sql, handle)
+        seen["result"] = original(sql, handle)
+        return seen["result"]
 
     monkeypatch.setattr(service.engine, "fetch_matrix", spy)
     conn = service.connect("rl-carol")
     conn.cursor().execute(QUERY.replace("max_length => 4", "max_length => 3"))
-    sql = seen["sql"].replace("DP_KEYED_HASH(", "HASH(")
-    # The generated row source, re-run to count the rows each unit keeps.
-    inner = sql[sql.index("FROM (") + 5 : sql.rindex(") AS")] + ")"
-    counts = service.engine._con.execute(
-        f"SELECT max(n) FROM (SELECT patient_id, count(*) AS n FROM {inner} GROUP BY 1)"
-    ).fetchone()[0]
-    assert counts <= service.policy.table("visits").max_rows_per_unit
-    assert "RANDOM" not in sql.upper()
+    sql = seen["sql"]
+    assert "COUNT(*) AS __w" in sql and "RANDOM" not in sql.upper()
+    # Re-run the same bounded row source, with the same secret, keeping the unit column.
+    secret = int(re.search(r", (\d+)\)\) <= ", sql).group(1))
+    table = service.policy.table("visits")
+    rows = bounded_rows_sql(table, '"patient_id"', secret).replace("DP_KEYED_HASH(", "HASH(")
+    per_unit, total = service.engine._con.execute(
+        f"SELECT max(n), sum(n) FROM (SELECT patient_id, count(*) AS n FROM ({rows}) GROUP BY 1)"
+    ).fetchone()
+    assert per_unit <= table.max_rows_per_unit
+    # The weights the learner received add up to exactly the bounded rows.
+    assert int(seen["result"][:, -1].sum()) == total
+    assert len(seen["result"]) < total  # far fewer patterns than rows left the engine
 
 
 def test_refusals_spend_nothing(service):

@@ -487,13 +487,13 @@ class SparkEngine:
         return EngineResult(key_rows, measures, ())
 
     def fetch_matrix(self, sql: str, handle: QueryHandle | None = None) -> np.ndarray:
-        """0/1 feature rows of a generated DuckDB-dialect query (dp_rule_list), as int8."""
+        """Rows of a generated DuckDB-dialect integer query (dp_rule_list pattern counts)."""
         spark_sql = render(sqlglot.parse_one(sql, read="duckdb"), self.dialect)
         rows = self._run(spark_sql, handle, lambda df: df.collect())
         if not rows:
             width = len(sqlglot.parse_one(sql, read="duckdb").expressions)
-            return np.zeros((0, width), dtype=np.int8)
-        return np.array([tuple(r) for r in rows], dtype=np.int8)
+            return np.zeros((0, width), dtype=np.int64)
+        return np.array([tuple(r) for r in rows], dtype=np.int64)
 
     def close(self) -> None:
         spark = getattr(self, "_spark", None)

@@ -1,4 +1,4 @@
-"""Engine SQL for row-level inputs of a DP algorithm (dp_rule_list): bounded per unit.
+"""Engine SQL for row inputs of a DP algorithm (dp_rule_list): bounded per unit, counted.
 
 The learner's sensitivities assume each privacy unit contributes at most R rows, so the
 engine keeps at most R rows per unit, chosen by a keyed hash of the row with a fresh secret
@@ -27,3 +27,17 @@ def bounded_rows_sql(table: TablePolicy, select_list: str, secret: int) -> str:
         f"(PARTITION BY {_q(table.privacy_unit)} ORDER BY {KEYED_HASH}({columns}, {secret})) "
         f"<= {table.max_rows_per_unit}) AS {source}"
     )
+
+
+def pattern_counts_sql(
+    table: TablePolicy, select_list: str, columns: list[str], secret: int
+) -> str:
+    """Counts of each distinct row pattern of ``columns`` over the bounded rows.
+
+    The engine (DuckDB or Spark) does the scan, the bounding and the counting; only one row
+    per distinct 0/1 pattern, with its count ``__w``, reaches the learner. Sorted, so the
+    learner sees the same order on every engine.
+    """
+    names = ", ".join(columns)
+    inner = bounded_rows_sql(table, select_list, secret)
+    return f"SELECT {names}, COUNT(*) AS __w FROM ({inner}) AS r GROUP BY {names} ORDER BY {names}"
