@@ -60,11 +60,12 @@ TYPE_CODES = {
     "VARCHAR": "VARCHAR",
     "BOOLEAN": "BOOLEAN",
     "DATE": "DATE",
+    "TIMESTAMP": "TIMESTAMP",
 }
 
 
 def type_code(duck_type: str) -> str:
-    """DB-API type code for a DuckDB type: BIGINT, DOUBLE, VARCHAR, BOOLEAN or DATE."""
+    """DB-API type code for a DuckDB type: BIGINT, DOUBLE, VARCHAR, BOOLEAN, DATE, TIMESTAMP."""
     if duck_type.startswith("DECIMAL"):
         return "DOUBLE"
     return TYPE_CODES.get(duck_type, "VARCHAR")
@@ -622,8 +623,9 @@ SQL_TYPES_BY_CODE = {
     "VARCHAR": "VARCHAR",
     "BOOLEAN": "BOOLEAN",
     "DATE": "DATE",
+    "TIMESTAMP": "TIMESTAMP",
 }
-assert set(SQL_TYPES_BY_CODE.values()) == set(SQL_TYPES.values())
+assert set(SQL_TYPES.values()) <= set(SQL_TYPES_BY_CODE.values())
 
 
 def _convert(value: Any) -> Any:
@@ -651,10 +653,11 @@ def _encode(released: Released, key_types: Sequence[str]) -> str:
 def _decode(answer: str) -> dict:
     data = json.loads(answer)
     for i, t in enumerate(data["key_types"]):
-        if t == "DATE":
+        parse = {"DATE": dt.date.fromisoformat, "TIMESTAMP": dt.datetime.fromisoformat}.get(t)
+        if parse is not None:
             for k in data["keys"]:
                 if k[i] is not None:
-                    k[i] = dt.date.fromisoformat(k[i])
+                    k[i] = parse(k[i])
     return data
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,19 @@ def test_count_interval_is_the_exact_discrete_half_width(conn) -> None:
     ((low, high),) = cur.intervals[0]
     assert high - value == pytest.approx(half)
     assert low == pytest.approx(max(value - half, 0.0))
+
+
+def test_timestamp_keys_keep_their_type_through_the_cache(tmp_path) -> None:
+    query = (
+        "SELECT DATE_TRUNC('month', visit_date) AS m, COUNT(*) FROM visits "
+        "GROUP BY m ORDER BY m LIMIT 2"
+    )
+    with dpsql.connect(policy=FIXTURE, ledger=MemoryLedger()) as c:
+        cur = c.cursor()
+        cur.execute(query)
+        first = cur.fetchall()
+        assert cur.description[0][1] == "TIMESTAMP"
+        assert all(isinstance(r[0], dt.datetime) for r in first)
+        cur.execute(query)
+        assert cur.cached and cur.fetchall() == first
+        assert c.describe(query)[0][1] == "TIMESTAMP"

@@ -102,6 +102,7 @@ DPSQL_TYPE_OIDS = {
     "VARCHAR": TEXT,
     "BOOLEAN": BOOL,
     "DATE": DATE,
+    "TIMESTAMP": TIMESTAMP,
     "INTEGER": INT4,
 }
 POLICY_TYPE_OIDS = {"int": INT8, "float": FLOAT8, "text": TEXT, "bool": BOOL, "date": DATE}
