@@ -314,7 +314,7 @@ def _bounded_sql(plan: Plan, secret: int, where_sql: str, key_exprs: list[str]) 
     table = plan.query.table
     source = _q(table.name)
     unit = _q(table.privacy_unit)  # type: ignore[arg-type]
-    R, G = plan.max_rows, plan.max_groups
+    R = plan.max_rows
     ks = [f"__k{i}" for i in range(len(plan.keys))]
     gc = ", ".join(["__u", *ks])
     value_measures = [m for m in plan.measures if m.kind not in ("rows", "units")]
@@ -333,6 +333,11 @@ def _bounded_sql(plan: Plan, secret: int, where_sql: str, key_exprs: list[str]) 
         pairs = f"SELECT * FROM ({pairs}) AS p WHERE {' AND '.join(pair_filters)}"
     all_columns = ", ".join(_q(c) for c in table.columns)
     match = " AND ".join(["b.__u = o.__u"] + [f"b.{k} IS NOT DISTINCT FROM o.{k}" for k in ks])
+    if not value_measures:
+        # Only row and unit counts: any R of a pair's n rows count min(n, R), whichever the
+        # keyed hash would pick, so the pair's count is capped without re-reading its rows.
+        ctes = [f"bounded AS (SELECT {gc}, LEAST(__n, {R}) AS __n FROM ({pairs}) AS p)"]
+        return _finish_bounded(plan, ctes, ks, secret)
     ctes = [
         f"base AS ({pairs})",
         # Only (unit, group) pairs over R rows re-read their rows: R of smallest keyed hash.
@@ -345,6 +350,12 @@ def _bounded_sql(plan: Plan, secret: int, where_sql: str, key_exprs: list[str]) 
         ),
         f"bounded AS (SELECT * FROM base WHERE __n <= {R} UNION ALL SELECT * FROM sampled)",
     ]
+    return _finish_bounded(plan, ctes, ks, secret)
+
+
+def _finish_bounded(plan: Plan, ctes: list[str], ks: list[str], secret: int) -> str:
+    """At most G groups per unit, then the final GROUP BY over the bounded pairs."""
+    G = plan.max_groups
     final_source = "bounded"
     domains = [kp.domain for kp in plan.keys]
     bins = math.prod(len(d) for d in domains) if all(d is not None for d in domains) else None  # type: ignore[arg-type]
