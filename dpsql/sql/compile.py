@@ -23,6 +23,8 @@ A row_number() window over every row costs ~50x the plain query at 10 rows per u
 docs/performance.md for the measured figures of this plan.
 
 Row-level tables (every row its own unit) need no bounding: one scan and one GROUP BY.
+Plans whose measures are only row and unit counts skip the sampling step: any R of a pair's
+n rows count min(n, R), so each pair is capped at min(n, R) directly.
 """
 
 from __future__ import annotations
