@@ -14,7 +14,7 @@ import math
 import secrets
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -713,4 +713,4 @@ def reset_setting(settings: Settings, defaults: Settings, name: str) -> Result:
     return Result(status="RESET")
 
 
-__all__ = ["Result", "Service", "Settings", "replace"]
+__all__ = ["Result", "Service", "Settings"]

@@ -19,7 +19,6 @@ from sqlglot.errors import ParseError, TokenError
 
 from dpsql.errors import (
     DataError,
-    NotSupportedError,
     Position,
     PrivacyError,
     ProgrammingError,
@@ -1102,7 +1101,3 @@ def _default_name(node: exp.Expression, index: int) -> str:
     if isinstance(node, exp.AggFunc):
         return type(node).__name__.lower() if not isinstance(node, exp.Count) else "count"
     return f"col{index + 1}"
-
-
-def unsupported(message: str, hint: str) -> NotSupportedError:
-    return NotSupportedError(message, hint=hint)
