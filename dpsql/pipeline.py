@@ -110,6 +110,25 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+class _CheckedSet:
+    """Thread-safe set of statement shapes already checked; cleared when it grows large."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._items: set[Any] = set()
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def __contains__(self, key: Any) -> bool:
+        with self._lock:
+            return key in self._items
+
+    def add(self, key: Any) -> None:
+        with self._lock:
+            if len(self._items) >= self._limit:
+                self._items.clear()
+            self._items.add(key)
+
+
 class Service:
     """Loads a policy and its private data once; hands out analyst connections."""
 
@@ -133,8 +152,8 @@ class Service:
         self.noise = noise if noise is not None else default_source()
         self.cache = cache
         self._domain_cache: dict[tuple[str, str], tuple | None] = {}
-        self._typed: set[tuple[str, tuple[str, ...]]] = set()
-        self._post_checked: set[str] = set()
+        self._typed = _CheckedSet()
+        self._post_checked = _CheckedSet()
         self._lock = threading.Lock()
 
     def _default_ledger(self) -> Ledger:
@@ -182,14 +201,10 @@ class Service:
         if query.where is not None:
             expressions.append(query.where.sql(dialect=DIALECT))
         key = (query.table.name, tuple(expressions))
-        with self._lock:
-            if key in self._typed:
-                return
+        if key in self._typed:
+            return
         self.scratch.check_types(query.table.name, expressions)
-        with self._lock:
-            if len(self._typed) > 4096:
-                self._typed.clear()
-            self._typed.add(key)
+        self._typed.add(key)
 
     def plan(self, query: BoundQuery, settings: Settings) -> Plan:
         self._check_types(query)
@@ -235,7 +250,8 @@ class Service:
 
     def run(self, plan: Plan, analyst: str, handle: QueryHandle | None = None) -> Result:
         dataset = self.policy.dataset
-        cache_key = plan.fingerprint() if self.cache else None
+        fingerprint = plan.fingerprint()
+        cache_key = fingerprint if self.cache else None
         if cache_key is not None:
             answer = self.ledger.cached(analyst, dataset, cache_key)
             if answer is not None:
@@ -264,10 +280,11 @@ class Service:
             plan.cost,
             self.policy.budget,
             query_text=plan.query.text,
-            plan_hash=plan.fingerprint(),
+            plan_hash=fingerprint,
             cache_key=cache_key,
             answer=encoded,
         )
+        # Decode what was stored, so a fresh answer and its cached replay look the same.
         return self._finish(plan, _decode(encoded), cost=plan.cost, cached=False)
 
     def show_budget(self, analyst: str) -> Result:
@@ -458,10 +475,10 @@ class Service:
         )
         if all(isinstance(node, trivial) for node in post.walk()):
             return
-        key = post.sql(dialect=DIALECT)
-        with self._lock:
-            if key in self._post_checked:
-                return
+        # The same post-processing text reads keys k0.. whose types depend on the GROUP BY.
+        key = (plan.query.table.name, tuple(k.key.sql for k in plan.keys), post.sql(DIALECT))
+        if key in self._post_checked:
+            return
         n = len(plan.outputs)
         answer = {
             "keys": [[None] * len(plan.keys)],
@@ -479,10 +496,7 @@ class Service:
                 construct=exc.construct,
                 hint="fix the expression over the aggregates; nothing was spent",
             ) from None
-        with self._lock:
-            if len(self._post_checked) > 4096:
-                self._post_checked.clear()
-            self._post_checked.add(key)
+        self._post_checked.add(key)
 
     def _finish(self, plan: Plan, answer: dict, *, cost: Any, cached: bool) -> Result:
         """Post-processing on the scratch connection: the released table only."""

@@ -102,3 +102,14 @@ def test_timestamp_keys_keep_their_type_through_the_cache(tmp_path) -> None:
         cur.execute(query)
         assert cur.cached and cur.fetchall() == first
         assert c.describe(query)[0][1] == "TIMESTAMP"
+
+
+def test_post_processing_check_is_per_grouping_not_per_text(conn) -> None:
+    """Both post-process as `k0 + 1`: fine over GROUP BY age, a type error over GROUP BY
+    department. The first passing the free check must not let the second skip it."""
+    cur = conn.cursor()
+    cur.execute("SELECT age + 1 AS x, COUNT(*) FROM visits GROUP BY age")
+    before = conn.service.ledger.spent(conn.analyst, conn.service.policy.dataset)
+    with pytest.raises(dpsql.DatabaseError, match="nothing was spent"):
+        cur.execute("SELECT department + 1 AS x, COUNT(*) FROM visits GROUP BY department")
+    assert conn.service.ledger.spent(conn.analyst, conn.service.policy.dataset) == before
