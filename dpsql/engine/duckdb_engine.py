@@ -21,6 +21,7 @@ from dpsql.errors import OperationalError, PolicyError
 from dpsql.policy import Policy, TablePolicy
 from dpsql.sql.compile import CompiledQuery
 from dpsql.sql.domains import SQL_TYPES
+from dpsql.sql.identifiers import quote_ident as _q
 
 
 @dataclass(frozen=True)
@@ -49,10 +50,6 @@ class QueryHandle:
             self.interrupted = True
             if self._cursor is not None:
                 self._cursor.interrupt()
-
-
-def _q(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 def _sql_string(value: str) -> str:

@@ -16,10 +16,7 @@ import duckdb
 from dpsql.errors import DataError, ProgrammingError
 from dpsql.policy import Policy
 from dpsql.sql.domains import SQL_TYPES
-
-
-def _q(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
+from dpsql.sql.identifiers import quote_ident as _q
 
 
 class Scratch:

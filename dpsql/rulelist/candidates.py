@@ -20,11 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpsql.errors import DataError
-
-
-def quote_ident(name: str) -> str:
-    """Standard-SQL double-quoted identifier."""
-    return '"' + name.replace('"', '""') + '"'
+from dpsql.sql.identifiers import quote_ident
 
 
 @dataclass(frozen=True)

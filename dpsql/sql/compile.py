@@ -38,6 +38,7 @@ from sqlglot import exp
 from dpsql.policy import ColumnPolicy, TablePolicy
 from dpsql.sql.bind import to_literal
 from dpsql.sql.domains import SQL_TYPES
+from dpsql.sql.identifiers import quote_ident as _q
 from dpsql.sql.plan import Measure, Plan
 
 KEYED_HASH = "DP_KEYED_HASH"
@@ -155,11 +156,6 @@ def _output_columns(query: exp.Expression, ctes: dict) -> list[str] | None:
             return None
         names.extend(inner)
     return names
-
-
-def _q(name: str) -> str:
-    """A quoted DuckDB identifier (what sqlglot renders, without a tree per column)."""
-    return '"' + name.replace('"', '""') + '"'
 
 
 def _col(col: ColumnPolicy) -> str:

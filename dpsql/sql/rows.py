@@ -9,10 +9,7 @@ from __future__ import annotations
 
 from dpsql.policy import TablePolicy
 from dpsql.sql.compile import KEYED_HASH
-
-
-def _q(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
+from dpsql.sql.identifiers import quote_ident as _q
 
 
 def bounded_rows_sql(table: TablePolicy, select_list: str, secret: int) -> str:
