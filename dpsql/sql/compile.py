@@ -40,6 +40,7 @@ from dpsql.sql.bind import to_literal
 from dpsql.sql.domains import SQL_TYPES
 from dpsql.sql.identifiers import quote_ident as _q
 from dpsql.sql.plan import Measure, Plan
+from dpsql.sql.safety import where_conditions
 
 KEYED_HASH = "DP_KEYED_HASH"
 
@@ -284,7 +285,8 @@ def compile_plan(plan: Plan, secret: int) -> CompiledQuery:
     if query.where is not None:
         # TRY: a row whose expression fails (CAST('x' AS INT), 1 // 0) is filtered out instead
         # of failing the query, so that an error can never reveal whether such a row exists.
-        conditions.append(f"TRY({query.where.sql(dialect='duckdb')})")
+        # Conjuncts that cannot fail for any row run without it (dpsql.sql.safety).
+        conditions.extend(where_conditions(query.where, table, "duckdb"))
     conditions.extend(_domain_filters(plan, skip_column_keys=True))
     if not row_level:
         # A row without a privacy unit belongs to nobody we can bound: it is never used.

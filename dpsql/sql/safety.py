@@ -1,0 +1,157 @@
+"""Which WHERE conditions can never raise an engine error, so they may run without TRY(...).
+
+The engine evaluates a WHERE under ``TRY`` because an error that depends on the data (a failing
+cast, an integer overflow) would be a free membership oracle: the analyst learns that a row
+with such a value exists, and nothing is charged. ``TRY`` costs ~20-40% of a scan, though, since
+DuckDB cannot push a filter through it into the scan. A condition built only from declared
+columns, well-formed literals of the same type family, comparisons, IN, BETWEEN, LIKE without
+ESCAPE, IS [NOT] NULL and AND/OR/NOT cannot raise for any row, so it needs no ``TRY``.
+
+The whitelist is deliberately small; anything else (arithmetic, functions, casts other than a
+well-formed ``DATE '...'`` literal, CASE, strings compared with numbers) stays under ``TRY``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+from sqlglot import exp
+
+from dpsql.policy import TablePolicy
+
+_COMPARISONS = (
+    exp.EQ,
+    exp.NEQ,
+    exp.GT,
+    exp.GTE,
+    exp.LT,
+    exp.LTE,
+    exp.NullSafeEQ,
+    exp.NullSafeNEQ,
+)
+_FAMILY = {"int": "number", "float": "number", "text": "text", "bool": "bool", "date": "date"}
+_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_NUMBER = re.compile(r"\d+(\.\d*)?([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?")
+
+
+def _valid_iso_date(text: str) -> bool:
+    if not _ISO_DATE.fullmatch(text):
+        return False
+    try:
+        dt.date.fromisoformat(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _family(node: exp.Expression, table: TablePolicy, context: str | None = None) -> str | None:
+    """The type family of an operand that cannot fail, or None if it might (or is unknown).
+
+    ``context`` is the family of the other side: a plain string literal is text, or a date
+    when compared with a date column and written exactly as ``YYYY-MM-DD``.
+    """
+    if isinstance(node, exp.Paren):
+        return _family(node.this, table, context)
+    if isinstance(node, exp.Column):
+        spec = table.columns.get(node.name.lower())
+        return _FAMILY.get(spec.type) if spec is not None else None
+    if isinstance(node, exp.Null):
+        return "null"
+    if isinstance(node, exp.Boolean):
+        return "bool"
+    if isinstance(node, exp.Neg):
+        inner = node.this
+        return "number" if isinstance(inner, exp.Literal) and _family(inner, table) else None
+    if isinstance(node, exp.Literal):
+        if not node.is_string:
+            return "number" if _NUMBER.fullmatch(str(node.this)) else None
+        if context == "date":
+            return "date" if _valid_iso_date(node.this) else None
+        return "text"
+    if isinstance(node, exp.Cast) and not isinstance(node, exp.TryCast):
+        to = node.args.get("to")
+        literal = node.this
+        if (
+            isinstance(to, exp.DataType)
+            and to.this == exp.DataType.Type.DATE
+            and isinstance(literal, exp.Literal)
+            and literal.is_string
+            and _valid_iso_date(literal.this)
+        ):
+            return "date"
+    return None
+
+
+def _same_family(left: exp.Expression, right: exp.Expression, table: TablePolicy) -> bool:
+    a = _family(left, table)
+    b = _family(right, table, context=a)
+    if a is None or b is None:
+        return False
+    if a != "date" and b == "date":  # a date column on the right of a string literal
+        a = _family(left, table, context=b)
+    return a is not None and (a == b or "null" in (a, b))
+
+
+def cannot_fail(node: exp.Expression, table: TablePolicy) -> bool:
+    """True if evaluating ``node`` as a filter can never raise an error, for any row."""
+    if isinstance(node, exp.Paren):
+        return cannot_fail(node.this, table)
+    if isinstance(node, exp.And | exp.Or):
+        return cannot_fail(node.this, table) and cannot_fail(node.expression, table)
+    if isinstance(node, exp.Not):
+        return cannot_fail(node.this, table)
+    if isinstance(node, exp.Boolean):
+        return True
+    if isinstance(node, exp.Column):
+        return _family(node, table) == "bool"
+    if isinstance(node, exp.Is):
+        return _family(node.this, table) is not None and isinstance(
+            node.expression, exp.Null | exp.Boolean
+        )
+    if isinstance(node, _COMPARISONS):
+        return _same_family(node.this, node.expression, table)
+    if isinstance(node, exp.In):
+        if node.args.get("query") is not None or node.args.get("unnest") is not None:
+            return False
+        values = node.expressions
+        return bool(values) and all(_same_family(node.this, v, table) for v in values)
+    if isinstance(node, exp.Between):
+        low, high = node.args.get("low"), node.args.get("high")
+        return (
+            low is not None
+            and high is not None
+            and _same_family(node.this, low, table)
+            and _same_family(node.this, high, table)
+        )
+    if isinstance(node, exp.Like | exp.ILike):
+        return (
+            node.args.get("escape") is None
+            and _family(node.this, table) == "text"
+            and isinstance(node.expression, exp.Literal)
+            and node.expression.is_string
+        )
+    return False
+
+
+def conjuncts(node: exp.Expression) -> list[exp.Expression]:
+    """The top-level AND operands of ``node`` (parentheses around an AND are looked through)."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.And):
+        return conjuncts(node.this) + conjuncts(node.expression)
+    return [node]
+
+
+def where_conditions(where: exp.Expression, table: TablePolicy, dialect: str) -> list[str]:
+    """SQL conditions for a WHERE: conjuncts that cannot fail as they are, the rest under TRY.
+
+    Conjuncts keep their order; the ones that might fail are ANDed inside one ``TRY(...)``, so a
+    row whose evaluation errors is filtered out instead of failing the query.
+    """
+    safe, risky = [], []
+    for part in conjuncts(where):
+        (safe if cannot_fail(part, table) else risky).append(part.sql(dialect=dialect))
+    if risky:
+        safe.append("TRY(" + " AND ".join(f"({r})" for r in risky) + ")")
+    return [s if s.startswith("TRY(") else f"({s})" for s in safe]
