@@ -16,9 +16,13 @@ import pytest
 from scipy import stats
 
 from dpsql.privacy.samplers import (
+    _SCALAR_MAX,
     SecureNoise,
     SeededNoise,
     ZeroNoise,
+    _bernoulli_exp_scalar,
+    _ByteStream,
+    _ExactSampler,
     default_source,
     gaussian_sigma2,
     laplace_scale,
@@ -310,3 +314,76 @@ def test_tiny_scales_give_zero_noise_without_overflow(tiny: float) -> None:
     assert not src.discrete_gaussian(tiny, 1000).any()
     assert laplace_scale(tiny) >= Fraction(tiny)
     assert gaussian_sigma2(tiny) >= Fraction(tiny) ** 2
+
+
+# --- the scalar path (calls for at most _SCALAR_MAX draws: one query's noise) ---------------
+
+
+def _scalar_draws(method: str, arg: float, seed: int, calls: int = 5000, size: int = 8):
+    """Many small calls, as the pipeline makes them (one per measure and query)."""
+    src = SeededNoise(seed)
+    return np.concatenate([getattr(src, method)(arg, size) for _ in range(calls)])
+
+
+def test_small_calls_take_the_scalar_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    def vectorised(*args: object) -> None:
+        raise AssertionError("vectorised path used for a small call")
+
+    monkeypatch.setattr(_ExactSampler, "_discrete_laplace_ts", vectorised)
+    src = SeededNoise(20)
+    for size in (1, 5, _SCALAR_MAX):
+        assert src.discrete_laplace(7.0, size).shape == (size,)
+        assert src.discrete_gaussian(7.0, size).dtype == np.int64
+    with pytest.raises(AssertionError):
+        src.discrete_laplace(7.0, _SCALAR_MAX + 1)
+
+
+@pytest.mark.parametrize("scale", [0.3, 1.0, 2.5, 30.0, 123456.7])
+def test_scalar_discrete_laplace_fits_exact_pmf(scale: float) -> None:
+    draws = _scalar_draws("discrete_laplace", scale, 21)  # 40,000 draws
+    assert draws.dtype == np.int64
+    assert chi2_pvalue(draws, lambda k: laplace_cdf(scale, k)) > P_FLOOR
+
+
+@pytest.mark.parametrize("sigma", [0.3, 3.7, 1000.0])
+def test_scalar_discrete_gaussian_fits_exact_pmf(sigma: float) -> None:
+    draws = _scalar_draws("discrete_gaussian", sigma, 22, calls=2500)  # 20,000 draws
+    assert chi2_pvalue(draws, gaussian_cdf(sigma)) > P_FLOOR
+
+
+@pytest.mark.parametrize("scale", [0.4, 30.0])
+def test_scalar_discrete_laplace_moments_and_point_masses(scale: float) -> None:
+    """Mean, variance, sign balance (5 standard errors), and P(0), P(±1) at 5 s.e."""
+    draws = _scalar_draws("discrete_laplace", scale, 23)
+    n = draws.size
+    q = math.exp(-1 / float(laplace_scale(scale)))
+    variance = 2 * q / (1 - q) ** 2
+    assert abs(draws.mean()) < 5 * math.sqrt(variance / n)
+    _assert_variance(draws, variance)
+    for k in (-1, 0, 1):
+        p = (1 - q) / (1 + q) * q ** abs(k)
+        assert abs(np.mean(draws == k) - p) < 5 * math.sqrt(p * (1 - p) / n)
+
+
+@pytest.mark.parametrize(("num", "den"), [(0, 1), (1, 2), (1, 3), (1, 1), (7, 2), (1, 64)])
+def test_scalar_bernoulli_exp_frequency(num: int, den: int) -> None:
+    """Bernoulli(exp(-γ)) one draw at a time; 1/2 and 1/64 put thresholds exactly on the
+    32-bit grid (the comparison must treat U = x as U >= x)."""
+    rb = _ByteStream(np.random.Generator(np.random.PCG64(24)).bytes, 4096)
+    n = 60_000
+    p = math.exp(-num / den)
+    hits = sum(_bernoulli_exp_scalar(rb, num, den) for _ in range(n))
+    assert abs(hits / n - p) <= 5 * math.sqrt(p * (1 - p) / n) + 1e-12
+
+
+def test_scalar_path_huge_and_tiny_scales() -> None:
+    src = SeededNoise(25)
+    lap = np.concatenate([src.discrete_laplace(1e12, 4) for _ in range(1000)])
+    assert abs(np.mean(np.abs(lap.astype(np.float64))) / 1e12 - 1) < 5 / math.sqrt(lap.size)
+    for tiny in (1e-10, 5e-324):
+        assert not src.discrete_laplace(tiny, 5).any()
+        assert not src.discrete_gaussian(tiny, 5).any()
+    with pytest.raises(ValueError):
+        src.discrete_laplace(2.0**60, 1)  # the same refusal as the vectorised path
+    with pytest.raises(ValueError):
+        src.discrete_laplace(2.0**60, 0)
