@@ -114,8 +114,9 @@ def generate(path: Path, rows: int, hot: float) -> None:
     tmp.rename(path)
 
 
-def policy(max_rows: int, max_groups: int) -> dict[str, Any]:
+def policy(max_rows: int, max_groups: int, perfect_hash_bits: int = 12) -> dict[str, Any]:
     return {
+        "engine": {"perfect_hash_bits": perfect_hash_bits},
         "privacy": {
             "epsilon": 1.0,
             "delta": 1e-6,
@@ -415,6 +416,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--max-rows-per-unit", type=int, default=5, help="R (5)")
     ap.add_argument("--max-groups-per-unit", type=int, default=3, help="G (3)")
+    ap.add_argument(
+        "--perfect-hash-bits",
+        type=int,
+        default=12,
+        help="[engine] perfect_hash_bits of the policy (12, DuckDB's default)",
+    )
     ap.add_argument("--data-dir", type=Path, default=ROOT / "bench" / "data")
     ap.add_argument(
         "--check-reference",
@@ -458,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
             " on one thread"
         )
     db = args.data_dir / f"core_{rows}_hot{round(args.hot * 100)}.duckdb"
-    pol = policy(args.max_rows_per_unit, args.max_groups_per_unit)
+    pol = policy(args.max_rows_per_unit, args.max_groups_per_unit, args.perfect_hash_bits)
     tables = ["visits_rows", "visits"]
     if args.only in (None, "scale", "memory"):
         t = time.perf_counter()
@@ -474,7 +481,8 @@ def main(argv: list[str] | None = None) -> int:
         exact.close()
         print(
             f"plain vs DP, medians of {reps} interleaved runs (visits = privacy unit "
-            f"patient_id, R={args.max_rows_per_unit}, G={args.max_groups_per_unit}):"
+            f"patient_id, R={args.max_rows_per_unit}, G={args.max_groups_per_unit}, "
+            f"perfect_hash_bits={args.perfect_hash_bits}):"
         )
         results["scale"] = bench_scale(svc, reps, tables)
         svc.close()

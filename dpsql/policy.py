@@ -30,6 +30,8 @@ _ENGINE_KEYS = {
     "name": '"duckdb" (default: embedded) or "spark"',
     "master": 'the Spark master URL, e.g. "local[*]", "spark://host:7077", "yarn"',
     "conf": 'extra Spark settings, e.g. conf = { "spark.executor.memory" = "8g" }',
+    "perfect_hash_bits": "DuckDB: group keys of up to this many bits (integer columns with a "
+    "known range) aggregate in a perfect hash table (default 12)",
 }
 
 _PRIVACY_KEYS = {
@@ -105,6 +107,10 @@ class EngineConfig:
     name: str = "duckdb"
     master: str | None = None
     conf: Mapping[str, Any] = field(default_factory=dict)
+    # DuckDB's perfect_ht_threshold. 20 makes a per-unit aggregate over an integer unit with a
+    # range of up to 2^20 ~3x cheaper, but every such aggregate then allocates and clears a
+    # 2^bits table per thread, which costs more than it saves on small tables with sparse ids.
+    perfect_hash_bits: int = 12
 
 
 @dataclass(frozen=True)
@@ -294,13 +300,22 @@ def _engine(rep: _Reporter, spec: Any) -> EngineConfig:
             "must be a table of Spark settings with plain values",
             'e.g. conf = { "spark.sql.shuffle.partitions" = 400 }',
         )
+    bits = spec.get("perfect_hash_bits", 12)
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 0 <= bits <= 24:
+        raise rep.fail(
+            "engine.perfect_hash_bits",
+            "must be an integer from 0 to 24",
+            "use 12 (DuckDB's default) or ~20 for large tables with compact integer units",
+        )
+    if name != "duckdb" and "perfect_hash_bits" in spec:
+        raise rep.fail("engine.perfect_hash_bits", "only the DuckDB engine takes it", "remove it")
     if name != "spark" and (master is not None or conf):
         raise rep.fail(
             "engine.master" if master is not None else "engine.conf",
             "only the Spark engine takes a master or conf",
             'set name = "spark", or remove them',
         )
-    return EngineConfig(name, master, dict(conf))
+    return EngineConfig(name, master, dict(conf), bits)
 
 
 def _table(rep: _Reporter, name: str, spec: Any, base: Path, engine: str = "duckdb") -> TablePolicy:

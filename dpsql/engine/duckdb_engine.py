@@ -89,6 +89,7 @@ class DuckDBEngine:
         self._con.execute(
             "SET allowed_paths = [" + ", ".join(_sql_string(p) for p in allowed) + "]"
         )
+        self._con.execute(f"SET perfect_ht_threshold = {int(policy.engine.perfect_hash_bits)}")
         self._con.execute("SET enable_external_access = false")
         self._con.execute("SET lock_configuration = true")
 
