@@ -12,12 +12,17 @@ Side by side in one run, on the same policy and data (a fresh copy, answer cache
    then the ledger total is compared with the sum of the charges the server reported to
    clients (NOTICE "charged epsilon=..."). Epsilons are dyadic, so the comparison is exact.
 
-    python bench/bench_server.py --connections 16 --seconds 10 --soak 10000
+With ``--workers 2`` (or ``2,3``) a ``dpsql serve --workers N`` server runs next to the
+single-process one (``--workers 1``), in alternating rounds, and each gets its own soak analyst,
+so every ledger check is exact per server.
+
+    python bench/bench_server.py --connections 16 --seconds 10 --soak 10000 --workers 2,3
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import statistics
@@ -116,7 +121,9 @@ def _client(port: int, user: str) -> RawClient:
     return c
 
 
-def run_server(port: int, connections: int, seconds: float, statement: str | None) -> float:
+def run_server(
+    port: int, connections: int, seconds: float, statement: str | None, name: str
+) -> float:
     def worker(i: int, deadline: float) -> list[float]:
         c = _client(port, f"bench{i}")
         out, k = [], i
@@ -132,17 +139,18 @@ def run_server(port: int, connections: int, seconds: float, statement: str | Non
             c.close()
         return out
 
-    name = "protocol" if statement else "server"
     return _report(name, *_timed_threads(connections, seconds, worker))
 
 
-def run_soak(port: int, connections: int, total: int, ledger_path: Path, dataset: str) -> bool:
+def run_soak(
+    port: int, connections: int, total: int, ledger_path: Path, dataset: str, analyst: str = "soak"
+) -> bool:
     charged: list[tuple[float, float, float]] = []
     lock = threading.Lock()
     counter = iter(range(total))
 
     def worker(i: int) -> int:
-        c = _client(port, "soak")
+        c = _client(port, analyst)
         done = 0
         try:
             while True:
@@ -164,17 +172,39 @@ def run_soak(port: int, connections: int, total: int, ledger_path: Path, dataset
     with ThreadPoolExecutor(connections) as pool:
         done = sum(pool.map(worker, range(connections)))
     elapsed = time.perf_counter() - start
-    spent = SQLiteLedger(ledger_path).spent("soak", dataset)
+    ledger = SQLiteLedger(ledger_path)
+    spent = ledger.spent(analyst, dataset)
+    problems = ledger.verify()
+    ledger.close()
     eps = sum(c[0] for c in charged)
     delta = sum(c[1] for c in charged)
     rho = sum(c[2] for c in charged)
-    ok = spent.epsilon == eps and spent.delta == delta and spent.rho == rho
+    ok = spent.epsilon == eps and spent.delta == delta and spent.rho == rho and not problems
+    name = "soak" if analyst == "soak" else analyst.replace("soak_", "soak ")
     print(
-        f"soak      {done:>7} mixed queries in {elapsed:6.1f} s = {done / elapsed:8.1f} q/s; "
+        f"{name:<9} {done:>7} mixed queries in {elapsed:6.1f} s = {done / elapsed:8.1f} q/s; "
         f"{len(charged)} charged; reported epsilon {eps!r}, ledger {spent.epsilon!r} -> "
-        f"{'EQUAL' if ok else 'MISMATCH'}"
+        f"{'EQUAL' if ok else 'MISMATCH'}{'; ledger.verify: ' + str(problems) if problems else ''}"
     )
     return ok
+
+
+def start_server(policy: Path, workers: int) -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dpsql", "serve", "--policy", str(policy), "--port", "0",
+         "--no-cache", "--workers", str(workers)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
+    )  # fmt: skip
+    line = proc.stdout.readline() if proc.stdout else ""
+    m = re.search(r":(\d+)\s*$", line)
+    if not m:
+        proc.kill()
+        raise SystemExit(f"server did not start: {line!r}")
+    return proc, int(m.group(1))
+
+
+def _load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def main() -> int:
@@ -185,7 +215,13 @@ def main() -> int:
     parser.add_argument("--soak", type=int, default=10_000, help="mixed queries (0: skip)")
     parser.add_argument("--skip-direct", action="store_true")
     parser.add_argument("--rounds", type=int, default=2, help="alternating direct/server rounds")
+    parser.add_argument(
+        "--workers",
+        default="1",
+        help="worker counts to compare with the single-process server, e.g. 2 or 2,3",
+    )
     args = parser.parse_args()
+    counts = sorted({1, *(int(x) for x in args.workers.split(","))})
 
     src = Path(args.policy).resolve()
     with tempfile.TemporaryDirectory(prefix="dpsql-bench-") as tmp:
@@ -196,43 +232,54 @@ def main() -> int:
                 shutil.copy(table.source_path, Path(tmp) / table.source_path.name)
         loaded = load_policy(policy)
         users = UserStore(users_path(policy))
-        for name in ["soak"] + [f"bench{i}" for i in range(args.connections)]:
+        soakers = {n: "soak" if counts == [1] else f"soak_w{n}" for n in counts}
+        for name in [*soakers.values()] + [f"bench{i}" for i in range(args.connections)]:
             users.add(name, PASSWORD)
 
-        print(f"policy {src.name}, {args.connections} connections, answer cache off")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "dpsql", "serve", "--policy", str(policy), "--port", "0",
-             "--no-cache"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
-        )  # fmt: skip
+        print(f"policy {src.name}, {args.connections} connections, answer cache off, {_load()}")
+        servers: dict[int, tuple[subprocess.Popen[str], int]] = {}
         try:
-            line = proc.stdout.readline() if proc.stdout else ""
-            m = re.search(r":(\d+)\s*$", line)
-            if not m:
-                raise SystemExit(f"server did not start: {line!r}")
-            port = int(m.group(1))
-            # Alternate the two so that load from other jobs on the machine hits both alike.
-            ratios = []
+            for n in counts:
+                servers[n] = start_server(policy, n)
+            # Alternate them so that load from other jobs on the machine hits all alike.
+            ratios: dict[int, list[float]] = {n: [] for n in counts}
+            scaling: dict[int, list[float]] = {n: [] for n in counts if n > 1}
             for _ in range(args.rounds):
                 direct = (
                     0.0 if args.skip_direct else run_direct(policy, args.connections, args.seconds)
                 )
-                server = run_server(port, args.connections, args.seconds, None)
-                if direct:
-                    ratios.append(server / direct)
-                    print(f"ratio     server/direct = {ratios[-1]:.2f}")
-            if len(ratios) > 1:
-                median = statistics.median(ratios)
-                print(f"ratio     median over {len(ratios)} rounds = {median:.2f}")
-            run_server(port, args.connections, min(args.seconds, 5.0), "SHOW epsilon")
+                rates = {}
+                for n, (_proc, port) in servers.items():
+                    name = "server" if counts == [1] else f"server w{n}"
+                    rates[n] = run_server(port, args.connections, args.seconds, None, name)
+                    if direct:
+                        ratios[n].append(rates[n] / direct)
+                for n in scaling:
+                    scaling[n].append(rates[n] / rates[1])
+                line = [f"w{n}/direct = {ratios[n][-1]:.2f}" for n in counts if direct]
+                line += [f"w{n}/w1 = {scaling[n][-1]:.2f}" for n in scaling]
+                if line:
+                    print(f"ratio     {'   '.join(line)}")
+            if args.rounds > 1:
+                line = [f"w{n}/direct = {statistics.median(v):.2f}" for n, v in ratios.items() if v]
+                line += [f"w{n}/w1 = {statistics.median(v):.2f}" for n, v in scaling.items()]
+                if line:
+                    print(f"ratio     median over {args.rounds} rounds: {'   '.join(line)}")
+            for n, (_proc, port) in servers.items():
+                name = "protocol" if counts == [1] else f"proto w{n}"
+                run_server(port, args.connections, min(args.seconds, 5.0), "SHOW epsilon", name)
             ok = True
             if args.soak:
                 assert loaded.ledger_path is not None
-                ok = run_soak(port, args.connections, args.soak, loaded.ledger_path,
-                              loaded.dataset)  # fmt: skip
+                for n, (_proc, port) in servers.items():
+                    ok &= run_soak(port, args.connections, args.soak, loaded.ledger_path,
+                                   loaded.dataset, soakers[n])  # fmt: skip
+            print(_load())
         finally:
-            proc.terminate()
-            proc.wait(30)
+            for proc, _port in servers.values():
+                proc.terminate()
+            for proc, _port in servers.values():
+                proc.wait(30)
     return 0 if ok else 1
 
 

@@ -7,8 +7,10 @@ import asyncio
 import contextlib
 import getpass
 import logging
+import os
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 from dpsql.server.users import UserStore, UserStoreError, users_path
@@ -33,7 +35,16 @@ def register(subparsers: Any) -> None:
         "--tls-required", action="store_true", help="refuse clients that do not use TLS"
     )
     serve.add_argument("--users", help="users file (default: <policy stem>.users.json)")
-    serve.add_argument("--max-connections", type=int, default=100)
+    serve.add_argument(
+        "--max-connections", type=int, default=100, help="for the whole server (default 100)"
+    )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes behind the one port, each with its own engine, sharing the "
+        "ledger (default 1: one process; 0: one per CPU)",
+    )
     serve.add_argument(
         "--no-cache",
         action="store_true",
@@ -102,21 +113,7 @@ def _user_remove(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve(args: argparse.Namespace) -> int:
-    import dpsql
-    from dpsql.server.server import Server, tls_context
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    if bool(args.tls_cert) != bool(args.tls_key):
-        print("dpsql: --tls-cert and --tls-key go together", file=sys.stderr)
-        return 2
-    try:
-        service = dpsql.Service(
-            args.policy, args.database, cache=not args.no_cache, engine=args.engine
-        )
-    except dpsql.Error as exc:
-        print(f"dpsql: {exc}", file=sys.stderr)
-        return 1
+def _check_users(args: argparse.Namespace) -> bool:
     store = _store(args)
     try:
         if not store.names():
@@ -127,11 +124,34 @@ def _serve(args: argparse.Namespace) -> int:
             )
     except UserStoreError as exc:
         print(f"dpsql: {exc}", file=sys.stderr)
+        return False
+    return True
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import dpsql
+    from dpsql.server.server import Server, tls_context
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        print("dpsql: --tls-cert and --tls-key go together", file=sys.stderr)
+        return 2
+    workers = args.workers if args.workers > 0 else (os.cpu_count() or 1)
+    if workers > 1:
+        return _serve_workers(args, workers)
+    try:
+        service = dpsql.Service(
+            args.policy, args.database, cache=not args.no_cache, engine=args.engine
+        )
+    except dpsql.Error as exc:
+        print(f"dpsql: {exc}", file=sys.stderr)
+        return 1
+    if not _check_users(args):
         return 1
     ctx = tls_context(args.tls_cert, args.tls_key) if args.tls_cert else None
     server = Server(
         service,
-        store,
+        _store(args),
         ssl_context=ctx,
         require_tls=args.tls_required,
         max_connections=args.max_connections,
@@ -151,3 +171,62 @@ def _serve(args: argparse.Namespace) -> int:
     asyncio.run(main())
     service.close()
     return 0
+
+
+def _serve_workers(args: argparse.Namespace, workers: int) -> int:
+    """Check what can be checked once (policy, engine, TLS files, ledger), then supervise."""
+    import dpsql
+    from dpsql.policy import load_policy
+    from dpsql.privacy.sqlite_ledger import SQLiteLedger
+    from dpsql.server import supervisor
+    from dpsql.server.server import tls_context
+    from dpsql.server.worker import WorkerConfig
+
+    try:
+        policy = load_policy(args.policy)
+        if args.tls_cert:
+            tls_context(args.tls_cert, args.tls_key)
+        if policy.ledger_path is not None:
+            # Create the file and switch it to WAL once, before N processes open it at once.
+            SQLiteLedger(policy.ledger_path).close()
+    except (dpsql.Error, OSError) as exc:
+        print(f"dpsql: {exc}", file=sys.stderr)
+        return 1
+    if (args.engine or policy.engine.name) != "duckdb":
+        print(
+            "dpsql: --workers > 1 needs the DuckDB engine (each worker would start its own "
+            "Spark session); use --workers 1",
+            file=sys.stderr,
+        )
+        return 2
+    if policy.ledger_path is None:
+        print(
+            "dpsql: --workers > 1 needs a ledger file in the policy ([privacy] ledger = ...): "
+            "an in-memory ledger per worker would give each analyst one budget per worker",
+            file=sys.stderr,
+        )
+        return 2
+    if not _check_users(args):
+        return 1
+    config = WorkerConfig(
+        policy=str(Path(args.policy).resolve()),
+        database=args.database
+        if args.database in (":memory:", "")
+        else str(Path(args.database).resolve()),
+        engine=args.engine,
+        cache=not args.no_cache,
+        users=str(Path(args.users or users_path(args.policy)).resolve()),
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        require_tls=args.tls_required,
+        max_connections=args.max_connections,
+        mock_secret=os.urandom(32).hex(),
+    )
+    return supervisor.serve(
+        config,
+        workers,
+        host=args.host,
+        port=args.port,
+        max_connections=args.max_connections,
+        announce=f"dpsql serving {args.policy} with {workers} workers on {args.host}",
+    )

@@ -8,6 +8,7 @@ import hmac
 import itertools
 import logging
 import os
+import socket
 import ssl
 import threading
 from collections.abc import Callable
@@ -47,6 +48,8 @@ class Server:
         max_message: int = p.DEFAULT_MAX_MESSAGE,
         max_connections: int = 100,
         workers: int | None = None,
+        pid_range: tuple[int, int] | None = None,
+        mock_secret: bytes | None = None,
     ) -> None:
         self.service = service
         self.users = users
@@ -62,14 +65,28 @@ class Server:
             max_workers=workers or min(32, (os.cpu_count() or 2) * 4 + 8),
             thread_name_prefix="dpsql-query",
         )
-        self.mock_secret = os.urandom(32)
+        # One secret for every worker of a --workers server: an unknown user's fake SCRAM salt
+        # must not depend on which process answers (that would reveal who exists).
+        self.mock_secret = mock_secret if mock_secret is not None else os.urandom(32)
         self.sessions: dict[int, Session] = {}
-        self._pids = itertools.count(1000 + int.from_bytes(os.urandom(2), "big"))
+        # pid_range [first, end): a worker's disjoint share of backend pids, so the supervisor
+        # can route a CancelRequest to the process that owns the session.
+        self.pid_range = pid_range
+        start = 1000 + int.from_bytes(os.urandom(2), "big")
+        self._pids = itertools.count(0 if pid_range else start)
+        # Set by a worker: forwards a cancel key this process does not own to the supervisor.
+        self.forward_cancel: Callable[[int, int], None] | None = None
         self._server: asyncio.base_events.Server | None = None
 
     # called by sessions -------------------------------------------------------------------
     def next_pid(self) -> int:
-        return next(self._pids) & 0x7FFFFFFF
+        if self.pid_range is None:
+            return next(self._pids) & 0x7FFFFFFF
+        first, end = self.pid_range
+        while True:  # skip pids still in use after the counter wraps around
+            pid = first + next(self._pids) % (end - first)
+            if pid not in self.sessions:
+                return pid
 
     def connect_analyst(self, analyst: str) -> Any:
         return self.service.connect(analyst=analyst)
@@ -81,6 +98,10 @@ class Server:
     def cancel(self, pid: int, secret: int) -> None:
         session = self.sessions.get(pid)
         if session is None:
+            # e.g. a TLS-encrypted CancelRequest (libpq >= 17) that reached another worker
+            owned = self.pid_range is not None and self.pid_range[0] <= pid < self.pid_range[1]
+            if self.forward_cancel is not None and not owned:
+                self.forward_cancel(pid, secret)
             return
         if hmac.compare_digest(
             secret.to_bytes(4, "big", signed=True), session.secret.to_bytes(4, "big", signed=True)
@@ -106,6 +127,28 @@ class Server:
         with contextlib.suppress(asyncio.CancelledError):  # the server is shutting down
             await session.run()
 
+    async def adopt(self, sock: socket.socket) -> None:
+        """Serve one connection accepted by another process (the ``--workers`` supervisor).
+
+        Same protocol factory as ``asyncio.start_server``, so ``start_tls`` runs server-side.
+        Returns when the session ends.
+        """
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+
+        async def run(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                await self._accept(reader, writer)
+            finally:
+                if not done.done():
+                    done.set_result(None)
+
+        def factory() -> asyncio.StreamReaderProtocol:
+            return asyncio.StreamReaderProtocol(asyncio.StreamReader(loop=loop), run, loop=loop)
+
+        await loop.connect_accepted_socket(factory, sock)
+        await done
+
     async def serve_forever(self) -> None:
         assert self._server is not None
         async with self._server:
@@ -114,10 +157,11 @@ class Server:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-            for session in list(self.sessions.values()):
-                session.cancel()
-                with contextlib.suppress(Exception):
-                    session.writer.close()
+        for session in list(self.sessions.values()):
+            session.cancel()
+            with contextlib.suppress(Exception):
+                session.writer.close()
+        if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 5)
         self.executor.shutdown(wait=True, cancel_futures=True)

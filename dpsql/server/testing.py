@@ -233,3 +233,27 @@ def cancel_request(host: str, port: int, pid: int, secret: int) -> None:
         sock.settimeout(10)
         with contextlib.suppress(OSError):
             sock.recv(1)
+
+
+def cancel_until_answered(client: RawClient, host: str, port: int, tries: int = 100) -> Reply:
+    """Re-send the client's CancelRequest until its running query answers (up to ReadyForQuery).
+
+    A cancel that arrives before the query has started is ignored, as in PostgreSQL, so one
+    cancel is not enough for a test that has no other way to know the query is running.
+    """
+    timeout = client.sock.gettimeout()
+    client.sock.settimeout(0.2)
+    try:
+        for _ in range(tries):
+            cancel_request(host, port, client.pid, client.secret)
+            try:
+                first = client.recv()
+            except TimeoutError:
+                continue
+            client.sock.settimeout(timeout)
+            reply = client.until_ready()
+            reply.messages.insert(0, first)
+            return reply
+    finally:
+        client.sock.settimeout(timeout)
+    raise TimeoutError("the query was never cancelled")
