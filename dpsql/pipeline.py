@@ -13,8 +13,9 @@ import json
 import math
 import secrets
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from sqlglot import exp
 
 from dpsql.engine.base import open_engine
 from dpsql.engine.duckdb_engine import EngineResult, QueryHandle
-from dpsql.engine.scratch import Scratch
+from dpsql.engine.scratch import NotPlain, Scratch, cast_value, plain_projection
 from dpsql.errors import DataError, Error, ProgrammingError
 from dpsql.policy import MECHANISMS, Policy, load_policy
 from dpsql.privacy.ledger import Ledger, MemoryLedger
@@ -40,7 +41,7 @@ from dpsql.sql.bind import (
     TransactionStatement,
     parse_statement,
 )
-from dpsql.sql.compile import compile_plan
+from dpsql.sql.compile import CompiledQuery, compile_plan
 from dpsql.sql.domains import SQL_TYPES, key_domain
 from dpsql.sql.plan import Plan, build_plan
 from dpsql.sql.rows import pattern_counts_sql
@@ -129,6 +130,98 @@ class _CheckedSet:
             self._items.add(key)
 
 
+class _Prepared:
+    """What one statement text reuses across executions: its checked plan and fingerprint,
+    and (from its second execution on) its engine SQL as a template for fresh secrets.
+
+    Never reused: the keyed-hash secret, the budget check and charge, the noise.
+    """
+
+    __slots__ = ("fingerprint", "plan", "post_checked", "template")
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.fingerprint = plan.fingerprint()
+        self.template: _SecretTemplate | None = None
+        self.post_checked = False  # the free dry run of its post-processing has passed
+
+
+@dataclass(frozen=True)
+class _SecretTemplate:
+    """Engine SQL compiled once, with ``marker`` standing where the secret goes.
+
+    Only built when compiling with two random secrets gives texts that differ exactly where
+    one's decimal digits stand for the other's, so substituting a fresh secret gives what
+    ``compile_plan(plan, fresh)`` would.
+    """
+
+    compiled: CompiledQuery
+    marker: str | None  # None: the SQL does not depend on the secret (row-level plans)
+
+    @classmethod
+    def build(cls, plan: Plan) -> _SecretTemplate | None:
+        a, b = (secrets.randbits(62) | 1 << 61 for _ in range(2))  # 19 digits each
+        first, second = compile_plan(plan, a), compile_plan(plan, b)
+        if first == second:
+            return cls(first, None)
+        marker = str(a)
+        if replace(first, sql=first.sql.replace(marker, str(b))) != second:
+            return None
+        return cls(first, marker)
+
+    def with_secret(self, secret: int) -> CompiledQuery:
+        if self.marker is None:
+            return self.compiled
+        return replace(self.compiled, sql=self.compiled.sql.replace(self.marker, str(secret)))
+
+
+class _PlanCache:
+    """Bounded LRU of prepared statements, keyed by everything that binding depends on.
+
+    The key is the exact text, the parameters (type and repr, so 1, 1.0, True and -0.0 differ),
+    and the session's settings (repr). The policy is fixed per Service; the table's data
+    version is checked on every hit. A statement that is refused is never stored.
+    """
+
+    _PARAMETER_TYPES = (type(None), bool, int, float, str, dt.date, dt.datetime)
+
+    def __init__(self, limit: int) -> None:
+        self._items: OrderedDict[tuple, _Prepared] = OrderedDict()
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def key(self, text: str, parameters: Sequence[Any] | None, settings: Settings) -> tuple | None:
+        if self._limit <= 0:
+            return None
+        params = None
+        if parameters is not None:
+            if not all(type(v) in self._PARAMETER_TYPES for v in parameters):
+                return None
+            params = tuple((type(v), repr(v)) for v in parameters)
+        return (text, params, repr(settings.epsilon), repr(settings.delta), settings.mechanism)
+
+    def get(self, key: tuple) -> _Prepared | None:
+        with self._lock:
+            item = self._items.get(key)
+            if item is not None:
+                self._items.move_to_end(key)
+            return item
+
+    def put(self, key: tuple, item: _Prepared) -> None:
+        with self._lock:
+            self._items[key] = item
+            self._items.move_to_end(key)
+            while len(self._items) > self._limit:
+                self._items.popitem(last=False)
+
+    def discard(self, key: tuple) -> None:
+        with self._lock:
+            self._items.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 class Service:
     """Loads a policy and its private data once; hands out analyst connections."""
 
@@ -142,6 +235,7 @@ class Service:
         cache: bool = True,
         engine: str | None = None,
         spark_session: Any = None,
+        plan_cache: int = 1024,
     ) -> None:
         self.policy = policy if isinstance(policy, Policy) else load_policy(policy)
         # engine: "duckdb" | "spark" (default: the policy's [engine] name); spark_session: an
@@ -155,6 +249,10 @@ class Service:
         self._typed = _CheckedSet()
         self._post_checked = _CheckedSet()
         self._lock = threading.Lock()
+        # plan_cache: how many statement texts keep their checked plan (0: none). A subclass
+        # that overrides plan() (a test hook) sees every call, so it gets no plan cache.
+        overridden = type(self).plan is not Service.plan
+        self._plans = _PlanCache(0 if overridden else plan_cache)
 
     def _default_ledger(self) -> Ledger:
         if self.policy.ledger_path is None:
@@ -226,6 +324,12 @@ class Service:
         analyst: str,
         handle: QueryHandle | None = None,
     ) -> Result:
+        key = self._plans.key(text, parameters, settings)
+        if key is not None and (prepared := self._plans.get(key)) is not None:
+            plan = prepared.plan
+            if plan.data_version == self.engine.versions.get(plan.query.table.name, ""):
+                return self._run(prepared, analyst, handle)
+            self._plans.discard(key)
         statement = parse_statement(text, self.policy, parameters)
         if isinstance(statement, SettingStatement):
             if statement.action == "show" and statement.name == "budget":
@@ -245,19 +349,38 @@ class Service:
         if isinstance(statement, RuleListCall):
             return self.run_rule_list(statement, settings, analyst, handle)
         assert isinstance(statement, BoundQuery)
-        plan = self.plan(statement, settings)
-        return self.run(plan, analyst, handle)
+        prepared = _Prepared(self.plan(statement, settings))
+        if key is not None:
+            self._plans.put(key, prepared)
+        return self._run(prepared, analyst, handle, first=True)
 
     def run(self, plan: Plan, analyst: str, handle: QueryHandle | None = None) -> Result:
+        return self._run(_Prepared(plan), analyst, handle, first=True)
+
+    def _compiled(self, prepared: _Prepared, first: bool) -> CompiledQuery:
+        """Engine SQL with a fresh secret; a statement's second run builds its template."""
+        secret = secrets.randbits(62)
+        if prepared.template is None and not first:
+            prepared.template = _SecretTemplate.build(prepared.plan)
+        if prepared.template is None:
+            return compile_plan(prepared.plan, secret)
+        return prepared.template.with_secret(secret)
+
+    def _run(
+        self, prepared: _Prepared, analyst: str, handle: QueryHandle | None, first: bool = False
+    ) -> Result:
+        plan = prepared.plan
         dataset = self.policy.dataset
-        fingerprint = plan.fingerprint()
+        fingerprint = prepared.fingerprint
         cache_key = fingerprint if self.cache else None
         if cache_key is not None:
             answer = self.ledger.cached(analyst, dataset, cache_key)
             if answer is not None:
                 return self._finish(plan, _decode(answer), cost=None, cached=True)
         self.ledger.check(analyst, dataset, plan.cost, self.policy.budget)
-        self._dry_run_post(plan)
+        if not prepared.post_checked:
+            self._dry_run_post(plan)
+            prepared.post_checked = True
         for m in plan.measures:  # a scale the sampler cannot draw: refuse before reading data
             try:
                 m.mechanism.sample(self.noise, 0)
@@ -269,7 +392,7 @@ class Service:
                     hint="the noise scale is too large: raise epsilon (SET epsilon = ...); "
                     "nothing was spent",
                 ) from None
-        compiled = compile_plan(plan, secrets.randbits(62))
+        compiled = self._compiled(prepared, first)
         result: EngineResult = self.engine.execute(compiled, handle)
         released = release(plan, result, self.noise)
         key_types = [type_code(t) for t in result.key_types] or self._key_types(plan)
@@ -499,41 +622,20 @@ class Service:
         self._post_checked.add(key)
 
     def _finish(self, plan: Plan, answer: dict, *, cost: Any, cached: bool) -> Result:
-        """Post-processing on the scratch connection: the released table only."""
-        n_out = len(plan.outputs)
-        key_types = answer["key_types"]
-        columns = [f"k{i}" for i in range(len(plan.keys))]
-        types = [SQL_TYPES_BY_CODE[t] for t in key_types]
-        for i, o in enumerate(plan.outputs):
-            columns += [f"a{i}", f"a{i}_lo", f"a{i}_hi"]
-            kind = "BIGINT" if o.call.kind in ("count", "count_units") else "DOUBLE"
-            if o.call.kind == "sum" and plan.query.table.columns[o.call.column].type == "int":
-                kind = "BIGINT"
-            types += [kind, "DOUBLE", "DOUBLE"]
-        columns.append("__suppressed")
-        types.append("DOUBLE")
-        rows = []
-        keys = answer["keys"]
-        for r, key in enumerate(keys):
-            row: list[Any] = list(key)
-            for i in range(n_out):
-                value = answer["outputs"][i][r]
-                if types[len(plan.keys) + 3 * i] == "BIGINT" and value is not None:
-                    value = round(value)
-                low, high = answer["intervals"][i][r]
-                row += [value, low, high]
-            suppressed = answer["suppressed"]
-            row.append(suppressed[r] if suppressed is not None else None)
-            rows.append(tuple(row))
+        """Post-processing of the released table only: in Python when the query just picks
+        (and renames) released columns, else on the scratch connection; the same result."""
+        columns, types, rows = _released_table(plan, answer)
+        projection = plain_projection(plan.query.post, columns)
+        if projection is not None:
+            try:
+                return _project(projection, columns, types, rows, cost=cost, cached=cached)
+            except NotPlain:
+                pass  # a value of an unexpected Python type: let DuckDB cast it
         post = plan.query.post.copy()
         visible = len(post.expressions)
         for j, item in enumerate(list(post.expressions)):
             inner = item.this if isinstance(item, exp.Alias) else item
-            if (
-                isinstance(inner, exp.Column)
-                and inner.name.startswith("a")
-                and inner.name[1:].isdigit()
-            ):
+            if isinstance(inner, exp.Column) and _is_output(inner.name):
                 post = post.select(
                     exp.alias_(exp.column(f"{inner.name}_lo"), f"__lo{j}"),
                     exp.alias_(exp.column(f"{inner.name}_hi"), f"__hi{j}"),
@@ -640,6 +742,79 @@ SQL_TYPES_BY_CODE = {
     "TIMESTAMP": "TIMESTAMP",
 }
 assert set(SQL_TYPES.values()) <= set(SQL_TYPES_BY_CODE.values())
+
+
+def _is_output(column: str) -> bool:
+    """A released aggregate column a0, a1, ... (which has a 95% interval)."""
+    return column.startswith("a") and column[1:].isdigit()
+
+
+def _released_table(plan: Plan, answer: dict) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
+    """Columns, SQL types and rows of the released table (keys k0.., then a_i, a_i_lo, a_i_hi
+    per output, then __suppressed): what post-processing may read."""
+    n_keys = len(plan.keys)
+    columns = [f"k{i}" for i in range(n_keys)]
+    types = [SQL_TYPES_BY_CODE[t] for t in answer["key_types"]]
+    whole = []
+    for i, o in enumerate(plan.outputs):
+        columns += [f"a{i}", f"a{i}_lo", f"a{i}_hi"]
+        kind = "BIGINT" if o.call.kind in ("count", "count_units") else "DOUBLE"
+        if o.call.kind == "sum" and plan.query.table.columns[o.call.column].type == "int":
+            kind = "BIGINT"
+        types += [kind, "DOUBLE", "DOUBLE"]
+        whole.append(kind == "BIGINT")
+    columns.append("__suppressed")
+    types.append("DOUBLE")
+    outputs, intervals, suppressed = answer["outputs"], answer["intervals"], answer["suppressed"]
+    rows = []
+    for r, key in enumerate(answer["keys"]):
+        row: list[Any] = list(key)
+        for i, is_whole in enumerate(whole):
+            value = outputs[i][r]
+            if is_whole and value is not None:
+                value = round(value)
+            low, high = intervals[i][r]
+            row += [value, low, high]
+        row.append(suppressed[r] if suppressed is not None else None)
+        rows.append(tuple(row))
+    return columns, types, rows
+
+
+def _project(
+    projection: Sequence[tuple[str, int]],
+    columns: Sequence[str],
+    types: Sequence[str],
+    rows: Sequence[tuple[Any, ...]],
+    *,
+    cost: Any,
+    cached: bool,
+) -> Result:
+    """The result of a plain projection (see :func:`plain_projection`) without DuckDB: the
+    released rows in order, each value as ``CAST(? AS type)`` returns it, and the interval of
+    every picked aggregate. Raises NotPlain when a value needs DuckDB's cast."""
+    index = {c: i for i, c in enumerate(columns)}
+    picks = [(i, types[i]) for _, i in projection]
+    spans = [
+        (index[f"{columns[i]}_lo"], index[f"{columns[i]}_hi"]) if _is_output(columns[i]) else None
+        for _, i in projection
+    ]
+    out_rows = [tuple(cast_value(row[i], t) for i, t in picks) for row in rows]
+    intervals = [
+        tuple(
+            None
+            if span is None
+            else (cast_value(row[span[0]], "DOUBLE"), cast_value(row[span[1]], "DOUBLE"))
+            for span in spans
+        )
+        for row in rows
+    ]
+    return Result(
+        description=[(name, type_code(types[i])) for name, i in projection],
+        rows=out_rows,
+        intervals=intervals,
+        cost=cost,
+        cached=cached,
+    )
 
 
 def _convert(value: Any) -> Any:

@@ -8,10 +8,12 @@ configuration locked, like the private engine's.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
 import duckdb
+from sqlglot import exp
 
 from dpsql.errors import DataError, ProgrammingError
 from dpsql.policy import Policy
@@ -112,6 +114,73 @@ class Scratch:
 
     def close(self) -> None:
         self._con.close()
+
+
+RELEASED = "__released"
+
+
+def plain_projection(
+    post: exp.Select, columns: Sequence[str]
+) -> tuple[tuple[str, int], ...] | None:
+    """(output name, index into ``columns``) per SELECT item, when ``post`` only picks columns
+    of the released table, each at most renamed: ``SELECT k0 AS "d", a0 FROM __released``.
+
+    Such a query needs no engine: its rows are the released rows in order, its types the
+    released types (see :func:`cast_value`). Anything else (WHERE/HAVING, ORDER BY, LIMIT,
+    DISTINCT, arithmetic, qualified or unknown columns) returns None and goes to DuckDB.
+    """
+    if not isinstance(post, exp.Select) or any(
+        value for name, value in post.args.items() if name not in ("expressions", "from_")
+    ):
+        return None
+    source = post.args.get("from_")
+    table = source.this if isinstance(source, exp.From) else None
+    if (
+        not isinstance(table, exp.Table)
+        or table.name != RELEASED
+        or any(value for name, value in table.args.items() if name != "this")
+    ):
+        return None
+    index = {c: i for i, c in enumerate(columns)}
+    out = []
+    for item in post.expressions:
+        inner = item.this if isinstance(item, exp.Alias) else item
+        if not isinstance(inner, exp.Column) or any(
+            value for name, value in inner.args.items() if name != "this"
+        ):
+            return None
+        column = inner.name
+        name = item.alias if isinstance(item, exp.Alias) else column
+        if column not in index or not name:
+            return None
+        out.append((name, index[column]))
+    return tuple(out)
+
+
+class NotPlain(Exception):
+    """A value whose Python type is not the one DuckDB returns for its column: use DuckDB."""
+
+
+def cast_value(value: Any, sql_type: str) -> Any:
+    """``CAST(? AS sql_type)`` as the scratch connection returns it, for the values a released
+    table holds; raises :class:`NotPlain` for anything else (then DuckDB does the cast)."""
+    if value is None:
+        return None
+    kind = type(value)
+    if sql_type == "DOUBLE":
+        if kind is float:
+            return value
+        if kind is int and -(1 << 53) <= value <= 1 << 53:
+            return float(value)
+    elif (
+        (sql_type == "BIGINT" and kind is int and -(1 << 63) <= value < 1 << 63)
+        or (sql_type == "VARCHAR" and kind is str)
+        or (sql_type == "BOOLEAN" and kind is bool)
+        or (sql_type == "DATE" and kind is dt.date)
+        or (sql_type == "TIMESTAMP" and kind is dt.datetime and value.tzinfo is None)
+    ):
+        return value
+    raise NotPlain(sql_type)
 
 
 def _first_line(exc: Exception) -> str:

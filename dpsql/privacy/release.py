@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -121,7 +122,7 @@ def release(plan: Plan, result: EngineResult, source: NoiseSource) -> Released:
         units = noisy[plan.threshold.measure]
         keep = units >= plan.threshold.tau
         mech = plan.measure(plan.threshold.measure).mechanism
-        sim = _approximate_noise(mech, np.random.default_rng(0), INTERVAL_DRAWS)
+        (sim,) = _simulated_noise(0, (mech,), INTERVAL_DRAWS)
         suppressed = np.array([float(np.mean(u + sim < plan.threshold.tau)) for u in units[keep]])
     kept = {k: v[keep] for k, v in noisy.items()}
     outputs = [_evaluate(o, plan, kept) for o in plan.outputs]
@@ -155,18 +156,46 @@ def _interval(
         return np.stack([low, value + half], axis=1)
     if kind == "sum" and first.center:
         names.add(_values_measure(plan, first).name)
-    rng = np.random.default_rng(12345)
     draws = min(INTERVAL_DRAWS, max(200, 200_000 // max(n, 1)))
-    sims: dict[str, np.ndarray] = {}
-    for name in names:
-        m = plan.measure(name)
-        noise = _approximate_noise(m.mechanism, rng, draws * n).reshape(draws, n)
-        sims[name] = noisy[name][None, :] + noise
+    order = list(names)
+    noises = _simulated_noise(12345, tuple(plan.measure(k).mechanism for k in order), draws * n)
+    sims = {
+        name: noisy[name][None, :] + noise.reshape(draws, n)
+        for name, noise in zip(order, noises, strict=True)
+    }
     simulated = _evaluate(output, plan, sims)
     error = simulated - _evaluate(output, plan, {k: noisy[k][None, :] for k in names})
     low = value + np.quantile(error, 0.025, axis=0, method="lower")
     high = value + np.quantile(error, 0.975, axis=0, method="higher")
     return np.stack([low, high], axis=1)
+
+
+_SIMULATION_CACHE_SIZE = 20_000  # draws: larger simulations (many groups) are not kept
+
+
+def _simulated_noise(
+    seed: int, mechanisms: tuple[Mechanism, ...], size: int
+) -> tuple[np.ndarray, ...]:
+    """``size`` approximate draws per mechanism, in order, from one generator seeded ``seed``.
+
+    Deterministic in its arguments and independent of the data, so small simulations are
+    cached (read-only arrays): the same values, without redrawing them for every query.
+    """
+    if size <= _SIMULATION_CACHE_SIZE:
+        return _simulated_noise_cached(seed, mechanisms, size)
+    rng = np.random.default_rng(seed)
+    return tuple(_approximate_noise(m, rng, size) for m in mechanisms)
+
+
+@lru_cache(maxsize=64)
+def _simulated_noise_cached(
+    seed: int, mechanisms: tuple[Mechanism, ...], size: int
+) -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(seed)
+    out = tuple(_approximate_noise(m, rng, size) for m in mechanisms)
+    for array in out:
+        array.flags.writeable = False
+    return out
 
 
 def _approximate_noise(mech: Mechanism, rng: np.random.Generator, size: int) -> np.ndarray:
