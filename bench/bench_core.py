@@ -8,7 +8,8 @@ Generates a deterministic synthetic table of patient visits (``--rows``, default
 3. for each query: the plain DuckDB query and the DP query (row-level table, and the same data
    with a privacy unit), interleaved, ``--reps`` times: medians of wall and process-CPU time,
    and their ratios. "DP" is the whole pipeline (bind, plan, engine, noise, post-processing);
-   "engine" is the compiled SQL alone;
+   "engine" is the compiled SQL alone; "floor" is the least work any bounded plan must do
+   (FLOORS: clamping every value, or one aggregate per (unit, group), and nothing else);
 4. peak memory: a fresh subprocess per query, its peak RSS (VmHWM, what ru_maxrss reports for a
    process not forked from a bigger one: the whole process, with Python, DuckDB and the pages
    of the table it read), and that peak minus the RSS just before the query.
@@ -64,6 +65,38 @@ QUERIES = {
     "bins_where": (
         "SELECT smoker, FLOOR(age / 10) * 10 AS decade, COUNT(*), AVG(cost) FROM {t} "
         "WHERE visit_date >= DATE '2024-03-01' GROUP BY smoker, decade"
+    ),
+}
+
+# The least work any bounded plan must do, timed beside the plain query: row-level, clamping
+# every value to its declared bounds (SUM's sensitivity rests on it), in doubles, without the
+# fixed point; privacy unit, one aggregate per (unit, group) (each unit's contribution to a group
+# must be known before it can be bounded), with no bounding at all (its sums are summed again,
+# or DuckDB would prune them).
+_CLAMP = "CASE WHEN cost < 0.0 THEN 0.0 WHEN cost > 5000.0 THEN 5000.0 ELSE cost END"
+FLOORS = {
+    ("group_by", "visits_rows"): (
+        f"SELECT department, COUNT(*), SUM({_CLAMP}), COUNT(cost) FROM visits_rows "
+        "GROUP BY department"
+    ),
+    ("no_group", "visits_rows"): f"SELECT COUNT(*), SUM({_CLAMP}), COUNT(cost) FROM visits_rows",
+    ("bins_where", "visits_rows"): (
+        f"SELECT smoker, FLOOR(age / 10) * 10 AS decade, COUNT(*), SUM({_CLAMP}), COUNT(cost) "
+        "FROM visits_rows WHERE visit_date >= DATE '2024-03-01' GROUP BY smoker, decade"
+    ),
+    ("group_by", "visits"): (
+        "SELECT COUNT(*), SUM(n), SUM(s), SUM(c) FROM (SELECT patient_id, department, "
+        "COUNT(*) AS n, SUM(cost) AS s, COUNT(cost) AS c FROM visits GROUP BY patient_id, "
+        "department)"
+    ),
+    ("no_group", "visits"): (
+        "SELECT COUNT(*), SUM(n), SUM(s), SUM(c) FROM (SELECT patient_id, COUNT(*) AS n, "
+        "SUM(cost) AS s, COUNT(cost) AS c FROM visits GROUP BY patient_id)"
+    ),
+    ("bins_where", "visits"): (
+        "SELECT COUNT(*), SUM(n), SUM(s), SUM(c) FROM (SELECT patient_id, smoker, "
+        "FLOOR(age / 10) * 10, COUNT(*) AS n, SUM(cost) AS s, COUNT(cost) AS c FROM visits "
+        "WHERE visit_date >= DATE '2024-03-01' GROUP BY ALL)"
     ),
 }
 
@@ -303,11 +336,14 @@ def bench_scale(svc: Service, reps: int, tables: list[str]) -> list[dict[str, An
             dp_sql = q.format(t=table)
             plan = svc.plan(parse_statement(dp_sql, svc.policy), settings)
             engine_sql = compile_plan(plan, 99).render("duckdb")
-            rec: dict[str, list[float]] = {k: [] for k in ("pw", "pc", "dw", "dc", "ew", "ec")}
+            floor_sql = FLOORS[(name, table)]
+            keys = ("pw", "pc", "dw", "dc", "ew", "ec", "fw", "fc")
+            rec: dict[str, list[float]] = {k: [] for k in keys}
             runs = {
                 "p": lambda s=plain_sql: con.execute(s).fetchall(),
                 "d": lambda s=dp_sql: svc.execute(s, None, settings, "bench"),
                 "e": lambda s=engine_sql: con.execute(s).fetchall(),
+                "f": lambda s=floor_sql: con.execute(s).fetchall(),
             }
             for _ in range(reps):
                 for key, fn in runs.items():
@@ -325,13 +361,16 @@ def bench_scale(svc: Service, reps: int, tables: list[str]) -> list[dict[str, An
                 "ratio_cpu": m["dc"] / m["pc"],
                 "engine_ratio_wall": m["ew"] / m["pw"],
                 "engine_ratio_cpu": m["ec"] / m["pc"],
+                "floor_ratio_wall": m["fw"] / m["pw"],
+                "floor_ratio_cpu": m["fc"] / m["pc"],
             }
             out.append(row)
             print(
                 f"  {name:10s} {table:12s} plain {row['plain_ms']:8.1f} ms  DP {row['dp_ms']:8.1f}"
                 f" ms  x{row['ratio_wall']:5.2f} wall  x{row['ratio_cpu']:5.2f} cpu   "
                 f"(engine SQL alone x{row['engine_ratio_wall']:5.2f} wall,"
-                f" x{row['engine_ratio_cpu']:5.2f} cpu)",
+                f" x{row['engine_ratio_cpu']:5.2f} cpu; floor x{row['floor_ratio_wall']:5.2f} wall,"
+                f" x{row['floor_ratio_cpu']:5.2f} cpu)",
                 flush=True,
             )
     return out

@@ -30,6 +30,8 @@ _ENGINE_KEYS = {
     "name": '"duckdb" (default: embedded) or "spark"',
     "master": 'the Spark master URL, e.g. "local[*]", "spark://host:7077", "yarn"',
     "conf": 'extra Spark settings, e.g. conf = { "spark.executor.memory" = "8g" }',
+    "threads": "DuckDB: threads per query (default: one per core); 1 suits many small "
+    "concurrent queries (dpsql serve)",
     "perfect_hash_bits": "DuckDB: group keys of up to this many bits (integer columns with a "
     "known range) aggregate in a perfect hash table (default 12)",
 }
@@ -111,6 +113,9 @@ class EngineConfig:
     # range of up to 2^20 ~3x cheaper, but every such aggregate then allocates and clears a
     # 2^bits table per thread, which costs more than it saves on small tables with sparse ids.
     perfect_hash_bits: int = 12
+    # DuckDB's threads; None = one per core. With many small concurrent queries (the wire
+    # server) 1 avoids the cost of splitting each query across a shared pool.
+    threads: int | None = None
 
 
 @dataclass(frozen=True)
@@ -307,15 +312,23 @@ def _engine(rep: _Reporter, spec: Any) -> EngineConfig:
             "must be an integer from 0 to 24",
             "use 12 (DuckDB's default) or ~20 for large tables with compact integer units",
         )
-    if name != "duckdb" and "perfect_hash_bits" in spec:
-        raise rep.fail("engine.perfect_hash_bits", "only the DuckDB engine takes it", "remove it")
+    threads = spec.get("threads")
+    if threads is not None and (
+        isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 1024
+    ):
+        raise rep.fail(
+            "engine.threads", "must be a positive integer", "e.g. threads = 1, or remove it"
+        )
+    for key in ("perfect_hash_bits", "threads"):
+        if name != "duckdb" and key in spec:
+            raise rep.fail(f"engine.{key}", "only the DuckDB engine takes it", "remove it")
     if name != "spark" and (master is not None or conf):
         raise rep.fail(
             "engine.master" if master is not None else "engine.conf",
             "only the Spark engine takes a master or conf",
             'set name = "spark", or remove them',
         )
-    return EngineConfig(name, master, dict(conf), bits)
+    return EngineConfig(name, master, dict(conf), bits, threads)
 
 
 def _table(rep: _Reporter, name: str, spec: Any, base: Path, engine: str = "duckdb") -> TablePolicy:

@@ -1,4 +1,4 @@
-"""`[engine] perfect_hash_bits`: validated by the policy, applied before the engine locks."""
+"""`[engine] perfect_hash_bits` and `threads`: checked by the policy, set before the lock."""
 
 from __future__ import annotations
 
@@ -22,6 +22,9 @@ def test_default_is_duckdbs_own_threshold() -> None:
         ({"perfect_hash_bits": 20.0}, "engine.perfect_hash_bits"),
         ({"perfect_hash_bits": True}, "engine.perfect_hash_bits"),
         ({"name": "spark", "perfect_hash_bits": 20}, "engine.perfect_hash_bits"),
+        ({"threads": 0}, "engine.threads"),
+        ({"threads": "2"}, "engine.threads"),
+        ({"name": "spark", "threads": 2}, "engine.threads"),
     ],
 )
 def test_bad_values_are_policy_errors(engine: dict, key: str) -> None:
@@ -39,10 +42,10 @@ def test_the_engine_runs_with_it_and_results_do_not_change(monkeypatch) -> None:
     query = "SELECT department, COUNT(*), SUM(cost) FROM visits GROUP BY department"
     expected = rows_of(exact_connect(fixture_policy()), query)
     policy = fixture_policy()
-    policy["engine"] = {"perfect_hash_bits": 20}
+    policy["engine"] = {"perfect_hash_bits": 20, "threads": 1}
     conn = exact_connect(policy)
     setting = conn.service.engine._con.execute(
-        "SELECT current_setting('perfect_ht_threshold')"
+        "SELECT current_setting('perfect_ht_threshold'), current_setting('threads')"
     ).fetchone()
-    assert setting == (20,)
+    assert setting == (20, 1)
     assert rows_of(conn, query) == expected

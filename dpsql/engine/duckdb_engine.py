@@ -90,6 +90,8 @@ class DuckDBEngine:
             "SET allowed_paths = [" + ", ".join(_sql_string(p) for p in allowed) + "]"
         )
         self._con.execute(f"SET perfect_ht_threshold = {int(policy.engine.perfect_hash_bits)}")
+        if policy.engine.threads is not None:
+            self._con.execute(f"SET threads = {int(policy.engine.threads)}")
         self._con.execute("SET enable_external_access = false")
         self._con.execute("SET lock_configuration = true")
 
