@@ -33,6 +33,17 @@ logging.getLogger("sqlglot").setLevel(logging.ERROR)
 
 DIALECT = "duckdb"
 
+COMPARISON_NODES: tuple[type[exp.Expression], ...] = (
+    exp.EQ,
+    exp.NEQ,
+    exp.GT,
+    exp.GTE,
+    exp.LT,
+    exp.LTE,
+    exp.NullSafeEQ,
+    exp.NullSafeNEQ,
+)
+
 # Deterministic scalar constructs allowed in WHERE, GROUP BY and post-processing.
 SCALAR_NODES: tuple[type[exp.Expression], ...] = (
     exp.Column,
@@ -45,14 +56,7 @@ SCALAR_NODES: tuple[type[exp.Expression], ...] = (
     exp.Not,
     exp.And,
     exp.Or,
-    exp.EQ,
-    exp.NEQ,
-    exp.GT,
-    exp.GTE,
-    exp.LT,
-    exp.LTE,
-    exp.NullSafeEQ,
-    exp.NullSafeNEQ,
+    *COMPARISON_NODES,
     exp.Is,
     exp.In,
     exp.Between,

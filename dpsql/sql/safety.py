@@ -19,17 +19,8 @@ import re
 from sqlglot import exp
 
 from dpsql.policy import TablePolicy
+from dpsql.sql.bind import COMPARISON_NODES
 
-_COMPARISONS = (
-    exp.EQ,
-    exp.NEQ,
-    exp.GT,
-    exp.GTE,
-    exp.LT,
-    exp.LTE,
-    exp.NullSafeEQ,
-    exp.NullSafeNEQ,
-)
 _FAMILY = {"int": "number", "float": "number", "text": "text", "bool": "bool", "date": "date"}
 _ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _NUMBER = re.compile(r"\d+(\.\d*)?([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?")
@@ -109,7 +100,7 @@ def cannot_fail(node: exp.Expression, table: TablePolicy) -> bool:
         return _family(node.this, table) is not None and isinstance(
             node.expression, exp.Null | exp.Boolean
         )
-    if isinstance(node, _COMPARISONS):
+    if isinstance(node, COMPARISON_NODES):
         return _same_family(node.this, node.expression, table)
     if isinstance(node, exp.In):
         if node.args.get("query") is not None or node.args.get("unnest") is not None:
