@@ -121,6 +121,13 @@ def discrete_gaussian_tail(sigma: float, m: int) -> float:
     return total / (sd * math.sqrt(2 * math.pi))
 
 
+@lru_cache(maxsize=4096)
+def _cached_search(mech: Mechanism, kind: str, target: float) -> int:
+    """Smallest m with P(X >= m) <= target for ``mech``'s noise: a function of public
+    parameters only, cached because the discrete Gaussian's tail sums cost up to ~1 ms."""
+    return _smallest_m(mech._tail, target, mech._guess(kind, target))
+
+
 def _smallest_m(tail: Callable[[int], float], target: float, guess: int) -> int:
     """Smallest integer m with tail(m) <= target, for a non-increasing ``tail``."""
     m = guess
@@ -216,8 +223,7 @@ class Laplace:
             raise ValueError("confidence must be in (0, 1)")
         if self.l1 == 0:
             return 0.0
-        target = (1 - confidence) / 2
-        return float(_smallest_m(self._tail, target, self._laplace_guess(target)) - 1)
+        return float(_cached_search(self, "interval", (1 - confidence) / 2) - 1)
 
     def threshold(self, delta: float, max_groups: int) -> float:
         """Smallest integer τ with P(1 + X >= τ) <= δ / max_groups.
@@ -231,9 +237,9 @@ class Laplace:
         target = delta / max_groups
         if self.l1 == 0:
             return 2.0
-        return float(1 + _smallest_m(self._tail, target, self._laplace_guess(target)))
+        return float(1 + _cached_search(self, "threshold", target))
 
-    def _laplace_guess(self, target: float) -> int:
+    def _guess(self, kind: str, target: float) -> int:
         """m with q^m/(1+q) ≈ target, q = e^(-1/r): the exact search then moves a step or two."""
         r = float(laplace_scale(self.scale))
         return max(0, math.ceil(r * (-math.log(target) - math.log1p(math.exp(-1 / r)))))
@@ -290,9 +296,7 @@ class Gaussian:
             raise ValueError("confidence must be in (0, 1)")
         if self.l2 == 0:
             return 0.0
-        sd = math.sqrt(float(gaussian_sigma2(self.scale)))
-        guess = math.ceil(sd * float(special.ndtri(0.5 + confidence / 2)))
-        return float(_smallest_m(self._tail, (1 - confidence) / 2, guess + 1) - 1)
+        return float(_cached_search(self, "interval", (1 - confidence) / 2) - 1)
 
     def threshold(self, delta: float, max_groups: int) -> float:
         """Smallest integer τ with P(1 + X >= τ) <= δ/max_groups (as :meth:`Laplace.threshold`)."""
@@ -301,9 +305,15 @@ class Gaussian:
         target = delta / max_groups
         if self.l2 == 0:
             return 2.0
+        return float(1 + _cached_search(self, "threshold", target))
+
+    def _guess(self, kind: str, target: float) -> int:
+        """Where the exact search starts: the continuous Gaussian's quantile (interval: one
+        step further out, as the tail sum starts at m)."""
         sd = math.sqrt(float(gaussian_sigma2(self.scale)))
-        guess = max(1, math.ceil(sd * float(-special.ndtri(target))))
-        return float(1 + _smallest_m(self._tail, target, guess))
+        if kind == "interval":
+            return math.ceil(sd * float(special.ndtri(1 - target))) + 1
+        return max(1, math.ceil(sd * float(-special.ndtri(target))))
 
 
 Mechanism = Laplace | Gaussian
