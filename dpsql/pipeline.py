@@ -25,7 +25,7 @@ from sqlglot import exp
 
 from dpsql.engine.base import open_engine
 from dpsql.engine.duckdb_engine import EngineResult, QueryHandle
-from dpsql.engine.scratch import NotPlain, Scratch, cast_value, plain_projection
+from dpsql.engine.scratch import NotPlain, Projection, Scratch, cast_value, plain_projection
 from dpsql.errors import DataError, Error, ProgrammingError
 from dpsql.policy import MECHANISMS, Policy, load_policy
 from dpsql.privacy.ledger import Ledger, MemoryLedger
@@ -137,13 +137,44 @@ class _Prepared:
     Never reused: the keyed-hash secret, the budget check and charge, the noise.
     """
 
-    __slots__ = ("fingerprint", "plan", "post_checked", "template")
+    __slots__ = ("fingerprint", "plan", "post", "post_checked", "template")
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.fingerprint = plan.fingerprint()
         self.template: _SecretTemplate | None = None
+        self.post: _PostPlan | None = None  # how its post-processing runs (first use)
         self.post_checked = False  # the free dry run of its post-processing has passed
+
+
+@dataclass(frozen=True)
+class _PostPlan:
+    """How a statement's post-processing runs: a plain projection in Python, or SQL on the
+    scratch connection (with hidden ``__lo{j}``/``__hi{j}`` interval columns)."""
+
+    projection: Projection | None
+    sql: str | None  # None for a plain projection (rendered only if a value needs DuckDB)
+    visible: int
+
+    @classmethod
+    def of(cls, post: exp.Select, columns: Sequence[str]) -> _PostPlan:
+        projection = plain_projection(post, columns)
+        sql = None if projection is not None else cls.render(post)
+        return cls(projection, sql, len(post.expressions))
+
+    @staticmethod
+    def render(post: exp.Select) -> str:
+        """The post-processing query, plus the interval bounds of each picked aggregate."""
+        post = post.copy()
+        for j, item in enumerate(list(post.expressions)):
+            inner = item.this if isinstance(item, exp.Alias) else item
+            if isinstance(inner, exp.Column) and _is_output(inner.name):
+                post = post.select(
+                    exp.alias_(exp.column(f"{inner.name}_lo"), f"__lo{j}"),
+                    exp.alias_(exp.column(f"{inner.name}_hi"), f"__hi{j}"),
+                    copy=False,
+                )
+        return post.sql(dialect=DIALECT)
 
 
 @dataclass(frozen=True)
@@ -376,7 +407,9 @@ class Service:
         if cache_key is not None:
             answer = self.ledger.cached(analyst, dataset, cache_key)
             if answer is not None:
-                return self._finish(plan, _decode(answer), cost=None, cached=True)
+                return self._finish(
+                    plan, _decode(answer), cost=None, cached=True, prepared=prepared
+                )
         self.ledger.check(analyst, dataset, plan.cost, self.policy.budget)
         if not prepared.post_checked:
             self._dry_run_post(plan)
@@ -408,7 +441,7 @@ class Service:
             answer=encoded,
         )
         # Decode what was stored, so a fresh answer and its cached replay look the same.
-        return self._finish(plan, _decode(encoded), cost=plan.cost, cached=False)
+        return self._finish(plan, _decode(encoded), cost=plan.cost, cached=False, prepared=prepared)
 
     def show_budget(self, analyst: str) -> Result:
         """``SHOW budget``: the analyst's own spent and remaining budget (costs nothing)."""
@@ -621,28 +654,31 @@ class Service:
             ) from None
         self._post_checked.add(key)
 
-    def _finish(self, plan: Plan, answer: dict, *, cost: Any, cached: bool) -> Result:
+    def _finish(
+        self,
+        plan: Plan,
+        answer: dict,
+        *,
+        cost: Any,
+        cached: bool,
+        prepared: _Prepared | None = None,
+    ) -> Result:
         """Post-processing of the released table only: in Python when the query just picks
         (and renames) released columns, else on the scratch connection; the same result."""
         columns, types, rows = _released_table(plan, answer)
-        projection = plain_projection(plan.query.post, columns)
-        if projection is not None:
+        post = prepared.post if prepared is not None else None
+        if post is None:
+            post = _PostPlan.of(plan.query.post, columns)
+            if prepared is not None:
+                prepared.post = post
+        if post.projection is not None:
             try:
-                return _project(projection, columns, types, rows, cost=cost, cached=cached)
+                return _project(post.projection, columns, types, rows, cost=cost, cached=cached)
             except NotPlain:
                 pass  # a value of an unexpected Python type: let DuckDB cast it
-        post = plan.query.post.copy()
-        visible = len(post.expressions)
-        for j, item in enumerate(list(post.expressions)):
-            inner = item.this if isinstance(item, exp.Alias) else item
-            if isinstance(inner, exp.Column) and _is_output(inner.name):
-                post = post.select(
-                    exp.alias_(exp.column(f"{inner.name}_lo"), f"__lo{j}"),
-                    exp.alias_(exp.column(f"{inner.name}_hi"), f"__hi{j}"),
-                    copy=False,
-                )
+        visible = post.visible
         description, out_rows = self.scratch.post_process(
-            post.sql(dialect=DIALECT), columns, types, rows
+            post.sql or _PostPlan.render(plan.query.post), columns, types, rows
         )
         hidden = {name: i for i, (name, _) in enumerate(description)}
         intervals = []
@@ -781,7 +817,7 @@ def _released_table(plan: Plan, answer: dict) -> tuple[list[str], list[str], lis
 
 
 def _project(
-    projection: Sequence[tuple[str, int]],
+    projection: Projection,
     columns: Sequence[str],
     types: Sequence[str],
     rows: Sequence[tuple[Any, ...]],
@@ -790,15 +826,17 @@ def _project(
     cached: bool,
 ) -> Result:
     """The result of a plain projection (see :func:`plain_projection`) without DuckDB: the
-    released rows in order, each value as ``CAST(? AS type)`` returns it, and the interval of
-    every picked aggregate. Raises NotPlain when a value needs DuckDB's cast."""
+    released rows in order (or sorted, then cut), each value as ``CAST(? AS type)`` returns
+    it, and the interval of every picked aggregate. Raises NotPlain when DuckDB must decide
+    (a value its cast would convert, or tied ORDER BY values)."""
     index = {c: i for i, c in enumerate(columns)}
-    picks = [(i, types[i]) for _, i in projection]
+    picks = [(i, types[i]) for _, i in projection.items]
     spans = [
         (index[f"{columns[i]}_lo"], index[f"{columns[i]}_hi"]) if _is_output(columns[i]) else None
-        for _, i in projection
+        for _, i in projection.items
     ]
-    out_rows = [tuple(cast_value(row[i], t) for i, t in picks) for row in rows]
+    selected = [rows[r] for r in projection.select_rows(rows, types)]
+    out_rows = [tuple(cast_value(row[i], t) for i, t in picks) for row in selected]
     intervals = [
         tuple(
             None
@@ -806,10 +844,10 @@ def _project(
             else (cast_value(row[span[0]], "DOUBLE"), cast_value(row[span[1]], "DOUBLE"))
             for span in spans
         )
-        for row in rows
+        for row in selected
     ]
     return Result(
-        description=[(name, type_code(types[i])) for name, i in projection],
+        description=[(name, type_code(types[i])) for name, i in projection.items],
         rows=out_rows,
         intervals=intervals,
         cost=cost,
