@@ -861,17 +861,22 @@ def _convert(value: Any) -> Any:
     return value
 
 
+def _floats(values: Any) -> Any:
+    return np.asarray(values, dtype=np.float64)
+
+
 def _encode(released: Released, key_types: Sequence[str]) -> str:
     return json.dumps(
         {
             "keys": [[_jsonable(v) for v in k] for k in released.key_values],
             "key_types": list(key_types),
-            "outputs": [[float(x) for x in o] for o in released.outputs],
-            "intervals": [[[float(a), float(b)] for a, b in iv] for iv in released.intervals],
+            # float64 .tolist(): the same Python floats as float(x) per element, in C
+            "outputs": [_floats(o).tolist() for o in released.outputs],
+            "intervals": [_floats(iv).reshape(-1, 2).tolist() for iv in released.intervals],
             "suppressed": (
                 None
                 if released.suppressed_probability is None
-                else [float(x) for x in released.suppressed_probability]
+                else _floats(released.suppressed_probability).tolist()
             ),
         }
     )
