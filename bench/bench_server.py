@@ -71,14 +71,36 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def _report(name: str, count: int, elapsed: float, latencies: list[float]) -> float:
+def _report(
+    name: str, count: int, elapsed: float, latencies: list[float], cpu: float | None = None
+) -> float:
     rate = count / elapsed
+    # CPU per query depends much less on other jobs than q/s does: it shows whether N workers
+    # do more work per query, and "cores" how much of the machine the server got.
+    usage = f"   cpu {1000 * cpu / count:5.1f} ms/q {cpu / elapsed:4.2f} cores" if cpu else ""
     print(
         f"{name:<9} {count:>7} queries in {elapsed:6.1f} s = {rate:8.1f} q/s   "
         f"p50 {1000 * statistics.median(latencies):7.1f} ms   "
-        f"p99 {1000 * _percentile(latencies, 0.99):7.1f} ms"
+        f"p99 {1000 * _percentile(latencies, 0.99):7.1f} ms{usage}"
     )
     return rate
+
+
+def _stat(pid: str) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of a server process and its children (the workers); Linux."""
+    ticks = 0
+    for entry in Path("/proc").iterdir() if Path("/proc/self/stat").exists() else ():
+        fields = _stat(entry.name) if entry.name.isdigit() else None
+        if fields is not None and str(pid) in (entry.name, fields[1]):
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _timed_threads(n: int, seconds: float, worker: Callable[[int, float], list[float]]):
@@ -107,7 +129,9 @@ def run_direct(policy: Path, connections: int, seconds: float) -> float:
         return out
 
     try:
-        return _report("direct", *_timed_threads(connections, seconds, worker))
+        cpu = time.process_time()
+        result = _timed_threads(connections, seconds, worker)
+        return _report("direct", *result, time.process_time() - cpu)
     finally:
         service.close()
 
@@ -122,8 +146,14 @@ def _client(port: int, user: str) -> RawClient:
 
 
 def run_server(
-    port: int, connections: int, seconds: float, statement: str | None, name: str
+    server: tuple[subprocess.Popen[str], int],
+    connections: int,
+    seconds: float,
+    statement: str | None,
+    name: str,
 ) -> float:
+    proc, port = server
+
     def worker(i: int, deadline: float) -> list[float]:
         c = _client(port, f"bench{i}")
         out, k = [], i
@@ -139,7 +169,9 @@ def run_server(
             c.close()
         return out
 
-    return _report(name, *_timed_threads(connections, seconds, worker))
+    cpu = _tree_cpu(proc.pid)
+    result = _timed_threads(connections, seconds, worker)
+    return _report(name, *result, _tree_cpu(proc.pid) - cpu)
 
 
 def run_soak(
@@ -249,9 +281,9 @@ def main() -> int:
                     0.0 if args.skip_direct else run_direct(policy, args.connections, args.seconds)
                 )
                 rates = {}
-                for n, (_proc, port) in servers.items():
+                for n, server in servers.items():
                     name = "server" if counts == [1] else f"server w{n}"
-                    rates[n] = run_server(port, args.connections, args.seconds, None, name)
+                    rates[n] = run_server(server, args.connections, args.seconds, None, name)
                     if direct:
                         ratios[n].append(rates[n] / direct)
                 for n in scaling:
@@ -265,9 +297,9 @@ def main() -> int:
                 line += [f"w{n}/w1 = {statistics.median(v):.2f}" for n, v in scaling.items()]
                 if line:
                     print(f"ratio     median over {args.rounds} rounds: {'   '.join(line)}")
-            for n, (_proc, port) in servers.items():
+            for n, server in servers.items():
                 name = "protocol" if counts == [1] else f"proto w{n}"
-                run_server(port, args.connections, min(args.seconds, 5.0), "SHOW epsilon", name)
+                run_server(server, args.connections, min(args.seconds, 5.0), "SHOW epsilon", name)
             ok = True
             if args.soak:
                 assert loaded.ledger_path is not None
