@@ -399,3 +399,14 @@ def test_workers_do_not_outlive_a_killed_supervisor(policy_path):
     server.proc.kill()
     server.proc.wait()
     assert _wait_gone(workers)
+
+
+def test_a_worker_that_cannot_start_fails_the_server(policy_path):
+    cmd = [sys.executable, "-m", "dpsql", "serve", "--policy", str(policy_path), "--port", "0",
+           "--workers", "2", "--database", str(policy_path.parent / "missing.duckdb")]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 1
+    assert "failed to start" in out.stderr and "does not exist" in out.stderr
+    pids = [int(pid) for pid in re.findall(r"started \(pid (\d+)\)", out.stderr)]
+    assert len(pids) == 2 and _wait_gone(pids)
