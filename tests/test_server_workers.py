@@ -42,7 +42,7 @@ class Served:
 
     def __init__(self, policy: Path, workers: int, *extra: str) -> None:
         cmd = [sys.executable, "-m", "dpsql", "serve", "--policy", str(policy), "--port", "0",
-               "--no-cache", "--workers", str(workers), *extra]  # fmt: skip
+               "--workers", str(workers), *extra]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env
@@ -177,7 +177,7 @@ def tls_files(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(policy_path, tls_files):
-    extra = ["--max-connections", "12"]
+    extra = ["--no-cache", "--max-connections", "12"]
     if tls_files is not None:  # TLS offered, not required: plaintext RawClients still connect
         extra += ["--tls-cert", str(tls_files[0]), "--tls-key", str(tls_files[1])]
     server = Served(policy_path, 2, *extra)
@@ -392,12 +392,33 @@ def test_sigterm_stops_every_worker(served):
     assert _wait_gone(workers)
 
 
-def test_workers_do_not_outlive_a_killed_supervisor(policy_path):
+@pytest.fixture(scope="module")
+def cached(policy_path):
+    """Two workers with the answer cache on (the policy's default)."""
     server = Served(policy_path, 2)
-    workers = list(server.ready_workers().values())
+    yield server
+    server.stop()
+
+
+def test_the_answer_cache_is_shared_by_the_workers(cached):
+    # A re-run on another worker must return the released answer, not a fresh noise draw that
+    # could be averaged with it.
+    a, b = _clients_on_both(cached, "alice")
+    sql = "SELECT COUNT(*) FROM visits WHERE age BETWEEN 20 AND 29"
+    first = a.query(sql)
+    again = b.query(sql)
+    assert first.text_rows() == again.text_rows()
+    assert _charged(first) > 0 and _charged(again) == 0
+    assert "cached answer" in again.notices()[0]["M"]
+    a.close()
+    b.close()
+
+
+def test_workers_do_not_outlive_a_killed_supervisor(cached):
+    workers = list(cached.ready_workers().values())
     assert len(workers) == 2
-    server.proc.kill()
-    server.proc.wait()
+    cached.proc.kill()
+    cached.proc.wait()
     assert _wait_gone(workers)
 
 

@@ -55,6 +55,16 @@ STOP_TIMEOUT = 15.0  # a worker gets this long to finish after QUIT before it is
 _HEAD = struct.Struct("!ii")
 
 
+def _exit_status(code: int) -> str:
+    """``0``, ``1`` ... or the signal's name (``SIGKILL``) for a process killed by one."""
+    if code >= 0:
+        return str(code)
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
 class SupervisorError(Exception):
     """The server could not start (a worker failed to build its Service, ...)."""
 
@@ -193,7 +203,7 @@ class Supervisor:
         deadline = time.monotonic() + STARTUP_TIMEOUT
         for w in self.workers:
             while not w.ready:
-                if w.proc is None or w.proc.poll() is not None or w.error is not None:
+                if w.error is not None or w.watcher is None or w.watcher.done():
                     raise SupervisorError(
                         f"worker {w.index} failed to start: {w.error or 'it exited'}"
                     )
@@ -311,7 +321,7 @@ class Supervisor:
             "worker %d (pid %d) exited with %s; %d connection(s) lost; restarting in %.1f s%s",
             w.index,
             proc.pid,
-            code if code >= 0 else signal.Signals(-code).name,
+            _exit_status(code),
             lost,
             delay,
             f" ({w.error})" if w.error else "",

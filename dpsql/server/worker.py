@@ -107,6 +107,7 @@ async def _serve(server: object, ctrl: socket.socket) -> None:
             stop.set()
 
     async def serve_fd(fd: int) -> None:
+        sock = None
         try:
             sock = socket.socket(fileno=fd)
             sock.setblocking(False)
@@ -114,7 +115,7 @@ async def _serve(server: object, ctrl: socket.socket) -> None:
         except Exception:
             log.exception("cannot serve a handed-over connection")
             with contextlib.suppress(OSError):
-                os.close(fd)
+                sock.close() if sock is not None else os.close(fd)
         finally:
             send(DONE)
 
