@@ -21,11 +21,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dpsql.policy import load_policy
 from dpsql.privacy.accounting import Budget
 from dpsql.privacy.sqlite_ledger import SQLiteLedger
 from dpsql.server import protocol as p
+from dpsql.server.probes import may_be_probe, parsed_probe
 from dpsql.server.testing import RawClient, cancel_request, cancel_until_answered
 from dpsql.server.users import UserStore, users_path
 from dpsql.server.worker import owner, pid_range
@@ -201,6 +204,47 @@ def test_pid_ranges_are_disjoint_and_name_their_worker():
         assert owner(first) == owner(end - 1) == index
         assert end <= 2**31
     assert owner(999) is None and owner(pid_range(63)[1]) is None
+
+
+_LITERALS = ["1", "0", "1.5", ".5", "1e3", "1_000", "'a'", "'b'", "E'a'", "$$a$$", "TRUE", "FALSE"]
+_SPACE = st.sampled_from(["", " ", "  ", "\n", "/* c */"])
+
+
+@st.composite
+def _probe_like(draw) -> str:
+    def term() -> str:
+        left = draw(st.sampled_from([*_LITERALS, "a", "age"]))
+        right = draw(st.sampled_from([*_LITERALS, "a", "-1"]))
+        op = draw(st.sampled_from(["=", "<>", "!=", "<", ">="]))
+        atom = draw(st.sampled_from([f"{left}{draw(_SPACE)}{op}{draw(_SPACE)}{right}", left]))
+        return f"({atom})" if draw(st.booleans()) else atom
+
+    sql = f"SELECT {draw(st.sampled_from(['*', 'a', 'COUNT(*)', 'department, COUNT(*)']))}"
+    sql += " FROM visits"
+    if draw(st.booleans()):
+        glue = draw(st.sampled_from([" AND ", " OR ", " and "]))
+        sql += " WHERE " + glue.join(term() for _ in range(draw(st.integers(1, 3))))
+    if draw(st.booleans()):
+        sql += " GROUP BY department"
+    if draw(st.booleans()):
+        sql += f" LIMIT{draw(_SPACE) or ' '}{draw(st.sampled_from(['0', '1', '00', '0 OFFSET 2']))}"
+    return sql.lower() if draw(st.booleans()) else sql
+
+
+@settings(max_examples=400, deadline=None)
+@given(_probe_like())
+def test_the_text_filter_never_hides_a_probe(sql):
+    """The cheap filter that keeps sqlglot off the event loop for DP queries is a superset."""
+    assert may_be_probe(sql) or not parsed_probe(sql)
+
+
+def test_common_dp_queries_are_not_parsed_on_the_event_loop():
+    for sql in [
+        "SELECT COUNT(*) FROM visits WHERE age > 30",
+        "SELECT department, AVG(cost) FROM visits WHERE smoker GROUP BY department",
+        "SELECT SUM(age) FROM visits WHERE age = 40 AND department = 'oncology'",
+    ]:
+        assert not may_be_probe(sql)
 
 
 def test_connections_are_served_by_both_worker_processes(served):

@@ -9,8 +9,16 @@ syntactic and conservative: a top-level ``LIMIT 0`` or a WHERE clause that is co
 
 from __future__ import annotations
 
+import re
+
 import sqlglot
 from sqlglot import exp
+
+# Every probe has a top-level LIMIT 0 or a constant-false WHERE: the word FALSE or a comparison
+# of two literals. Most DP queries have neither, and parsing costs milliseconds of the event
+# loop's (GIL-held) time per query, so the text rules them out first. This is a superset of what
+# the parser accepts (comments are stripped by the parser, so text with a comment is parsed).
+_MAYBE = re.compile(r"limit\s+0|false|[\d'.$]\s*(?:=|<>|!=)\s*[-+\w'.$]|--|/\*", re.IGNORECASE)
 
 
 def _constant_false(node: exp.Expression | None) -> bool:
@@ -39,7 +47,17 @@ def _constant_false(node: exp.Expression | None) -> bool:
     return False
 
 
+def may_be_probe(sql: str) -> bool:
+    """False when ``sql`` cannot be a probe, judged from its text alone (cheap)."""
+    return _MAYBE.search(sql) is not None
+
+
 def is_zero_row_probe(sql: str) -> bool:
+    return may_be_probe(sql) and parsed_probe(sql)
+
+
+def parsed_probe(sql: str) -> bool:
+    """The decision itself, on sqlglot's parse tree."""
     try:
         tree = sqlglot.parse_one(sql, read="postgres")
     except (sqlglot.errors.ParseError, sqlglot.errors.TokenError):
