@@ -29,6 +29,9 @@ class Scratch:
         for table in policy.tables.values():
             cols = ", ".join(f"{_q(c.name)} {SQL_TYPES[c.type]}" for c in table.columns.values())
             self._con.execute(f"CREATE TABLE {_q(table.name)} ({cols})")
+        # Its queries are tiny (a released table, an empty shadow): one thread costs less than
+        # coordinating several, and keeps DuckDB's row order of an unordered DISTINCT stable.
+        self._con.execute("SET threads = 1")
         self._con.execute("SET enable_external_access = false")
         self._con.execute("SET lock_configuration = true")
 
