@@ -137,7 +137,7 @@ class _Prepared:
     Never reused: the keyed-hash secret, the budget check and charge, the noise.
     """
 
-    __slots__ = ("fingerprint", "plan", "post", "post_checked", "template")
+    __slots__ = ("fingerprint", "plan", "post", "post_checked", "runs", "template")
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
@@ -145,6 +145,7 @@ class _Prepared:
         self.template: _SecretTemplate | None = None
         self.post: _PostPlan | None = None  # how its post-processing runs (first use)
         self.post_checked = False  # the free dry run of its post-processing has passed
+        self.runs = 0  # engine runs so far (the template is built for the second)
 
 
 @dataclass(frozen=True)
@@ -356,11 +357,8 @@ class Service:
         handle: QueryHandle | None = None,
     ) -> Result:
         key = self._plans.key(text, parameters, settings)
-        if key is not None and (prepared := self._plans.get(key)) is not None:
-            plan = prepared.plan
-            if plan.data_version == self.engine.versions.get(plan.query.table.name, ""):
-                return self._run(prepared, analyst, handle)
-            self._plans.discard(key)
+        if (prepared := self._lookup(key)) is not None:
+            return self._run(prepared, analyst, handle)
         statement = parse_statement(text, self.policy, parameters)
         if isinstance(statement, SettingStatement):
             if statement.action == "show" and statement.name == "budget":
@@ -380,26 +378,40 @@ class Service:
         if isinstance(statement, RuleListCall):
             return self.run_rule_list(statement, settings, analyst, handle)
         assert isinstance(statement, BoundQuery)
+        return self._run(self._prepare(key, statement, settings), analyst, handle)
+
+    def _lookup(self, key: tuple | None) -> _Prepared | None:
+        """The cached statement for ``key``, unless its table's data version changed."""
+        prepared = self._plans.get(key) if key is not None else None
+        if prepared is None:
+            return None
+        plan = prepared.plan
+        if plan.data_version == self.engine.versions.get(plan.query.table.name, ""):
+            return prepared
+        self._plans.discard(key)  # type: ignore[arg-type]
+        return None
+
+    def _prepare(self, key: tuple | None, statement: BoundQuery, settings: Settings) -> _Prepared:
+        """Plan a bound query (refusals raise here, before anything is stored) and cache it."""
         prepared = _Prepared(self.plan(statement, settings))
         if key is not None:
             self._plans.put(key, prepared)
-        return self._run(prepared, analyst, handle, first=True)
+        return prepared
 
     def run(self, plan: Plan, analyst: str, handle: QueryHandle | None = None) -> Result:
-        return self._run(_Prepared(plan), analyst, handle, first=True)
+        return self._run(_Prepared(plan), analyst, handle)
 
-    def _compiled(self, prepared: _Prepared, first: bool) -> CompiledQuery:
+    def _compiled(self, prepared: _Prepared) -> CompiledQuery:
         """Engine SQL with a fresh secret; a statement's second run builds its template."""
         secret = secrets.randbits(62)
-        if prepared.template is None and not first:
+        if prepared.template is None and prepared.runs > 0:
             prepared.template = _SecretTemplate.build(prepared.plan)
+        prepared.runs += 1
         if prepared.template is None:
             return compile_plan(prepared.plan, secret)
         return prepared.template.with_secret(secret)
 
-    def _run(
-        self, prepared: _Prepared, analyst: str, handle: QueryHandle | None, first: bool = False
-    ) -> Result:
+    def _run(self, prepared: _Prepared, analyst: str, handle: QueryHandle | None) -> Result:
         plan = prepared.plan
         dataset = self.policy.dataset
         fingerprint = prepared.fingerprint
@@ -425,7 +437,7 @@ class Service:
                     hint="the noise scale is too large: raise epsilon (SET epsilon = ...); "
                     "nothing was spent",
                 ) from None
-        compiled = self._compiled(prepared, first)
+        compiled = self._compiled(prepared)
         result: EngineResult = self.engine.execute(compiled, handle)
         released = release(plan, result, self.noise)
         key_types = [type_code(t) for t in result.key_types] or self._key_types(plan)
@@ -584,10 +596,19 @@ class Service:
     def describe(
         self, text: str, settings: Settings, parameters: Sequence[Any] | None = None
     ) -> list[tuple[str, str]]:
-        """Result columns of a statement, without running it or spending anything."""
-        statement = parse_statement(text, self.policy, parameters)
-        if isinstance(statement, BoundQuery):
-            plan = self.plan(statement, settings)
+        """Result columns of a statement, without running it or spending anything.
+
+        A DP query is planned (or found) in the plan cache, so that executing it next (the
+        wire protocol describes, then executes) does not plan it again.
+        """
+        key = self._plans.key(text, parameters, settings)
+        prepared = self._lookup(key)
+        if prepared is None:
+            statement = parse_statement(text, self.policy, parameters)
+            if isinstance(statement, BoundQuery):
+                prepared = self._prepare(key, statement, settings)
+        if prepared is not None:
+            plan = prepared.plan
             empty = {
                 "keys": [],
                 "key_types": self._key_types(plan),
@@ -595,7 +616,7 @@ class Service:
                 "intervals": [],
                 "suppressed": None,
             }
-            return self._finish(plan, empty, cost=None, cached=False).description
+            return self._finish(plan, empty, cost=None, cached=False, prepared=prepared).description
         if isinstance(statement, ExplainStatement):
             return EXPLAIN_COLUMNS
         if isinstance(statement, SettingStatement) and statement.action == "show":

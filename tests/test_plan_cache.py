@@ -304,3 +304,19 @@ def test_keys_follow_every_setting_and_parameter_type() -> None:
     }
     assert len(keys) == 13
     assert cache.key("q", [object()], base) is None  # unknown parameter types: not cached
+
+
+def test_describe_then_execute_plans_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wire protocol describes a statement, then executes it: one parse and plan."""
+    service = _service()
+    cur = _cursor(service)
+    parses = _count_parses(monkeypatch)
+    text = "SELECT department, COUNT(*) AS n FROM visits WHERE age > ? GROUP BY 1"
+    described = cur.connection.describe(text, [40])
+    assert _spent(service) == 0  # describing spends nothing
+    cur.execute(text, [40])
+    assert [d[:2] for d in described] == [d[:2] for d in cur.description]
+    assert parses == [text] and _spent(service) == EPS
+    with pytest.raises(Error):  # a refusal is described as a refusal, and not stored
+        cur.connection.describe("SELECT * FROM visits")
+    assert len(service._plans) == 1
