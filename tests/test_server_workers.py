@@ -350,11 +350,16 @@ def test_tls_cancel_inside_another_worker_is_forwarded(served, tls_files):
         pytest.skip("needs openssl and libpq >= 17 (encrypted cancel requests)")
     dsn = (f"host=127.0.0.1 port={served.port} user=tls password='{PASSWORD}' dbname=visits "
            "sslmode=require")  # fmt: skip
-    time.sleep(0.5)  # let earlier tests' connections end, so the cancel goes to the other worker
+    pins = _clients_on_both(served, "alice")
     with psycopg.connect(dsn) as conn:
         assert conn.pgconn.ssl_in_use
         backend = conn.info.backend_pid
         mine = owner(backend)
+        # Leave the other worker idle, so that least connections sends the cancel there.
+        for pin in pins:
+            if _worker_of(pin) != mine:
+                pin.close()
+        time.sleep(0.5)
         result: list[BaseException] = []
 
         def run() -> None:
@@ -371,6 +376,8 @@ def test_tls_cancel_inside_another_worker_is_forwarded(served, tls_files):
             conn.cancel_safe()
         thread.join(5)
         assert result and isinstance(result[0], psycopg.errors.QueryCanceled)
+    for pin in pins:
+        pin.close()
     served.wait_log(rf"worker {1 - mine}\] cancel key for pid {backend} forwarded")
 
 
