@@ -64,7 +64,9 @@ class Connection:
     def describe(self, sql: str, parameters: Sequence[Any] | None = None) -> list[tuple]:
         """PEP 249 description of a statement's result, without running it or spending."""
         self._check_open()
-        return _description(self._service.describe(sql, self._settings, parameters))
+        return _description(
+            self._service.describe(sql, self._settings, parameters, analyst=self.analyst)
+        )
 
     def execute(self, sql: str, parameters: Sequence[Any] | None = None) -> Cursor:
         return self.cursor().execute(sql, parameters)

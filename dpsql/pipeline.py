@@ -210,9 +210,9 @@ class _SecretTemplate:
 class _PlanCache:
     """Bounded LRU of prepared statements, keyed by everything that binding depends on.
 
-    The key is the exact text, the parameters (type and repr, so 1, 1.0, True and -0.0 differ),
-    and the session's settings (repr). The policy is fixed per Service; the table's data
-    version is checked on every hit. A statement that is refused is never stored.
+    The key is the analyst, the exact text, the parameters (type and repr, so 1, 1.0, True and
+    -0.0 differ), and the session's settings (repr). The policy is fixed per Service; the
+    table's data version is checked on every hit. A statement that is refused is never stored.
     """
 
     _PARAMETER_TYPES = (type(None), bool, int, float, str, dt.date, dt.datetime)
@@ -222,7 +222,9 @@ class _PlanCache:
         self._limit = limit
         self._lock = threading.Lock()
 
-    def key(self, text: str, parameters: Sequence[Any] | None, settings: Settings) -> tuple | None:
+    def key(
+        self, text: str, parameters: Sequence[Any] | None, settings: Settings, analyst: str
+    ) -> tuple | None:
         if self._limit <= 0:
             return None
         params = None
@@ -230,7 +232,16 @@ class _PlanCache:
             if not all(type(v) in self._PARAMETER_TYPES for v in parameters):
                 return None
             params = tuple((type(v), repr(v)) for v in parameters)
-        return (text, params, repr(settings.epsilon), repr(settings.delta), settings.mechanism)
+        # The analyst is part of the key: a hit is faster than a miss, so a shared entry would
+        # tell one analyst, by timing, that another ran the very same text.
+        return (
+            analyst,
+            text,
+            params,
+            repr(settings.epsilon),
+            repr(settings.delta),
+            settings.mechanism,
+        )
 
     def get(self, key: tuple) -> _Prepared | None:
         with self._lock:
@@ -281,10 +292,8 @@ class Service:
         self._typed = _CheckedSet()
         self._post_checked = _CheckedSet()
         self._lock = threading.Lock()
-        # plan_cache: how many statement texts keep their checked plan (0: none). A subclass
-        # that overrides plan() (a test hook) sees every call, so it gets no plan cache.
-        overridden = type(self).plan is not Service.plan
-        self._plans = _PlanCache(0 if overridden else plan_cache)
+        # plan_cache: how many statement texts keep their checked plan (0: none).
+        self._plans = _PlanCache(plan_cache)
 
     def _default_ledger(self) -> Ledger:
         if self.policy.ledger_path is None:
@@ -356,7 +365,7 @@ class Service:
         analyst: str,
         handle: QueryHandle | None = None,
     ) -> Result:
-        key = self._plans.key(text, parameters, settings)
+        key = self._plans.key(text, parameters, settings, analyst)
         if (prepared := self._lookup(key)) is not None:
             return self._run(prepared, analyst, handle)
         statement = parse_statement(text, self.policy, parameters)
@@ -594,14 +603,18 @@ class Service:
         return [type_code(t) for t in types]
 
     def describe(
-        self, text: str, settings: Settings, parameters: Sequence[Any] | None = None
+        self,
+        text: str,
+        settings: Settings,
+        parameters: Sequence[Any] | None = None,
+        analyst: str = "",
     ) -> list[tuple[str, str]]:
         """Result columns of a statement, without running it or spending anything.
 
         A DP query is planned (or found) in the plan cache, so that executing it next (the
         wire protocol describes, then executes) does not plan it again.
         """
-        key = self._plans.key(text, parameters, settings)
+        key = self._plans.key(text, parameters, settings, analyst)
         prepared = self._lookup(key)
         if prepared is None:
             statement = parse_statement(text, self.policy, parameters)

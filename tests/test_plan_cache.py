@@ -40,6 +40,12 @@ def _cursor(service: Service, analyst: str = "a"):
     return cur
 
 
+def _entry(service: Service, cur: Any) -> Any:
+    """The plan-cache entry of GROUPED for this cursor's analyst and settings."""
+    conn = cur.connection
+    return service._plans.get(service._plans.key(GROUPED, None, conn._settings, conn.analyst))
+
+
 def _count_parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     calls: list[str] = []
     real = pipeline.parse_statement
@@ -77,9 +83,13 @@ def test_same_text_reuses_the_plan_and_still_charges_each_time(
     cur = _cursor(service)
     parses = _count_parses(monkeypatch)
     cur.execute(GROUPED)
-    first = service._plans.get(service._plans.key(GROUPED, None, cur.connection._settings))
+    first = service._plans.get(
+        service._plans.key(GROUPED, None, cur.connection._settings, cur.connection.analyst)
+    )
     cur.execute(GROUPED)
-    second = service._plans.get(service._plans.key(GROUPED, None, cur.connection._settings))
+    second = service._plans.get(
+        service._plans.key(GROUPED, None, cur.connection._settings, cur.connection.analyst)
+    )
     assert parses == [GROUPED]  # parsed and bound once
     assert first is second and first is not None
     fresh = service.plan(parse_statement(GROUPED, service.policy), cur.connection._settings)
@@ -218,7 +228,9 @@ def test_a_new_data_version_misses(monkeypatch: pytest.MonkeyPatch) -> None:
     service.engine.versions["visits"] = "2099-01"
     cur.execute(GROUPED)
     assert len(parses) == 2
-    entry = service._plans.get(service._plans.key(GROUPED, None, cur.connection._settings))
+    entry = service._plans.get(
+        service._plans.key(GROUPED, None, cur.connection._settings, cur.connection.analyst)
+    )
     assert entry is not None and entry.plan.data_version == "2099-01"
 
 
@@ -242,13 +254,13 @@ def test_the_cache_is_bounded_and_can_be_off() -> None:
     assert len(off._plans) == 0
 
 
-def test_a_service_overriding_plan_sees_every_call() -> None:
+def test_plan_cache_zero_plans_every_call() -> None:
     class Recording(Service):
         def plan(self, query: Any, settings: Settings) -> Any:
             self.calls = getattr(self, "calls", 0) + 1
             return super().plan(query, settings)
 
-    service = Recording(FIXTURE, ledger=MemoryLedger(), cache=False)
+    service = Recording(FIXTURE, ledger=MemoryLedger(), cache=False, plan_cache=0)
     cur = _cursor(service)
     for _ in range(3):
         cur.execute("SELECT COUNT(*) FROM visits")
@@ -288,22 +300,23 @@ def test_keys_follow_every_setting_and_parameter_type() -> None:
     cache = pipeline._PlanCache(8)
     base = Settings(1.0, 1e-6, "laplace")
     keys = {
-        cache.key("q", None, base),
-        cache.key("q", None, Settings(0.5, 1e-6, "laplace")),
-        cache.key("q", None, Settings(1.0, 0.0, "laplace")),
-        cache.key("q", None, Settings(1.0, -0.0, "laplace")),
-        cache.key("q", None, Settings(1.0, 1e-6, "gaussian")),
-        cache.key("q ", None, base),
-        cache.key("q", [], base),
-        cache.key("q", [0.0], base),
-        cache.key("q", [-0.0], base),
-        cache.key("q", [0], base),
-        cache.key("q", [False], base),
-        cache.key("q", ["0"], base),
-        cache.key("q", [None], base),
+        cache.key("q", None, base, "a"),
+        cache.key("q", None, Settings(0.5, 1e-6, "laplace"), "a"),
+        cache.key("q", None, Settings(1.0, 0.0, "laplace"), "a"),
+        cache.key("q", None, Settings(1.0, -0.0, "laplace"), "a"),
+        cache.key("q", None, Settings(1.0, 1e-6, "gaussian"), "a"),
+        cache.key("q ", None, base, "a"),
+        cache.key("q", [], base, "a"),
+        cache.key("q", [0.0], base, "a"),
+        cache.key("q", [-0.0], base, "a"),
+        cache.key("q", [0], base, "a"),
+        cache.key("q", [False], base, "a"),
+        cache.key("q", ["0"], base, "a"),
+        cache.key("q", [None], base, "a"),
     }
-    assert len(keys) == 13
-    assert cache.key("q", [object()], base) is None  # unknown parameter types: not cached
+    keys.add(cache.key("q", None, base, "b"))  # another analyst: another entry
+    assert len(keys) == 14
+    assert cache.key("q", [object()], base, "a") is None  # unknown parameter types: not cached
 
 
 def test_describe_then_execute_plans_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -320,3 +333,16 @@ def test_describe_then_execute_plans_once(monkeypatch: pytest.MonkeyPatch) -> No
     with pytest.raises(Error):  # a refusal is described as a refusal, and not stored
         cur.connection.describe("SELECT * FROM visits")
     assert len(service._plans) == 1
+
+
+def test_analysts_do_not_share_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hit is faster than a miss: a shared entry would tell one analyst, by timing, that
+    another ran the same text. Each analyst plans their own."""
+    service = _service()
+    parses = _count_parses(monkeypatch)
+    first = service.connect("alice").cursor()
+    second = service.connect("bob").cursor()
+    for cur in (first, second, first, second):
+        cur.execute(f"SET epsilon = {EPS}")
+        cur.execute(GROUPED)
+    assert parses == [GROUPED, GROUPED]

@@ -332,6 +332,7 @@ def pipeline_runs(sources: dict[str, Path]) -> dict[str, list[Execution]]:
                 ledger=MemoryLedger(),
                 noise=SeededNoise(seed),
                 cache=False,
+                plan_cache=0,  # record every plan(), including repeated texts
             )
             cursor = service.connect("auditor").cursor()
             out: list[tuple[str, list]] = []
