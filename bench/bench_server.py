@@ -2,6 +2,9 @@
 
 Side by side in one run, on the same policy and data (a fresh copy, answer cache off):
 
+0. ``engine``: the compiled engine SQL of the same DP queries (each with its own secret),
+   run straight on the sealed DuckDB connection from N threads, with no Python pipeline at
+   all: the ceiling of any front door on this machine for this plan and data;
 1. ``direct``: the DB-API in this process, N threads, one connection each (the pipeline's
    ceiling on this machine);
 2. ``server``: the same DP queries through the wire protocol, N connections to a
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import secrets
 import shutil
 import statistics
 import subprocess
@@ -38,10 +42,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import dpsql
+from dpsql.engine.duckdb_engine import KEYED_HASH
+from dpsql.pipeline import Settings
 from dpsql.policy import load_policy
 from dpsql.privacy.sqlite_ledger import SQLiteLedger
 from dpsql.server.testing import RawClient
 from dpsql.server.users import UserStore, users_path
+from dpsql.sql.bind import parse_statement
+from dpsql.sql.compile import compile_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "bench-password"
@@ -132,6 +140,35 @@ def run_direct(policy: Path, connections: int, seconds: float) -> float:
         cpu = time.process_time()
         result = _timed_threads(connections, seconds, worker)
         return _report("direct", *result, time.process_time() - cpu)
+    finally:
+        service.close()
+
+
+def run_engine(policy: Path, connections: int, seconds: float) -> float:
+    """The compiled SQL alone, on the engine's own connection: no bind, noise, ledger or GIL."""
+    service = dpsql.Service(policy, cache=False)
+    settings = Settings.from_policy(service.policy)
+    texts = []
+    for k in range(4 * 90):
+        plan = service.plan(parse_statement(_query(k, False), service.policy), settings)
+        texts.append(compile_plan(plan, secrets.randbits(62)).render("duckdb"))
+    texts = [t.replace(f"{KEYED_HASH}(", "HASH(") for t in texts]
+    con = service.engine._con
+
+    def worker(i: int, deadline: float) -> list[float]:
+        cur, out, k = con.cursor(), [], i
+        while time.perf_counter() < deadline:
+            t0 = time.perf_counter()
+            cur.execute(texts[k % len(texts)]).fetchall()
+            out.append(time.perf_counter() - t0)
+            k += 1
+        cur.close()
+        return out
+
+    try:
+        cpu = time.process_time()
+        result = _timed_threads(connections, seconds, worker)
+        return _report("engine", *result, time.process_time() - cpu)
     finally:
         service.close()
 
@@ -246,6 +283,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--soak", type=int, default=10_000, help="mixed queries (0: skip)")
     parser.add_argument("--skip-direct", action="store_true")
+    parser.add_argument("--skip-engine", action="store_true")
     parser.add_argument("--rounds", type=int, default=2, help="alternating direct/server rounds")
     parser.add_argument(
         "--workers",
@@ -277,6 +315,8 @@ def main() -> int:
             ratios: dict[int, list[float]] = {n: [] for n in counts}
             scaling: dict[int, list[float]] = {n: [] for n in counts if n > 1}
             for _ in range(args.rounds):
+                if not args.skip_engine:
+                    run_engine(policy, args.connections, args.seconds)
                 direct = (
                     0.0 if args.skip_direct else run_direct(policy, args.connections, args.seconds)
                 )
