@@ -284,6 +284,9 @@ def main() -> int:
     parser.add_argument("--soak", type=int, default=10_000, help="mixed queries (0: skip)")
     parser.add_argument("--skip-direct", action="store_true")
     parser.add_argument("--skip-engine", action="store_true")
+    parser.add_argument(
+        "--engine-threads", type=int, default=None, help="[engine] threads = N in the policy"
+    )
     parser.add_argument("--rounds", type=int, default=2, help="alternating direct/server rounds")
     parser.add_argument(
         "--workers",
@@ -297,6 +300,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="dpsql-bench-") as tmp:
         policy = Path(tmp) / src.name
         shutil.copy(src, policy)
+        if args.engine_threads is not None:  # the copied policy gets [engine] threads = N
+            with policy.open("a") as fh:
+                fh.write(f"\n[engine]\nthreads = {args.engine_threads}\n")
         for table in load_policy(src).tables.values():
             if table.source_path is not None:
                 shutil.copy(table.source_path, Path(tmp) / table.source_path.name)
@@ -306,7 +312,10 @@ def main() -> int:
         for name in [*soakers.values()] + [f"bench{i}" for i in range(args.connections)]:
             users.add(name, PASSWORD)
 
-        print(f"policy {src.name}, {args.connections} connections, answer cache off, {_load()}")
+        print(
+            f"policy {src.name} (engine threads {args.engine_threads or 'default'}), "
+            f"{args.connections} connections, answer cache off, {_load()}"
+        )
         servers: dict[int, tuple[subprocess.Popen[str], int]] = {}
         try:
             for n in counts:
