@@ -218,8 +218,9 @@ def bench_planning(reps: int) -> dict[str, Any]:
 
 
 def thread_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_THREAD)
-    return r.ru_utime + r.ru_stime
+    # CLOCK_THREAD_CPUTIME_ID: nanoseconds (getrusage's RUSAGE_THREAD counts whole ticks, too
+    # coarse for a ~1 ms plan: its median read 0).
+    return time.thread_time()
 
 
 def bench_fixture(reps: int) -> dict[str, Any]:
@@ -390,6 +391,8 @@ def memory_child(db: str, pol: str, kind: str, query: str, table: str) -> None:
     before = _rss_kib()
     if kind == "plain":
         svc.engine._con.execute(QUERIES[query].format(t="visits_rows")).fetchall()
+    elif kind == "floor":
+        svc.engine._con.execute(FLOORS[(query, table)]).fetchall()
     else:
         svc.execute(QUERIES[query].format(t=table), None, settings, "bench")
     # VmHWM: this process's peak RSS. (ru_maxrss would do, but Linux carries it over from the
@@ -422,6 +425,7 @@ def bench_memory(db: Path, pol: dict, queries: list[str], tables: list[str]) -> 
         plain = child("plain", query, "visits_rows")
         for table in tables:
             dp = child("dp", query, table)
+            floor = child("floor", query, table)
             row = {
                 "query": query,
                 "table": table,
@@ -430,13 +434,16 @@ def bench_memory(db: Path, pol: dict, queries: list[str], tables: list[str]) -> 
                 "ratio_peak": dp["peak_kib"] / plain["peak_kib"],
                 "plain_query_mib": (plain["peak_kib"] - plain["before_kib"]) / 1024,
                 "dp_query_mib": (dp["peak_kib"] - dp["before_kib"]) / 1024,
+                "floor_peak_mib": floor["peak_kib"] / 1024,
+                "floor_ratio_peak": floor["peak_kib"] / plain["peak_kib"],
             }
             rows.append(row)
             print(
                 f"  {query:10s} {table:12s} peak RSS plain {row['plain_peak_mib']:7.1f} MiB  DP "
                 f"{row['dp_peak_mib']:7.1f} MiB  x{row['ratio_peak']:4.2f}   (above the RSS "
                 f"before the query: plain {row['plain_query_mib']:6.1f}, DP "
-                f"{row['dp_query_mib']:6.1f} MiB)",
+                f"{row['dp_query_mib']:6.1f} MiB; floor {row['floor_peak_mib']:7.1f} MiB "
+                f"x{row['floor_ratio_peak']:4.2f})",
                 flush=True,
             )
     return rows
