@@ -28,13 +28,29 @@ BUDGET = Budget(epsilon=1e12, delta=0.5)  # never refuses: we measure the write 
 COST = Cost(epsilon=0.01)
 
 
+LATENCIES: list[float] = []  # seconds per charge, of the configuration being run
+
+
+class _NoQueue:
+    """Stands in for the ledger's per-process writer lock: every writer goes straight to
+    SQLite's lock and its busy handler (how the ledger worked before the queue)."""
+
+    def acquire(self, timeout: float = -1) -> bool:
+        return True
+
+    def release(self) -> None:
+        pass
+
+
 def _charge_n(ledger, who: str, n: int) -> None:
     for i in range(n):
+        t0 = time.perf_counter()
         ledger.charge(
             f"analyst{hash(who) % 4}", "bench", COST, BUDGET,
             query_text=f"SELECT COUNT(*) FROM t -- {who} {i}", plan_hash="0" * 16,
             cache_key=f"{who}/{i}", answer='[["x", 1234]]',
         )  # fmt: skip
+        LATENCIES.append(time.perf_counter() - t0)
 
 
 def _process_main(path: str, who: str, n: int, start) -> None:
@@ -89,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         def fresh() -> SQLiteLedger:
             return SQLiteLedger(next(files))
 
+        def unqueued() -> SQLiteLedger:
+            ledger = fresh()
+            ledger._write_lock = _NoQueue()  # type: ignore[assignment]
+            return ledger
+
         runs: list[tuple[str, Callable[[], float]]] = [
             ("memory ledger, 1 thread", lambda: _threads(MemoryLedger(), 1, args.charges)),
             ("sqlite ledger, 1 thread", lambda: _threads(fresh(), 1, args.charges)),
@@ -97,11 +118,21 @@ def main(argv: list[str] | None = None) -> int:
                 lambda: _threads(fresh(), args.threads, args.charges),
             ),
             (
+                f"sqlite, {args.threads} threads, no queue",
+                lambda: _threads(unqueued(), args.threads, args.charges),
+            ),
+            (
                 f"sqlite ledger, {args.processes} processes",
                 lambda: _processes(next(files), args.processes, args.charges),
             ),
         ]
-        results = [(name, fn()) for name, fn in runs]
+        results = []
+        for name, fn in runs:
+            LATENCIES.clear()
+            rate = fn()
+            lat = sorted(LATENCIES) or [float("nan")]  # processes record in their own memory
+            pick = lambda q, lat=lat: 1e3 * lat[min(len(lat) - 1, int(q * len(lat)))]  # noqa: E731
+            results.append((name, rate, pick(0.5), pick(0.99), 1e3 * lat[-1]))
         base = results[0][1]
         with fresh() as led:
             _charge_n(led, "c", 200)
@@ -112,9 +143,13 @@ def main(argv: list[str] | None = None) -> int:
             lookups = 2000 / (time.perf_counter() - t0)
 
     print(f"{args.charges} charges per configuration (synchronous=FULL, WAL)")
-    print(f"{'configuration':32} {'charges/s':>12} {'vs memory':>10}")
-    for name, rate in results:
-        print(f"{name:32} {rate:12,.0f} {rate / base:10.4f}")
+    print(
+        f"{'configuration':32} {'charges/s':>12} {'vs memory':>10}   latency per charge "
+        "(p50 / p99 / max, ms)"
+    )
+    for name, rate, p50, p99, worst in results:
+        latency = f"{p50:6.2f} / {p99:6.2f} / {worst:6.1f}"
+        print(f"{name:32} {rate:12,.0f} {rate / base:10.4f}   {latency}")
     print(f"{'sqlite cache lookups, 1 thread':32} {lookups:12,.0f} {lookups / base:10.4f}")
     return 0
 

@@ -143,6 +143,7 @@ class SQLiteLedger:
         self._fault_hook = fault_hook
         self._local = threading.local()
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
         self._handles: weakref.WeakSet[_Handle] = weakref.WeakSet()
         self._closed = False
         self._init_schema()
@@ -208,10 +209,21 @@ class SQLiteLedger:
                 raise self._error(exc) from None
             raise
 
-    def _write(self) -> AbstractContextManager[sqlite3.Connection]:
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
         # IMMEDIATE takes the write lock up front, so the budget we read cannot change
         # before we commit (a DEFERRED read-then-write could fail or see a stale total).
-        return self._transaction("IMMEDIATE")
+        # Writers of this process first queue on a Python lock: SQLite's busy handler makes a
+        # waiting writer sleep in steps of up to 100 ms, so under contention from many threads
+        # a charge could wait far longer than the commits ahead of it take. Other processes
+        # still meet SQLite's own lock (and its busy timeout).
+        if not self._write_lock.acquire(timeout=self.timeout):
+            raise self._error(sqlite3.OperationalError("database is locked"))
+        try:
+            with self._transaction("IMMEDIATE") as conn:
+                yield conn
+        finally:
+            self._write_lock.release()
 
     def _read(self) -> AbstractContextManager[sqlite3.Connection]:
         # A read transaction sees one consistent snapshot (WAL), e.g. budget and total together.
