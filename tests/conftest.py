@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import csv
 import math
+import random
 import tomllib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -71,6 +72,31 @@ def table_policy(
     base = {"epsilon": 1.0, "delta": 1e-6, "budget_epsilon": 1e9, "budget_delta": 0.5}
     base.update(privacy or {})
     return {"privacy": base, "tables": {name: spec}}
+
+
+GRP5 = ["g1", "g2", "g3", "g4", "g5"]
+
+
+def heavy_policy(directory: Path) -> tuple[dict, dict[int, list[str]]]:
+    """50 units, each with 5 rows in each of 4 of GRP5's groups (R = 2, G = 3 both bind).
+
+    Returns the policy and each unit's groups. ``val`` is constant per unit (uid % 11), so
+    clamping to [0, 8] binds for 9 and 10.
+    """
+    rnd = random.Random(3)
+    rows, groups_of = [], {}
+    for uid in range(1, 51):
+        groups_of[uid] = rnd.sample(GRP5, 4)
+        for g in groups_of[uid]:
+            rows += [(uid, g, uid % 11, i) for i in range(5)]
+    path = write_csv(directory / "h.csv", ["uid", "grp", "val", "i"], rows)
+    cols = {
+        "uid": {"type": "int"},
+        "grp": {"type": "text", "values": GRP5, "nullable": False},
+        "val": {"type": "int", "lower": 0, "upper": 8},
+        "i": {"type": "int", "lower": 0, "upper": 4},
+    }
+    return table_policy(path, cols, unit="uid", rows=2, groups=3), groups_of
 
 
 def exact_connect(policy: Any, **options: Any) -> dpsql.Connection:

@@ -16,10 +16,12 @@ import duckdb
 import pytest
 from conftest import (
     CLAMP_MACRO,
+    GRP5,
     EngineSpy,
     assert_same_rows,
     exact_connect,
     fixture_policy,
+    heavy_policy,
     rows_of,
     table_policy,
     write_csv,
@@ -315,27 +317,11 @@ def test_fixture_group_by_patient_constant_key(visits, visits_ref):
 
 # -- bounds that bind -----------------------------------------------------------------------
 
-GRP5 = ["g1", "g2", "g3", "g4", "g5"]
-
 
 @pytest.fixture(scope="module")
 def heavy(tmp_path_factory):
-    """50 units, each with 5 rows in each of 4 groups (R = 2, G = 3 both bind)."""
-    rnd = random.Random(3)
-    rows = []
-    groups_of = {}
-    for uid in range(1, 51):
-        groups_of[uid] = rnd.sample(GRP5, 4)
-        for g in groups_of[uid]:
-            rows += [(uid, g, uid % 11, i) for i in range(5)]  # val constant per unit
-    path = write_csv(tmp_path_factory.mktemp("heavy") / "h.csv", ["uid", "grp", "val", "i"], rows)
-    cols = {
-        "uid": {"type": "int"},
-        "grp": {"type": "text", "values": GRP5, "nullable": False},
-        "val": {"type": "int", "lower": 0, "upper": 8},  # clamps 9 and 10 to 8
-        "i": {"type": "int", "lower": 0, "upper": 4},
-    }
-    conn = exact_connect(table_policy(path, cols, unit="uid", rows=2, groups=3))
+    policy, groups_of = heavy_policy(tmp_path_factory.mktemp("heavy"))
+    conn = exact_connect(policy)
     yield conn, groups_of
     conn.close()
 

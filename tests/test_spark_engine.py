@@ -17,7 +17,6 @@ One Spark session (local[2]) is shared by the whole module to keep the run to mi
 from __future__ import annotations
 
 import os
-import random
 import shutil
 from pathlib import Path
 
@@ -28,9 +27,11 @@ if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
     pytest.skip("Spark needs Java 17+ (no java on PATH, no JAVA_HOME)", allow_module_level=True)
 
 from conftest import (
+    GRP5,
     assert_same_rows,
     exact_connect,
     fixture_policy,
+    heavy_policy,
     rows_of,
     table_policy,
     write_csv,
@@ -145,26 +146,11 @@ def test_fixture_matches_when_bounds_do_not_bind(spark):
 
 # -- bounds that bind: invariants, and equality where the choice cannot matter -----------------
 
-GRP5 = ["g1", "g2", "g3", "g4", "g5"]
-
 
 @pytest.fixture(scope="module")
 def heavy(tmp_path_factory, spark):
-    """50 units, each with 5 rows in each of 4 groups (R = 2, G = 3 both bind)."""
-    rnd = random.Random(3)
-    rows, groups_of = [], {}
-    for uid in range(1, 51):
-        groups_of[uid] = rnd.sample(GRP5, 4)
-        for g in groups_of[uid]:
-            rows += [(uid, g, uid % 11, i) for i in range(5)]  # val constant per unit
-    path = write_csv(tmp_path_factory.mktemp("heavy") / "h.csv", ["uid", "grp", "val", "i"], rows)
-    cols = {
-        "uid": {"type": "int"},
-        "grp": {"type": "text", "values": GRP5, "nullable": False},
-        "val": {"type": "int", "lower": 0, "upper": 8},
-        "i": {"type": "int", "lower": 0, "upper": 4},
-    }
-    pair = _pair(table_policy(path, cols, unit="uid", rows=2, groups=3), spark)
+    policy, groups_of = heavy_policy(tmp_path_factory.mktemp("heavy"))
+    pair = _pair(policy, spark)
     yield pair, groups_of
     for conn in pair:
         conn.close()
