@@ -42,7 +42,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import dpsql
-from dpsql.engine.duckdb_engine import KEYED_HASH
 from dpsql.pipeline import Settings
 from dpsql.policy import load_policy
 from dpsql.privacy.sqlite_ledger import SQLiteLedger
@@ -111,11 +110,31 @@ def _tree_cpu(pid: int) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def _timed_threads(n: int, seconds: float, worker: Callable[[int, float], list[float]]):
+# One connection's session: a function running query number k, and one closing it.
+Session = tuple[Callable[[int], None], Callable[[], None]]
+
+
+def _timed_threads(n: int, seconds: float, open_session: Callable[[int], Session]):
+    """N threads, each opening its session and running queries k = i, i + 1, ... back to back
+    until the deadline; returns (queries, elapsed seconds, per-query latencies)."""
     deadline = time.perf_counter() + seconds
+
+    def worker(i: int) -> list[float]:
+        run, close = open_session(i)
+        out, k = [], i
+        try:
+            while time.perf_counter() < deadline:
+                t0 = time.perf_counter()
+                run(k)
+                out.append(time.perf_counter() - t0)
+                k += 1
+        finally:
+            close()
+        return out
+
     start = time.perf_counter()
     with ThreadPoolExecutor(n) as pool:
-        results = list(pool.map(lambda i: worker(i, deadline), range(n)))
+        results = list(pool.map(worker, range(n)))
     elapsed = time.perf_counter() - start
     latencies = [x for r in results for x in r]
     return len(latencies), elapsed, latencies
@@ -124,50 +143,38 @@ def _timed_threads(n: int, seconds: float, worker: Callable[[int, float], list[f
 def run_direct(policy: Path, connections: int, seconds: float) -> float:
     service = dpsql.Service(policy, cache=False)
 
-    def worker(i: int, deadline: float) -> list[float]:
+    def open_session(i: int) -> Session:
         cur = service.connect(analyst=f"direct{i}").cursor()
         cur.execute(f"SET epsilon = {EPSILON}")
-        out, k = [], i
-        while time.perf_counter() < deadline:
-            t0 = time.perf_counter()
-            cur.execute(_query(k, False))
-            cur.fetchall()
-            out.append(time.perf_counter() - t0)
-            k += 1
-        return out
+        return (lambda k: cur.execute(_query(k, False)).fetchall()), cur.close
 
     try:
         cpu = time.process_time()
-        result = _timed_threads(connections, seconds, worker)
+        result = _timed_threads(connections, seconds, open_session)
         return _report("direct", *result, time.process_time() - cpu)
     finally:
         service.close()
 
 
 def run_engine(policy: Path, connections: int, seconds: float) -> float:
-    """The compiled SQL alone, on the engine's own connection: no bind, noise, ledger or GIL."""
+    """The compiled SQL alone, through the engine's own run path (a fresh cursor per query, as
+    in the pipeline): no bind, noise, ledger, post-processing or protocol."""
     service = dpsql.Service(policy, cache=False)
     settings = Settings.from_policy(service.policy)
     texts = []
     for k in range(4 * 90):
         plan = service.plan(parse_statement(_query(k, False), service.policy), settings)
         texts.append(compile_plan(plan, secrets.randbits(62)).render("duckdb"))
-    texts = [t.replace(f"{KEYED_HASH}(", "HASH(") for t in texts]
-    con = service.engine._con
 
-    def worker(i: int, deadline: float) -> list[float]:
-        cur, out, k = con.cursor(), [], i
-        while time.perf_counter() < deadline:
-            t0 = time.perf_counter()
-            cur.execute(texts[k % len(texts)]).fetchall()
-            out.append(time.perf_counter() - t0)
-            k += 1
-        cur.close()
-        return out
+    def open_session(i: int) -> Session:
+        def run(k: int) -> None:
+            service.engine._run(texts[k % len(texts)], None, lambda cur: cur.fetchall())
+
+        return run, lambda: None
 
     try:
         cpu = time.process_time()
-        result = _timed_threads(connections, seconds, worker)
+        result = _timed_threads(connections, seconds, open_session)
         return _report("engine", *result, time.process_time() - cpu)
     finally:
         service.close()
@@ -191,23 +198,18 @@ def run_server(
 ) -> float:
     proc, port = server
 
-    def worker(i: int, deadline: float) -> list[float]:
+    def open_session(i: int) -> Session:
         c = _client(port, f"bench{i}")
-        out, k = [], i
-        try:
-            while time.perf_counter() < deadline:
-                t0 = time.perf_counter()
-                reply = c.query(statement or _query(k, False))
-                out.append(time.perf_counter() - t0)
-                if reply.errors():
-                    raise SystemExit(f"query failed: {reply.errors()[0]}")
-                k += 1
-        finally:
-            c.close()
-        return out
+
+        def run(k: int) -> None:
+            reply = c.query(statement or _query(k, False))
+            if reply.errors():
+                raise SystemExit(f"query failed: {reply.errors()[0]}")
+
+        return run, c.close
 
     cpu = _tree_cpu(proc.pid)
-    result = _timed_threads(connections, seconds, worker)
+    result = _timed_threads(connections, seconds, open_session)
     return _report(name, *result, _tree_cpu(proc.pid) - cpu)
 
 
