@@ -19,6 +19,7 @@ from sqlglot import exp
 
 from dpsql.errors import DataError, ProgrammingError
 from dpsql.policy import Policy
+from dpsql.sql.bind import RELEASED
 from dpsql.sql.domains import SQL_TYPES
 from dpsql.sql.identifiers import quote_ident as _q
 
@@ -113,8 +114,9 @@ class Scratch:
     def _run_post(
         self, post_sql: str, released: str, params: list[Any]
     ) -> tuple[list[tuple[str, str]], list[tuple[Any, ...]]]:
-        sql = post_sql.replace('FROM "__released"', f"FROM {released} AS __released", 1)
-        sql = sql.replace("FROM __released", f"FROM {released} AS __released", 1)
+        source = f"FROM {released} AS {RELEASED}"
+        sql = post_sql.replace(f'FROM "{RELEASED}"', source, 1)
+        sql = sql.replace(f"FROM {RELEASED}", source, 1)
         cur = self._con.cursor()
         try:
             cur.execute(sql, params)
@@ -152,9 +154,6 @@ def _unnest_source(
         f"UNNEST(CAST(? AS {t}[])) AS {_q(c)}" for c, t in zip(columns, types, strict=True)
     )
     return f"(SELECT {select})", [list(column) for column in zip(*rows, strict=True)]
-
-
-RELEASED = "__released"
 
 
 @dataclass(frozen=True)
@@ -208,11 +207,14 @@ def _sort_value(value: Any) -> Any:
     return (0, value)
 
 
+def _has_args_besides(node: exp.Expression, *names: str) -> bool:
+    """Whether ``node`` sets any argument other than ``names`` (a qualifier, a modifier...)."""
+    return any(value for name, value in node.args.items() if name not in names)
+
+
 def _literal_count(node: exp.Expression | None) -> int | None:
     """The value of a LIMIT / OFFSET that is a plain non-negative integer literal."""
-    if not isinstance(node, exp.Limit | exp.Offset) or any(
-        value for name, value in node.args.items() if name != "expression"
-    ):
+    if not isinstance(node, exp.Limit | exp.Offset) or _has_args_besides(node, "expression"):
         return None
     literal = node.args.get("expression")
     if not isinstance(literal, exp.Literal) or literal.is_string or not literal.is_int:
@@ -231,16 +233,14 @@ def plain_projection(post: exp.Select, columns: Sequence[str]) -> Projection | N
     arithmetic, qualified, unknown or ambiguous names) returns None and goes to DuckDB.
     """
     allowed = ("expressions", "from_", "order", "limit", "offset")
-    if not isinstance(post, exp.Select) or any(
-        value for name, value in post.args.items() if name not in allowed
-    ):
+    if not isinstance(post, exp.Select) or _has_args_besides(post, *allowed):
         return None
     source = post.args.get("from_")
     table = source.this if isinstance(source, exp.From) else None
     if (
         not isinstance(table, exp.Table)
         or table.name != RELEASED
-        or any(value for name, value in table.args.items() if name != "this")
+        or _has_args_besides(table, "this")
     ):
         return None
     index = {c: i for i, c in enumerate(columns)}
@@ -257,7 +257,7 @@ def plain_projection(post: exp.Select, columns: Sequence[str]) -> Projection | N
     order = []
     if post.args.get("order") is not None:
         node = post.args["order"]
-        if any(value for name, value in node.args.items() if name != "expressions"):
+        if _has_args_besides(node, "expressions"):
             return None
         for term in node.expressions:
             nulls_first = term.args.get("nulls_first") if isinstance(term, exp.Ordered) else None
@@ -278,9 +278,7 @@ def plain_projection(post: exp.Select, columns: Sequence[str]) -> Projection | N
 
 
 def _bare_column(node: exp.Expression) -> bool:
-    return isinstance(node, exp.Column) and not any(
-        value for name, value in node.args.items() if name != "this"
-    )
+    return isinstance(node, exp.Column) and not _has_args_besides(node, "this")
 
 
 def _order_column(

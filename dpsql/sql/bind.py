@@ -33,6 +33,9 @@ logging.getLogger("sqlglot").setLevel(logging.ERROR)
 
 DIALECT = "duckdb"
 
+# The table post-processing reads: the released values only (dpsql.engine.scratch).
+RELEASED = "__released"
+
 COMPARISON_NODES: tuple[type[exp.Expression], ...] = (
     exp.EQ,
     exp.NEQ,
@@ -605,7 +608,7 @@ class _Binder:
                 )
         names = [c for c, _ in COLUMNS]
         post = self.tree.copy()
-        post.set("from_", exp.From(this=exp.to_table("__released")))
+        post.set("from_", exp.From(this=exp.to_table(RELEASED)))
         for col in post.find_all(exp.Column):
             if col.name.lower() not in names and not any(
                 isinstance(e, exp.Alias) and e.alias.lower() == col.name.lower()
@@ -997,7 +1000,7 @@ class _Binder:
             self._check_post(inner, "SELECT")
             name = item.alias if isinstance(item, exp.Alias) else _default_name(inner, i)
             post = post.select(exp.alias_(rewrite(inner, "SELECT"), name, quoted=True), copy=False)
-        post = post.from_("__released", copy=False)
+        post = post.from_(RELEASED, copy=False)
         having = self.tree.args.get("having")
         if having is not None:
             self._check_post(having.this, "HAVING")
