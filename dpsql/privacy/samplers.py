@@ -206,6 +206,12 @@ def _exp_tables(gammas: tuple[Fraction, ...]) -> tuple[np.ndarray, np.ndarray]:
     return table, whole
 
 
+def _check_exact_scale(t: int, s: int) -> None:
+    """Refuse a discrete Laplace scale t/s beyond the exact sampler's integers (both paths)."""
+    if t >= 1 << _DEN_BITS:
+        raise ValueError(f"discrete Laplace scale {t}/{s} is too large for the exact sampler")
+
+
 # --- few draws: the same algorithms, one draw at a time, in Python integers -------------------
 
 _SCALAR_MAX = 32  # calls for at most this many draws take the scalar path (numpy's fixed
@@ -505,8 +511,7 @@ class _ExactSampler:
         geometric with ratio e^(-1/t), U geometric on {0..t-1} (uniform, kept with probability
         e^(-U/t)) and V geometric with ratio e^(-1). A sign bit is attached and (-, 0) rejected.
         """
-        if t >= 1 << _DEN_BITS:
-            raise ValueError(f"discrete Laplace scale {t}/{s} is too large for the exact sampler")
+        _check_exact_scale(t, s)
         direct = t <= s
         accept_u = 1.0 if direct else -math.expm1(-1.0) / (t * -math.expm1(-1.0 / t))
         ratio = s / t if s.bit_length() - t.bit_length() < 1000 else math.inf
@@ -537,10 +542,7 @@ class _ExactSampler:
         r = laplace_scale(scale)
         t, s = r.numerator, r.denominator
         if size <= _SCALAR_MAX:
-            if t >= 1 << _DEN_BITS:  # the same refusal as the vectorised path
-                raise ValueError(
-                    f"discrete Laplace scale {t}/{s} is too large for the exact sampler"
-                )
+            _check_exact_scale(t, s)
             rb = _ByteStream(self._random_bytes, 32 * size + 32)
             return np.array([_laplace_scalar(rb, t, s) for _ in range(size)], dtype=np.int64)
         return self._discrete_laplace_ts(t, s, size)
@@ -550,8 +552,7 @@ class _ExactSampler:
         Algorithm 3: propose Y ~ Lap_ℤ(t), accept with probability exp(-(|Y| − σ²/t)²/(2σ²)))."""
         t, a, q = _gaussian_params(sigma)
         if size <= _SCALAR_MAX:
-            if t >= 1 << _DEN_BITS:
-                raise ValueError(f"discrete Laplace scale {t}/1 is too large for the exact sampler")
+            _check_exact_scale(t, 1)  # the Laplace proposal's scale
             rb = _ByteStream(self._random_bytes, 48 * size + 32)
             return np.array([_gaussian_scalar(rb, t, a, q) for _ in range(size)], dtype=np.int64)
         out = np.empty(size, dtype=np.int64)
