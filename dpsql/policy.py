@@ -202,9 +202,23 @@ def _no_duplicates(rep: _Reporter, section: str, given: Mapping[str, Any]) -> No
             )
 
 
-def _integer(rep: _Reporter, key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise rep.fail(key, f"must be an integer >= 1, got {value!r}", "write e.g. 1 or 10")
+def _integer(
+    rep: _Reporter,
+    key: str,
+    value: Any,
+    *,
+    lowest: int = 1,
+    highest: int | None = None,
+    hint: str = "write e.g. 1 or 10",
+) -> int:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < lowest
+        or (highest is not None and value > highest)
+    ):
+        bound = f">= {lowest}" if highest is None else f"from {lowest} to {highest}"
+        raise rep.fail(key, f"must be an integer {bound}, got {value!r}", hint)
     return value
 
 
@@ -305,19 +319,18 @@ def _engine(rep: _Reporter, spec: Any) -> EngineConfig:
             "must be a table of Spark settings with plain values",
             'e.g. conf = { "spark.sql.shuffle.partitions" = 400 }',
         )
-    bits = spec.get("perfect_hash_bits", 12)
-    if isinstance(bits, bool) or not isinstance(bits, int) or not 0 <= bits <= 24:
-        raise rep.fail(
-            "engine.perfect_hash_bits",
-            "must be an integer from 0 to 24",
-            "use 12 (DuckDB's default) or ~20 for large tables with compact integer units",
-        )
+    bits = _integer(
+        rep,
+        "engine.perfect_hash_bits",
+        spec.get("perfect_hash_bits", 12),
+        lowest=0,
+        highest=24,
+        hint="use 12 (DuckDB's default) or ~20 for large tables with compact integer units",
+    )
     threads = spec.get("threads")
-    if threads is not None and (
-        isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 1024
-    ):
-        raise rep.fail(
-            "engine.threads", "must be a positive integer", "e.g. threads = 1, or remove it"
+    if threads is not None:
+        threads = _integer(
+            rep, "engine.threads", threads, highest=1024, hint="e.g. threads = 1, or remove it"
         )
     for key in ("perfect_hash_bits", "threads"):
         if name != "duckdb" and key in spec:
