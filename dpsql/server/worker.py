@@ -175,15 +175,11 @@ def run(index: int, ctrl: socket.socket) -> int:
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s %(name)s[worker {index}] %(message)s"
     )
+    service = None
     try:
         service = dpsql.Service(
             config.policy, config.database, cache=config.cache, engine=config.engine
         )
-    except Exception as exc:
-        with contextlib.suppress(OSError):
-            ctrl.send(FAILED + str(exc).encode()[:8000])
-        return 1
-    try:
         ctx = tls_context(config.tls_cert, config.tls_key or "") if config.tls_cert else None
         server = Server(
             service,
@@ -195,7 +191,8 @@ def run(index: int, ctrl: socket.socket) -> int:
             mock_secret=bytes.fromhex(config.mock_secret),
         )
     except Exception as exc:
-        service.close()
+        if service is not None:
+            service.close()
         with contextlib.suppress(OSError):
             ctrl.send(FAILED + str(exc).encode()[:8000])
         return 1
