@@ -29,25 +29,130 @@ probabilities add over the transcript however they were chosen.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
+from typing import Any
 
-SLACK = 1e-9  # relative float tolerance when comparing sums with a budget
+# How far a running total of rho may exceed the Gaussian part's cap, relative to the cap.
+#
+# Epsilon and delta need no tolerance: every charge is recorded as the rational number that
+# was typed (see `exact`), the caps are exact rationals of the policy's numbers, and sums and
+# comparisons are exact, so ten charges of 0.1 fill a budget of 1 exactly. Rho is different:
+# both sides are computed floats, the cap from a square root and a logarithm
+# (`epsilon_to_rho`) and each Gaussian's rho = Δ₂²/2σ² from a numerically solved σ, so a
+# query whose rho equals the cap in real arithmetic may exceed it by a few ulps and would be
+# refused for rounding alone. The tolerance applies to the exact running *total*, never per
+# charge, so however many charges are made the Gaussian part can overspend by at most
+# rho_cap · 2⁻³⁰ (< 1e-9 relative): a fixed bound, not one that grows with the charges.
+RHO_SLACK = Fraction(1, 2**30)
+
+Amount = Fraction | float | int | Decimal | str
 
 
-@dataclass(frozen=True)
+def exact(value: Amount) -> Fraction:
+    """The rational a privacy parameter stands for.
+
+    A float becomes the decimal of its shortest repr (0.1 is exactly 1/10), because that is
+    the number the analyst or the policy wrote: ten charges of 0.1 then sum to exactly 1. The
+    float a mechanism was calibrated with differs from that decimal by at most half an ulp
+    (2⁻⁵³ relative), so over any transcript the recorded total is within a factor 1 ± 2⁻⁵³ of
+    the loss of the calibrated mechanisms: a fixed relative bound, whatever the number of
+    charges. Fractions, ints, Decimals and strings ("1/3", "0.25") are taken as they are.
+    """
+    if isinstance(value, Fraction):
+        return value
+    if isinstance(value, numbers.Integral):
+        return Fraction(int(value))
+    if isinstance(value, numbers.Real):  # float, numpy floats (Decimal is not Real)
+        number = float(value)
+        if not math.isfinite(number):
+            raise ValueError(f"a privacy parameter must be finite, got {number!r}")
+        return Fraction(repr(number))
+    if isinstance(value, Decimal | str):
+        return Fraction(value)
+    raise TypeError(f"a privacy parameter must be a number, got {type(value).__name__}")
+
+
+def _part(value: Any) -> Any:
+    """A Cost part: exact when it is a finite number; a non-finite float stays as it is (the
+    ledger refuses to charge it), and so does a non-number (e.g. ``pytest.approx``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return value
+    try:
+        return exact(value)
+    except TypeError:
+        return value
+
+
+def _show(part: Any) -> str:
+    if not isinstance(part, Fraction):
+        return repr(part)
+    text = repr(float(part))
+    return text if Fraction(text) == part else str(part)
+
+
+@dataclass(frozen=True, init=False)
 class Cost:
-    """The privacy cost of one release (or of a running total)."""
+    """The privacy cost of one release (or of a running total), kept exactly.
 
-    epsilon: float = 0.0
-    delta: float = 0.0
-    rho: float = 0.0
+    ``Cost(epsilon, delta, rho)`` takes floats, ints, Fractions, Decimals or strings and keeps
+    each part as a :class:`~fractions.Fraction` (``exact_epsilon``, ``exact_delta``,
+    ``exact_rho``): sums, equality and budget checks are exact, so no charge is ever lost to
+    rounding. ``epsilon``, ``delta`` and ``rho`` are float views for messages and display.
+    """
+
+    exact_epsilon: Fraction
+    exact_delta: Fraction
+    exact_rho: Fraction
+
+    def __init__(self, epsilon: Amount = 0, delta: Amount = 0, rho: Amount = 0) -> None:
+        object.__setattr__(self, "exact_epsilon", _part(epsilon))
+        object.__setattr__(self, "exact_delta", _part(delta))
+        object.__setattr__(self, "exact_rho", _part(rho))
+
+    @property
+    def epsilon(self) -> float:
+        return float(self.exact_epsilon)
+
+    @property
+    def delta(self) -> float:
+        return float(self.exact_delta)
+
+    @property
+    def rho(self) -> float:
+        return float(self.exact_rho)
+
+    @property
+    def parts(self) -> tuple[Fraction, Fraction, Fraction]:
+        """(ε, δ, ρ), exact."""
+        return self.exact_epsilon, self.exact_delta, self.exact_rho
+
+    @property
+    def is_finite(self) -> bool:
+        """Every part is an exact rational (no NaN or infinity slipped in)."""
+        return all(isinstance(p, Fraction) for p in self.parts)
 
     def __add__(self, other: Cost) -> Cost:
-        return Cost(self.epsilon + other.epsilon, self.delta + other.delta, self.rho + other.rho)
+        return Cost(
+            self.exact_epsilon + other.exact_epsilon,
+            self.exact_delta + other.exact_delta,
+            self.exact_rho + other.exact_rho,
+        )
+
+    def __neg__(self) -> Cost:
+        return Cost(-self.exact_epsilon, -self.exact_delta, -self.exact_rho)
+
+    def __repr__(self) -> str:
+        return (
+            f"Cost(epsilon={_show(self.exact_epsilon)}, delta={_show(self.exact_delta)}, "
+            f"rho={_show(self.exact_rho)})"
+        )
 
     @property
     def is_zero(self) -> bool:
-        return self.epsilon == 0 and self.delta == 0 and self.rho == 0
+        return self.exact_epsilon == 0 and self.exact_delta == 0 and self.exact_rho == 0
 
 
 def rho_to_epsilon(rho: float, delta: float) -> float:
@@ -73,7 +178,8 @@ class Budget:
     """An analyst's total (ε, δ) allowance on one dataset, split in advance by kind.
 
     ``gaussian_share`` is the fraction of ε reserved for Gaussian (zCDP) releases; it takes
-    half of δ for the ρ → (ε, δ) conversion when it is positive.
+    half of δ for the ρ → (ε, δ) conversion when it is positive. The caps of the pure part are
+    exact rationals of these numbers; the ρ cap is the computed float, see :data:`RHO_SLACK`.
     """
 
     epsilon: float
@@ -81,12 +187,21 @@ class Budget:
     gaussian_share: float = 0.0
 
     @property
+    def exact_pure_epsilon(self) -> Fraction:
+        return exact(self.epsilon) * (1 - exact(self.gaussian_share))
+
+    @property
+    def exact_pure_delta(self) -> Fraction:
+        whole = exact(self.delta)
+        return whole / 2 if self.gaussian_share > 0 else whole
+
+    @property
     def pure_epsilon(self) -> float:
-        return self.epsilon * (1.0 - self.gaussian_share)
+        return float(self.exact_pure_epsilon)
 
     @property
     def pure_delta(self) -> float:
-        return self.delta / 2 if self.gaussian_share > 0 else self.delta
+        return float(self.exact_pure_delta)
 
     @property
     def rho(self) -> float:
@@ -95,13 +210,23 @@ class Budget:
             return 0.0
         return epsilon_to_rho(self.epsilon * self.gaussian_share, self.delta / 2)
 
+    def _exceeds(self, total: Cost) -> str | None:
+        """Which part ``total`` overspends ("rho", "epsilon", "delta"), or None if it fits.
+
+        Exact comparisons; NaN never fits (a non-finite part compares False with a cap).
+        """
+        rho_cap = Fraction(self.rho)
+        if not total.exact_rho <= rho_cap * (1 + RHO_SLACK):
+            return "rho"
+        if not total.exact_epsilon <= self.exact_pure_epsilon:
+            return "epsilon"
+        if not total.exact_delta <= self.exact_pure_delta:
+            return "delta"
+        return None
+
     def covers(self, total: Cost) -> bool:
         """Whether ``total`` (everything spent, including the new query) fits every part."""
-        return (
-            total.epsilon <= self.pure_epsilon * (1 + SLACK) + SLACK * 1e-6
-            and total.delta <= self.pure_delta * (1 + SLACK) + 1e-300
-            and total.rho <= self.rho * (1 + SLACK) + SLACK * 1e-6
-        )
+        return self._exceeds(total) is None
 
     def epsilon_of(self, total: Cost) -> float:
         """The ε that a running total amounts to (pure part plus the zCDP part's conversion)."""
@@ -109,24 +234,25 @@ class Budget:
         return total.epsilon + rho_to_epsilon(total.rho, delta_rho)
 
     def remaining(self, total: Cost) -> tuple[float, float]:
-        """(ε, δ) still available, for messages and ``dpsql budget``."""
-        left_rho = max(0.0, self.rho - total.rho)
-        eps = max(0.0, self.pure_epsilon - total.epsilon)
+        """(ε, δ) still available, for messages and ``dpsql budget`` (computed exactly)."""
+        eps = float(max(Fraction(0), self.exact_pure_epsilon - total.exact_epsilon))
         if self.gaussian_share > 0:
-            eps += rho_to_epsilon(left_rho, self.delta / 2)
-        return eps, max(0.0, self.pure_delta - total.delta)
+            left_rho = max(Fraction(0), Fraction(self.rho) - total.exact_rho)
+            eps += rho_to_epsilon(float(left_rho), self.delta / 2)
+        return eps, float(max(Fraction(0), self.exact_pure_delta - total.exact_delta))
 
     def refusal_reason(self, total: Cost) -> str:
         """Which part of the budget a total exceeds, for the refusal message."""
-        if total.rho > self.rho * (1 + SLACK) + SLACK * 1e-6:
+        part = self._exceeds(total)
+        if part == "rho":
             if self.rho == 0:
                 return (
                     "this policy reserves no budget for Gaussian noise "
                     "(set gaussian_share in [privacy], or SET mechanism = 'laplace')"
                 )
             return f"the Gaussian (zCDP) part is spent: rho cap {self.rho:.6g}"
-        if total.epsilon > self.pure_epsilon * (1 + SLACK) + SLACK * 1e-6:
-            if self.pure_epsilon == 0:
+        if part == "epsilon":
+            if self.exact_pure_epsilon == 0:
                 return (
                     "this policy reserves all of its budget for Gaussian noise "
                     "(lower gaussian_share in [privacy], or SET mechanism = 'gaussian')"

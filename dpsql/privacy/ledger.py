@@ -1,8 +1,10 @@
 """The budget ledger interface, and an in-memory ledger for tests and ephemeral sessions.
 
 A ledger keeps, per (analyst, dataset), the running total of privacy costs and a cache of
-released answers. ``charge`` is atomic: it re-checks the budget and records the charge and the
-answer together, *before* the caller releases anything.
+released answers. ``charge`` is atomic: it re-checks the budget and records the charge (and,
+if given, the answer) together. The pipeline pays before reading: it charges with no answer
+before the engine runs, then stores the released answer with ``remember``. Totals are exact
+rationals (:class:`~dpsql.privacy.accounting.Cost`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from typing import Protocol
 
-from dpsql.errors import BudgetExhaustedError
+from dpsql.errors import BudgetExhaustedError, InternalError
 from dpsql.privacy.accounting import Budget, Cost
 
 
@@ -40,7 +42,18 @@ class Ledger(Protocol):
         cache_key: str | None = None,
         answer: str | None = None,
     ) -> None:
-        """Atomically re-check, record the charge, and cache ``answer`` under ``cache_key``."""
+        """Atomically re-check, record the charge, and cache ``answer`` under ``cache_key``.
+
+        Durable when it returns (for a durable ledger): a charge made before the engine runs
+        survives a crash of the caller, so a lost answer never means a lost charge.
+        """
+        ...
+
+    def remember(self, analyst: str, dataset: str, cache_key: str, answer: str) -> None:
+        """Cache ``answer`` of a query already charged; costs nothing; idempotent.
+
+        The first answer stored under a key stays (a replay must be the answer released).
+        """
         ...
 
     def cached(self, analyst: str, dataset: str, cache_key: str) -> str | None:
@@ -110,6 +123,25 @@ class AdminLedger(Ledger, Protocol):
         ...
 
 
+def validate_cost(cost: Cost) -> None:
+    """Refuse a cost that is not finite and >= 0 in every part (a caller's bug)."""
+    if not (cost.is_finite and all(p >= 0 for p in cost.parts)):
+        raise InternalError(
+            f"refusing to charge an invalid privacy cost {cost!r}",
+            construct="cost",
+            hint="every part of a cost must be finite and >= 0; this is a bug in the caller",
+        )
+
+
+def not_charged(analyst: str, dataset: str) -> InternalError:
+    return InternalError(
+        f"refusing to cache an answer for analyst {analyst!r} on {dataset!r}: "
+        "nothing was charged for it",
+        construct="ledger",
+        hint="charge the query before storing its answer; this is a bug in the caller",
+    )
+
+
 def exhausted(analyst: str, budget: Budget, spent: Cost, cost: Cost) -> BudgetExhaustedError:
     eps_left, delta_left = budget.remaining(spent)
     return BudgetExhaustedError(
@@ -130,6 +162,7 @@ class MemoryLedger:
         self._spent: dict[tuple[str, str], Cost] = {}
         self._budgets: dict[tuple[str, str], Budget] = {}
         self._cache: dict[tuple[str, str, str], str] = {}
+        self._charged: set[tuple[str, str]] = set()
         self.log: list[tuple[str, str, Cost, str, str]] = []
 
     def budget(self, analyst: str, dataset: str, default: Budget) -> Budget:
@@ -143,6 +176,7 @@ class MemoryLedger:
         return self._spent.get((analyst, dataset), Cost())
 
     def check(self, analyst: str, dataset: str, cost: Cost, default: Budget) -> None:
+        validate_cost(cost)
         budget = self.budget(analyst, dataset, default)
         spent = self.spent(analyst, dataset)
         if not budget.covers(spent + cost):
@@ -164,8 +198,15 @@ class MemoryLedger:
             self.check(analyst, dataset, cost, default)
             self._spent[(analyst, dataset)] = self.spent(analyst, dataset) + cost
             self.log.append((analyst, dataset, cost, query_text, plan_hash))
+            self._charged.add((analyst, dataset))
             if cache_key is not None and answer is not None:
-                self._cache[(analyst, dataset, cache_key)] = answer
+                self._cache.setdefault((analyst, dataset, cache_key), answer)
+
+    def remember(self, analyst: str, dataset: str, cache_key: str, answer: str) -> None:
+        with self._lock:
+            if (analyst, dataset) not in self._charged:
+                raise not_charged(analyst, dataset)
+            self._cache.setdefault((analyst, dataset, cache_key), answer)
 
     def cached(self, analyst: str, dataset: str, cache_key: str) -> str | None:
         return self._cache.get((analyst, dataset, cache_key))

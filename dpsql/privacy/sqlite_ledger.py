@@ -7,6 +7,10 @@ transaction that re-reads the committed total, checks the budget, appends the lo
 the total and stores the released answer. A process killed before ``COMMIT`` leaves nothing
 (SQLite rolls the WAL tail back); one killed after keeps the charge and the answer.
 
+Costs are exact rationals (:class:`~dpsql.privacy.accounting.Cost`), stored losslessly as
+"numerator/denominator" text next to a REAL copy for people reading the file with ``sqlite3``.
+The file and its ``-wal`` / ``-shm`` side files are private to the owner (mode 0600).
+
 Invariant, checked by :meth:`SQLiteLedger.verify`: per (analyst, dataset) the running total is
 the sum of the cost columns of the append-only log (a reset is logged as the negated total).
 """
@@ -18,18 +22,29 @@ import getpass
 import math
 import os
 import sqlite3
+import stat
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from dpsql.errors import DatabaseError, InterfaceError, InternalError, OperationalError
-from dpsql.privacy.accounting import Budget, Cost
-from dpsql.privacy.ledger import AnalystStatus, Ledger, LogEntry, MemoryLedger, exhausted
+from dpsql.errors import DatabaseError, InterfaceError, OperationalError
+from dpsql.privacy.accounting import Budget, Cost, exact
+from dpsql.privacy.ledger import (
+    AnalystStatus,
+    Ledger,
+    LogEntry,
+    MemoryLedger,
+    exhausted,
+    not_charged,
+    validate_cost,
+)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: exact costs as text (epsilon_exact, delta_exact, rho_exact)
 
 # One statement per item (triggers contain ";", so no naive splitting of a script).
 _SCHEMA = (
@@ -45,6 +60,9 @@ _SCHEMA = (
         rho REAL NOT NULL DEFAULT 0,
         charges INTEGER NOT NULL DEFAULT 0,
         updated_at TEXT NOT NULL,
+        epsilon_exact TEXT,
+        delta_exact TEXT,
+        rho_exact TEXT,
         PRIMARY KEY (analyst, dataset)
     )""",
     """CREATE TABLE IF NOT EXISTS budgets (
@@ -65,7 +83,10 @@ _SCHEMA = (
         delta REAL NOT NULL,
         rho REAL NOT NULL,
         query_text TEXT NOT NULL,
-        plan_hash TEXT NOT NULL
+        plan_hash TEXT NOT NULL,
+        epsilon_exact TEXT,
+        delta_exact TEXT,
+        rho_exact TEXT
     )""",
     """CREATE INDEX IF NOT EXISTS charge_log_by_analyst
         ON charge_log (dataset, analyst, id)""",
@@ -84,7 +105,22 @@ _SCHEMA = (
     )""",
 )
 
+# Version 1 kept costs as REAL only. Its rows stay readable (an exact column left NULL means
+# "the REAL value, read as the decimal it prints as"), and the totals get their exact text from
+# the log in the same transaction (see SQLiteLedger._migrate).
+_MIGRATE_1_TO_2 = tuple(
+    f"ALTER TABLE {table} ADD COLUMN {part}_exact TEXT"
+    for table in ("totals", "charge_log")
+    for part in ("epsilon", "delta", "rho")
+)
+
+_EXACT = "epsilon_exact, delta_exact, rho_exact"
+
 FaultHook = Callable[[str], None]
+
+
+class LedgerPermissionWarning(UserWarning):
+    """The ledger file was readable or writable by other users."""
 
 
 def _now() -> str:
@@ -100,14 +136,89 @@ def _actor(actor: str | None) -> str:
         return f"uid {os.getuid()}"
 
 
-def _validate_cost(cost: Cost) -> None:
-    parts = (cost.epsilon, cost.delta, cost.rho)
-    if not all(math.isfinite(p) and p >= 0 for p in parts):
-        raise InternalError(
-            f"refusing to charge an invalid privacy cost {cost!r}",
-            construct="cost",
-            hint="every part of a cost must be finite and >= 0; this is a bug in the caller",
+def _text(value: str) -> str:
+    """Text SQLite can store: a lone surrogate (not UTF-8 encodable) becomes ``\\udc80``.
+
+    Query texts and answers are stored, never matched, so an escape loses nothing, and a
+    charge can never fail on the text after the budget was checked.
+    """
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
+
+
+def _exact_texts(cost: Cost) -> tuple[str, str, str]:
+    return str(cost.exact_epsilon), str(cost.exact_delta), str(cost.exact_rho)
+
+
+def _stored_cost(reals: tuple[Any, ...], texts: tuple[Any, ...]) -> Cost:
+    """A cost read back: the exact text, unless it is missing or disagrees with the REAL.
+
+    Missing: a row of schema version 1. Disagreeing: a version-1 process that was already
+    running when the file was migrated updated the REAL alone; its value is the newer one.
+    """
+    parts = []
+    for real, text in zip(reals, texts, strict=True):
+        real = real or 0.0
+        value = None if text is None else Fraction(text)
+        if value is None or float(value) != real:
+            value = exact(real)
+        parts.append(value)
+    return Cost(*parts)
+
+
+def _private_file(path: Path) -> None:
+    """Create ``path`` with mode 0600 whatever the umask; tighten it if it already exists.
+
+    SQLite gives the ``-wal`` and ``-shm`` files it creates the main file's mode, so creating
+    the main file private first covers them; :func:`_tighten` checks them after opening.
+    """
+    if str(path) in ("", ":memory:"):
+        return
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        _tighten(path)
+        return
+    except OSError as exc:
+        raise OperationalError(
+            f"cannot create the budget ledger {str(path)!r}: {exc.strerror}",
+            construct="ledger",
+            hint="check that the ledger's directory exists and is writable by dpsql",
+        ) from None
+    try:
+        os.fchmod(fd, 0o600)  # os.open's mode is masked by the umask
+    finally:
+        os.close(fd)
+
+
+def _tighten(path: Path) -> None:
+    """Make an existing ledger file owner-only (0600), warning once that it was not."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return
+    if not mode & 0o077:
+        return
+    try:
+        os.chmod(path, 0o600)
+    except OSError:
+        warnings.warn(
+            f"the budget ledger {str(path)!r} is accessible to other users (mode "
+            f"{mode:04o}) and could not be made private: its query texts and answers are "
+            "readable by them; chmod 600 it as its owner",
+            LedgerPermissionWarning,
+            stacklevel=4,
         )
+        return
+    warnings.warn(
+        f"the budget ledger {str(path)!r} was accessible to other users (mode {mode:04o}); "
+        "dpsql made it private (0600)",
+        LedgerPermissionWarning,
+        stacklevel=4,
+    )
 
 
 class _Handle:
@@ -146,7 +257,10 @@ class SQLiteLedger:
         self._write_lock = threading.Lock()
         self._handles: weakref.WeakSet[_Handle] = weakref.WeakSet()
         self._closed = False
+        _private_file(self.path)
         self._init_schema()
+        for side in ("-wal", "-shm"):
+            _tighten(Path(f"{self.path}{side}"))
 
     # -- connections and transactions -------------------------------------------------------
 
@@ -207,6 +321,12 @@ class SQLiteLedger:
                 conn.execute("ROLLBACK")
             if isinstance(exc, sqlite3.Error):
                 raise self._error(exc) from None
+            if isinstance(exc, UnicodeEncodeError):  # an analyst, dataset or cache key
+                raise InterfaceError(
+                    "a ledger key (analyst, dataset or cache key) is not valid Unicode",
+                    construct="ledger",
+                    hint="use names without lone surrogate characters",
+                ) from None
             raise
 
     @contextmanager
@@ -254,12 +374,38 @@ class SQLiteLedger:
                     (str(SCHEMA_VERSION),),
                 )
             version = self._schema_version()
+        if version == "1":
+            self._migrate()
+            version = self._schema_version()
         if version != str(SCHEMA_VERSION):
             raise OperationalError(
                 f"the budget ledger {str(self.path)!r} has schema version {version}, "
                 f"this dpsql reads version {SCHEMA_VERSION}",
                 construct="ledger",
                 hint="upgrade dpsql, or point the policy's ledger at another file",
+            )
+
+    def _migrate(self) -> None:
+        """Version 1 → 2 in one transaction: add the exact columns, fill the totals' from the log.
+
+        A total becomes the exact sum of its charges since the last reset, i.e. what the
+        float total approximated (float sums could drop tiny charges entirely).
+        """
+        with self._write() as conn:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            if row is None or row[0] != "1":
+                return  # another process migrated it first
+            for statement in _MIGRATE_1_TO_2:
+                conn.execute(statement)
+            for analyst, dataset in conn.execute("SELECT analyst, dataset FROM totals").fetchall():
+                total = _since_reset(conn, analyst, dataset)
+                conn.execute(
+                    "UPDATE totals SET epsilon = ?, delta = ?, rho = ?, epsilon_exact = ?, "
+                    "delta_exact = ?, rho_exact = ? WHERE analyst = ? AND dataset = ?",
+                    (total.epsilon, total.delta, total.rho, *_exact_texts(total), analyst, dataset),
+                )
+            conn.execute(
+                "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
             )
 
     def _schema_version(self) -> str | None:
@@ -301,10 +447,11 @@ class SQLiteLedger:
     @staticmethod
     def _spent_in(conn: sqlite3.Connection, analyst: str, dataset: str) -> tuple[Cost, int]:
         row = conn.execute(
-            "SELECT epsilon, delta, rho, charges FROM totals WHERE analyst = ? AND dataset = ?",
+            f"SELECT epsilon, delta, rho, {_EXACT}, charges FROM totals "
+            "WHERE analyst = ? AND dataset = ?",
             (analyst, dataset),
         ).fetchone()
-        return (Cost(), 0) if row is None else (Cost(row[0], row[1], row[2]), row[3])
+        return (Cost(), 0) if row is None else (_stored_cost(row[0:3], row[3:6]), row[6])
 
     @staticmethod
     def _log(
@@ -318,7 +465,7 @@ class SQLiteLedger:
     ) -> int:
         cur = conn.execute(
             "INSERT INTO charge_log (at, analyst, dataset, kind, epsilon, delta, rho, "
-            "query_text, plan_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            f"query_text, plan_hash, {_EXACT}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 _now(),
                 analyst,
@@ -327,8 +474,9 @@ class SQLiteLedger:
                 cost.epsilon,
                 cost.delta,
                 cost.rho,
-                query_text,
-                plan_hash,
+                _text(query_text),
+                _text(plan_hash),
+                *_exact_texts(cost),
             ),
         )
         assert cur.lastrowid is not None
@@ -339,11 +487,23 @@ class SQLiteLedger:
         conn: sqlite3.Connection, analyst: str, dataset: str, total: Cost, charges: int
     ) -> None:
         conn.execute(
-            "INSERT INTO totals (analyst, dataset, epsilon, delta, rho, charges, updated_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (analyst, dataset) DO UPDATE SET "
+            "INSERT INTO totals (analyst, dataset, epsilon, delta, rho, charges, updated_at, "
+            f"{_EXACT}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (analyst, dataset) DO UPDATE SET "
             "epsilon = excluded.epsilon, delta = excluded.delta, rho = excluded.rho, "
-            "charges = excluded.charges, updated_at = excluded.updated_at",
-            (analyst, dataset, total.epsilon, total.delta, total.rho, charges, _now()),
+            "charges = excluded.charges, updated_at = excluded.updated_at, "
+            "epsilon_exact = excluded.epsilon_exact, delta_exact = excluded.delta_exact, "
+            "rho_exact = excluded.rho_exact",
+            (
+                analyst,
+                dataset,
+                total.epsilon,
+                total.delta,
+                total.rho,
+                charges,
+                _now(),
+                *_exact_texts(total),
+            ),
         )
 
     def _fault(self, stage: str) -> None:
@@ -361,7 +521,7 @@ class SQLiteLedger:
             return self._spent_in(conn, analyst, dataset)[0]
 
     def check(self, analyst: str, dataset: str, cost: Cost, default: Budget) -> None:
-        _validate_cost(cost)
+        validate_cost(cost)
         with self._read() as conn:
             budget = _with_share(self._budget_in(conn, analyst, dataset), default)
             spent, _ = self._spent_in(conn, analyst, dataset)
@@ -382,11 +542,14 @@ class SQLiteLedger:
     ) -> None:
         """One transaction: re-check against the committed total, log, add, cache.
 
+        Committed (and, with ``synchronous = FULL``, fsynced) when it returns, with or without
+        an answer: the pipeline calls it with ``answer=None`` before the engine runs, then
+        :meth:`remember`. Query text that is not valid UTF-8 is stored escaped, never refused.
         If an answer is already cached under ``cache_key`` (two identical queries raced past
         :meth:`cached`), both are charged and the first answer stays cached: every released
         answer is paid for, and later re-runs all see the same one.
         """
-        _validate_cost(cost)
+        validate_cost(cost)
         with self._write() as conn:
             budget = _with_share(self._budget_in(conn, analyst, dataset), default)
             spent, charges = self._spent_in(conn, analyst, dataset)
@@ -397,12 +560,47 @@ class SQLiteLedger:
             self._fault("logged")
             self._set_total(conn, analyst, dataset, total, charges + 1)
             if cache_key is not None and answer is not None:
-                conn.execute(
-                    "INSERT OR IGNORE INTO answers (analyst, dataset, cache_key, answer, "
-                    "charge_id, stored_at) VALUES (?, ?, ?, ?, ?, ?)",
-                    (analyst, dataset, cache_key, answer, charge_id, _now()),
-                )
+                self._store(conn, analyst, dataset, cache_key, answer, charge_id)
             self._fault("written")
+
+    def remember(self, analyst: str, dataset: str, cache_key: str, answer: str) -> None:
+        """Cache the answer of a query already charged: one committed write, no cost change.
+
+        The answer is tied to the newest charge of the analyst on the dataset whose plan hash
+        is ``cache_key`` (else their newest charge); with no charge at all it is refused, so
+        every cached answer belongs to a charge. Idempotent: the first answer stays.
+        """
+        with self._write() as conn:
+            row = (
+                conn.execute(
+                    "SELECT id FROM charge_log WHERE dataset = ? AND analyst = ? AND kind = 'charge' "
+                    "AND plan_hash = ? ORDER BY id DESC LIMIT 1",
+                    (dataset, analyst, cache_key),
+                ).fetchone()
+                or conn.execute(
+                    "SELECT id FROM charge_log WHERE dataset = ? AND analyst = ? AND kind = 'charge' "
+                    "ORDER BY id DESC LIMIT 1",
+                    (dataset, analyst),
+                ).fetchone()
+            )
+            if row is None:
+                raise not_charged(analyst, dataset)
+            self._store(conn, analyst, dataset, cache_key, answer, row[0])
+
+    @staticmethod
+    def _store(
+        conn: sqlite3.Connection,
+        analyst: str,
+        dataset: str,
+        cache_key: str,
+        answer: str,
+        charge_id: int,
+    ) -> None:
+        conn.execute(
+            "INSERT OR IGNORE INTO answers (analyst, dataset, cache_key, answer, "
+            "charge_id, stored_at) VALUES (?, ?, ?, ?, ?, ?)",
+            (analyst, dataset, cache_key, _text(answer), charge_id, _now()),
+        )
 
     def cached(self, analyst: str, dataset: str, cache_key: str) -> str | None:
         with self._read() as conn:
@@ -445,7 +643,7 @@ class SQLiteLedger:
         """
         with self._write() as conn:
             spent, _ = self._spent_in(conn, analyst, dataset)
-            released = Cost(-spent.epsilon, -spent.delta, -spent.rho)
+            released = -spent
             text = (
                 f"spending reset by {_actor(actor)}: released epsilon={spent.epsilon:.6g}, "
                 f"delta={spent.delta:.3g}, rho={spent.rho:.6g}"
@@ -457,7 +655,8 @@ class SQLiteLedger:
     def analysts(self, dataset: str, default: Budget) -> list[AnalystStatus]:
         with self._read() as conn:
             rows = conn.execute(
-                "SELECT a.analyst, t.epsilon, t.delta, t.rho, t.charges, b.epsilon, b.delta "
+                "SELECT a.analyst, t.epsilon, t.delta, t.rho, t.epsilon_exact, t.delta_exact, "
+                "t.rho_exact, t.charges, b.epsilon, b.delta "
                 "FROM (SELECT analyst FROM totals WHERE dataset = :d "
                 "      UNION SELECT analyst FROM budgets WHERE dataset = :d) AS a "
                 "LEFT JOIN totals AS t ON t.analyst = a.analyst AND t.dataset = :d "
@@ -486,8 +685,8 @@ class SQLiteLedger:
         if analyst is not None:
             where.append("analyst = ?")
             params.append(analyst)
-        sql = "SELECT id, at, analyst, dataset, kind, epsilon, delta, rho, query_text, plan_hash "
-        sql += "FROM charge_log"
+        sql = "SELECT id, at, analyst, dataset, kind, epsilon, delta, rho, query_text, plan_hash, "
+        sql += f"{_EXACT} FROM charge_log"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY id DESC"
@@ -497,51 +696,89 @@ class SQLiteLedger:
         with self._read() as conn:
             rows = conn.execute(sql, params).fetchall()
         return [
-            LogEntry(r[0], r[1], r[2], r[3], r[4], Cost(r[5], r[6], r[7]), r[8], r[9])
+            LogEntry(r[0], r[1], r[2], r[3], r[4], _stored_cost(r[5:8], r[10:13]), r[8], r[9])
             for r in reversed(rows)
         ]
 
     def verify(self) -> list[str]:
-        """Consistency problems, empty when sound: SQLite integrity, totals = sum of the log."""
-        problems: list[str] = []
+        """Consistency problems, empty when sound: SQLite integrity, totals = sum of the log.
+
+        Exact: per (analyst, dataset), every reset row releases exactly what the log had summed
+        to, and the total equals the sum since. Rows of schema version 1 (REAL only) were float
+        sums, so where they take part the comparison allows a relative 1e-9.
+        """
         with self._read() as conn:
-            problems += [
+            problems = [
                 f"integrity: {msg}"
                 for (msg,) in conn.execute("PRAGMA integrity_check").fetchall()
                 if msg != "ok"
             ]
-            rows = conn.execute(
-                "SELECT k.analyst, k.dataset, t.epsilon, t.delta, t.rho, t.charges, "
-                "l.epsilon, l.delta, l.rho, l.charges "
-                "FROM (SELECT analyst, dataset FROM totals "
-                "      UNION SELECT analyst, dataset FROM charge_log) AS k "
-                "LEFT JOIN totals AS t ON t.analyst = k.analyst AND t.dataset = k.dataset "
-                "LEFT JOIN (SELECT analyst, dataset, SUM(epsilon) AS epsilon, "
-                "           SUM(delta) AS delta, SUM(rho) AS rho, "
-                "           SUM(kind = 'charge' AND id > COALESCE((SELECT MAX(id) FROM "
-                "               charge_log AS r WHERE r.kind = 'reset' AND r.analyst = "
-                "               c.analyst AND r.dataset = c.dataset), 0)) AS charges "
-                "           FROM charge_log AS c GROUP BY analyst, dataset) AS l "
-                "  ON l.analyst = k.analyst AND l.dataset = k.dataset",
+            totals = {
+                (r[0], r[1]): (_stored_cost(r[2:5], r[5:8]), r[8])
+                for r in conn.execute(
+                    f"SELECT analyst, dataset, epsilon, delta, rho, {_EXACT}, charges FROM totals"
+                ).fetchall()
+            }
+            log = conn.execute(
+                f"SELECT id, analyst, dataset, kind, epsilon, delta, rho, {_EXACT} "
+                "FROM charge_log ORDER BY id"
             ).fetchall()
             orphans = conn.execute(
                 "SELECT COUNT(*) FROM answers AS a LEFT JOIN charge_log AS c "
                 "ON c.id = a.charge_id WHERE c.id IS NULL OR c.analyst != a.analyst "
                 "OR c.dataset != a.dataset"
             ).fetchone()[0]
-        for analyst, dataset, *vals in rows:
-            total = [v or 0 for v in vals[:4]]
-            logged = [v or 0 for v in vals[4:]]
-            for name, t, s in zip(
-                ("epsilon", "delta", "rho", "charges"), total, logged, strict=True
-            ):
-                if not math.isclose(t, s, rel_tol=1e-9, abs_tol=1e-12):
-                    problems.append(
-                        f"{analyst!r} on {dataset!r}: total {name} {t!r} != log sum {s!r}"
-                    )
+        sums: dict[tuple[str, str], _LogSum] = {}
+        for row_id, analyst, dataset, kind, *parts in log:
+            cost, legacy = _stored_cost(parts[0:3], parts[3:6]), parts[3] is None
+            acc = sums.setdefault((analyst, dataset), _LogSum())
+            where = f"{analyst!r} on {dataset!r}: {kind} #{row_id}"
+            if kind == "charge":
+                acc.add(cost, legacy)
+            elif kind == "reset":
+                problems += acc.differences(-cost, f"{where} released", legacy)
+                sums[(analyst, dataset)] = _LogSum()
+            elif not cost.is_zero:
+                problems.append(f"{where} carries a cost {cost!r}")
+        for analyst, dataset in sorted(set(totals) | set(sums)):
+            total, charges = totals.get((analyst, dataset), (Cost(), 0))
+            acc = sums.get((analyst, dataset), _LogSum())
+            problems += acc.differences(total, f"{analyst!r} on {dataset!r}: total")
+            if (charges or 0) != acc.charges:
+                problems.append(
+                    f"{analyst!r} on {dataset!r}: total charges {charges} != log sum {acc.charges}"
+                )
         if orphans:
             problems.append(f"{orphans} cached answer(s) without their charge")
         return problems
+
+
+class _LogSum:
+    """The exact sum of log rows since a reset, and whether a float-only (v1) row is in it."""
+
+    def __init__(self) -> None:
+        self.cost = Cost()
+        self.charges = 0
+        self.legacy = False
+
+    def add(self, cost: Cost, legacy: bool) -> None:
+        self.cost = self.cost + cost
+        self.charges += 1
+        self.legacy = self.legacy or legacy
+
+    def differences(self, other: Cost, what: str, legacy: bool = False) -> list[str]:
+        """'<what> epsilon X != log sum Y' for each part where ``other`` differs from the sum."""
+        loose = self.legacy or legacy
+        out = []
+        for name, mine, theirs in zip(
+            ("epsilon", "delta", "rho"), self.cost.parts, other.parts, strict=True
+        ):
+            same = (
+                math.isclose(mine, theirs, rel_tol=1e-9, abs_tol=1e-15) if loose else mine == theirs
+            )
+            if not same:
+                out.append(f"{what} {name} {float(theirs)!r} != log sum {float(mine)!r}")
+        return out
 
 
 def _fmt_budget(budget: Budget) -> str:
@@ -556,17 +793,25 @@ def _with_share(override: Budget | None, default: Budget) -> Budget:
 
 
 def _status(dataset: str, default: Budget, row: tuple[Any, ...]) -> AnalystStatus:
-    analyst, eps, delta, rho, charges, b_eps, b_delta = row
+    analyst, *costs, charges, b_eps, b_delta = row
     override = b_eps is not None
     budget = _with_share(Budget(b_eps, b_delta), default) if override else default
-    return AnalystStatus(
-        analyst,
-        dataset,
-        Cost(eps or 0.0, delta or 0.0, rho or 0.0),
-        budget,
-        override,
-        charges or 0,
-    )
+    spent = _stored_cost(tuple(costs[:3]), tuple(costs[3:]))
+    return AnalystStatus(analyst, dataset, spent, budget, override, charges or 0)
+
+
+def _since_reset(conn: sqlite3.Connection, analyst: str, dataset: str) -> Cost:
+    """The exact sum of the charges logged after the analyst's last reset."""
+    rows = conn.execute(
+        f"SELECT epsilon, delta, rho, {_EXACT} FROM charge_log "
+        "WHERE dataset = ? AND analyst = ? AND kind = 'charge' AND id > COALESCE("
+        "(SELECT MAX(id) FROM charge_log WHERE dataset = ? AND analyst = ? AND kind = 'reset'), 0)",
+        (dataset, analyst, dataset, analyst),
+    ).fetchall()
+    total = Cost()
+    for row in rows:
+        total = total + _stored_cost(row[0:3], row[3:6])
+    return total
 
 
 def open_ledger(ledger_path: str | os.PathLike[str] | None) -> Ledger:
