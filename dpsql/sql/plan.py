@@ -16,6 +16,7 @@ import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from dpsql.errors import NotSupportedError, PrivacyError
 from dpsql.privacy.accounting import Cost
@@ -117,8 +118,20 @@ class Plan:
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
-def _fixed_point(lower: float, upper: float, g: float) -> tuple[int, int]:
-    return round(lower / g), round(upper / g)
+def fixed_point_bounds(lower: float, upper: float, g: float) -> tuple[int, int]:
+    """The integer range [lo, hi] of one row's fixed-point value, as the sensitivity assumes.
+
+    Each bound goes to its nearest multiple of ``g``, a tie toward the inside of [lower, upper]
+    (the smaller range), computed exactly on the decimal values the policy states (no float
+    quotient: 0.35 / 0.1 is a tie, not 3.4999...). The engine clamps ``x / g`` to these very
+    integers before rounding it (:func:`dpsql.sql.compile.fixed_point_value`), so its own tie
+    rule (DuckDB and Spark round half away from zero) cannot leave [lo, hi]; and a row's value
+    stays within g/2 of its clamped x whether or not the bounds are multiples of ``g``.
+    """
+    a, b = Fraction(repr(lower)) / Fraction(repr(g)), Fraction(repr(upper)) / Fraction(repr(g))
+    lo, hi = math.floor(a + Fraction(1, 2)), math.ceil(b - Fraction(1, 2))
+    # lo > hi only when lower == upper sits on a tie: either neighbour is as near
+    return min(lo, hi), hi
 
 
 def _measure_specs(
@@ -211,7 +224,7 @@ def build_plan(
         else:
             col = table.columns[column]  # type: ignore[index]
             g = col.granularity
-            lo, hi = _fixed_point(col.lower, col.upper, g)  # type: ignore[arg-type]
+            lo, hi = fixed_point_bounds(col.lower, col.upper, g)  # type: ignore[arg-type]
             if column in counted:
                 center = (lo + hi) // 2
             row_bound = max(abs(lo - center), abs(hi - center))
