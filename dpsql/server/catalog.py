@@ -1,164 +1,54 @@
 """Catalog and session queries, answered from an empty shadow schema — never from private data.
 
-The shadow is a separate in-memory DuckDB database holding (a) the policy's tables with the same
-names, columns and types and zero rows, (b) our own ``pg_catalog`` (schema ``pgc``) and
-``information_schema`` (schema ``infs``) tables filled from the policy, and (c) macros for the
-PostgreSQL functions clients call (``format_type``, ``pg_get_userbyid``, ...). External access is
-off and the configuration locked, so a query routed here can read nothing but the public schema.
+The shadow (built by :mod:`dpsql.server.catalog_worker`) is an in-memory DuckDB database holding
+(a) the policy's tables with the same names, columns and types and zero rows, (b) our own
+``pg_catalog`` (schema ``pgc``) and ``information_schema`` (schema ``infs``) tables filled from
+the policy, and (c) macros for the PostgreSQL functions clients call (``format_type``,
+``pg_get_userbyid``, ...). External access is off and the configuration locked, so a query
+routed here can read nothing but the public schema.
 
-Client SQL is translated by :mod:`dpsql.server.catalog_sql`; only SELECT-type statements are
-ever executed here.
+Client SQL is translated by :mod:`dpsql.server.catalog_sql` and checked against the function
+whitelist of :mod:`dpsql.server.catalog_limits`; only queries are ever executed. Each statement
+runs in one of a few shadow *processes* shared by every session of the server, under
+:class:`~dpsql.server.catalog_limits.CatalogLimits`: a short statement timeout (the process
+interrupts itself; one that does not answer in time is killed and replaced), result caps counted
+while fetching, DuckDB's memory limit and an address-space limit. Statements queue for a free
+process; a full queue is refused at once, so catalog queries never hold more than
+``processes + queue`` of the server's query threads and DP queries keep the rest.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
+import itertools
+import logging
+import os
+import pickle
+import socket
+import subprocess
+import sys
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
 
 import duckdb
 
 from dpsql.server import catalog_schema as cs
 from dpsql.server import types as t
 from dpsql.server.backend import inline_parameters
-from dpsql.server.catalog_sql import (
-    CatalogError,
-    SessionInfo,
-    rewrite,
-)
+from dpsql.server.catalog_limits import CatalogLimits
+from dpsql.server.catalog_sql import CatalogError, SessionInfo, rewrite
+from dpsql.server.catalog_worker import INTERRUPT, ShadowSpec
 
-SHADOW_TIMEOUT = 30.0  # seconds before a catalog query is interrupted
-SHADOW_MAX_ROWS = 100_000  # catalog answers are small; this bounds a session's memory
+log = logging.getLogger("dpsql.server")
 
-# (name, params, body): PostgreSQL functions the catalog queries of psql, JDBC, SQLAlchemy and
-# BI tools call. Overloads share a name.
-_MACROS: list[tuple[str, list[tuple[str, str]]]] = [
-    ("pg_get_userbyid", [("o", f"'{cs.OWNER_NAME}'")]),
-    ("pg_table_is_visible", [("o", "true")]),
-    ("pg_type_is_visible", [("o", "true")]),
-    ("pg_function_is_visible", [("o", "true")]),
-    ("pg_collation_is_visible", [("o", "true")]),
-    ("pg_opclass_is_visible", [("o", "true")]),
-    ("pg_operator_is_visible", [("o", "true")]),
-    ("pg_conversion_is_visible", [("o", "true")]),
-    ("pg_ts_config_is_visible", [("o", "true")]),
-    ("pg_statistics_obj_is_visible", [("o", "true")]),
-    (
-        "format_type",
-        [("o, m", "coalesce((SELECT f FROM pgc.dp_type_names WHERE oid = o), '???')")],
-    ),
-    (
-        "dp_regtype_name",
-        [("o", "coalesce((SELECT f FROM pgc.dp_type_names WHERE oid = o), CAST(o AS VARCHAR))")],
-    ),
-    (
-        "dp_regtype_oid",
-        [
-            (
-                "s",
-                "(SELECT min(oid) FROM pgc.pg_type WHERE typname = s OR oid IN "
-                "(SELECT oid FROM pgc.dp_type_names WHERE f = s))",
-            )
-        ],
-    ),
-    (
-        "dp_regclass_oid",
-        [
-            (
-                "s",
-                "(SELECT min(oid) FROM pgc.pg_class WHERE relname = "
-                "regexp_replace(replace(s, '\"', ''), '^.*\\.', ''))",
-            )
-        ],
-    ),
-    (
-        "dp_regclass_name",
-        [
-            (
-                "o",
-                "coalesce((SELECT min(relname) FROM pgc.pg_class WHERE "
-                "oid = o), CAST(o AS VARCHAR))",
-            )
-        ],
-    ),
-    ("dp_regnamespace_oid", [("s", "(SELECT min(oid) FROM pgc.pg_namespace WHERE nspname = s)")]),
-    ("dp_regnamespace_name", [("o", "(SELECT min(nspname) FROM pgc.pg_namespace WHERE oid = o)")]),
-    # regproc columns (typinput, ...) hold function names here, so a regproc is its name
-    ("dp_regproc_oid", [("s", "regexp_replace(s, '^pg_catalog\\.', '')")]),
-    ("dp_regproc_name", [("o", "CAST(o AS VARCHAR)")]),
-    ("dp_regrole_oid", [("s", f"CAST({cs.OWNER_OID} AS UINTEGER)")]),
-    ("dp_regrole_name", [("o", f"'{cs.OWNER_NAME}'")]),
-    ("obj_description", [("o", "CAST(NULL AS VARCHAR)"), ("o, c", "CAST(NULL AS VARCHAR)")]),
-    ("col_description", [("o, n", "CAST(NULL AS VARCHAR)")]),
-    ("shobj_description", [("o, c", "CAST(NULL AS VARCHAR)")]),
-    ("pg_get_expr", [("e, r", "CAST(NULL AS VARCHAR)"), ("e, r, p", "CAST(NULL AS VARCHAR)")]),
-    ("pg_get_indexdef", [("o", "CAST(NULL AS VARCHAR)"), ("o, c, p", "CAST(NULL AS VARCHAR)")]),
-    ("pg_get_constraintdef", [("o", "CAST(NULL AS VARCHAR)"), ("o, p", "CAST(NULL AS VARCHAR)")]),
-    ("pg_get_viewdef", [("o", "CAST(NULL AS VARCHAR)"), ("o, p", "CAST(NULL AS VARCHAR)")]),
-    ("pg_get_triggerdef", [("o", "CAST(NULL AS VARCHAR)"), ("o, p", "CAST(NULL AS VARCHAR)")]),
-    ("pg_get_ruledef", [("o", "CAST(NULL AS VARCHAR)"), ("o, p", "CAST(NULL AS VARCHAR)")]),
-    ("pg_get_functiondef", [("o", "CAST(NULL AS VARCHAR)")]),
-    ("pg_get_function_arguments", [("o", "CAST(NULL AS VARCHAR)")]),
-    ("pg_get_function_identity_arguments", [("o", "CAST(NULL AS VARCHAR)")]),
-    ("pg_get_function_result", [("o", "CAST(NULL AS VARCHAR)")]),
-    ("pg_get_partkeydef", [("o", "CAST(NULL AS VARCHAR)")]),
-    ("pg_get_partition_constraintdef", [("o", "CAST(NULL AS VARCHAR)")]),
-    ("pg_get_statisticsobjdef_columns", [("o", "CAST(NULL AS VARCHAR)")]),
-    ("pg_get_serial_sequence", [("a, b", "CAST(NULL AS VARCHAR)")]),
-    ("pg_encoding_to_char", [("e", "'UTF8'")]),
-    ("pg_char_to_encoding", [("e", "6")]),
-    ("has_table_privilege", [("a, b", "true"), ("a, b, c", "true")]),
-    ("has_schema_privilege", [("a, b", "true"), ("a, b, c", "true")]),
-    ("has_database_privilege", [("a, b", "true"), ("a, b, c", "true")]),
-    ("has_column_privilege", [("a, b, c", "true"), ("a, b, c, d", "true")]),
-    ("has_any_column_privilege", [("a, b", "true"), ("a, b, c", "true")]),
-    ("has_function_privilege", [("a, b", "true"), ("a, b, c", "true")]),
-    ("has_sequence_privilege", [("a, b", "true"), ("a, b, c", "true")]),
-    ("pg_has_role", [("a, b", "true"), ("a, b, c", "true")]),
-    ("pg_is_in_recovery", [("", "false")]),
-    ("pg_size_pretty", [("x", "CAST(x AS VARCHAR) || ' bytes'")]),
-    ("pg_relation_size", [("x", "CAST(0 AS BIGINT)"), ("x, f", "CAST(0 AS BIGINT)")]),
-    ("pg_total_relation_size", [("x", "CAST(0 AS BIGINT)")]),
-    ("pg_table_size", [("x", "CAST(0 AS BIGINT)")]),
-    ("pg_indexes_size", [("x", "CAST(0 AS BIGINT)")]),
-    ("pg_database_size", [("x", "CAST(0 AS BIGINT)")]),
-    ("pg_tablespace_location", [("x", "''")]),
-    ("pg_is_other_temp_schema", [("x", "false")]),
-    ("pg_my_temp_schema", [("", "CAST(0 AS UINTEGER)")]),
-    ("to_regclass", [("s", "pgc.dp_regclass_oid(s)")]),
-    ("to_regtype", [("s", "pgc.dp_regtype_oid(s)")]),
-    ("current_schemas", [("b", "['pg_catalog', 'public']")]),
-    (
-        "_pg_expandarray",
-        [
-            (
-                "a",
-                "unnest(list_transform(range(1, len(a) + 1), "
-                "lambda i: struct_pack(x := a[i], n := i)))",
-            )
-        ],
-    ),
-    ("array_lower", [("a, d", "CASE WHEN len(a) > 0 THEN 1 END")]),
-    ("array_upper", [("a, d", "CASE WHEN len(a) > 0 THEN len(a) END")]),
-    ("txid_current", [("", "CAST(1 AS BIGINT)")]),
-    ("pg_postmaster_start_time", [("", "TIMESTAMPTZ '2000-01-01 00:00:00+00'")]),
-    ("inet_server_addr", [("", "CAST(NULL AS VARCHAR)")]),
-    ("inet_server_port", [("", "CAST(NULL AS INTEGER)")]),
-    ("inet_client_addr", [("", "CAST(NULL AS VARCHAR)")]),
-    ("row_security_active", [("x", "false")]),
-    ("pg_relation_is_publishable", [("x", "false")]),
-    (
-        "quote_ident",
-        [
-            (
-                "x",
-                "CASE WHEN regexp_full_match(x, '[a-z_][a-z0-9_$]*') THEN x "
-                "ELSE '\"' || replace(x, '\"', '\"\"') || '\"' END",
-            )
-        ],
-    ),
-]
+GRACE = 1.0  # seconds past the statement timeout before a silent shadow process is killed
 
 
 @dataclass(frozen=True)
@@ -168,262 +58,150 @@ class CatalogResult:
 
 
 class Shadow:
-    """The shadow database: one per server, a DuckDB cursor per session."""
+    """The shadow catalog of one server: its shadow processes and their limits."""
 
-    def __init__(self, policy: object, dataset: str, settings: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        policy: object,
+        dataset: str,
+        settings: Mapping[str, str],
+        limits: CatalogLimits | None = None,
+    ) -> None:
         self.dataset = dataset
-        self._db = duckdb.connect(":memory:", config={"threads": 1})
-        self._lock = threading.Lock()
         self.tables = _tables_from_policy(policy)
-        self._build(settings)
-        # No temp directory: DuckDB would otherwise add it (".tmp" under the working directory,
-        # where another DuckDB may spill) to the paths readable despite the lock below.
-        self._db.execute("SET temp_directory = ''")
-        self._db.execute("SET memory_limit = '256MB'")
-        self._db.execute("SET enable_external_access = false")
-        self._db.execute("SET lock_configuration = true")
-
-    def _build(self, settings: Mapping[str, str]) -> None:
-        db = self._db
-        db.execute("CREATE SCHEMA public")
-        db.execute("CREATE SCHEMA pgc")
-        db.execute("CREATE SCHEMA infs")
-        for table in self.tables:
-            cols = ", ".join(f'"{c.name}" {_duck_type(c.type_oid)}' for c in table.columns)
-            db.execute(f'CREATE TABLE public."{table.name}" ({cols})')
-        for name, cols in cs.PG_TABLES.items():
-            spec = ", ".join(f'"{c}" {ty}' for c, ty in cols)
-            db.execute(f"CREATE TABLE pgc.{name} ({spec})")
-        rows = {
-            "pg_type": cs.rows_pg_type(),
-            "pg_namespace": cs.rows_pg_namespace(),
-            "pg_class": cs.rows_pg_class(self.tables),
-            "pg_attribute": cs.rows_pg_attribute(self.tables),
-            "pg_database": cs.rows_pg_database(self.dataset),
-            "pg_settings": cs.rows_pg_settings(dict(settings)),
-            **cs.FIXED_ROWS,
-        }
-        for name, data in rows.items():
-            if data:
-                marks = ", ".join("?" * len(data[0]))
-                db.executemany(f"INSERT INTO pgc.{name} VALUES ({marks})", data)
-        db.execute("CREATE TABLE pgc.dp_type_names (oid UINTEGER, f VARCHAR)")
-        db.executemany(
-            "INSERT INTO pgc.dp_type_names VALUES (?, ?)",
-            [(oid, cs.format_type(oid)) for oid in t.PG_TYPES],
-        )
-        for name, body in cs.PG_VIEWS.items():
-            db.execute(f"CREATE VIEW pgc.{name} AS {body}")
-        for name, overloads in _MACROS:
-            defs = ", ".join(f"({params}) AS {body}" for params, body in overloads)
-            db.execute(f"CREATE MACRO pgc.{name} {defs}")
-        self._build_functions()
-        self._build_information_schema()
-
-    def _build_functions(self) -> None:
-        self._db.execute(
-            "CREATE MACRO pgc.pg_get_keywords() AS TABLE SELECT keyword_name AS word, "
-            "CASE keyword_category WHEN 'reserved' THEN 'R' WHEN 'unreserved' THEN 'U' "
-            "WHEN 'type_function' THEN 'T' ELSE 'C' END AS catcode, true AS barelabel, "
-            "keyword_category AS catdesc, 'can be bare label' AS baredesc "
-            "FROM duckdb_keywords()"
-        )
-
-    def _build_information_schema(self) -> None:
-        db = self._db
-        ds = self.dataset.replace("'", "''")
-        db.execute(
-            "CREATE VIEW infs.schemata AS SELECT * FROM (VALUES "
-            f"('{ds}', 'public', '{cs.OWNER_NAME}'), "
-            f"('{ds}', 'information_schema', '{cs.OWNER_NAME}'), "
-            f"('{ds}', 'pg_catalog', '{cs.OWNER_NAME}')) "
-            "AS s(catalog_name, schema_name, schema_owner)"
-        )
-        db.execute(
-            "CREATE TABLE infs.tables (table_catalog VARCHAR, table_schema VARCHAR, "
-            "table_name VARCHAR, table_type VARCHAR, self_referencing_column_name VARCHAR, "
-            "reference_generation VARCHAR, user_defined_type_catalog VARCHAR, "
-            "user_defined_type_schema VARCHAR, user_defined_type_name VARCHAR, "
-            "is_insertable_into VARCHAR, is_typed VARCHAR, commit_action VARCHAR)"
-        )
-        db.executemany(
-            "INSERT INTO infs.tables VALUES (?, 'public', ?, 'BASE TABLE', NULL, NULL, NULL, "
-            "NULL, NULL, 'NO', 'NO', NULL)",
-            [(self.dataset, tb.name) for tb in self.tables],
-        )
-        db.execute(
-            "CREATE TABLE infs.columns (table_catalog VARCHAR, table_schema VARCHAR, "
-            "table_name VARCHAR, column_name VARCHAR, ordinal_position INTEGER, "
-            "column_default VARCHAR, is_nullable VARCHAR, data_type VARCHAR, "
-            "character_maximum_length INTEGER, character_octet_length INTEGER, "
-            "numeric_precision INTEGER, numeric_precision_radix INTEGER, "
-            "numeric_scale INTEGER, datetime_precision INTEGER, interval_type VARCHAR, "
-            "interval_precision INTEGER, character_set_catalog VARCHAR, "
-            "character_set_schema VARCHAR, character_set_name VARCHAR, "
-            "collation_catalog VARCHAR, collation_schema VARCHAR, collation_name VARCHAR, "
-            "domain_catalog VARCHAR, domain_schema VARCHAR, domain_name VARCHAR, "
-            "udt_catalog VARCHAR, udt_schema VARCHAR, udt_name VARCHAR, "
-            "scope_catalog VARCHAR, scope_schema VARCHAR, scope_name VARCHAR, "
-            "maximum_cardinality INTEGER, dtd_identifier VARCHAR, "
-            "is_self_referencing VARCHAR, is_identity VARCHAR, identity_generation VARCHAR, "
-            "identity_start VARCHAR, identity_increment VARCHAR, identity_maximum VARCHAR, "
-            "identity_minimum VARCHAR, identity_cycle VARCHAR, is_generated VARCHAR, "
-            "generation_expression VARCHAR, is_updatable VARCHAR)"
-        )
-        precision = {t.INT8: (64, 2, 0), t.FLOAT8: (53, 2, None)}
-        col_rows = []
-        for tb in self.tables:
-            for num, col in enumerate(tb.columns, start=1):
-                prec, radix, scale = precision.get(col.type_oid, (None, None, None))
-                col_rows.append(
-                    (
-                        self.dataset,
-                        "public",
-                        tb.name,
-                        col.name,
-                        num,
-                        None,
-                        "YES" if col.nullable else "NO",
-                        cs.format_type(col.type_oid),
-                        None,
-                        1073741824 if col.type_oid == t.TEXT else None,
-                        prec,
-                        radix,
-                        scale,
-                        0 if col.type_oid == t.DATE else None,
-                        None,
-                        None,
-                        None,
-                        None,
-                        None,
-                        None,
-                        None,
-                        None,
-                        None,
-                        None,
-                        None,
-                        self.dataset,
-                        "pg_catalog",
-                        t.PG_TYPES[col.type_oid].name,
-                        None,
-                        None,
-                        None,
-                        None,
-                        str(num),
-                        "NO",
-                        "NO",
-                        None,
-                        None,
-                        None,
-                        None,
-                        None,
-                        "NO",
-                        "NEVER",
-                        None,
-                        "NO",
-                    )
-                )
-        if col_rows:
-            marks = ", ".join("?" * len(col_rows[0]))
-            db.executemany(f"INSERT INTO infs.columns VALUES ({marks})", col_rows)
-        for name, cols in {
-            "views": "table_catalog, table_schema, table_name, view_definition, check_option, "
-            "is_updatable, is_insertable_into, is_trigger_updatable, is_trigger_deletable, "
-            "is_trigger_insertable_into",
-            "table_constraints": "constraint_catalog, constraint_schema, constraint_name, "
-            "table_catalog, table_schema, table_name, constraint_type, is_deferrable, "
-            "initially_deferred, enforced, nulls_distinct",
-            "key_column_usage": "constraint_catalog, constraint_schema, constraint_name, "
-            "table_catalog, table_schema, table_name, column_name, ordinal_position, "
-            "position_in_unique_constraint",
-            "referential_constraints": "constraint_catalog, constraint_schema, "
-            "constraint_name, unique_constraint_catalog, unique_constraint_schema, "
-            "unique_constraint_name, match_option, update_rule, delete_rule",
-            "constraint_column_usage": "table_catalog, table_schema, table_name, column_name, "
-            "constraint_catalog, constraint_schema, constraint_name",
-            "routines": "specific_catalog, specific_schema, specific_name, routine_catalog, "
-            "routine_schema, routine_name, routine_type, data_type",
-            "parameters": "specific_catalog, specific_schema, specific_name, ordinal_position, "
-            "parameter_mode, parameter_name, data_type",
-            "sequences": "sequence_catalog, sequence_schema, sequence_name, data_type",
-            "triggers": "trigger_catalog, trigger_schema, trigger_name, event_manipulation, "
-            "event_object_catalog, event_object_schema, event_object_table",
-        }.items():
-            spec = ", ".join(f"{c.strip()} VARCHAR" for c in cols.split(","))
-            db.execute(f"CREATE TABLE infs.{name} ({spec})")
+        self.limits = limits if limits is not None else CatalogLimits()
+        spec = ShadowSpec(tuple(self.tables), dataset, dict(settings), self.limits)
+        self._pool = _Pool(spec)
 
     def cursor(self) -> ShadowCursor:
-        with self._lock:
-            cur = self._db.cursor()
-        cur.execute("SET search_path = 'pgc,public'")
-        return ShadowCursor(cur)
+        return ShadowCursor(self._pool)
 
     def close(self) -> None:
-        self._db.close()
+        self._pool.close()
 
 
 class ShadowCursor:
     """One session's handle on the shadow; ``run`` is blocking (call it from a worker thread)."""
 
-    def __init__(self, cursor: duckdb.DuckDBPyConnection) -> None:
-        self._cur = cursor
+    def __init__(self, pool: _Pool) -> None:
+        self._pool = pool
+        self._lock = threading.Lock()
+        self._process: _Process | None = None
+        self._request = 0
+        self._cancelled = False
 
     def run(self, sql: str, params: Sequence[object] | None, info: SessionInfo) -> CatalogResult:
+        text = sql
         if params:
             # Inline bound values as literals, so rewriting sees them (current_setting($1),
             # $1::regclass). Safe here: literals are escaped, and the shadow holds no data.
-            sql = inline_parameters(sql, params)
-        duck_sql = rewrite(sql, info)
-        try:
-            statements = duckdb.extract_statements(duck_sql)
-        except duckdb.Error as exc:
-            raise CatalogError(_clean(exc), "42601") from None
-        if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
-            raise CatalogError(
-                "cannot execute this statement: dpsql is read-only",
-                "25006",
-                hint="only queries are accepted; private tables are answered with "
-                "differential privacy, the catalog from the policy",
-            )
-        watchdog = threading.Timer(SHADOW_TIMEOUT, self._cur.interrupt)
-        watchdog.daemon = True
-        watchdog.start()
-        try:
-            rel = self._cur.execute(duck_sql)
-            description = rel.description or []
-            rows = rel.fetchmany(SHADOW_MAX_ROWS + 1)
-        except duckdb.InterruptException:
-            raise CatalogError("canceling statement due to user request", "57014") from None
-        except duckdb.CatalogException as exc:
-            raise CatalogError(_clean(exc), _catalog_state(exc)) from None
-        except duckdb.ParserException as exc:
-            raise CatalogError(_clean(exc), "42601") from None
-        except duckdb.BinderException as exc:
-            raise CatalogError(_clean(exc), "42703") from None
-        except duckdb.Error as exc:
-            raise CatalogError(_clean(exc), "XX000") from None
-        finally:
-            watchdog.cancel()
-        if len(rows) > SHADOW_MAX_ROWS:
-            raise CatalogError(f"catalog query returned more than {SHADOW_MAX_ROWS} rows", "54000")
-        columns = tuple((d[0], _column_oid(d[0], str(d[1]))) for d in description)
+            text = inline_parameters(sql, params)
+        duck_sql = rewrite(text, info, source=sql, max_series=self._pool.limits.max_series)
+        _check_one_query(duck_sql)
+        description, rows = self._execute(duck_sql, info.user)
+        columns = tuple((name, _column_oid(name, duck_type)) for name, duck_type in description)
         return CatalogResult(columns, rows)
 
     def describe(self, sql: str, info: SessionInfo) -> tuple[tuple[str, int], ...]:
-        """Result columns of a catalog query, by running it (it reads no private data)."""
-        duck_sql = rewrite(sql, info)
+        """Result columns of a catalog query, by describing it (it reads no private data)."""
+        duck_sql = rewrite(sql, info, max_series=self._pool.limits.max_series)
+        _check_one_query(duck_sql)
+        _, rows = self._execute(f"DESCRIBE {duck_sql}", info.user)
+        return tuple((str(r[0]), t.duckdb_type_oid(str(r[1]))) for r in rows)
+
+    def _execute(self, duck_sql: str, user: str) -> tuple[list[tuple[str, str]], list[tuple]]:
+        with self._lock:
+            self._cancelled = False
+        process = self._pool.acquire(user, lambda: self._cancelled)
+        healthy = False
         try:
-            rel = self._cur.execute(f"DESCRIBE {duck_sql}")
-            return tuple((r[0], t.duckdb_type_oid(str(r[1]))) for r in rel.fetchall())
-        except duckdb.Error as exc:
-            raise CatalogError(_clean(exc), "42601") from None
+            with self._lock:
+                self._process, self._request = process, process.next_request()
+                if self._cancelled:  # cancelled while it waited for this process
+                    process.interrupt(self._request)
+            wait = self._pool.limits.timeout + GRACE
+            reply = process.run(self._request, duck_sql, wait, self._pool.max_reply)
+            healthy = True
+            return _result(reply, self._pool.limits)
+        except _Unhealthy:
+            healthy = False
+            raise
+        finally:
+            with self._lock:
+                self._process = None
+            self._pool.release(process, user, healthy)
 
     def interrupt(self) -> None:
-        self._cur.interrupt()
+        """Cancel the running statement (called from the event loop: never blocks)."""
+        with self._lock:
+            if self._process is not None:
+                self._process.interrupt(self._request)
+            else:
+                self._cancelled = True
+        self._pool.wake()
 
     def close(self) -> None:
-        with contextlib.suppress(duckdb.Error):
-            self._cur.close()
+        self.interrupt()
+
+
+def _check_one_query(duck_sql: str) -> None:
+    try:
+        statements = duckdb.extract_statements(duck_sql)
+    except duckdb.Error as exc:
+        raise CatalogError(_clean(_first_line(exc)), "42601") from None
+    if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
+        raise CatalogError(
+            "cannot execute this statement: dpsql is read-only",
+            "25006",
+            hint="only queries are accepted; private tables are answered with "
+            "differential privacy, the catalog from the policy",
+        )
+
+
+class _Unhealthy(CatalogError):
+    """A failure after which the shadow process is not reused."""
+
+
+def _result(reply: Any, limits: CatalogLimits) -> tuple[list[tuple[str, str]], list[tuple]]:
+    """A shadow process's reply as (description, rows), or the error it stands for."""
+    kind = reply[0] if isinstance(reply, tuple) and reply else None
+    if kind == "ok" and len(reply) == 3:
+        try:
+            description = [(str(name), str(duck_type)) for name, duck_type in reply[1]]
+            rows = [tuple(row) for row in reply[2]]
+        except (TypeError, ValueError):
+            rows, description = [()], []
+        if all(len(row) == len(description) for row in rows):
+            return description, rows
+    elif kind == "limit" and len(reply) == 3:
+        rows_cap, bytes_cap = f"{limits.max_rows} rows", _amount(limits.max_bytes)
+        raise CatalogError(
+            f"catalog query result exceeds {rows_cap if reply[1] == 'rows' else bytes_cap}",
+            "54000",
+            hint=f"catalog answers are capped at {rows_cap} and {bytes_cap}; add WHERE or LIMIT",
+        )
+    elif kind == "timeout":
+        raise CatalogError(
+            "canceling statement due to statement timeout",
+            "57014",
+            hint=f"catalog statements may run for {limits.timeout:g} s; "
+            "narrow the query (client introspection takes milliseconds)",
+        )
+    elif kind == "cancelled":
+        raise CatalogError("canceling statement due to user request", "57014")
+    elif kind == "memory":
+        raise CatalogError(
+            "out of memory in a catalog query",
+            "53200",
+            hint=f"catalog statements may use {limits.memory_limit}; narrow the query",
+        )
+    elif kind == "error" and len(reply) == 3:
+        message = _clean(str(reply[2]))
+        state = {"parser": "42601", "binder": "42703"}.get(str(reply[1]), "XX000")
+        if reply[1] == "catalog":
+            state = _catalog_state(message)
+        raise CatalogError(message, state)
+    raise _Unhealthy("internal error in the catalog", "XX000", hint="see the server log")
 
 
 # Catalog columns PostgreSQL types as ``name`` (OID 19); DuckDB has no such type, so a VARCHAR
@@ -441,8 +219,7 @@ def _column_oid(name: str, duck_type: str) -> int:
     return t.NAME if oid == t.TEXT and name.lower() in _NAME_COLUMNS else oid
 
 
-def _catalog_state(exc: Exception) -> str:
-    text = str(exc)
+def _catalog_state(text: str) -> str:
     if "Table with name" in text or ("does not exist" in text and "Table" in text):
         return "42P01"
     if "Function" in text:
@@ -450,22 +227,10 @@ def _catalog_state(exc: Exception) -> str:
     return "42704"
 
 
-def _clean(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+def _clean(text: str) -> str:
     for prefix in ("Catalog Error: ", "Binder Error: ", "Parser Error: ", "Conversion Error: "):
         text = text.removeprefix(prefix)
     return text.replace("pgc.", "pg_catalog.").replace("infs.", "information_schema.")
-
-
-def _duck_type(oid: int) -> str:
-    return {
-        t.INT8: "BIGINT",
-        t.FLOAT8: "DOUBLE",
-        t.TEXT: "VARCHAR",
-        t.BOOL: "BOOLEAN",
-        t.DATE: "DATE",
-        t.INT4: "INTEGER",
-    }.get(oid, "VARCHAR")
 
 
 def _tables_from_policy(policy: object) -> list[cs.CatalogTable]:
@@ -482,3 +247,273 @@ def _tables_from_policy(policy: object) -> list[cs.CatalogTable]:
         )
         tables.append(cs.CatalogTable(cs.FIRST_TABLE_OID + 2 * i, name, cols))
     return tables
+
+
+def _amount(size: int) -> str:
+    return f"{size >> 20} MiB" if size >= 1 << 20 and size % (1 << 20) == 0 else f"{size} bytes"
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+# --------------------------------------------------------------------------------------------
+# shadow processes
+
+# The only classes a reply may contain besides builtins: what DuckDB returns for catalog values
+# (after the process turned time zones into fixed offsets). A shadow process runs analyst SQL;
+# its replies are decoded as data, never as code.
+_REPLY_CLASSES = {
+    ("datetime", "date"),
+    ("datetime", "datetime"),
+    ("datetime", "time"),
+    ("datetime", "timedelta"),
+    ("datetime", "timezone"),
+    ("decimal", "Decimal"),
+    ("uuid", "UUID"),
+}
+
+
+class _ReplyUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _REPLY_CLASSES:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a catalog reply")
+
+
+def load_reply(data: bytes) -> Any:
+    """A shadow process's reply; only plain values and the date, decimal and UUID types."""
+    return _ReplyUnpickler(io.BytesIO(data)).load()
+
+
+class _Process:
+    """One running shadow process and its two sockets."""
+
+    def __init__(self, popen: subprocess.Popen, conn: Connection, intr: socket.socket) -> None:
+        self._popen = popen
+        self._conn = conn
+        self._intr = intr
+        self._requests = itertools.count(1)
+
+    @classmethod
+    def start(cls, spec: ShadowSpec) -> _Process:
+        data, data_child = socket.socketpair()
+        intr, intr_child = socket.socketpair()
+        fds = (data_child.fileno(), intr_child.fileno())
+        try:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "dpsql.server.catalog_worker", *map(str, fds)],
+                pass_fds=fds,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                env=_child_environment(),
+            )
+        finally:
+            data_child.close()
+            intr_child.close()
+        intr.setblocking(False)
+        process = cls(popen, Connection(data.detach()), intr)
+        try:
+            process._conn.send_bytes(pickle.dumps(spec))
+            if not process._conn.poll(spec.limits.start_timeout):
+                raise RuntimeError(f"no answer within {spec.limits.start_timeout:g} s")
+            reply = load_reply(process._conn.recv_bytes(1 << 16))
+        except BaseException:
+            process.kill()
+            raise
+        if reply != ("ready",):
+            process.kill()
+            raise RuntimeError(str(reply[1]) if isinstance(reply, tuple) else repr(reply))
+        return process
+
+    def next_request(self) -> int:
+        return next(self._requests)
+
+    def run(self, request: int, sql: str, wait: float, max_reply: int) -> Any:
+        """The reply to one statement; raises :class:`_Unhealthy` if none comes in time."""
+        try:
+            self._conn.send_bytes(pickle.dumps((request, sql)))
+            if not self._conn.poll(wait):
+                raise _Unhealthy(
+                    "canceling statement due to statement timeout",
+                    "57014",
+                    hint="the catalog statement did not stop when interrupted; narrow it",
+                )
+            return load_reply(self._conn.recv_bytes(max_reply))
+        except (EOFError, OSError, pickle.UnpicklingError, ValueError) as exc:
+            log.warning("shadow process %s failed: %s", self._popen.pid, exc)
+            raise _Unhealthy(
+                "the catalog query failed", "XX000", hint="see the server log"
+            ) from None
+
+    def interrupt(self, request: int) -> None:
+        with contextlib.suppress(OSError):  # gone, or a full buffer of earlier interrupts
+            self._intr.send(INTERRUPT.pack(request))
+
+    def kill(self) -> None:
+        for closing in (self._conn.close, self._intr.close, self._popen.kill):
+            with contextlib.suppress(OSError):
+                closing()
+        try:
+            self._popen.wait(5)
+        except subprocess.TimeoutExpired:
+            log.warning("shadow process %s did not exit", self._popen.pid)
+
+
+def _child_environment() -> dict[str, str]:
+    """The server's environment, with this copy of dpsql importable first."""
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+@dataclass(eq=False)
+class _Ticket:
+    """A statement waiting for a shadow process, and whose it is."""
+
+    user: str
+
+
+class _Pool:
+    """The shadow processes of a server, handed out in arrival order, fairly between analysts.
+
+    No analyst may run on every process at once (``processes - 1`` each, at least one) or hold
+    more than half of the queue, so one analyst's statements never lock out another's
+    ``\\d``; when the queue is full a statement is refused at once instead of holding a
+    query thread.
+    """
+
+    def __init__(self, spec: ShadowSpec) -> None:
+        self.spec = spec
+        self.limits = spec.limits
+        # a reply's pickle: up to 4 bytes per counted character, plus per-value overhead
+        self.max_reply = 4 * spec.limits.max_bytes + (16 << 20)
+        self._per_user = max(1, self.limits.processes - 1)
+        self._per_user_queue = max(1, self.limits.queue // 2)
+        self._cond = threading.Condition()
+        self._idle: list[_Process] = []
+        self._running: dict[str, int] = {}
+        self._busy = 0
+        self._starting = 0
+        self._ready_once = False
+        self._failure: str | None = None
+        self._waiting: deque[_Ticket] = deque()
+        self._closed = False
+        for _ in range(self.limits.processes):
+            self._spawn()
+
+    def _spawn(self) -> None:
+        """Start a process in the background (called with the lock held or at construction)."""
+        self._starting += 1
+        threading.Thread(target=self._start_one, name="dpsql-shadow-start", daemon=True).start()
+
+    def _start_one(self) -> None:
+        process: _Process | None = None
+        try:
+            process = _Process.start(self.spec)
+        except Exception as exc:
+            log.error("a shadow catalog process failed to start: %s", exc)
+            failure: str | None = str(exc)
+        else:
+            failure = None
+        with self._cond:
+            self._starting -= 1
+            self._failure = failure
+            if process is not None and self._closed:
+                process.kill()
+            elif process is not None:
+                self._ready_once = True
+                self._idle.append(process)
+            self._cond.notify_all()
+
+    def acquire(self, user: str, cancelled: Callable[[], bool]) -> _Process:
+        """A free process for ``user``'s statement, waiting in line for one; refused at once
+        when the line (or the analyst's share of it) is full."""
+        ticket = _Ticket(user)
+        with self._cond:
+            if self._closed:
+                raise CatalogError("the server is shutting down", "57P01")
+            if self._idle and self._eligible(ticket) and self._first_eligible() is None:
+                return self._take(ticket)
+            mine = sum(1 for waiting in self._waiting if waiting.user == user)
+            if len(self._waiting) >= self.limits.queue or mine >= self._per_user_queue:
+                raise self._busy_error()
+            self._waiting.append(ticket)
+            try:
+                return self._wait_for_turn(ticket, cancelled)
+            finally:
+                self._waiting.remove(ticket)
+                self._cond.notify_all()
+
+    def _eligible(self, ticket: _Ticket) -> bool:
+        return self._running.get(ticket.user, 0) < self._per_user
+
+    def _first_eligible(self) -> _Ticket | None:
+        return next((w for w in self._waiting if self._eligible(w)), None)
+
+    def _wait_for_turn(self, ticket: _Ticket, cancelled: Callable[[], bool]) -> _Process:
+        limits = self.limits
+        patience = limits.timeout * (1 + limits.queue / limits.processes) + GRACE
+        deadline = time.monotonic() + (patience if self._ready_once else limits.start_timeout)
+        while True:
+            if cancelled():
+                raise CatalogError("canceling statement due to user request", "57014")
+            if self._idle and self._first_eligible() is ticket:
+                return self._take(ticket)
+            if not (self._idle or self._busy or self._starting):
+                if self._failure is not None:
+                    self._failure = None  # the next statement tries to start one again
+                    raise CatalogError(
+                        "the catalog is not available",
+                        "58000",
+                        hint="a shadow catalog process failed to start; see the server log",
+                    )
+                self._spawn()
+                deadline = max(deadline, time.monotonic() + limits.start_timeout)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._busy_error()
+            self._cond.wait(remaining)
+
+    def _take(self, ticket: _Ticket) -> _Process:
+        self._busy += 1
+        self._running[ticket.user] = self._running.get(ticket.user, 0) + 1
+        return self._idle.pop()
+
+    def _busy_error(self) -> CatalogError:
+        return CatalogError(
+            "too many catalog queries at once",
+            "53000",
+            hint=f"the server runs {self.limits.processes} catalog statements at a time "
+            f"(each analyst at most {self._per_user}) and queues {self.limits.queue}; "
+            "try again in a moment",
+        )
+
+    def release(self, process: _Process, user: str, healthy: bool) -> None:
+        with self._cond:
+            self._busy -= 1
+            left = self._running.pop(user, 1) - 1
+            if left:
+                self._running[user] = left
+            keep = healthy and not self._closed
+            if keep:
+                self._idle.append(process)
+            elif not self._closed:
+                self._spawn()
+            self._cond.notify_all()
+        if not keep:
+            process.kill()
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self._cond.notify_all()
+        for process in idle:
+            process.kill()

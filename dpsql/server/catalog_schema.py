@@ -254,6 +254,144 @@ PG_TABLES: dict[str, list[tuple[str, str]]] = {
 
 # fmt: on
 
+# (name, [(params, body), ...]): macros for the PostgreSQL functions the catalog queries of psql,
+# JDBC, SQLAlchemy and BI tools call (schema pgc, ahead of DuckDB's own on the search path).
+# Overloads share a name.
+MACROS: list[tuple[str, list[tuple[str, str]]]] = [
+    ("pg_get_userbyid", [("o", f"'{OWNER_NAME}'")]),
+    ("pg_table_is_visible", [("o", "true")]),
+    ("pg_type_is_visible", [("o", "true")]),
+    ("pg_function_is_visible", [("o", "true")]),
+    ("pg_collation_is_visible", [("o", "true")]),
+    ("pg_opclass_is_visible", [("o", "true")]),
+    ("pg_operator_is_visible", [("o", "true")]),
+    ("pg_conversion_is_visible", [("o", "true")]),
+    ("pg_ts_config_is_visible", [("o", "true")]),
+    ("pg_statistics_obj_is_visible", [("o", "true")]),
+    (
+        "format_type",
+        [("o, m", "coalesce((SELECT f FROM pgc.dp_type_names WHERE oid = o), '???')")],
+    ),
+    (
+        "dp_regtype_name",
+        [("o", "coalesce((SELECT f FROM pgc.dp_type_names WHERE oid = o), CAST(o AS VARCHAR))")],
+    ),
+    (
+        "dp_regtype_oid",
+        [
+            (
+                "s",
+                "(SELECT min(oid) FROM pgc.pg_type WHERE typname = s OR oid IN "
+                "(SELECT oid FROM pgc.dp_type_names WHERE f = s))",
+            )
+        ],
+    ),
+    (
+        "dp_regclass_oid",
+        [
+            (
+                "s",
+                "(SELECT min(oid) FROM pgc.pg_class WHERE relname = "
+                "regexp_replace(replace(s, '\"', ''), '^.*\\.', ''))",
+            )
+        ],
+    ),
+    (
+        "dp_regclass_name",
+        [
+            (
+                "o",
+                "coalesce((SELECT min(relname) FROM pgc.pg_class WHERE "
+                "oid = o), CAST(o AS VARCHAR))",
+            )
+        ],
+    ),
+    ("dp_regnamespace_oid", [("s", "(SELECT min(oid) FROM pgc.pg_namespace WHERE nspname = s)")]),
+    ("dp_regnamespace_name", [("o", "(SELECT min(nspname) FROM pgc.pg_namespace WHERE oid = o)")]),
+    # regproc columns (typinput, ...) hold function names here, so a regproc is its name
+    ("dp_regproc_oid", [("s", "regexp_replace(s, '^pg_catalog\\.', '')")]),
+    ("dp_regproc_name", [("o", "CAST(o AS VARCHAR)")]),
+    ("dp_regrole_oid", [("s", f"CAST({OWNER_OID} AS UINTEGER)")]),
+    ("dp_regrole_name", [("o", f"'{OWNER_NAME}'")]),
+    ("obj_description", [("o", "CAST(NULL AS VARCHAR)"), ("o, c", "CAST(NULL AS VARCHAR)")]),
+    ("col_description", [("o, n", "CAST(NULL AS VARCHAR)")]),
+    ("shobj_description", [("o, c", "CAST(NULL AS VARCHAR)")]),
+    ("pg_get_expr", [("e, r", "CAST(NULL AS VARCHAR)"), ("e, r, p", "CAST(NULL AS VARCHAR)")]),
+    ("pg_get_indexdef", [("o", "CAST(NULL AS VARCHAR)"), ("o, c, p", "CAST(NULL AS VARCHAR)")]),
+    ("pg_get_constraintdef", [("o", "CAST(NULL AS VARCHAR)"), ("o, p", "CAST(NULL AS VARCHAR)")]),
+    ("pg_get_viewdef", [("o", "CAST(NULL AS VARCHAR)"), ("o, p", "CAST(NULL AS VARCHAR)")]),
+    ("pg_get_triggerdef", [("o", "CAST(NULL AS VARCHAR)"), ("o, p", "CAST(NULL AS VARCHAR)")]),
+    ("pg_get_ruledef", [("o", "CAST(NULL AS VARCHAR)"), ("o, p", "CAST(NULL AS VARCHAR)")]),
+    ("pg_get_functiondef", [("o", "CAST(NULL AS VARCHAR)")]),
+    ("pg_get_function_arguments", [("o", "CAST(NULL AS VARCHAR)")]),
+    ("pg_get_function_identity_arguments", [("o", "CAST(NULL AS VARCHAR)")]),
+    ("pg_get_function_result", [("o", "CAST(NULL AS VARCHAR)")]),
+    ("pg_get_partkeydef", [("o", "CAST(NULL AS VARCHAR)")]),
+    ("pg_get_partition_constraintdef", [("o", "CAST(NULL AS VARCHAR)")]),
+    ("pg_get_statisticsobjdef_columns", [("o", "CAST(NULL AS VARCHAR)")]),
+    ("pg_get_serial_sequence", [("a, b", "CAST(NULL AS VARCHAR)")]),
+    ("pg_encoding_to_char", [("e", "'UTF8'")]),
+    ("pg_char_to_encoding", [("e", "6")]),
+    ("has_table_privilege", [("a, b", "true"), ("a, b, c", "true")]),
+    ("has_schema_privilege", [("a, b", "true"), ("a, b, c", "true")]),
+    ("has_database_privilege", [("a, b", "true"), ("a, b, c", "true")]),
+    ("has_column_privilege", [("a, b, c", "true"), ("a, b, c, d", "true")]),
+    ("has_any_column_privilege", [("a, b", "true"), ("a, b, c", "true")]),
+    ("has_function_privilege", [("a, b", "true"), ("a, b, c", "true")]),
+    ("has_sequence_privilege", [("a, b", "true"), ("a, b, c", "true")]),
+    ("pg_has_role", [("a, b", "true"), ("a, b, c", "true")]),
+    ("pg_is_in_recovery", [("", "false")]),
+    ("pg_size_pretty", [("x", "CAST(x AS VARCHAR) || ' bytes'")]),
+    ("pg_relation_size", [("x", "CAST(0 AS BIGINT)"), ("x, f", "CAST(0 AS BIGINT)")]),
+    ("pg_total_relation_size", [("x", "CAST(0 AS BIGINT)")]),
+    ("pg_table_size", [("x", "CAST(0 AS BIGINT)")]),
+    ("pg_indexes_size", [("x", "CAST(0 AS BIGINT)")]),
+    ("pg_database_size", [("x", "CAST(0 AS BIGINT)")]),
+    ("pg_tablespace_location", [("x", "''")]),
+    ("pg_is_other_temp_schema", [("x", "false")]),
+    ("pg_my_temp_schema", [("", "CAST(0 AS UINTEGER)")]),
+    ("to_regclass", [("s", "pgc.dp_regclass_oid(s)")]),
+    ("to_regtype", [("s", "pgc.dp_regtype_oid(s)")]),
+    ("current_schemas", [("b", "['pg_catalog', 'public']")]),
+    (
+        "_pg_expandarray",
+        [
+            (
+                "a",
+                "unnest(list_transform(range(1, len(a) + 1), "
+                "lambda i: struct_pack(x := a[i], n := i)))",
+            )
+        ],
+    ),
+    ("array_lower", [("a, d", "CASE WHEN len(a) > 0 THEN 1 END")]),
+    ("array_upper", [("a, d", "CASE WHEN len(a) > 0 THEN len(a) END")]),
+    ("txid_current", [("", "CAST(1 AS BIGINT)")]),
+    ("pg_postmaster_start_time", [("", "TIMESTAMPTZ '2000-01-01 00:00:00+00'")]),
+    ("inet_server_addr", [("", "CAST(NULL AS VARCHAR)")]),
+    ("inet_server_port", [("", "CAST(NULL AS INTEGER)")]),
+    ("inet_client_addr", [("", "CAST(NULL AS VARCHAR)")]),
+    ("row_security_active", [("x", "false")]),
+    ("pg_relation_is_publishable", [("x", "false")]),
+    (
+        "quote_ident",
+        [
+            (
+                "x",
+                "CASE WHEN regexp_full_match(x, '[a-z_][a-z0-9_$]*') THEN x "
+                "ELSE '\"' || replace(x, '\"', '\"\"') || '\"' END",
+            )
+        ],
+    ),
+]
+
+# Table macros (name -> body), called in FROM.
+TABLE_MACROS: dict[str, str] = {
+    "pg_get_keywords": "SELECT keyword_name AS word, CASE keyword_category WHEN 'reserved' "
+    "THEN 'R' WHEN 'unreserved' THEN 'U' WHEN 'type_function' THEN 'T' ELSE 'C' END AS "
+    "catcode, true AS barelabel, keyword_category AS catdesc, 'can be bare label' AS baredesc "
+    "FROM duckdb_keywords()",
+}
+
 # pg_tables is a view over pg_class in PostgreSQL; here a view over ours.
 PG_VIEWS = {
     "pg_tables": (

@@ -17,6 +17,7 @@ from sqlglot import exp
 
 from dpsql.server import catalog_schema as cs
 from dpsql.server import types as t
+from dpsql.server.catalog_limits import CatalogLimits, check_statement
 from dpsql.server.failures import ClientError
 
 SERVER_VERSION = "16.0"
@@ -223,8 +224,19 @@ def _array_literal(node: exp.Expression) -> exp.Expression | None:
     return exp.Array(expressions=[_lit(v) for v in items])
 
 
-def rewrite(sql: str, info: SessionInfo) -> str:
-    """PostgreSQL catalog SQL -> DuckDB SQL over the emulated catalog (one statement)."""
+def rewrite(
+    sql: str,
+    info: SessionInfo,
+    *,
+    source: str | None = None,
+    max_series: int = CatalogLimits.max_series,
+) -> str:
+    """PostgreSQL catalog SQL -> DuckDB SQL over the emulated catalog (one statement).
+
+    The result is checked against the catalog whitelist (:mod:`dpsql.server.catalog_limits`);
+    a refusal's position is in ``source``, the client's text (``sql`` may have its parameters
+    inlined).
+    """
     text = _OPERATOR.sub(r"\1", sql)
     text = _COLLATE.sub("", text)
     try:
@@ -242,6 +254,9 @@ def rewrite(sql: str, info: SessionInfo) -> str:
         return new if new is node else new.transform(fix, copy=False)
 
     tree = tree.transform(fix, copy=False)
+    for node in tree.walk():
+        node.comments = None  # nothing but the checked tree reaches DuckDB
+    check_statement(tree, text, source if source is not None else sql, max_series=max_series)
     return tree.sql(dialect="duckdb")
 
 
