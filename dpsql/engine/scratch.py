@@ -4,6 +4,11 @@ It has empty shadow copies of the policy's tables (same names and types, zero ro
 expressions can be typed, and it evaluates post-processing (HAVING, ORDER BY, arithmetic over
 released aggregates) on a table of already-noised values. External access is off and its
 configuration locked, like the private engine's.
+
+Post-processing SQL comes from the analyst (a ``SELECT`` without ``FROM``, expressions over the
+aggregates), so on top of the binder's whitelist it is checked again here (every function must
+be one the binder accepts) and runs under a deadline and result caps: what reaches this shared
+connection can neither outgrow the released table nor hold it for long.
 """
 
 from __future__ import annotations
@@ -15,13 +20,23 @@ from dataclasses import dataclass
 from typing import Any
 
 import duckdb
+import sqlglot
 from sqlglot import exp
+from sqlglot.errors import ParseError, TokenError
 
-from dpsql.errors import DataError, ProgrammingError
+from dpsql.engine.limits import LimitExceeded, ResultCaps, Watchdog, fetch_capped
+from dpsql.errors import DataError, OperationalError, ProgrammingError
 from dpsql.policy import Policy
-from dpsql.sql.bind import RELEASED
+from dpsql.sql.bind import AGGREGATE_KINDS, ERROR_BAR_FUNCTIONS, RELEASED, SCALAR_NODES
 from dpsql.sql.domains import SQL_TYPES
 from dpsql.sql.identifiers import quote_ident as _q
+
+POST_TIMEOUT = 10.0  # seconds a post-processing statement may run on the shared connection
+# Post-processing returns at most one row per released row (or one, without FROM).
+POST_CAPS = ResultCaps(max_rows=1_000_000, max_bytes=256 << 20)
+MEMORY_LIMIT = "1GB"  # the scratch connection's DuckDB memory limit
+_WATCHDOG = Watchdog()
+_POST_CONSTRUCT = "SELECT list / HAVING / ORDER BY"
 
 
 class Scratch:
@@ -33,6 +48,7 @@ class Scratch:
         # Its queries are tiny (a released table, an empty shadow): one thread costs less than
         # coordinating several, and keeps DuckDB's row order of an unordered DISTINCT stable.
         self._con.execute("SET threads = 1")
+        self._con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
         self._con.execute("SET enable_external_access = false")
         self._con.execute("SET lock_configuration = true")
 
@@ -87,14 +103,20 @@ class Scratch:
         columns: Sequence[str],
         types: Sequence[str],
         rows: Sequence[Sequence[Any]],
+        *,
+        tree: exp.Expression | None = None,
     ) -> tuple[list[tuple[str, str]], list[tuple[Any, ...]]]:
         """Run ``post_sql`` over a temporary ``__released`` table; returns (description, rows).
+
+        ``tree``, when the caller has it, is the expression ``post_sql`` was rendered from: its
+        functions are checked without parsing the text again (:func:`check_post`).
 
         The table is one ``UNNEST`` of a typed list parameter per column: a dozen parameters
         however many rows (~1.6 ms for 100 rows, against ~13 ms with one parameter per cell).
         Should that fail (a value DuckDB will not put into a typed list, or an error in the
         query itself), the per-cell form runs and gives the result or the error.
         """
+        check_post(post_sql, tree)
         if rows:
             try:
                 return self._run_post(post_sql, *_unnest_source(columns, types, rows))
@@ -119,14 +141,82 @@ class Scratch:
         sql = sql.replace(f"FROM {RELEASED}", source, 1)
         cur = self._con.cursor()
         try:
-            cur.execute(sql, params)
-            result = cur.fetchall()
+            with _WATCHDOG.deadline(POST_TIMEOUT, cur.interrupt) as deadline:
+                try:
+                    cur.execute(sql, params)
+                    result = fetch_capped(cur, POST_CAPS)
+                except duckdb.InterruptException:
+                    if deadline.expired:
+                        raise _timed_out() from None
+                    raise
+                except LimitExceeded as exc:
+                    raise _too_large(exc) from None
             return [(d[0], str(d[1])) for d in cur.description], result
         finally:
             cur.close()
 
     def close(self) -> None:
         self._con.close()
+
+
+# Functions post-processing may call: the binder's own whitelist (scalar constructs, aggregates).
+_POST_FUNCTIONS: tuple[type[exp.Expression], ...] = tuple(
+    node for node in (*SCALAR_NODES, *AGGREGATE_KINDS) if issubclass(node, exp.Func)
+)
+
+
+def check_post(post_sql: str, tree: exp.Expression | None = None) -> None:
+    """Refuse post-processing SQL that calls a function the binder does not accept.
+
+    A second line behind the binder (``repeat``, ``range``, file readers never reach the shared
+    connection, whatever a future path builds). SQL without a parenthesis calls nothing, so
+    most post-processing needs no parse; ``tree`` (what ``post_sql`` was rendered from) saves
+    the parse (~0.5 ms) for the rest.
+    """
+    if "(" not in post_sql:
+        return
+    if tree is None:
+        try:
+            tree = sqlglot.parse_one(post_sql, read="duckdb")
+        except (ParseError, TokenError):
+            raise ProgrammingError(
+                "post-processing could not be checked",
+                sqlstate="42601",
+                construct=_POST_CONSTRUCT,
+                hint="simplify the expressions over the aggregates",
+            ) from None
+    for node in tree.walk():
+        if not isinstance(node, exp.Func) or isinstance(node, _POST_FUNCTIONS):
+            continue
+        if isinstance(node, exp.Anonymous) and node.name.lower() in ERROR_BAR_FUNCTIONS:
+            continue
+        name = node.name.lower() if isinstance(node, exp.Anonymous) else node.sql_name().lower()
+        raise ProgrammingError(
+            f"function {name}() is not allowed in post-processing",
+            sqlstate="42883",
+            construct=name,
+            hint="see grammar_notes.md for the functions accepted over aggregates",
+        )
+
+
+def _timed_out() -> OperationalError:
+    return OperationalError(
+        "canceling statement due to statement timeout",
+        sqlstate="57014",
+        construct=_POST_CONSTRUCT,
+        hint=f"post-processing may run for {POST_TIMEOUT:g} s; simplify the expressions over "
+        "the aggregates",
+    )
+
+
+def _too_large(exc: LimitExceeded) -> DataError:
+    amount = f"{exc.limit >> 20} MiB" if exc.kind == "bytes" else f"{exc.limit} rows"
+    return DataError(
+        f"post-processing result exceeds {amount}",
+        sqlstate="54000",
+        construct=_POST_CONSTRUCT,
+        hint="post-processing returns at most one row per released row; shorten long values",
+    )
 
 
 def _values_source(
