@@ -258,7 +258,7 @@ class Runner:
             raise
         except duckdb.Error as exc:
             return ("error", _error_kind(exc), _first_line(exc))
-        return ("ok", description, [tuple(_plain(v) for v in row) for row in rows])
+        return ("ok", description, [_plain_row(row) for row in rows])
 
 
 def _error_kind(exc: duckdb.Error) -> str:
@@ -275,6 +275,16 @@ def _error_kind(exc: duckdb.Error) -> str:
 def _first_line(exc: Exception) -> str:
     text = str(exc).strip()
     return text.splitlines()[0][:1000] if text else type(exc).__name__
+
+
+# Values that may hold something the server does not unpickle (a zoneinfo time zone).
+_CONVERTED = frozenset({dt.datetime, dt.time, list, tuple, dict})
+
+
+def _plain_row(row: tuple) -> tuple:
+    if not any(type(v) in _CONVERTED for v in row):
+        return row
+    return tuple(_plain(v) for v in row)
 
 
 def _plain(value: Any) -> Any:
