@@ -28,6 +28,8 @@ from dpsql.errors import (
 if TYPE_CHECKING:
     from dpsql.dbapi import Connection, Cursor, connect
     from dpsql.pipeline import Service
+    from dpsql.privacy.ledger import EphemeralBudgetWarning
+    from dpsql.privacy.sqlite_ledger import LedgerPermissionWarning
 
 # PEP 249 module globals (also in dpsql.dbapi).
 apilevel = "2.0"
@@ -39,6 +41,8 @@ _LAZY = {
     "Cursor": "dpsql.dbapi",
     "connect": "dpsql.dbapi",
     "Service": "dpsql.pipeline",
+    "EphemeralBudgetWarning": "dpsql.privacy.ledger",
+    "LedgerPermissionWarning": "dpsql.privacy.sqlite_ledger",
 }
 
 
@@ -60,10 +64,12 @@ __all__ = [
     "Cursor",
     "DataError",
     "DatabaseError",
+    "EphemeralBudgetWarning",
     "Error",
     "IntegrityError",
     "InterfaceError",
     "InternalError",
+    "LedgerPermissionWarning",
     "NotSupportedError",
     "OperationalError",
     "PolicyError",

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import threading
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -10,6 +14,8 @@ from typing import Any
 from dpsql.engine.duckdb_engine import QueryHandle
 from dpsql.errors import InterfaceError, ProgrammingError, Warning
 from dpsql.pipeline import Result, Service, Settings, _ResetRequest, reset_setting
+from dpsql.policy import Policy, load_policy
+from dpsql.privacy.ledger import EphemeralBudgetWarning, Ledger, MemoryLedger
 
 apilevel = "2.0"
 threadsafety = 1  # threads may share the module, not connections
@@ -203,10 +209,70 @@ class Cursor:
 def connect(
     database: str = ":memory:",
     *,
-    policy: str | Path | Mapping[str, Any],
+    policy: str | Path | Mapping[str, Any] | Policy,
     analyst: str = "default",
+    ledger: Ledger | str | os.PathLike[str] | None = None,
     **service_options: Any,
 ) -> Connection:
-    """Open a dpsql connection: load ``policy`` and its data, and act as ``analyst``."""
-    service = Service(policy, database, **service_options)
+    """Open a dpsql connection: load ``policy`` and its data, and act as ``analyst``.
+
+    The budget is spent in ``ledger``: a Ledger object, or the path of a durable SQLite ledger.
+    Without one, in the policy's ``[privacy] ledger`` file (a policy file always has one);
+    a dict policy without ``ledger`` spends an in-memory budget that every connection of this
+    process over the same data shares, so reconnecting never hands out a fresh budget (or
+    fresh noise for a repeated query), and warns once that it ends with the process.
+    """
+    loaded = policy if isinstance(policy, Policy) else load_policy(policy)
+    owned = None
+    if isinstance(ledger, str | os.PathLike):
+        from dpsql.privacy.sqlite_ledger import SQLiteLedger
+
+        ledger = owned = SQLiteLedger(Path(ledger))
+    elif ledger is None and loaded.ledger_path is None:
+        ledger, first = _process_ledger(loaded)
+        if first:
+            warnings.warn(
+                f"the privacy budget of dataset {loaded.dataset!r} is kept in memory: it lasts "
+                "only as long as this process (every connection of the process over the same "
+                "data shares it). To keep it across processes, name a ledger file: "
+                '[privacy] ledger = "budget.ledger.sqlite" in the policy, or '
+                'dpsql.connect(..., ledger="budget.ledger.sqlite")',
+                EphemeralBudgetWarning,
+                stacklevel=2,
+            )
+    try:
+        service = Service(loaded, database, ledger=ledger, **service_options)
+    except BaseException:
+        if owned is not None:
+            owned.close()
+        raise
     return Connection(service, analyst, owns_service=True)
+
+
+_PROCESS_LEDGERS: dict[str, MemoryLedger] = {}
+_PROCESS_LOCK = threading.Lock()
+
+
+def _process_ledger(policy: Policy) -> tuple[MemoryLedger, bool]:
+    """The in-memory ledger this process keeps for ``policy``'s data; True if it is new."""
+    key = data_identity(policy)
+    with _PROCESS_LOCK:
+        ledger = _PROCESS_LEDGERS.get(key)
+        if ledger is not None:
+            return ledger, False
+        ledger = _PROCESS_LEDGERS[key] = MemoryLedger()
+        return ledger, True
+
+
+def data_identity(policy: Policy) -> str:
+    """A canonical hash of what a policy protects: its dataset name and each table's source.
+
+    Only these count: a policy that changes a bound, the default ε or the budget's size over
+    the same data must not get a fresh budget. (The answer cache is keyed by plan and data
+    version, so sharing the ledger never replays an answer for another query.)
+    """
+    tables = sorted(
+        (name, table.source, str(table.source_path or "")) for name, table in policy.tables.items()
+    )
+    text = json.dumps([policy.dataset, tables], ensure_ascii=True)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()

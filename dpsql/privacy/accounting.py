@@ -28,6 +28,7 @@ probabilities add over the transcript however they were chosen.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from dataclasses import dataclass
@@ -35,18 +36,21 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
-# How far a running total of rho may exceed the Gaussian part's cap, relative to the cap.
+# How far a running total may exceed a cap, relative to the cap (each part: ε, δ, ρ).
 #
-# Epsilon and delta need no tolerance: every charge is recorded as the rational number that
-# was typed (see `exact`), the caps are exact rationals of the policy's numbers, and sums and
-# comparisons are exact, so ten charges of 0.1 fill a budget of 1 exactly. Rho is different:
-# both sides are computed floats, the cap from a square root and a logarithm
-# (`epsilon_to_rho`) and each Gaussian's rho = Δ₂²/2σ² from a numerically solved σ, so a
-# query whose rho equals the cap in real arithmetic may exceed it by a few ulps and would be
-# refused for rounding alone. The tolerance applies to the exact running *total*, never per
-# charge, so however many charges are made the Gaussian part can overspend by at most
-# rho_cap · 2⁻³⁰ (< 1e-9 relative): a fixed bound, not one that grows with the charges.
-RHO_SLACK = Fraction(1, 2**30)
+# Totals are exact and so are the pure caps, but the costs that reach the ledger are built
+# from floats: a planner splits ε across k measures as fl(ε/k), and k·fl(ε/k) can exceed ε by
+# a few ulps (ε = 0.1 over 7 measures does); ρ = Δ₂²/2σ² comes from a numerically solved σ
+# and its cap from a square root and a logarithm (`epsilon_to_rho`). Compared with no
+# tolerance, a query spending exactly what is left would be refused for rounding alone. The
+# tolerance applies to the exact running *total*, never per charge, so however many charges
+# are made (tiny or not) a part can overspend by at most cap · 2⁻⁴⁰ (< 1e-12 relative): a fixed
+# bound that does not grow with the number of charges. A zero cap allows nothing.
+SLACK = Fraction(1, 2**40)
+
+# A float that is a short decimal split k ways (k <= _SPLITS) is read as that rational.
+_SPLITS = 64
+_SHORT = 12  # significant digits a decimal may have to count as typed
 
 Amount = Fraction | float | int | Decimal | str
 
@@ -55,11 +59,14 @@ def exact(value: Amount) -> Fraction:
     """The rational a privacy parameter stands for.
 
     A float becomes the decimal of its shortest repr (0.1 is exactly 1/10), because that is
-    the number the analyst or the policy wrote: ten charges of 0.1 then sum to exactly 1. The
-    float a mechanism was calibrated with differs from that decimal by at most half an ulp
-    (2⁻⁵³ relative), so over any transcript the recorded total is within a factor 1 ± 2⁻⁵³ of
-    the loss of the calibrated mechanisms: a fixed relative bound, whatever the number of
-    charges. Fractions, ints, Decimals and strings ("1/3", "0.25") are taken as they are.
+    the number the analyst or the policy wrote: ten charges of 0.1 then sum to exactly 1. A
+    float whose repr is long but which is a short decimal divided by a small k (the planner's
+    fl(ε/k) share of a query's ε) becomes d/k, so the k shares add up to exactly ε. Either
+    way the result rounds back to the float (within half an ulp, 2⁻⁵³ relative), so the
+    recorded total is within a factor 1 ± 2⁻⁵³ of the loss of the calibrated mechanisms,
+    whatever the number of charges; and denominators stay bounded (powers of ten times
+    k <= 64), so exact sums stay cheap. Fractions, ints, Decimals and strings ("1/3",
+    "0.25") are taken as they are.
     """
     if isinstance(value, Fraction):
         return value
@@ -69,10 +76,30 @@ def exact(value: Amount) -> Fraction:
         number = float(value)
         if not math.isfinite(number):
             raise ValueError(f"a privacy parameter must be finite, got {number!r}")
-        return Fraction(repr(number))
+        return _from_float(number)
     if isinstance(value, Decimal | str):
         return Fraction(value)
     raise TypeError(f"a privacy parameter must be a number, got {type(value).__name__}")
+
+
+@functools.lru_cache(maxsize=4096)
+def _from_float(number: float) -> Fraction:
+    text = repr(number)
+    if _digits(text) <= _SHORT:
+        return Fraction(text)
+    for k in range(2, _SPLITS + 1):
+        scaled = repr(number * k)
+        if _digits(scaled) <= _SHORT:
+            candidate = Fraction(scaled) / k
+            if float(candidate) == number:
+                return candidate
+    return Fraction(text)
+
+
+def _digits(text: str) -> int:
+    """Significant digits of a float's repr ("0.00125" and "1.25e-03" have 3)."""
+    mantissa = text.lstrip("-").split("e")[0].replace(".", "")
+    return len(mantissa.strip("0")) or 1
 
 
 def _part(value: Any) -> Any:
@@ -179,7 +206,8 @@ class Budget:
 
     ``gaussian_share`` is the fraction of ε reserved for Gaussian (zCDP) releases; it takes
     half of δ for the ρ → (ε, δ) conversion when it is positive. The caps of the pure part are
-    exact rationals of these numbers; the ρ cap is the computed float, see :data:`RHO_SLACK`.
+    exact rationals of these numbers; the ρ cap is the computed float. Totals are compared
+    with them exactly, up to the fixed relative :data:`SLACK`.
     """
 
     epsilon: float
@@ -215,12 +243,11 @@ class Budget:
 
         Exact comparisons; NaN never fits (a non-finite part compares False with a cap).
         """
-        rho_cap = Fraction(self.rho)
-        if not total.exact_rho <= rho_cap * (1 + RHO_SLACK):
+        if not total.exact_rho <= Fraction(self.rho) * (1 + SLACK):
             return "rho"
-        if not total.exact_epsilon <= self.exact_pure_epsilon:
+        if not total.exact_epsilon <= self.exact_pure_epsilon * (1 + SLACK):
             return "epsilon"
-        if not total.exact_delta <= self.exact_pure_delta:
+        if not total.exact_delta <= self.exact_pure_delta * (1 + SLACK):
             return "delta"
         return None
 

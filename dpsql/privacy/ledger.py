@@ -17,6 +17,10 @@ from dpsql.errors import BudgetExhaustedError, InternalError
 from dpsql.privacy.accounting import Budget, Cost
 
 
+class EphemeralBudgetWarning(UserWarning):
+    """The budget lives in memory: it is forgotten when the process ends."""
+
+
 class Ledger(Protocol):
     def budget(self, analyst: str, dataset: str, default: Budget) -> Budget:
         """The analyst's budget: an administrator's override, else ``default``."""
