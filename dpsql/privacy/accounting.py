@@ -84,27 +84,26 @@ def exact(value: Amount) -> Fraction:
 
 @functools.lru_cache(maxsize=4096)
 def _from_float(number: float) -> Fraction:
-    text = repr(number)
-    if _digits(text) <= _SHORT:
-        return Fraction(text)
+    if (short := _short(number)) is not None:
+        return Fraction(short)
     for k in range(2, _SPLITS + 1):
-        scaled = repr(number * k)
-        if _digits(scaled) <= _SHORT:
-            candidate = Fraction(scaled) / k
-            if float(candidate) == number:
-                return candidate
-    return Fraction(text)
+        short = _short(number * k)
+        if short is not None and float(candidate := Fraction(short) / k) == number:
+            return candidate
+    return Fraction(repr(number))
 
 
-def _digits(text: str) -> int:
-    """Significant digits of a float's repr ("0.00125" and "1.25e-03" have 3)."""
-    mantissa = text.lstrip("-").split("e")[0].replace(".", "")
-    return len(mantissa.strip("0")) or 1
+def _short(number: float) -> str | None:
+    """A decimal of at most _SHORT significant digits that reads back as ``number``, or None."""
+    text = f"{number:.{_SHORT}g}"
+    return text if float(text) == number else None
 
 
 def _part(value: Any) -> Any:
     """A Cost part: exact when it is a finite number; a non-finite float stays as it is (the
     ledger refuses to charge it), and so does a non-number (e.g. ``pytest.approx``)."""
+    if type(value) is Fraction:  # sums of costs: the common case, first
+        return value
     if isinstance(value, float) and not math.isfinite(value):
         return value
     try:
@@ -214,11 +213,11 @@ class Budget:
     delta: float
     gaussian_share: float = 0.0
 
-    @property
+    @functools.cached_property
     def exact_pure_epsilon(self) -> Fraction:
         return exact(self.epsilon) * (1 - exact(self.gaussian_share))
 
-    @property
+    @functools.cached_property
     def exact_pure_delta(self) -> Fraction:
         whole = exact(self.delta)
         return whole / 2 if self.gaussian_share > 0 else whole
@@ -231,23 +230,39 @@ class Budget:
     def pure_delta(self) -> float:
         return float(self.exact_pure_delta)
 
-    @property
+    @functools.cached_property
     def rho(self) -> float:
         """The zCDP cap of the Gaussian part."""
         if self.gaussian_share <= 0:
             return 0.0
         return epsilon_to_rho(self.epsilon * self.gaussian_share, self.delta / 2)
 
+    @functools.cached_property
+    def exact_rho(self) -> Fraction:
+        """The ρ cap as the exact value of its float."""
+        return Fraction(self.rho)
+
+    @functools.cached_property
+    def _limits(self) -> tuple[Fraction, Fraction, Fraction]:
+        """What a total may reach in each part (ρ, ε, δ): the cap and its :data:`SLACK`."""
+        scale = 1 + SLACK
+        return (
+            self.exact_rho * scale,
+            self.exact_pure_epsilon * scale,
+            self.exact_pure_delta * scale,
+        )
+
     def _exceeds(self, total: Cost) -> str | None:
         """Which part ``total`` overspends ("rho", "epsilon", "delta"), or None if it fits.
 
         Exact comparisons; NaN never fits (a non-finite part compares False with a cap).
         """
-        if not total.exact_rho <= Fraction(self.rho) * (1 + SLACK):
+        rho, epsilon, delta = self._limits
+        if not total.exact_rho <= rho:
             return "rho"
-        if not total.exact_epsilon <= self.exact_pure_epsilon * (1 + SLACK):
+        if not total.exact_epsilon <= epsilon:
             return "epsilon"
-        if not total.exact_delta <= self.exact_pure_delta * (1 + SLACK):
+        if not total.exact_delta <= delta:
             return "delta"
         return None
 
@@ -264,7 +279,7 @@ class Budget:
         """(ε, δ) still available, for messages and ``dpsql budget`` (computed exactly)."""
         eps = float(max(Fraction(0), self.exact_pure_epsilon - total.exact_epsilon))
         if self.gaussian_share > 0:
-            left_rho = max(Fraction(0), Fraction(self.rho) - total.exact_rho)
+            left_rho = max(Fraction(0), self.exact_rho - total.exact_rho)
             eps += rho_to_epsilon(float(left_rho), self.delta / 2)
         return eps, float(max(Fraction(0), self.exact_pure_delta - total.exact_delta))
 

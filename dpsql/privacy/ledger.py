@@ -180,11 +180,17 @@ class MemoryLedger:
         return self._spent.get((analyst, dataset), Cost())
 
     def check(self, analyst: str, dataset: str, cost: Cost, default: Budget) -> None:
+        self._total_after(analyst, dataset, cost, default)
+
+    def _total_after(self, analyst: str, dataset: str, cost: Cost, default: Budget) -> Cost:
+        """The total with ``cost`` added, or :class:`BudgetExhaustedError` if it overspends."""
         validate_cost(cost)
         budget = self.budget(analyst, dataset, default)
         spent = self.spent(analyst, dataset)
-        if not budget.covers(spent + cost):
+        total = spent + cost
+        if not budget.covers(total):
             raise exhausted(analyst, budget, spent, cost)
+        return total
 
     def charge(
         self,
@@ -199,8 +205,7 @@ class MemoryLedger:
         answer: str | None = None,
     ) -> None:
         with self._lock:
-            self.check(analyst, dataset, cost, default)
-            self._spent[(analyst, dataset)] = self.spent(analyst, dataset) + cost
+            self._spent[(analyst, dataset)] = self._total_after(analyst, dataset, cost, default)
             self.log.append((analyst, dataset, cost, query_text, plan_hash))
             self._charged.add((analyst, dataset))
             if cache_key is not None and answer is not None:

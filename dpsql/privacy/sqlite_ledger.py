@@ -195,7 +195,7 @@ def _private_file(path: Path) -> None:
 
 
 def _tighten(path: Path) -> None:
-    """Make an existing ledger file owner-only (0600), warning once that it was not."""
+    """Make an existing ledger file owner-only (0600), with a warning that it was not."""
     try:
         mode = stat.S_IMODE(os.stat(path).st_mode)
     except FileNotFoundError:
