@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from sqlglot import exp
 
+from dpsql.boundary import charged_boundary, post_processing_boundary
 from dpsql.engine.base import open_engine
 from dpsql.engine.duckdb_engine import EngineResult, QueryHandle
 from dpsql.engine.scratch import NotPlain, Projection, Scratch, cast_value, plain_projection
@@ -45,6 +46,15 @@ from dpsql.sql.compile import CompiledQuery, compile_plan
 from dpsql.sql.domains import SQL_TYPES, key_domain
 from dpsql.sql.plan import Plan, build_plan
 from dpsql.sql.rows import pattern_counts_sql
+from dpsql.sql.typecheck import (
+    ShadowTypes,
+    check_binds,
+    lower_key,
+    released_key_type,
+    type_query,
+)
+
+DOMAIN_CACHE_SIZE = 4096  # (analyst, table, key) entries
 
 TYPE_CODES = {
     "BIGINT": "BIGINT",
@@ -288,8 +298,10 @@ class Service:
         self.ledger: Ledger = ledger if ledger is not None else self._default_ledger()
         self.noise = noise if noise is not None else default_source()
         self.cache = cache
-        self._domain_cache: dict[tuple[str, str], tuple | None] = {}
-        self._typed = _CheckedSet()
+        self.shadow = ShadowTypes(self.policy)
+        # Per analyst: a warm entry is faster than a cold one, so a shared cache would let one
+        # analyst time whether another asked the same shape (docs/threat_model.md).
+        self._domain_cache: OrderedDict[tuple[str, str, str], tuple | None] = OrderedDict()
         self._post_checked = _CheckedSet()
         self._lock = threading.Lock()
         # plan_cache: how many statement texts keep their checked plan (0: none).
@@ -310,15 +322,16 @@ class Service:
     def close(self) -> None:
         self.engine.close()
         self.scratch.close()
+        self.shadow.close()
         close_ledger = getattr(self.ledger, "close", None)
         if close_ledger is not None:
             close_ledger()
 
     # -- planning ----------------------------------------------------------------------------
-    def _domains(self, query: BoundQuery) -> list[tuple | None]:
+    def _domains(self, query: BoundQuery, analyst: str) -> list[tuple | None]:
         out = []
         for key in query.keys:
-            cache_key = (query.table.name, key.sql)
+            cache_key = (analyst, query.table.name, key.sql)
             with self._lock:
                 known = cache_key in self._domain_cache
                 domain = self._domain_cache.get(cache_key)
@@ -326,30 +339,21 @@ class Service:
                 domain = key_domain(key, query.table, self.policy.max_bins, self.scratch.rows)
                 with self._lock:
                     self._domain_cache[cache_key] = domain
+                    while len(self._domain_cache) > DOMAIN_CACHE_SIZE:
+                        self._domain_cache.popitem(last=False)
             out.append(domain)
         return out
 
-    def _check_types(self, query: BoundQuery) -> None:
-        """Type-check WHERE and GROUP BY on the empty shadow table (no data involved).
+    def plan(self, query: BoundQuery, settings: Settings, analyst: str = "") -> Plan:
+        """Type the query (refusals are free: schema only), find its domains, plan it.
 
-        Engine SQL evaluates these under TRY (so a data-dependent failure cannot act as a
-        membership oracle); a mistyped literal would then silently filter every row. Checking
-        against the schema alone turns it into an error that depends on the query text only.
+        Typing runs on every planning, never from a shared cache, so it takes the same time
+        whoever asked the same shape before.
         """
-        expressions = [k.sql for k in query.keys]
-        if query.where is not None:
-            expressions.append(query.where.sql(dialect=DIALECT))
-        key = (query.table.name, tuple(expressions))
-        if key in self._typed:
-            return
-        self.scratch.check_types(query.table.name, expressions)
-        self._typed.add(key)
-
-    def plan(self, query: BoundQuery, settings: Settings) -> Plan:
-        self._check_types(query)
+        query = type_query(query, self.shadow)
         return build_plan(
             query,
-            self._domains(query),
+            self._domains(query, analyst),
             epsilon=settings.epsilon,
             delta=settings.delta,
             mechanism=settings.mechanism,
@@ -383,11 +387,11 @@ class Service:
         if isinstance(statement, ExplainStatement):
             if isinstance(statement.query, RuleListCall):
                 return self.explain_rule_list(self._plan_rule_list(statement.query, settings))
-            return self.explain(self.plan(statement.query, settings))
+            return self.explain(self.plan(statement.query, settings, analyst))
         if isinstance(statement, RuleListCall):
             return self.run_rule_list(statement, settings, analyst, handle)
         assert isinstance(statement, BoundQuery)
-        return self._run(self._prepare(key, statement, settings), analyst, handle)
+        return self._run(self._prepare(key, statement, settings, analyst), analyst, handle)
 
     def _lookup(self, key: tuple | None) -> _Prepared | None:
         """The cached statement for ``key``, unless its table's data version changed."""
@@ -400,9 +404,11 @@ class Service:
         self._plans.discard(key)  # type: ignore[arg-type]
         return None
 
-    def _prepare(self, key: tuple | None, statement: BoundQuery, settings: Settings) -> _Prepared:
+    def _prepare(
+        self, key: tuple | None, statement: BoundQuery, settings: Settings, analyst: str
+    ) -> _Prepared:
         """Plan a bound query (refusals raise here, before anything is stored) and cache it."""
-        prepared = _Prepared(self.plan(statement, settings))
+        prepared = _Prepared(self.plan(statement, settings, analyst))
         if key is not None:
             self._plans.put(key, prepared)
         return prepared
@@ -428,41 +434,54 @@ class Service:
         if cache_key is not None:
             answer = self.ledger.cached(analyst, dataset, cache_key)
             if answer is not None:
-                return self._finish(
-                    plan, _decode(answer), cost=None, cached=True, prepared=prepared
-                )
+                with post_processing_boundary():
+                    return self._finish(
+                        plan, _decode(answer), cost=None, cached=True, prepared=prepared
+                    )
         self.ledger.check(analyst, dataset, plan.cost, self.policy.budget)
         if not prepared.post_checked:
-            self._dry_run_post(plan)
+            self._dry_run_post(plan, analyst)
             prepared.post_checked = True
         for m in plan.measures:  # a scale the sampler cannot draw: refuse before reading data
             try:
                 m.mechanism.sample(self.noise, 0)
-            except ValueError as exc:
+            except ValueError:
                 raise DataError(
-                    f"cannot draw noise for {m.kind}({m.column or '*'}): {exc}",
+                    f"cannot draw noise for {m.kind}({m.column or '*'}): the noise scale is "
+                    "too large for the exact sampler",
                     sqlstate="22023",
                     construct="epsilon",
-                    hint="the noise scale is too large: raise epsilon (SET epsilon = ...); "
-                    "nothing was spent",
+                    hint="raise epsilon (SET epsilon = ...), or narrow the column's declared "
+                    "bounds; nothing was spent",
                 ) from None
         compiled = self._compiled(prepared)
-        result: EngineResult = self.engine.execute(compiled, handle)
-        released = release(plan, result, self.noise)
-        key_types = [type_code(t) for t in result.key_types] or self._key_types(plan)
-        encoded = _encode(released, key_types)
+        self._reserve(analyst, plan.cost, plan.query.text, fingerprint)
+        with charged_boundary():
+            result: EngineResult = self.engine.execute(compiled, handle)
+            released = release(plan, result, self.noise)
+            key_types = self._key_types(plan)  # from the plan: the same on every dataset
+            encoded = _encode(released, key_types)
+            # Decode what is stored, so a fresh answer and its cached replay look the same.
+            answer = _decode(encoded)
+            if cache_key is not None:
+                self.ledger.remember(analyst, dataset, cache_key, encoded)
+        with post_processing_boundary():
+            return self._finish(plan, answer, cost=plan.cost, cached=False, prepared=prepared)
+
+    def _reserve(self, analyst: str, cost: Any, query_text: str, plan_hash: str) -> None:
+        """Pay before reading: charge the cost, durably, before the engine reads a row.
+
+        Raises BudgetExhaustedError (nothing written) when another query of the analyst's
+        spent the budget since the check. From here on every failure is charged.
+        """
         self.ledger.charge(
             analyst,
-            dataset,
-            plan.cost,
+            self.policy.dataset,
+            cost,
             self.policy.budget,
-            query_text=plan.query.text,
-            plan_hash=fingerprint,
-            cache_key=cache_key,
-            answer=encoded,
+            query_text=query_text,
+            plan_hash=plan_hash,
         )
-        # Decode what was stored, so a fresh answer and its cached replay look the same.
-        return self._finish(plan, _decode(encoded), cost=plan.cost, cached=False, prepared=prepared)
 
     def show_budget(self, analyst: str) -> Result:
         """``SHOW budget``: the analyst's own spent and remaining budget (costs nothing)."""
@@ -516,7 +535,11 @@ class Service:
                     hint="arguments: " + ", ".join(sorted(known - {"cut_points"})),
                 )
         arguments.pop("cut_points", None)
-        return plan_rule_list(call.table, **arguments)
+        plan = plan_rule_list(call.table, **arguments)
+        # Generated from the policy and typed arguments; bound here on the empty shadow too,
+        # so that a type error is a free refusal and never an engine error after the reserve.
+        check_binds(self.shadow, call.table.name, [*plan.feature_sql, plan.label_sql])
+        return plan
 
     def run_rule_list(
         self, call: RuleListCall, settings: Settings, analyst: str, handle: QueryHandle | None
@@ -544,32 +567,27 @@ class Service:
             self.ledger.check(analyst, dataset, plan.cost, self.policy.budget)
             columns = [f"f{i}" for i in range(len(plan.feature_sql))] + ["y"]
             sql = pattern_counts_sql(call.table, plan.select_list(), columns, secrets.randbits(62))
-            counted = self.engine.fetch_matrix(sql, handle)
-            # Counts were computed in the engine; the learner takes one row per sample.
-            matrix = np.repeat(counted[:, :-1], counted[:, -1], axis=0).astype(np.int8)
-            released = release_rule_list(plan, matrix[:, :-1], matrix[:, -1], self.noise)
-            answer = json.dumps(
-                {"rows": [list(r) for r in released.rows], "notes": list(released.notes)}
-            )
-            self.ledger.charge(
-                analyst,
-                dataset,
-                plan.cost,
-                self.policy.budget,
-                query_text=call.text,
-                plan_hash=fingerprint,
-                cache_key=cache_key,
-                answer=answer,
-            )
+            self._reserve(analyst, plan.cost, call.text, fingerprint)
+            with charged_boundary():
+                counted = self.engine.fetch_matrix(sql, handle)
+                # Counts were computed in the engine; the learner takes one row per sample.
+                matrix = np.repeat(counted[:, :-1], counted[:, -1], axis=0).astype(np.int8)
+                released = release_rule_list(plan, matrix[:, :-1], matrix[:, -1], self.noise)
+                answer = json.dumps(
+                    {"rows": [list(r) for r in released.rows], "notes": list(released.notes)}
+                )
+                if cache_key is not None:
+                    self.ledger.remember(analyst, dataset, cache_key, answer)
             cost = plan.cost
-        data = json.loads(answer)
-        rows = [tuple(r) for r in data["rows"]]
-        description, out_rows = self.scratch.post_process(
-            call.post.sql(dialect=DIALECT),
-            [c for c, _ in COLUMNS],
-            [t for _, t in COLUMNS],
-            rows,
-        )
+        with post_processing_boundary():
+            data = json.loads(answer)
+            rows = [tuple(r) for r in data["rows"]]
+            description, out_rows = self.scratch.post_process(
+                call.post.sql(dialect=DIALECT),
+                [c for c, _ in COLUMNS],
+                [t for _, t in COLUMNS],
+                rows,
+            )
         result = Result(
             [(n, type_code(t)) for n, t in description],
             [tuple(_convert(v) for v in r) for r in out_rows],
@@ -599,7 +617,10 @@ class Service:
         return Result(EXPLAIN_COLUMNS, rows, status="EXPLAIN")
 
     def _key_types(self, plan: Plan) -> list[str]:
-        types = self.scratch.types(plan.query.table.name, [k.key.sql for k in plan.keys])
+        """DB-API type codes of the released keys (as :func:`lower_key` casts them)."""
+        if all(k.key.type is not None for k in plan.keys):
+            return [type_code(released_key_type(k.key.type)) for k in plan.keys]  # type: ignore[arg-type]
+        types = self.shadow.types(plan.query.table.name, [lower_key(k.key) for k in plan.keys])
         return [type_code(t) for t in types]
 
     def describe(
@@ -619,7 +640,7 @@ class Service:
         if prepared is None:
             statement = parse_statement(text, self.policy, parameters)
             if isinstance(statement, BoundQuery):
-                prepared = self._prepare(key, statement, settings)
+                prepared = self._prepare(key, statement, settings, analyst)
         if prepared is not None:
             plan = prepared.plan
             empty = {
@@ -640,7 +661,7 @@ class Service:
             return self.execute(text, parameters, settings, "").description
         return []
 
-    def _dry_run_post(self, plan: Plan) -> None:
+    def _dry_run_post(self, plan: Plan, analyst: str) -> None:
         """Run post-processing on one fixed, public dummy row before anything is spent.
 
         The row (NULL keys, every aggregate 1) depends on nothing private, so refusing a
@@ -666,7 +687,12 @@ class Service:
         if all(isinstance(node, trivial) for node in post.walk()):
             return
         # The same post-processing text reads keys k0.. whose types depend on the GROUP BY.
-        key = (plan.query.table.name, tuple(k.key.sql for k in plan.keys), post.sql(DIALECT))
+        key = (
+            analyst,
+            plan.query.table.name,
+            tuple(k.key.sql for k in plan.keys),
+            post.sql(DIALECT),
+        )
         if key in self._post_checked:
             return
         n = len(plan.outputs)

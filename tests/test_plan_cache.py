@@ -256,9 +256,9 @@ def test_the_cache_is_bounded_and_can_be_off() -> None:
 
 def test_plan_cache_zero_plans_every_call() -> None:
     class Recording(Service):
-        def plan(self, query: Any, settings: Settings) -> Any:
+        def plan(self, query: Any, settings: Settings, analyst: str = "") -> Any:
             self.calls = getattr(self, "calls", 0) + 1
-            return super().plan(query, settings)
+            return super().plan(query, settings, analyst)
 
     service = Recording(FIXTURE, ledger=MemoryLedger(), cache=False, plan_cache=0)
     cur = _cursor(service)

@@ -270,8 +270,8 @@ class RecordingService(Service):
 
         self.engine = Recorder()  # type: ignore[assignment]
 
-    def plan(self, query: Any, settings: Any) -> Plan:
-        plan = super().plan(query, settings)
+    def plan(self, query: Any, settings: Any, analyst: str = "") -> Plan:
+        plan = super().plan(query, settings, analyst)
         if self.tau is not None and plan.threshold is not None:
             plan = replace(plan, threshold=replace(plan.threshold, tau=self.tau))
         self.plans.append(plan)

@@ -20,6 +20,7 @@ from dpsql.errors import PrivacyError
 from dpsql.privacy.mechanisms import Gaussian, Mechanism
 from dpsql.privacy.samplers import NoiseSource
 from dpsql.sql.plan import Measure, OutputAggregate, Plan
+from dpsql.sql.typecheck import canonical_key_value, key_sort_value
 
 INTERVAL_DRAWS = 2000
 
@@ -35,13 +36,16 @@ class Released:
 
 
 def _canonical(key: tuple) -> tuple:
-    """Sort key for group keys: by value, NULL last (each key column holds one type)."""
-    return tuple((True, 0) if v is None else (False, v) for v in key)
+    """Sort key for group keys: a total order (NaN after every number, NULL last; each key
+    column holds one type), so the release order depends on the released keys only."""
+    return tuple(key_sort_value(v) for v in key)
 
 
 def group_index(plan: Plan, result: EngineResult) -> tuple[list[tuple], np.ndarray]:
     """The groups to release and, per measure, the exact value of each (0 for empty bins)."""
     n_measures = len(plan.measures)
+    # One Python value per key value (NaN is one object, so dict look-ups find it).
+    key_rows = [tuple(canonical_key_value(v) for v in key) for key in result.key_rows]
     if not plan.keys:
         exact = np.array([[m[0] if m else 0 for m in result.measures]], dtype=object).reshape(
             1, n_measures
@@ -58,7 +62,7 @@ def group_index(plan: Plan, result: EngineResult) -> tuple[list[tuple], np.ndarr
     else:
         # Sorted: the engine's (hash-table) row order depends on every key present, including
         # keys that thresholding suppresses, so releasing it would leak them.
-        groups = sorted(dict.fromkeys(result.key_rows), key=_canonical)
+        groups = sorted(dict.fromkeys(key_rows), key=_canonical)
         # A public key's value outside its declared domain is dropped here too (a row-level
         # plan does not filter such rows in the engine).
         domains = [set(kp.domain) if kp.domain is not None else None for kp in plan.keys]
@@ -67,7 +71,7 @@ def group_index(plan: Plan, result: EngineResult) -> tuple[list[tuple], np.ndarr
         ]
     position = {g: i for i, g in enumerate(groups)}
     exact = np.zeros((len(groups), n_measures), dtype=object)
-    for row, key in enumerate(result.key_rows):
+    for row, key in enumerate(key_rows):
         i = position.get(key)
         if i is None:  # outside the public domain: never released
             continue

@@ -15,6 +15,7 @@ See docs/rulelist.md for the wiring and the guarantees.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +80,82 @@ def _literal(value: Any) -> str:
     if isinstance(value, int | float):
         return repr(value)
     return "'" + str(value).replace("'", "''") + "'"
+
+
+_NUMBER = (int, float)
+# Python types each SQL argument may take (after binding); bool is never a number here.
+_ARGUMENT_TYPES: dict[str, tuple[tuple[type, ...], str, bool]] = {
+    # name: (types, what to say, may be None)
+    "label": ((str,), "a column name in quotes, e.g. label => 'income'", False),
+    "features": ((str, list, tuple), "a quoted list of column names, e.g. 'age, sex'", True),
+    "epsilon": (_NUMBER, "a number, e.g. epsilon => 1.0", False),
+    "delta": (_NUMBER, "a number, e.g. delta => 1e-6", True),
+    "max_length": ((int,), "a whole number, e.g. max_length => 5", False),
+    "min_support": (_NUMBER, "a number, e.g. min_support => 0.05", False),
+    "mechanism": ((str,), "a quoted name, e.g. mechanism => 'smooth_laplace'", False),
+    "confidence": (_NUMBER, "a number, e.g. confidence => 0.99", False),
+    "max_card": ((int,), "a whole number, e.g. max_card => 2", False),
+    "strict_sensitivity": ((bool,), "true or false", False),
+}
+
+
+def _check_argument_types(**arguments: Any) -> None:
+    """Each argument has the Python type its use expects, or a refusal naming it.
+
+    A mistyped argument would otherwise surface later as a Python error, or as an engine
+    cast that fails only on some rows (after data was read).
+    """
+    for name, value in arguments.items():
+        types, say, optional = _ARGUMENT_TYPES[name]
+        if value is None and optional:
+            continue
+        ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+        if ok and name == "features" and not isinstance(value, str):
+            ok = all(isinstance(v, str) for v in value)
+        if not ok:
+            raise ProgrammingError(
+                f"dp_rule_list argument {name} has the wrong type",
+                sqlstate="42804",
+                construct=name,
+                hint=f"pass {name} => {say}",
+            )
+
+
+def _typed_positive(label: ColumnPolicy, positive: Any) -> str:
+    """SQL literal of ``positive`` in the label column's own type, or a refusal.
+
+    The comparison ``label = positive`` must not need an implicit cast: a cast of the column
+    could fail on some rows only, after data was read.
+    """
+    wanted = {
+        "text": ((str,), "a quoted string"),
+        "int": ((int,), "a whole number"),
+        "float": (_NUMBER, "a number"),
+        "bool": ((bool,), "true or false"),
+        "date": ((str,), "a date in quotes, 'YYYY-MM-DD'"),
+    }[label.type]
+    types, say = wanted
+    ok = isinstance(positive, types) and not (isinstance(positive, bool) and bool not in types)
+    if ok and label.type == "float":
+        ok = np.isfinite(float(positive))
+    if ok and label.type == "date":
+        try:
+            dt.date.fromisoformat(positive)
+            ok = len(positive) == 10
+        except ValueError:
+            ok = False
+    if not ok:
+        raise ProgrammingError(
+            f"positive => does not match the type of label column {label.name!r} ({label.type})",
+            sqlstate="42804",
+            construct="positive",
+            hint=f"pass positive => {say}",
+        )
+    if label.type == "date":
+        return f"DATE '{positive}'"
+    if label.type == "float":
+        return f"CAST({float(positive)!r} AS DOUBLE)"
+    return _literal(positive)
 
 
 def _fmt_num(v: float) -> str:
@@ -148,6 +225,18 @@ def plan_rule_list(
     rows, missing δ for smooth_laplace / global_gaussian (n is private, so the paper's 1/n²
     default is not available here), and candidate sets too large to hold in memory.
     """
+    _check_argument_types(
+        label=label,
+        features=features,
+        epsilon=epsilon,
+        delta=delta,
+        max_length=max_length,
+        min_support=min_support,
+        mechanism=mechanism,
+        confidence=confidence,
+        max_card=max_card,
+        strict_sensitivity=strict_sensitivity,
+    )
     cols = {name.lower(): c for name, c in table.columns.items()}
     lab = cols.get(label.lower())
     if lab is None:
@@ -165,6 +254,7 @@ def plan_rule_list(
                 hint=f"pass positive => a value of {lab.name}",
             )
         positive = True
+    positive_sql = _typed_positive(lab, positive)
     if lab.values is not None and positive not in lab.values:
         raise ProgrammingError(
             f"positive => {positive!r} is not among the declared values of {lab.name!r}",
@@ -234,7 +324,7 @@ def plan_rule_list(
             hint="name fewer columns in features => '...' or use max_card => 1",
         )
     feature_sql = tuple(f"CASE WHEN {f.sql} THEN 1 ELSE 0 END" for f in feats)
-    label_sql = f"CASE WHEN {quote_ident(lab.name)} = {_literal(positive)} THEN 1 ELSE 0 END"
+    label_sql = f"CASE WHEN {quote_ident(lab.name)} = {positive_sql} THEN 1 ELSE 0 END"
     return RuleListPlan(
         table.name,
         lab.name,

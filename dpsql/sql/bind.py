@@ -180,6 +180,7 @@ class GroupKey:
     expr: exp.Expression
     columns: tuple[str, ...]
     position: Position | None = field(default=None, compare=False)  # in the analyst's text
+    type: str | None = None  # its DuckDB type, set by dpsql.sql.typecheck before planning
 
     @property
     def sql(self) -> str:
@@ -256,6 +257,7 @@ def parse_statement(
     text: str, policy: Policy, parameters: Sequence[Any] | None = None
 ) -> Statement:
     """Parse and bind one statement of analyst SQL."""
+    _check_unicode(text, parameters)
     head = _first_word(text)
     if head in ("SHOW", "RESET"):
         return _setting_command(head, text)
@@ -299,6 +301,29 @@ def parse_statement(
             "pass the values as execute(sql, parameters)",
         )
     return bind_tree(tree, text, policy)
+
+
+def _check_unicode(text: str, parameters: Sequence[Any] | None) -> None:
+    """Refuse text that is not valid Unicode (a lone surrogate such as U+DC80), before parsing.
+
+    Such text cannot be stored, logged or sent back: if it reached the ledger it would fail
+    *after* the engine ran, so it is refused here, where a refusal is free.
+    """
+    pieces = [("query text", text)]
+    pieces += [
+        (f"parameter {i + 1}", p) for i, p in enumerate(parameters or ()) if isinstance(p, str)
+    ]
+    for what, piece in pieces:
+        try:
+            piece.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise SQLSyntaxError(
+                f"the {what} is not valid Unicode (a lone surrogate code point)",
+                sqlstate="22021",
+                construct=what,
+                position=offset_position(text, exc.start) if what == "query text" else None,
+                hint="send UTF-8 text; remove or replace the invalid character",
+            ) from None
 
 
 def _first_word(text: str) -> str:
@@ -587,6 +612,14 @@ class _Binder:
                     "e.g. label => 'income', epsilon => 1.0",
                 )
             value_node = arg.expression
+            if isinstance(value_node, exp.Neg) and not (
+                isinstance(value_node.this, exp.Literal) and not value_node.this.is_string
+            ):
+                raise self.refuse(
+                    "dp_rule_list arguments are name => literal",
+                    arg,
+                    "a negative argument is a minus sign before a number, e.g. -1.5",
+                )
             if isinstance(value_node, exp.Boolean):
                 value: Any = value_node.this
             elif isinstance(value_node, exp.Neg):

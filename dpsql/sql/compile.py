@@ -41,6 +41,7 @@ from dpsql.sql.domains import SQL_TYPES
 from dpsql.sql.identifiers import quote_ident as _q
 from dpsql.sql.plan import Measure, Plan
 from dpsql.sql.safety import where_conditions
+from dpsql.sql.typecheck import lower_key
 
 KEYED_HASH = "DP_KEYED_HASH"
 
@@ -278,13 +279,10 @@ def _is_constant_case(node: exp.Expression) -> bool:
 
 
 def _key_select(plan: Plan) -> list[str]:
-    """Key expressions: TRY(...) so a failing row gets a NULL key instead of failing the query
-    (an error would reveal that such a row exists); a bare column cannot fail."""
-    out = []
-    for kp in plan.keys:
-        sql = kp.key.sql
-        out.append(sql if isinstance(kp.key.expr, exp.Column) else f"TRY({sql})")
-    return out
+    """Key expressions as :func:`dpsql.sql.typecheck.lower_key` makes them releasable: under
+    TRY (a failing row gets a NULL key; an error would reveal that such a row exists), cast
+    to the released type, dates outside years 1..9999 as NULL."""
+    return [lower_key(kp.key) for kp in plan.keys]
 
 
 def compile_plan(plan: Plan, secret: int) -> CompiledQuery:

@@ -9,6 +9,7 @@ domain is public whatever function of the column the key applies.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -111,17 +112,21 @@ def key_domain(
     if total > MAX_ENUMERATION or (isinstance(key.expr, exp.Column) and total > max_bins):
         return None
     source = " CROSS JOIN ".join(f"{r} AS t{i}" for i, r in enumerate(relations))
-    # TRY, as the engine evaluates keys: a value on which the key fails becomes the NULL bin.
-    rows = evaluate(f"SELECT DISTINCT TRY({key.sql}) FROM {source} LIMIT {max_bins + 1}")
+    from dpsql.sql.typecheck import canonical_key_value, lower_key
+
+    # Lowered as the engine lowers keys (under TRY, cast to the released type): a value on
+    # which the key fails becomes the NULL bin, and the bins are the values the engine yields.
+    rows = evaluate(f"SELECT DISTINCT {lower_key(key)} FROM {source} LIMIT {max_bins + 1}")
     if len(rows) > max_bins:
         return None
-    return _ordered([r[0] for r in rows])
+    return _ordered([canonical_key_value(r[0]) for r in rows])
 
 
 def _ordered(values: Sequence[Any]) -> tuple:
-    present = [v for v in values if v is not None]
-    try:
-        present = sorted(present)
-    except TypeError:
-        present = list(present)
-    return tuple(present) + ((None,) if len(present) != len(values) else ())
+    """Distinct values in the release's total order: NaN after every number, NULL last."""
+    from dpsql.sql.typecheck import canonical_key_value, key_sort_value
+
+    present = list(dict.fromkeys(canonical_key_value(v) for v in values if v is not None))
+    with contextlib.suppress(TypeError):
+        present = sorted(present, key=key_sort_value)
+    return tuple(present) + ((None,) if any(v is None for v in values) else ())

@@ -97,9 +97,11 @@ def cannot_fail(node: exp.Expression, table: TablePolicy) -> bool:
     if isinstance(node, exp.Column):
         return _family(node, table) == "bool"
     if isinstance(node, exp.Is):
-        return _family(node.this, table) is not None and isinstance(
-            node.expression, exp.Null | exp.Boolean
-        )
+        # IS NULL never casts; IS TRUE / IS FALSE casts a non-BOOLEAN operand (which can fail).
+        family = _family(node.this, table)
+        if isinstance(node.expression, exp.Null):
+            return family is not None
+        return isinstance(node.expression, exp.Boolean) and family in ("bool", "null")
     if isinstance(node, COMPARISON_NODES):
         return _same_family(node.this, node.expression, table)
     if isinstance(node, exp.In):

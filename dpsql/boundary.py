@@ -1,0 +1,79 @@
+"""Pay before reading, then fail uniformly: the second privacy-boundary invariant.
+
+Once a query's cost is reserved and the engine may have read a row, what reaches the analyst
+is either the released answer or one fixed error that names no value, whose cost stands.
+Anything else (an engine error, a Python TypeError on an odd value, a failed ledger write)
+could depend on the data and would be an oracle: the error text, its class or its SQLSTATE
+would differ between neighbouring datasets. The operator still sees the cause in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from dpsql.errors import DataError, OperationalError
+
+log = logging.getLogger("dpsql.boundary")
+
+FAILED_AFTER_READ = "the query failed after it started reading data; its cost was charged"
+POST_PROCESSING_FAILED = (
+    "post-processing of the released (noisy) values failed; the query's cost was charged"
+)
+CANCELLED_AFTER_READ = "query cancelled after it started reading data; its cost was charged"
+CANCELLED = "57014"
+
+
+class ChargedFailure(OperationalError):
+    """The one error a query can end with after its cost was charged (SQLSTATE 58000)."""
+
+    sqlstate = "58000"
+
+
+class ChargedPostProcessingFailure(DataError):
+    """Post-processing (HAVING, ORDER BY, expressions over the aggregates) failed on the
+    released values. Those are already private, so saying *that* it was post-processing is
+    safe; the engine's text (which quotes the noisy values) is still not passed on."""
+
+
+@contextmanager
+def post_processing_boundary() -> Iterator[None]:
+    """Post-processing failures after the charge: one fixed message (SQLSTATE 22000)."""
+    try:
+        yield
+    except Exception:
+        log.info("post-processing failed after the query's cost was charged", exc_info=True)
+        raise ChargedPostProcessingFailure(
+            POST_PROCESSING_FAILED,
+            construct="SELECT list / HAVING / ORDER BY",
+            hint="check casts, divisions and overflows in expressions over the aggregates; "
+            "re-running the same query replays the same released values at no cost",
+        ) from None
+
+
+@contextmanager
+def charged_boundary() -> Iterator[None]:
+    """Turn every failure inside the block into :class:`ChargedFailure` (a cancel stays 57014)."""
+    try:
+        yield
+    except OperationalError as exc:
+        if exc.sqlstate == CANCELLED:
+            raise ChargedFailure(
+                CANCELLED_AFTER_READ,
+                sqlstate=CANCELLED,
+                hint="the budget for this query was spent; re-running it costs again",
+            ) from None
+        log.info("query failed after its cost was charged", exc_info=True)
+        raise _failed() from None
+    except Exception:
+        log.info("query failed after its cost was charged", exc_info=True)
+        raise _failed() from None
+
+
+def _failed() -> ChargedFailure:
+    return ChargedFailure(
+        FAILED_AFTER_READ,
+        hint="no detail is given, since it could depend on the data; re-running it costs "
+        "again; if it keeps failing, report the query to the operator",
+    )

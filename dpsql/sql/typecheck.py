@@ -1,0 +1,252 @@
+"""Every expression typed before it runs: boolean conditions, whitelisted group-key types.
+
+The privacy boundary's first invariant (docs/threat_model.md): before the engine sees a query,
+the type of every condition and every GROUP BY key is known from the policy's schema alone.
+Types come from DuckDB's own binder run on *empty* copies of the policy's tables, so they are
+exactly the types the engine will use, and a refusal depends on the query text and the policy
+only (no row is involved, so it is free and the same on every dataset).
+
+What is enforced, and why:
+
+- **Conditions are BOOLEAN.** A WHERE conjunct, an operand of AND / OR / NOT, a CASE WHEN or
+  IF condition and the operand of IS [NOT] TRUE / FALSE must have type BOOLEAN. Otherwise the
+  engine inserts an implicit VARCHAR -> BOOLEAN (or DATE -> BOOLEAN ...) cast, which fails on
+  some rows only: a data-dependent error is a free membership oracle. A non-BOOLEAN condition
+  under ``TRY(...)`` would also be cast *outside* the TRY.
+- **Group keys are scalars from a short whitelist** (integers, DOUBLE, DECIMAL, VARCHAR,
+  BOOLEAN, DATE, TIMESTAMP), lowered so that every value the engine can produce is one the
+  release can encode, order and compare: DECIMAL and wide integers become DOUBLE / BIGINT,
+  dates and timestamps outside years 1..9999 become NULL (Python cannot represent them),
+  and NaN gets one canonical place (:func:`canonical_key_value`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from decimal import Decimal
+from typing import Any
+
+import duckdb
+from sqlglot import exp
+
+from dpsql.errors import DataError, ProgrammingError
+from dpsql.policy import Policy
+from dpsql.sql.bind import DIALECT, BoundQuery, GroupKey
+from dpsql.sql.domains import SQL_TYPES
+from dpsql.sql.identifiers import quote_ident
+from dpsql.sql.positions import position_of, snippet
+from dpsql.sql.safety import conjuncts
+
+BOOLEAN_TYPES = frozenset({"BOOLEAN", '"NULL"'})
+
+# Key types released as they are (after the lowering below); anything else is refused.
+_SMALL_INTEGERS = frozenset({"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT"})
+_WIDE_INTEGERS = frozenset({"UINTEGER", "UBIGINT", "HUGEINT", "UHUGEINT"})
+_DECIMAL = re.compile(r"DECIMAL\(\d+,\s*\d+\)")
+KEY_TYPES_HINT = "integers, DOUBLE, DECIMAL, VARCHAR, BOOLEAN, DATE or TIMESTAMP"
+
+_DATE_RANGE = ("DATE '0001-01-01'", "DATE '9999-12-31'")
+_TIMESTAMP_RANGE = ("TIMESTAMP '0001-01-01 00:00:00'", "TIMESTAMP '9999-12-31 23:59:59.999999'")
+
+
+def key_type_allowed(duck_type: str) -> bool:
+    return (
+        duck_type in _SMALL_INTEGERS
+        or duck_type in _WIDE_INTEGERS
+        or duck_type in ("DOUBLE", "FLOAT", "VARCHAR", "BOOLEAN", "DATE", "TIMESTAMP", '"NULL"')
+        or _DECIMAL.fullmatch(duck_type) is not None
+    )
+
+
+def released_key_type(duck_type: str) -> str:
+    """The type a key is released as: what :func:`lower_key` casts it to."""
+    if duck_type in _SMALL_INTEGERS or duck_type in _WIDE_INTEGERS:
+        return "BIGINT"
+    if duck_type in ("FLOAT", "DOUBLE") or _DECIMAL.fullmatch(duck_type):
+        return "DOUBLE"
+    if duck_type == '"NULL"':
+        return "VARCHAR"
+    return duck_type
+
+
+def lower_key(key: GroupKey) -> str:
+    """Engine SQL of a key, such that every value it yields can be released.
+
+    Non-column keys run under TRY (a failing row gets the NULL key instead of failing the
+    query). Wide integers and decimals are cast (under TRY: a value out of BIGINT's range
+    becomes NULL) to the released type; dates and timestamps outside years 1..9999 (DuckDB
+    has them, Python does not; 'infinity' too) become NULL. The same function lowers a key
+    for the engine and for its public-domain enumeration, so both see the same values.
+    """
+    sql = key.sql
+    guarded = sql if isinstance(key.expr, exp.Column) else f"TRY({sql})"
+    duck_type = key.type
+    if duck_type is None:
+        return guarded
+    if duck_type in _WIDE_INTEGERS:
+        return f"TRY_CAST({guarded} AS BIGINT)"
+    if _DECIMAL.fullmatch(duck_type) or duck_type == "FLOAT":
+        return f"CAST({guarded} AS DOUBLE)"
+    if duck_type == '"NULL"':
+        return f"CAST({guarded} AS VARCHAR)"
+    bounds = {"DATE": _DATE_RANGE, "TIMESTAMP": _TIMESTAMP_RANGE}.get(duck_type)
+    if bounds is not None:
+        return f"CASE WHEN ({guarded}) BETWEEN {bounds[0]} AND {bounds[1]} THEN ({guarded}) END"
+    return guarded
+
+
+CANONICAL_NAN = float("nan")
+
+
+def canonical_key_value(value: Any) -> Any:
+    """One Python value per released key value: NaN is one object (so dict look-ups and
+    set membership find it), DECIMAL is a float (as :func:`lower_key` releases it)."""
+    if isinstance(value, float) and math.isnan(value):
+        return CANONICAL_NAN
+    if isinstance(value, Decimal):
+        number = float(value)
+        return CANONICAL_NAN if math.isnan(number) else number
+    return value
+
+
+def key_sort_value(value: Any) -> tuple:
+    """A total order over one key column's values: numbers (NaN above every number),
+    then NULL last; any other type by its own order."""
+    if value is None:
+        return (2, 0)
+    if isinstance(value, float) and math.isnan(value):
+        return (1, 0)
+    return (0, value)
+
+
+class ShadowTypes:
+    """DuckDB's binder over empty copies of the policy's tables: types, never rows.
+
+    It has its own connection (no other work shares it), with external access off and its
+    configuration locked. Every query through it is ``... LIMIT 0`` over tables that hold
+    no row, so what it answers depends on the schema only.
+    """
+
+    def __init__(self, policy: Policy) -> None:
+        self._con = duckdb.connect(":memory:")
+        for table in policy.tables.values():
+            cols = ", ".join(
+                f"{quote_ident(c.name)} {SQL_TYPES[c.type]}" for c in table.columns.values()
+            )
+            self._con.execute(f"CREATE TABLE {quote_ident(table.name)} ({cols})")
+        self._con.execute("SET threads = 1")
+        self._con.execute("SET enable_external_access = false")
+        self._con.execute("SET lock_configuration = true")
+        self._lock = threading.Lock()
+
+    def types(self, table: str, expressions: Sequence[str]) -> list[str]:
+        """DuckDB types of ``expressions`` over the empty ``table``; raises duckdb.Error."""
+        if not expressions:
+            return []
+        sql = f"SELECT {', '.join(f'({e})' for e in expressions)} FROM {quote_ident(table)} LIMIT 0"
+        with self._lock:
+            cur = self._con.cursor()
+            try:
+                cur.execute(sql)
+                return [str(d[1]) for d in cur.description]
+            finally:
+                cur.close()
+
+    def close(self) -> None:
+        self._con.close()
+
+
+def type_query(query: BoundQuery, shadow: ShadowTypes) -> BoundQuery:
+    """``query`` with every key's type known, or a refusal (free: text and schema only)."""
+    table = query.table.name
+    keys = [k.sql for k in query.keys]
+    where = [query.where.sql(dialect=DIALECT)] if query.where is not None else []
+    check_binds(shadow, table, keys + where)
+    contexts = list(_boolean_contexts(query.where)) if query.where is not None else []
+    sqls = keys + [node.sql(dialect=DIALECT) for node, _ in contexts]
+    types = _types_or_none(shadow, table, sqls)
+    key_types, condition_types = types[: len(keys)], types[len(keys) :]
+    for (node, role), duck_type in zip(contexts, condition_types, strict=True):
+        if duck_type is not None and duck_type not in BOOLEAN_TYPES:
+            raise ProgrammingError(
+                f"{role} must be BOOLEAN, but {snippet(node)} is {duck_type}",
+                sqlstate="42804",
+                construct=snippet(node),
+                position=position_of(node, query.text),
+                hint="compare it with a value (e.g. col = 'x', col IS NOT NULL), or cast it "
+                "explicitly with TRY_CAST(... AS BOOLEAN)",
+            )
+    typed_keys = []
+    for key, duck_type in zip(query.keys, key_types, strict=True):
+        if duck_type is None or not key_type_allowed(duck_type):
+            shown = duck_type or "an unknown type"
+            raise ProgrammingError(
+                f"GROUP BY key {snippet(key.expr)} has type {shown}, which cannot be released",
+                sqlstate="42804",
+                construct=snippet(key.expr),
+                position=key.position,
+                hint=f"group by a scalar of type {KEY_TYPES_HINT} (CAST it explicitly)",
+            )
+        typed_keys.append(replace(key, type=duck_type))
+    return replace(query, keys=tuple(typed_keys))
+
+
+def check_binds(shadow: ShadowTypes, table: str, expressions: Sequence[str]) -> None:
+    """The whole keys and WHERE bind over the schema, or a refusal naming the problem."""
+    try:
+        shadow.types(table, expressions)
+    except duckdb.ConversionException as exc:
+        raise DataError(
+            f"invalid value for the column's type: {_first_line(exc)}",
+            sqlstate="22P02",
+            construct="literal",
+            hint="compare columns with literals of their declared type",
+        ) from None
+    except duckdb.Error as exc:
+        raise ProgrammingError(
+            f"type error: {_first_line(exc)}",
+            sqlstate="42804",
+            construct="expression",
+            hint="check the operand types against the policy's column types",
+        ) from None
+
+
+def _types_or_none(shadow: ShadowTypes, table: str, sqls: Sequence[str]) -> list[str | None]:
+    """Types of sub-expressions, one binder call; one by one if a piece does not bind alone."""
+    try:
+        return list(shadow.types(table, sqls))
+    except duckdb.Error:
+        pass
+    out: list[str | None] = []
+    for sql in sqls:
+        try:
+            out.append(shadow.types(table, [sql])[0])
+        except duckdb.Error:
+            out.append(None)
+    return out
+
+
+def _boolean_contexts(where: exp.Expression) -> Iterator[tuple[exp.Expression, str]]:
+    """Every sub-expression the engine evaluates as a condition, with its role."""
+    for part in conjuncts(where):
+        yield part, "a WHERE condition"
+    for node in where.walk():
+        if isinstance(node, exp.And | exp.Or):
+            word = "AND" if isinstance(node, exp.And) else "OR"
+            yield node.this, f"an operand of {word}"
+            yield node.expression, f"an operand of {word}"
+        elif isinstance(node, exp.Not):
+            yield node.this, "the operand of NOT"
+        elif isinstance(node, exp.If):
+            yield node.this, "a CASE WHEN / IF condition"
+        elif isinstance(node, exp.Is) and isinstance(node.expression, exp.Boolean):
+            yield node.this, "the operand of IS TRUE / IS FALSE"
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else "error"
+    return text[:300]
