@@ -27,7 +27,7 @@ from dpsql.boundary import charged_boundary, post_processing_boundary
 from dpsql.engine.base import open_engine
 from dpsql.engine.duckdb_engine import EngineResult, QueryHandle
 from dpsql.engine.scratch import NotPlain, Projection, Scratch, cast_value, plain_projection
-from dpsql.errors import DataError, Error, ProgrammingError
+from dpsql.errors import DataError, Error, OperationalError, ProgrammingError
 from dpsql.policy import MECHANISMS, Policy, load_policy
 from dpsql.privacy.ledger import Ledger, MemoryLedger
 from dpsql.privacy.release import Released, release
@@ -45,8 +45,10 @@ from dpsql.sql.bind import (
 from dpsql.sql.compile import CompiledQuery, compile_plan
 from dpsql.sql.domains import SQL_TYPES, key_domain
 from dpsql.sql.plan import Plan, build_plan
+from dpsql.sql.positions import position_of
 from dpsql.sql.rows import pattern_counts_sql
 from dpsql.sql.typecheck import (
+    BOOLEAN_TYPES,
     ShadowTypes,
     check_binds,
     lower_key,
@@ -455,6 +457,7 @@ class Service:
                     "bounds; nothing was spent",
                 ) from None
         compiled = self._compiled(prepared)
+        _not_cancelled(handle)
         self._reserve(analyst, plan.cost, plan.query.text, fingerprint)
         with charged_boundary():
             result: EngineResult = self.engine.execute(compiled, handle)
@@ -567,6 +570,7 @@ class Service:
             self.ledger.check(analyst, dataset, plan.cost, self.policy.budget)
             columns = [f"f{i}" for i in range(len(plan.feature_sql))] + ["y"]
             sql = pattern_counts_sql(call.table, plan.select_list(), columns, secrets.randbits(62))
+            _not_cancelled(handle)
             self._reserve(analyst, plan.cost, call.text, fingerprint)
             with charged_boundary():
                 counted = self.engine.fetch_matrix(sql, handle)
@@ -712,7 +716,30 @@ class Service:
                 construct=exc.construct,
                 hint="fix the expression over the aggregates; nothing was spent",
             ) from None
+        self._check_having_type(plan, answer)
         self._post_checked.add(key)
+
+    def _check_having_type(self, plan: Plan, dummy_answer: dict) -> None:
+        """HAVING must be BOOLEAN, like WHERE: its type over the released table's schema
+        (the public dummy row), or a free refusal before anything is spent."""
+        having = plan.query.post.args.get("where")  # bind rewrites HAVING as the post's WHERE
+        if having is None:
+            return
+        probe = plan.query.post.copy()
+        for arg in ("where", "order", "limit", "offset", "distinct"):
+            probe.set(arg, None)
+        probe.set("expressions", [exp.alias_(having.this.copy(), "__having")])
+        columns, types, rows = _released_table(plan, dummy_answer)
+        description, _ = self.scratch.post_process(probe.sql(dialect=DIALECT), columns, types, rows)
+        duck_type = description[0][1]
+        if duck_type not in BOOLEAN_TYPES:
+            raise ProgrammingError(
+                f"a HAVING condition must be BOOLEAN, but it is {duck_type}",
+                sqlstate="42804",
+                construct="HAVING",
+                position=position_of(having, plan.query.text),
+                hint="compare the aggregate with a value, e.g. HAVING COUNT(*) > 10",
+            )
 
     def _finish(
         self,
@@ -838,6 +865,14 @@ SQL_TYPES_BY_CODE = {
     "TIMESTAMP": "TIMESTAMP",
 }
 assert set(SQL_TYPES.values()) <= set(SQL_TYPES_BY_CODE.values())
+
+
+def _not_cancelled(handle: QueryHandle | None) -> None:
+    """A query cancelled before its cost is reserved has read nothing: a free refusal."""
+    if handle is not None and handle.interrupted:
+        raise OperationalError(
+            "query cancelled before it ran", sqlstate="57014", hint="nothing was spent"
+        )
 
 
 def _is_output(column: str) -> bool:

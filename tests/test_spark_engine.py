@@ -308,8 +308,11 @@ def test_parquet_directory_source_matches_csv(spark, tmp_path):
         assert pq.service.engine.versions["t"].startswith("dir:")
 
 
-def test_engine_failure_at_first_query_charges_nothing(clean, monkeypatch):
-    """A Spark failure mid-query is an OperationalError; no rows, no budget spent."""
+def test_engine_failure_mid_query_is_uniform_and_charged(clean, monkeypatch):
+    """A Spark failure mid-query is the one uniform OperationalError (58000) whose cost
+    stands: the cost was reserved before Spark read a row (pay before reading)."""
+    from dpsql.boundary import FAILED_AFTER_READ
+
     _, on_spark = clean
     engine = on_spark.service.engine
     before = _spend(on_spark)
@@ -321,8 +324,9 @@ def test_engine_failure_at_first_query_charges_nothing(clean, monkeypatch):
     cur = on_spark.cursor()
     with pytest.raises(OperationalError) as err:
         cur.execute("SELECT COUNT(*) FROM t")
-    assert "no budget was spent" in str(err.value)
-    assert _spend(on_spark) == before
+    assert err.value.sqlstate == "58000" and err.value.message == FAILED_AFTER_READ
+    assert "executor lost" not in str(err.value)
+    assert _spend(on_spark).epsilon == before.epsilon + 1
     with pytest.raises(dpsql.Error):
         cur.fetchall()
 

@@ -320,3 +320,13 @@ def test_planning_caches_are_per_analyst(fresh):
     other.cursor().execute("SELECT age, COUNT(*) FROM visits GROUP BY age")
     assert {k[0] for k in service._domain_cache} == {"mallory", "bob"}
     assert os.environ.get("DPSQL_NO_SUCH_FLAG") is None
+
+
+@pytest.mark.parametrize(
+    ("having", "duck_type"), [("COUNT(*)", "BIGINT"), ("department", "VARCHAR")]
+)
+def test_non_boolean_having_is_refused_before_reading(fresh, having, duck_type):
+    sql = f"SELECT department, COUNT(*) FROM visits GROUP BY department HAVING {having}"
+    error = _refused(fresh, sql)
+    assert error.sqlstate == "42804"
+    assert f"a HAVING condition must be BOOLEAN, but it is {duck_type}" in error.message
