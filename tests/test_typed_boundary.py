@@ -330,3 +330,24 @@ def test_non_boolean_having_is_refused_before_reading(fresh, having, duck_type):
     error = _refused(fresh, sql)
     assert error.sqlstate == "42804"
     assert f"a HAVING condition must be BOOLEAN, but it is {duck_type}" in error.message
+
+
+def test_a_lazily_read_value_that_does_not_fit_its_type_fails_no_query(tmp_path: Path):
+    """A Parquet source is read at query time: a dirty value in one unit's row must not make
+    the query fail on D' only (it becomes NULL, as on every dataset)."""
+    import duckdb
+
+    results = []
+    for name, extra in (("d", ""), ("d_prime", ", (999, 'not-a-number')")):
+        target = tmp_path / f"{name}.parquet"
+        duckdb.execute(
+            "COPY (SELECT * FROM (VALUES (1, '30'), (2, '40')" + extra + ") t(uid, age)) "
+            f"TO '{target}' (FORMAT parquet)"
+        )
+        cols = {"uid": {"type": "int"}, "age": {"type": "int", "lower": 0, "upper": 100}}
+        policy = table_policy(target, cols, unit="uid")
+        with dpsql.connect(policy=policy, ledger=MemoryLedger(), cache=False) as conn:
+            cur = conn.cursor()
+            cur.execute("SELECT AVG(age), COUNT(age), COUNT(*) FROM t")
+            results.append((cur.description, len(cur.fetchall())))
+    assert results[0] == results[1]

@@ -95,9 +95,17 @@ class DuckDBEngine:
         self._con.execute("SET enable_external_access = false")
         self._con.execute("SET lock_configuration = true")
 
-    def _select_list(self, table: TablePolicy) -> str:
+    def _select_list(self, table: TablePolicy, *, lazy: bool) -> str:
+        """The declared columns in their declared types.
+
+        A lazily read source (a VIEW over Parquet or an attached table) is cast with TRY_CAST:
+        a value that does not fit its declared type becomes NULL instead of failing the query
+        that reads it, which would tell D from D' (docs/threat_model.md). An eager TABLE (CSV)
+        is cast once at load, where a failure is the operator's and no analyst sees it.
+        """
+        cast = "TRY_CAST" if lazy else "CAST"
         return ", ".join(
-            f"CAST({_q(c.name)} AS {SQL_TYPES[c.type]}) AS {_q(c.name)}"
+            f"{cast}({_q(c.name)} AS {SQL_TYPES[c.type]}) AS {_q(c.name)}"
             for c in table.columns.values()
         )
 
@@ -140,7 +148,8 @@ class DuckDBEngine:
             kind = "TABLE"
         try:
             self._con.execute(
-                f"CREATE {kind} {_q(table.name)} AS SELECT {self._select_list(table)} "
+                f"CREATE {kind} {_q(table.name)} AS SELECT "
+                f"{self._select_list(table, lazy=kind == 'VIEW')} "
                 f"FROM {relation}"
             )
             self._con.execute(f"SELECT * FROM {_q(table.name)} LIMIT 0").fetchall()
