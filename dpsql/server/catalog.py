@@ -458,6 +458,8 @@ class _Pool:
         patience = limits.timeout * (1 + limits.queue / limits.processes) + GRACE
         deadline = time.monotonic() + (patience if self._ready_once else limits.start_timeout)
         while True:
+            if self._closed:
+                raise CatalogError("the server is shutting down", "57P01")
             if cancelled():
                 raise CatalogError("canceling statement due to user request", "57014")
             if self._idle and self._first_eligible() is ticket:
