@@ -3,6 +3,8 @@
 The administrator boundary is filesystem access to the ledger file: whoever can write it can
 change budgets (these commands only make that convenient and logged), so the ledger and its
 ``-wal`` / ``-shm`` files must be writable by the dpsql service account only, never by analysts.
+The ledger creates them with mode 0600 and tightens looser ones when it opens them. Figures are
+printed as floats; the ledger keeps and compares them exactly.
 """
 
 from __future__ import annotations
