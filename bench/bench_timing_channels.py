@@ -17,9 +17,12 @@ that difference against the run-to-run spread (p90 - p10).
    analyst, so B should time like a cold A, and like C. 3b repeats B vs C with the process-wide
    token cache (dpsql/sql/positions.py, keyed by the exact text) emptied before every run: the
    part of the B-vs-C difference that disappears is that cache's.
-4. failure after read: D' stored as Parquet (read lazily) with one dirty value in patient 999's
-   age, so the engine fails mid-read on D' only (the uniform, charged 58000) and answers on D.
-   No monkeypatching: a source whose values do not all cast is how it happens in practice.
+4. a lazily read source: D / D' as Parquet (the engine reads it through a casting view), one of
+   patient 999's ages in D' a value that does not cast. The engine TRY_CASTs lazily read
+   sources, so it reads NULL (before that, D' failed and D answered): both should time alike.
+   Then the uniform, charged failure (58000) vs an answer: no query of the typed grammar fails
+   on the data any more, so the failure is an operator fault instead, a copy of D truncated
+   under the running service. No monkeypatching either way.
 
     python bench/bench_timing_channels.py                  # 200 reps per side, ~1 minute
     python bench/bench_timing_channels.py --reps 50        # quick look
@@ -286,21 +289,31 @@ def bench_planning_caches(reps: int, warmup: int, *, clear_tokens: bool = False)
 
 def bench_failure(tmp: Path, reps: int, warmup: int) -> list[Row]:
     d_path, d_prime_path = parquet_neighbours(tmp)
-    d, d_prime = service(d_path), service(d_prime_path)
-    cur_d, cur_dp = d.connect("observer").cursor(), d_prime.connect("observer").cursor()
-    answered, failed = interleave(
+    broken_path = tmp / "broken.parquet"
+    broken_path.write_bytes(d_path.read_bytes())
+    d, d_prime, broken = service(d_path), service(d_prime_path), service(broken_path)
+    data = broken_path.read_bytes()
+    broken_path.write_bytes(data[: len(data) // 2])  # lost under the running service
+    cur_d, cur_dp, cur_broken = (s.connect("observer").cursor() for s in (d, d_prime, broken))
+    answered, dirty, failed = interleave(
         {
             "D": lambda _i: timed(cur_d, FAILING_QUERY),
             "D'": lambda _i: timed(cur_dp, FAILING_QUERY),
+            "broken": lambda _i: timed(cur_broken, FAILING_QUERY),
         },
         reps,
         warmup,
     )
-    d.close()
-    d_prime.close()
+    for svc in (d, d_prime, broken):
+        svc.close()
     expect(answered, "answered")
+    expect(dirty, "answered")
     expect(failed, "58000")
-    return [Row("4 failure after read", "AVG(age): D answers, D' fails", failed, answered)]
+    section = "4 lazily read source (Parquet), AVG(age)"
+    return [
+        Row(section, "D' with a dirty age (NULL)", dirty, answered),
+        Row(section, "source truncated: charged", failed, answered),
+    ]
 
 
 # -- report -----------------------------------------------------------------------------------
