@@ -367,6 +367,14 @@ def test_attacks_are_refused_or_capped(server):
     c.close()
 
 
+def test_a_long_text_is_refused_before_it_is_parsed(server):
+    c = _client(server)
+    sql = "SELECT relname FROM pg_class WHERE relname IN (" + ", ".join(["'x'"] * 40_000) + ")"
+    err = _error(c, sql)
+    assert err["C"] == "54000" and "characters" in err["M"]
+    c.close()
+
+
 def test_a_long_table_function_scan_times_out(server):
     c = _client(server)
     err = _error(c, "SELECT count(*) FROM range(10000000000000)")
@@ -426,8 +434,8 @@ def test_one_analyst_cannot_hold_every_shadow_process():
             pool.acquire("alice", lambda: True)
         assert info.value.sqlstate == "57014"
         other = pool.acquire("bob", lambda: False)  # while bob is served
-        pool.release(other, "bob", True)
-        pool.release(held, "alice", True)
+        pool.release(other, "bob")
+        pool.release(held, "alice")
     finally:
         shadow.close()
 
@@ -440,8 +448,8 @@ def test_a_process_that_does_not_answer_is_replaced():
         with pytest.raises(CatalogError) as info:
             process.run(1, "SELECT count(*) FROM range(10000000000000)", 0.2, 1 << 20)
         assert info.value.sqlstate == "57014"
-        shadow._pool.release(process, "alice", False)
-        assert process._popen.poll() is not None  # killed
+        shadow._pool.release(process, "alice")
+        assert process._popen.poll() is not None  # killed: its reply could still come
         result = shadow.cursor().run("SELECT 1 AS one", None, INFO)
         assert result.rows == [(1,)]
     finally:

@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -96,40 +96,51 @@ class ShadowCursor:
             # Inline bound values as literals, so rewriting sees them (current_setting($1),
             # $1::regclass). Safe here: literals are escaped, and the shadow holds no data.
             text = inline_parameters(sql, params)
-        duck_sql = rewrite(text, info, source=sql, max_series=self._pool.limits.max_series)
-        _check_one_query(duck_sql)
-        description, rows = self._execute(duck_sql, info.user)
+        limits = self._pool.limits
+        _check_length(text, limits)
+        # The statement takes its turn before it is even parsed: rewriting is the costly part
+        # of a long text, and it then runs under the same bounds as the statement itself.
+        with self._turn(info.user) as process:
+            duck_sql = rewrite(text, info, source=sql, max_series=limits.max_series)
+            _check_one_query(duck_sql)
+            description, rows = self._execute(process, duck_sql)
         columns = tuple((name, _column_oid(name, duck_type)) for name, duck_type in description)
         return CatalogResult(columns, rows)
 
     def describe(self, sql: str, info: SessionInfo) -> tuple[tuple[str, int], ...]:
         """Result columns of a catalog query, by describing it (it reads no private data)."""
-        duck_sql = rewrite(sql, info, max_series=self._pool.limits.max_series)
-        _check_one_query(duck_sql)
-        _, rows = self._execute(f"DESCRIBE {duck_sql}", info.user)
+        _check_length(sql, self._pool.limits)
+        with self._turn(info.user) as process:
+            duck_sql = rewrite(sql, info, max_series=self._pool.limits.max_series)
+            _check_one_query(duck_sql)
+            _, rows = self._execute(process, f"DESCRIBE {duck_sql}")
         return tuple((str(r[0]), t.duckdb_type_oid(str(r[1]))) for r in rows)
 
-    def _execute(self, duck_sql: str, user: str) -> tuple[list[tuple[str, str]], list[tuple]]:
+    @contextlib.contextmanager
+    def _turn(self, user: str) -> Iterator[_Process]:
+        """A shadow process for one statement of ``user``, given back (or replaced) after."""
         with self._lock:
             self._cancelled = False
         process = self._pool.acquire(user, lambda: self._cancelled)
-        healthy = False
         try:
-            with self._lock:
-                self._process, self._request = process, process.next_request()
-                if self._cancelled:  # cancelled while it waited for this process
-                    process.interrupt(self._request)
-            wait = self._pool.limits.timeout + GRACE
-            reply = process.run(self._request, duck_sql, wait, self._pool.max_reply)
-            healthy = True
-            return _result(reply, self._pool.limits)
-        except _Unhealthy:
-            healthy = False
-            raise
+            yield process
         finally:
             with self._lock:
                 self._process = None
-            self._pool.release(process, user, healthy)
+            self._pool.release(process, user)
+
+    def _execute(self, process: _Process, duck_sql: str) -> tuple[list[tuple[str, str]], list]:
+        with self._lock:
+            self._process, self._request = process, process.next_request()
+            if self._cancelled:  # cancelled while it waited for this process
+                process.interrupt(self._request)
+        limits = self._pool.limits
+        reply = process.run(self._request, duck_sql, limits.timeout + GRACE, self._pool.max_reply)
+        try:
+            return _result(reply, limits)
+        except _Unhealthy:
+            process.dirty = True
+            raise
 
     def interrupt(self) -> None:
         """Cancel the running statement (called from the event loop: never blocks)."""
@@ -142,6 +153,15 @@ class ShadowCursor:
 
     def close(self) -> None:
         self.interrupt()
+
+
+def _check_length(text: str, limits: CatalogLimits) -> None:
+    if len(text) > limits.max_text:
+        raise CatalogError(
+            f"catalog query text exceeds {limits.max_text} characters",
+            "54000",
+            hint="client catalog queries are a few kilobytes; split the query or shorten its lists",
+        )
 
 
 def _check_one_query(duck_sql: str) -> None:
@@ -159,7 +179,7 @@ def _check_one_query(duck_sql: str) -> None:
 
 
 class _Unhealthy(CatalogError):
-    """A failure after which the shadow process is not reused."""
+    """A failure after which the shadow process is not reused (see ``_Process.dirty``)."""
 
 
 def _result(reply: Any, limits: CatalogLimits) -> tuple[list[tuple[str, str]], list[tuple]]:
@@ -295,6 +315,7 @@ class _Process:
         self._conn = conn
         self._intr = intr
         self._requests = itertools.count(1)
+        self.dirty = False  # a request is in flight or its reply was not read: never reuse
 
     @classmethod
     def start(cls, spec: ShadowSpec) -> _Process:
@@ -332,6 +353,7 @@ class _Process:
 
     def run(self, request: int, sql: str, wait: float, max_reply: int) -> Any:
         """The reply to one statement; raises :class:`_Unhealthy` if none comes in time."""
+        self.dirty = True
         try:
             self._conn.send_bytes(pickle.dumps((request, sql)))
             if not self._conn.poll(wait):
@@ -340,8 +362,12 @@ class _Process:
                     "57014",
                     hint="the catalog statement did not stop when interrupted; narrow it",
                 )
-            return load_reply(self._conn.recv_bytes(max_reply))
-        except (EOFError, OSError, pickle.UnpicklingError, ValueError) as exc:
+            answered, reply = load_reply(self._conn.recv_bytes(max_reply))
+            if answered != request:
+                raise ValueError(f"reply to statement {answered} instead of {request}")
+            self.dirty = False
+            return reply
+        except (EOFError, OSError, pickle.UnpicklingError, ValueError, TypeError) as exc:
             log.warning("shadow process %s failed: %s", self._popen.pid, exc)
             raise _Unhealthy(
                 "the catalog query failed", "XX000", hint="see the server log"
@@ -493,7 +519,8 @@ class _Pool:
             "try again in a moment",
         )
 
-    def release(self, process: _Process, user: str, healthy: bool) -> None:
+    def release(self, process: _Process, user: str) -> None:
+        healthy = not process.dirty
         with self._cond:
             self._busy -= 1
             left = self._running.pop(user, 1) - 1

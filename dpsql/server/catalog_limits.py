@@ -41,6 +41,7 @@ class CatalogLimits:
     queue: int = 4  # statements that may wait for a free process; more are refused at once
     max_series: int = 100_000  # values of a generate_series/range used as a value (a list)
     start_timeout: float = 60.0  # seconds to wait for a shadow process to start
+    max_text: int = 128 << 10  # characters of statement text (parsing is the cost of a long one)
 
 
 class CatalogRefusal(ProgrammingError):

@@ -344,9 +344,11 @@ def serve(conn: Connection, intr: socket.socket) -> int:
         except (EOFError, OSError):
             return 0
         try:
-            reply = pickle.dumps(runner.run(request, sql), protocol=pickle.HIGHEST_PROTOCOL)
+            reply = pickle.dumps(
+                (request, runner.run(request, sql)), protocol=pickle.HIGHEST_PROTOCOL
+            )
         except MemoryError:
-            reply = pickle.dumps(("memory",))
+            reply = pickle.dumps((request, ("memory",)))
         conn.send_bytes(reply)
 
 
