@@ -43,6 +43,10 @@ class CatalogLimits:
     start_timeout: float = 60.0  # seconds to wait for a shadow process to start
     max_text: int = 128 << 10  # characters of statement text (parsing is the cost of a long one)
 
+    def __post_init__(self) -> None:
+        if self.processes < 1 or self.queue < 0 or not self.timeout > 0:
+            raise ValueError("catalog limits need processes >= 1, queue >= 0 and timeout > 0")
+
 
 class CatalogRefusal(ProgrammingError):
     """A catalog statement refused before it runs (its position is in the client's text)."""
