@@ -26,7 +26,14 @@ from sqlglot import exp
 from dpsql.boundary import charged_boundary, post_processing_boundary
 from dpsql.engine.base import open_engine
 from dpsql.engine.duckdb_engine import EngineResult, QueryHandle
-from dpsql.engine.scratch import NotPlain, Projection, Scratch, cast_value, plain_projection
+from dpsql.engine.scratch import (
+    NotPlain,
+    Projection,
+    Scratch,
+    cast_value,
+    check_post,
+    plain_projection,
+)
 from dpsql.errors import DataError, Error, OperationalError, ProgrammingError
 from dpsql.policy import MECHANISMS, Policy, load_policy
 from dpsql.privacy.ledger import Ledger, MemoryLedger
@@ -552,6 +559,8 @@ class Service:
         from dpsql.rulelist.table_function import COLUMNS, release_rule_list
 
         plan = self._plan_rule_list(call, settings)
+        # The post-processing's functions are checked before the charge: a refusal is free.
+        check_post(call.post.sql(dialect=DIALECT), call.post)
         dataset = self.policy.dataset
         fingerprint = hashlib.sha256(
             repr(

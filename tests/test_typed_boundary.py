@@ -351,3 +351,35 @@ def test_a_lazily_read_value_that_does_not_fit_its_type_fails_no_query(tmp_path:
             cur.execute("SELECT AVG(age), COUNT(age), COUNT(*) FROM t")
             results.append((cur.description, len(cur.fetchall())))
     assert results[0] == results[1]
+
+
+def test_rule_list_post_processing_functions_are_checked_before_the_charge(fresh):
+    error = _refused(
+        fresh,
+        "SELECT length(repeat(rule, 15000000)) FROM dp_rule_list('visits', label => 'smoker', "
+        "mechanism => 'monotone_em')",
+    )
+    assert error.sqlstate == "42883" and "repeat" in error.message
+
+
+def test_the_token_cache_is_not_shared_across_statements():
+    """Another analyst's recent text must not parse faster (a timing channel)."""
+    from dpsql.sql import positions
+    from dpsql.sql.bind import parse_statement
+
+    policy = dpsql.Service(fixture_policy(), ledger=MemoryLedger()).policy
+    parse_statement("SELECT COUNT(*) FROM visits WHERE age > 1", policy)
+    positions._tokens("SELECT COUNT(*) FROM visits WHERE age > 1")
+    parse_statement("SELECT COUNT(*) FROM visits WHERE age > 2", policy)
+    assert "SELECT COUNT(*) FROM visits WHERE age > 1" not in {
+        args[0] for args in _cached_texts(positions)
+    }
+
+
+def _cached_texts(positions) -> list[tuple]:
+    """Texts in the token cache (by probing its hit counter; lru_cache hides its keys)."""
+    info = positions._tokens_cached.cache_info()
+    before = info.hits
+    positions._tokens_cached("SELECT COUNT(*) FROM visits WHERE age > 1")
+    hit = positions._tokens_cached.cache_info().hits > before
+    return [("SELECT COUNT(*) FROM visits WHERE age > 1",)] if hit else []

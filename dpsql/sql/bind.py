@@ -27,7 +27,7 @@ from dpsql.errors import (
     UndefinedTableError,
 )
 from dpsql.policy import Policy, TablePolicy
-from dpsql.sql.positions import _tokens, offset_position, position_of, snippet
+from dpsql.sql.positions import _tokens, forget_tokens, offset_position, position_of, snippet
 
 logging.getLogger("sqlglot").setLevel(logging.ERROR)
 
@@ -258,6 +258,7 @@ def parse_statement(
 ) -> Statement:
     """Parse and bind one statement of analyst SQL."""
     _check_unicode(text, parameters)
+    forget_tokens()
     head = _first_word(text)
     if head in ("SHOW", "RESET"):
         return _setting_command(head, text)

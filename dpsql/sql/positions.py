@@ -43,7 +43,17 @@ def _tokens(text: str) -> tuple:
     return _tokens_cached(text)
 
 
-@functools.lru_cache(maxsize=1024)
+def forget_tokens() -> None:
+    """Empty the token cache; called as each statement's parse starts.
+
+    The cache serves one statement's several look-ups. Kept across statements it would be
+    shared by every analyst of the process: a text another analyst sent recently would parse
+    faster (docs/threat_model.md measures ~50-90 us), telling that someone sent it.
+    """
+    _tokens_cached.cache_clear()
+
+
+@functools.lru_cache(maxsize=64)
 def _tokens_cached(text: str) -> tuple:
     try:
         return tuple(sqlglot.tokenize(text, read="duckdb"))
