@@ -1,0 +1,748 @@
+"""Hypothesis strategies for SQL in dpsql's accepted grammar, over the visits fixture.
+
+The differential fuzz test (tests/test_differential_fuzz.py) runs what these generate on two
+neighbouring datasets. The grammar follows grammar_notes.md and ``dpsql.sql.bind.SCALAR_NODES``
+and is deliberately a little wider: every expression is built for a wanted type (int, float,
+text, date, bool), but any sub-expression may be of another type (``diagnosis IS TRUE``,
+``WHERE visit_date``, ``LOWER(age)``) and keys may have types no key should have (STRUCT,
+LIST, BLOB, UUID, TIME, INTERVAL). Literals lean to the extremes (BIGINT and HUGEINT limits,
+1e308, NaN, year 9999, odd but valid Unicode), where data-dependent failures hide. A refusal
+is a fine outcome for any of it; the test only asks that both datasets see the same one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+
+import sqlglot
+from hypothesis import strategies as st
+from sqlglot import exp
+
+Strategy = st.SearchStrategy
+
+TABLE = "visits"
+#: The fixture's columns and their policy types (fixtures/visits.toml).
+COLUMNS: dict[str, str] = {
+    "patient_id": "int",
+    "age": "int",
+    "cost": "float",
+    "department": "text",
+    "diagnosis": "text",
+    "visit_date": "date",
+    "smoker": "bool",
+}
+#: Columns with a public domain (declared values, bool, bounded int).
+PUBLIC_COLUMNS = ("age", "department", "smoker")
+TYPES = ("int", "float", "text", "date", "bool")
+#: The privacy unit of the extra patient in D′: the analyst knows whom they probe.
+EXTRA_UNIT = 9223372036854775807
+DEPARTMENTS = ("cardiology", "dermatology", "emergency", "neurology", "oncology", "pediatrics")
+
+INT_LITERALS = (
+    "0",
+    "1",
+    "-1",
+    "2",
+    "10",
+    "100",
+    "4752",
+    str(EXTRA_UNIT),
+    "-9223372036854775808",
+    "170141183460469231731687303715884105727",  # HUGEINT max
+    "99999999999999999999999999999999999999",
+    "CAST(NULL AS INTEGER)",
+)
+FLOAT_LITERALS = (
+    "0.5",
+    "0.1",
+    "2.7",
+    "4999.99",
+    "-0.0",
+    "1e308",
+    "-1e308",
+    "2.5e-308",
+    "CAST('nan' AS DOUBLE)",
+    "CAST('inf' AS DOUBLE)",
+    "CAST('-inf' AS DOUBLE)",
+)
+#: Odd but valid Unicode (no lone surrogates: those belong in comments, see COMMENT_TEXTS).
+TEXT_VALUES = (
+    "J06",
+    "oncology",
+    "",
+    "true",
+    "1",
+    "nan",
+    "2024-01-01",
+    "9999-12-31",
+    "[1, 2]",
+    "{'a': 1}",
+    "it's",
+    "%",
+    "_",
+    "\\",
+    "ß",
+    "İ",
+    "e\u0301",
+    "\u202eevil",
+    "\u200b",
+    "\U0001fa7a",
+    "\x00",
+    "\ufeff",
+    "x" * 300,
+)
+DATE_LITERALS = (
+    "DATE '2024-01-01'",
+    "DATE '2025-12-31'",
+    "DATE '9999-12-31'",
+    "DATE '0001-01-01'",
+    "'2024-06-30'",
+    "CAST('9999-12-31' AS DATE)",
+)
+BOOL_LITERALS = ("TRUE", "FALSE", "NULL")
+
+#: Cast targets and the type family of their result ("other": no key or condition type).
+CAST_TARGETS: dict[str, str] = {
+    "INTEGER": "int",
+    "BIGINT": "int",
+    "SMALLINT": "int",
+    "TINYINT": "int",
+    "HUGEINT": "int",
+    "UBIGINT": "int",
+    "DOUBLE": "float",
+    "REAL": "float",
+    "DECIMAL(4, 1)": "float",
+    "DECIMAL(38, 10)": "float",
+    "VARCHAR": "text",
+    "BOOLEAN": "bool",
+    "DATE": "date",
+    "TIMESTAMP": "other",
+    "TIME": "other",
+    "INTERVAL": "other",
+    "BLOB": "other",
+    "UUID": "other",
+    "VARCHAR[]": "other",
+    "INTEGER[]": "other",
+}
+DATE_PARTS = ("YEAR", "MONTH", "DAY", "QUARTER", "DAYOFWEEK")
+#: Comment bodies; '\udc80' (a lone surrogate) makes the text invalid Unicode.
+COMMENT_TEXTS = ("", "note", "é☃\U0001fa7a", "\u202e", "*", "--", "\udc80", "a\udc80b", "\ud800")
+
+
+def quote(text: str) -> str:
+    """A SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def text_literals() -> Strategy[str]:
+    odd = st.text(st.characters(exclude_categories=("Cs",)), max_size=6)
+    return st.one_of(st.sampled_from(TEXT_VALUES), odd).map(quote)
+
+
+def _fmt(template: str) -> Callable[[tuple[str, ...]], str]:
+    return lambda parts: template.format(*parts)
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """Typed expression strategies over ``columns`` (name -> type), ``depth`` levels deep.
+
+    ``strict``: no sub-expression of another type than wanted and no truth test of a
+    non-BOOLEAN value, so that a typed binder answers more of what is generated.
+    """
+
+    columns: tuple[tuple[str, str], ...] = tuple(COLUMNS.items())
+    strict: bool = False
+
+    def leaf(self, t: str) -> Strategy[str]:
+        names = [n for n, ct in self.columns if ct == t]
+        literals: Strategy[str] = {
+            "int": st.sampled_from(INT_LITERALS),
+            "float": st.sampled_from(FLOAT_LITERALS),
+            "text": text_literals(),
+            "date": st.sampled_from(DATE_LITERALS),
+            "bool": st.sampled_from(BOOL_LITERALS),
+        }[t]
+        if not names:
+            return literals
+        return st.one_of(st.sampled_from(names), literals)
+
+    @cache  # noqa: B019 - a handful of module-level grammars, kept for the session
+    def expr(self, t: str, depth: int) -> Strategy[str]:
+        """An expression meant to have type ``t``; now and then one of another type."""
+        if depth <= 0:
+            return self.leaf(t)
+        if self.strict:
+            return st.one_of(self.leaf(t), self.typed(t, depth))
+        others = [u for u in TYPES if u != t]
+        mistyped = st.sampled_from(others).flatmap(lambda u: self.typed(u, depth))
+        return st.one_of(self.leaf(t), self.typed(t, depth), mistyped)
+
+    @cache  # noqa: B019
+    def typed(self, t: str, depth: int) -> Strategy[str]:
+        sub = depth - 1
+        e = self.expr
+        generic = [
+            st.tuples(e(t, sub), e(t, sub)).map(_fmt("COALESCE({}, {})")),
+            st.tuples(e(t, sub), e(t, sub)).map(_fmt("NULLIF({}, {})")),
+            self.case(t, sub),
+            st.tuples(e("bool", sub), e(t, sub), e(t, sub)).map(_fmt("IF({}, {}, {})")),
+        ]
+        if not self.strict:  # a t cast to anything, whatever its type then is
+            generic.append(
+                st.tuples(st.sampled_from(list(CAST_TARGETS)), e(t, sub), st.booleans()).map(
+                    lambda p: f"{'TRY_CAST' if p[2] else 'CAST'}({p[1]} AS {p[0]})"
+                )
+            )
+        # A cast *to* t from anything: the classic implicit/explicit conversion failures.
+        targets = [k for k, v in CAST_TARGETS.items() if v == t]
+        if targets:
+            any_type = st.sampled_from(TYPES).flatmap(lambda u: e(u, sub))
+            generic.append(
+                st.tuples(st.sampled_from(targets), any_type, st.booleans()).map(
+                    lambda p: f"{'TRY_CAST' if p[2] else 'CAST'}({p[1]} AS {p[0]})"
+                )
+            )
+        if t in ("int", "float", "text", "date"):
+            generic.append(
+                st.tuples(st.sampled_from(("GREATEST", "LEAST")), e(t, sub), e(t, sub)).map(
+                    _fmt("{}({}, {})")
+                )
+            )
+        specific = {
+            "int": self._int,
+            "float": self._float,
+            "text": self._text,
+            "date": self._date,
+            "bool": self._bool,
+        }[t](sub)
+        return st.one_of(*specific, *generic)
+
+    def case(self, t: str, sub: int) -> Strategy[str]:
+        when = st.tuples(self.expr("bool", sub), self.expr(t, sub)).map(_fmt("WHEN {} THEN {}"))
+        default = st.one_of(st.just(""), self.expr(t, sub).map(lambda x: f" ELSE {x}"))
+        return st.tuples(st.lists(when, min_size=1, max_size=2), default).map(
+            lambda p: f"CASE {' '.join(p[0])}{p[1]} END"
+        )
+
+    def _int(self, sub: int) -> list[Strategy[str]]:
+        e = self.expr
+        ops = st.sampled_from(("+", "-", "*", "//", "%"))
+        fields = st.sampled_from(("year", "month", "day", "quarter", "dow"))
+        return [
+            st.tuples(e("int", sub), ops, e("int", sub)).map(_fmt("({} {} {})")),
+            e("int", sub).map(lambda x: f"-({x})"),
+            st.tuples(st.sampled_from(("ABS", "SIGN")), e("int", sub)).map(_fmt("{}({})")),
+            e("text", sub).map(lambda x: f"LENGTH({x})"),
+            st.tuples(st.sampled_from(DATE_PARTS), e("date", sub)).map(_fmt("{}({})")),
+            st.tuples(fields, e("date", sub)).map(_fmt("EXTRACT({} FROM {})")),
+        ]
+
+    def _float(self, sub: int) -> list[Strategy[str]]:
+        e = self.expr
+        ops = st.sampled_from(("+", "-", "*", "/"))
+        unary = st.sampled_from(("SQRT", "LN", "LOG", "EXP", "FLOOR", "CEIL", "ABS"))
+        return [
+            st.tuples(e("float", sub), ops, e("float", sub)).map(_fmt("({} {} {})")),
+            st.tuples(e("int", sub), e("int", sub)).map(_fmt("({} / {})")),
+            st.tuples(unary, e("float", sub)).map(_fmt("{}({})")),
+            st.tuples(e("float", sub), e("float", sub)).map(_fmt("POW({}, {})")),
+            st.tuples(e("float", sub), st.sampled_from(("0", "1", "2", "-1"))).map(
+                _fmt("ROUND({}, {})")
+            ),
+        ]
+
+    def _text(self, sub: int) -> list[Strategy[str]]:
+        e = self.expr
+        return [
+            st.tuples(st.sampled_from(("LOWER", "UPPER", "TRIM")), e("text", sub)).map(
+                _fmt("{}({})")
+            ),
+            st.tuples(e("text", sub), e("int", sub), e("int", sub)).map(
+                _fmt("SUBSTRING({}, {}, {})")
+            ),
+            st.tuples(e("text", sub), e("text", sub)).map(_fmt("({} || {})")),
+            st.tuples(e("text", sub), e("text", sub)).map(_fmt("CONCAT({}, {})")),
+        ]
+
+    def _date(self, sub: int) -> list[Strategy[str]]:
+        e = self.expr
+        parts = st.sampled_from(("'year'", "'month'", "'day'"))
+        units = st.sampled_from(("DAY", "MONTH", "YEAR"))
+        return [
+            st.tuples(parts, e("date", sub)).map(_fmt("DATE_TRUNC({}, {})")),
+            st.tuples(e("date", sub), st.sampled_from(("+", "-")), e("int", sub)).map(
+                _fmt("({} {} {})")
+            ),
+            st.tuples(e("date", sub), st.sampled_from(INT_LITERALS[:7]), units).map(
+                _fmt("({} + INTERVAL {} {})")
+            ),
+            st.tuples(e("date", sub), st.sampled_from(("1", "8000", "2147483647")), units).map(
+                _fmt("({} + INTERVAL '{}' {})")
+            ),
+        ]
+
+    def _bool(self, sub: int) -> list[Strategy[str]]:
+        e = self.expr
+        any_type = st.sampled_from(TYPES).flatmap(lambda u: e(u, sub))
+        same = st.sampled_from(TYPES).flatmap(lambda u: st.tuples(e(u, sub), e(u, sub)))
+        triple = st.sampled_from(TYPES).flatmap(
+            lambda u: st.tuples(e(u, sub), e(u, sub), e(u, sub))
+        )
+        cmp = st.sampled_from(
+            ("=", "<>", "<", "<=", ">", ">=", "IS DISTINCT FROM", "IS NOT DISTINCT FROM")
+        )
+        is_ = st.sampled_from(
+            ("IS TRUE", "IS NOT TRUE", "IS FALSE", "IS NOT FALSE", "IS NULL", "IS NOT NULL")
+        )
+        likes = st.sampled_from(("LIKE", "ILIKE", "NOT LIKE"))
+        in_list = st.sampled_from(TYPES).flatmap(
+            lambda u: st.tuples(e(u, sub), st.lists(self.leaf(u), min_size=1, max_size=3))
+        )
+        truth = st.tuples(e("bool", sub), is_).map(_fmt("({} {})"))
+        nulls = st.tuples(any_type, st.sampled_from(("IS NULL", "IS NOT NULL")))
+        loose = [
+            st.tuples(any_type, is_).map(_fmt("({} {})")),
+            any_type,  # a bare expression of any type as a condition
+        ]
+        return [
+            st.tuples(same, cmp).map(lambda p: f"({p[0][0]} {p[1]} {p[0][1]})"),
+            *([truth, nulls.map(_fmt("({} {})"))] if self.strict else loose),
+            e("bool", sub).map(lambda x: f"NOT ({x})"),
+            st.tuples(e("bool", sub), st.sampled_from(("AND", "OR")), e("bool", sub)).map(
+                _fmt("({} {} {})")
+            ),
+            triple.map(lambda p: f"({p[0]} BETWEEN {p[1]} AND {p[2]})"),
+            in_list.map(lambda p: f"({p[0]} IN ({', '.join(p[1])}))"),
+            st.tuples(e("text", sub), likes, text_literals()).map(_fmt("({} {} {})")),
+        ]
+
+    def other(self, sub: int) -> Strategy[str]:
+        """Keys of types no GROUP BY key should have: STRUCT, LIST, BLOB, UUID, TIME, ..."""
+        e = self.expr
+        any_type = st.sampled_from(TYPES).flatmap(lambda u: e(u, sub))
+        return st.one_of(
+            st.tuples(any_type, any_type).map(_fmt("({}, {})")),  # a row: STRUCT
+            st.tuples(any_type, any_type).map(_fmt("{{'a': {}, 'b': {}}}")),
+            st.tuples(any_type, any_type).map(_fmt("[{}, {}]")),
+            e("text", sub).map(lambda x: f"CAST('[' || {x} || ']' AS VARCHAR[])"),
+            e("text", sub).map(lambda x: f"CAST({x} AS BLOB)"),
+            e("text", sub).map(lambda x: f"TRY_CAST({x} AS UUID)"),
+            e("date", sub).map(lambda x: f"CAST(CAST({x} AS TIMESTAMP) AS TIME)"),
+            st.tuples(e("date", sub), e("date", sub)).map(
+                _fmt("(CAST({} AS TIMESTAMP) - CAST({} AS TIMESTAMP))")
+            ),
+            e("date", sub).map(lambda x: f"CAST({x} AS TIMESTAMP)"),
+        )
+
+
+FULL = Grammar()
+PUBLIC = Grammar(tuple((n, COLUMNS[n]) for n in PUBLIC_COLUMNS))
+STRICT = Grammar(strict=True)
+PUBLIC_STRICT = Grammar(PUBLIC.columns, strict=True)
+#: Columns a key may use (grouping by the privacy unit is refused, rightly, every time).
+KEYED = Grammar(tuple((n, t) for n, t in COLUMNS.items() if n != "patient_id"))
+KEYED_STRICT = Grammar(KEYED.columns, strict=True)
+
+
+# -- query shapes ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Query:
+    """One generated statement; ``keys`` leading result columns are its GROUP BY keys.
+
+    ``grouped``: it has a GROUP BY (its keys may be left out of the select list).
+    ``total_key``: the statement has no WHERE and its one key is a CASE over conditions that
+    cannot fail, with constant branches and an ELSE, so every row lands in a declared bin.
+    ``rows_vary``: its row count is itself a noisy release (a rule list's length).
+    """
+
+    sql: str
+    keys: int = 0
+    grouped: bool = False
+    total_key: bool = False
+    rows_vary: bool = False
+
+
+AGGREGATES = (
+    "COUNT(*)",
+    "SUM(cost)",
+    "AVG(cost)",
+    "SUM(age)",
+    "AVG(age)",
+    "COUNT(cost)",
+    "COUNT(diagnosis)",
+    "VARIANCE(age)",
+    "STDDEV(cost)",
+    "COUNT(DISTINCT patient_id)",
+)
+#: Conditions a hostile analyst adds to single out the extra unit of D′ (or nobody in D).
+PROBES = (
+    f"patient_id = {EXTRA_UNIT}",
+    f"patient_id >= {EXTRA_UNIT}",
+    "age > 100",
+    "age < 0",
+    "cost > 1e300",
+    "visit_date > DATE '9000-01-01'",
+    "visit_date < DATE '1000-01-01'",
+    "department = 'ONCOLOGY\u200b'",
+    "diagnosis IS NULL",
+    "smoker IS NULL",
+)
+
+
+TRUTH_TESTS = ("", " IS TRUE", " IS NOT TRUE", " IS FALSE", " IS NOT FALSE")
+
+
+def conditions(depth: int = 3) -> Strategy[str]:
+    """WHERE conditions: BOOLEAN expressions, values of any type used as truth values
+    (``diagnosis``, ``LOWER(diagnosis) IS TRUE``), half of them behind a probe that only the
+    extra unit passes."""
+    typed = st.integers(1, depth).flatmap(lambda d: FULL.expr("bool", d))
+    value = st.sampled_from(TYPES).flatmap(lambda t: FULL.expr(t, 1))
+    loose = st.tuples(value, st.sampled_from(TRUTH_TESTS)).map(lambda p: f"{p[0]}{p[1]}")
+    cond = st.one_of(typed, loose)
+    probed = st.tuples(st.sampled_from(PROBES), cond).map(_fmt("{} AND {}"))
+    return st.one_of(cond, probed)
+
+
+def where_clause(typed_only: bool = False) -> Strategy[str]:
+    """No WHERE, a well-typed one, or any condition (beside GROUP BY keys and aggregates)."""
+    typed = st.integers(1, 2).flatmap(lambda d: STRICT.expr("bool", d))
+    options = [st.just(""), typed.map(lambda c: f" WHERE {c}")]
+    if not typed_only:
+        options.append(conditions(2).map(lambda c: f" WHERE {c}"))
+    return st.one_of(*options)
+
+
+def aggregate_lists() -> Strategy[str]:
+    return st.lists(st.sampled_from(AGGREGATES), min_size=1, max_size=2, unique=True).map(", ".join)
+
+
+@st.composite
+def where_queries(draw: st.DrawFn) -> Query:
+    """``SELECT <aggregates> FROM visits WHERE <condition>``."""
+    aggs = draw(aggregate_lists())
+    return Query(f"SELECT {aggs} FROM {TABLE} WHERE {draw(conditions())}")
+
+
+SAFE_CONDITIONS = (
+    "age > 50",
+    "age <= 17",
+    "cost < 100",
+    "cost >= 1000.5",
+    "department = 'oncology'",
+    "department IN ('cardiology', 'neurology')",
+    "smoker",
+    "NOT smoker",
+    "visit_date < DATE '2025-01-01'",
+    "diagnosis = 'J06'",
+    "diagnosis LIKE 'Z%'",
+)
+#: Branch constants of one type family each; decimals that are not binary fractions included.
+CASE_CONSTANTS = (
+    ("0.1", "0.3", "2.7", "-0.25", "1.5"),
+    ("0", "1", "2", "-7", "100"),
+    ("'child'", "'adult'", "'é'", "''"),
+    ("TRUE", "FALSE"),
+    ("CAST('nan' AS DOUBLE)", "CAST('inf' AS DOUBLE)", "-0.0", "0.5", "1e308"),
+)
+
+
+@st.composite
+def constant_case(draw: st.DrawFn) -> str:
+    """A total CASE key: conditions that cannot fail, constant branches, an ELSE."""
+    family = draw(st.sampled_from(CASE_CONSTANTS))
+    n = draw(st.integers(1, 2))
+    conds = draw(st.lists(st.sampled_from(SAFE_CONDITIONS), min_size=n, max_size=n))
+    consts = draw(st.lists(st.sampled_from(family), min_size=n + 1, max_size=n + 1))
+    whens = " ".join(f"WHEN {c} THEN {v}" for c, v in zip(conds, consts, strict=False))
+    return f"CASE {whens} ELSE {consts[-1]} END"
+
+
+#: Coarse numeric bins (few values, so thresholding releases some) and special doubles.
+COARSE = (
+    "FLOOR(age / 10)",
+    "ROUND(cost, -3)",
+    "CAST(YEAR(visit_date) AS DOUBLE)",
+    "SQRT(age - 50)",
+    "LN(age)",
+)
+SPECIAL_DOUBLES = (
+    "CAST('nan' AS DOUBLE)",
+    "CAST('inf' AS DOUBLE)",
+    "-0.0",
+    "0.1",
+    "1e308",
+    "NULL",
+)
+
+
+@st.composite
+def coarse_case(draw: st.DrawFn) -> str:
+    """``CASE WHEN <condition> THEN <special double> ELSE <coarse bin> END`` (NaN keys), over
+    columns without a public domain mostly, so that the groups are thresholded."""
+    private = st.sampled_from([c for c in SAFE_CONDITIONS if "diagnosis" in c or "date" in c])
+    cond = draw(st.one_of(private, st.sampled_from(SAFE_CONDITIONS), FULL.expr("bool", 1)))
+    then = draw(st.sampled_from(SPECIAL_DOUBLES + COARSE))
+    other = draw(st.sampled_from(COARSE + SPECIAL_DOUBLES))
+    return f"CASE WHEN {cond} THEN {then} ELSE {other} END"
+
+
+#: Keys whose values no release should have to handle: a STRUCT with a NULL field in some
+#: groups, dates pushed past 9999, lists, BLOB, UUID, TIME, INTERVAL, TIMESTAMP.
+ODD_KEYS = (
+    "({public}, NULLIF({text}, {literal}))",
+    "({text}, {public})",
+    "(visit_date + {days})",
+    "(visit_date - {days})",
+    "(DATE_TRUNC('year', visit_date) + INTERVAL {days} DAY)",
+    "CAST('[' || {text} || ']' AS VARCHAR[])",
+    "CAST({text} AS BLOB)",
+    "TRY_CAST({text} AS UUID)",
+    "CAST(CAST(visit_date AS TIMESTAMP) AS TIME)",
+    "(CAST(visit_date AS TIMESTAMP) - CAST(DATE '2024-01-01' AS TIMESTAMP))",
+    "CAST(visit_date AS TIMESTAMP)",
+)
+
+
+@st.composite
+def odd_keys(draw: st.DrawFn) -> str:
+    """One of ODD_KEYS over columns (mostly bare, so that the extra unit's NULL row and its
+    dates at the ends of the calendar reach the key) or small text expressions."""
+    template = draw(st.sampled_from(ODD_KEYS))
+    columns = st.sampled_from(("diagnosis", "department"))
+    return template.format(
+        public=draw(st.sampled_from(PUBLIC_COLUMNS)),
+        text=draw(st.one_of(columns, KEYED.expr("text", 1))),
+        literal=draw(st.one_of(st.sampled_from(("'J06'", "'oncology'")), text_literals())),
+        days=draw(st.sampled_from(("1", "365", "-1", "3000000"))),
+    )
+
+
+PUBLIC_KEYS = (
+    "department",
+    "smoker",
+    "age",
+    "FLOOR(age / 10) * 10",
+    "age // 10",
+    "LOWER(department)",
+    "UPPER(SUBSTRING(department, 1, 3))",
+    "CASE WHEN age < 18 THEN 'child' ELSE 'adult' END",
+)
+
+
+def _mentions_column(sql: str) -> bool:
+    return any(name in sql for name in COLUMNS)
+
+
+def group_keys() -> Strategy[str]:
+    """Public keys, functions of public columns, arbitrary expressions, odd-typed keys."""
+    return st.one_of(
+        st.sampled_from(PUBLIC_KEYS),
+        constant_case(),
+        coarse_case(),
+        odd_keys(),
+        st.sampled_from(TYPES).flatmap(lambda t: PUBLIC_STRICT.expr(t, 2)).filter(_mentions_column),
+        st.sampled_from(TYPES).flatmap(lambda t: PUBLIC.expr(t, 2)).filter(_mentions_column),
+        st.sampled_from(TYPES).flatmap(lambda t: KEYED_STRICT.expr(t, 2)).filter(_mentions_column),
+        st.sampled_from(TYPES).flatmap(lambda t: KEYED.expr(t, 2)).filter(_mentions_column),
+        KEYED.other(1).filter(_mentions_column),
+    )
+
+
+def typed_keys() -> Strategy[str]:
+    """Well-typed keys a typed binder should answer: public ones and typed expressions."""
+    return st.one_of(
+        st.sampled_from(PUBLIC_KEYS),
+        st.sampled_from(TYPES).flatmap(lambda t: PUBLIC_STRICT.expr(t, 2)).filter(_mentions_column),
+        st.sampled_from(TYPES).flatmap(lambda t: KEYED_STRICT.expr(t, 2)).filter(_mentions_column),
+    )
+
+
+def special_keys() -> Strategy[str]:
+    """Keys aimed at the release: odd types and values, NaN bins."""
+    return st.one_of(odd_keys(), coarse_case())
+
+
+def _is_row(sql: str) -> bool:
+    """Whether a key is a row ``(a, b)``: the binder takes those in GROUP BY only."""
+    try:
+        return isinstance(sqlglot.parse_one(sql, read="duckdb"), exp.Tuple)
+    except sqlglot.errors.SqlglotError:
+        return False
+
+
+@st.composite
+def key_queries(
+    draw: st.DrawFn, keys_of: Callable[[], Strategy[str]] = group_keys, typed_only: bool = False
+) -> Query:
+    """``SELECT [keys,] <aggregates> FROM visits [WHERE ...] GROUP BY <ordinals | keys>``."""
+    keys = draw(st.lists(keys_of(), min_size=1, max_size=2))
+    where = draw(where_clause(typed_only))
+    aggs = draw(aggregate_lists())
+    form = draw(st.sampled_from(("ordinal", "expression", "hidden")))
+    if any(_is_row(k) for k in keys):
+        form = "hidden"
+    items = ", ".join(f"{k} AS k{i}" for i, k in enumerate(keys))
+    if form == "hidden":  # GROUP BY keys that are not selected
+        sql = f"SELECT {aggs} FROM {TABLE}{where} GROUP BY {', '.join(keys)}"
+        return Query(sql, grouped=True)
+    if form == "ordinal":
+        group = ", ".join(str(i + 1) for i in range(len(keys)))
+    else:
+        group = ", ".join(keys)
+    sql = f"SELECT {items}, {aggs} FROM {TABLE}{where} GROUP BY {group}"
+    return Query(sql, keys=len(keys), grouped=True)
+
+
+@st.composite
+def total_key_queries(draw: st.DrawFn) -> Query:
+    """``SELECT <constant CASE> AS k0, COUNT(*) FROM visits GROUP BY 1``: every row in a bin."""
+    key = draw(constant_case())
+    sql = f"SELECT {key} AS k0, COUNT(*) AS n FROM {TABLE} GROUP BY 1"
+    return Query(sql, keys=1, grouped=True, total_key=True)
+
+
+AGG_FUNCTIONS = (
+    "COUNT",
+    "SUM",
+    "AVG",
+    "VARIANCE",
+    "VAR_POP",
+    "STDDEV",
+    "STDDEV_POP",
+    "MIN",
+    "MEDIAN",
+)
+
+
+def aggregate_queries() -> Strategy[Query]:
+    """Aggregates over bounded columns, and over any column or expression (mostly refused)."""
+    arg = st.one_of(
+        st.sampled_from(list(COLUMNS)),
+        st.sampled_from(list(COLUMNS)).map(lambda c: f"DISTINCT {c}"),
+        st.sampled_from(("int", "float")).flatmap(lambda t: FULL.expr(t, 1)),
+    )
+    call = st.tuples(st.sampled_from(AGG_FUNCTIONS), arg).map(_fmt("{}({})"))
+    items = st.one_of(aggregate_lists(), call)
+    return st.tuples(items, where_clause()).map(
+        lambda p: Query(f"SELECT {p[0]} FROM {TABLE}{p[1]}")
+    )
+
+
+def _mistyped_values() -> Strategy[str]:
+    return st.one_of(
+        st.sampled_from(INT_LITERALS[:9]),
+        st.sampled_from(("1.0", "0.5", "1.5", "1e308", "1e-308", "-1.0")),
+        st.sampled_from(("TRUE", "FALSE")),
+        st.sampled_from(("oncology", "J06", "2024-01-01", "x", "")).map(quote),
+        text_literals(),
+    )
+
+
+#: Rule-list labels and a positive class of the right type for each (None: a bool label).
+LABELS: dict[str, str | None] = {
+    "smoker": None,
+    "department": "'oncology'",
+    "diagnosis": "'J06'",
+    "age": "30",
+    "cost": "100.5",
+    "visit_date": "DATE '2024-01-01'",
+}
+#: Arguments with a well-typed value, each of which the generator may replace by any literal.
+RULE_LIST_DEFAULTS: dict[str, tuple[str, ...]] = {
+    "epsilon": ("1.0", "0.5"),
+    "max_length": ("2", "3"),
+    "features": ("'age, department'", "'smoker, department'", "'diagnosis'", "'nope'"),
+    "delta": ("1e-6",),
+    "min_support": ("0.05",),
+    "max_card": ("1", "2"),
+    "mechanism": ("'monotone_em'", "'smooth_laplace'", "'none'"),
+}
+
+
+@st.composite
+def rule_list_queries(draw: st.DrawFn) -> Query:
+    """``SELECT * FROM dp_rule_list('visits', label => ..., positive => ..., ...)``: a valid
+    call with some arguments given values of the wrong type."""
+    mistyped = _mistyped_values()
+    label = draw(st.sampled_from(list(LABELS)))
+    args: dict[str, str] = {"label": quote(label)}
+    if LABELS[label] is not None or draw(st.booleans()):
+        args["positive"] = draw(st.one_of(st.just(LABELS[label] or "TRUE"), mistyped))
+    args["mechanism"] = "'monotone_em'"
+    args["max_length"] = "2"
+    for name in draw(st.lists(st.sampled_from(sorted(RULE_LIST_DEFAULTS)), max_size=2)):
+        args[name] = draw(st.one_of(st.sampled_from(RULE_LIST_DEFAULTS[name]), mistyped))
+    if draw(st.integers(0, 9)) == 0:
+        args["label"] = draw(st.one_of(mistyped, st.just("'nope'")))
+    if "DATE" in args.get("positive", ""):  # arguments are literals: keep the text form
+        args["positive"] = args["positive"].replace("DATE ", "")
+    text = ", ".join(f"{k} => {v}" for k, v in args.items())
+    return Query(f"SELECT * FROM dp_rule_list('{TABLE}', {text})", rows_vary=True)
+
+
+def comments() -> Strategy[str]:
+    return st.one_of(st.sampled_from(COMMENT_TEXTS), st.text(max_size=4))
+
+
+@st.composite
+def commented(draw: st.DrawFn, queries: Strategy[Query]) -> Query:
+    """``queries`` with block or line comments at the start, after FROM, or at the end."""
+    query = draw(queries)
+    sql = query.sql
+    where = draw(st.sampled_from(("start", "from", "end", "line")))
+    body = draw(comments()).replace("*/", "* /")
+    if where == "start":
+        sql = f"/* {body} */ {sql}"
+    elif where == "from":
+        sql = sql.replace(f"FROM {TABLE}", f"FROM {TABLE} /* {body} */", 1)
+    elif where == "end":
+        sql = f"{sql} -- {body}".replace("\n", " ")
+    else:
+        sql = f"-- {body.replace(chr(10), ' ')}\n{sql}"
+    return Query(sql, query.keys, query.grouped, query.total_key, query.rows_vary)
+
+
+def simple_queries() -> Strategy[Query]:
+    """Small statements to carry comments: each shape, shallow."""
+    return st.one_of(
+        st.just(Query(f"SELECT COUNT(*) FROM {TABLE}")),
+        st.just(Query(f"SELECT department AS k0, COUNT(*) FROM {TABLE} GROUP BY 1", 1, True)),
+        st.just(Query(f"SELECT diagnosis AS k0, SUM(cost) FROM {TABLE} GROUP BY 1", 1, True)),
+        conditions(1).map(lambda c: Query(f"SELECT AVG(age) FROM {TABLE} WHERE {c}")),
+        st.just(
+            Query(
+                f"SELECT * FROM dp_rule_list('{TABLE}', label => 'smoker', "
+                "mechanism => 'monotone_em', max_length => 2)",
+                rows_vary=True,
+            )
+        ),
+    )
+
+
+def lone_surrogate(text: str) -> bool:
+    """Whether ``text`` is not valid Unicode (holds an unpaired surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+__all__: Sequence[str] = (
+    "EXTRA_UNIT",
+    "Query",
+    "aggregate_queries",
+    "commented",
+    "key_queries",
+    "lone_surrogate",
+    "rule_list_queries",
+    "simple_queries",
+    "total_key_queries",
+    "where_queries",
+)
