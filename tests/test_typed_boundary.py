@@ -383,3 +383,12 @@ def _cached_texts(positions) -> list[tuple]:
     positions._tokens_cached("SELECT COUNT(*) FROM visits WHERE age > 1")
     hit = positions._tokens_cached.cache_info().hits > before
     return [("SELECT COUNT(*) FROM visits WHERE age > 1",)] if hit else []
+
+
+def test_a_huge_max_card_is_refused_without_enumerating(fresh):
+    error = _refused(
+        fresh,
+        "SELECT * FROM dp_rule_list('visits', label => 'smoker', "
+        "mechanism => 'monotone_em', max_card => 1e308)",
+    )
+    assert error.sqlstate == "54000"

@@ -16,6 +16,7 @@ See docs/rulelist.md for the wiring and the guarantees.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -315,6 +316,17 @@ def plan_rule_list(
         )
     if max_card < 1:
         raise ProgrammingError("max_card must be >= 1", sqlstate="22023", construct="max_card")
+    # A conjunction holds at most one literal per feature: a larger max_card adds nothing,
+    # and bounding it (and the count below) keeps a free refusal from running unbounded.
+    max_card = min(max_card, len(feats))
+    literals = 2 * len(feats)
+    if sum(math.comb(literals, k) for k in range(1, max_card + 1)) > 50 * MAX_CANDIDATES:
+        raise ProgrammingError(
+            f"the candidate rules would exceed the limit of {MAX_CANDIDATES}",
+            sqlstate="54000",
+            construct="features",
+            hint="name fewer columns in features => '...' or use max_card => 1",
+        )
     rules = public_candidates(feats, max_card)
     if len(rules) > MAX_CANDIDATES:
         raise ProgrammingError(

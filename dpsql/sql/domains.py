@@ -83,8 +83,10 @@ def _constant_case(expr: exp.Expression) -> list[Any] | None:
             value = None
         elif isinstance(b, exp.Literal):
             value = b.this if b.is_string else float(b.this)
-            if not b.is_string and float(b.this).is_integer():
-                value = int(float(b.this))
+            # Whole numbers that fit BIGINT are ints; larger ones (1e308) stay DOUBLE, as the
+            # engine releases them.
+            if not b.is_string and value.is_integer() and abs(value) < 2**63:
+                value = int(value)
         elif isinstance(b, exp.Boolean):
             value = b.this
         else:
