@@ -573,12 +573,14 @@ class SQLiteLedger:
         with self._write() as conn:
             row = (
                 conn.execute(
-                    "SELECT id FROM charge_log WHERE dataset = ? AND analyst = ? AND kind = 'charge' "
+                    "SELECT id FROM charge_log "
+                    "WHERE dataset = ? AND analyst = ? AND kind = 'charge' "
                     "AND plan_hash = ? ORDER BY id DESC LIMIT 1",
                     (dataset, analyst, cache_key),
                 ).fetchone()
                 or conn.execute(
-                    "SELECT id FROM charge_log WHERE dataset = ? AND analyst = ? AND kind = 'charge' "
+                    "SELECT id FROM charge_log "
+                    "WHERE dataset = ? AND analyst = ? AND kind = 'charge' "
                     "ORDER BY id DESC LIMIT 1",
                     (dataset, analyst),
                 ).fetchone()
