@@ -148,13 +148,9 @@ class ShadowTypes:
         if not expressions:
             return []
         sql = f"SELECT {', '.join(f'({e})' for e in expressions)} FROM {quote_ident(table)} LIMIT 0"
-        with self._lock:
-            cur = self._con.cursor()
-            try:
-                cur.execute(sql)
-                return [str(d[1]) for d in cur.description]
-            finally:
-                cur.close()
+        with self._lock:  # one connection, no cursor per call (a cursor costs ~0.2 ms)
+            description = self._con.execute(sql).description
+            return [str(d[1]) for d in description]
 
     def close(self) -> None:
         self._con.close()
@@ -165,10 +161,14 @@ def type_query(query: BoundQuery, shadow: ShadowTypes) -> BoundQuery:
     table = query.table.name
     keys = [k.sql for k in query.keys]
     where = [query.where.sql(dialect=DIALECT)] if query.where is not None else []
-    check_binds(shadow, table, keys + where)
     contexts = list(_boolean_contexts(query.where)) if query.where is not None else []
     sqls = keys + [node.sql(dialect=DIALECT) for node, _ in contexts]
-    types = _types_or_none(shadow, table, sqls)
+    try:  # one binder call in the common case: the keys and every condition together
+        types: list[str | None] = list(shadow.types(table, keys + where + sqls[len(keys) :]))
+        del types[len(keys) : len(keys) + len(where)]
+    except duckdb.Error:
+        check_binds(shadow, table, keys + where)  # raises the refusal for the whole query
+        types = _types_or_none(shadow, table, sqls)
     key_types, condition_types = types[: len(keys)], types[len(keys) :]
     for (node, role), duck_type in zip(contexts, condition_types, strict=True):
         if duck_type is not None and duck_type not in BOOLEAN_TYPES:
