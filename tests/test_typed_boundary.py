@@ -392,3 +392,16 @@ def test_a_huge_max_card_is_refused_without_enumerating(fresh):
         "mechanism => 'monotone_em', max_card => 1e308)",
     )
     assert error.sqlstate == "54000"
+
+
+def test_explain_at_a_huge_noise_scale_computes_its_intervals():
+    """The interval / threshold searches bracket and bisect: a tiny epsilon (scale ~1e305)
+    used to step by one forever in a free EXPLAIN, pinning a thread."""
+    service = dpsql.Service(fixture_policy(), ledger=MemoryLedger(), cache=False)
+    cur = service.connect("mallory").cursor()
+    cur.execute("SET epsilon = 1e-300")
+    cur.execute("EXPLAIN SELECT diagnosis, SUM(cost) FROM visits GROUP BY diagnosis")
+    rows = cur.fetchall()
+    assert any("tau" in str(r[1]) for r in rows)
+    assert all(r[-1] is None or r[-1] > 1e290 for r in rows[:2])
+    service.close()

@@ -129,13 +129,38 @@ def _cached_search(mech: Mechanism, kind: str, target: float) -> int:
 
 
 def _smallest_m(tail: Callable[[int], float], target: float, guess: int) -> int:
-    """Smallest integer m with tail(m) <= target, for a non-increasing ``tail``."""
-    m = guess
-    while tail(m) > target:
-        m += 1
-    while tail(m - 1) <= target:
-        m -= 1
-    return m
+    """Smallest integer m with tail(m) <= target, for a non-increasing ``tail``.
+
+    Gallops from ``guess`` (steps 1, 2, 4, ...) to bracket the answer, then bisects: a few
+    calls when the guess is close, O(log) when it is far (a huge noise scale, where stepping
+    by one never finished and let a free EXPLAIN pin a thread).
+    """
+    step = 1
+    if tail(guess) > target:
+        low = guess  # tail(low) > target
+        while tail(low + step) > target:
+            low += step
+            step = _doubled(step)
+        high = low + step
+    else:
+        high = guess  # tail(high) <= target
+        while tail(high - step) <= target:
+            high -= step
+            step = _doubled(step)
+        low = high - step
+    while high - low > 1:
+        middle = (low + high) // 2
+        if tail(middle) > target:
+            low = middle
+        else:
+            high = middle
+    return high
+
+
+def _doubled(step: int) -> int:
+    if step > 1 << 1000:  # past any float: the tail cannot be evaluated there
+        raise ValueError("the noise scale is too large to compute its intervals")
+    return step * 2
 
 
 # --- fixed-point release -------------------------------------------------------------------
