@@ -1,8 +1,9 @@
-"""A DuckDB connection that holds no private data: domains, typing and post-processing.
+"""A DuckDB connection that holds no private data: domains and post-processing.
 
-It has empty shadow copies of the policy's tables (same names and types, zero rows) so that
-expressions can be typed, and it evaluates post-processing (HAVING, ORDER BY, arithmetic over
-released aggregates) on a table of already-noised values. External access is off and its
+It has empty shadow copies of the policy's tables (same names and types, zero rows; typing
+itself runs on dpsql.sql.typecheck's own connection), enumerates public domains, and
+evaluates post-processing (HAVING, ORDER BY, arithmetic over released aggregates) on a table
+of already-noised values. External access is off and its
 configuration locked, like the private engine's.
 
 Post-processing SQL comes from the analyst (a ``SELECT`` without ``FROM``, expressions over the
@@ -56,44 +57,6 @@ class Scratch:
         cur = self._con.cursor()
         try:
             return cur.execute(sql).fetchall()
-        finally:
-            cur.close()
-
-    def types(self, table: str, expressions: Sequence[str]) -> list[str]:
-        """DuckDB types of expressions over an (empty) shadow table."""
-        if not expressions:
-            return []
-        cur = self._con.cursor()
-        try:
-            cur.execute(f"SELECT {', '.join(expressions)} FROM {_q(table)} LIMIT 0")
-            return [str(d[1]) for d in cur.description]
-        finally:
-            cur.close()
-
-    def check_types(self, table: str, expressions: Sequence[str]) -> None:
-        """Bind expressions against the empty shadow table; raise on a type error.
-
-        The shadow holds no rows, so the message depends only on the SQL text and schema.
-        """
-        if not expressions:
-            return
-        cur = self._con.cursor()
-        try:
-            cur.execute(f"SELECT {', '.join(expressions)} FROM {_q(table)} LIMIT 0")
-        except duckdb.ConversionException as exc:
-            raise DataError(
-                f"invalid value for the column's type: {_first_line(exc)}",
-                sqlstate="22P02",
-                construct="literal",
-                hint="compare columns with literals of their declared type",
-            ) from None
-        except duckdb.Error as exc:
-            raise ProgrammingError(
-                f"type error: {_first_line(exc)}",
-                sqlstate="42804",
-                construct="expression",
-                hint="check the operand types against the policy's column types",
-            ) from None
         finally:
             cur.close()
 
@@ -416,8 +379,3 @@ def cast_value(value: Any, sql_type: str) -> Any:
     ):
         return value
     raise NotPlain(sql_type)
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return text[:300]
