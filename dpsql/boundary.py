@@ -57,23 +57,16 @@ def charged_boundary() -> Iterator[None]:
     """Turn every failure inside the block into :class:`ChargedFailure` (a cancel stays 57014)."""
     try:
         yield
-    except OperationalError as exc:
-        if exc.sqlstate == CANCELLED:
+    except Exception as exc:
+        if isinstance(exc, OperationalError) and exc.sqlstate == CANCELLED:
             raise ChargedFailure(
                 CANCELLED_AFTER_READ,
                 sqlstate=CANCELLED,
                 hint="the budget for this query was spent; re-running it costs again",
             ) from None
         log.info("query failed after its cost was charged", exc_info=True)
-        raise _failed() from None
-    except Exception:
-        log.info("query failed after its cost was charged", exc_info=True)
-        raise _failed() from None
-
-
-def _failed() -> ChargedFailure:
-    return ChargedFailure(
-        FAILED_AFTER_READ,
-        hint="no detail is given, since it could depend on the data; re-running it costs "
-        "again; if it keeps failing, report the query to the operator",
-    )
+        raise ChargedFailure(
+            FAILED_AFTER_READ,
+            hint="no detail is given, since it could depend on the data; re-running it costs "
+            "again; if it keeps failing, report the query to the operator",
+        ) from None

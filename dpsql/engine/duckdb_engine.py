@@ -164,8 +164,9 @@ class DuckDBEngine:
     def _run(self, sql: str, handle: QueryHandle | None, fetch: Callable[[Any], Any]) -> Any:
         """Run generated SQL on a fresh cursor that ``handle`` can interrupt.
 
-        Engine errors are reported by class only (their text may quote data), and always
-        before anything is charged.
+        Engine errors are reported by class only (their text may quote data); the pipeline
+        has charged the query before this runs and turns any error into its one uniform
+        charged failure (dpsql.boundary).
         """
         cursor = self._con.cursor()
         try:
@@ -176,13 +177,11 @@ class DuckDBEngine:
             cursor.execute(sql.replace(f"{KEYED_HASH}(", "HASH("))
             return fetch(cursor)
         except duckdb.InterruptException:
-            raise OperationalError(
-                "query cancelled", sqlstate="57014", hint="no budget was spent"
-            ) from None
+            raise OperationalError("query cancelled", sqlstate="57014") from None
         except duckdb.Error as exc:
             raise OperationalError(
                 f"engine error: {type(exc).__name__}",
-                hint="no budget was spent; please report this query",
+                hint="please report this query",
             ) from None
         finally:
             if handle is not None:

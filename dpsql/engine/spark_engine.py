@@ -432,19 +432,17 @@ class SparkEngine:
             raise
         except Exception as exc:
             if handle is not None and handle.interrupted:
-                raise OperationalError(
-                    "query cancelled", sqlstate="57014", hint="no budget was spent"
-                ) from None
+                raise OperationalError("query cancelled", sqlstate="57014") from None
             condition = _spark_condition(exc)
             if condition in ("Py4JNetworkError", "Py4JError", "ConnectionRefusedError"):
                 raise OperationalError(
                     "the Spark driver is gone (its Java process stopped)",
                     sqlstate="08006",
-                    hint="no budget was spent; reconnect to start a new Spark session",
+                    hint="reconnect to start a new Spark session",
                 ) from None
             raise OperationalError(
                 f"engine error: {condition}",
-                hint="no budget was spent; please report this query",
+                hint="please report this query",
             ) from None
         finally:
             if handle is not None:
