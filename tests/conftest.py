@@ -22,6 +22,7 @@ import pytest
 import dpsql
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import ZeroNoise
+from dpsql.privacy.sqlite_ledger import SQLiteLedger
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE_TOML = ROOT / "fixtures" / "visits.toml"
@@ -161,6 +162,16 @@ class EngineSpy:
     @property
     def calls(self) -> int:
         return len(self.sql)
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def any_ledger(request, tmp_path: Path):
+    """A MemoryLedger and a SQLiteLedger: protocol-level behaviour must be the same for both."""
+    if request.param == "memory":
+        yield MemoryLedger()
+    else:
+        with SQLiteLedger(tmp_path / "l.sqlite") as led:
+            yield led
 
 
 @pytest.fixture(scope="session")

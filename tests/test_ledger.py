@@ -30,16 +30,6 @@ def ledger(path: Path):
         yield led
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-def any_ledger(request, tmp_path: Path):
-    """Protocol-level behaviour must be the same for both implementations."""
-    if request.param == "memory":
-        yield MemoryLedger()
-    else:
-        with SQLiteLedger(tmp_path / "l.sqlite") as led:
-            yield led
-
-
 def charge(led, cost: Cost, analyst: str = "alice", dataset: str = "ds", **kw) -> None:
     kw.setdefault("query_text", "SELECT COUNT(*) FROM t")
     kw.setdefault("plan_hash", "p1")

@@ -24,15 +24,6 @@ ONE = Budget(epsilon=1.0, delta=1e-6)
 TINY = 2.0**-53
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-def any_ledger(request, tmp_path: Path):
-    if request.param == "memory":
-        yield MemoryLedger()
-    else:
-        with SQLiteLedger(tmp_path / "l.sqlite") as led:
-            yield led
-
-
 def charge(led, cost: Cost, budget: Budget = ONE, **kw) -> None:
     kw.setdefault("query_text", "SELECT COUNT(*) FROM t")
     kw.setdefault("plan_hash", "p1")
