@@ -174,6 +174,23 @@ def any_ledger(request, tmp_path: Path):
             yield led
 
 
+def local_spark() -> Any:
+    """The test suite's one local Spark session (two cores, no UI), created or joined."""
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("dpsql-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
 @pytest.fixture(scope="session")
 def visits() -> Iterable[dpsql.Connection]:
     """Exact connection to the shipped fixture with its own policy (R = 5, G = 3)."""

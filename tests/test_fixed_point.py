@@ -23,7 +23,7 @@ from pathlib import Path
 import duckdb
 import pytest
 import sqlglot
-from conftest import table_policy, write_csv
+from conftest import local_spark, table_policy, write_csv
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -347,18 +347,7 @@ SPARK_CASES = [CASES[0], CASES[4], CASES[7]]  # ~1 s a query: the issue's, negat
 @pytest.fixture(scope="module")
 def spark():
     pytest.importorskip("pyspark", reason="pyspark is not installed")
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("dpsql-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
+    session = local_spark()
     yield session
 
 

@@ -32,6 +32,7 @@ from conftest import (
     exact_connect,
     fixture_policy,
     heavy_policy,
+    local_spark,
     rows_of,
     table_policy,
     write_csv,
@@ -48,18 +49,7 @@ pytestmark = pytest.mark.spark
 
 @pytest.fixture(scope="module")
 def spark():
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("dpsql-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
+    session = local_spark()
     yield session
     session.stop()
 
