@@ -28,6 +28,7 @@ from dpsql.errors import (
 )
 from dpsql.policy import Policy, TablePolicy
 from dpsql.sql.positions import _tokens, forget_tokens, offset_position, position_of, snippet
+from dpsql.table_functions import TABLE_FUNCTIONS, result_columns
 
 logging.getLogger("sqlglot").setLevel(logging.ERROR)
 
@@ -209,12 +210,14 @@ class PublicSelect:
 
 @dataclass(frozen=True)
 class RuleListCall:
-    """``SELECT … FROM dp_rule_list('table', label => …, …)``: the DP rule-list learner."""
+    """``SELECT … FROM dp_rule_list('table', label => …, …)`` or another DP table function
+    (:mod:`dpsql.table_functions` names them and their result columns)."""
 
     text: str
     table: TablePolicy
     arguments: dict[str, Any]
     post: exp.Select  # over table __released with the function's result columns
+    function: str = "dp_rule_list"
 
 
 @dataclass(frozen=True)
@@ -545,7 +548,7 @@ class _Binder:
         if (
             isinstance(source, exp.Table)
             and isinstance(source.this, exp.Anonymous)
-            and source.this.name.lower() == "dp_rule_list"
+            and source.this.name.lower() in TABLE_FUNCTIONS
         ):
             return self._rule_list(source.this)
         self._bind_from(from_.this)
@@ -584,14 +587,13 @@ class _Binder:
         )
 
     def _rule_list(self, call: exp.Anonymous) -> RuleListCall:
-        from dpsql.rulelist.table_function import COLUMNS
-
+        function = call.name.lower()
         args = call.expressions
         if not args or not (isinstance(args[0], exp.Literal) and args[0].is_string):
             raise self.refuse(
-                "dp_rule_list needs the table name first",
+                f"{function} needs the table name first",
                 call,
-                "dp_rule_list('table', label => 'column', epsilon => 1.0, ...)",
+                f"{function}('table', label => 'column', epsilon => 1.0, ...)",
             )
         table = self.policy.table(args[0].this)
         if table is None:
@@ -604,20 +606,30 @@ class _Binder:
             )
         arguments: dict[str, Any] = {}
         for arg in args[1:]:
+            if (
+                isinstance(arg, exp.Kwarg)
+                and isinstance(arg.expression, exp.Array)
+                and all(
+                    isinstance(e, exp.Literal) and e.is_string for e in arg.expression.expressions
+                )
+            ):
+                # features => ['age', 'smoker']: a list of names
+                arguments[arg.this.name.lower()] = [e.this for e in arg.expression.expressions]
+                continue
             if not isinstance(arg, exp.Kwarg) or not isinstance(
                 arg.expression, exp.Literal | exp.Boolean | exp.Neg
             ):
                 raise self.refuse(
-                    "dp_rule_list arguments are name => literal",
+                    f"{function} arguments are name => literal",
                     arg,
-                    "e.g. label => 'income', epsilon => 1.0",
+                    "e.g. label => 'income', epsilon => 1.0, features => ['age', 'smoker']",
                 )
             value_node = arg.expression
             if isinstance(value_node, exp.Neg) and not (
                 isinstance(value_node.this, exp.Literal) and not value_node.this.is_string
             ):
                 raise self.refuse(
-                    "dp_rule_list arguments are name => literal",
+                    f"{function} arguments are name => literal",
                     arg,
                     "a negative argument is a minus sign before a number, e.g. -1.5",
                 )
@@ -636,11 +648,11 @@ class _Binder:
         for clause in ("group", "having"):
             if self.tree.args.get(clause):
                 raise self.refuse(
-                    f"{clause.upper()} is not supported on dp_rule_list",
+                    f"{clause.upper()} is not supported on {function}",
                     self.tree.args[clause],
                     "select its columns, filter with WHERE, sort with ORDER BY",
                 )
-        names = [c for c, _ in COLUMNS]
+        names = [c for c, _ in result_columns(function)]
         post = self.tree.copy()
         post.set("from_", exp.From(this=exp.to_table(RELEASED)))
         for col in post.find_all(exp.Column):
@@ -650,7 +662,7 @@ class _Binder:
             ):
                 raise _refuse(
                     UndefinedColumnError,
-                    f"dp_rule_list has no column {col.name!r}",
+                    f"{function} has no column {col.name!r}",
                     col,
                     self.text,
                     "its columns: " + ", ".join(names),
@@ -658,8 +670,8 @@ class _Binder:
             col.set("table", None)
         for node in post.walk():
             if isinstance(node, exp.AggFunc | exp.Window | exp.Anonymous | exp.Subquery):
-                raise self._not_allowed(node, "dp_rule_list query")
-        return RuleListCall(self.text, table, arguments, post)
+                raise self._not_allowed(node, f"{function} query")
+        return RuleListCall(self.text, table, arguments, post, function)
 
     def _public_select(self) -> PublicSelect:
         for node in self.tree.walk():
