@@ -2,17 +2,33 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import os
 import threading
+import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dpsql.engine.duckdb_engine import QueryHandle
-from dpsql.errors import InterfaceError, ProgrammingError, Warning
+from dpsql.errors import (
+    BudgetWarning,
+    DatabaseError,
+    DataError,
+    Error,
+    IntegrityError,
+    InterfaceError,
+    InternalError,
+    NotSupportedError,
+    OperationalError,
+    ProgrammingError,
+    Warning,
+    check_analyst,
+)
 from dpsql.pipeline import Result, Service, Settings, _ResetRequest, reset_setting
 from dpsql.policy import Policy, load_policy
 from dpsql.privacy.ledger import EphemeralBudgetWarning, Ledger, MemoryLedger
@@ -21,11 +37,127 @@ apilevel = "2.0"
 threadsafety = 1  # threads may share the module, not connections
 paramstyle = "qmark"  # ? placeholders; $1, $2 ... are accepted too
 
+LOW_BUDGET = 0.10  # warn when less than this fraction of a budget remains
+
+
+# -- PEP 249 type objects and constructors ---------------------------------------------------
+
+
+class DBAPITypeObject:
+    """A PEP 249 type object: equal to each description type code of its kind."""
+
+    def __init__(self, name: str, *codes: str) -> None:
+        self.name = name
+        self.values = frozenset(codes)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, DBAPITypeObject):
+            return self.values == other.values
+        return isinstance(other, str) and other.upper() in self.values
+
+    def __hash__(self) -> int:
+        return hash(self.values)
+
+    def __repr__(self) -> str:
+        return f"dpsql.{self.name}"
+
+
+# Description type codes are the strings BIGINT, DOUBLE, VARCHAR, BOOLEAN, DATE, TIMESTAMP.
+STRING = DBAPITypeObject("STRING", "VARCHAR")
+NUMBER = DBAPITypeObject("NUMBER", "BIGINT", "DOUBLE")
+DATETIME = DBAPITypeObject("DATETIME", "DATE", "TIMESTAMP", "TIME")
+BINARY = DBAPITypeObject("BINARY", "BLOB")  # dpsql never releases binary values
+ROWID = DBAPITypeObject("ROWID", "ROWID")  # nor row ids
+BOOLEAN = DBAPITypeObject("BOOLEAN", "BOOLEAN")  # an extension: PEP 249 names no boolean
+
+Date = dt.date
+Time = dt.time
+Timestamp = dt.datetime
+Binary = bytes
+
+
+def DateFromTicks(ticks: float) -> dt.date:  # PEP 249 names
+    return Date(*time.localtime(ticks)[:3])
+
+
+def TimeFromTicks(ticks: float) -> dt.time:
+    return Time(*time.localtime(ticks)[3:6])
+
+
+def TimestampFromTicks(ticks: float) -> dt.datetime:
+    return Timestamp(*time.localtime(ticks)[:6])
+
+
+@dataclass(frozen=True)
+class Remaining:
+    """An analyst's budget left after a charge: (ε, δ) left and the totals they come from."""
+
+    epsilon: float
+    delta: float
+    budget_epsilon: float
+    budget_delta: float
+
+    @property
+    def low(self) -> bool:
+        """Less than :data:`LOW_BUDGET` of the ε (or of a nonzero δ) budget remains."""
+        eps_low = self.epsilon < LOW_BUDGET * self.budget_epsilon
+        delta_low = self.budget_delta > 0 and self.delta < LOW_BUDGET * self.budget_delta
+        return eps_low or delta_low
+
+    def __str__(self) -> str:
+        return (
+            f"remaining epsilon={number(self.epsilon)} of {number(self.budget_epsilon)}, "
+            f"delta={number(self.delta)} of {number(self.budget_delta)}"
+        )
+
+    def warning(self) -> str:
+        return f"less than {LOW_BUDGET:.0%} of the privacy budget remains: {self}"
+
+
+def number(value: float) -> str:
+    """One number format for every dpsql message and table: 6 significant digits, no
+    exponent between 1e-4 and 1e15, and never 17 digits of float noise."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    if value != value or value in (float("inf"), float("-inf")):
+        return str(value)
+    if value == 0:
+        return "0"
+    magnitude = abs(value)
+    if 1e-4 <= magnitude < 1e15:
+        import math
+
+        digits = max(0, 5 - math.floor(math.log10(magnitude)))
+        text = f"{value:.{digits}f}"
+        return text.rstrip("0").rstrip(".") if "." in text else text
+    return f"{value:.6g}"
+
 
 class Connection:
     """One analyst's session: their settings and budget, over a shared :class:`Service`."""
 
-    def __init__(self, service: Service, analyst: str, *, owns_service: bool = False) -> None:
+    # PEP 249 optional extension: the exception classes as connection attributes.
+    Warning = Warning
+    Error = Error
+    InterfaceError = InterfaceError
+    DatabaseError = DatabaseError
+    DataError = DataError
+    OperationalError = OperationalError
+    IntegrityError = IntegrityError
+    InternalError = InternalError
+    ProgrammingError = ProgrammingError
+    NotSupportedError = NotSupportedError
+
+    def __init__(
+        self,
+        service: Service,
+        analyst: str,
+        *,
+        owns_service: bool = False,
+        warn_low_budget: bool = False,
+    ) -> None:
         self._service = service
         self.analyst = analyst
         self._defaults = Settings.from_policy(service.policy)
@@ -34,6 +166,7 @@ class Connection:
         self._closed = False
         self._handle = QueryHandle()
         self._lock = threading.Lock()
+        self._warn_low_budget = warn_low_budget  # also as a Python warning (in-process users)
 
     @property
     def service(self) -> Service:
@@ -41,7 +174,7 @@ class Connection:
 
     @property
     def settings(self) -> dict[str, Any]:
-        return self._settings.as_dict()
+        return self._settings.shown()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -88,6 +221,14 @@ class Connection:
             except _ResetRequest as reset:
                 return reset_setting(self._settings, self._defaults, reset.name)
 
+    def _remaining(self) -> Remaining:
+        """What the analyst has left now (read after a charge: SHOW budget's figures)."""
+        service = self._service
+        dataset = service.policy.dataset
+        budget = service.ledger.budget(self.analyst, dataset, service.policy.budget)
+        left_eps, left_delta = budget.remaining(service.ledger.spent(self.analyst, dataset))
+        return Remaining(left_eps, left_delta, budget.epsilon, budget.delta)
+
     def __enter__(self) -> Connection:
         return self
 
@@ -99,15 +240,57 @@ def _description(columns: Sequence[tuple[str, str]]) -> list[tuple]:
     return [(name, code, None, None, None, None, None) for name, code in columns]
 
 
+def interval_names(name: str, taken: Sequence[str] = ()) -> tuple[str, str]:
+    """The two columns holding ``name``'s interval: ``name_low`` and ``name_high``."""
+    low, high = f"{name}_low", f"{name}_high"
+    while low in taken or high in taken:  # never shadow a column the query itself returns
+        low, high = low + "_", high + "_"
+    return low, high
+
+
+def with_intervals(
+    names: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    intervals: Sequence[Sequence[tuple[float, float] | None]],
+    columns: set[int] | None = None,
+) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Columns and rows with each released aggregate followed by its two interval bounds
+    (``columns``: which columns have intervals; default, those with one in some row)."""
+    if columns is None:
+        columns = {j for ivs in intervals for j, iv in enumerate(ivs) if iv is not None}
+    out_names: list[str] = []
+    for j, name in enumerate(names):
+        out_names.append(name)
+        if j in columns:
+            out_names.extend(interval_names(name, names))
+    out_rows = []
+    for row, ivs in zip(rows, intervals, strict=True):
+        cells: list[Any] = []
+        for j, value in enumerate(row):
+            cells.append(value)
+            if j in columns:
+                cells.extend(ivs[j] if ivs[j] is not None else (None, None))
+        out_rows.append(tuple(cells))
+    return out_names, out_rows
+
+
 class Cursor:
     arraysize = 1
 
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
         self._result: Result | None = None
+        self._remaining: Remaining | None = None
+        self._confidence = 0.95
         self._pos = 0
         self._closed = False
         self.arraysize = 1
+
+    lastrowid = None  # PEP 249: dpsql never inserts rows
+
+    @property
+    def rownumber(self) -> int | None:
+        return None if self._result is None else self._pos
 
     @property
     def description(self) -> list[tuple] | None:
@@ -123,8 +306,33 @@ class Cursor:
 
     @property
     def intervals(self) -> list[tuple[tuple[float, float] | None, ...]] | None:
-        """Per row, per column: the 95% noise interval of a released aggregate, else None."""
+        """Per row, per column: the noise interval of a released aggregate, else None, at
+        :attr:`confidence` (95% unless ``SET confidence = ...``)."""
         return None if self._result is None else self._result.intervals
+
+    @property
+    def confidence(self) -> float:
+        """The level of :attr:`intervals` for the last statement."""
+        return self._confidence
+
+    @property
+    def interval_description(self) -> list[tuple] | None:
+        """:attr:`description` with ``x_low``/``x_high`` after each column with intervals:
+        the columns of :meth:`fetchall_intervals`, :meth:`fetch_records` and :meth:`fetch_df`."""
+        if self._result is None or not self._result.description:
+            return None
+        columns = self._interval_columns()
+        out: list[tuple[str, str]] = []
+        taken = [n for n, _ in self._result.description]
+        for j, (name, code) in enumerate(self._result.description):
+            out.append((name, code))
+            if j in columns:
+                out.extend((n, "DOUBLE") for n in interval_names(name, taken))
+        return _description(out)
+
+    def _interval_columns(self) -> set[int]:
+        assert self._result is not None
+        return {j for ivs in self._result.intervals for j, iv in enumerate(ivs) if iv is not None}
 
     @property
     def cost(self) -> Any:
@@ -132,11 +340,20 @@ class Cursor:
         return None if self._result is None else self._result.cost
 
     @property
+    def remaining(self) -> Remaining | None:
+        """The analyst's budget left after the last statement's charge (None if nothing was
+        charged)."""
+        return self._remaining
+
+    @property
     def messages(self) -> list[tuple[type, str]]:
         """PEP 249 extension: notes from the last statement (e.g. why a rule list is short)."""
         if self._result is None:
             return []
-        return [(Warning, note) for note in self._result.notes]
+        notes = [(Warning, note) for note in self._result.notes]
+        if self._remaining is not None and self._remaining.low:
+            notes.append((Warning, self._remaining.warning()))
+        return notes
 
     @property
     def cached(self) -> bool:
@@ -154,9 +371,27 @@ class Cursor:
                 "named parameters are not supported", hint="use ? placeholders and a sequence"
             )
         self._result = None
+        self._remaining = None
+        self._confidence = self.connection._settings.confidence
         self._result = self.connection._run(sql, parameters)
         self._pos = 0
+        if self._result.cost is not None:
+            self._remaining = self.connection._remaining()
+            if self._remaining.low and self.connection._warn_low_budget:
+                warnings.warn(self._remaining.warning(), BudgetWarning, stacklevel=2)
         return self
+
+    def callproc(self, procname: str, parameters: Sequence[Any] = ()) -> None:
+        raise NotSupportedError(
+            "stored procedures are not supported",
+            construct="callproc",
+            hint="send an aggregate SELECT with execute()",
+        )
+
+    def nextset(self) -> None:
+        raise NotSupportedError(
+            "a statement returns one result set", construct="nextset", hint="call execute() again"
+        )
 
     def executemany(self, sql: str, seq_of_parameters: Sequence[Sequence[Any]]) -> Cursor:
         for params in seq_of_parameters:
@@ -196,14 +431,64 @@ class Cursor:
         while (row := self.fetchone()) is not None:
             yield row
 
+    def fetchall_intervals(self) -> list[tuple[Any, ...]]:
+        """The remaining rows, each released aggregate followed by its interval's low and
+        high bound (the columns of :attr:`interval_description`)."""
+        start = self._pos
+        rows = self.fetchall()
+        assert self._result is not None
+        names = [n for n, _ in self._result.description]
+        intervals = self._result.intervals[start : start + len(rows)]
+        _, flat = with_intervals(names, rows, intervals, self._interval_columns())
+        return flat
+
+    def fetch_records(self) -> list[dict[str, Any]]:
+        """The remaining rows as dicts, with ``x_low``/``x_high`` interval fields."""
+        rows = self.fetchall_intervals()
+        names = [d[0] for d in self.interval_description or []]
+        return [dict(zip(names, row, strict=True)) for row in rows]
+
+    def fetch_df(self, *, intervals: bool = True) -> Any:
+        """The remaining rows as a pandas DataFrame, with ``x_low``/``x_high`` columns."""
+        try:
+            import pandas as pd
+        except ModuleNotFoundError:
+            raise InterfaceError(
+                "fetch_df needs pandas", hint="pip install pandas (or 'dpsql[pandas]')"
+            ) from None
+        if intervals:
+            rows = self.fetchall_intervals()
+            names = [d[0] for d in self.interval_description or []]
+        else:
+            rows = self.fetchall()
+            names = [d[0] for d in self.description or []]
+        return pd.DataFrame.from_records(rows, columns=names)
+
     def setinputsizes(self, sizes: Any) -> None:
-        pass
+        """PEP 249: accepted and ignored (parameters are bound as literals)."""
 
     def setoutputsize(self, size: Any, column: Any = None) -> None:
-        pass
+        """PEP 249: accepted and ignored (results are small and fetched whole)."""
 
     def close(self) -> None:
         self._closed = True
+
+    def __enter__(self) -> Cursor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_sql(
+    sql: str, con: Connection, params: Sequence[Any] | None = None, *, intervals: bool = True
+) -> Any:
+    """Run a DP query on a dpsql connection and return a pandas DataFrame: the released
+    values, each aggregate followed by its ``x_low``/``x_high`` noise interval (at the
+    session's confidence). ``pandas.read_sql`` works too, through the SQLAlchemy dialect."""
+    with con.cursor() as cur:
+        cur.execute(sql, params)
+        return cur.fetch_df(intervals=intervals)
 
 
 def connect(
@@ -223,6 +508,7 @@ def connect(
     fresh noise for a repeated query), and warns once that it ends with the process.
     """
     loaded = policy if isinstance(policy, Policy) else load_policy(policy)
+    check_analyst(loaded.analysts, analyst, "dpsql.connect(analyst=...)")
     owned = None
     if isinstance(ledger, str | os.PathLike):
         from dpsql.privacy.sqlite_ledger import SQLiteLedger
@@ -246,7 +532,7 @@ def connect(
         if owned is not None:
             owned.close()
         raise
-    return Connection(service, analyst, owns_service=True)
+    return Connection(service, analyst, owns_service=True, warn_low_budget=True)
 
 
 _PROCESS_LEDGERS: dict[str, MemoryLedger] = {}

@@ -26,6 +26,10 @@ class Warning(Exception):
     """PEP 249 Warning."""
 
 
+class BudgetWarning(UserWarning):
+    """Less than 10% of an analyst's privacy budget remains (a Python warning, not raised)."""
+
+
 class Error(Exception):
     """PEP 249 base class of every dpsql error.
 
@@ -126,9 +130,27 @@ class BudgetExhaustedError(PrivacyError):
     sqlstate = "53400"
 
 
+def check_analyst(allowed: frozenset[str] | None, analyst: str, where: str) -> None:
+    """Refuse an analyst name the policy's ``[privacy] analysts`` list does not hold.
+
+    In-process front doors trust their caller to name the analyst; the list keeps them from
+    handing any made-up name a fresh budget. (``dpsql serve`` authenticates its users.)
+    """
+    if allowed is None or analyst in allowed:
+        return
+    raise PrivacyError(
+        f"analyst {analyst!r} is not in the policy's analysts list",
+        sqlstate="28000",
+        construct="analyst",
+        hint=f"name one of the analysts the policy lists ({where}), or ask an administrator "
+        "to add the name to [privacy] analysts",
+    )
+
+
 # Names the DB-API module must export.
 __all__ = [
     "BudgetExhaustedError",
+    "BudgetWarning",
     "DataError",
     "DatabaseError",
     "Error",

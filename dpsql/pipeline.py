@@ -34,10 +34,10 @@ from dpsql.engine.scratch import (
     check_post,
     plain_projection,
 )
-from dpsql.errors import DataError, Error, OperationalError, ProgrammingError
+from dpsql.errors import BudgetExhaustedError, DataError, Error, OperationalError, ProgrammingError
 from dpsql.policy import MECHANISMS, Policy, load_policy
 from dpsql.privacy.ledger import Ledger, MemoryLedger
-from dpsql.privacy.release import Released, release
+from dpsql.privacy.release import Released, at_confidence, release
 from dpsql.privacy.samplers import NoiseSource, default_source
 from dpsql.sql.bind import (
     DIALECT,
@@ -98,13 +98,19 @@ class Settings:
     epsilon: float
     delta: float
     mechanism: str
+    confidence: float = 0.95  # level of the reported noise intervals: post-processing only
 
     @classmethod
     def from_policy(cls, policy: Policy) -> Settings:
         return cls(policy.epsilon, policy.delta, policy.mechanism)
 
     def as_dict(self) -> dict[str, Any]:
+        """The settings a plan (and its cached answer) depends on."""
         return {"epsilon": self.epsilon, "delta": self.delta, "mechanism": self.mechanism}
+
+    def shown(self) -> dict[str, Any]:
+        """Every session setting (SET/SHOW/RESET): the privacy ones and the interval level."""
+        return {**self.as_dict(), "confidence": self.confidence}
 
 
 @dataclass
@@ -380,7 +386,7 @@ class Service:
     ) -> Result:
         key = self._plans.key(text, parameters, settings, analyst)
         if (prepared := self._lookup(key)) is not None:
-            return self._run(prepared, analyst, handle)
+            return self._run(prepared, analyst, handle, settings.confidence)
         statement = parse_statement(text, self.policy, parameters)
         if isinstance(statement, SettingStatement):
             if statement.action == "show" and statement.name == "budget":
@@ -396,11 +402,12 @@ class Service:
         if isinstance(statement, ExplainStatement):
             if isinstance(statement.query, RuleListCall):
                 return self.explain_rule_list(self._plan_rule_list(statement.query, settings))
-            return self.explain(self.plan(statement.query, settings, analyst))
+            return self.explain(self.plan(statement.query, settings, analyst), analyst)
         if isinstance(statement, RuleListCall):
             return self.run_rule_list(statement, settings, analyst, handle)
         assert isinstance(statement, BoundQuery)
-        return self._run(self._prepare(key, statement, settings, analyst), analyst, handle)
+        prepared = self._prepare(key, statement, settings, analyst)
+        return self._run(prepared, analyst, handle, settings.confidence)
 
     def _lookup(self, key: tuple | None) -> _Prepared | None:
         """The cached statement for ``key``, unless its table's data version changed."""
@@ -435,7 +442,13 @@ class Service:
             return compile_plan(prepared.plan, secret)
         return prepared.template.with_secret(secret)
 
-    def _run(self, prepared: _Prepared, analyst: str, handle: QueryHandle | None) -> Result:
+    def _run(
+        self,
+        prepared: _Prepared,
+        analyst: str,
+        handle: QueryHandle | None,
+        confidence: float = 0.95,
+    ) -> Result:
         plan = prepared.plan
         dataset = self.policy.dataset
         fingerprint = prepared.fingerprint
@@ -445,7 +458,11 @@ class Service:
             if answer is not None:
                 with post_processing_boundary():
                     return self._finish(
-                        plan, _decode(answer), cost=None, cached=True, prepared=prepared
+                        plan,
+                        at_confidence(plan, _decode(answer), confidence),
+                        cost=None,
+                        cached=True,
+                        prepared=prepared,
                     )
         self.ledger.check(analyst, dataset, plan.cost, self.policy.budget)
         if not prepared.post_checked:
@@ -476,6 +493,7 @@ class Service:
             if cache_key is not None:
                 self.ledger.remember(analyst, dataset, cache_key, encoded)
         with post_processing_boundary():
+            answer = at_confidence(plan, answer, confidence)  # the cache keeps the 95% ones
             return self._finish(plan, answer, cost=plan.cost, cached=False, prepared=prepared)
 
     def _reserve(self, analyst: str, cost: Any, query_text: str, plan_hash: str) -> None:
@@ -795,7 +813,7 @@ class Service:
             cached=cached,
         )
 
-    def explain(self, plan: Plan) -> Result:
+    def explain(self, plan: Plan, analyst: str | None = None) -> Result:
         rows: list[tuple[Any, ...]] = []
         for o in plan.outputs:
             for name in o.measures:
@@ -849,7 +867,15 @@ class Service:
         )
         engine_sql = compile_plan(plan, 0).render(self.engine.dialect)
         rows.append(("engine_sql", engine_sql, None, None, None, None, None, None, None, None))
-        return Result(EXPLAIN_COLUMNS, rows, status="EXPLAIN")
+        result = Result(EXPLAIN_COLUMNS, rows, status="EXPLAIN")
+        if analyst is not None:
+            try:  # a read of the analyst's own budget: free, like SHOW budget
+                self.ledger.check(analyst, self.policy.dataset, plan.cost, budget)
+            except BudgetExhaustedError as exc:
+                result.notes.append(
+                    f"running this query would be refused: {exc.message}; nothing was spent"
+                )
+        return result
 
 
 EXPLAIN_COLUMNS = [
@@ -999,7 +1025,7 @@ def _decode(answer: str) -> dict:
 
 def apply_setting(statement: SettingStatement, settings: Settings) -> Result:
     name = statement.name
-    known = settings.as_dict()
+    known = settings.shown()
     if name not in known:
         raise ProgrammingError(
             f"unknown setting {name!r}",
@@ -1027,13 +1053,18 @@ def apply_setting(statement: SettingStatement, settings: Settings) -> Result:
             number = float(value)
         except (TypeError, ValueError):
             number = float("nan")
-        ok = math.isfinite(number) and (number > 0 if name == "epsilon" else 0 <= number < 1)
-        if not ok:
+        ranges = {
+            "epsilon": (number > 0, "epsilon must be > 0"),
+            "delta": (0 <= number < 1, "delta must be in [0, 1)"),
+            "confidence": (0 < number < 1, "confidence must be in (0, 1), e.g. 0.9"),
+        }
+        ok, hint = ranges[name]
+        if not (math.isfinite(number) and ok):
             raise ProgrammingError(
                 f"invalid value for {name}: {value!r}",
                 sqlstate="22023",
                 construct=name,
-                hint="epsilon must be > 0" if name == "epsilon" else "delta must be in [0, 1)",
+                hint=hint,
             )
         setattr(settings, name, number)
     return Result(status="SET")

@@ -47,6 +47,8 @@ _PRIVACY_KEYS = {
     "ledger": "path of the durable budget ledger (SQLite), relative to the policy file",
     "dataset": "name of this dataset in the ledger (default: the policy file's stem)",
     "max_bins": "largest public domain enumerated for a GROUP BY key (default 10000)",
+    "analysts": "the analyst names in-process front doors (dpsql.connect, dpsql query, "
+    "dpsql:// URLs) may name (default: any; dpsql serve authenticates its users instead)",
 }
 _TABLE_KEYS = {
     "source": "a CSV/Parquet path relative to the policy file, or a table of the database",
@@ -130,6 +132,7 @@ class Policy:
     dataset: str = "default"
     max_bins: int = 10_000
     engine: EngineConfig = field(default_factory=EngineConfig)
+    analysts: frozenset[str] | None = None  # None: in-process callers may name any analyst
 
     def table(self, name: str) -> TablePolicy | None:
         return self.tables.get(name.lower())
@@ -277,6 +280,13 @@ def _build(data: dict[str, Any], path: Path | None) -> Policy:
     if not isinstance(dataset, str) or not dataset:
         raise rep.fail("privacy.dataset", "must be a non-empty string", 'e.g. dataset = "visits"')
     max_bins = _integer(rep, "privacy.max_bins", privacy.get("max_bins", 10_000))
+    analysts = privacy.get("analysts")
+    if analysts is not None and (
+        not isinstance(analysts, list) or not all(isinstance(a, str) and a for a in analysts)
+    ):
+        raise rep.fail(
+            "privacy.analysts", "must be a list of names", 'e.g. analysts = ["alice", "bob"]'
+        )
 
     tables_raw = data.get("tables")
     if not isinstance(tables_raw, dict) or not tables_raw:
@@ -297,6 +307,7 @@ def _build(data: dict[str, Any], path: Path | None) -> Policy:
         dataset=dataset,
         max_bins=max_bins,
         engine=engine,
+        analysts=None if analysts is None else frozenset(analysts),
     )
 
 

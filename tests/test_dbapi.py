@@ -231,6 +231,8 @@ def test_parameter_errors(conn):
 
 # -- settings -------------------------------------------------------------------------------
 
+DEFAULT_SETTINGS = {"epsilon": 1.0, "delta": 1e-6, "mechanism": "laplace", "confidence": 0.95}
+
 
 def test_set_show_reset(conn):
     cur = conn.cursor()
@@ -238,14 +240,19 @@ def test_set_show_reset(conn):
     cur.execute("SET epsilon = 0.25")
     cur.execute("SET delta TO 1e-7")
     cur.execute("SET mechanism = 'gaussian'")
-    assert conn.settings == {"epsilon": 0.25, "delta": 1e-7, "mechanism": "gaussian"}
+    assert conn.settings == {
+        "epsilon": 0.25,
+        "delta": 1e-7,
+        "mechanism": "gaussian",
+        "confidence": 0.95,
+    }
     assert rows_of(conn, "SHOW mechanism") == [("gaussian",)]
     cur.execute("EXPLAIN SELECT COUNT(*) FROM t")
     row = cur.fetchone()
     assert row[2] == "gaussian" and row[6] == 0.25 and row[7] == 1e-7 and row[8] > 0  # zCDP
     for name in ("epsilon", "delta", "mechanism"):
         cur.execute(f"RESET {name}")
-    assert conn.settings == {"epsilon": 1.0, "delta": 1e-6, "mechanism": "laplace"}
+    assert conn.settings == DEFAULT_SETTINGS
     cur.execute("SELECT COUNT(*) FROM t")
     assert cur.cost == Cost(epsilon=1.0)
 
@@ -271,6 +278,9 @@ def test_settings_are_per_connection(policy):
         "SET delta = -0.1",
         "SET delta = 'nan'",
         "SET mechanism = 'exponential'",
+        "SET confidence = 1",
+        "SET confidence = 0",
+        "SET confidence = 'nan'",
         "SET threads = 1",
         "SHOW threads",
         "RESET threads",
@@ -280,7 +290,7 @@ def test_invalid_settings_are_refused(conn, sql):
     with pytest.raises(ProgrammingError) as info:
         conn.cursor().execute(sql)
     assert info.value.hint
-    assert conn.settings == {"epsilon": 1.0, "delta": 1e-6, "mechanism": "laplace"}
+    assert conn.settings == DEFAULT_SETTINGS
 
 
 # -- spending -------------------------------------------------------------------------------

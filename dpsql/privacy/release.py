@@ -214,3 +214,105 @@ def _approximate_noise(mech: Mechanism, rng: np.random.Generator, size: int) -> 
         return np.rint(rng.normal(0.0, mech.scale, size))
     p = 1.0 - np.exp(-1.0 / mech.scale)
     return (rng.geometric(p, size) - rng.geometric(p, size)).astype(float)
+
+
+DEFAULT_CONFIDENCE = 0.95  # the level of the intervals the release computes and caches
+_RATIO_DRAWS = 20_000
+
+
+def at_confidence(plan: Plan, answer: dict, confidence: float) -> dict:
+    """The answer with its noise intervals at ``confidence`` instead of the cached 95%.
+
+    Post-processing of the released values and the plan's public noise distribution only, so
+    it costs nothing, and a cached answer serves every level (changing the level never buys
+    fresh noise). A single-measure value (COUNT, SUM over a non-centred range) gets the exact
+    half-width of its discrete noise at the level; a formula over several measures (centred
+    SUM, AVG, VARIANCE, STDDEV) keeps its simulated 95% interval, each side scaled by the
+    ratio of the level's quantile to the 95% quantile of its error's linearised distribution.
+    """
+    if confidence == DEFAULT_CONFIDENCE or not answer["outputs"]:
+        return answer
+    intervals = [
+        _output_at(output, plan, answer["outputs"][i], answer["intervals"][i], confidence)
+        for i, output in enumerate(plan.outputs)
+    ]
+    return {**answer, "intervals": intervals}
+
+
+def _output_at(
+    output: OutputAggregate,
+    plan: Plan,
+    values: list[float],
+    spans: list[list[float]],
+    confidence: float,
+) -> list[list[float]]:
+    if not values:
+        return []
+    value = np.asarray(values, dtype=float)
+    first = plan.measure(output.measures[0])
+    kind = output.call.kind
+    if kind in ("count", "count_units") or (kind == "sum" and not first.center):
+        half = first.mechanism.interval_halfwidth(confidence) * first.granularity
+        low = value - half
+        if kind != "sum":
+            low = np.maximum(low, 0.0)
+        return np.stack([low, value + half], axis=1).tolist()
+    span = np.asarray(spans, dtype=float).reshape(-1, 2)
+    mechanisms, weights = _error_terms(output, plan, value)
+    noises = _simulated_noise(54321, mechanisms, _RATIO_DRAWS)
+    low_ratio, high_ratio = _quantile_ratios(weights, noises, confidence)
+    low = value + (span[:, 0] - value) * low_ratio
+    high = value + (span[:, 1] - value) * high_ratio
+    if kind == "avg":
+        low, high = (
+            np.clip(low, output.lower, output.upper),
+            np.clip(high, output.lower, output.upper),
+        )
+    elif kind != "sum":
+        low = np.maximum(low, 0.0)
+    return np.stack([low, high], axis=1).tolist()
+
+
+def _error_terms(
+    output: OutputAggregate, plan: Plan, value: np.ndarray
+) -> tuple[tuple[Mechanism, ...], np.ndarray]:
+    """The noises in a value's (linearised) error and, per group, the weight of each.
+
+    Centred SUM is linear: g (e_S + c e_N). AVG ≈ (g / N)(e_S - ȳ e_N) with ȳ the released
+    mean in fixed-point units, read off the released value. VAR/STDDEV: the sum of squares'
+    noise, which dominates its error (an approximation, for the level's scaling only).
+    """
+    first = plan.measure(output.measures[0])
+    kind = output.call.kind
+    ones = np.ones(len(value))
+    if kind == "sum":
+        count = _values_measure(plan, first)
+        return (first.mechanism, count.mechanism), np.stack([ones, first.center * ones], axis=1)
+    if kind == "avg":
+        count = plan.measure(output.measures[1])
+        mean = value / first.granularity - first.center
+        return (first.mechanism, count.mechanism), np.stack([ones, -mean], axis=1)
+    squares = plan.measure(output.measures[2])
+    return (squares.mechanism,), ones[:, None]
+
+
+def _quantile_ratios(
+    weights: np.ndarray, noises: tuple[np.ndarray, ...], confidence: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per group: the level's lower/upper error quantiles over the 95% ones (1 where 0)."""
+    tail, tail95 = (1 - confidence) / 2, (1 - DEFAULT_CONFIDENCE) / 2
+    # Two significant digits: the ratio varies smoothly with the weights, and many groups
+    # then share one simulation.
+    magnitude = 10.0 ** np.floor(np.log10(np.where(weights == 0, 1.0, np.abs(weights))))
+    rounded = np.round(weights / magnitude, 1) * magnitude
+    unique, inverse = np.unique(rounded, axis=0, return_inverse=True)
+    low, high = np.ones(len(unique)), np.ones(len(unique))
+    for i, w in enumerate(unique):
+        error = sum(wk * noise for wk, noise in zip(w, noises, strict=True))
+        q = np.quantile(error, [tail, tail95, 1 - tail95, 1 - tail])
+        if q[1] != 0:
+            low[i] = q[0] / q[1]
+        if q[2] != 0:
+            high[i] = q[3] / q[2]
+    inverse = inverse.reshape(-1)
+    return low[inverse], high[inverse]
