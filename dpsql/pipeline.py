@@ -560,10 +560,17 @@ class Service:
                     f"dp_rule_list has no argument {name!r}",
                     sqlstate="42883",
                     construct=name,
-                    hint="arguments: " + ", ".join(sorted(known - {"cut_points"})),
+                    hint="arguments: " + ", ".join(sorted(known)),
                 )
-        arguments.pop("cut_points", None)
         plan = plan_rule_list(call.table, **arguments)
+        if "delta" not in call.arguments and plan.cost.delta > 0:
+            plan = replace(
+                plan,
+                notes=(
+                    f"delta => not given: the session's delta = {plan.cost.delta:.3g} is the "
+                    "total delta of the list (SET delta = ... or pass delta => ...)",
+                ),
+            )
         # Generated from the policy and typed arguments; bound here on the empty shadow too,
         # so that a type error is a free refusal and never an engine error after the reserve.
         check_binds(self.shadow, call.table.name, [*plan.feature_sql, plan.label_sql])
@@ -601,11 +608,17 @@ class Service:
             self._reserve(analyst, plan.cost, call.text, fingerprint)
             with charged_boundary():
                 counted = self.engine.fetch_matrix(sql, handle)
-                # Counts were computed in the engine; the learner takes one row per sample.
-                matrix = np.repeat(counted[:, :-1], counted[:, -1], axis=0).astype(np.int8)
-                released = release_rule_list(plan, matrix[:, :-1], matrix[:, -1], self.noise)
+                # One row per distinct (features, label) pattern with its count: the learner
+                # works on these weights, never on one row per sample.
+                released = release_rule_list(
+                    plan, counted[:, :-2], counted[:, -2], self.noise, weights=counted[:, -1]
+                )
                 answer = json.dumps(
-                    {"rows": [list(r) for r in released.rows], "notes": list(released.notes)}
+                    {
+                        "rows": [list(r) for r in released.rows],
+                        "notes": list(released.notes),
+                        "model": plan.model_payload(released.rule_list),
+                    }
                 )
                 if cache_key is not None:
                     self.ledger.remember(analyst, dataset, cache_key, answer)
@@ -626,26 +639,19 @@ class Service:
             cost=cost,
             cached=cost is None,
         )
-        result.notes = data["notes"]
+        result.notes = list(data["notes"])
+        if plan.model is not None and "model" in data:
+            from dpsql.models.store import ModelStore, rule_list_record
+
+            record = rule_list_record(plan, analyst, dataset, call.text, data["model"])
+            ModelStore.for_ledger(self.ledger).put(record)
+            result.notes.append(f"stored as model {plan.model!r}: dp_predict('{plan.model}')")
         return result
 
     def explain_rule_list(self, plan) -> Result:
-        c = plan.cost
-        rows = [
-            (
-                f"dp_rule_list({plan.table}, label => {plan.label})",
-                f"{len(plan.candidates)} public candidates, max_length {plan.params.max_length}",
-                plan.params.mechanism,
-                None,
-                None,
-                None,
-                c.epsilon,
-                c.delta,
-                c.rho,
-                None,
-            )
-        ]
-        return Result(EXPLAIN_COLUMNS, rows, status="EXPLAIN")
+        result = Result(EXPLAIN_COLUMNS, plan.explain_rows(), status="EXPLAIN")
+        result.notes = list(plan.notes)
+        return result
 
     def _key_types(self, plan: Plan) -> list[str]:
         """DB-API type codes of the released keys (as :func:`lower_key` casts them)."""

@@ -9,7 +9,17 @@ import pytest
 from dpsql.errors import DataError, ProgrammingError
 from dpsql.rulelist import DPGreedyRuleList
 from dpsql.rulelist.estimator import NotFittedError
-from tests.test_rulelist_learner import synthetic
+
+
+def synthetic(n: int = 3000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """6 binary features; y = (x0 and not x1) or x2, 10% flipped (as test_rulelist_learner;
+    copied: an installed package named ``tests`` can shadow this directory)."""
+    rng = np.random.default_rng(seed)
+    X = (rng.random((n, 6)) < 0.4).astype(np.uint8)
+    y = ((X[:, 0] & (1 - X[:, 1])) | X[:, 2]).astype(np.int8)
+    flip = rng.random(n) < 0.1
+    return X, np.where(flip, 1 - y, y)
+
 
 pd = pytest.importorskip("pandas")
 

@@ -138,7 +138,7 @@ def test_candidate_counts_agree_with_masks():
     w = (np.random.default_rng(1).random(300) < 0.7).astype(np.float32)
     for rules in (cands, public_candidates(feats, 3)):
         rc = RuleCounter(X, rules)
-        assert rc.pair == (rules is cands)
+        assert rc.width == (2 if rules is cands else 3)
         nc, nc1 = rc.counts(w, w * y)
         C = rule_matrix(X, rules)
         for j in range(0, len(rules), 7):
@@ -214,3 +214,98 @@ def test_em_selection_is_epsilon_dp_on_every_neighbour(mech, k):
             assert diff <= eps * (1 + 1e-9)
             worst = max(worst, diff)
     assert worst > 0.3 * eps  # the bound is not vacuous on these tables
+
+
+class _CountingNoise:
+    """A seeded source that counts calls: each mechanism of a fit is exactly one call."""
+
+    def __init__(self, seed: int) -> None:
+        self.inner = SeededNoise(seed)
+        self.calls = 0
+
+    def __getattr__(self, name):
+        fn = getattr(self.inner, name)
+
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return fn(*args, **kwargs)
+
+        return counted
+
+
+@pytest.mark.parametrize("mechanism", ["smooth_laplace", "smooth_cauchy", "monotone_em"])
+def test_mechanisms_run_never_exceed_the_planned_steps(mechanism):
+    """The budget is split over the most mechanisms any fit runs (3L-2 for smooth_*), and a
+    fit that reaches L-1 rules runs all of them: no share is left unspent."""
+    from dpsql.rulelist.learner import plan_budget
+
+    X, y = synthetic(3000)
+    feats = [Feature.binary_column(f"x{j}") for j in range(6)]
+    cands = public_candidates(feats, 2)
+    most = 0
+    for L in (2, 3, 5):
+        for eps in (0.05, 1.0, 50.0):
+            for seed in range(4):
+                params = LearnerParams(
+                    mechanism=mechanism, epsilon=eps, delta=1e-6, max_length=L, min_support=0.05
+                )
+                src = _CountingNoise(seed)
+                rl = learn(X, y, feats, cands, params, src)
+                steps = plan_budget(params).steps
+                assert src.calls <= steps
+                if len(rl.rules) == L:
+                    assert src.calls == steps
+                most = max(most, src.calls - steps)
+    assert most == 0
+
+
+def test_pattern_weights_learn_what_rows_learn():
+    """Rows, their distinct patterns with counts, and integer sample weights give the very
+    same list under the same seed (the counts are exact integers either way)."""
+    X, y = synthetic(2000)
+    feats = [Feature.binary_column(f"x{j}") for j in range(6)]
+    cands = public_candidates(feats, 3)
+    params = LearnerParams(mechanism="smooth_laplace", epsilon=2.0, delta=1e-6, max_length=5)
+    by_rows = learn(X, y, feats, cands, params, SeededNoise(3))
+    keys, counts = np.unique(np.column_stack([X, y]), axis=0, return_counts=True)
+    by_weight = learn(
+        keys[:, :-1], keys[:, -1], feats, cands, params, SeededNoise(3), sample_weight=counts
+    )
+    assert by_rows == by_weight
+    with pytest.raises(DataError, match="whole numbers"):
+        learn(X, y, feats, cands, params, SeededNoise(3), sample_weight=np.full(2000, 0.5))
+
+
+def test_duplicate_and_empty_candidates_are_not_generated():
+    from dpsql.policy import load_policy
+    from dpsql.rulelist.table_function import features_from_column
+
+    tp = load_policy(
+        {
+            "tables": {
+                "t": {
+                    "source": "t",
+                    "columns": {
+                        "age": {"type": "int", "lower": 0, "upper": 100},
+                        "dept": {"type": "text", "values": ["a", "b", "c"]},
+                    },
+                }
+            }
+        }
+    ).table("t")
+    feats = features_from_column(tp.columns["age"], [25, 50, 75]) + features_from_column(
+        tp.columns["dept"]
+    )
+    names = {" and ".join(sorted(rule_name_of(r, feats))) for r in public_candidates(feats, 2)}
+    assert "age < 25 and age < 75" not in names  # = age < 25
+    assert "age < 25 and age >= 75" not in names  # empty
+    assert "dept != 'b' and dept = 'a'" not in names  # = dept = 'a'
+    assert "age < 75 and age >= 25" in names and "dept != 'a' and dept != 'b'" in names
+    # 3 cuts x 2 + 3 values x 2 = 12 literals; pairs on age: only [lo, hi) with lo < hi (3)
+    assert len(names) == len(public_candidates(feats, 2))
+
+
+def rule_name_of(rule, feats):
+    from dpsql.rulelist.candidates import literal_name
+
+    return [literal_name(lit, feats) for lit in rule]

@@ -40,6 +40,10 @@ def test_rule_list_charges_once_and_caches(service):
         "noisy_negative",
         "noisy_positive",
         "is_default",
+        "noisy_support",
+        "positive_rate",
+        "rate_low",
+        "rate_high",
     ]
     assert rows[-1][6] is True  # the default rule closes the list
     assert cur.cost.epsilon == pytest.approx(1.0)
@@ -56,8 +60,15 @@ def test_explain_spends_nothing(service):
     conn = service.connect("rl-bob")
     cur = conn.cursor()
     cur.execute("EXPLAIN " + QUERY)
-    (row,) = cur.fetchall()
+    row, *details = cur.fetchall()
     assert row[2] == "monotone_em" and row[6] == pytest.approx(1.0)
+    shown = {d[0]: d for d in details}
+    # L = 4: 2L-1 = 7 steps, plus monotone_em's noisy row count for Λ = ⌊0.05·ñ⌋
+    assert shown["epsilon_node"][6] == pytest.approx(1.0 / 8)
+    assert shown["delta_node"][7] == 0.0
+    assert shown["T"][1].startswith("T = none")
+    assert "0.05" in shown["Lambda"][1]
+    assert shown["label counts"][5] == pytest.approx(5 * 8)  # k = 5 rows per unit
     assert service.ledger.spent("rl-bob", service.policy.dataset).is_zero
 
 

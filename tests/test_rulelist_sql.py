@@ -123,7 +123,9 @@ def test_refusals_before_reading_data():
 
 def test_units_owning_several_rows():
     tp = _policy(privacy_unit="pid", max_rows_per_unit=3)
-    with pytest.raises(PrivacyError, match="one row per privacy unit"):
-        plan_rule_list(tp, label="income", positive=">50K", delta=1e-6)
-    plan = plan_rule_list(tp, label="income", positive=">50K", mechanism="monotone_em")
+    with pytest.raises(PrivacyError, match="one row per privacy unit") as info:
+        plan_rule_list(tp, label="income", positive=">50K", delta=1e-6, mechanism="smooth_laplace")
+    assert "monotone_em" in info.value.hint
+    plan = plan_rule_list(tp, label="income", positive=">50K")  # SQL default: monotone_em
+    assert plan.params.mechanism == "monotone_em"
     assert plan.params.rows_per_unit == 3  # sensitivities scale with the declared bound

@@ -31,6 +31,9 @@ class Feature:
     rows marked 0 (NULLs included), so ``to_sql_case`` scores rows as ``predict`` does.
     ``exclusive`` names a set of features of which at most one holds (the values of one
     categorical column); conjunctions of two of them are always empty and are not generated.
+    ``column`` / ``threshold`` mark ``column >= threshold`` features (negation: ``<`` or NULL),
+    so conjunctions of cuts of one column can be simplified without data
+    (:func:`public_candidates`).
     """
 
     name: str
@@ -38,6 +41,8 @@ class Feature:
     neg_name: str
     neg_sql: str
     exclusive: str | None = None
+    column: str | None = None
+    threshold: float | None = None
 
     @staticmethod
     def binary_column(column: str) -> Feature:
@@ -100,18 +105,74 @@ def _compatible(combo: Sequence[Literal], features: Sequence[Feature]) -> bool:
     return True
 
 
+def _canonical(combo: Sequence[Literal], features: Sequence[Feature]) -> tuple | None:
+    """The set of rows a conjunction selects, in a data-independent normal form; None if empty.
+
+    Only implications valid for every value (NULL included) are used: on one column,
+    ``c >= a`` and ``c >= b`` is ``c >= max(a, b)``, ``c < a`` (or NULL) and ``c < b`` is
+    ``c < min(a, b)``, ``c >= a and c < b`` is empty when a >= b; ``c = v`` implies every
+    ``c IS DISTINCT FROM w`` (w != v).  Other features are kept literally.
+    """
+    cuts: dict[str, list[float | None]] = {}  # column -> [lower (>=), upper (<)]
+    eq: dict[str, int] = {}
+    neq: dict[str, set[int]] = {}
+    plain: set[tuple[int, bool]] = set()
+    for lit in combo:
+        f = features[lit.feature]
+        if f.column is not None and f.threshold is not None:
+            lo_hi = cuts.setdefault(f.column, [None, None])
+            t = float(f.threshold)
+            if lit.positive:
+                lo_hi[0] = t if lo_hi[0] is None else max(lo_hi[0], t)
+            else:
+                lo_hi[1] = t if lo_hi[1] is None else min(lo_hi[1], t)
+        elif f.exclusive is not None:
+            if lit.positive:
+                eq[f.exclusive] = lit.feature
+            else:
+                neq.setdefault(f.exclusive, set()).add(lit.feature)
+        else:
+            plain.add((lit.feature, lit.positive))
+    for lo, hi in cuts.values():
+        if lo is not None and hi is not None and lo >= hi:
+            return None
+    for group, j in eq.items():
+        if j in neq.get(group, ()):  # c = v and c != v (not generated, kept for safety)
+            return None
+        neq.pop(group, None)
+    return (
+        frozenset((c, lo, hi) for c, (lo, hi) in cuts.items()),
+        frozenset(eq.items()),
+        frozenset((g, frozenset(v)) for g, v in neq.items()),
+        frozenset(plain),
+    )
+
+
 def public_candidates(
     features: Sequence[Feature], max_card: int = 2, *, negations: bool = True
 ) -> list[Rule]:
-    """Every conjunction of up to ``max_card`` literals: a function of the features only."""
+    """Every distinct, satisfiable conjunction of up to ``max_card`` literals.
+
+    A function of the features only (never of the data).  A conjunction that selects the
+    same rows as a shorter (or earlier) one for every possible table, such as
+    ``age < 25 and age < 75`` or ``department = 'a' and department != 'b'``, is dropped, and so
+    is one that can select no row (``age >= 75 and age < 25``): they would only split the
+    selection's probability mass and cost memory.
+    """
     if max_card < 1:
         raise ValueError("max_card must be >= 1")
     lits = _literals(len(features), negations)
     rules: list[Rule] = []
+    seen: set[tuple] = set()
     for card in range(1, max_card + 1):
         for combo in itertools.combinations(lits, card):
-            if _compatible(combo, features):
-                rules.append(tuple(combo))
+            if not _compatible(combo, features):
+                continue
+            key = _canonical(combo, features)
+            if key is None or key in seen:
+                continue
+            seen.add(key)
+            rules.append(tuple(combo))
     return rules
 
 
@@ -160,14 +221,45 @@ def mined_candidates(
     return rules
 
 
-def _literal_rows(X: np.ndarray) -> np.ndarray:
-    """(2f+1, n) 0/1 rows: x_0, not x_0, x_1, ..., and a final all-ones row (empty literal).
+@dataclass(frozen=True)
+class Patterns:
+    """Distinct feature rows with their label counts: the learner's whole view of the data.
 
-    float32 sums of 0/1 values are exact below 2**24 rows; float64 above.
+    ``X`` is (u, f) 0/1, ``neg`` / ``pos`` the number of rows (or summed integer weights)
+    with that feature pattern and label 0 / 1.  Every count the learner takes is a weighted
+    sum over these u ≤ min(n, 2^f) rows, so memory and time follow u, not n.
     """
-    n, f = X.shape
-    dtype = np.float32 if n < 2**24 else np.float64
-    lits = np.empty((2 * f + 1, n), dtype=dtype)
+
+    X: np.ndarray
+    neg: np.ndarray
+    pos: np.ndarray
+
+    @property
+    def total(self) -> float:
+        return float(self.neg.sum() + self.pos.sum())
+
+    @staticmethod
+    def from_rows(X: np.ndarray, y: np.ndarray, weight: np.ndarray | None = None) -> Patterns:
+        """Group rows (and optional integer counts per row) by feature pattern."""
+        X = np.asarray(X)
+        y = np.asarray(y).astype(np.float64)
+        n, f = X.shape
+        w = np.ones(n) if weight is None else np.asarray(weight, dtype=np.float64)
+        if n == 0:
+            return Patterns(np.zeros((0, f), np.uint8), np.zeros(0), np.zeros(0))
+        packed = np.packbits(X.astype(bool), axis=1)
+        keys = np.ascontiguousarray(packed).view(np.dtype((np.void, packed.shape[1])))
+        _, first, inverse = np.unique(keys.ravel(), return_index=True, return_inverse=True)
+        u = first.size
+        pos = np.bincount(inverse, weights=w * y, minlength=u)
+        neg = np.bincount(inverse, weights=w * (1.0 - y), minlength=u)
+        return Patterns(X[first].astype(np.uint8), neg, pos)
+
+
+def _literal_rows(X: np.ndarray) -> np.ndarray:
+    """(2f+1, u) float32 0/1 rows: x_0, not x_0, x_1, ..., and a final all-ones row."""
+    u, f = X.shape
+    lits = np.empty((2 * f + 1, u), dtype=np.float32)
     lits[0 : 2 * f : 2] = X.T
     lits[1 : 2 * f : 2] = 1 - lits[0 : 2 * f : 2]
     lits[2 * f] = 1.0
@@ -185,7 +277,7 @@ def _literal_index(rules: Sequence[Rule], pos: int, n_features: int) -> np.ndarr
 
 
 def rule_matrix(X: np.ndarray, rules: Sequence[Rule]) -> np.ndarray:
-    """(m, n) 0/1 matrix, rule-major: entry (j, i) = 1 iff rule j catches row i."""
+    """(m, n) 0/1 matrix, rule-major: entry (j, i) = 1 iff rule j catches row i (tests)."""
     lits = _literal_rows(X)
     out = np.ones((len(rules), X.shape[0]), dtype=lits.dtype)
     for pos in range(max((len(r) for r in rules), default=0)):
@@ -193,43 +285,76 @@ def rule_matrix(X: np.ndarray, rules: Sequence[Rule]) -> np.ndarray:
     return out
 
 
-class RuleCounter:
-    """Per-node label counts of every candidate, and the rows one candidate catches.
+#: Float entries per temporary block (16 MB of float32): bounds memory whatever m and u.
+BLOCK = 1 << 22
 
-    Rules of up to two literals (the paper's ``max_card = 2``) are counted through the literal
-    co-occurrence matrix: with L the (2f+1, n) literal rows and w the 0/1 "still uncaught"
-    weights, (L·diag(w)·Lᵀ)[i, j] is the count of uncaught rows satisfying literals i and j,
-    an O(n f²) BLAS product per node whatever the number of candidates, with no (n, m)
-    matrix.  Longer rules fall back to the (m, n) :func:`rule_matrix`.
+
+class RuleCounter:
+    """Per-node label counts of every candidate, over weighted feature patterns.
+
+    With L the (2f+1, u) literal rows and w the remaining weight of each pattern:
+    rules of up to two literals read the co-occurrence matrix L·diag(w)·Lᵀ (one
+    O(u f²) product); rules of three read the tensor T[a,b,c] = Σ_p w_p L_a L_b L_c, built
+    by blocks of patterns as one (L², block) × (block, 2L) product; longer rules multiply
+    their literal rows by blocks of candidates.  Only patterns with weight left are used, no
+    (candidates × rows) matrix exists, and temporaries are bounded by :data:`BLOCK`.
+    Sums of integer weights are exact in float32 below 2^24, in float64 above.
     """
 
     def __init__(self, X: np.ndarray, rules: Sequence[Rule]) -> None:
         self.n_rules = len(rules)
-        self.lits = _literal_rows(X)
-        width = max((len(r) for r in rules), default=1)
-        self.pair = width <= 2
-        f = X.shape[1]
-        self.idx = [_literal_index(rules, pos, f) for pos in range(max(width, 2))]
-        self.matrix = None if self.pair else rule_matrix(X, rules)
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self.lits.dtype
+        self.lits = _literal_rows(np.asarray(X))
+        self.width = max((len(r) for r in rules), default=1)
+        f = np.asarray(X).shape[1]
+        self.idx = [_literal_index(rules, pos, f) for pos in range(max(self.width, 2))]
+        n_lit = self.lits.shape[0]
+        self.flat = self.idx[0] * n_lit + self.idx[1]
 
     def counts(self, w: np.ndarray, wy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(n_c, n_c1) for every candidate over the rows weighted by w (0/1), wy = w·y."""
-        if self.matrix is not None:
-            return self.matrix @ w, self.matrix @ wy
-        i0, i1 = self.idx[0], self.idx[1]
-        co = (self.lits * w) @ self.lits.T
-        co1 = (self.lits * wy) @ self.lits.T
-        return co[i0, i1], co1[i0, i1]
+        """(n_c, n_c1) for every candidate; ``w`` = remaining weight per pattern, wy = w·y."""
+        live = np.flatnonzero(w)
+        dtype = np.float32 if float(np.sum(w)) < 2**24 else np.float64
+        lits = self.lits[:, live].astype(dtype, copy=False)
+        w = np.asarray(w, dtype)[live]
+        wy = np.asarray(wy, dtype)[live]
+        if self.width <= 2:
+            co = (lits * w) @ lits.T
+            co1 = (lits * wy) @ lits.T
+            return co.ravel()[self.flat], co1.ravel()[self.flat]
+        if self.width == 3:
+            return self._triples(lits, w, wy)
+        return self._blocks(lits, w, wy)
+
+    def _triples(self, lits: np.ndarray, w: np.ndarray, wy: np.ndarray):
+        n_lit, u = lits.shape
+        tensor = np.zeros((n_lit * n_lit, 2 * n_lit), dtype=lits.dtype)
+        step = max(1, BLOCK // (n_lit * n_lit))
+        for a in range(0, u, step):
+            part = lits[:, a : a + step]
+            pairs = (part[:, None, :] * part[None, :, :]).reshape(n_lit * n_lit, -1)
+            tensor += pairs @ np.vstack([part * w[a : a + step], part * wy[a : a + step]]).T
+        i2 = self.idx[2]
+        return tensor[self.flat, i2], tensor[self.flat, n_lit + i2]
+
+    def _blocks(self, lits: np.ndarray, w: np.ndarray, wy: np.ndarray):
+        u = lits.shape[1]
+        nc = np.empty(self.n_rules, dtype=lits.dtype)
+        nc1 = np.empty(self.n_rules, dtype=lits.dtype)
+        step = max(1, BLOCK // max(u, 1))
+        for a in range(0, self.n_rules, step):
+            block = lits[self.idx[0][a : a + step]].copy()
+            for pos in range(1, self.width):
+                block *= lits[self.idx[pos][a : a + step]]
+            nc[a : a + step] = block @ w
+            nc1[a : a + step] = block @ wy
+        return nc, nc1
 
     def caught(self, j: int) -> np.ndarray:
-        """Boolean vector of the rows rule j catches (all rows, caught earlier or not)."""
-        if self.matrix is not None:
-            return self.matrix[j] > 0
-        return (self.lits[self.idx[0][j]] * self.lits[self.idx[1][j]]) > 0
+        """Boolean vector of the patterns rule j catches (caught earlier or not)."""
+        mask = self.lits[self.idx[0][j]] > 0
+        for pos in range(1, self.width):
+            mask &= self.lits[self.idx[pos][j]] > 0
+        return mask
 
 
 def rule_mask(X: np.ndarray, rule: Rule) -> np.ndarray:

@@ -1,9 +1,11 @@
 """DP-GreedyRL (Algorithm 1 of Ly et al. 2024) and its variants, vectorised.
 
-One pass per rule position: the (remaining-row) label counts of every candidate come from two
-BLAS matrix-vector products over the (n, m) 0/1 candidate matrix, the criterion for all
-candidates is one numpy expression, and the selection draws one noise vector.  No Python loop
-runs over samples or candidates.
+The data enters as :class:`~dpsql.rulelist.candidates.Patterns` (distinct feature rows with
+label counts), so memory and time follow the number of patterns, not of rows.  One pass per
+rule position: the remaining label counts of every candidate come from a few BLAS products
+over the weighted literal rows (:class:`~dpsql.rulelist.candidates.RuleCounter`), the
+criterion for all candidates is one numpy expression, and the selection draws one noise
+vector.  No Python loop runs over samples or candidates.
 
 Every random draw goes through a :class:`~dpsql.privacy.samplers.NoiseSource`.
 """
@@ -20,7 +22,7 @@ from dpsql.errors import DataError, PrivacyError, ProgrammingError
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.mechanisms import analytic_gaussian_sigma
 from dpsql.privacy.samplers import NoiseSource
-from dpsql.rulelist.candidates import Feature, Rule, RuleCounter
+from dpsql.rulelist.candidates import Feature, Patterns, Rule, RuleCounter
 from dpsql.rulelist.gini import (
     gini_scores,
     impurity_mass,
@@ -54,6 +56,8 @@ class LearnerParams:
     ``delta`` is the TOTAL δ (None: 1/n² where a mechanism needs one).  ``min_support`` is a
     fraction of the rows (< 1) or an absolute row count (≥ 1).  ``rows_per_unit`` is the
     declared bound on rows per privacy unit (input must already be bounded to it).
+    ``paper_budget`` splits ε as the authors' code does (3L-1 shares for smooth_*, 2L for
+    exponential), one more share than a fit can spend; the default gives it to the nodes.
     """
 
     epsilon: float = 1.0
@@ -64,6 +68,7 @@ class LearnerParams:
     confidence: float = 0.99
     strict_sensitivity: bool = True
     rows_per_unit: int = 1
+    paper_budget: bool = False
 
     def validate(self) -> None:
         bad = _bad_param(self)
@@ -116,20 +121,27 @@ class BudgetPlan:
 def plan_budget(params: LearnerParams, n_rows: int | None = None) -> BudgetPlan:
     """Split (ε, δ) over the at most ``steps`` mechanisms one fit runs (basic composition).
 
-    smooth_*: 3L-1 steps of ε/(3L-1) (L-1 × {support check, selection, counts} + final check +
-    default counts) and δ/(L-1) per smooth-Laplace selection.  monotone_em, global_*: 2L-1
-    (selection + counts per rule, default counts).  exponential: 2L as in the authors' code.
+    smooth_*: 3L-2 steps of ε/(3L-2).  A fit runs L-1 × {support check, selection, counts}
+    + the default counts when it reaches L-1 rules, and fewer when it stops early (a failed
+    check at position j < L-1 ends it after 3j+2 steps, a rejected selection after 3j+3), so
+    the paper's 3L-1 shares leave one unspent; ``paper_budget`` keeps that split.  δ/(L-1) per
+    smooth-Laplace selection.  monotone_em, global_*, exponential: 2L-1 (selection + counts
+    per rule, default counts; the authors' exponential baseline splits in 2L), plus one
+    noisy row count for monotone_em's fractional minimum support (:func:`needs_row_count`).
     ``n_rows`` is only used for the paper's default δ = 1/n².
     """
     p = params
     sel = p.max_length - 1
     if p.mechanism == "none":
         return BudgetPlan(math.inf, 0.0, 0, Cost())
+    extra = 1 if p.paper_budget else 0
     steps = {
-        "smooth_laplace": 3 * p.max_length - 1,
-        "smooth_cauchy": 3 * p.max_length - 1,
-        "exponential": 2 * p.max_length,
+        "smooth_laplace": 3 * p.max_length - 2 + extra,
+        "smooth_cauchy": 3 * p.max_length - 2 + extra,
+        "exponential": 2 * p.max_length - 1 + extra,
     }.get(p.mechanism, 2 * p.max_length - 1)
+    if needs_row_count(p):
+        steps += 1
     if sel == 0:
         steps = 1  # only the default rule's counts
     needs_delta = p.mechanism in ("smooth_laplace", "global_gaussian") and sel > 0
@@ -149,6 +161,16 @@ def plan_budget(params: LearnerParams, n_rows: int | None = None) -> BudgetPlan:
     return BudgetPlan(
         p.epsilon / steps, delta / sel if needs_delta else 0.0, steps, Cost(p.epsilon, delta)
     )
+
+
+def needs_row_count(p: LearnerParams) -> bool:
+    """monotone_em with a fractional minimum support spends one share on a noisy row count.
+
+    Λ = ⌊λ·ñ⌋ needs a row count and n is private; the smooth mechanisms take ñ from their
+    first support check, monotone_em has none, so it pays for one (an absolute
+    ``min_support >= 1`` or 0 needs nothing).
+    """
+    return p.mechanism == "monotone_em" and 0 < p.min_support < 1 and p.max_length > 1
 
 
 def support_floor(min_support: float, n_estimate: float) -> int:
@@ -198,6 +220,10 @@ class _Noise:
         z = self.src.discrete_laplace(self.k / self.plan.epsilon_node, 2)
         return float(c0 + z[0]), float(c1 + z[1])
 
+    def count(self, n: float) -> float:
+        """One noisy count (discrete Laplace k/ε_node), e.g. monotone_em's row count."""
+        return float(n + self.src.discrete_laplace(self.k / self.plan.epsilon_node, 1)[0])
+
     def size(self, n: float) -> float:
         """Noisy row count for the support check (never released, only compared)."""
         return n + float(self.src.laplace(1.0 / self.plan.epsilon_node, 1)[0])
@@ -212,24 +238,62 @@ def learn(
     source: NoiseSource,
     *,
     counter: RuleCounter | None = None,
+    sample_weight: np.ndarray | None = None,
 ) -> RuleList:
-    """Learn a rule list (Algorithm 1 and variants).  ``X`` is (n, len(features)) 0/1.
+    """Learn a rule list from rows: ``X`` is (n, len(features)) 0/1, ``y`` 0/1.
 
-    The candidate list must not depend on the data for the privacy guarantee to hold (see
-    :mod:`dpsql.rulelist.candidates`).  ``counter`` may pass a precomputed
-    :class:`RuleCounter` for these X and candidates (benchmarks reuse it across fits).
+    ``sample_weight`` are non-negative integer counts (a row of weight 3 is three rows: the
+    guarantee is per unit of weight).  The rows are grouped into :class:`Patterns` first.
     """
-    params.validate()
     y = check_labels(y)
     X = np.asarray(X)
     if X.ndim != 2 or X.shape[0] != y.shape[0]:
         raise DataError("features and labels have different row counts", sqlstate="22023")
-    n = X.shape[0]
-    plan = plan_budget(params, n)
+    weight = None if sample_weight is None else check_counts(sample_weight, X.shape[0])
+    return learn_patterns(
+        Patterns.from_rows(X, y, weight), features, candidates, params, source, counter=counter
+    )
+
+
+def check_counts(weight: np.ndarray, n: int) -> np.ndarray:
+    """Integer, non-negative, finite counts of length n, or a DataError (no values named)."""
+    w = np.asarray(weight, dtype=np.float64)
+    if w.shape != (n,):
+        raise DataError(
+            "sample_weight must have one entry per row", sqlstate="22023", construct="sample_weight"
+        )
+    if not (np.isfinite(w).all() and (w >= 0).all() and (w == np.round(w)).all()):
+        raise DataError(
+            "sample_weight must hold non-negative whole numbers (counts of identical rows)",
+            sqlstate="22023",
+            construct="sample_weight",
+            hint="the guarantee is per unit of weight: repeat rows rather than scale them",
+        )
+    return w
+
+
+def learn_patterns(
+    data: Patterns,
+    features: Sequence[Feature],
+    candidates: Sequence[Rule],
+    params: LearnerParams,
+    source: NoiseSource,
+    *,
+    counter: RuleCounter | None = None,
+) -> RuleList:
+    """Learn a rule list (Algorithm 1 and variants) from weighted feature patterns.
+
+    The candidate list must not depend on the data for the privacy guarantee to hold (see
+    :mod:`dpsql.rulelist.candidates`).  ``counter`` may pass a precomputed
+    :class:`RuleCounter` for ``data.X`` and these candidates (benchmarks reuse it).
+    """
+    params.validate()
+    n = data.total
+    plan = plan_budget(params, round(n))
     noise = _Noise(params, plan, source)
-    rc = RuleCounter(X, candidates) if counter is None else counter
-    w = np.ones(n, dtype=rc.dtype)  # 1 = row not caught yet
-    yw = y.astype(rc.dtype)
+    rc = RuleCounter(data.X, candidates) if counter is None else counter
+    w = (data.neg + data.pos).astype(np.float64)  # remaining weight of each pattern
+    wy = data.pos.astype(np.float64).copy()
     active = np.ones(len(candidates), dtype=bool)
     mech = params.mechanism
     L = params.max_length
@@ -245,12 +309,17 @@ def learn(
         first_size = noise.size(float(n))
         # Λ from the first check's noisy count: public post-processing, unlike ⌊λ·n⌋.
         floor = support_floor(params.min_support, first_size)
+    elif mech == "monotone_em" and L > 1 and params.min_support > 0:
+        # a fraction needs ñ: one noisy count, included in the budget (needs_row_count)
+        size = noise.count(float(n)) if needs_row_count(params) else 0.0
+        floor = support_floor(params.min_support, size)
+    dropped = 0
 
-    while len(chosen) < L - 1:
+    for position in range(L - 1):
         rem = float(w.sum())
-        rem1 = float(w @ yw)
+        rem1 = float(wy.sum())
         if mech in SMOOTH:
-            noisy = first_size if not chosen and first_size is not None else noise.size(rem)
+            noisy = first_size if position == 0 and first_size is not None else noise.size(rem)
             if noisy < floor + threshold:
                 stop = "support_check"
                 break
@@ -258,7 +327,7 @@ def learn(
         if idx.size == 0:
             stop = "no_candidates"
             break
-        nc, nc1 = rc.counts(w, w * yw)
+        nc, nc1 = rc.counts(w, wy)
         nc, nc1 = nc[idx].astype(np.float64), nc1[idx].astype(np.float64)
         pick = _select(mech, rem, rem1, nc, nc1, params, plan, noise, floor)
         if pick is None:
@@ -266,20 +335,38 @@ def learn(
             break
         j = int(idx[pick])
         caught = rc.caught(j) & (w > 0)
-        c1 = float(yw[caught].sum())
-        c0 = float(caught.sum()) - c1
+        c1 = float(wy[caught].sum())
+        c0 = float(w[caught].sum()) - c1
         q0, q1 = noise.counts(c0, c1)
-        chosen.append(LearnedRule(tuple(candidates[j]), _predict(q0, q1), (q0, q1)))
-        w[caught] = 0
         active[j] = False
+        if mech == "monotone_em" and q0 + q1 < floor:
+            # post-processing of the released counts: a rule whose noisy support is below
+            # Λ is not kept and its rows stay; the position's budget is spent all the same
+            dropped += 1
+            continue
+        chosen.append(LearnedRule(tuple(candidates[j]), _predict(q0, q1), _clamped(q0, q1)))
+        w[caught] = 0
+        wy[caught] = 0
 
     rem = float(w.sum())
-    rem1 = float(w @ yw)
+    rem1 = float(wy.sum())
     d0, d1 = noise.counts(rem - rem1, rem1)
-    chosen.append(LearnedRule((), _predict(d0, d1), (d0, d1)))
+    chosen.append(LearnedRule((), _predict(d0, d1), _clamped(d0, d1)))
+    if dropped:
+        notes.append(
+            f"{dropped} selected rule(s) had a noisy support below the minimum support "
+            f"Λ = {floor} and were not kept (lower min_support or raise epsilon to keep "
+            "smaller rules)"
+        )
     if len(chosen) == 1 and L > 1:
         notes.append(_default_only_note(stop, floor, threshold, plan))
-    return RuleList(tuple(features), tuple(chosen), stop, tuple(notes))
+    scale = 0.0 if mech == "none" else params.rows_per_unit / plan.epsilon_node
+    return RuleList(tuple(features), tuple(chosen), stop, tuple(notes), scale)
+
+
+def _clamped(c0: float, c1: float) -> tuple[float, float]:
+    """Released counts clamped at 0 (post-processing; the prediction uses the raw pair)."""
+    return max(c0, 0.0), max(c1, 0.0)
 
 
 def _predict(c0: float, c1: float) -> int:
@@ -297,6 +384,8 @@ def _default_only_note(stop: str, floor: int, threshold: int, plan: BudgetPlan) 
         )
     if stop in ("no_improvement", "stop"):
         return "only the default rule: no candidate rule was (noisily) better than none"
+    if stop == "max_length":
+        return "only the default rule: every selected rule was below the minimum support"
     return f"only the default rule ({stop})"
 
 

@@ -7,6 +7,7 @@ noisy label counts and the predictions derived from them), so none of it costs p
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -21,7 +22,7 @@ class LearnedRule:
     """One rule ``antecedent -> prediction``; the default rule has an empty antecedent.
 
     ``counts`` = (negative, positive) label counts of the rows the rule caught during training,
-    noisy for private mechanisms (may be negative: noise is not clamped before release).
+    noisy for private mechanisms and clamped at 0 (post-processing).
     """
 
     antecedent: Rule
@@ -46,6 +47,8 @@ class RuleList:
     rules: tuple[LearnedRule, ...]
     stop_reason: str = "max_length"
     notes: tuple[str, ...] = field(default=())
+    #: Scale of the discrete Laplace noise on each released count (0: exact counts).
+    count_scale: float = 0.0
 
     @property
     def default(self) -> LearnedRule:
@@ -111,6 +114,7 @@ class RuleList:
             ],
             "stop_reason": self.stop_reason,
             "notes": list(self.notes),
+            "count_scale": self.count_scale,
         }
 
     @staticmethod
@@ -124,7 +128,17 @@ class RuleList:
             )
             for r in data["rules"]
         )
-        return RuleList(features, rules, data.get("stop_reason", ""), tuple(data.get("notes", ())))
+        return RuleList(
+            features,
+            rules,
+            data.get("stop_reason", ""),
+            tuple(data.get("notes", ())),
+            float(data.get("count_scale", 0.0)),
+        )
+
+    def rule_stats(self, rule: LearnedRule, alpha: float = 0.05) -> RuleStats:
+        """Noisy support, positive rate and its 1-α interval: post-processing of the counts."""
+        return rule_stats(rule.counts, self.count_scale, alpha)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
@@ -132,6 +146,50 @@ class RuleList:
     @staticmethod
     def from_json(text: str) -> RuleList:
         return RuleList.from_dict(json.loads(text))
+
+
+@dataclass(frozen=True)
+class RuleStats:
+    """What a rule's released counts say: support, positive rate and its interval.
+
+    The interval covers the rate among the training rows the rule caught, against the DP
+    noise only (each count within ±t with probability 1 - α/2, a union bound over the two);
+    sampling error of the training set is not included.
+    """
+
+    support: float
+    rate: float | None
+    low: float
+    high: float
+
+
+def count_margin(scale: float, alpha: float) -> int:
+    """Smallest t with P(|Z| > t) <= α/2 for the sampler's discrete Laplace at ``scale``."""
+    if scale <= 0:
+        return 0
+    from dpsql.privacy.mechanisms import discrete_laplace_tail
+
+    target = alpha / 4.0
+    log_q = -1.0 / scale
+    guess = max(0, math.ceil(math.log(target) / log_q))
+    m = guess
+    while m > 0 and discrete_laplace_tail(scale, m - 1) <= target:
+        m -= 1
+    while discrete_laplace_tail(scale, m) > target:
+        m += 1
+    return max(m - 1, 0)
+
+
+def rule_stats(counts: tuple[float, float], scale: float, alpha: float = 0.05) -> RuleStats:
+    c0, c1 = (max(float(c), 0.0) for c in counts)
+    support = c0 + c1
+    rate = c1 / support if support > 0 else None
+    t = count_margin(scale, alpha)
+    lo1, hi1 = max(c1 - t, 0.0), c1 + t
+    lo0, hi0 = max(c0 - t, 0.0), c0 + t
+    low = lo1 / (lo1 + hi0) if lo1 + hi0 > 0 else 0.0
+    high = hi1 / (hi1 + lo0) if hi1 + lo0 > 0 else 1.0
+    return RuleStats(support, rate, low, high)
 
 
 def _fmt(c: float) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,8 +28,15 @@ from dpsql.errors import PrivacyError, ProgrammingError, UndefinedColumnError
 from dpsql.policy import ColumnPolicy, TablePolicy
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.samplers import NoiseSource
-from dpsql.rulelist.candidates import Feature, Rule, public_candidates, quote_ident
-from dpsql.rulelist.learner import LearnerParams, learn, plan_budget
+from dpsql.rulelist.candidates import Feature, Patterns, Rule, public_candidates, quote_ident
+from dpsql.rulelist.gini import support_threshold
+from dpsql.rulelist.learner import (
+    SMOOTH,
+    BudgetPlan,
+    LearnerParams,
+    learn_patterns,
+    plan_budget,
+)
 from dpsql.rulelist.model import RuleList
 
 #: Result columns of ``SELECT * FROM dp_rule_list(...)``, with SQL types.
@@ -40,9 +48,15 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("noisy_negative", "DOUBLE"),
     ("noisy_positive", "DOUBLE"),
     ("is_default", "BOOLEAN"),
+    ("noisy_support", "DOUBLE"),
+    ("positive_rate", "DOUBLE"),
+    ("rate_low", "DOUBLE"),
+    ("rate_high", "DOUBLE"),
 )
-#: Candidate-set cap: the learner holds an (n_rows × candidates) float32 matrix.
+#: Candidate-set cap: planning enumerates them and each selection scores them all.
 MAX_CANDIDATES = 20_000
+#: SQL's default mechanism: proven, δ = 0, and valid when a unit owns several rows.
+DEFAULT_MECHANISM = "monotone_em"
 DEFAULT_CUTS = 3
 
 
@@ -59,11 +73,77 @@ class RuleListPlan:
     cost: Cost
     feature_sql: tuple[str, ...]  # one 0/1 INTEGER expression per feature, in order
     label_sql: str  # 0/1 INTEGER: 1 iff label = positive (NULL -> 0)
+    budget: BudgetPlan | None = None
+    model: str | None = None  # store the learned list under this name
+    notes: tuple[str, ...] = ()  # decided from the arguments alone (e.g. the δ used)
 
     def select_list(self) -> str:
         """``SELECT`` list for the engine: f0 ... f{k-1}, then y (all 0/1 integers)."""
         cols = [f"{e} AS f{i}" for i, e in enumerate(self.feature_sql)]
         return ", ".join([*cols, f"{self.label_sql} AS y"])
+
+    def explain_rows(self) -> list[tuple[Any, ...]]:
+        """EXPLAIN rows (the pipeline's 10 columns): the call, then ε_node, δ_node, T and Λ.
+
+        All of it follows from the arguments and the policy; none of it reads data.
+        """
+        p, b, c = self.params, self.budget, self.cost
+        rows: list[tuple[Any, ...]] = [
+            (
+                f"dp_rule_list({self.table}, label => {self.label})",
+                f"{len(self.candidates)} public candidates, max_length {p.max_length}",
+                p.mechanism,
+                None,
+                None,
+                None,
+                c.epsilon,
+                c.delta,
+                c.rho,
+                None,
+            )
+        ]
+        if b is None or p.max_length < 1:
+            return rows
+
+        def row(name: str, text: str, eps: float | None = None, delta: float | None = None):
+            rows.append((name, text, None, None, None, None, eps, delta, None, None))
+
+        eps_n, d_n = b.epsilon_node, b.delta_node
+        row("epsilon_node", f"epsilon_node = {eps_n:.6g}: {b.steps} steps of epsilon", eps_n)
+        row("delta_node", f"delta_node = {d_n:.3g} per selection", None, d_n)
+        if p.mechanism in SMOOTH and p.max_length > 1:
+            t = support_threshold(eps_n, p.confidence)
+            row("T", f"T = {t}: support margin at confidence {p.confidence:g}")
+        else:
+            row("T", "T = none: no support check")
+        if p.min_support >= 1:
+            row("Lambda", f"Lambda = {int(p.min_support)} rows")
+        elif p.min_support > 0 and p.mechanism in (*SMOOTH, "monotone_em"):
+            how = "first support check" if p.mechanism in SMOOTH else "one extra noisy count"
+            row("Lambda", f"Lambda = floor({p.min_support:g} x noisy row count, {how})")
+        else:
+            row("Lambda", "Lambda = none")
+        k = p.rows_per_unit
+        rows.append(
+            (
+                "label counts",
+                f"discrete Laplace, scale {k / eps_n:.6g} (k = {k} rows per unit)",
+                "discrete_laplace",
+                float(k),
+                None,
+                k / eps_n,
+                eps_n,
+                0.0,
+                None,
+                None,
+            )
+        )
+        return rows
+
+    def model_payload(self, rl: RuleList) -> dict[str, Any]:
+        """What a stored model keeps: the label, its positive value and the list."""
+        positive = self.positive if not isinstance(self.positive, np.generic) else None
+        return {"label": self.label, "positive": positive, "rule_list": rl.to_dict()}
 
 
 @dataclass(frozen=True)
@@ -97,6 +177,8 @@ _ARGUMENT_TYPES: dict[str, tuple[tuple[type, ...], str, bool]] = {
     "confidence": (_NUMBER, "a number, e.g. confidence => 0.99", False),
     "max_card": ((int,), "a whole number, e.g. max_card => 2", False),
     "strict_sensitivity": ((bool,), "true or false", False),
+    "cut_points": ((str, dict), "'age: 18, 40, 65; cost: 100, 1000'", True),
+    "model": ((str,), "a quoted name, e.g. model => 'smoker_v1'", True),
 }
 
 
@@ -197,7 +279,16 @@ def features_from_column(
         for c in cuts:
             s = _fmt_num(c)
             neg = f"{q} < {s}" + (f" OR {q} IS NULL" if col.nullable else "")
-            out.append(Feature(f"{col.name} >= {s}", f"{q} >= {s}", f"{col.name} < {s}", neg))
+            out.append(
+                Feature(
+                    f"{col.name} >= {s}",
+                    f"{q} >= {s}",
+                    f"{col.name} < {s}",
+                    neg,
+                    column=col.name,
+                    threshold=float(c),
+                )
+            )
         return out
     return []
 
@@ -212,11 +303,12 @@ def plan_rule_list(
     delta: float | None = None,
     max_length: int = 5,
     min_support: float = 0.05,
-    mechanism: str = "smooth_laplace",
+    mechanism: str = DEFAULT_MECHANISM,
     confidence: float = 0.99,
     max_card: int = 2,
-    cut_points: Mapping[str, Sequence[float]] | None = None,
+    cut_points: Mapping[str, Sequence[float]] | str | None = None,
     strict_sensitivity: bool = True,
+    model: str | None = None,
 ) -> RuleListPlan:
     """Validate a ``dp_rule_list`` call and fix its cost, reading no data.
 
@@ -225,6 +317,9 @@ def plan_rule_list(
     domain, ``mechanism => 'none'``, smooth mechanisms on tables whose unit may own several
     rows, missing δ for smooth_laplace / global_gaussian (n is private, so the paper's 1/n²
     default is not available here), and candidate sets too large to hold in memory.
+    ``cut_points`` ('col: c1, c2; col2: ...' or a mapping) replaces a numeric column's
+    default cuts and makes a numeric column without bounds usable; naming a column that is
+    not numeric or not a feature of the call is refused.  ``model`` names the stored model.
     """
     _check_argument_types(
         label=label,
@@ -237,7 +332,11 @@ def plan_rule_list(
         confidence=confidence,
         max_card=max_card,
         strict_sensitivity=strict_sensitivity,
+        cut_points=cut_points,
+        model=model,
     )
+    if model is not None:
+        check_model_name(model)
     cols = {name.lower(): c for name, c in table.columns.items()}
     lab = cols.get(label.lower())
     if lab is None:
@@ -280,10 +379,11 @@ def plan_rule_list(
         rows_per_unit=1 if table.row_level else table.max_rows_per_unit,
     )
     params.validate()
-    cost = plan_budget(params, None).cost  # raises when δ is needed and missing
+    budget = plan_budget(params, None)  # raises when δ is needed and missing
+    cost = budget.cost
 
     skip = {lab.name.lower(), (table.privacy_unit or "").lower()}
-    cut_points = {k.lower(): v for k, v in (cut_points or {}).items()}
+    cut_points = parse_cut_points(cut_points, cols)
     chosen: list[ColumnPolicy] = []
     if features is None:
         chosen = [c for n, c in cols.items() if n not in skip]
@@ -308,6 +408,16 @@ def plan_rule_list(
                 "bounds (numbers) for it in the policy, or pass cut_points",
             )
         feats.extend(made)
+    unused = set(cut_points) - {c.name.lower() for c in chosen}
+    if unused:
+        name = sorted(unused)[0]
+        raise ProgrammingError(
+            f"cut_points names column {cols[name].name!r}, which is not a feature of this call",
+            sqlstate="22023",
+            construct="cut_points",
+            hint="name it in features => [...] too, or drop it from cut_points "
+            "(the label and the privacy unit are never features)",
+        )
     if not feats:
         raise PrivacyError(
             f"table {table.name!r} has no column with a public domain to build rules from",
@@ -347,32 +457,119 @@ def plan_rule_list(
         cost,
         feature_sql,
         label_sql,
+        budget,
+        model,
+    )
+
+
+#: Most cut points one column may have (each adds two literals).
+MAX_CUTS = 32
+_MODEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,62}")
+
+
+def check_model_name(name: str) -> None:
+    if not _MODEL_NAME.fullmatch(name):
+        raise ProgrammingError(
+            f"invalid model name {name[:70]!r}",
+            sqlstate="42602",
+            construct="model",
+            hint="a letter or _, then up to 62 letters, digits, _, . or -",
+        )
+
+
+def parse_cut_points(
+    value: Mapping[str, Sequence[float]] | str | None, cols: Mapping[str, ColumnPolicy]
+) -> dict[str, list[float]]:
+    """Public cut points per numeric column: ``'age: 18, 40, 65; cost: 100'`` or a mapping.
+
+    Refused (22023, before any data is read): unknown or non-numeric columns, values that
+    are not finite numbers, more than :data:`MAX_CUTS` per column.
+    """
+    if value is None:
+        return {}
+    items: list[tuple[str, Sequence[Any]]]
+    if isinstance(value, str):
+        items = []
+        for part in (p.strip() for p in value.split(";")):
+            if not part:
+                continue
+            name, sep, rest = part.partition(":")
+            if not sep:
+                raise _bad_cuts(f"no ':' after column {name.strip()[:40]!r}")
+            items.append((name.strip(), [v.strip() for v in rest.split(",") if v.strip()]))
+    else:
+        items = list(value.items())
+    out: dict[str, list[float]] = {}
+    for name, raw in items:
+        col = cols.get(str(name).lower())
+        if col is None:
+            raise UndefinedColumnError(
+                f"cut_points names column {str(name)[:40]!r}, which does not exist",
+                construct="cut_points",
+                hint="name numeric columns of the table",
+            )
+        if not col.numeric:
+            raise ProgrammingError(
+                f"cut_points for column {col.name!r}, which is not numeric ({col.type})",
+                sqlstate="22023",
+                construct="cut_points",
+                hint="cut points apply to int / float columns; categorical columns use "
+                "their declared values",
+            )
+        try:
+            cuts = sorted({float(v) for v in raw})
+        except (TypeError, ValueError):
+            raise _bad_cuts(f"a cut point of {col.name!r} is not a number") from None
+        if not cuts or not all(math.isfinite(c) for c in cuts) or len(cuts) > MAX_CUTS:
+            raise _bad_cuts(f"column {col.name!r} needs 1 to {MAX_CUTS} finite cut points")
+        out[col.name.lower()] = cuts
+    return out
+
+
+def _bad_cuts(message: str) -> ProgrammingError:
+    return ProgrammingError(
+        f"invalid cut_points: {message}",
+        sqlstate="22023",
+        construct="cut_points",
+        hint="cut_points => 'age: 18, 40, 65; cost: 100, 1000'",
     )
 
 
 def release_rule_list(
-    plan: RuleListPlan, X: np.ndarray, y: np.ndarray, source: NoiseSource
+    plan: RuleListPlan,
+    X: np.ndarray,
+    y: np.ndarray,
+    source: NoiseSource,
+    weights: np.ndarray | None = None,
 ) -> RuleListRelease:
     """Learn from the fetched rows (columns as in ``plan.select_list()``) and format the rows.
 
+    ``weights``: the engine's count of each fetched row (pattern counts); None = one each.
     Call only after ``plan.cost`` has been charged.  The rows contain only released values
-    (chosen antecedents, noisy counts, predictions derived from them).
+    (chosen antecedents, noisy counts, predictions and statistics derived from them).
     """
-    rl = learn(X, y, plan.features, plan.candidates, plan.params, source)
-    return release_rows(rl, plan.cost)
+    data = Patterns.from_rows(np.asarray(X), np.asarray(y), weights)
+    rl = learn_patterns(data, plan.features, plan.candidates, plan.params, source)
+    return release_rows(rl, plan.cost, plan.notes)
 
 
-def release_rows(rl: RuleList, cost: Cost) -> RuleListRelease:
-    rows = tuple(
-        (
-            i + 1,
-            rl.rule_text(r),
-            rl.rule_predicate(r),
-            bool(r.prediction),
-            float(r.counts[0]),
-            float(r.counts[1]),
-            r.is_default,
+def release_rows(rl: RuleList, cost: Cost, notes: Sequence[str] = ()) -> RuleListRelease:
+    rows = []
+    for i, r in enumerate(rl.rules):
+        st = rl.rule_stats(r)
+        rows.append(
+            (
+                i + 1,
+                rl.rule_text(r),
+                rl.rule_predicate(r),
+                bool(r.prediction),
+                float(r.counts[0]),
+                float(r.counts[1]),
+                r.is_default,
+                st.support,
+                st.rate,
+                st.low,
+                st.high,
+            )
         )
-        for i, r in enumerate(rl.rules)
-    )
-    return RuleListRelease(rows, cost, rl.notes, rl)
+    return RuleListRelease(tuple(rows), cost, (*notes, *rl.notes), rl)
