@@ -401,6 +401,10 @@ class Service:
             return Result([(n, type_code(t)) for n, t in description], rows)
         if isinstance(statement, ExplainStatement):
             if isinstance(statement.query, RuleListCall):
+                if statement.query.function != "dp_rule_list":
+                    from dpsql.models.regression_function import explain_regression
+
+                    return explain_regression(self, statement.query, settings)
                 return self.explain_rule_list(self._plan_rule_list(statement.query, settings))
             return self.explain(self.plan(statement.query, settings, analyst), analyst)
         if isinstance(statement, RuleListCall):
@@ -583,6 +587,10 @@ class Service:
 
         from dpsql.rulelist.table_function import COLUMNS, release_rule_list
 
+        if call.function != "dp_rule_list":
+            from dpsql.models.regression_function import run_regression
+
+            return run_regression(self, call, settings, analyst, handle)
         plan = self._plan_rule_list(call, settings)
         # The post-processing's functions are checked before the charge: a refusal is free.
         check_post(call.post.sql(dialect=DIALECT), call.post)

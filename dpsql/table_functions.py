@@ -9,7 +9,11 @@ columns without importing the learners.
 from __future__ import annotations
 
 #: Names accepted in FROM, lower case.
-TABLE_FUNCTIONS: tuple[str, ...] = ("dp_rule_list",)
+TABLE_FUNCTIONS: tuple[str, ...] = (
+    "dp_rule_list",
+    "dp_linear_regression",
+    "dp_logistic_regression",
+)
 
 
 def result_columns(function: str) -> tuple[tuple[str, str], ...]:
@@ -18,4 +22,8 @@ def result_columns(function: str) -> tuple[tuple[str, str], ...]:
         from dpsql.rulelist.table_function import COLUMNS
 
         return COLUMNS
+    if function in ("dp_linear_regression", "dp_logistic_regression"):
+        from dpsql.models.regression_function import COLUMNS as REGRESSION_COLUMNS
+
+        return REGRESSION_COLUMNS
     raise KeyError(function)

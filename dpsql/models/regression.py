@@ -1,0 +1,404 @@
+"""scikit-learn style DP linear and logistic regression, and the model they release.
+
+``DPLinearRegression`` (noisy sufficient statistics, or DP-SGD on the squared loss) and
+``DPLogisticRegression`` (DP-SGD on the logistic loss) follow scikit-learn's conventions
+(``get_params`` / ``set_params``, ``fit`` returns self, trailing-underscore fitted attributes)
+without importing it, and are clone-able. Features are clipped to their declared ``bounds``
+and scaled to [−1, 1] (bounds default to [0, 1]: 0/1 features); the linear label likewise to
+``label_bounds``, which must be given. Both land on the lattice 2⁻¹⁰ the SQL path uses, so the
+estimator and ``dp_linear_regression`` fit the same design. See docs/regression.md.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dpsql.models import dpsgd
+from dpsql.models import sufficient_stats as ss
+from dpsql.privacy.accounting import Cost
+from dpsql.privacy.samplers import NoiseSource, SecureNoise, SeededNoise
+
+KINDS = ("linear_regression", "logistic_regression")
+METHODS = ("sufficient_stats", "dpsgd")
+SCALE = 1 << ss.FEATURE_BITS
+
+
+# --- design: clip, scale to [-1, 1], round to the lattice ---------------------------------
+
+
+def _bounds(bounds: Any, d: int) -> tuple[np.ndarray, np.ndarray]:
+    if bounds is None:
+        lo, hi = np.zeros(d), np.ones(d)
+    else:
+        lo_, hi_ = bounds
+        lo = np.broadcast_to(np.asarray(lo_, dtype=np.float64), (d,)).copy()
+        hi = np.broadcast_to(np.asarray(hi_, dtype=np.float64), (d,)).copy()
+    if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)) and np.all(hi > lo)):
+        raise ValueError("bounds must be finite with upper > lower for every feature")
+    return lo, hi
+
+
+def scale_to_lattice(x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Clip to [lo, hi], map to [−1, 1], round to multiples of 2⁻¹⁰ (NaN -> 0)."""
+    x = np.clip(np.nan_to_num(np.asarray(x, dtype=np.float64), nan=0.0), lo, hi)
+    unit = (2 * x - lo - hi) / (hi - lo)
+    return np.clip(np.rint(unit * SCALE), -SCALE, SCALE) / SCALE
+
+
+def design(X: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The scaled design with the intercept's column of ones first."""
+    return np.column_stack([np.ones(len(X)), scale_to_lattice(X, lo, hi)])
+
+
+def unscale(
+    w: np.ndarray, lo: np.ndarray, hi: np.ndarray, label: tuple[float, float] | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(intercepts, coefficients) in the original units for rows of scaled weights ``w``."""
+    w = np.atleast_2d(w)
+    a = 2.0 / (hi - lo)
+    b = -(lo + hi) / (hi - lo)
+    coef = w[:, 1:] * a
+    intercept = w[:, 0] + w[:, 1:] @ b
+    if label is not None:
+        half, mid = (label[1] - label[0]) / 2, (label[1] + label[0]) / 2
+        coef, intercept = coef * half, intercept * half + mid
+    return intercept, coef
+
+
+# --- the released model, as data -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RegressionModel:
+    """What a fit releases: enough to predict in Python and in SQL, nothing else."""
+
+    kind: str
+    features: tuple[str, ...]  # display names
+    feature_sql: tuple[str, ...]  # SQL over the source table, one per feature
+    lower: tuple[float, ...]
+    upper: tuple[float, ...]
+    coefficients: tuple[float, ...]  # original units, applied to clipped features
+    intercept: float
+    label: str | None = None
+    positive: Any = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "features": list(self.features),
+            "feature_sql": list(self.feature_sql),
+            "lower": list(self.lower),
+            "upper": list(self.upper),
+            "coefficients": list(self.coefficients),
+            "intercept": self.intercept,
+            "label": self.label,
+            "positive": self.positive,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RegressionModel:
+        return cls(
+            data["kind"],
+            tuple(data["features"]),
+            tuple(data["feature_sql"]),
+            tuple(float(v) for v in data["lower"]),
+            tuple(float(v) for v in data["upper"]),
+            tuple(float(v) for v in data["coefficients"]),
+            float(data["intercept"]),
+            data.get("label"),
+            data.get("positive"),
+        )
+
+    def linear_sql(self) -> str:
+        """intercept + Σ coef·clamp(feature): the linear predictor as a DuckDB expression."""
+        terms = [repr(float(self.intercept))]
+        for sql, lo, hi, c in zip(
+            self.feature_sql, self.lower, self.upper, self.coefficients, strict=True
+        ):
+            clamped = f"LEAST(GREATEST(COALESCE(CAST({sql} AS DOUBLE), {lo!r}), {lo!r}), {hi!r})"
+            terms.append(f"({float(c)!r}) * {clamped}")
+        return " + ".join(terms)
+
+    def predict_sql(self) -> str:
+        """Prediction in SQL: the linear predictor, or the positive-class probability."""
+        if self.kind == "logistic_regression":
+            return f"1.0 / (1.0 + EXP(-({self.linear_sql()})))"
+        return self.linear_sql()
+
+
+def predictor(model_json: dict[str, Any]) -> Any:
+    """PREDICTORS entry: the model dict -> a sqlglot expression computing the prediction."""
+    import sqlglot
+
+    return sqlglot.parse_one(RegressionModel.from_dict(model_json).predict_sql(), read="duckdb")
+
+
+def register() -> bool:
+    """Add both kinds to :data:`dpsql.models.predict.PREDICTORS`, when that module exists."""
+    try:
+        from dpsql.models import predict
+    except ImportError:
+        return False
+    for kind in KINDS:
+        predict.PREDICTORS.setdefault(kind, predictor)
+    return True
+
+
+# --- estimators -----------------------------------------------------------------------------
+
+
+class _Params:
+    """get_params / set_params from the __init__ signature, as scikit-learn's clone expects."""
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        names = [p for p in inspect.signature(type(self).__init__).parameters if p != "self"]
+        return {name: getattr(self, name) for name in names}
+
+    def set_params(self, **params: Any) -> _Params:
+        valid = self.get_params()
+        for name, value in params.items():
+            if name not in valid:
+                raise ValueError(f"invalid parameter {name!r} for {type(self).__name__}")
+            setattr(self, name, value)
+        return self
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
+        return f"{type(self).__name__}({args})"
+
+    def _source(self) -> NoiseSource:
+        rs = self.random_state  # type: ignore[attr-defined]
+        return SecureNoise() if rs is None else SeededNoise(int(rs))
+
+    def _delta(self, n: int) -> float:
+        d = self.delta  # type: ignore[attr-defined]
+        return float(d) if d is not None else 1.0 / max(n, 2) ** 2
+
+    def _prepare(
+        self, X: Any, groups: Any
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
+        names = [str(c) for c in X.columns] if hasattr(X, "columns") else None
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 2:
+            raise ValueError("X must be 2-dimensional")
+        d = X.shape[1]
+        lo, hi = _bounds(self.bounds, d)  # type: ignore[attr-defined]
+        rows = dpsgd.unit_rows(groups, len(X), self.rows_per_unit)  # type: ignore[attr-defined]
+        self.n_features_in_ = d
+        self.feature_names_in_ = names or [f"x{i}" for i in range(d)]
+        return X, lo, hi, rows, self.feature_names_in_
+
+    def _dpsgd_config(self, delta: float) -> dpsgd.DPSGDConfig:
+        return dpsgd.DPSGDConfig(
+            epsilon=float(self.epsilon),  # type: ignore[attr-defined]
+            delta=delta,
+            steps=int(self.steps),  # type: ignore[attr-defined]
+            sample_rate=float(self.sample_rate),  # type: ignore[attr-defined]
+            clip=float(self.clip),  # type: ignore[attr-defined]
+            learning_rate=float(self.learning_rate),  # type: ignore[attr-defined]
+            l2=float(self.l2),  # type: ignore[attr-defined]
+            rows_per_unit=int(self.rows_per_unit),  # type: ignore[attr-defined]
+        )
+
+    def _linear(self, X: Any) -> np.ndarray:
+        X = np.asarray(X, dtype=np.float64)
+        lo, hi = _bounds(self.bounds, X.shape[1])  # type: ignore[attr-defined]
+        x = np.clip(np.nan_to_num(X, nan=0.0), lo, hi)
+        return x @ self.coef_ + self.intercept_
+
+
+class DPLinearRegression(_Params):
+    """(ε, δ)-DP linear regression: noisy sufficient statistics (default) or DP-SGD.
+
+    ``label_bounds=(low, high)`` is required: the label's range sets the sensitivity.
+    ``noise`` ('gaussian' | 'laplace', sufficient statistics only; laplace is pure ε),
+    ``ridge`` (None: about the noise's spectral norm), ``intervals`` (bootstrap, sufficient
+    statistics only). Fitted: ``coef_``, ``intercept_``, ``coef_interval_`` (d × 2, or None),
+    ``intercept_interval_``, ``cost_``, ``mechanism_`` (the calibrated plan).
+    """
+
+    def __init__(
+        self,
+        epsilon: float = 1.0,
+        delta: float | None = None,
+        method: str = "sufficient_stats",
+        bounds: Any = None,
+        label_bounds: tuple[float, float] | None = None,
+        noise: str = "gaussian",
+        ridge: float | None = None,
+        intervals: bool = True,
+        steps: int = 1000,
+        sample_rate: float = 0.01,
+        clip: float = 1.0,
+        learning_rate: float = 1.0,
+        l2: float = 1e-4,
+        rows_per_unit: int = 1,
+        random_state: int | None = None,
+    ) -> None:
+        self.epsilon = epsilon
+        self.delta = delta
+        self.method = method
+        self.bounds = bounds
+        self.label_bounds = label_bounds
+        self.noise = noise
+        self.ridge = ridge
+        self.intervals = intervals
+        self.steps = steps
+        self.sample_rate = sample_rate
+        self.clip = clip
+        self.learning_rate = learning_rate
+        self.l2 = l2
+        self.rows_per_unit = rows_per_unit
+        self.random_state = random_state
+
+    def fit(self, X: Any, y: Any, groups: Any = None) -> DPLinearRegression:
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}")
+        if self.label_bounds is None:
+            raise ValueError("label_bounds=(low, high) is required: it bounds the sensitivity")
+        X, lo, hi, rows, _ = self._prepare(X, groups)
+        (ylo,), (yhi,) = _bounds(tuple(self.label_bounds), 1)
+        keep = rows[rows >= 0]
+        Z = design(X, lo, hi)
+        ys = scale_to_lattice(np.asarray(y, dtype=np.float64)[:, None], ylo, yhi)[:, 0]
+        source = self._source()
+        delta = self._delta(len(keep))
+        label = (float(ylo), float(yhi))
+        self.coef_interval_ = self.intercept_interval_ = None
+        if self.method == "sufficient_stats":
+            plan = ss.plan_sufficient_stats(
+                float(self.epsilon), delta, X.shape[1], int(self.rows_per_unit), self.noise
+            )
+            released = ss.noisy_statistics(plan, Z[keep], ys[keep], source)
+            ridge = ss.default_ridge(plan) if self.ridge is None else float(self.ridge)
+            xtx, xty, _ = ss.unpack(plan, released)
+            w = ss.ridge_solve(xtx, xty, ridge)
+            if self.intervals:
+                sims = ss.bootstrap_draws(plan, released, ridge, source)
+                b0, bc = unscale(sims, lo, hi, label)
+                self.intercept_interval_ = tuple(np.percentile(b0, [2.5, 97.5]))
+                self.coef_interval_ = np.percentile(bc, [2.5, 97.5], axis=0).T
+            self.n_noisy_ = float(xtx[0, 0])
+        else:
+            plan = dpsgd.plan_dpsgd(self._dpsgd_config(delta))
+            w, self.n_noisy_ = dpsgd.train_dpsgd(plan, "squared", Z, ys, rows, source)
+        b0, bc = unscale(w, lo, hi, label)
+        self.intercept_, self.coef_ = float(b0[0]), bc[0]
+        self.mechanism_ = plan
+        self.cost_ = plan.cost
+        return self
+
+    def predict(self, X: Any) -> np.ndarray:
+        return self._linear(X)
+
+    def score(self, X: Any, y: Any) -> float:
+        """R² of the predictions."""
+        y = np.asarray(y, dtype=np.float64)
+        resid = y - self.predict(X)
+        total = ((y - y.mean()) ** 2).sum()
+        return float(1 - (resid @ resid) / total) if total > 0 else 0.0
+
+    def model(self, feature_sql: Sequence[str] | None = None) -> RegressionModel:
+        lo, hi = _bounds(self.bounds, self.n_features_in_)
+        names = tuple(self.feature_names_in_)
+        return RegressionModel(
+            "linear_regression", names, tuple(feature_sql or names), tuple(lo), tuple(hi),
+            tuple(float(c) for c in self.coef_), self.intercept_,
+        )  # fmt: skip
+
+
+class DPLogisticRegression(_Params):
+    """(ε, δ)-DP logistic regression by DP-SGD (Poisson sampling, clipping, RDP accounting).
+
+    ``y`` takes two classes (any labels); ``classes_[1]`` is the positive class. Fitted:
+    ``coef_``, ``intercept_``, ``classes_``, ``cost_``, ``mechanism_`` (the calibrated plan:
+    ``noise_multiplier``, ``noise_std``), ``n_noisy_``.
+    """
+
+    def __init__(
+        self,
+        epsilon: float = 1.0,
+        delta: float | None = None,
+        bounds: Any = None,
+        steps: int = 1000,
+        sample_rate: float = 0.01,
+        clip: float = 1.0,
+        learning_rate: float = 1.0,
+        l2: float = 1e-4,
+        rows_per_unit: int = 1,
+        random_state: int | None = None,
+    ) -> None:
+        self.epsilon = epsilon
+        self.delta = delta
+        self.bounds = bounds
+        self.steps = steps
+        self.sample_rate = sample_rate
+        self.clip = clip
+        self.learning_rate = learning_rate
+        self.l2 = l2
+        self.rows_per_unit = rows_per_unit
+        self.random_state = random_state
+
+    def fit(self, X: Any, y: Any, groups: Any = None) -> DPLogisticRegression:
+        X, lo, hi, rows, _ = self._prepare(X, groups)
+        y = np.asarray(y)
+        classes = np.unique(y)
+        if len(classes) != 2:
+            raise ValueError("y must have exactly two classes")
+        self.classes_ = classes
+        y01 = (y == classes[1]).astype(np.float64)
+        delta = self._delta(int((rows >= 0).sum()))
+        plan = dpsgd.plan_dpsgd(self._dpsgd_config(delta))
+        w, self.n_noisy_ = dpsgd.train_dpsgd(
+            plan, "logistic", design(X, lo, hi), y01, rows, self._source()
+        )
+        b0, bc = unscale(w, lo, hi, None)
+        self.intercept_, self.coef_ = float(b0[0]), bc[0]
+        self.mechanism_ = plan
+        self.cost_: Cost = plan.cost
+        return self
+
+    def decision_function(self, X: Any) -> np.ndarray:
+        return self._linear(X)
+
+    def predict_proba(self, X: Any) -> np.ndarray:
+        p = 0.5 * (1.0 + np.tanh(0.5 * self.decision_function(X)))
+        return np.column_stack([1 - p, p])
+
+    def predict(self, X: Any) -> np.ndarray:
+        return self.classes_[(self.decision_function(X) > 0).astype(int)]
+
+    def score(self, X: Any, y: Any) -> float:
+        """Accuracy."""
+        return float(np.mean(self.predict(X) == np.asarray(y)))
+
+    def model(self, feature_sql: Sequence[str] | None = None) -> RegressionModel:
+        lo, hi = _bounds(self.bounds, self.n_features_in_)
+        names = tuple(self.feature_names_in_)
+        return RegressionModel(
+            "logistic_regression", names, tuple(feature_sql or names), tuple(lo), tuple(hi),
+            tuple(float(c) for c in self.coef_), self.intercept_,
+            positive=_plain(self.classes_[1]),
+        )  # fmt: skip
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if isinstance(value, np.generic) else value
+
+
+__all__ = [
+    "DPLinearRegression",
+    "DPLogisticRegression",
+    "RegressionModel",
+    "predictor",
+    "register",
+]
