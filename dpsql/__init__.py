@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from dpsql.errors import (
     BudgetExhaustedError,
+    BudgetWarning,
     DatabaseError,
     DataError,
     Error,
@@ -26,7 +27,25 @@ from dpsql.errors import (
 )
 
 if TYPE_CHECKING:
-    from dpsql.dbapi import Connection, Cursor, connect
+    from dpsql.dbapi import (
+        BINARY,
+        BOOLEAN,
+        DATETIME,
+        NUMBER,
+        ROWID,
+        STRING,
+        Binary,
+        Connection,
+        Cursor,
+        Date,
+        DateFromTicks,
+        Time,
+        TimeFromTicks,
+        Timestamp,
+        TimestampFromTicks,
+        connect,
+        read_sql,
+    )
     from dpsql.pipeline import Service
     from dpsql.privacy.ledger import EphemeralBudgetWarning
     from dpsql.privacy.sqlite_ledger import LedgerPermissionWarning
@@ -36,10 +55,27 @@ apilevel = "2.0"
 threadsafety = 1
 paramstyle = "qmark"
 
+_PEP249 = [
+    "BINARY",
+    "BOOLEAN",
+    "DATETIME",
+    "NUMBER",
+    "ROWID",
+    "STRING",
+    "Binary",
+    "Date",
+    "DateFromTicks",
+    "Time",
+    "TimeFromTicks",
+    "Timestamp",
+    "TimestampFromTicks",
+]
 _LAZY = {
     "Connection": "dpsql.dbapi",
     "Cursor": "dpsql.dbapi",
     "connect": "dpsql.dbapi",
+    "read_sql": "dpsql.dbapi",
+    **dict.fromkeys(_PEP249, "dpsql.dbapi"),
     "Service": "dpsql.pipeline",
     "EphemeralBudgetWarning": "dpsql.privacy.ledger",
     "LedgerPermissionWarning": "dpsql.privacy.sqlite_ledger",
@@ -59,11 +95,21 @@ def __getattr__(name: str) -> Any:
 __version__ = "0.1.0"
 
 __all__ = [
+    "BINARY",
+    "BOOLEAN",
+    "DATETIME",
+    "NUMBER",
+    "ROWID",
+    "STRING",
+    "Binary",
     "BudgetExhaustedError",
+    "BudgetWarning",
     "Connection",
     "Cursor",
     "DataError",
     "DatabaseError",
+    "Date",
+    "DateFromTicks",
     "EphemeralBudgetWarning",
     "Error",
     "IntegrityError",
@@ -76,9 +122,14 @@ __all__ = [
     "PrivacyError",
     "ProgrammingError",
     "Service",
+    "Time",
+    "TimeFromTicks",
+    "Timestamp",
+    "TimestampFromTicks",
     "Warning",
     "apilevel",
     "connect",
     "paramstyle",
+    "read_sql",
     "threadsafety",
 ]

@@ -18,6 +18,11 @@ from dpsql.server import types as t
 from dpsql.server.sqltext import _skip, keywords
 
 _PLACEHOLDER = re.compile(r"\$(\d+)")
+# LIMIT $1 / OFFSET $2, with psycopg 3's cast (LIMIT $1::INTEGER) or a CAST(... AS type).
+_LIMIT_PARAMETER = re.compile(
+    r"\b(LIMIT|OFFSET)(\s+)(?:\$(\d+)(?:\s*::\s*\w+)?|CAST\s*\(\s*\$(\d+)\s+AS\s+\w+\s*\))",
+    re.IGNORECASE,
+)
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,51 @@ def inline_parameters(sql: str, params: Sequence[object]) -> str:
     return "".join(out)
 
 
+def inline_limits(sql: str, params: Sequence[object] | None) -> str:
+    """``LIMIT $n`` / ``OFFSET $n`` (cast or not) with the bound count written in.
+
+    SQLAlchemy sends ``.limit(n)`` as a bound parameter, which psycopg 3 casts
+    (``LIMIT $1::INTEGER``); the pipeline takes a LIMIT that is a number. A non-negative whole
+    count is written in as a literal; NULL (PostgreSQL: no limit) and a describe without
+    values drop the clause (it never changes the columns); anything else is left for the
+    pipeline to refuse.
+    """
+    out, i, n = [], 0, len(sql)
+    while i < n:
+        j = _skip(sql, i)
+        if j != i:
+            out.append(sql[i:j])
+            i = j
+            continue
+        m = _LIMIT_PARAMETER.match(sql, i)
+        if m and (i == 0 or not (sql[i - 1].isalnum() or sql[i - 1] == "_")):
+            k = int(m.group(3) or m.group(4))
+            value = params[k - 1] if params is not None and 0 < k <= len(params) else None
+            count = _whole(value)
+            if count is not None:
+                out.append(f"{m.group(1)}{m.group(2)}{count}")
+                i = m.end()
+                continue
+            if value is None:  # LIMIT NULL is no limit in PostgreSQL; describing: no value
+                out.append(" ")
+                i = m.end()
+                continue
+        out.append(sql[i])
+        i += 1
+    return "".join(out)
+
+
+def _whole(value: object) -> int | None:
+    """A LIMIT/OFFSET count from a bound value (int, or its text form), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return None
+
+
 def _columns(description: Sequence[Sequence[Any]] | None) -> tuple[tuple[str, int], ...] | None:
     if not description:
         return None
@@ -120,13 +170,18 @@ class DpBackend:
     def execute(self, sql: str, params: Sequence[object] | None) -> Outcome:
         cur = self.connection.cursor()
         try:
+            sql = inline_limits(sql, params) if params else sql
             cur.execute(sql, list(params) if params else None)
             columns = _columns(cur.description)
             rows = [tuple(r) for r in cur.fetchall()] if columns else []
             status = getattr(cur, "statusmessage", None)
             notices = tuple(
                 ("WARNING", "01000", str(text)) for _, text in getattr(cur, "messages", ())
-            ) + _cost_notice(getattr(cur, "cost", None), getattr(cur, "cached", False))
+            ) + _cost_notice(
+                getattr(cur, "cost", None),
+                getattr(cur, "cached", False),
+                getattr(cur, "remaining", None),
+            )
             tag = command_tag(sql, len(rows), status, columns is not None)
             return Outcome(columns, rows, tag, notices)
         finally:
@@ -137,6 +192,7 @@ class DpBackend:
     def describe(self, sql: str, params: Sequence[object] | None) -> tuple[tuple[str, int], ...]:
         """Result columns; plans the query, runs nothing, spends nothing."""
         count = placeholder_count(sql)
+        sql = inline_limits(sql, params)
         values = list(params) if params is not None else [None] * count
         if self._describe_takes_params:
             description = self.connection.describe(sql, parameters=values or None)
@@ -151,8 +207,11 @@ class DpBackend:
         self.connection.close()
 
 
-def _cost_notice(cost: Any, cached: bool) -> tuple[tuple[str, str, str], ...]:
-    """A NOTICE telling the client what the statement was charged (clients can total it)."""
+def _cost_notice(
+    cost: Any, cached: bool, remaining: Any = None
+) -> tuple[tuple[str, str, str], ...]:
+    """A NOTICE telling the client what the statement was charged and what remains (clients
+    can total it); the low-budget WARNING comes with the cursor's messages."""
     if cached:
         return (("NOTICE", "00000", "dpsql: cached answer, charged epsilon=0 delta=0 rho=0"),)
     if cost is None:
@@ -160,4 +219,7 @@ def _cost_notice(cost: Any, cached: bool) -> tuple[tuple[str, str, str], ...]:
     eps = float(getattr(cost, "epsilon", 0.0))
     delta = float(getattr(cost, "delta", 0.0))
     rho = float(getattr(cost, "rho", 0.0))
-    return (("NOTICE", "00000", f"dpsql: charged epsilon={eps!r} delta={delta!r} rho={rho!r}"),)
+    text = f"dpsql: charged epsilon={eps!r} delta={delta!r} rho={rho!r}"
+    if remaining is not None:
+        text += f"; {remaining}"
+    return (("NOTICE", "00000", text),)
