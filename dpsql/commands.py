@@ -12,6 +12,7 @@ from dpsql.errors import Error
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    __import__("dpsql.models.cli", fromlist=["register"]).register(sub)  # dpsql model ...
     for name, help_text in (
         ("query", "run a DP query and print the noisy result (spends budget)"),
         ("explain", "show a query's plan: sensitivities, noise, cost (spends nothing)"),

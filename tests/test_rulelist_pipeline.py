@@ -144,3 +144,60 @@ def test_show_budget_reports_own_spending(service):
     assert values["remaining_epsilon"] == pytest.approx(
         service.policy.budget.epsilon - service.policy.epsilon
     )
+
+
+def test_default_mechanism_works_on_multi_row_units_with_per_rule_output(service):
+    """visits' units own up to 5 rows: the SQL default (monotone_em) runs; each rule has a
+    noisy support, a positive rate inside its 95% interval, and no negative count."""
+    cur = service.connect("rl-gina").cursor()
+    cur.execute("SELECT * FROM dp_rule_list('visits', label => 'smoker')")
+    names = [d[0] for d in cur.description]
+    for row in cur.fetchall():
+        r = dict(zip(names, row, strict=True))
+        assert r["noisy_negative"] >= 0 and r["noisy_positive"] >= 0
+        assert r["noisy_support"] == r["noisy_negative"] + r["noisy_positive"]
+        assert 0.0 <= r["rate_low"] <= r["rate_high"] <= 1.0
+        if r["positive_rate"] is not None:
+            assert r["rate_low"] <= r["positive_rate"] <= r["rate_high"]
+    assert cur.cost.epsilon == pytest.approx(service.policy.epsilon) and cur.cost.delta == 0.0
+    with pytest.raises(dpsql.PrivacyError, match="one row per privacy unit") as info:
+        cur.execute(
+            "SELECT * FROM dp_rule_list('visits', label => 'smoker', delta => 1e-6, "
+            "mechanism => 'smooth_laplace')"
+        )
+    assert "monotone_em" in info.value.hint
+
+
+def test_cut_points_are_honoured_or_refused(service):
+    cur = service.connect("rl-hal").cursor()
+    cur.execute(
+        "EXPLAIN SELECT * FROM dp_rule_list('visits', label => 'smoker', features => ['age'], "
+        "cut_points => 'age: 18, 65')"
+    )
+    head = cur.fetchall()[0]
+    # age >= 18, age >= 65 and their negations; 'age >= 18 and age < 65' (duplicates dropped)
+    assert head[1].startswith("5 public candidates")
+    for bad, state in (
+        ("cut_points => 'department: 3'", "22023"),  # not numeric
+        ("cut_points => 'cost: 100', features => ['age']", "22023"),  # not a feature
+        ("cut_points => 'nope: 1'", "42703"),
+        ("cut_points => 'age: x'", "22023"),
+        ("cut_points => 'age 18'", "22023"),
+    ):
+        with pytest.raises(dpsql.ProgrammingError) as info:
+            cur.execute(f"SELECT * FROM dp_rule_list('visits', label => 'smoker', {bad})")
+        assert info.value.sqlstate == state and "cut_points" in (info.value.construct or "")
+    assert service.ledger.spent("rl-hal", service.policy.dataset).is_zero
+
+
+def test_notes_reach_the_cursor_and_explain_says_which_delta(service):
+    cur = service.connect("rl-ivy").cursor()
+    cur.execute(
+        "EXPLAIN SELECT * FROM dp_rule_list('visits', label => 'smoker', "
+        "mechanism => 'global_gaussian')"
+    )
+    assert any("session's delta" in m for _, m in cur.messages)
+    cur.execute(
+        "SELECT * FROM dp_rule_list('visits', label => 'smoker', epsilon => 0.01, max_length => 3)"
+    )
+    assert cur.messages  # at ε = 0.01 rules fall below Λ or stop: the learner says why
