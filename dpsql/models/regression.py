@@ -45,8 +45,10 @@ def _bounds(bounds: Any, d: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def scale_to_lattice(x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Clip to [lo, hi], map to [−1, 1], round to multiples of 2⁻¹⁰ (NaN -> 0)."""
-    x = np.clip(np.nan_to_num(np.asarray(x, dtype=np.float64), nan=0.0), lo, hi)
+    """Clip to [lo, hi], map to [−1, 1], round to multiples of 2⁻¹⁰ (NaN -> lower, as SQL's
+    COALESCE(x, lower) does)."""
+    x = np.asarray(x, dtype=np.float64)
+    x = np.clip(np.where(np.isnan(x), lo, x), lo, hi)
     unit = (2 * x - lo - hi) / (hi - lo)
     return np.clip(np.rint(unit * SCALE), -SCALE, SCALE) / SCALE
 
@@ -124,6 +126,7 @@ class RegressionModel:
         for sql, lo, hi, c in zip(
             self.feature_sql, self.lower, self.upper, self.coefficients, strict=True
         ):
+            lo, hi = float(lo), float(hi)  # plain floats: repr(np.float64) is not SQL
             clamped = f"LEAST(GREATEST(COALESCE(CAST({sql} AS DOUBLE), {lo!r}), {lo!r}), {hi!r})"
             terms.append(f"({float(c)!r}) * {clamped}")
         return " + ".join(terms)
@@ -171,6 +174,17 @@ class _Params:
             setattr(self, name, value)
         return self
 
+    def __sklearn_tags__(self) -> Any:  # scikit-learn >= 1.6 asks for tags
+        from sklearn.utils import ClassifierTags, RegressorTags, Tags, TargetTags
+
+        classifier = self._estimator_type == "classifier"  # type: ignore[attr-defined]
+        return Tags(
+            estimator_type=self._estimator_type,  # type: ignore[attr-defined]
+            target_tags=TargetTags(required=True),
+            classifier_tags=ClassifierTags(multi_class=False) if classifier else None,
+            regressor_tags=None if classifier else RegressorTags(),
+        )
+
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
         return f"{type(self).__name__}({args})"
@@ -209,10 +223,26 @@ class _Params:
             rows_per_unit=int(self.rows_per_unit),  # type: ignore[attr-defined]
         )
 
+    def _model(
+        self, kind: str, feature_sql: Sequence[str] | None, positive: Any
+    ) -> RegressionModel:
+        lo, hi = _bounds(self.bounds, self.n_features_in_)  # type: ignore[attr-defined]
+        names = tuple(self.feature_names_in_)
+        return RegressionModel(
+            kind,
+            names,
+            tuple(feature_sql or names),
+            tuple(map(float, lo)),
+            tuple(map(float, hi)),
+            tuple(float(c) for c in self.coef_),  # type: ignore[attr-defined]
+            float(self.intercept_),  # type: ignore[attr-defined]
+            positive=positive,
+        )
+
     def _linear(self, X: Any) -> np.ndarray:
         X = np.asarray(X, dtype=np.float64)
         lo, hi = _bounds(self.bounds, X.shape[1])  # type: ignore[attr-defined]
-        x = np.clip(np.nan_to_num(X, nan=0.0), lo, hi)
+        x = np.clip(np.where(np.isnan(X), lo, X), lo, hi)
         return x @ self.coef_ + self.intercept_
 
 
@@ -225,6 +255,8 @@ class DPLinearRegression(_Params):
     statistics only). Fitted: ``coef_``, ``intercept_``, ``coef_interval_`` (d × 2, or None),
     ``intercept_interval_``, ``cost_``, ``mechanism_`` (the calibrated plan).
     """
+
+    _estimator_type = "regressor"
 
     def __init__(
         self,
@@ -308,12 +340,8 @@ class DPLinearRegression(_Params):
         return float(1 - (resid @ resid) / total) if total > 0 else 0.0
 
     def model(self, feature_sql: Sequence[str] | None = None) -> RegressionModel:
-        lo, hi = _bounds(self.bounds, self.n_features_in_)
-        names = tuple(self.feature_names_in_)
-        return RegressionModel(
-            "linear_regression", names, tuple(feature_sql or names), tuple(lo), tuple(hi),
-            tuple(float(c) for c in self.coef_), self.intercept_,
-        )  # fmt: skip
+        """The released model; ``feature_sql`` names the SQL column of each feature."""
+        return self._model("linear_regression", feature_sql, None)
 
 
 class DPLogisticRegression(_Params):
@@ -323,6 +351,8 @@ class DPLogisticRegression(_Params):
     ``coef_``, ``intercept_``, ``classes_``, ``cost_``, ``mechanism_`` (the calibrated plan:
     ``noise_multiplier``, ``noise_std``), ``n_noisy_``.
     """
+
+    _estimator_type = "classifier"
 
     def __init__(
         self,
@@ -382,13 +412,8 @@ class DPLogisticRegression(_Params):
         return float(np.mean(self.predict(X) == np.asarray(y)))
 
     def model(self, feature_sql: Sequence[str] | None = None) -> RegressionModel:
-        lo, hi = _bounds(self.bounds, self.n_features_in_)
-        names = tuple(self.feature_names_in_)
-        return RegressionModel(
-            "logistic_regression", names, tuple(feature_sql or names), tuple(lo), tuple(hi),
-            tuple(float(c) for c in self.coef_), self.intercept_,
-            positive=_plain(self.classes_[1]),
-        )  # fmt: skip
+        """The released model; ``feature_sql`` names the SQL column of each feature."""
+        return self._model("logistic_regression", feature_sql, _plain(self.classes_[1]))
 
 
 def _plain(value: Any) -> Any:
