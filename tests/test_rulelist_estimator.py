@@ -117,3 +117,110 @@ def test_cross_val_score():
     scores = cross_val_score(est, X, y, cv=3)
     assert scores.shape == (3,) and np.all(scores > 0.7)  # non-private ≈ 0.9 on this data
     assert sklearn.__version__
+
+
+def test_reordered_frames_are_realigned_and_wrong_columns_refused():
+    X, y = _frame()
+    est = DPGreedyRuleList(mechanism="monotone_em", random_state=3).fit(X, y)
+    shuffled = X[list(reversed(NAMES))]
+    assert np.array_equal(est.predict(shuffled), est.predict(X))
+    assert np.allclose(est.predict_proba(shuffled), est.predict_proba(X))
+    with pytest.raises(DataError, match="missing: x5") as info:
+        est.predict(X.drop(columns=["x5"]).assign(other=0))
+    assert isinstance(info.value, ValueError) and info.value.sqlstate == "22023"
+
+
+def test_not_fitted_error_is_sklearns():
+    sklearn_exceptions = pytest.importorskip("sklearn.exceptions")
+    for method in ("predict", "predict_proba", "to_sql_case", "to_markdown", "to_json"):
+        with pytest.raises(sklearn_exceptions.NotFittedError):
+            arg = () if method.startswith("to_") else (np.zeros((2, 6)),)
+            getattr(DPGreedyRuleList(), method)(*arg)
+
+
+def test_sample_weight_counts_like_repeated_rows():
+    X, y = synthetic(1200, seed=5)
+    keys, counts = np.unique(np.column_stack([X, y]), axis=0, return_counts=True)
+    kw = {"mechanism": "smooth_laplace", "random_state": 4, "delta": 1e-6}
+    by_rows = DPGreedyRuleList(**kw).fit(X, y)
+    by_weight = DPGreedyRuleList(**kw).fit(keys[:, :-1], keys[:, -1], sample_weight=counts)
+    assert by_rows.rule_list_ == by_weight.rule_list_
+    with pytest.raises(DataError, match="whole numbers"):
+        DPGreedyRuleList(**kw).fit(X, y, sample_weight=np.full(len(y), 0.5))
+
+
+def test_binarizer_with_public_cut_points_makes_numeric_frames_work():
+    from dpsql.rulelist.estimator import DPBinarizer
+
+    rng = np.random.default_rng(0)
+    age = rng.integers(18, 90, 3000).astype(float)
+    income = rng.normal(50, 20, 3000)
+    frame = pd.DataFrame({"age": age, "income": income})
+    y = ((age >= 40) & (income >= 60)).astype(int)
+    b = DPBinarizer({"age": [30, 40, 60], "income": [40, 60]}).fit(frame)
+    assert list(b.get_feature_names_out()) == [
+        "age >= 30",
+        "age >= 40",
+        "age >= 60",
+        "income >= 40",
+        "income >= 60",
+    ]
+    assert b.transform(frame.iloc[:3]).tolist() == [
+        [int(a >= 30), int(a >= 40), int(a >= 60), int(i >= 40), int(i >= 60)]
+        for a, i in zip(age[:3], income[:3], strict=True)
+    ]
+    est = DPGreedyRuleList(
+        mechanism="monotone_em",
+        epsilon=2.0,
+        random_state=1,
+        cut_points={"age": [30, 40, 60], "income": [40, 60]},
+    ).fit(frame, y)
+    assert est.score(frame, y) > 0.9  # tolerance: y is one conjunction of two cuts
+    con = duckdb.connect()
+    con.register("people", frame)
+    got = [r[0] for r in con.sql(f"SELECT {est.to_sql_case()} FROM people").fetchall()]
+    assert got == list(est.predict(frame))  # the SQL reads the raw numeric columns
+    back = DPGreedyRuleList.from_json(est.to_json())
+    assert np.array_equal(back.predict(frame), est.predict(frame))
+    with pytest.raises(DataError, match="0/1"):
+        DPGreedyRuleList().fit(frame, y)  # numbers without cut points: refused, not guessed
+
+
+def test_markdown_and_html_rendering():
+    X, y = _frame()
+    est = DPGreedyRuleList(mechanism="monotone_em", random_state=2).fit(X, y)
+    md = est.to_markdown().splitlines()
+    assert md[0].startswith("| # | if | then | noisy support")
+    assert len(md) == 2 + len(est.rule_list_.rules) and "else" in md[-1]
+    html = est.to_html()
+    assert html.count("<tr>") == 1 + len(est.rule_list_.rules) and "width:" in html
+    assert 'odd"name' not in html or "&quot;" in html
+
+
+#: scikit-learn checks that apply to a binary classifier with public cut points; all pass.
+#: Not applicable: check_array_api_input (skipped without SCIPY_ARRAY_API).
+def test_sklearn_check_estimator():
+    pytest.importorskip("sklearn")
+    import warnings
+
+    from sklearn.utils.estimator_checks import check_estimator
+
+    est = DPGreedyRuleList(random_state=0, cut_points=[0.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        results = check_estimator(est, on_fail=None)
+    failed = [r["check_name"] for r in results if r["status"] == "failed"]
+    passed = {r["check_name"] for r in results if r["status"] == "passed"}
+    assert failed == []
+    assert (
+        len(passed) >= 50
+        and {
+            "check_estimators_unfitted",
+            "check_classifiers_train",
+            "check_fit_idempotent",
+            "check_n_features_in_after_fitting",
+            "check_estimators_pickle",
+            "check_sample_weight_equivalence_on_dense_data",
+        }
+        <= passed
+    )
