@@ -131,3 +131,6 @@ def _resolve(
 
 def _where(node: exp.Expression, text: str | None):
     return None if text is None else position_of(node, text)
+
+
+from dpsql.models import regression as _regression  # noqa: E402, F401  (registers its kinds)

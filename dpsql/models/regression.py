@@ -420,6 +420,8 @@ def _plain(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
+register()  # dp_predict('name') applies stored regressions (predict.py imports this module)
+
 __all__ = [
     "DPLinearRegression",
     "DPLogisticRegression",

@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dpsql.boundary import charged_boundary, post_processing_boundary
-from dpsql.errors import NotSupportedError, PrivacyError, ProgrammingError, UndefinedColumnError
+from dpsql.errors import PrivacyError, ProgrammingError, UndefinedColumnError
 from dpsql.models import dpsgd
 from dpsql.models import sufficient_stats as ss
 from dpsql.models.regression import SCALE, RegressionModel, unscale
 from dpsql.policy import ColumnPolicy, TablePolicy
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.samplers import NoiseSource
-from dpsql.rulelist.table_function import _typed_positive
+from dpsql.rulelist.table_function import _typed_positive, check_model_name
 from dpsql.sql.identifiers import quote_ident
 from dpsql.sql.rows import bounded_rows_sql
 
@@ -278,14 +278,6 @@ def _needs_delta(function: str, delta: float | None, what: str) -> float:
     return float(delta)
 
 
-def _model_store_available() -> bool:
-    try:
-        from dpsql.models import store  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def plan_regression(
     function: str,
     table: TablePolicy,
@@ -349,12 +341,8 @@ def plan_regression(
         )
     if ridge is not None and not ridge >= 0:
         raise _refuse("ridge must be >= 0", "ridge", "pass ridge => 10, or leave it out")
-    if model is not None and not _model_store_available():
-        raise NotSupportedError(
-            "model => needs the model store, which this installation does not have",
-            construct="model",
-            hint="leave model => out; the coefficients are in the result rows",
-        )
+    if model is not None:
+        check_model_name(model)
     return RegressionPlan(
         function, kind, table.name, lab.name, label_term, positive, terms, method, mechanism,
         None if ridge is None else float(ridge), model, mechanism.cost,
@@ -438,7 +426,8 @@ def _fingerprint(service: Service, call: Any, settings: Settings) -> str:
             (
                 call.function,
                 call.table.name,
-                sorted(call.arguments.items()),
+                # model => only names where the release is kept: naming it re-uses the fit
+                sorted((k, v) for k, v in call.arguments.items() if k != "model"),
                 settings.as_dict(),
                 service.engine.versions.get(call.table.name, ""),
             )
@@ -497,9 +486,32 @@ def run_regression(
         cost=cost,
         cached=cost is None,
     )
-    result.notes = data["notes"]
-    result.model = data["model"]  # type: ignore[attr-defined]
+    result.notes = list(data["notes"])
+    if plan.model is not None:
+        _store(service, plan, analyst, call.text, data["model"])
+        result.notes.append(f"stored as model {plan.model!r}: dp_predict('{plan.model}')")
     return result
+
+
+def _store(service: Service, plan: RegressionPlan, analyst: str, query: str, model: dict) -> None:
+    """Keep the released model under its name (post-processing: it costs nothing more)."""
+    from dpsql.models.store import ModelStore, StoredModel, now
+
+    c = plan.cost
+    record = StoredModel(
+        name=plan.model,  # type: ignore[arg-type]
+        kind=plan.kind,
+        analyst=analyst,
+        dataset=service.policy.dataset,
+        table=plan.table,
+        created=now(),
+        epsilon=float(c.epsilon),
+        delta=float(c.delta),
+        rho=float(c.rho),
+        query=query,
+        model_json=json.dumps(model),
+    )
+    ModelStore.for_ledger(service.ledger).put(record)
 
 
 def explain_rows(plan: RegressionPlan) -> list[tuple[Any, ...]]:
