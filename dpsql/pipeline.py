@@ -516,11 +516,22 @@ class Service:
         )
 
     def show_budget(self, analyst: str) -> Result:
-        """``SHOW budget``: the analyst's own spent and remaining budget (costs nothing)."""
+        """``SHOW budget``: the analyst's own spent and remaining budget (costs nothing).
+
+        ``epsilon_equivalent``/``delta_equivalent``: the (ε, δ) the spending amounts to (the
+        better of the pure sum and the zCDP conversion); ``unspent_*``: the budget minus it;
+        ``remaining_epsilon``: the largest ε one more pure-ε release may take;
+        ``queries_left``: how many more releases of the policy's per-query ε fit.
+        """
+        from dpsql.privacy.accounting import Cost
+
         dataset = self.policy.dataset
         budget = self.ledger.budget(analyst, dataset, self.policy.budget)
         spent = self.ledger.spent(analyst, dataset)
         eps_left, delta_left = budget.remaining(spent)
+        eps_spent, delta_spent = budget.guarantee(spent)
+        eps_unspent, delta_unspent = budget.unspent(spent)
+        per_query = Cost(epsilon=self.policy.epsilon)
         columns = [
             ("analyst", "VARCHAR"),
             ("spent_epsilon", "DOUBLE"),
@@ -531,17 +542,27 @@ class Service:
             ("budget_delta", "DOUBLE"),
             ("remaining_epsilon", "DOUBLE"),
             ("remaining_delta", "DOUBLE"),
+            ("spent_zcdp_rho", "DOUBLE"),
+            ("delta_equivalent", "DOUBLE"),
+            ("unspent_epsilon", "DOUBLE"),
+            ("unspent_delta", "DOUBLE"),
+            ("queries_left", "BIGINT"),
         ]
         row = (
             analyst,
             spent.epsilon,
             spent.delta,
             spent.rho,
-            budget.epsilon_of(spent),
+            eps_spent,
             budget.epsilon,
             budget.delta,
             eps_left,
             delta_left,
+            spent.zrho,
+            delta_spent,
+            eps_unspent,
+            delta_unspent,
+            budget.queries_left(spent, per_query) if self.policy.epsilon > 0 else None,
         )
         return Result(columns, [row], status="SHOW")
 

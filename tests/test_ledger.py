@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import sqlite3
 import threading
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,10 @@ from dpsql.privacy.accounting import Budget, Cost
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.sqlite_ledger import SCHEMA_VERSION, SQLiteLedger, open_ledger
 
+# delta > 0: pure and Gaussian charges share one zCDP filter (rho cap ~0.0202 at delta 1e-7),
+# or the pure filter (sum of epsilon <= 1) while no Gaussian rho is spent.
 BUDGET = Budget(epsilon=1.0, delta=1e-6)
-# Costs that mix kinds need a budget split in advance between pure epsilon and zCDP.
-MIXED = Budget(epsilon=2.0, delta=2e-6, gaussian_share=0.5)
+MIXED = Budget(epsilon=8.0, delta=2e-6)  # room for the Gaussian charges of these tests
 
 
 @pytest.fixture
@@ -84,10 +86,10 @@ def test_check_and_charge_refuse_overspending_with_the_remaining_budget(any_ledg
 def test_delta_and_rho_count_against_the_budget(any_ledger) -> None:
     with pytest.raises(BudgetExhaustedError):
         charge(any_ledger, Cost(delta=2e-6))
-    # rho = 0.1 with delta 1e-6 amounts to 0.1 + 2 sqrt(0.1 ln 1e6) ~ 2.45 > 1.
+    # rho = 0.1 at the conversion delta 1e-7 amounts to epsilon ~2.2 > 1.
     with pytest.raises(BudgetExhaustedError):
-        charge(any_ledger, Cost(rho=0.1))
-    charge(any_ledger, Cost(rho=0.005))  # ~0.26
+        any_ledger.charge("alice", "ds", Cost(rho=0.1), BUDGET, query_text="q", plan_hash="p")
+    any_ledger.charge("alice", "ds", Cost(rho=0.005), BUDGET, query_text="q", plan_hash="p")
     assert any_ledger.spent("alice", "ds") == Cost(rho=0.005)
 
 
@@ -285,14 +287,16 @@ def test_invalid_budgets_are_refused(ledger: SQLiteLedger, budget: Budget) -> No
 
 
 def test_reset_is_an_event_and_deletes_nothing(ledger: SQLiteLedger) -> None:
-    charge(ledger, Cost(0.5, 1e-7, 0.001), cache_key="k", answer="[1]")
-    charge(ledger, Cost(0.25))
+    charge(ledger, Cost(0.1, 1e-7, 0.001), cache_key="k", answer="[1]")
+    charge(ledger, Cost(0.05))
     released = ledger.reset("alice", "ds", actor="admin")
-    assert released == Cost(0.75, 1e-7, 0.001)
+    assert released == Cost(0.15, 1e-7, 0.001)
+    assert released.exact_zrho == Fraction(1, 1000) + Fraction(1, 200) + Fraction(1, 800)
     assert ledger.spent("alice", "ds") == Cost()
     kinds = [e.kind for e in ledger.entries()]
     assert kinds == ["charge", "charge", "reset"]
-    assert ledger.entries()[-1].cost == Cost(-0.75, -1e-7, -0.001)
+    assert ledger.entries()[-1].cost == Cost(-0.15, -1e-7, -0.001)
+    assert ledger.entries()[-1].cost.exact_zrho == -released.exact_zrho
     assert ledger.cached("alice", "ds", "k") == "[1]"  # released answers stay released
     charge(ledger, Cost(1.0))  # the whole budget is available again
     assert ledger.verify() == []
@@ -307,7 +311,7 @@ def test_analysts_lists_spent_and_remaining(ledger: SQLiteLedger) -> None:
     assert sorted(statuses) == ["bob", "dave"]
     bob, dave = statuses["bob"], statuses["dave"]
     assert (bob.spent, bob.charges, bob.overridden) == (Cost(0.75), 2, False)
-    assert bob.remaining == pytest.approx((0.25, 1e-6))
+    assert bob.remaining == pytest.approx((0.25, 9e-7))  # 1/10 of delta converts zCDP
     assert bob.epsilon_spent == 0.75
     assert (dave.spent, dave.budget, dave.overridden) == (Cost(), Budget(4.0, 1e-5), True)
 

@@ -21,6 +21,7 @@ from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.sqlite_ledger import SCHEMA_VERSION, LedgerPermissionWarning, SQLiteLedger
 
 ONE = Budget(epsilon=1.0, delta=1e-6)
+TEN_MIXED = Budget(epsilon=10.0, delta=1e-6)
 TINY = 2.0**-53
 
 
@@ -82,16 +83,16 @@ def test_shares_of_a_split_epsilon_add_up_to_it_exactly() -> None:
 
 
 def test_totals_are_compared_with_the_budget_exactly_up_to_a_fixed_slack() -> None:
-    assert ONE.covers(Cost(1.0, 1e-6)) and ONE.covers(Cost(1 + SLACK))
+    assert ONE.covers(Cost(1.0, 9e-7)) and ONE.covers(Cost(1 + SLACK))
     assert not ONE.covers(Cost(1 + SLACK + Fraction(1, 10**30)))
     assert not ONE.covers(Cost(1.0 + 1e-9))
-    assert not ONE.covers(Cost(delta=exact(1e-6) * (1 + 2 * SLACK)))
-    split = Budget(1.0, 2e-6, gaussian_share=0.3)
-    assert split.exact_pure_epsilon == Fraction(7, 10)
-    assert split.exact_pure_delta == Fraction(1, 10**6)
-    assert split.covers(Cost(0.7, 1e-6)) and not split.covers(Cost(0.7 + 1e-12))
+    assert not ONE.covers(Cost(delta=exact(9e-7) * (1 + 2 * SLACK)))
+    assert ONE.exact_pure_delta == Fraction(9, 10**7)  # the thresholding share, exactly
+    cap = ONE.exact_rho
+    assert ONE.covers(Cost(rho=cap)) and not ONE.covers(Cost(rho=cap * (1 + 2 * SLACK)))
+    assert ONE.covers(Cost(zrho=cap, epsilon=Fraction(1, 10)))  # zrho given by the planner
     assert not ONE.covers(Cost(float("nan")))
-    assert not ONE.covers(Cost(rho=Fraction(1, 10**30)))  # a zero cap allows nothing
+    assert not Budget(1.0, 0.0).covers(Cost(rho=Fraction(1, 10**30)))  # a zero cap: nothing
 
 
 @pytest.mark.parametrize("part", ["epsilon", "rho"])
@@ -175,7 +176,7 @@ def test_exact_totals_survive_reopening(tmp_path: Path) -> None:
         assert led.spent("alice", "ds") == Cost(1, Fraction(1, 10**7))
         assert led.entries()[0].cost.exact_epsilon == Fraction(1, 10)
         assert led.status("alice", "ds", ONE).spent == Cost(1, 1e-7)
-        assert led.analysts("ds", ONE)[0].remaining == (0.0, pytest.approx(9e-7))
+        assert led.analysts("ds", ONE)[0].remaining == (0.0, pytest.approx(8e-7))
         with pytest.raises(BudgetExhaustedError):
             charge(led, Cost(1e-9))
         assert led.verify() == []
@@ -313,6 +314,91 @@ def test_version_1_files_are_migrated_and_stay_readable(tmp_path: Path) -> None:
         conn.close()
     with SQLiteLedger(path) as led:  # reopening a migrated file changes nothing
         assert led.spent("alice", "ds") == Cost(1) and led.verify() == []
+
+
+# -- schema version 2 files (no zCDP sums) ------------------------------------------------
+
+V2_COLUMNS = tuple(
+    f"ALTER TABLE {table} ADD COLUMN {part}_exact TEXT"
+    for table in ("totals", "charge_log")
+    for part in ("epsilon", "delta", "rho")
+)
+
+
+def _v2_file(path: Path) -> None:
+    """A version-2 ledger: alice charged 1/10 and 1/5 exactly (and a Gaussian 1/100)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        for statement in (*V1_SCHEMA, *V2_COLUMNS):
+            conn.execute(statement)
+        conn.execute("INSERT INTO meta VALUES ('schema_version', '2')")
+        log = (
+            "INSERT INTO charge_log VALUES (NULL, 't', 'alice', 'ds', 'charge', ?, 0, ?, 'q', "
+            "'p', ?, '0', ?)"
+        )
+        conn.execute(log, (0.1, 0.0, "1/10", "0"))
+        conn.execute(log, (0.2, 0.0, "1/5", "0"))
+        conn.execute(log, (0.0, 0.01, "0", "1/100"))
+        conn.execute(
+            "INSERT INTO totals VALUES ('alice', 'ds', 0.3, 0, 0.01, 3, 't', '3/10', '0', '1/100')"
+        )
+    finally:
+        conn.close()
+
+
+def test_version_2_files_get_exact_zcdp_sums_from_their_log(tmp_path: Path) -> None:
+    path = tmp_path / "v2.sqlite"
+    _v2_file(path)
+    with pytest.warns(LedgerPermissionWarning):
+        led = SQLiteLedger(path)
+    with led:
+        spent = led.spent("alice", "ds")
+        assert spent == Cost(Fraction(3, 10), 0, Fraction(1, 100))
+        # Per charge: (1/10)²/2 + (1/5)²/2 + 1/100, not the looser (3/10)²/2 + 1/100.
+        assert spent.exact_zrho == Fraction(1, 200) + Fraction(1, 50) + Fraction(1, 100)
+        assert [e.cost.exact_zrho for e in led.entries()] == [
+            Fraction(1, 200),
+            Fraction(1, 50),
+            Fraction(1, 100),
+        ]
+        assert led.verify() == []
+        led.charge("alice", "ds", Cost(0.1), TEN_MIXED, query_text="q", plan_hash="p")
+        assert led.spent("alice", "ds").exact_zrho == spent.exact_zrho + Fraction(1, 200)
+        assert led.verify() == []
+    conn = sqlite3.connect(path)
+    try:
+        version = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        assert version == (str(SCHEMA_VERSION),) == ("3",)
+    finally:
+        conn.close()
+
+
+def test_a_total_updated_by_a_version_2_process_gets_its_zrho_from_the_log(
+    tmp_path: Path,
+) -> None:
+    """A version-2 process open before the migration writes rows and totals without zrho."""
+    path = tmp_path / "v2.sqlite"
+    with SQLiteLedger(path) as led:
+        led.charge("alice", "ds", Cost(0.1), TEN_MIXED, query_text="q", plan_hash="p")
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:  # what a version-2 charge of 0.2 writes
+        conn.execute(
+            "INSERT INTO charge_log (at, analyst, dataset, kind, epsilon, delta, rho, "
+            "query_text, plan_hash, epsilon_exact, delta_exact, rho_exact) "
+            "VALUES ('t', 'alice', 'ds', 'charge', 0.2, 0, 0, 'q', 'p', '1/5', '0', '0')"
+        )
+        conn.execute(
+            "UPDATE totals SET epsilon = 0.3, epsilon_exact = '3/10', charges = 2, "
+            "updated_at = 'later'"
+        )
+    finally:
+        conn.close()
+    with SQLiteLedger(path) as led:
+        spent = led.spent("alice", "ds")
+        assert spent == Cost(0.3)
+        assert spent.exact_zrho == Fraction(1, 200) + Fraction(1, 50)  # never understated
+        assert led.analysts("ds", TEN_MIXED)[0].spent.exact_zrho == spent.exact_zrho
+        assert led.verify() == []
 
 
 # -- file permissions -----------------------------------------------------------------------

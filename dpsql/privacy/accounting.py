@@ -1,29 +1,33 @@
 """Privacy costs, and the budget rule that stays valid under fully adaptive querying.
 
-A query's cost has three parts:
+A query's cost has three parts, and one derived part used by the zCDP filter:
 
 - ``epsilon``: pure ε-DP spent by discrete-Laplace releases;
 - ``rho``: zero-concentrated DP spent by discrete-Gaussian releases (ρ = Δ₂²/2σ²);
 - ``delta``: additive failure probability of steps that are not Gaussian noise, e.g. the
-  τ-thresholding of non-public group keys, or smooth-sensitivity Laplace.
+  τ-thresholding or partition selection of non-public group keys;
+- ``zrho``: the zCDP the release amounts to, ρ + Σ εᵢ²/2 over its pure steps (an ε-DP step is
+  ε²/2-zCDP, Bun & Steinke 2016, Prop. 1.4; an (ε, δ)-DP step is δ-approximately ε²/2-zCDP,
+  ibid. §8). It defaults to ρ + ε²/2 for one release; sums of costs add it, so a query whose
+  cost is the sum of its k per-measure costs (ε/k each) gets the tighter k·(ε/k)²/2.
 
 Analysts pick each query, and its ε, after seeing earlier answers, so the budget is enforced
-by *privacy filters*, whose guarantees hold for adaptively chosen costs:
+by a *privacy filter*, valid for adaptively chosen costs. For a budget (E, D):
 
-1. pure ε and additive δ: the basic-composition filter (Σε ≤ E, Σδ ≤ D) is valid for
-   adaptively chosen (εᵢ, δᵢ) (Rogers, Roth, Ullman, Vadhan 2016, "Privacy odometers and
-   filters"; Whitehouse et al. 2023);
-2. ρ: the zCDP filter Σρ ≤ P is valid for adaptively chosen ρᵢ (Feldman & Zrnic 2021, a
-   Rényi filter at every order), and P-zCDP implies (P + 2√(P ln 1/δ_ρ), δ_ρ)-DP (Bun & Steinke
-   2016, Prop. 1.3).
+- D = 0: the basic-composition filter Σε ≤ E (Rogers, Roth, Ullman, Vadhan 2016); no ρ.
+- D > 0: D is split in advance into D_T = (1 − s)·D, for the δ of thresholding-type steps,
+  and D_ρ = s·D, for converting zCDP to (ε, δ) (s = ``conversion_delta_share``). A charge is
+  allowed when, after it, Σδ ≤ D_T and at least one of
 
-Mixing the two kinds inside one adaptively spent total has no such theorem, so the budget is
-split *in advance* by the policy (``gaussian_share``): a pure part (ε_p, δ_p) and a zCDP part
-whose ρ cap converts to (ε_g, δ_g), with ε_p + ε_g = budget ε and δ_p + δ_g = budget δ. Each
-part is its own filter; the two interactive mechanisms compose concurrently to
-(ε_p + ε_g, δ_p + δ_g)-DP (Vadhan & Wang 2021; Lyu 2022). Gaussian thresholding's δ draws from
-δ_p: conditioned on no thresholding failure every step is ρᵢ-zCDP, and the failure
-probabilities add over the transcript however they were chosen.
+  (a) zCDP: Σ zrho ≤ ρ*, the largest ρ whose tight conversion (Canonne, Kamath & Steinke
+      2020, Prop. 12 / Cor. 13) gives (E, D_ρ)-DP;
+  (b) pure: no Gaussian ρ was spent and Σε ≤ E
+
+  holds. The transcript is (E, D)-DP: (a) alone is the approximate-zCDP filter of
+  Whitehouse, Ramdas, Rogers & Wu (2023) with the conversion; (b) is added without loss
+  because the conversion's bound runs through the supermartingale exp((α−1)L − α(α−1)Σzrho)
+  restricted to the event Σ zrho ≤ ρ*, and off that event the loss is at most Σε ≤ E surely.
+  docs/ledger.md states the theorem and the proof.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any
@@ -127,16 +132,28 @@ class Cost:
     each part as a :class:`~fractions.Fraction` (``exact_epsilon``, ``exact_delta``,
     ``exact_rho``): sums, equality and budget checks are exact, so no charge is ever lost to
     rounding. ``epsilon``, ``delta`` and ``rho`` are float views for messages and display.
+
+    ``exact_zrho`` (optional ``zrho``) is the zCDP the cost amounts to, ρ + ε²/2 by default;
+    it is bookkeeping derived from the parts, so it takes no part in ``==`` (two totals of the
+    same (ε, δ, ρ) made of different charges compare equal; compare ``exact_zrho`` for it).
     """
 
     exact_epsilon: Fraction
     exact_delta: Fraction
     exact_rho: Fraction
+    exact_zrho: Any = field(compare=False)
 
-    def __init__(self, epsilon: Amount = 0, delta: Amount = 0, rho: Amount = 0) -> None:
+    def __init__(
+        self, epsilon: Amount = 0, delta: Amount = 0, rho: Amount = 0, zrho: Amount | None = None
+    ) -> None:
         object.__setattr__(self, "exact_epsilon", _part(epsilon))
         object.__setattr__(self, "exact_delta", _part(delta))
         object.__setattr__(self, "exact_rho", _part(rho))
+        if zrho is None:
+            eps, rho_part = self.exact_epsilon, self.exact_rho
+            ok = isinstance(eps, Fraction) and isinstance(rho_part, Fraction)
+            zrho = rho_part + eps * eps / 2 if ok else math.nan
+        object.__setattr__(self, "exact_zrho", _part(zrho))
 
     @property
     def epsilon(self) -> float:
@@ -151,6 +168,10 @@ class Cost:
         return float(self.exact_rho)
 
     @property
+    def zrho(self) -> float:
+        return float(self.exact_zrho)
+
+    @property
     def parts(self) -> tuple[Fraction, Fraction, Fraction]:
         """(ε, δ, ρ), exact."""
         return self.exact_epsilon, self.exact_delta, self.exact_rho
@@ -158,17 +179,18 @@ class Cost:
     @property
     def is_finite(self) -> bool:
         """Every part is an exact rational (no NaN or infinity slipped in)."""
-        return all(isinstance(p, Fraction) for p in self.parts)
+        return all(isinstance(p, Fraction) for p in (*self.parts, self.exact_zrho))
 
     def __add__(self, other: Cost) -> Cost:
         return Cost(
             self.exact_epsilon + other.exact_epsilon,
             self.exact_delta + other.exact_delta,
             self.exact_rho + other.exact_rho,
+            self.exact_zrho + other.exact_zrho,
         )
 
     def __neg__(self) -> Cost:
-        return Cost(-self.exact_epsilon, -self.exact_delta, -self.exact_rho)
+        return Cost(-self.exact_epsilon, -self.exact_delta, -self.exact_rho, -self.exact_zrho)
 
     def __repr__(self) -> str:
         return (
@@ -181,8 +203,11 @@ class Cost:
         return self.exact_epsilon == 0 and self.exact_delta == 0 and self.exact_rho == 0
 
 
+# --- zCDP -> (ε, δ) -------------------------------------------------------------------------
+
+
 def rho_to_epsilon(rho: float, delta: float) -> float:
-    """ε such that ρ-zCDP implies (ε, δ)-DP (Bun & Steinke 2016, Prop. 1.3)."""
+    """ε such that ρ-zCDP implies (ε, δ)-DP: ρ + 2√(ρ ln 1/δ) (Bun & Steinke 2016, Prop. 1.3)."""
     if rho <= 0:
         return 0.0
     if delta <= 0:
@@ -191,7 +216,7 @@ def rho_to_epsilon(rho: float, delta: float) -> float:
 
 
 def epsilon_to_rho(epsilon: float, delta: float) -> float:
-    """The largest ρ whose (ε, δ) conversion is at most ``epsilon`` (inverse of the above)."""
+    """The largest ρ whose :func:`rho_to_epsilon` is at most ``epsilon`` (its inverse)."""
     if epsilon <= 0 or delta <= 0:
         return 0.0
     log_term = math.log(1.0 / delta)
@@ -199,28 +224,111 @@ def epsilon_to_rho(epsilon: float, delta: float) -> float:
     return root * root
 
 
+def _cks_offset(alpha: float, delta: float) -> float:
+    """g(α) with ε(α) = αρ + g(α): ρ-zCDP is (αρ + g(α), δ)-DP for every α > 1, where
+    g(α) = (ln(1/δ) + α ln(1 − 1/α) − ln(α − 1)) / (α − 1) (Canonne, Kamath & Steinke 2020,
+    Prop. 12 / Cor. 13: δ = e^((α−1)(αρ−ε)) (1 − 1/α)^α / (α − 1))."""
+    return (math.log(1.0 / delta) + alpha * math.log1p(-1.0 / alpha) - math.log(alpha - 1.0)) / (
+        alpha - 1.0
+    )
+
+
+def _golden_max(f: Callable[[float], float], lo: float, hi: float) -> float:
+    """The largest value of a unimodal ``f`` on [lo, hi] that a golden-section search finds:
+    every evaluated point is a valid choice, so the search's accuracy only affects tightness."""
+    ratio = (math.sqrt(5.0) - 1.0) / 2.0
+    a, b = lo, hi
+    c, d = b - ratio * (b - a), a + ratio * (b - a)
+    fc, fd = f(c), f(d)
+    best = max(fc, fd)
+    for _ in range(200):
+        if fc >= fd:
+            b, d, fd = d, c, fc
+            c = b - ratio * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + ratio * (b - a)
+            fd = f(d)
+        best = max(best, fc, fd)
+        if b - a < 1e-12:
+            break
+    return best
+
+
+# Orders searched: α = 1 + e^t for t in this range (α from 1 + 2e-9 to 1 + 5e8).
+_LOG_ORDER = (-20.0, 20.0)
+_SAFETY = 1.0 - 2.0**-40  # margin for the floating-point evaluation of a valid bound
+
+
+@functools.lru_cache(maxsize=1024)
+def zcdp_epsilon(rho: float, delta: float) -> float:
+    """The smallest ε found with ρ-zCDP ⇒ (ε, δ)-DP: the tight conversion of Canonne, Kamath
+    & Steinke (2020), minimised over the Rényi order, and never above :func:`rho_to_epsilon`."""
+    if rho <= 0:
+        return 0.0
+    if delta <= 0 or not math.isfinite(rho):
+        return math.inf
+    best = -_golden_max(
+        lambda t: -((1.0 + math.exp(t)) * rho + _cks_offset(1.0 + math.exp(t), delta)),
+        *_LOG_ORDER,
+    )
+    return min(best, rho_to_epsilon(rho, delta)) / _SAFETY
+
+
+@functools.lru_cache(maxsize=1024)
+def zcdp_cap(epsilon: float, delta: float) -> float:
+    """The largest ρ found whose conversion is (ε, δ)-DP: max over α of (ε − g(α))/α.
+
+    Any single α gives a valid cap (ρ ≤ (ε − g(α))/α makes ρ-zCDP (ε, δ)-DP), so the search
+    can only be loose, never unsafe; the float result is shrunk by 2⁻⁴⁰ for rounding.
+    """
+    if epsilon <= 0 or delta <= 0:
+        return 0.0
+    best = _golden_max(
+        lambda t: (epsilon - _cks_offset(1.0 + math.exp(t), delta)) / (1.0 + math.exp(t)),
+        *_LOG_ORDER,
+    )
+    return max(0.0, max(best, epsilon_to_rho(epsilon, delta)) * _SAFETY)
+
+
+# --- the budget -----------------------------------------------------------------------------
+
+CONVERSION_DELTA_SHARE = 0.1  # of the budget's δ, reserved for the zCDP -> (ε, δ) conversion
+
+
 @dataclass(frozen=True)
 class Budget:
-    """An analyst's total (ε, δ) allowance on one dataset, split in advance by kind.
+    """An analyst's total (ε, δ) allowance on one dataset, and the filter that enforces it.
 
-    ``gaussian_share`` is the fraction of ε reserved for Gaussian (zCDP) releases; it takes
-    half of δ for the ρ → (ε, δ) conversion when it is positive. The caps of the pure part are
-    exact rationals of these numbers; the ρ cap is the computed float. Totals are compared
-    with them exactly, up to the fixed relative :data:`SLACK`.
+    δ = 0: a pure filter (Σε ≤ ε). δ > 0: one zCDP filter for pure and Gaussian releases
+    (Σ zrho ≤ ρ*), or the pure filter while no Gaussian ρ is spent, whichever allows the
+    charge; thresholding δ draws from its share (1 − ``conversion_delta_share``)·δ, fixed in
+    advance. ``gaussian_share`` is kept for policies that set it: the zCDP filter no longer
+    splits ε by mechanism, so it is ignored. Caps are exact rationals (the ρ cap is the exact
+    value of its float); totals are compared with them exactly, up to :data:`SLACK`.
     """
 
     epsilon: float
     delta: float
     gaussian_share: float = 0.0
+    conversion_delta_share: float = CONVERSION_DELTA_SHARE
+
+    @property
+    def zcdp(self) -> bool:
+        """Whether the zCDP filter applies (the budget has δ > 0)."""
+        return self.delta > 0
 
     @functools.cached_property
     def exact_pure_epsilon(self) -> Fraction:
-        return exact(self.epsilon) * (1 - exact(self.gaussian_share))
+        """The ε cap of the pure filter: the whole budget ε."""
+        return exact(self.epsilon)
 
     @functools.cached_property
     def exact_pure_delta(self) -> Fraction:
+        """D_T: the cap on Σδ of thresholding-type steps."""
         whole = exact(self.delta)
-        return whole / 2 if self.gaussian_share > 0 else whole
+        return whole * (1 - exact(self.conversion_delta_share)) if self.zcdp else whole
 
     @property
     def pure_epsilon(self) -> float:
@@ -230,12 +338,15 @@ class Budget:
     def pure_delta(self) -> float:
         return float(self.exact_pure_delta)
 
+    @property
+    def conversion_delta(self) -> float:
+        """D_ρ: the δ of the zCDP -> (ε, δ) conversion."""
+        return float(exact(self.delta) - self.exact_pure_delta) if self.zcdp else 0.0
+
     @functools.cached_property
     def rho(self) -> float:
-        """The zCDP cap of the Gaussian part."""
-        if self.gaussian_share <= 0:
-            return 0.0
-        return epsilon_to_rho(self.epsilon * self.gaussian_share, self.delta / 2)
+        """ρ*: the zCDP filter's cap, (budget ε, D_ρ)-DP by the tight conversion."""
+        return zcdp_cap(self.epsilon, self.conversion_delta) if self.zcdp else 0.0
 
     @functools.cached_property
     def exact_rho(self) -> Fraction:
@@ -244,60 +355,131 @@ class Budget:
 
     @functools.cached_property
     def _limits(self) -> tuple[Fraction, Fraction, Fraction]:
-        """What a total may reach in each part (ρ, ε, δ): the cap and its :data:`SLACK`."""
+        """What a total may reach (zrho, ε, δ): each cap and its :data:`SLACK`."""
         scale = 1 + SLACK
-        return (
-            self.exact_rho * scale,
-            self.exact_pure_epsilon * scale,
-            self.exact_pure_delta * scale,
-        )
+        caps = self.exact_rho, self.exact_pure_epsilon, self.exact_pure_delta
+        return caps[0] * scale, caps[1] * scale, caps[2] * scale
+
+    def _pure_fits(self, total: Cost) -> bool:
+        return total.exact_rho == 0 and total.exact_epsilon <= self._limits[1]
+
+    def _zcdp_fits(self, total: Cost) -> bool:
+        return self.zcdp and total.exact_zrho <= self._limits[0]
 
     def _exceeds(self, total: Cost) -> str | None:
-        """Which part ``total`` overspends ("rho", "epsilon", "delta"), or None if it fits.
+        """Which part ``total`` overspends ("delta", "rho", "epsilon"), or None if it fits.
 
         Exact comparisons; NaN never fits (a non-finite part compares False with a cap).
         """
-        rho, epsilon, delta = self._limits
-        if not total.exact_rho <= rho:
-            return "rho"
-        if not total.exact_epsilon <= epsilon:
+        if not total.is_finite:
             return "epsilon"
-        if not total.exact_delta <= delta:
+        if not total.exact_delta <= self._limits[2]:
             return "delta"
-        return None
+        if self._pure_fits(total) or self._zcdp_fits(total):
+            return None
+        return "rho" if total.exact_rho > 0 else "epsilon"
 
     def covers(self, total: Cost) -> bool:
-        """Whether ``total`` (everything spent, including the new query) fits every part."""
+        """Whether ``total`` (everything spent, including the new query) fits the filter."""
         return self._exceeds(total) is None
 
     def epsilon_of(self, total: Cost) -> float:
-        """The ε that a running total amounts to (pure part plus the zCDP part's conversion)."""
-        delta_rho = self.delta / 2 if self.gaussian_share > 0 else self.delta
-        return total.epsilon + rho_to_epsilon(total.rho, delta_rho)
+        """The ε of the (ε, δ) guarantee a running total amounts to (see :meth:`guarantee`)."""
+        return self.guarantee(total)[0]
+
+    def guarantee(self, total: Cost) -> tuple[float, float]:
+        """(ε, δ) such that the transcript charged ``total`` is (ε, δ)-DP.
+
+        The better of the pure sum (Σε, Σδ), when no Gaussian ρ was spent, and the zCDP
+        conversion (ε(Σ zrho, D_ρ), Σδ + D_ρ); nothing spent is (0, 0).
+        """
+        if total.is_zero:
+            return 0.0, 0.0
+        options = []
+        if total.exact_rho == 0:
+            options.append((total.epsilon, total.delta))
+        if self.zcdp and total.is_finite:
+            eps = zcdp_epsilon(total.zrho, self.conversion_delta)
+            options.append((eps, total.delta + self.conversion_delta))
+        return min(options, default=(math.inf, total.delta))
 
     def remaining(self, total: Cost) -> tuple[float, float]:
-        """(ε, δ) still available, for messages and ``dpsql budget`` (computed exactly)."""
-        eps = float(max(Fraction(0), self.exact_pure_epsilon - total.exact_epsilon))
-        if self.gaussian_share > 0:
-            left_rho = max(Fraction(0), self.exact_rho - total.exact_rho)
-            eps += rho_to_epsilon(float(left_rho), self.delta / 2)
+        """(largest ε of one more pure-ε release that fits, δ left for thresholding).
+
+        A release of ε costs ε in the pure filter and ε²/2 in the zCDP filter; the larger of
+        the two allowances is what is left. Computed from exact totals.
+        """
+        eps = 0.0
+        if total.exact_rho == 0:
+            eps = float(max(Fraction(0), self.exact_pure_epsilon - total.exact_epsilon))
+        if self.zcdp and total.is_finite:
+            left = max(Fraction(0), self.exact_rho - total.exact_zrho)
+            eps = max(eps, math.sqrt(2 * float(left)))
         return eps, float(max(Fraction(0), self.exact_pure_delta - total.exact_delta))
+
+    def unspent(self, total: Cost) -> tuple[float, float]:
+        """(budget ε − guaranteed ε, budget δ − guaranteed δ): the guarantee not yet used."""
+        eps, delta = self.guarantee(total)
+        return max(0.0, self.epsilon - eps), max(0.0, self.delta - delta)
+
+    def queries_left(self, total: Cost, per_query: Cost) -> int:
+        """How many more releases of cost ``per_query`` fit after ``total`` (capped at 10⁹).
+
+        Each filter's allowance grows with every charge, so k more fit iff the k-th does;
+        exact, by the largest k of each filter, then a check.
+        """
+        if per_query.is_zero:
+            return 10**9
+        limit = 10**9
+        best = 0
+        for k in self._candidates(total, per_query, limit):
+            if k > best and self.covers(total + _times(per_query, k)):
+                best = k
+        return best
+
+    def _candidates(self, total: Cost, per_query: Cost, limit: int) -> list[int]:
+        """The largest k each filter's own caps allow (exact floors)."""
+        rho_cap, eps_cap, delta_cap = self._limits
+        out = []
+        caps = [(delta_cap, total.exact_delta, per_query.exact_delta)]
+        pure = (eps_cap, total.exact_epsilon, per_query.exact_epsilon)
+        if total.exact_rho == 0 and per_query.exact_rho == 0:
+            out.append(_floor_min([*caps, pure], limit))
+        if self.zcdp:
+            zcdp = (rho_cap, total.exact_zrho, per_query.exact_zrho)
+            out.append(_floor_min([*caps, zcdp], limit))
+        return out
 
     def refusal_reason(self, total: Cost) -> str:
         """Which part of the budget a total exceeds, for the refusal message."""
         part = self._exceeds(total)
-        if part == "rho":
-            if self.rho == 0:
-                return (
-                    "this policy reserves no budget for Gaussian noise "
-                    "(set gaussian_share in [privacy], or SET mechanism = 'laplace')"
-                )
-            return f"the Gaussian (zCDP) part is spent: rho cap {self.rho:.6g}"
-        if part == "epsilon":
-            if self.exact_pure_epsilon == 0:
-                return (
-                    "this policy reserves all of its budget for Gaussian noise "
-                    "(lower gaussian_share in [privacy], or SET mechanism = 'gaussian')"
-                )
-            return f"the pure-epsilon part is spent: cap {self.pure_epsilon:.6g}"
-        return f"the delta part is spent: cap {self.pure_delta:.3g}"
+        if part == "delta":
+            return f"the delta part for non-public group keys is spent: cap {self.pure_delta:.3g}"
+        if part == "rho" and not self.zcdp:
+            return (
+                "a budget with delta = 0 admits no Gaussian noise "
+                "(set budget_delta > 0 in [privacy], or SET mechanism = 'laplace')"
+            )
+        if self.zcdp:
+            return (
+                f"the zCDP budget is spent: rho cap {self.rho:.6g}, i.e. epsilon "
+                f"{self.epsilon:.6g} at delta {self.conversion_delta:.3g}"
+            )
+        return f"the epsilon budget is spent: cap {self.pure_epsilon:.6g}"
+
+
+def _times(cost: Cost, k: int) -> Cost:
+    return Cost(
+        cost.exact_epsilon * k, cost.exact_delta * k, cost.exact_rho * k, cost.exact_zrho * k
+    )
+
+
+def _floor_min(caps: list[tuple[Fraction, Fraction, Fraction]], limit: int) -> int:
+    """min over (cap, spent, each) of ⌊(cap − spent)/each⌋ (no bound where each = 0)."""
+    best = limit
+    for cap, spent, each in caps:
+        if each > 0:
+            best = min(best, max(0, math.floor((cap - spent) / each)))
+        elif spent > cap:
+            return 0
+    return best

@@ -17,6 +17,7 @@ the sum of the cost columns of the append-only log (a reset is logged as the neg
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import getpass
 import math
@@ -44,7 +45,9 @@ from dpsql.privacy.ledger import (
     validate_cost,
 )
 
-SCHEMA_VERSION = 2  # 2: exact costs as text (epsilon_exact, delta_exact, rho_exact)
+SCHEMA_VERSION = 3
+# 2: exact costs as text (epsilon_exact, delta_exact, rho_exact)
+# 3: the zCDP sum of each charge and total (zrho, zrho_exact; totals.zrho_at)
 
 # One statement per item (triggers contain ";", so no naive splitting of a script).
 _SCHEMA = (
@@ -63,6 +66,9 @@ _SCHEMA = (
         epsilon_exact TEXT,
         delta_exact TEXT,
         rho_exact TEXT,
+        zrho REAL NOT NULL DEFAULT 0,
+        zrho_exact TEXT,
+        zrho_at TEXT,
         PRIMARY KEY (analyst, dataset)
     )""",
     """CREATE TABLE IF NOT EXISTS budgets (
@@ -86,7 +92,9 @@ _SCHEMA = (
         plan_hash TEXT NOT NULL,
         epsilon_exact TEXT,
         delta_exact TEXT,
-        rho_exact TEXT
+        rho_exact TEXT,
+        zrho REAL NOT NULL DEFAULT 0,
+        zrho_exact TEXT
     )""",
     """CREATE INDEX IF NOT EXISTS charge_log_by_analyst
         ON charge_log (dataset, analyst, id)""",
@@ -112,6 +120,19 @@ _MIGRATE_1_TO_2 = tuple(
     f"ALTER TABLE {table} ADD COLUMN {part}_exact TEXT"
     for table in ("totals", "charge_log")
     for part in ("epsilon", "delta", "rho")
+)
+
+# Version 2 had no zCDP sums. Old log rows keep zrho_exact NULL and are read as ρ + ε²/2 of
+# their own cost (each was one release, so that is a valid zCDP bound); totals get the exact sum
+# of their log rows since the last reset. A total's zrho is trusted only if ``zrho_at`` equals
+# its ``updated_at``: a version-2 process still running after the migration updates a total
+# without its zrho, and such a total's zrho is recomputed from the log (see _total_zrho).
+_MIGRATE_2_TO_3 = (
+    "ALTER TABLE totals ADD COLUMN zrho REAL NOT NULL DEFAULT 0",
+    "ALTER TABLE totals ADD COLUMN zrho_exact TEXT",
+    "ALTER TABLE totals ADD COLUMN zrho_at TEXT",
+    "ALTER TABLE charge_log ADD COLUMN zrho REAL NOT NULL DEFAULT 0",
+    "ALTER TABLE charge_log ADD COLUMN zrho_exact TEXT",
 )
 
 _EXACT = "epsilon_exact, delta_exact, rho_exact"
@@ -153,11 +174,15 @@ def _exact_texts(cost: Cost) -> tuple[str, str, str]:
     return str(cost.exact_epsilon), str(cost.exact_delta), str(cost.exact_rho)
 
 
-def _stored_cost(reals: tuple[Any, ...], texts: tuple[Any, ...]) -> Cost:
+def _stored_cost(
+    reals: tuple[Any, ...], texts: tuple[Any, ...], zrho_text: str | None = None
+) -> Cost:
     """A cost read back: the exact text, unless it is missing or disagrees with the REAL.
 
     Missing: a row of schema version 1. Disagreeing: a version-1 process that was already
     running when the file was migrated updated the REAL alone; its value is the newer one.
+    ``zrho_text`` is the exact zCDP sum; without it (a row of version 1 or 2) it is ρ + ε²/2
+    of the cost read, the bound of a single release.
     """
     parts = []
     for real, text in zip(reals, texts, strict=True):
@@ -166,7 +191,7 @@ def _stored_cost(reals: tuple[Any, ...], texts: tuple[Any, ...]) -> Cost:
         if value is None or float(value) != real:
             value = exact(real)
         parts.append(value)
-    return Cost(*parts)
+    return Cost(*parts, zrho=None if zrho_text is None else Fraction(zrho_text))
 
 
 def _private_file(path: Path) -> None:
@@ -377,6 +402,9 @@ class SQLiteLedger:
         if version == "1":
             self._migrate()
             version = self._schema_version()
+        if version == "2":
+            self._migrate_zrho()
+            version = self._schema_version()
         if version != str(SCHEMA_VERSION):
             raise OperationalError(
                 f"the budget ledger {str(self.path)!r} has schema version {version}, "
@@ -397,6 +425,7 @@ class SQLiteLedger:
                 return  # another process migrated it first
             for statement in _MIGRATE_1_TO_2:
                 conn.execute(statement)
+            self._add_zrho(conn)
             for analyst, dataset in conn.execute("SELECT analyst, dataset FROM totals").fetchall():
                 total = _since_reset(conn, analyst, dataset)
                 conn.execute(
@@ -406,6 +435,31 @@ class SQLiteLedger:
                 )
             conn.execute(
                 "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
+            )
+
+    def _migrate_zrho(self) -> None:
+        """Version 2 → 3 in one transaction: add the zCDP columns, fill the totals' from the log."""
+        with self._write() as conn:
+            row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            if row is None or row[0] != "2":
+                return  # another process migrated it first
+            self._add_zrho(conn)
+            conn.execute(
+                "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
+            )
+
+    @staticmethod
+    def _add_zrho(conn: sqlite3.Connection) -> None:
+        """Add the version-3 columns and set every total's zrho to the sum of its log rows."""
+        for statement in _MIGRATE_2_TO_3:
+            conn.execute(statement)
+        rows = conn.execute("SELECT analyst, dataset, updated_at FROM totals").fetchall()
+        for analyst, dataset, updated_at in rows:
+            total = _since_reset(conn, analyst, dataset)
+            conn.execute(
+                "UPDATE totals SET zrho = ?, zrho_exact = ?, zrho_at = ? "
+                "WHERE analyst = ? AND dataset = ?",
+                (total.zrho, str(total.exact_zrho), updated_at, analyst, dataset),
             )
 
     def _schema_version(self) -> str | None:
@@ -447,11 +501,13 @@ class SQLiteLedger:
     @staticmethod
     def _spent_in(conn: sqlite3.Connection, analyst: str, dataset: str) -> tuple[Cost, int]:
         row = conn.execute(
-            f"SELECT epsilon, delta, rho, {_EXACT}, charges FROM totals "
-            "WHERE analyst = ? AND dataset = ?",
+            f"SELECT epsilon, delta, rho, {_EXACT}, charges, zrho_exact, zrho_at, updated_at "
+            "FROM totals WHERE analyst = ? AND dataset = ?",
             (analyst, dataset),
         ).fetchone()
-        return (Cost(), 0) if row is None else (_stored_cost(row[0:3], row[3:6]), row[6])
+        if row is None:
+            return Cost(), 0
+        return _total_cost(conn, analyst, dataset, row[0:6], row[7:10]), row[6]
 
     @staticmethod
     def _log(
@@ -465,7 +521,8 @@ class SQLiteLedger:
     ) -> int:
         cur = conn.execute(
             "INSERT INTO charge_log (at, analyst, dataset, kind, epsilon, delta, rho, "
-            f"query_text, plan_hash, {_EXACT}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            f"query_text, plan_hash, {_EXACT}, zrho, zrho_exact) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 _now(),
                 analyst,
@@ -477,6 +534,8 @@ class SQLiteLedger:
                 _text(query_text),
                 _text(plan_hash),
                 *_exact_texts(cost),
+                cost.zrho,
+                str(cost.exact_zrho),
             ),
         )
         assert cur.lastrowid is not None
@@ -488,12 +547,13 @@ class SQLiteLedger:
     ) -> None:
         conn.execute(
             "INSERT INTO totals (analyst, dataset, epsilon, delta, rho, charges, updated_at, "
-            f"{_EXACT}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            f"{_EXACT}, zrho, zrho_exact, zrho_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT (analyst, dataset) DO UPDATE SET "
             "epsilon = excluded.epsilon, delta = excluded.delta, rho = excluded.rho, "
             "charges = excluded.charges, updated_at = excluded.updated_at, "
             "epsilon_exact = excluded.epsilon_exact, delta_exact = excluded.delta_exact, "
-            "rho_exact = excluded.rho_exact",
+            "rho_exact = excluded.rho_exact, zrho = excluded.zrho, "
+            "zrho_exact = excluded.zrho_exact, zrho_at = excluded.zrho_at",
             (
                 analyst,
                 dataset,
@@ -501,8 +561,11 @@ class SQLiteLedger:
                 total.delta,
                 total.rho,
                 charges,
-                _now(),
+                now := _now(),
                 *_exact_texts(total),
+                total.zrho,
+                str(total.exact_zrho),
+                now,
             ),
         )
 
@@ -658,7 +721,8 @@ class SQLiteLedger:
         with self._read() as conn:
             rows = conn.execute(
                 "SELECT a.analyst, t.epsilon, t.delta, t.rho, t.epsilon_exact, t.delta_exact, "
-                "t.rho_exact, t.charges, b.epsilon, b.delta "
+                "t.rho_exact, t.charges, b.epsilon, b.delta, t.zrho_exact, t.zrho_at, "
+                "t.updated_at "
                 "FROM (SELECT analyst FROM totals WHERE dataset = :d "
                 "      UNION SELECT analyst FROM budgets WHERE dataset = :d) AS a "
                 "LEFT JOIN totals AS t ON t.analyst = a.analyst AND t.dataset = :d "
@@ -666,7 +730,7 @@ class SQLiteLedger:
                 "ORDER BY a.analyst",
                 {"d": dataset},
             ).fetchall()
-        return [_status(dataset, default, row) for row in rows]
+            return [_status(conn, dataset, default, row) for row in rows]
 
     def status(self, analyst: str, dataset: str, default: Budget) -> AnalystStatus:
         """One analyst's status, also when they have never been charged."""
@@ -688,7 +752,7 @@ class SQLiteLedger:
             where.append("analyst = ?")
             params.append(analyst)
         sql = "SELECT id, at, analyst, dataset, kind, epsilon, delta, rho, query_text, plan_hash, "
-        sql += f"{_EXACT} FROM charge_log"
+        sql += f"{_EXACT}, zrho_exact FROM charge_log"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY id DESC"
@@ -698,7 +762,9 @@ class SQLiteLedger:
         with self._read() as conn:
             rows = conn.execute(sql, params).fetchall()
         return [
-            LogEntry(r[0], r[1], r[2], r[3], r[4], _stored_cost(r[5:8], r[10:13]), r[8], r[9])
+            LogEntry(
+                r[0], r[1], r[2], r[3], r[4], _stored_cost(r[5:8], r[10:13], r[13]), r[8], r[9]
+            )
             for r in reversed(rows)
         ]
 
@@ -716,13 +782,21 @@ class SQLiteLedger:
                 if msg != "ok"
             ]
             totals = {
-                (r[0], r[1]): (_stored_cost(r[2:5], r[5:8]), r[8])
+                (r[0], r[1]): (_stored_cost(r[2:5], r[5:8], r[9] if r[10] == r[11] else None), r[8])
                 for r in conn.execute(
-                    f"SELECT analyst, dataset, epsilon, delta, rho, {_EXACT}, charges FROM totals"
+                    f"SELECT analyst, dataset, epsilon, delta, rho, {_EXACT}, charges, "
+                    "zrho_exact, zrho_at, updated_at FROM totals"
+                ).fetchall()
+            }
+            trusted = {
+                (r[0], r[1])
+                for r in conn.execute(
+                    "SELECT analyst, dataset FROM totals WHERE zrho_exact IS NOT NULL "
+                    "AND zrho_at = updated_at"
                 ).fetchall()
             }
             log = conn.execute(
-                f"SELECT id, analyst, dataset, kind, epsilon, delta, rho, {_EXACT} "
+                f"SELECT id, analyst, dataset, kind, epsilon, delta, rho, {_EXACT}, zrho_exact "
                 "FROM charge_log ORDER BY id"
             ).fetchall()
             orphans = conn.execute(
@@ -732,20 +806,23 @@ class SQLiteLedger:
             ).fetchone()[0]
         sums: dict[tuple[str, str], _LogSum] = {}
         for row_id, analyst, dataset, kind, *parts in log:
-            cost, legacy = _stored_cost(parts[0:3], parts[3:6]), parts[3] is None
+            cost, legacy = _stored_cost(parts[0:3], parts[3:6], parts[6]), parts[3] is None
             acc = sums.setdefault((analyst, dataset), _LogSum())
             where = f"{analyst!r} on {dataset!r}: {kind} #{row_id}"
             if kind == "charge":
                 acc.add(cost, legacy)
             elif kind == "reset":
-                problems += acc.differences(-cost, f"{where} released", legacy)
+                zrho = parts[6] is not None  # a version-2 reset row carries no zCDP sum
+                problems += acc.differences(-cost, f"{where} released", legacy, zrho=zrho)
                 sums[(analyst, dataset)] = _LogSum()
             elif not cost.is_zero:
                 problems.append(f"{where} carries a cost {cost!r}")
         for analyst, dataset in sorted(set(totals) | set(sums)):
             total, charges = totals.get((analyst, dataset), (Cost(), 0))
             acc = sums.get((analyst, dataset), _LogSum())
-            problems += acc.differences(total, f"{analyst!r} on {dataset!r}: total")
+            problems += acc.differences(
+                total, f"{analyst!r} on {dataset!r}: total", zrho=(analyst, dataset) in trusted
+            )
             if (charges or 0) != acc.charges:
                 problems.append(
                     f"{analyst!r} on {dataset!r}: total charges {charges} != log sum {acc.charges}"
@@ -768,13 +845,23 @@ class _LogSum:
         self.charges += 1
         self.legacy = self.legacy or legacy
 
-    def differences(self, other: Cost, what: str, legacy: bool = False) -> list[str]:
-        """'<what> epsilon X != log sum Y' for each part where ``other`` differs from the sum."""
+    def differences(
+        self, other: Cost, what: str, legacy: bool = False, *, zrho: bool = False
+    ) -> list[str]:
+        """'<what> epsilon X != log sum Y' for each part where ``other`` differs from the sum
+        (the zCDP sum too when ``zrho``)."""
         loose = self.legacy or legacy
         out = []
-        for name, mine, theirs in zip(
-            ("epsilon", "delta", "rho"), self.cost.parts, other.parts, strict=True
-        ):
+        names, mine_parts, their_parts = (
+            ["epsilon", "delta", "rho"],
+            [*self.cost.parts],
+            [*other.parts],
+        )
+        if zrho:
+            names.append("zrho")
+            mine_parts.append(self.cost.exact_zrho)
+            their_parts.append(other.exact_zrho)
+        for name, mine, theirs in zip(names, mine_parts, their_parts, strict=True):
             same = (
                 math.isclose(mine, theirs, rel_tol=1e-9, abs_tol=1e-15) if loose else mine == theirs
             )
@@ -788,31 +875,53 @@ def _fmt_budget(budget: Budget) -> str:
 
 
 def _with_share(override: Budget | None, default: Budget) -> Budget:
-    """An administrator's override keeps the policy's fixed Gaussian share of the budget."""
+    """An administrator's override keeps the policy's split of the budget (its Gaussian share
+    and the δ share reserved for the zCDP conversion)."""
     if override is None:
         return default
-    return Budget(override.epsilon, override.delta, default.gaussian_share)
+    return dataclasses.replace(default, epsilon=override.epsilon, delta=override.delta)
 
 
-def _status(dataset: str, default: Budget, row: tuple[Any, ...]) -> AnalystStatus:
-    analyst, *costs, charges, b_eps, b_delta = row
+def _status(
+    conn: sqlite3.Connection, dataset: str, default: Budget, row: tuple[Any, ...]
+) -> AnalystStatus:
+    analyst, *costs, charges, b_eps, b_delta, z_text, z_at, updated_at = row
     override = b_eps is not None
     budget = _with_share(Budget(b_eps, b_delta), default) if override else default
-    spent = _stored_cost(tuple(costs[:3]), tuple(costs[3:]))
+    if updated_at is None:  # a budget override without any charge
+        spent = Cost()
+    else:
+        spent = _total_cost(conn, analyst, dataset, tuple(costs), (z_text, z_at, updated_at))
     return AnalystStatus(analyst, dataset, spent, budget, override, charges or 0)
+
+
+def _total_cost(
+    conn: sqlite3.Connection,
+    analyst: str,
+    dataset: str,
+    parts: tuple[Any, ...],
+    zrho: tuple[Any, ...],
+) -> Cost:
+    """A total read back: ``parts`` are its 3 REALs and 3 exact texts, ``zrho`` is
+    (zrho_exact, zrho_at, updated_at). A zrho not written with the total's last update (by a
+    version-2 process) is recomputed from the log: never an understated zCDP sum."""
+    zrho_text, zrho_at, updated_at = zrho
+    if zrho_text is None or zrho_at != updated_at:
+        zrho_text = str(_since_reset(conn, analyst, dataset).exact_zrho)
+    return _stored_cost(parts[0:3], parts[3:6], zrho_text)
 
 
 def _since_reset(conn: sqlite3.Connection, analyst: str, dataset: str) -> Cost:
     """The exact sum of the charges logged after the analyst's last reset."""
     rows = conn.execute(
-        f"SELECT epsilon, delta, rho, {_EXACT} FROM charge_log "
+        f"SELECT epsilon, delta, rho, {_EXACT}, zrho_exact FROM charge_log "
         "WHERE dataset = ? AND analyst = ? AND kind = 'charge' AND id > COALESCE("
         "(SELECT MAX(id) FROM charge_log WHERE dataset = ? AND analyst = ? AND kind = 'reset'), 0)",
         (dataset, analyst, dataset, analyst),
     ).fetchall()
     total = Cost()
     for row in rows:
-        total = total + _stored_cost(row[0:3], row[3:6])
+        total = total + _stored_cost(row[0:3], row[3:6], row[6])
     return total
 
 
