@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -17,10 +18,15 @@ SUBCOMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from dpsql import __version__
+    from dpsql.commands import TRUST_NOTE
+
     parser = argparse.ArgumentParser(
         prog="dpsql",
         description="Differentially private SQL over a privacy policy.",
+        epilog=TRUST_NOTE,
     )
+    parser.add_argument("--version", action="version", version=f"dpsql {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
         try:
@@ -40,7 +46,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         parser.print_help()
         return 2
-    return int(handler(args) or 0)
+    try:
+        code = int(handler(args) or 0)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (dpsql budget log | head): stop quietly, as cat does. Point
+        # stdout at /dev/null so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by the pipe
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    return code
 
 
 if __name__ == "__main__":

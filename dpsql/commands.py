@@ -1,4 +1,10 @@
-"""``dpsql query`` and ``dpsql explain``: the pipeline from the command line."""
+"""``dpsql query``, ``dpsql explain``, ``dpsql shell``, ``dpsql help`` and ``dpsql plot``.
+
+SQL comes from the argument, ``-f FILE`` or standard input (several statements, separated by
+semicolons, run in order and stop at the first error). Results go to stdout in one table
+style (or CSV/JSON, with ``x_low``/``x_high`` interval fields); what a statement was charged,
+what remains and any warning go to stderr.
+"""
 
 from __future__ import annotations
 
@@ -6,101 +12,273 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from importlib import resources
+from typing import Any, TextIO
 
 from dpsql.errors import Error
+from dpsql.tables import number, render, tidy
+
+TRUST_NOTE = (
+    "Front doors and trust: `dpsql serve` authenticates each analyst (SCRAM passwords, "
+    "`dpsql user add`). `dpsql query`, `explain`, `shell`, `plot`, dpsql.connect() and "
+    "dpsql:// SQLAlchemy URLs run in the caller's process and trust the caller to name the "
+    "analyst: whoever can read the policy's data and write its ledger can act as anyone. "
+    "A policy's [privacy] analysts list restricts the names they accept."
+)
+
+DOCS = {
+    "grammar": ("grammar_notes.md", "the SQL dpsql accepts and refuses, the sensitivity table"),
+}
+
+
+def _common(p: argparse.ArgumentParser, *, explain: bool) -> None:
+    p.add_argument("--policy", required=True, help="privacy policy (TOML)")
+    p.add_argument("--database", default=":memory:", help="DuckDB file holding sources")
+    p.add_argument(
+        "--engine", choices=("duckdb", "spark"), help="engine (default: the policy's [engine])"
+    )
+    p.add_argument(
+        "--analyst",
+        default="default",
+        help="whose remaining budget EXPLAIN checks (it spends nothing)"
+        if explain
+        else "whose budget to charge (trusted, not authenticated: see dpsql --help)",
+    )
+    p.add_argument("--epsilon", type=float, help="this session's epsilon per query")
+    p.add_argument("--delta", type=float, help="this session's delta per query")
+    p.add_argument("--mechanism", choices=("laplace", "gaussian"))
+    p.add_argument("--confidence", type=float, help="level of the noise intervals (default 0.95)")
+    p.add_argument(
+        "--format", choices=("table", "csv", "json"), default="table", help="output format"
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     __import__("dpsql.models.cli", fromlist=["register"]).register(sub)  # dpsql model ...
     for name, help_text in (
-        ("query", "run a DP query and print the noisy result (spends budget)"),
+        ("query", "run DP queries and print the noisy result (spends budget)"),
         ("explain", "show a query's plan: sensitivities, noise, cost (spends nothing)"),
     ):
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("sql", help="the SQL statement (quote it)")
-        p.add_argument("--policy", required=True, help="privacy policy (TOML)")
-        p.add_argument("--database", default=":memory:", help="DuckDB file holding sources")
+        p = sub.add_parser(name, help=help_text, description=help_text, epilog=TRUST_NOTE)
         p.add_argument(
-            "--engine", choices=("duckdb", "spark"), help="engine (default: the policy's [engine])"
+            "sql", nargs="?", help="the SQL statement(s) (quote them); else -f FILE or stdin"
         )
-        p.add_argument("--analyst", default="default", help="whose budget to charge")
-        p.add_argument("--epsilon", type=float, help="this query's epsilon")
-        p.add_argument("--delta", type=float, help="this query's delta")
-        p.add_argument("--mechanism", choices=("laplace", "gaussian"))
         p.add_argument(
-            "--format", choices=("table", "csv", "json"), default="table", help="output format"
+            "-f", "--file", metavar="FILE", help="read the SQL from FILE ('-' for stdin)"
         )
+        _common(p, explain=name == "explain")
         if name == "query":
             p.add_argument(
-                "--intervals", action="store_true", help="print 95%% noise intervals too"
+                "--intervals",
+                action="store_true",
+                help="add each aggregate's noise interval as x_low and x_high columns",
             )
         p.set_defaults(handler=_run, explain=name == "explain")
 
+    p = sub.add_parser(
+        "shell",
+        help="an interactive SQL session with history (spends budget per query)",
+        description="Read statements ending with ';' and run them; \\? lists the commands.",
+        epilog=TRUST_NOTE,
+    )
+    _common(p, explain=False)
+    p.add_argument("--intervals", action="store_true", help="show x_low/x_high columns")
+    p.set_defaults(handler=_shell)
 
-def _run(args: argparse.Namespace) -> int:
+    p = sub.add_parser(
+        "help",
+        help="print documentation that ships with dpsql (e.g. dpsql help grammar)",
+        description="Print a document installed with dpsql.",
+    )
+    p.add_argument("topic", nargs="?", choices=sorted(DOCS), help="the document")
+    p.set_defaults(handler=_help)
+
+    from dpsql import plots
+
+    plots.register(sub)
+
+
+# -- statements -------------------------------------------------------------------------------
+
+
+def read_statements(args: argparse.Namespace, stdin: TextIO | None = None) -> list[str] | None:
+    """The statements to run: the argument, -f FILE, or piped standard input."""
+    from dpsql.server.sqltext import split_statements
+
+    stdin = stdin or sys.stdin
+    if args.sql is not None and args.file is not None:
+        print("error: give the SQL as an argument or with -f, not both", file=sys.stderr)
+        return None
+    if args.sql is not None:
+        text = args.sql
+    elif args.file == "-" or (args.file is None and not stdin.isatty()):
+        text = stdin.read()
+    elif args.file is not None:
+        try:
+            with open(args.file, encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError as exc:
+            print(f"error: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
+            return None
+    else:
+        print(
+            "error: no SQL: give it as an argument, with -f FILE, or on stdin "
+            "(dpsql shell for an interactive session)",
+            file=sys.stderr,
+        )
+        return None
+    statements = [s.text.strip() for s in split_statements(text)]
+    if not statements:
+        print("error: the input holds no SQL statement", file=sys.stderr)
+        return None
+    return statements
+
+
+def apply_options(cur: Any, args: argparse.Namespace) -> None:
+    """--epsilon, --delta, --mechanism, --confidence as the session's SET statements."""
+    for setting in ("epsilon", "delta", "mechanism", "confidence"):
+        value = getattr(args, setting, None)
+        if value is not None:
+            literal = f"'{value}'" if setting == "mechanism" else repr(value)
+            cur.execute(f"SET {setting} = {literal}")
+
+
+def _explainable(sql: str) -> bool:
+    from dpsql.server.sqltext import keywords
+
+    words = keywords(sql, 1)
+    return bool(words) and words[0] in ("select", "with", "from")
+
+
+def run_statement(
+    cur: Any,
+    sql: str,
+    *,
+    analyst: str,
+    fmt: str,
+    intervals: bool,
+    out: TextIO,
+    err: TextIO,
+) -> None:
+    """Execute one statement and print its rows (out) and what it cost (err)."""
+    cur.execute(sql)
+    if cur.description:
+        if intervals and any(iv is not None for ivs in cur.intervals or [] for iv in ivs):
+            names = [d[0] for d in cur.interval_description]
+            rows = cur.fetchall_intervals()
+        else:
+            names = [d[0] for d in cur.description]
+            rows = cur.fetchall()
+        print_rows(names, rows, fmt, out)
+    report(cur, analyst, err)
+
+
+def report(cur: Any, analyst: str, err: TextIO) -> None:
+    """The charge and what remains, a cached replay, notes and the low-budget warning."""
+    if cur.cost is not None:
+        c = cur.cost
+        line = (
+            f"-- charged epsilon={number(c.epsilon)} delta={number(c.delta)} "
+            f"rho={number(c.rho)} to {analyst!r}"
+        )
+        if cur.remaining is not None:
+            line += f"; {cur.remaining}"
+        print(line, file=err)
+    elif cur.cached:
+        print("-- cached answer: nothing charged", file=err)
+    for _, message in cur.messages:
+        print(f"-- warning: {message}", file=err)
+    shown = cur.intervals and any(iv is not None for ivs in cur.intervals for iv in ivs)
+    if shown and cur.confidence != 0.95:
+        print(f"-- intervals at confidence {number(cur.confidence)}", file=err)
+
+
+def print_rows(names: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str, out: TextIO) -> None:
+    if fmt == "json":
+        records = [dict(zip(names, map(tidy, r), strict=True)) for r in rows]
+        print(json.dumps(records, default=str), file=out)
+    elif fmt == "csv":
+        import csv
+
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(names)
+        writer.writerows(["" if v is None else tidy(v) for v in r] for r in rows)
+    else:
+        render(names, rows, out, footer=True)
+
+
+def error_text(exc: Error) -> str:
+    """The error as the command prints it; a hint naming the grammar notes says how to read
+    them from the installed package."""
+    text = f"error: {exc}"
+    if "grammar_notes.md" in text:
+        text += " (`dpsql help grammar` prints them)"
+    return text
+
+
+# -- handlers -----------------------------------------------------------------------------------
+
+
+def _connect(args: argparse.Namespace) -> Any:
     import dpsql
 
+    return dpsql.connect(
+        args.database, policy=args.policy, analyst=args.analyst, engine=args.engine
+    )
+
+
+def _run(args: argparse.Namespace) -> int:
+    statements = read_statements(args)
+    if statements is None:
+        return 2
     try:
-        with dpsql.connect(
-            args.database, policy=args.policy, analyst=args.analyst, engine=args.engine
-        ) as conn:
+        with _connect(args) as conn:
             cur = conn.cursor()
-            for setting in ("epsilon", "delta", "mechanism"):
-                value = getattr(args, setting)
-                if value is not None:
-                    literal = f"'{value}'" if setting == "mechanism" else repr(value)
-                    cur.execute(f"SET {setting} = {literal}")
-            sql = args.sql if not args.explain else "EXPLAIN " + args.sql
-            cur.execute(sql)
-            names = [d[0] for d in cur.description or []]
-            rows = cur.fetchall() if cur.description else []
-            intervals = cur.intervals if getattr(args, "intervals", False) else None
-            _print(names, rows, intervals, args.format)
-            if cur.cost is not None and not args.explain:
-                c = cur.cost
-                print(
-                    f"-- charged epsilon={c.epsilon:.6g} delta={c.delta:.3g} rho={c.rho:.6g} "
-                    f"to {args.analyst!r}",
-                    file=sys.stderr,
+            apply_options(cur, args)
+            for i, sql in enumerate(statements):
+                if i:
+                    print(file=sys.stdout)
+                if args.explain and _explainable(sql):
+                    sql = "EXPLAIN " + sql
+                run_statement(
+                    cur,
+                    sql,
+                    analyst=args.analyst,
+                    fmt=args.format,
+                    intervals=getattr(args, "intervals", False),
+                    out=sys.stdout,
+                    err=sys.stderr,
                 )
-            elif cur.cached:
-                print("-- cached answer: nothing charged", file=sys.stderr)
     except Error as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(error_text(exc), file=sys.stderr)
         return 1
     return 0
 
 
-def _print(names: Sequence[str], rows: Sequence[Sequence[Any]], intervals: Any, fmt: str) -> None:
-    if intervals:
-        names = [*names, "ci95"]
-        rows = [
-            (*row, "; ".join(f"[{lo:.6g}, {hi:.6g}]" for lo, hi in (iv for iv in ivs if iv)))
-            for row, ivs in zip(rows, intervals, strict=True)
-        ]
-    if fmt == "json":
-        print(json.dumps([dict(zip(names, r, strict=True)) for r in rows], default=str))
-        return
-    if fmt == "csv":
-        import csv
+def _shell(args: argparse.Namespace) -> int:
+    from dpsql import shell
 
-        writer = csv.writer(sys.stdout)
-        writer.writerow(names)
-        writer.writerows(rows)
-        return
-    cells = [[_cell(v) for v in r] for r in rows]
-    widths = [max([len(n)] + [len(c[i]) for c in cells]) for i, n in enumerate(names)]
-    print(" | ".join(n.ljust(w) for n, w in zip(names, widths, strict=True)))
-    print("-+-".join("-" * w for w in widths))
-    for c in cells:
-        print(" | ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)))
-    print(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+    try:
+        with _connect(args) as conn:
+            cur = conn.cursor()
+            apply_options(cur, args)
+            return shell.run(conn, args)
+    except Error as exc:
+        print(error_text(exc), file=sys.stderr)
+        return 1
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return "NULL"
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
+def doc_text(topic: str) -> str:
+    """A document shipped in the package (dpsql/docs), read through importlib.resources."""
+    name, _ = DOCS[topic]
+    return resources.files("dpsql").joinpath("docs", name).read_text(encoding="utf-8")
+
+
+def _help(args: argparse.Namespace) -> int:
+    if args.topic is None:
+        print("dpsql help TOPIC prints a document installed with dpsql:")
+        for topic, (_, what) in sorted(DOCS.items()):
+            print(f"  {topic:10}  {what}")
+        return 0
+    sys.stdout.write(doc_text(args.topic))
+    return 0

@@ -32,6 +32,7 @@ from dpsql.errors import (
 from dpsql.pipeline import Result, Service, Settings, _ResetRequest, reset_setting
 from dpsql.policy import Policy, load_policy
 from dpsql.privacy.ledger import EphemeralBudgetWarning, Ledger, MemoryLedger
+from dpsql.tables import number
 
 apilevel = "2.0"
 threadsafety = 1  # threads may share the module, not connections
@@ -112,27 +113,6 @@ class Remaining:
 
     def warning(self) -> str:
         return f"less than {LOW_BUDGET:.0%} of the privacy budget remains: {self}"
-
-
-def number(value: float) -> str:
-    """One number format for every dpsql message and table: 6 significant digits, no
-    exponent between 1e-4 and 1e15, and never 17 digits of float noise."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return str(value)
-    if isinstance(value, int):
-        return str(value)
-    if value != value or value in (float("inf"), float("-inf")):
-        return str(value)
-    if value == 0:
-        return "0"
-    magnitude = abs(value)
-    if 1e-4 <= magnitude < 1e15:
-        import math
-
-        digits = max(0, 5 - math.floor(math.log10(magnitude)))
-        text = f"{value:.{digits}f}"
-        return text.rstrip("0").rstrip(".") if "." in text else text
-    return f"{value:.6g}"
 
 
 class Connection:

@@ -21,6 +21,7 @@ from dpsql.policy import Policy, load_policy
 from dpsql.privacy.accounting import Budget, Cost
 from dpsql.privacy.ledger import AnalystStatus, LogEntry
 from dpsql.privacy.sqlite_ledger import SQLiteLedger
+from dpsql.tables import number, render
 
 _ADMIN_NOTE = (
     "Administrator command: anyone who can write the ledger file can change budgets, so keep "
@@ -186,15 +187,15 @@ def _show(args: argparse.Namespace, policy: Policy) -> int:
         rows.append(
             (
                 s.analyst,
-                str(s.charges),
-                _g(s.spent.epsilon),
-                _g(s.spent.delta, 3),
-                _g(s.spent.rho),
-                _g(s.epsilon_spent),
-                _g(s.budget.epsilon) + ("*" if s.overridden else ""),
-                _g(s.budget.delta, 3),
-                _g(eps_left),
-                _g(delta_left, 3),
+                s.charges,
+                s.spent.epsilon,
+                s.spent.delta,
+                s.spent.rho,
+                s.epsilon_spent,
+                _g(s.budget.epsilon) + "*" if s.overridden else s.budget.epsilon,
+                s.budget.delta,
+                eps_left,
+                delta_left,
             )
         )
     _table(header, rows)
@@ -256,13 +257,13 @@ def _log(args: argparse.Namespace, policy: Policy) -> int:
     header = ("id", "time (UTC)", "analyst", "kind", "eps", "delta", "rho", "plan", "query")
     rows = [
         (
-            str(e.id),
+            e.id,
             e.at[:19].replace("T", " "),
             e.analyst,
             e.kind,
-            _g(e.cost.epsilon),
-            _g(e.cost.delta, 3),
-            _g(e.cost.rho),
+            e.cost.epsilon,
+            e.cost.delta,
+            e.cost.rho,
             e.plan_hash[:12],
             _one_line(e.query_text, 60),
         )
@@ -295,7 +296,8 @@ def _fresh(analyst: str, policy: Policy) -> AnalystStatus:
 
 
 def _g(value: float, digits: int = 6) -> str:
-    return f"{value:.{digits}g}"
+    """The number format of every dpsql table and message (``digits`` is kept for callers)."""
+    return number(value)
 
 
 def _one_line(text: str, width: int) -> str:
@@ -303,24 +305,9 @@ def _one_line(text: str, width: int) -> str:
     return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    """Print aligned columns: numbers to the right, text to the left."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    numeric = [all(_is_number(r[i]) for r in rows) for i in range(len(header))]
-    for line in (header, *rows):
-        cells = [
-            c.rjust(w) if num else c.ljust(w)
-            for c, w, num in zip(line, widths, numeric, strict=True)
-        ]
-        print("  ".join(cells).rstrip())
-
-
-def _is_number(cell: str) -> bool:
-    try:
-        float(cell.rstrip("*"))
-    except ValueError:
-        return False
-    return True
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """The one dpsql table style (:func:`dpsql.tables.render`)."""
+    render(header, rows, sys.stdout)
 
 
 def _status_json(s: AnalystStatus) -> dict[str, Any]:

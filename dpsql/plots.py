@@ -1,0 +1,333 @@
+"""Pictures for choosing ε and watching a budget: ``dpsql plot error`` and ``dpsql plot budget``.
+
+``error`` re-plans the query at a range of ε and reads each released value's noise off the
+plan's (public) mechanisms: no data is read and nothing is spent. ``budget`` draws an analyst's
+spent ε over time from the ledger's append-only log. The data functions need nothing beyond
+dpsql; drawing needs matplotlib (``pip install 'dpsql[plot]'``), PNG or SVG by file name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dpsql.errors import Error, InterfaceError, ProgrammingError
+
+# What each measure's noise is, in words (plan.MEASURE_KINDS).
+MEASURE_WORDS = {
+    "rows": "its row count",
+    "values": "its count of values",
+    "units": "its count of units",
+    "sum": "its sum",
+    "sumsq": "its sum of squares",
+}
+
+
+@dataclass(frozen=True)
+class Series:
+    label: str
+    halfwidths: tuple[float, ...]  # one per epsilon, in the released value's units
+
+
+@dataclass(frozen=True)
+class ErrorCurves:
+    """Per released value (or part of one), the noise half-width at each ε."""
+
+    epsilons: tuple[float, ...]
+    series: tuple[Series, ...]
+    session_epsilon: float
+    confidence: float
+    query: str
+
+
+def error_curves(
+    service: Any,
+    sql: str,
+    settings: Any,
+    analyst: str = "",
+    epsilons: Sequence[float] | None = None,
+    rows_per_group: float | None = None,
+) -> ErrorCurves:
+    """Re-plan ``sql`` at each ε (default: 1/30 to 30 times the session's, 31 points) and
+    take each measure's half-width at ``settings.confidence`` in released units.
+
+    A single-measure value (COUNT, SUM) is one curve: its exact error. A formula (AVG, VAR,
+    centred SUM) is one curve per measure (its sum, its count, ...): its error depends on the
+    group's true size, which only a charged query may look at. Given a public guess of that
+    size, ``rows_per_group``, an AVG is one curve instead: its sum's noise over the rows
+    (exact when the mean sits at the midpoint of the declared bounds, where the sum is
+    centred; the count's noise adds a little elsewhere).
+    """
+    from dataclasses import replace
+
+    from dpsql.sql.bind import BoundQuery, ExplainStatement, parse_statement
+
+    statement = parse_statement(sql, service.policy)
+    if isinstance(statement, ExplainStatement):
+        statement = statement.query
+    if not isinstance(statement, BoundQuery):
+        raise ProgrammingError(
+            "plot error takes an aggregate SELECT over a policy table",
+            construct="SQL",
+            hint="e.g. SELECT department, COUNT(*) FROM visits GROUP BY department",
+        )
+    base = settings.epsilon
+    grid = (
+        tuple(float(e) for e in epsilons)
+        if epsilons is not None
+        else tuple(base * 10 ** (-1.5 + 0.1 * i) for i in range(31))
+    )
+    labels: list[str] = []
+    values: dict[str, list[float]] = {}
+    for eps in grid:
+        plan = service.plan(statement, replace(settings, epsilon=eps), analyst)
+        for label, half in _halfwidths(plan, settings.confidence, rows_per_group):
+            if label not in values:
+                labels.append(label)
+                values[label] = []
+            values[label].append(half)
+    series = tuple(Series(label, tuple(values[label])) for label in labels)
+    return ErrorCurves(grid, series, base, settings.confidence, " ".join(sql.split()))
+
+
+def _halfwidths(
+    plan: Any, confidence: float, rows_per_group: float | None = None
+) -> list[tuple[str, float]]:
+    out = []
+    for o in plan.outputs:
+        parts = [plan.measure(name) for name in o.measures]
+        if o.call.kind == "avg" and rows_per_group:
+            m = parts[0]
+            half = m.mechanism.interval_halfwidth(confidence) * m.granularity / rows_per_group
+            out.append((f"{o.call.label} at {rows_per_group:g} rows per group", float(half)))
+            continue
+        if o.call.kind == "sum" and parts[0].center:
+            count = next(
+                m for m in plan.measures if m.kind == "values" and m.column == o.call.column
+            )
+            out.append((o.call.label, _centred_sum_halfwidth(parts[0], count, confidence)))
+            continue
+        for m in parts:
+            label = o.call.label if len(parts) == 1 else f"{o.call.label}: {_words(m)}"
+            out.append((label, float(m.mechanism.interval_halfwidth(confidence) * m.granularity)))
+    if plan.threshold is not None:
+        m = plan.measure(plan.threshold.measure)
+        label = "GROUP BY " + ", ".join(k.key.sql for k in plan.keys) + ": its unit count (τ)"
+        out.append((label, float(m.mechanism.interval_halfwidth(confidence))))
+    return out
+
+
+def _centred_sum_halfwidth(total: Any, count: Any, confidence: float) -> float:
+    """A centred SUM is g (S + c N): its noise g (e_S + c e_N), simulated from the public
+    mechanisms as its released interval is (dpsql.privacy.release)."""
+    import numpy as np
+
+    from dpsql.privacy.release import _simulated_noise
+
+    e_sum, e_count = _simulated_noise(12345, (total.mechanism, count.mechanism), 20_000)
+    error = total.granularity * (e_sum + total.center * e_count)
+    return float(np.quantile(np.abs(error), confidence))
+
+
+def _words(measure: Any) -> str:
+    return "noise in " + MEASURE_WORDS.get(measure.kind, measure.kind)
+
+
+@dataclass(frozen=True)
+class BudgetTimeline:
+    """Per analyst, the ε spent (ε-equivalent of the running total) after each log event."""
+
+    analysts: tuple[str, ...]
+    times: tuple[tuple[dt.datetime, ...], ...]
+    spent: tuple[tuple[float, ...], ...]
+    budgets: tuple[float, ...]
+    dataset: str
+
+
+def budget_timeline(policy: Any, ledger: Any, analyst: str | None = None) -> BudgetTimeline:
+    """From the ledger's log: charges add, a reset releases everything spent before it."""
+    from dpsql.privacy.accounting import Cost
+
+    entries = ledger.entries(policy.dataset, analyst=analyst, limit=10**9)
+    names = sorted({e.analyst for e in entries}) if analyst is None else [analyst]
+    times, spent, budgets = [], [], []
+    for name in names:
+        budget = ledger.budget(name, policy.dataset, policy.budget)
+        total, at, eps = Cost(), [], []
+        for e in (e for e in entries if e.analyst == name):
+            if e.kind == "charge":
+                total = total + e.cost
+            elif e.kind == "reset":
+                total = Cost()
+            else:
+                continue
+            at.append(dt.datetime.fromisoformat(e.at.replace("Z", "+00:00")))
+            eps.append(float(budget.epsilon_of(total)))
+        times.append(tuple(at))
+        spent.append(tuple(eps))
+        budgets.append(float(budget.epsilon))
+    return BudgetTimeline(tuple(names), tuple(times), tuple(spent), tuple(budgets), policy.dataset)
+
+
+# -- drawing --------------------------------------------------------------------------------------
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        raise InterfaceError(
+            "drawing needs matplotlib", hint="pip install 'dpsql[plot]' (or matplotlib)"
+        ) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _check_suffix(path: Path) -> None:
+    if path.suffix.lower() not in (".png", ".svg"):
+        raise InterfaceError(
+            f"cannot draw {path.name}: PNG and SVG only", hint="name the file *.png or *.svg"
+        )
+
+
+def draw_error(curves: ErrorCurves, path: str | Path) -> Path:
+    path = Path(path)
+    _check_suffix(path)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), layout="constrained")
+    styles = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D")]
+    for i, s in enumerate(curves.series):
+        line, marker = styles[i % len(styles)]
+        ax.plot(curves.epsilons, s.halfwidths, linestyle=line, marker=marker, ms=3, label=s.label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.axvline(curves.session_epsilon, color="grey", linestyle="--")
+    ax.annotate(
+        f"session ε = {curves.session_epsilon:g}",
+        (curves.session_epsilon, 1),
+        xycoords=("data", "axes fraction"),
+        xytext=(4, -14),
+        textcoords="offset points",
+        color="grey",
+    )
+    ax.set_xlabel("ε of the query (log)")
+    ax.set_ylabel(f"±error, {curves.confidence:.0%} of noise draws (log)")
+    title = curves.query if len(curves.query) <= 90 else curves.query[:89] + "…"
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left")
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def draw_budget(timeline: BudgetTimeline, path: str | Path) -> Path:
+    path = Path(path)
+    _check_suffix(path)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), layout="constrained")
+    for name, at, eps, budget in zip(
+        timeline.analysts, timeline.times, timeline.spent, timeline.budgets, strict=True
+    ):
+        (line,) = ax.step(at, eps, where="post", marker=".", label=f"{name} spent")
+        ax.axhline(budget, color=line.get_color(), linestyle="--", alpha=0.6)
+    ax.set_xlabel("time (UTC)")
+    ax.set_ylabel("ε spent (dashed: budget)")
+    ax.set_title(f"privacy budget spent on {timeline.dataset!r}", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    if timeline.analysts:
+        ax.legend(fontsize=8)
+    fig.autofmt_xdate()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+# -- the command --------------------------------------------------------------------------------
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    plot = sub.add_parser(
+        "plot",
+        help="draw error against epsilon for a query, or a budget over time (PNG/SVG)",
+        description="Pictures that need matplotlib (pip install 'dpsql[plot]').",
+    )
+    kinds = plot.add_subparsers(dest="plot_command", metavar="KIND", required=True)
+    p = kinds.add_parser(
+        "error",
+        help="each released value's noise against epsilon (spends nothing, reads no data)",
+        description="Re-plan the query over a range of epsilon and draw each released "
+        "value's noise half-width on log axes, marking the session's epsilon.",
+    )
+    p.add_argument("sql", help="the query (quote it)")
+    p.add_argument("--policy", required=True, help="privacy policy (TOML)")
+    p.add_argument("--analyst", default="default", help="whose session settings to use")
+    p.add_argument("--epsilon", type=float, help="the session's epsilon (default: policy's)")
+    p.add_argument("--delta", type=float)
+    p.add_argument("--mechanism", choices=("laplace", "gaussian"))
+    p.add_argument("--confidence", type=float, default=0.95, help="interval level")
+    p.add_argument(
+        "--rows-per-group",
+        type=float,
+        metavar="N",
+        help="a public guess of the rows per group: draws an AVG's own error at that size",
+    )
+    p.add_argument("-o", "--output", default="error.png", help="PNG or SVG file")
+    p.set_defaults(handler=_plot_error)
+    p = kinds.add_parser(
+        "budget",
+        help="an analyst's spent epsilon over time, from the ledger's log",
+        description="Draw the running epsilon spent after each charge (resets drop it to 0).",
+    )
+    p.add_argument("--policy", required=True, help="privacy policy (TOML)")
+    p.add_argument("--analyst", help="one analyst (default: everyone in the log)")
+    p.add_argument("-o", "--output", default="budget.png", help="PNG or SVG file")
+    p.set_defaults(handler=_plot_budget)
+
+
+def _plot_error(args: argparse.Namespace) -> int:
+    import dpsql
+    from dpsql.pipeline import Settings
+
+    try:
+        with dpsql.connect(policy=args.policy, analyst=args.analyst) as conn:
+            settings = Settings.from_policy(conn.service.policy)
+            for name in ("epsilon", "delta", "mechanism", "confidence"):
+                if getattr(args, name) is not None:
+                    setattr(settings, name, getattr(args, name))
+            curves = error_curves(
+                conn.service, args.sql, settings, args.analyst, rows_per_group=args.rows_per_group
+            )
+        path = draw_error(curves, args.output)
+    except Error as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {path} ({len(curves.series)} curves, nothing spent)")
+    return 0
+
+
+def _plot_budget(args: argparse.Namespace) -> int:
+    from dpsql.policy import load_policy
+    from dpsql.privacy.sqlite_ledger import SQLiteLedger
+
+    try:
+        policy = load_policy(args.policy)
+        if policy.ledger_path is None or not policy.ledger_path.exists():
+            print(f"error: no ledger at {policy.ledger_path} yet: nothing spent", file=sys.stderr)
+            return 1
+        with SQLiteLedger(policy.ledger_path) as ledger:
+            timeline = budget_timeline(policy, ledger, args.analyst)
+        path = draw_budget(timeline, args.output)
+    except Error as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    events = sum(len(s) for s in timeline.spent)
+    print(f"wrote {path} ({events} event{'' if events == 1 else 's'} in the log)")
+    return 0
