@@ -346,7 +346,7 @@ class Service:
     def _domains(self, query: BoundQuery, analyst: str) -> list[tuple | None]:
         out = []
         for key in query.keys:
-            cache_key = (analyst, query.table.name, key.sql)
+            cache_key = (analyst, query.table.name, key.sql, key.allowed)
             with self._lock:
                 known = cache_key in self._domain_cache
                 domain = self._domain_cache.get(cache_key)

@@ -49,6 +49,8 @@ _PRIVACY_KEYS = {
     "max_bins": "largest public domain enumerated for a GROUP BY key (default 10000)",
     "analysts": "the analyst names in-process front doors (dpsql.connect, dpsql query, "
     "dpsql:// URLs) may name (default: any; dpsql serve authenticates its users instead)",
+    "schema": "a schema name queries may qualify tables with (schema.table); main and public "
+    "are always accepted",
 }
 _TABLE_KEYS = {
     "source": "a CSV/Parquet path relative to the policy file, or a table of the database",
@@ -77,6 +79,10 @@ class ColumnPolicy:
     values: tuple[Any, ...] | None = None
     nullable: bool = True
     granularity: float = 1.0
+    # A computed column (an expression inside an aggregate, e.g. SUM(a * b)): its SQL over
+    # the table's stored columns, and the range derived from their declared bounds. None for
+    # a column stored in the source.
+    expr: str | None = None
 
     @property
     def bounded(self) -> bool:
@@ -131,6 +137,7 @@ class Policy:
     ledger_path: Path | None = None
     dataset: str = "default"
     max_bins: int = 10_000
+    schema: str | None = None  # accepted as a table qualifier, besides main and public
     engine: EngineConfig = field(default_factory=EngineConfig)
     analysts: frozenset[str] | None = None  # None: in-process callers may name any analyst
 
@@ -287,6 +294,9 @@ def _build(data: dict[str, Any], path: Path | None) -> Policy:
         raise rep.fail(
             "privacy.analysts", "must be a list of names", 'e.g. analysts = ["alice", "bob"]'
         )
+    schema = privacy.get("schema")
+    if schema is not None and (not isinstance(schema, str) or not schema.strip()):
+        raise rep.fail("privacy.schema", "must be a non-empty string", 'e.g. schema = "pums"')
 
     tables_raw = data.get("tables")
     if not isinstance(tables_raw, dict) or not tables_raw:
@@ -306,6 +316,7 @@ def _build(data: dict[str, Any], path: Path | None) -> Policy:
         ledger_path=ledger_path,
         dataset=dataset,
         max_bins=max_bins,
+        schema=schema.strip() if schema is not None else None,
         engine=engine,
         analysts=None if analysts is None else frozenset(analysts),
     )
@@ -416,7 +427,7 @@ def _table(rep: _Reporter, name: str, spec: Any, base: Path, engine: str = "duck
     )
 
 
-def _default_granularity(col_type: str, lower: float | None, upper: float | None) -> float:
+def default_granularity(col_type: str, lower: float | None, upper: float | None) -> float:
     """Fixed-point step: 1 for ints; for floats ~1e-4 of the largest magnitude, a power of 10."""
     if col_type != "float" or lower is None or upper is None:
         return 1.0
@@ -460,7 +471,7 @@ def _column(rep: _Reporter, key: str, name: str, spec: Any) -> ColumnPolicy:
         raise rep.fail(f"{key}.nullable", "must be true or false", "write nullable = false")
     granularity = spec.get("granularity")
     if granularity is None:
-        granularity = _default_granularity(col_type, lower, upper)
+        granularity = default_granularity(col_type, lower, upper)
     else:
         if col_type != "float":
             raise rep.fail(

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import sqlglot
@@ -26,7 +27,10 @@ from dpsql.errors import (
     UndefinedColumnError,
     UndefinedTableError,
 )
-from dpsql.policy import Policy, TablePolicy
+from dpsql.frontend.inline import Wrapped, compose_post, flatten
+from dpsql.frontend.intervals import NotNumeric, Range, value_range
+from dpsql.frontend.rewrite import normalise, timestamp_literals
+from dpsql.policy import ColumnPolicy, Policy, TablePolicy, default_granularity
 from dpsql.sql.positions import _tokens, forget_tokens, offset_position, position_of, snippet
 from dpsql.table_functions import TABLE_FUNCTIONS, result_columns
 
@@ -162,16 +166,19 @@ FILE_READERS = (
 
 @dataclass(frozen=True)
 class AggregateCall:
-    """One aggregate the analyst asked for, e.g. SUM(cost). ``column`` is None for COUNT(*)."""
+    """One aggregate the analyst asked for, e.g. SUM(cost). ``column`` is None for COUNT(*);
+    for an expression (SUM(a * b)) it names a computed column of the bound table, and
+    ``shown`` is the expression as the analyst wrote it."""
 
     kind: str  # count | count_units | sum | avg | var_samp | var_pop | stddev_samp | stddev_pop
     column: str | None
+    shown: str | None = field(default=None, compare=False)
 
     @property
     def label(self) -> str:
         if self.kind == "count_units":
-            return f"COUNT(DISTINCT {self.column})"
-        return f"{self.kind.upper()}({self.column or '*'})"
+            return f"COUNT(DISTINCT {self.shown or self.column})"
+        return f"{self.kind.upper()}({self.shown or self.column or '*'})"
 
 
 @dataclass(frozen=True)
@@ -182,6 +189,9 @@ class GroupKey:
     columns: tuple[str, ...]
     position: Position | None = field(default=None, compare=False)  # in the analyst's text
     type: str | None = None  # its DuckDB type, set by dpsql.sql.typecheck before planning
+    # The values a top-level ``WHERE key IN (...)`` / ``key = ...`` allows: a public key set
+    # from the query text (None: no such restriction). See dpsql.sql.domains.key_domain.
+    allowed: tuple[Any, ...] | None = None
 
     @property
     def sql(self) -> str:
@@ -278,7 +288,9 @@ def parse_statement(
     try:
         statements = [s for s in sqlglot.parse(text, read=DIALECT) if s is not None]
     except (ParseError, TokenError) as exc:
-        raise _syntax_error(exc, text) from None
+        statements = _top_statements(text)
+        if statements is None:
+            raise _syntax_error(exc, text) from None
     if not statements:
         raise SQLSyntaxError("empty query", hint="send one SELECT statement")
     if len(statements) > 1:
@@ -305,6 +317,23 @@ def parse_statement(
             "pass the values as execute(sql, parameters)",
         )
     return bind_tree(tree, text, policy)
+
+
+_TOP = re.compile(r"^\s*SELECT\s+(DISTINCT\s+)?TOP\s*\(?\s*\d+\s*\)?\s", re.IGNORECASE)
+
+
+def _top_statements(text: str) -> list[exp.Expression] | None:
+    """``SELECT TOP n ...`` (SQL Server, Tableau, Power BI): parsed as T-SQL, where TOP is a
+    LIMIT; any other text that DuckDB's grammar refuses stays a syntax error."""
+    if _TOP.match(text) is None:
+        return None
+    try:
+        statements = [s for s in sqlglot.parse(text, read="tsql") if s is not None]
+    except (ParseError, TokenError):
+        return None
+    if len(statements) != 1 or not isinstance(statements[0], exp.Select):
+        return None
+    return statements
 
 
 def _check_unicode(text: str, parameters: Sequence[Any] | None) -> None:
@@ -453,7 +482,20 @@ def bind_tree(tree: exp.Expression, text: str, policy: Policy) -> Statement:
             text,
             "send an aggregate SELECT query",
         )
-    return _Binder(tree, text, policy).bind()
+    tree = normalise(tree)
+    flat = flatten(tree, text, policy)
+    if isinstance(flat, Wrapped):
+        inner = _Binder(flat.inner, text, policy).bind()
+        if not isinstance(inner, BoundQuery):
+            raise _refuse(
+                PrivacyError,
+                "the subquery reads no table",
+                flat.inner,
+                text,
+                "aggregate a table declared in the policy inside the subquery",
+            )
+        return replace(inner, post=compose_post(flat.outer, inner.post, flat.alias))
+    return _Binder(flat, text, policy).bind()
 
 
 def _set_statement(tree: exp.Set, text: str) -> SettingStatement:
@@ -489,6 +531,8 @@ class _Binder:
         self.policy = policy
         self.table: TablePolicy | None = None
         self.qualifiers: set[str] = set()
+        # computed columns of aggregated expressions, by their SQL (see _computed_column)
+        self.computed: dict[str, ColumnPolicy] = {}
 
     # -- helpers -----------------------------------------------------------------------------
     def refuse(self, message: str, node: exp.Expression | None, hint: str) -> PrivacyError:
@@ -562,6 +606,10 @@ class _Binder:
                 star,
                 "select aggregates, e.g. SELECT COUNT(*) FROM " + self.table.name,
             )
+        timestamp_literals(tree, self.table)
+        self._distinct_as_group_by(tree)
+        for unchecked in tree.meta.get("dp_unchecked", []):
+            self._check_scalar(unchecked, "a derived table")
         where = tree.args.get("where")
         where_expr = None
         if where is not None:
@@ -569,6 +617,8 @@ class _Binder:
             where_expr = self._normalise_columns(where.this)
             self._check_literal_types(where.this)
         keys, key_nodes = self._bind_group_by()
+        if where_expr is not None:
+            keys = [self._restrict_key(k, where_expr) for k in keys]
         aggregates: list[AggregateCall] = []
         post = self._build_post(keys, key_nodes, aggregates)
         if not aggregates and not keys:
@@ -577,14 +627,61 @@ class _Binder:
                 tree.expressions[0] if tree.expressions else tree,
                 "use COUNT(*), COUNT(col), SUM(col), AVG(col) or GROUP BY",
             )
+        table = self.table
+        if self.computed:
+            columns = {**table.columns, **{c.name: c for c in self.computed.values()}}
+            table = replace(table, columns=columns)
         return BoundQuery(
             text=self.text,
-            table=self.table,
+            table=table,
             where=where_expr,
             keys=tuple(keys),
             aggregates=tuple(aggregates),
             post=post,
         )
+
+    def _restrict_key(self, key: GroupKey, where: exp.Expression) -> GroupKey:
+        """A bare-column key that a top-level WHERE conjunct pins to literals (``col IN ('a',
+        'b')``, ``col = 'a'``): only those values can have rows, so they are the key's public
+        set -- released without thresholding, or intersected with its declared domain."""
+        if not isinstance(key.expr, exp.Column):
+            return key
+        assert self.table is not None
+        col = self.table.columns[key.columns[0]]
+        allowed: set | None = None
+        for part in conjuncts(where):
+            values = None
+            if isinstance(part, exp.In) and _same_column(part.this, key.expr):
+                if part.args.get("query") is None and not part.args.get("unnest"):
+                    values = part.expressions
+            elif isinstance(part, exp.EQ):
+                if _same_column(part.this, key.expr):
+                    values = [part.expression]
+                elif _same_column(part.expression, key.expr):
+                    values = [part.this]
+            if values is None:
+                continue
+            typed = [_typed_literal(v, col.type) for v in values]
+            if any(t is _NOT_LITERAL for t in typed):
+                continue
+            found = {t for t in typed if t is not None}  # NULL never equals: no bin
+            allowed = found if allowed is None else allowed & found
+        if allowed is None:
+            return key
+        return replace(key, allowed=tuple(sorted(allowed)))
+
+    def _distinct_as_group_by(self, tree: exp.Select) -> None:
+        """``SELECT DISTINCT a, b FROM t`` (no aggregate) is ``... GROUP BY a, b``: a key set,
+        answered from the policy at no cost when the keys have a public domain, else
+        released by thresholding like any GROUP BY."""
+        if not tree.args.get("distinct") or tree.args.get("group") is not None:
+            return
+        if any(item.find(exp.AggFunc) for item in tree.expressions):
+            return
+        if tree.args["distinct"].args.get("on") is not None:
+            raise self.refuse("DISTINCT ON is not supported", tree.args["distinct"], "use GROUP BY")
+        keys = [item.unalias().copy() for item in tree.expressions]
+        tree.set("group", exp.Group(expressions=keys))
 
     def _rule_list(self, call: exp.Anonymous) -> RuleListCall:
         function = call.name.lower()
@@ -722,8 +819,12 @@ class _Binder:
                 "query a table declared in the privacy policy by its name",
             )
         schema = source.args.get("db")
-        if source.args.get("catalog") or (
-            schema is not None and schema.name.lower() not in ("main", "public")
+        catalog = source.args.get("catalog")
+        schemas = {"main", "public"} | (
+            {self.policy.schema.lower()} if self.policy.schema else set()
+        )
+        if (catalog is not None and catalog.name.lower() != self.policy.dataset.lower()) or (
+            schema is not None and schema.name.lower() not in schemas
         ):
             raise _refuse(
                 UndefinedTableError,
@@ -743,6 +844,8 @@ class _Binder:
             )
         self.table = table
         self.qualifiers = {source.name.lower()}
+        if schema is not None:  # SELECT pums.age FROM pums.pums: both spellings qualify
+            self.qualifiers.add(f"{schema.name.lower()}.{source.name.lower()}")
         if source.alias:
             self.qualifiers.add(source.alias.lower())
 
@@ -948,13 +1051,18 @@ class _Binder:
             if distinct:
                 raise self.refuse("COUNT(DISTINCT *) is not supported", node, "COUNT(*)")
             return AggregateCall("count", None)
-        if not isinstance(arg, exp.Column) or len(node.expressions) > 0:
+        if len(node.expressions) > 0:
             raise self.refuse(
-                f"{kind.upper()} takes one column (expressions inside aggregates are not "
-                "supported)",
+                f"{kind.upper()} takes one argument",
                 node,
-                "aggregate a declared column; declare derived columns in the policy",
+                f"{kind.upper()}(column) or {kind.upper()}(expression)",
             )
+        if not isinstance(arg, exp.Column):
+            if distinct:
+                raise self.refuse(
+                    "DISTINCT takes one column", node, "COUNT(DISTINCT <privacy unit>)"
+                )
+            return self._expression_aggregate(kind, node, arg)
         column = self._column_name(arg)
         spec = self.table.columns[column]
         if distinct:
@@ -988,6 +1096,76 @@ class _Binder:
                 f"([tables.{self.table.name}.columns.{column}])",
             )
         return AggregateCall(kind, column)
+
+    def _expression_aggregate(
+        self, kind: str, node: exp.AggFunc, arg: exp.Expression
+    ) -> AggregateCall:
+        """SUM(a * b), AVG(LEAST(GREATEST(x, 50), 100)), COUNT(CASE WHEN ... END): an
+        aggregate of a computed column whose range comes from interval arithmetic over the
+        declared bounds (dpsql.frontend.intervals). COUNT needs no range."""
+        assert self.table is not None
+        self._check_scalar(arg, f"{kind.upper()}(...)")
+        self._check_literal_types(arg)
+        expr = self._normalise_columns(arg)
+        shown = snippet(arg)
+        if kind == "count":
+            return AggregateCall("count", self._computed_column(expr, None).name, shown)
+        if any(c.name == self.table.privacy_unit for c in expr.find_all(exp.Column)):
+            raise self.refuse(
+                f"{kind.upper()} of an expression of the privacy unit is not allowed",
+                node,
+                f"COUNT(DISTINCT {self.table.privacy_unit}) counts units",
+            )
+        try:
+            found = value_range(expr, self.table)
+        except NotNumeric as exc:
+            raise self.refuse(
+                f"{kind.upper()}({shown}): {snippet(exc.node)} — {exc.why}",
+                node,
+                f"{kind.upper()} a number: a bounded column or an arithmetic expression of them",
+            ) from None
+        if not found.finite:
+            lacking = ", ".join(found.unbounded) or "a bound"
+            raise self.refuse(
+                f"{kind.upper()}({shown}) is unbounded: it needs a bound on {lacking}",
+                node,
+                "declare lower and upper for the columns it uses in the policy, or clamp "
+                "per query: LEAST(GREATEST(expr, low), high)",
+            )
+        return AggregateCall(kind, self._computed_column(expr, found).name, shown)
+
+    def _computed_column(self, expr: exp.Expression, found: Range | None) -> ColumnPolicy:
+        """The computed column for ``expr`` (one per distinct expression in the query)."""
+        assert self.table is not None
+        sql = expr.sql(dialect=DIALECT)
+        known = self.computed.get(sql)
+        if known is not None and (found is None or known.bounded):
+            return known
+        name = known.name if known is not None else f"__e{len(self.computed)}"
+        if found is None:
+            column = ColumnPolicy(name=name, type="float", nullable=True, expr=sql)
+        else:
+            lower, upper = (found.lower, found.upper) if found.lower <= found.upper else (0, 0)
+            floats = [
+                self.table.columns[c.name].granularity
+                for c in expr.find_all(exp.Column)
+                if self.table.columns[c.name].type == "float"
+            ]
+            integral = found.integral
+            granularity = 1.0 if integral else (min(floats) if floats else None)
+            if granularity is None:
+                granularity = default_granularity("float", lower, upper)
+            column = ColumnPolicy(
+                name=name,
+                type="int" if integral else "float",
+                lower=float(lower),
+                upper=float(upper),
+                nullable=True,
+                granularity=granularity,
+                expr=sql,
+            )
+        self.computed[sql] = column
+        return column
 
     def _build_post(
         self,
@@ -1129,6 +1307,51 @@ class _Binder:
                 ):
                     continue
                 raise self._not_allowed(sub, clause)
+
+
+_NOT_LITERAL = object()
+
+
+def conjuncts(node: exp.Expression) -> list[exp.Expression]:
+    """The top-level AND operands of ``node`` (parentheses looked through)."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.And):
+        return conjuncts(node.this) + conjuncts(node.expression)
+    return [node]
+
+
+def _same_column(node: exp.Expression, column: exp.Expression) -> bool:
+    return isinstance(node, exp.Column) and node.name.lower() == column.name.lower()
+
+
+def _typed_literal(node: exp.Expression, col_type: str) -> Any:
+    """The value a literal compares equal to in a column of ``col_type`` (None for NULL or a
+    value no row can hold), or _NOT_LITERAL for anything else."""
+    if isinstance(node, exp.Null):
+        return None
+    if isinstance(node, exp.Boolean):
+        return node.this if col_type == "bool" else _NOT_LITERAL
+    if isinstance(node, exp.Cast) and isinstance(node.this, exp.Literal):
+        node = node.this
+    if not isinstance(node, exp.Literal):
+        return _NOT_LITERAL
+    text = node.this
+    try:
+        if col_type == "text":
+            return text if node.is_string else _NOT_LITERAL
+        if col_type == "int":
+            number = float(text)
+            return int(number) if number.is_integer() else None
+        if col_type == "float":
+            return float(text)
+        if col_type == "date":
+            return dt.date.fromisoformat(text.strip())
+        if col_type == "bool":
+            return {"true": True, "false": False, "t": True, "f": False}.get(text.lower())
+    except ValueError:
+        return _NOT_LITERAL
+    return _NOT_LITERAL
 
 
 def _converts(text: str, col_type: str) -> bool:

@@ -161,6 +161,11 @@ def _output_columns(query: exp.Expression, ctes: dict) -> list[str] | None:
 
 
 def _col(col: ColumnPolicy) -> str:
+    """A column's SQL: its quoted name, or for a computed column its expression under TRY
+    (a row on which it fails -- an overflow, a bad cast -- gives NULL instead of an error
+    that would reveal that such a row exists)."""
+    if col.expr is not None:
+        return f"TRY({col.expr})"
     return _q(col.name)
 
 
@@ -340,7 +345,7 @@ def _bounded_sql(plan: Plan, secret: int, where_sql: str, key_exprs: list[str]) 
     )
     if pair_filters:
         pairs = f"SELECT * FROM ({pairs}) AS p WHERE {' AND '.join(pair_filters)}"
-    all_columns = ", ".join(_q(c) for c in table.columns)
+    all_columns = ", ".join(_q(c) for c, spec in table.columns.items() if spec.expr is None)
     match = " AND ".join(["b.__u = o.__u"] + [f"b.{k} IS NOT DISTINCT FROM o.{k}" for k in ks])
     if not value_measures:
         # Only row and unit counts: any R of a pair's n rows count min(n, R), whichever the

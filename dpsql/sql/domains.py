@@ -99,7 +99,23 @@ def _constant_case(expr: exp.Expression) -> list[Any] | None:
 def key_domain(
     key: GroupKey, table: TablePolicy, max_bins: int, evaluate: Evaluator
 ) -> tuple | None:
-    """The key's public domain (sorted, NULL last), or None if it must be thresholded."""
+    """The key's public domain (sorted, NULL last), or None if it must be thresholded.
+
+    A key pinned by ``WHERE key IN (...)`` releases exactly the listed values that its
+    declared domain allows (all of them when it has none): the list is query text, public.
+    """
+    if key.allowed is not None:
+        declared = _declared_domain(key, table, max_bins, evaluate)
+        allowed = (
+            key.allowed if declared is None else [v for v in key.allowed if v in set(declared)]
+        )
+        return _ordered(allowed) if len(allowed) <= max_bins else None
+    return _declared_domain(key, table, max_bins, evaluate)
+
+
+def _declared_domain(
+    key: GroupKey, table: TablePolicy, max_bins: int, evaluate: Evaluator
+) -> tuple | None:
     constant = _constant_case(key.expr)
     if constant is not None:
         return _ordered(constant) if len(constant) <= max_bins else None

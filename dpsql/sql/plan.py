@@ -102,6 +102,7 @@ class Plan:
         q = self.query
         parts = [
             q.table.name,
+            "|".join(f"{c.name}={c.expr}" for c in q.table.columns.values() if c.expr),
             q.where.sql(dialect="duckdb") if q.where is not None else "",
             "|".join(k.key.sql + repr(k.domain) for k in self.keys),
             "|".join(

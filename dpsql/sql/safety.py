@@ -19,7 +19,7 @@ import re
 from sqlglot import exp
 
 from dpsql.policy import TablePolicy
-from dpsql.sql.bind import COMPARISON_NODES
+from dpsql.sql.bind import COMPARISON_NODES, conjuncts
 
 _FAMILY = {"int": "number", "float": "number", "text": "text", "bool": "bool", "date": "date"}
 _ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
@@ -125,15 +125,6 @@ def cannot_fail(node: exp.Expression, table: TablePolicy) -> bool:
             and node.expression.is_string
         )
     return False
-
-
-def conjuncts(node: exp.Expression) -> list[exp.Expression]:
-    """The top-level AND operands of ``node`` (parentheses around an AND are looked through)."""
-    while isinstance(node, exp.Paren):
-        node = node.this
-    if isinstance(node, exp.And):
-        return conjuncts(node.this) + conjuncts(node.expression)
-    return [node]
 
 
 def where_conditions(where: exp.Expression, table: TablePolicy, dialect: str) -> list[str]:

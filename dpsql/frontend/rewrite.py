@@ -1,0 +1,232 @@
+"""BI dialect spellings, rewritten to the one form the binder checks.
+
+Each rewrite is a pure function of the query text (and the bind-time clock for CURRENT_DATE),
+so it can neither read data nor change what a query may reveal: it only lets the binder see
+`VAR(x)` as `VAR_SAMP(x)`, `COUNT(*) FILTER (WHERE c)` as `COUNT(CASE WHEN c THEN 1 END)`,
+`TO_DATE('2024-01-31')` as `DATE '2024-01-31'`, and so on. grammar_notes.md lists them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+from sqlglot import exp
+
+from dpsql.errors import DataError
+from dpsql.policy import TablePolicy
+
+# Aggregate spellings of SQL Server, MySQL, Tableau and Power BI.
+_AGGREGATE_SPELLINGS: dict[str, type[exp.AggFunc]] = {
+    "var": exp.Variance,  # SQL Server / Tableau: sample variance
+    "varp": exp.VariancePop,
+    "stdev": exp.Stddev,  # SQL Server / Tableau: sample standard deviation
+    "stdevp": exp.StddevPop,
+    "std": exp.StddevPop,  # MySQL: STD is the population standard deviation
+}
+
+# Oracle/PostgreSQL format tokens -> strptime, longest first.
+_FORMAT_TOKENS = (
+    ("YYYY", "%Y"),
+    ("HH24", "%H"),
+    ("HH12", "%I"),
+    ("MM", "%m"),
+    ("DD", "%d"),
+    ("HH", "%H"),
+    ("MI", "%M"),
+    ("SS", "%S"),
+    ("MON", "%b"),
+    ("AM", "%p"),
+    ("PM", "%p"),
+)
+
+
+def normalise(tree: exp.Expression, *, today: dt.date | None = None) -> exp.Expression:
+    """``tree`` with the spellings above replaced (a copy; the input is not changed)."""
+    today = today or dt.datetime.now(dt.UTC).date()
+
+    def visit(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Filter) and isinstance(node.this, exp.AggFunc):
+            return _filtered_aggregate(node)
+        if isinstance(node, exp.Anonymous):
+            name = node.name.lower()
+            spelled = _AGGREGATE_SPELLINGS.get(name)
+            if spelled is not None and len(node.expressions) == 1:
+                return spelled(this=node.expressions[0])
+            if name == "to_date":
+                return _to_date(node)
+        if isinstance(node, exp.CurrentDate):
+            return exp.cast(exp.Literal.string(today.isoformat()), exp.DataType.build("DATE"))
+        if isinstance(node, exp.UnixToTime | exp.StrToTime | exp.StrToDate):
+            return _to_timestamp(node)
+        return node
+
+    return tree.transform(visit, copy=True)
+
+
+def _filtered_aggregate(node: exp.Filter) -> exp.Expression:
+    """``AGG(x) FILTER (WHERE c)`` = ``AGG(CASE WHEN c THEN x END)``: NULL rows add nothing
+    to any aggregate, so the two agree on every row (COUNT(*) counts a constant 1)."""
+    agg = node.this.copy()
+    condition = node.expression.this.copy()
+    arg = agg.this
+    distinct = isinstance(arg, exp.Distinct)
+    value = arg.expressions[0] if distinct and arg.expressions else arg
+    if value is None or isinstance(value, exp.Star):
+        value = exp.Literal.number(1)
+    case = exp.Case(ifs=[exp.If(this=condition, true=value)])
+    agg.set("this", exp.Distinct(expressions=[case]) if distinct else case)
+    return agg
+
+
+def _literal_text(node: exp.Expression | None) -> str | None:
+    if isinstance(node, exp.Literal) and node.is_string:
+        return node.this
+    return None
+
+
+def _strptime_format(fmt: str) -> str:
+    out, i = "", 0
+    while i < len(fmt):
+        for token, code in _FORMAT_TOKENS:
+            if fmt[i : i + len(token)].upper() == token:
+                out += code
+                i += len(token)
+                break
+        else:
+            out += fmt[i]
+            i += 1
+    return out
+
+
+def _parse_when(text: str, fmt: str | None, node: exp.Expression) -> dt.datetime:
+    try:
+        if fmt is None:
+            return parse_iso(text)
+        return dt.datetime.strptime(text, _strptime_format(fmt))
+    except ValueError:
+        raise DataError(
+            f"invalid date/time literal {text!r}" + (f" for format {fmt!r}" if fmt else ""),
+            sqlstate="22007",
+            construct=node.sql(dialect="duckdb")[:80],
+            hint="write an ISO-8601 literal such as '2024-01-31' or '2024-01-31T12:00:00Z'",
+        ) from None
+
+
+def _to_date(node: exp.Anonymous) -> exp.Expression:
+    """TO_DATE('2024-01-31'[, 'YYYY-MM-DD']) with literal arguments: a DATE literal."""
+    args = node.expressions
+    text = _literal_text(args[0]) if args else None
+    fmt = _literal_text(args[1]) if len(args) > 1 else None
+    if text is None or len(args) > 2 or (len(args) == 2 and fmt is None):
+        return node  # not a literal: the binder refuses the function, naming it
+    when = _parse_when(text, fmt, node)
+    return exp.cast(exp.Literal.string(when.date().isoformat()), exp.DataType.build("DATE"))
+
+
+def _to_timestamp(node: exp.Expression) -> exp.Expression:
+    """TO_TIMESTAMP(epoch) / TO_TIMESTAMP('...', 'fmt') with literal arguments: a literal."""
+    arg = node.this
+    if isinstance(node, exp.UnixToTime) and _literal_text(arg) is not None:
+        # DuckDB's parser reads TO_TIMESTAMP('text'[, 'format']) as UnixToTime with the
+        # format in ``scale``: PostgreSQL's TO_TIMESTAMP(text, format).
+        fmt = _literal_text(node.args.get("scale"))
+        if node.args.get("scale") is not None and fmt is None:
+            return node
+        when = _parse_when(arg.this, fmt, node)
+    elif isinstance(node, exp.UnixToTime):
+        if not isinstance(arg, exp.Literal) or node.args.get("scale"):
+            return node
+        when = dt.datetime.fromtimestamp(float(arg.this), tz=dt.UTC).replace(tzinfo=None)
+    else:
+        text, fmt = _literal_text(arg), _literal_text(node.args.get("format"))
+        if text is None:
+            return node
+        when = (
+            _parse_when(text, None, node)
+            if fmt is None
+            else _parse_when(text, _pg_format(node, fmt), node)
+        )
+    if isinstance(node, exp.StrToDate):
+        return exp.cast(exp.Literal.string(when.date().isoformat()), exp.DataType.build("DATE"))
+    return exp.cast(exp.Literal.string(when.isoformat(sep=" ")), exp.DataType.build("TIMESTAMP"))
+
+
+def _pg_format(node: exp.Expression, fmt: str) -> str:
+    """sqlglot stores a parsed format in strftime codes already: map back to tokens."""
+    if "%" in fmt:
+        reverse = {code: token for token, code in _FORMAT_TOKENS}
+        return re.sub(r"%[A-Za-z]", lambda m: reverse.get(m.group(0), m.group(0)), fmt)
+    return fmt
+
+
+_ISO = re.compile(
+    r"^\s*(\d{4}-\d{2}-\d{2})(?:[T ](\d{2}:\d{2}(?::\d{2}(?:\.\d{1,9})?)?)"
+    r"\s*(Z|[+-]\d{2}(?::?\d{2})?)?)?\s*$"
+)
+
+
+def parse_iso(text: str) -> dt.datetime:
+    """An ISO-8601 date or timestamp (``Z`` or an offset converted to UTC, then naive)."""
+    match = _ISO.match(text)
+    if match is None:
+        raise ValueError(text)
+    day, clock, zone = match.groups()
+    if clock is None:
+        return dt.datetime.fromisoformat(day)
+    if "." in clock:
+        head, frac = clock.split(".")
+        clock = f"{head}.{(frac + '000000')[:6]}"
+    when = dt.datetime.fromisoformat(f"{day} {clock}")
+    if zone and zone != "Z":
+        sign = 1 if zone[0] == "+" else -1
+        digits = zone[1:].replace(":", "")
+        offset = dt.timedelta(hours=int(digits[:2]), minutes=int(digits[2:4] or 0))
+        when = when - sign * offset
+    return when
+
+
+def timestamp_literals(tree: exp.Expression, table: TablePolicy) -> exp.Expression:
+    """String literals compared with a DATE column that are ISO-8601 *timestamps*
+    (Grafana's ``'2024-01-31T00:00:00Z'``) become TIMESTAMP literals in UTC, so the
+    comparison means what it says instead of failing to convert."""
+    dates = {name for name, c in table.columns.items() if c.type == "date"}
+
+    def is_date_column(node: exp.Expression | None) -> bool:
+        return isinstance(node, exp.Column) and node.name.lower() in dates
+
+    def convert(node: exp.Expression | None) -> exp.Expression | None:
+        text = _literal_text(node)
+        if text is None or ("T" not in text.upper() and ":" not in text):
+            return None
+        try:
+            when = parse_iso(text)
+        except ValueError:
+            return None
+        return exp.cast(
+            exp.Literal.string(when.isoformat(sep=" ")), exp.DataType.build("TIMESTAMP")
+        )
+
+    comparisons = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
+    for node in list(tree.find_all(*comparisons, exp.Between, exp.In)):
+        if isinstance(node, exp.Between | exp.In):
+            if not is_date_column(node.this):
+                continue
+            others = (
+                [("low", node.args.get("low")), ("high", node.args.get("high"))]
+                if isinstance(node, exp.Between)
+                else []
+            )
+            for arg, value in others:
+                new = convert(value)
+                if new is not None:
+                    node.set(arg, new)
+            if isinstance(node, exp.In):
+                node.set("expressions", [convert(v) or v for v in node.expressions])
+            continue
+        for side, other in (("expression", node.this), ("this", node.expression)):
+            if is_date_column(other):
+                new = convert(node.args.get(side))
+                if new is not None:
+                    node.set(side, new)
+    return tree
