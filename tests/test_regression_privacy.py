@@ -159,7 +159,7 @@ def _audit_statistic(gradient_sum, sample_rate: float, seed: int):
             w, noisy_n = dpsgd.train_dpsgd(
                 plan, "logistic", X, y, rows, source, gradient_sum=gradient_sum
             )
-            stats[i] = -w[1] * sample_rate * max(noisy_n, 1.0)  # = g₁ + noise
+            stats[i] = -w[1] * max(sample_rate * noisy_n, 1.0)  # = g₁ + noise
         out.append(stats / plan.noise_std)  # in units of σ
     return plan, out
 

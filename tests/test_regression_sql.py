@@ -218,3 +218,20 @@ def test_model_name_is_checked_for_free(service):
         cur.execute(LINEAR.replace("1.0)", "1.0, model => '1 bad name')"))
     assert info.value.sqlstate == "42602"
     assert spent(service, "reg-badname").is_zero
+
+
+@pytest.mark.parametrize("method", ["dpsgd", "sufficient_stats"])
+def test_no_rows_still_release_finite_coefficients(method):
+    """An empty (bounded) row set is a release like any other: finite, in the weight box."""
+    import numpy as np
+
+    from dpsql.models.regression_function import plan_regression, release_regression
+    from dpsql.policy import load_policy
+
+    table = load_policy(FIXTURE).tables["visits"]
+    plan = plan_regression(
+        "dp_linear_regression", table, label="cost", features=["age", "smoker"], delta=1e-6,
+        method=method,
+    )  # fmt: skip
+    out = release_regression(plan, np.zeros((0, 0), dtype=np.int64), SeededNoise(0))
+    assert len(out["rows"]) == 3 and all(np.isfinite(r[2]) for r in out["rows"])

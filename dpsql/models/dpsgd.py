@@ -6,7 +6,8 @@ Algorithm (Abadi et al. 2016, with Poisson sampling as the accountant assumes):
    pure) fixes the expected batch size q·ñ that normalises the gradient: n itself is private.
 2. ``steps`` times: every privacy unit joins the batch independently with probability q (all of
    its ≤ R rows together); each row's gradient is clipped to L2 norm C; the clipped sum gets
-   N(0, (z·R·C)²) noise per coordinate; w ← w − lr·(noisy sum / q·ñ + l2·w).
+   N(0, (z·R·C)²) noise per coordinate; w ← clip(w − lr·(noisy sum / max(q·ñ, 1) + l2·w))
+   onto the box [−50, 50]^d (projected SGD).
 3. The released weights are the average of the iterates over the second half (post-processing).
 
 Sensitivity: adding or removing one unit changes the clipped sum by the sum of ≤ R vectors of
@@ -32,6 +33,10 @@ from dpsql.privacy.rdp import calibrate_noise_multiplier, dpsgd_epsilon
 from dpsql.privacy.samplers import NoiseSource
 
 LOSSES = ("squared", "logistic")
+#: Projected SGD: weights (on the [−1, 1] scale) stay in [−WEIGHT_BOX, WEIGHT_BOX]. A fixed,
+#: data-independent box, so the projection is post-processing of each noisy step; it only
+#: stops noise-driven blow-ups (a fitted weight of 50 on a [−1, 1] feature is already absurd).
+WEIGHT_BOX = 50.0
 #: Gradient sum over a batch: (loss, X batch, y batch, w, clip) -> vector.
 GradientSum = Callable[[str, np.ndarray, np.ndarray, np.ndarray, float], np.ndarray]
 
@@ -194,7 +199,7 @@ def train_dpsgd(
     c = plan.config
     n_rows = int((rows >= 0).sum())
     noisy_n = float(n_rows + int(source.discrete_laplace(plan.count_scale, 1)[0]))
-    batch = c.sample_rate * max(noisy_n, 1.0)
+    batch = max(c.sample_rate * noisy_n, 1.0)  # at least one row: tiny ñ cannot blow up steps
     d = X.shape[1]
     w = np.zeros(d)
     average = np.zeros(d)
@@ -204,7 +209,7 @@ def train_dpsgd(
         chosen = chosen[chosen >= 0]
         g = gradient_sum(loss, X[chosen], y[chosen], w, c.clip)
         g = g + source.gaussian(plan.noise_std, d)
-        w = w - c.learning_rate * (g / batch + c.l2 * w)
+        w = np.clip(w - c.learning_rate * (g / batch + c.l2 * w), -WEIGHT_BOX, WEIGHT_BOX)
         if t >= tail_start:
             average += w
     return average / (c.steps - tail_start), noisy_n
