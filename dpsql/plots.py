@@ -309,7 +309,8 @@ def _plot_error(args: argparse.Namespace) -> int:
     except Error as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"wrote {path} ({len(curves.series)} curves, nothing spent)")
+    n = len(curves.series)
+    print(f"wrote {path} ({n} curve{'' if n == 1 else 's'}, nothing spent)")
     return 0
 
 
