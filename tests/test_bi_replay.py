@@ -132,6 +132,7 @@ def reference_db() -> duckdb.DuckDBPyConnection:
         # not LEAST(GREATEST(...)) alone: DuckDB's GREATEST skips NULL, so NULL would become 0
         "CASE WHEN cost IS NULL THEN NULL "
         "ELSE LEAST(GREATEST(CAST(cost AS DOUBLE), 0.0), 5000.0) END AS cost, "
+        "CAST(cost AS DOUBLE) AS raw_cost, "  # WHERE sees raw values in dpsql
         "CAST(visit_date AS DATE) AS visit_date, CAST(smoker AS BOOLEAN) AS smoker "
         f"FROM read_csv('{FIXTURE_CSV}', header = true, all_varchar = true)"
     )
