@@ -150,6 +150,10 @@ def test_budget_without_delta_refuses_before_charging(tmp_path):
         (LOGISTIC.replace("'smoker',", "'department', positive => 'nope',"), "22023"),
         (LOGISTIC.replace("'smoker',", "'smoker', positive => 'yes',"), "42804"),
         (LINEAR.replace("epsilon => 1.0", "epsilon => -1"), "22023"),
+        # Calibration that cannot succeed ends (and is free): found hanging before the floor.
+        (LINEAR.replace("epsilon => 1.0", "epsilon => 1e-300"), "22023"),
+        (LINEAR.replace("1.0)", "1e-300, noise => 'laplace')"), "22023"),
+        (LOGISTIC.replace("epsilon => 1.0", "epsilon => 1e-300"), "22023"),
     ],
 )
 def test_refusals_are_free(service, query, sqlstate):

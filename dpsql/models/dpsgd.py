@@ -99,6 +99,8 @@ def plan_dpsgd(config: DPSGDConfig) -> DPSGDPlan:
     z = calibrate_noise_multiplier(sgd_epsilon, config.delta, config.sample_rate, config.steps)
     std = z * config.rows_per_unit * config.clip
     scale = config.rows_per_unit / count_epsilon
+    if scale >= 2.0**50:  # beyond the exact discrete Laplace sampler: refuse, free
+        raise ValueError("epsilon is too small: the row count's noise is beyond the sampler")
     return DPSGDPlan(
         config, z, std, sgd_epsilon, count_epsilon, scale, Cost(config.epsilon, config.delta)
     )

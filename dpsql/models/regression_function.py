@@ -329,16 +329,20 @@ def plan_regression(
         try:
             mechanism = dpsgd.plan_dpsgd(config)
         except ValueError as exc:
-            raise _refuse(f"{function}: {exc}", "epsilon", "check steps, sample_rate, clip, "
-                          "learning_rate and l2, or raise epsilon") from None  # fmt: skip
+            what = str(exc).split()[0]  # the messages start with the parameter's name
+            raise _refuse(f"{function}: {exc}", what, f"pass a valid {what}") from None
     else:
         if noise not in ss.NOISES:
             raise _refuse(f"unknown noise {noise!r}", "noise", "use 'gaussian' or 'laplace'")
         if noise == "gaussian":
             delta = _needs_delta(function, delta, "noise => 'gaussian'")
-        mechanism = ss.plan_sufficient_stats(
-            float(epsilon), delta or 0.0, len(terms), rows_per_unit, noise
-        )
+        try:
+            mechanism = ss.plan_sufficient_stats(
+                float(epsilon), delta or 0.0, len(terms), rows_per_unit, noise
+            )
+            ss.check_drawable(mechanism)
+        except ValueError as exc:
+            raise _refuse(f"{function}: {exc}", "epsilon", "raise epsilon (or delta)") from None
     if ridge is not None and not ridge >= 0:
         raise _refuse("ridge must be >= 0", "ridge", "pass ridge => 10, or leave it out")
     if model is not None:

@@ -30,7 +30,7 @@ from functools import lru_cache
 import numpy as np
 
 from dpsql.privacy.accounting import Cost
-from dpsql.privacy.rdp import DEFAULT_ORDERS, rdp_to_epsilon
+from dpsql.privacy.rdp import DEFAULT_ORDERS, epsilon_floor, rdp_to_epsilon
 from dpsql.privacy.samplers import NoiseSource
 
 FEATURE_BITS = 10  # features and label on the lattice 2^-10 of [-1, 1]
@@ -48,8 +48,10 @@ def gaussian_sigma_rdp(l2: float, epsilon: float, delta: float) -> float:
             rdp_to_epsilon(DEFAULT_ORDERS, a * l2 * l2 / (2 * sigma * sigma), delta)[0] <= epsilon
         )
 
+    if not (epsilon > 0 and 0 < delta < 1) or epsilon <= epsilon_floor(delta):
+        raise ValueError("epsilon is too small for this delta: no noise scale reaches it")
     hi = l2
-    while not ok(hi):
+    while not ok(hi):  # terminates: ε > the floor, and ε(σ) -> the floor as σ grows
         hi *= 2
     lo = hi / 2
     while ok(lo):
@@ -104,6 +106,16 @@ def plan_sufficient_stats(
             gaussian_sigma_rdp(l2, epsilon, delta), Cost(epsilon, delta),
         )  # fmt: skip
     return StatsPlan(epsilon, 0.0, noise, D, rows_per_unit, l1, l2, l1 / epsilon, Cost(epsilon))
+
+
+#: Largest noise scale, in lattice units, the exact samplers draw precisely (samplers.py).
+MAX_LATTICE_SCALE = 2.0**50
+
+
+def check_drawable(plan: StatsPlan) -> None:
+    """ValueError when the noise is beyond the exact samplers (before anything is charged)."""
+    if plan.scale / LATTICE >= MAX_LATTICE_SCALE:
+        raise ValueError("epsilon is too small: the noise scale is beyond the exact sampler")
 
 
 def exact_statistics(Z: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -29,15 +29,12 @@ from functools import lru_cache
 import numpy as np
 from scipy import special
 
-#: Orders searched by default: Opacus' list plus a few large ones (for small ε / large z).
+#: Orders searched by default: Opacus' list plus powers of two up to 2¹⁶, so that small ε
+#: (down to ≈ log(1/δ)/2¹⁶) can be certified at all.
 DEFAULT_ORDERS: tuple[float, ...] = (
     tuple(1 + x / 10 for x in range(1, 100))
     + tuple(float(a) for a in range(12, 64))
-    + (
-        128.0,
-        256.0,
-        512.0,
-    )
+    + tuple(float(2**k) for k in range(7, 17))
 )
 
 
@@ -149,6 +146,11 @@ def dpsgd_epsilon(
     return rdp_to_epsilon(orders, compute_rdp(q, noise_multiplier, steps, orders), delta)[0]
 
 
+def epsilon_floor(delta: float, orders: Sequence[float] = DEFAULT_ORDERS) -> float:
+    """The smallest ε the conversion can certify at ``delta`` even with no RDP at all."""
+    return rdp_to_epsilon(orders, np.zeros(len(orders)), delta)[0]
+
+
 @lru_cache(maxsize=256)
 def calibrate_noise_multiplier(
     epsilon: float, delta: float, q: float, steps: int, *, tolerance: float = 1e-4
@@ -163,6 +165,9 @@ def calibrate_noise_multiplier(
     if not (0 < q <= 1 and steps >= 1):
         raise ValueError("need 0 < q <= 1 and steps >= 1")
 
+    if epsilon <= epsilon_floor(delta):
+        raise ValueError("epsilon is too small for this delta: no noise multiplier reaches it")
+
     def ok(z: float) -> bool:
         return dpsgd_epsilon(q, z, steps, delta) <= epsilon
 
@@ -170,13 +175,19 @@ def calibrate_noise_multiplier(
     while not ok(hi):
         hi *= 2
         if hi > 1e4:
-            raise ValueError("no noise multiplier up to 1e4 reaches this epsilon")
+            raise ValueError("epsilon is too small for these steps: no noise multiplier up to 1e4")
     lo = hi / 2
     while lo > 1e-3 and ok(lo):
         hi, lo = lo, lo / 2
+    # Bisect on the orders between the best ones at the bracket's ends (the best order grows
+    # with z). Fewer orders can only raise the ε bound, so a z accepted on them is accepted on
+    # all orders too: the result always meets the target.
+    ends = [rdp_to_epsilon(DEFAULT_ORDERS, compute_rdp(q, z, steps), delta)[1] for z in (lo, hi)]
+    first, last = sorted(DEFAULT_ORDERS.index(a) for a in ends)
+    near = DEFAULT_ORDERS[max(0, first - 3) : last + 4]
     while hi - lo > tolerance * hi:
         mid = math.sqrt(lo * hi)
-        if ok(mid):
+        if dpsgd_epsilon(q, mid, steps, delta, near) <= epsilon:
             hi = mid
         else:
             lo = mid
