@@ -250,7 +250,8 @@ class _PlanCache:
     def key(
         self, text: str, parameters: Sequence[Any] | None, settings: Settings, analyst: str
     ) -> tuple | None:
-        if self._limit <= 0:
+        # dp_predict reads a stored model, which the same name can replace: never cached.
+        if self._limit <= 0 or "dp_predict" in text.lower():
             return None
         params = None
         if parameters is not None:
@@ -263,6 +264,8 @@ class _PlanCache:
             analyst,
             text,
             params,
+            # CURRENT_DATE is a literal fixed at bind: a plan bound yesterday is not today's
+            dt.datetime.now(dt.UTC).date() if "current_date" in text.lower() else None,
             repr(settings.epsilon),
             repr(settings.delta),
             settings.mechanism,
@@ -342,11 +345,19 @@ class Service:
         if close_ledger is not None:
             close_ledger()
 
+    def _models(self, analyst: str, text: str):
+        """The analyst's stored models, for dp_predict (opened only when the text uses it)."""
+        if "dp_predict" not in text.lower():
+            return None
+        from dpsql.models.store import ModelStore
+
+        return ModelStore.for_ledger(self.ledger).lookup(analyst, self.policy.dataset)
+
     # -- planning ----------------------------------------------------------------------------
     def _domains(self, query: BoundQuery, analyst: str) -> list[tuple | None]:
         out = []
         for key in query.keys:
-            cache_key = (analyst, query.table.name, key.sql, key.allowed)
+            cache_key = (analyst, query.table.name, key.sql, key.allowed, key.conditions)
             with self._lock:
                 known = cache_key in self._domain_cache
                 domain = self._domain_cache.get(cache_key)
@@ -387,7 +398,7 @@ class Service:
         key = self._plans.key(text, parameters, settings, analyst)
         if (prepared := self._lookup(key)) is not None:
             return self._run(prepared, analyst, handle, settings.confidence)
-        statement = parse_statement(text, self.policy, parameters)
+        statement = parse_statement(text, self.policy, parameters, self._models(analyst, text))
         if isinstance(statement, SettingStatement):
             if statement.action == "show" and statement.name == "budget":
                 return self.show_budget(analyst)
@@ -704,7 +715,7 @@ class Service:
         key = self._plans.key(text, parameters, settings, analyst)
         prepared = self._lookup(key)
         if prepared is None:
-            statement = parse_statement(text, self.policy, parameters)
+            statement = parse_statement(text, self.policy, parameters, self._models(analyst, text))
             if isinstance(statement, BoundQuery):
                 prepared = self._prepare(key, statement, settings, analyst)
         if prepared is not None:

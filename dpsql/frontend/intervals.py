@@ -272,7 +272,12 @@ def _cast_range(node: exp.Cast | exp.TryCast, table: TablePolicy) -> Range:
         if col is not None and col.type == "bool":
             return Range(0.0, 1.0, True)  # CAST(flag AS INT)
     if to.is_type(*exp.DataType.NUMERIC_TYPES):
-        r = value_range(inner, table)
+        try:
+            r = value_range(inner, table)
+        except NotNumeric:
+            # CAST(text AS INT): any number (or NULL under TRY); a clamp around it bounds it
+            shown = node.sql(dialect="duckdb")
+            return Range(-INF, INF, to.this in _INTEGER_TYPES, (shown,))
         if to.this in _INTEGER_TYPES:
             return _of(_round_half_away(r.lower), _round_half_away(r.upper), True, r)
         return r

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -192,6 +192,9 @@ class GroupKey:
     # The values a top-level ``WHERE key IN (...)`` / ``key = ...`` allows: a public key set
     # from the query text (None: no such restriction). See dpsql.sql.domains.key_domain.
     allowed: tuple[Any, ...] | None = None
+    # Top-level WHERE conjuncts over the key's columns only (SQL): a value failing one never
+    # has rows, so its bin is not released (``WHERE age < 5 GROUP BY age``: 5 bins, not 91).
+    conditions: tuple[str, ...] = ()
 
     @property
     def sql(self) -> str:
@@ -267,9 +270,16 @@ def _refuse(
 
 
 def parse_statement(
-    text: str, policy: Policy, parameters: Sequence[Any] | None = None
+    text: str,
+    policy: Policy,
+    parameters: Sequence[Any] | None = None,
+    models: Callable[[str], Any] | None = None,
 ) -> Statement:
-    """Parse and bind one statement of analyst SQL."""
+    """Parse and bind one statement of analyst SQL.
+
+    ``models`` resolves ``dp_predict('name')`` among the analyst's stored models
+    (dpsql.models.store); without it dp_predict is an unknown function.
+    """
     _check_unicode(text, parameters)
     forget_tokens()
     head = _first_word(text)
@@ -279,7 +289,7 @@ def parse_statement(
         start = sqlglot.tokenize(text, read=DIALECT)[0].end + 1  # after the keyword
         # Blank out the keyword instead of cutting it, so refusals point into ``text``.
         inner = "".join(c if c == "\n" else " " for c in text[:start]) + text[start:]
-        bound = parse_statement(inner, policy, parameters)
+        bound = parse_statement(inner, policy, parameters, models)
         if not isinstance(bound, BoundQuery | RuleListCall):
             raise ProgrammingError(
                 "EXPLAIN takes a DP SELECT query", construct="EXPLAIN", hint="EXPLAIN SELECT ..."
@@ -316,6 +326,12 @@ def parse_statement(
             text,
             "pass the values as execute(sql, parameters)",
         )
+    if models is not None and "dp_predict" in text.lower():
+        from dpsql.models.predict import expand_predictions
+
+        # The model is the analyst's own released value: its CASE is query text like any
+        # other, bound and checked by the same rules (it reads no data).
+        tree = expand_predictions(tree, models, text=text)
     return bind_tree(tree, text, policy)
 
 
@@ -641,9 +657,20 @@ class _Binder:
         )
 
     def _restrict_key(self, key: GroupKey, where: exp.Expression) -> GroupKey:
-        """A bare-column key that a top-level WHERE conjunct pins to literals (``col IN ('a',
-        'b')``, ``col = 'a'``): only those values can have rows, so they are the key's public
-        set -- released without thresholding, or intersected with its declared domain."""
+        """What the WHERE says about a key's values, from the text alone.
+
+        Conjuncts over the key's columns only filter its public domain as they filter rows
+        (``conditions``). A bare-column key that a conjunct pins to literals (``col IN ('a',
+        'b')``, ``col = 'a'``) has those values as its public set (``allowed``): released
+        without thresholding, or intersected with its declared domain."""
+        own = tuple(
+            part.sql(dialect=DIALECT)
+            for part in conjuncts(where)
+            if {c.name for c in part.find_all(exp.Column)} <= set(key.columns)
+            and part.find(exp.Column) is not None
+        )
+        if own:
+            key = replace(key, conditions=own)
         if not isinstance(key.expr, exp.Column):
             return key
         assert self.table is not None

@@ -127,14 +127,19 @@ def _declared_domain(
             return None
         relations.append(rel[0])
         total *= rel[1]
-    if total > MAX_ENUMERATION or (isinstance(key.expr, exp.Column) and total > max_bins):
+    if total > MAX_ENUMERATION or (
+        isinstance(key.expr, exp.Column) and total > max_bins and not key.conditions
+    ):
         return None
     source = " CROSS JOIN ".join(f"{r} AS t{i}" for i, r in enumerate(relations))
     from dpsql.sql.typecheck import canonical_key_value, lower_key
 
     # Lowered as the engine lowers keys (under TRY, cast to the released type): a value on
     # which the key fails becomes the NULL bin, and the bins are the values the engine yields.
-    rows = evaluate(f"SELECT DISTINCT {lower_key(key)} FROM {source} LIMIT {max_bins + 1}")
+    # WHERE conjuncts over the key's columns run as the engine runs them (under TRY: a value
+    # on which one fails is filtered out), on the public values: their bins have no rows.
+    where = "".join(f" AND TRY({c})" for c in key.conditions).replace(" AND", " WHERE", 1)
+    rows = evaluate(f"SELECT DISTINCT {lower_key(key)} FROM {source}{where} LIMIT {max_bins + 1}")
     if len(rows) > max_bins:
         return None
     return _ordered([canonical_key_value(r[0]) for r in rows])
