@@ -42,6 +42,7 @@ from dpsql.privacy.samplers import NoiseSource, default_source
 from dpsql.sql.bind import (
     DIALECT,
     BoundQuery,
+    CompositeQuery,
     ExplainStatement,
     PublicSelect,
     RuleListCall,
@@ -417,9 +418,17 @@ class Service:
 
                     return explain_regression(self, statement.query, settings)
                 return self.explain_rule_list(self._plan_rule_list(statement.query, settings))
+            if isinstance(statement.query, CompositeQuery):
+                from dpsql.service.composite import explain_composite
+
+                return explain_composite(self, statement.query, settings, analyst)
             return self.explain(self.plan(statement.query, settings, analyst), analyst)
         if isinstance(statement, RuleListCall):
             return self.run_rule_list(statement, settings, analyst, handle)
+        if isinstance(statement, CompositeQuery):
+            from dpsql.service.composite import run_composite
+
+            return run_composite(self, statement, settings, analyst, handle)
         assert isinstance(statement, BoundQuery)
         prepared = self._prepare(key, statement, settings, analyst)
         return self._run(prepared, analyst, handle, settings.confidence)
@@ -483,18 +492,7 @@ class Service:
         if not prepared.post_checked:
             self._dry_run_post(plan, analyst)
             prepared.post_checked = True
-        for m in plan.measures:  # a scale the sampler cannot draw: refuse before reading data
-            try:
-                m.mechanism.sample(self.noise, 0)
-            except ValueError:
-                raise DataError(
-                    f"cannot draw noise for {m.kind}({m.column or '*'}): the noise scale is "
-                    "too large for the exact sampler",
-                    sqlstate="22023",
-                    construct="epsilon",
-                    hint="raise epsilon (SET epsilon = ...), or narrow the column's declared "
-                    "bounds; nothing was spent",
-                ) from None
+        self._check_drawable(plan)
         compiled = self._compiled(prepared)
         _not_cancelled(handle)
         self._reserve(analyst, plan.cost, plan.query.text, fingerprint)
@@ -510,6 +508,21 @@ class Service:
         with post_processing_boundary():
             answer = at_confidence(plan, answer, confidence)  # the cache keeps the 95% ones
             return self._finish(plan, answer, cost=plan.cost, cached=False, prepared=prepared)
+
+    def _check_drawable(self, plan: Plan) -> None:
+        """A noise scale the exact sampler cannot draw is refused before any data is read."""
+        for m in plan.measures:
+            try:
+                m.mechanism.sample(self.noise, 0)
+            except ValueError:
+                raise DataError(
+                    f"cannot draw noise for {m.kind}({m.column or '*'}): the noise scale is "
+                    "too large for the exact sampler",
+                    sqlstate="22023",
+                    construct="epsilon",
+                    hint="raise epsilon (SET epsilon = ...), or narrow the column's declared "
+                    "bounds; nothing was spent",
+                ) from None
 
     def _reserve(self, analyst: str, cost: Any, query_text: str, plan_hash: str) -> None:
         """Pay before reading: charge the cost, durably, before the engine reads a row.
@@ -718,6 +731,10 @@ class Service:
             statement = parse_statement(text, self.policy, parameters, self._models(analyst, text))
             if isinstance(statement, BoundQuery):
                 prepared = self._prepare(key, statement, settings, analyst)
+            elif isinstance(statement, CompositeQuery):
+                from dpsql.service.composite import plan_composite
+
+                prepared = _Prepared(plan_composite(self, statement, settings, analyst)[1])
         if prepared is not None:
             plan = prepared.plan
             empty = {

@@ -449,3 +449,84 @@ def test_a_stored_model_applies_inside_a_dp_query():
     assert info.value.sqlstate == "42704" and spy.calls == 0
     with pytest.raises(PrivacyError, match="individual rows|outside an aggregate"):
         rows_of(conn, "SELECT dp_predict('m') FROM visits")
+
+
+# -- a DP subquery whose released values filter the outer query ------------------------------
+
+SERIES_LIMIT = (
+    "SELECT grp, COUNT(*) AS n FROM t JOIN (SELECT grp AS g__, COUNT(*) AS m FROM t "
+    "WHERE grp IS NOT NULL GROUP BY grp ORDER BY m DESC LIMIT 2) AS series_limit "
+    "ON grp = g__ GROUP BY grp"
+)
+
+
+def test_series_limit_is_exact_with_noise_off(clean):
+    conn, ref = clean
+    reference = (
+        "SELECT grp, COUNT(*) FROM t JOIN (SELECT grp AS g__ FROM t WHERE grp IS NOT NULL "
+        "GROUP BY grp ORDER BY COUNT(*) DESC LIMIT 2) AS s ON grp = g__ GROUP BY grp"
+    )
+    assert_same_rows(rows_of(conn, SERIES_LIMIT), ref.execute(reference).fetchall())
+    semi = (
+        "SELECT name, COUNT(*) FROM t WHERE name IN (SELECT name FROM t GROUP BY name "
+        "ORDER BY COUNT(*) DESC LIMIT 1) GROUP BY name"
+    )
+    expected = ref.execute(
+        "SELECT name, COUNT(*) FROM t GROUP BY name ORDER BY COUNT(*) DESC LIMIT 1"
+    ).fetchall()
+    assert_same_rows(rows_of(conn, semi), expected)
+
+
+def test_series_limit_charges_both_measurements_once(tmp_path):
+    path = write_csv(tmp_path / "t.csv", HEADER, _clean_rows())
+    conn = exact_connect(table_policy(path, COLUMNS, unit="uid", rows=3, groups=3), cache=True)
+    service = conn.service
+    statement = _bound(service, SERIES_LIMIT)
+    from dpsql.service.composite import plan_composite
+
+    inner, outer = plan_composite(service, statement, _s(conn), conn.analyst)
+    before = service.ledger.spent(conn.analyst, service.policy.dataset)
+    spy = EngineSpy(service)
+    first = rows_of(conn, SERIES_LIMIT)
+    spent = service.ledger.spent(conn.analyst, service.policy.dataset)
+    assert spent.epsilon == pytest.approx(before.epsilon + inner.cost.epsilon + outer.cost.epsilon)
+    assert spy.calls == 2  # the subquery, then the filtered query
+    assert rows_of(conn, SERIES_LIMIT) == first  # replayed: no new noise, no new charge
+    assert service.ledger.spent(conn.analyst, service.policy.dataset) == spent
+    assert spy.calls == 2
+
+
+@pytest.mark.parametrize(
+    "sql,message",
+    [
+        (
+            "SELECT grp, s.m FROM t JOIN (SELECT grp AS g, COUNT(*) AS m FROM t GROUP BY grp) "
+            "AS s ON grp = g GROUP BY grp",
+            "reads the DP subquery",
+        ),
+        (
+            "SELECT grp, COUNT(*) FROM t LEFT JOIN (SELECT grp AS g, COUNT(*) AS m FROM t "
+            "GROUP BY grp) AS s ON grp = g GROUP BY grp",
+            "LEFT JOIN",
+        ),
+        (
+            "SELECT grp, COUNT(*) FROM t JOIN (SELECT grp AS g, COUNT(*) AS m FROM t "
+            "GROUP BY grp) AS s ON grp > g GROUP BY grp",
+            "ON column = subquery_column",
+        ),
+        (
+            "SELECT COUNT(*) FROM t JOIN (SELECT grp AS g, COUNT(*) AS m FROM t GROUP BY grp) "
+            "AS s ON uid = g",
+            "other than the privacy unit",
+        ),
+    ],
+)
+def test_dp_subquery_refusals_are_free(clean, sql, message):
+    conn, _ = clean
+    spy = EngineSpy(conn.service)
+    spent = conn.service.ledger.spent(conn.analyst, conn.service.policy.dataset)
+    with pytest.raises((PrivacyError, ProgrammingError), match=message):
+        rows_of(conn, sql)
+    assert spy.calls == 0
+    assert conn.service.ledger.spent(conn.analyst, conn.service.policy.dataset) == spent
+    conn.service.engine.execute = spy.original

@@ -27,6 +27,7 @@ from dpsql.errors import (
     UndefinedColumnError,
     UndefinedTableError,
 )
+from dpsql.frontend.compose import ReleasedFilter, split_released_filter
 from dpsql.frontend.inline import Wrapped, compose_post, flatten
 from dpsql.frontend.intervals import NotNumeric, Range, value_range
 from dpsql.frontend.rewrite import normalise, timestamp_literals
@@ -234,6 +235,18 @@ class RuleListCall:
 
 
 @dataclass(frozen=True)
+class CompositeQuery:
+    """A DP query whose rows are filtered by another DP query's released values
+    (dpsql.frontend.compose): ``outer`` keeps rows with ``column IN released(inner, output)``."""
+
+    text: str
+    inner: BoundQuery
+    outer: BoundQuery
+    column: str  # a stored column of the outer query's table
+    output: str  # the inner query's output column, by name
+
+
+@dataclass(frozen=True)
 class SettingStatement:
     action: str  # set | reset | show
     name: str
@@ -242,7 +255,7 @@ class SettingStatement:
 
 @dataclass(frozen=True)
 class ExplainStatement:
-    query: BoundQuery | RuleListCall
+    query: BoundQuery | RuleListCall | CompositeQuery
 
 
 @dataclass(frozen=True)
@@ -254,6 +267,7 @@ class TransactionStatement:
 
 Statement = (
     BoundQuery
+    | CompositeQuery
     | PublicSelect
     | RuleListCall
     | SettingStatement
@@ -290,7 +304,7 @@ def parse_statement(
         # Blank out the keyword instead of cutting it, so refusals point into ``text``.
         inner = "".join(c if c == "\n" else " " for c in text[:start]) + text[start:]
         bound = parse_statement(inner, policy, parameters, models)
-        if not isinstance(bound, BoundQuery | RuleListCall):
+        if not isinstance(bound, BoundQuery | RuleListCall | CompositeQuery):
             raise ProgrammingError(
                 "EXPLAIN takes a DP SELECT query", construct="EXPLAIN", hint="EXPLAIN SELECT ..."
             )
@@ -499,6 +513,9 @@ def bind_tree(tree: exp.Expression, text: str, policy: Policy) -> Statement:
             "send an aggregate SELECT query",
         )
     tree = normalise(tree)
+    split = split_released_filter(tree, text)
+    if split is not None:
+        return _composite(split, text, policy)
     flat = flatten(tree, text, policy)
     if isinstance(flat, Wrapped):
         inner = _Binder(flat.inner, text, policy).bind()
@@ -512,6 +529,43 @@ def bind_tree(tree: exp.Expression, text: str, policy: Policy) -> Statement:
             )
         return replace(inner, post=compose_post(flat.outer, inner.post, flat.alias))
     return _Binder(flat, text, policy).bind()
+
+
+def _composite(split: ReleasedFilter, text: str, policy: Policy) -> CompositeQuery:
+    inner = bind_tree(split.inner, text, policy)
+    outer = bind_tree(split.outer, text, policy)
+    for part, node in ((inner, split.inner), (outer, split.outer)):
+        if not isinstance(part, BoundQuery):
+            raise _refuse(
+                PrivacyError,
+                "a DP subquery and the query it filters must each aggregate one table",
+                node,
+                text,
+                "SELECT key, COUNT(*) FROM t JOIN (SELECT key AS k, COUNT(*) ... LIMIT 5) "
+                "AS s ON key = k GROUP BY key",
+            )
+    assert isinstance(inner, BoundQuery) and isinstance(outer, BoundQuery)
+    name = split.column.name.lower()
+    spec = outer.table.columns.get(name)
+    if spec is None or spec.expr is not None or name == outer.table.privacy_unit:
+        raise _refuse(
+            UndefinedColumnError if spec is None else PrivacyError,
+            f"{split.column.sql()!r} must be a column of {outer.table.name!r} other than "
+            "the privacy unit",
+            split.column,
+            text,
+            "join the DP subquery's key column to a declared column of the outer table",
+        )
+    outputs = {item.alias.lower() for item in inner.post.expressions if item.alias}
+    if split.output.lower() not in outputs:
+        raise _refuse(
+            UndefinedColumnError,
+            f"the DP subquery has no column {split.output!r}",
+            split.inner,
+            text,
+            "its columns: " + ", ".join(sorted(outputs)),
+        )
+    return CompositeQuery(text, inner, outer, name, split.output)
 
 
 def _set_statement(tree: exp.Set, text: str) -> SettingStatement:

@@ -1,0 +1,1 @@
+"""The service layer: what runs a bound statement (reserve, execute, release)."""
