@@ -138,7 +138,6 @@ def test_answered_counts_do_not_regress(pums):
 def test_refusals_are_free(pums):
     """Whatever dpsql refuses of SmartNoise's queries, it refuses before spending anything."""
     ledger = pums.service.ledger
-    before = ledger.spent("default", pums.service.policy.dataset)
     refused = 0
     for q in QUERIES:
         cur = pums.cursor()
@@ -148,7 +147,7 @@ def test_refusals_are_free(pums):
         except dpsql.Error:
             refused += 1
             assert ledger.spent("default", pums.service.policy.dataset) == spent, q.sql
-    assert refused > 0 or before is not None
+    assert refused > 0
 
 
 def _print_table(title: str, answered: int, total: int, reasons: Counter) -> None:
