@@ -725,6 +725,358 @@ def simple_queries() -> Strategy[Query]:
     )
 
 
+# -- the relational frontend (issue 11): derived tables, CTEs, wrappers, expressions ----------
+#
+# A row-level relation is a chain of layers over visits, each a derived table or a CTE whose
+# columns are passed through, renamed or computed; the outer query (keys, WHERE, aggregates)
+# is drawn over the last layer's columns. A DP aggregate query may be wrapped by an outer
+# query that reads its released columns (post-processing). Every name a layer introduces
+# comes from a small fixed pool, so the cached per-column grammars stay few.
+
+#: Computed columns: (template, type); {int} {float} {text} {bool} {date} name a column of
+#: that type in the layer below. Some fail on some rows (CAST of text), some are unbounded.
+COMPUTED: tuple[tuple[str, str], ...] = (
+    ("{int} * 2", "int"),
+    ("{int} + 1", "int"),
+    ("-{int}", "int"),
+    ("{int} // 10", "int"),
+    ("CASE WHEN {int} > 50 THEN 1 ELSE 0 END", "int"),
+    ("CASE WHEN {bool} THEN 1 ELSE 0 END", "int"),
+    ("CASE WHEN {int} < 18 THEN 'child' ELSE 'adult' END", "text"),
+    ("CASE WHEN {bool} THEN 'y' ELSE 'n' END", "text"),
+    ("CASE WHEN {text} = 'J06' THEN {int} END", "int"),
+    ("LEAST(GREATEST({float}, 10), 1000)", "float"),
+    ("{float} / 2", "float"),
+    ("{int} * {float}", "float"),
+    ("COALESCE({float}, 0)", "float"),
+    ("CAST({text} AS INT)", "int"),
+    ("TRY_CAST({text} AS DOUBLE)", "float"),
+    ("LOWER({text})", "text"),
+    ("UPPER(SUBSTRING({text}, 1, 3))", "text"),
+    ("{text} || '!'", "text"),
+    ("YEAR({date})", "int"),
+    ("{date} + 1", "date"),
+    ("NOT {bool}", "bool"),
+    ("{int} > 40", "bool"),
+)
+#: Names a layer may give its columns, per type (renames and computed columns).
+NAME_POOL: dict[str, tuple[str, ...]] = {
+    "int": ("a2", "n", "years"),
+    "float": ("amount", "x"),
+    "text": ("c", "d", "dept"),
+    "date": ("day",),
+    "bool": ("flag",),
+}
+LAYER_NAMES = ("q1", "q2", "q3")
+
+
+@dataclass(frozen=True)
+class Relation:
+    """A row-level relation over visits: its FROM text, its columns (name, type) in order,
+    and the CTE definitions it needs (``name AS (SELECT ...)``, in order)."""
+
+    source: str
+    columns: tuple[tuple[str, str], ...]
+    ctes: tuple[str, ...] = ()
+
+    def names(self, t: str) -> list[str]:
+        return [n for n, ct in self.columns if ct == t]
+
+    def with_clause(self) -> str:
+        return f"WITH {', '.join(self.ctes)} " if self.ctes else ""
+
+
+BASE = Relation(TABLE, tuple(COLUMNS.items()))
+
+
+@st.composite
+def computed_column(draw: st.DrawFn, below: Relation) -> tuple[str, str] | None:
+    """One COMPUTED template filled with columns of ``below`` (None if it lacks a type)."""
+    template, t = draw(st.sampled_from(COMPUTED))
+    fills: dict[str, str] = {}
+    for kind in TYPES:
+        if "{" + kind + "}" in template:
+            names = below.names(kind)
+            if "patient_id" in names and len(names) > 1 and draw(st.integers(0, 7)):
+                names.remove("patient_id")  # an expression of the unit: refused, now and then
+            if not names:
+                return None
+            fills[kind] = draw(st.sampled_from(names))
+    return template.format(**fills), t
+
+
+@st.composite
+def layer(draw: st.DrawFn, below: Relation, name: str, as_cte: bool) -> Relation:
+    """``SELECT <kept, renamed and computed columns> FROM below [WHERE ...]`` as a derived
+    table or CTE called ``name``. The privacy unit is kept (probes need it) most of the time."""
+    items: list[str] = []
+    columns: dict[str, str] = {}
+    if below is BASE and draw(st.integers(0, 4)) == 0:
+        items.append("*")
+        columns.update(below.columns)
+    else:
+        for col, t in below.columns:
+            if draw(st.integers(0, 3)) == 0 and col != "patient_id":
+                continue  # dropped
+            new = col
+            if draw(st.integers(0, 4)) == 0:
+                new = draw(st.sampled_from(NAME_POOL[t]))
+            if new in columns:
+                new = col
+            if new in columns:
+                continue
+            items.append(col if new == col else f"{col} AS {new}")
+            columns[new] = t
+    for _ in range(draw(st.integers(0, 3))):
+        made = draw(computed_column(below))
+        if made is None:
+            continue
+        text, t = made
+        free = [n for n in NAME_POOL[t] if n not in columns]
+        if not free:
+            continue
+        columns[free[0]] = t
+        items.append(f"{text} AS {free[0]}")
+    if not items:
+        items, columns = [below.columns[0][0]], dict(below.columns[:1])
+    where = ""
+    choice = draw(st.integers(0, 5))
+    below_grammar = Grammar(below.columns, strict=True)
+    if choice == 0:
+        where = f" WHERE {draw(below_grammar.expr('bool', 1))}"
+    elif choice == 1 and "patient_id" in dict(below.columns):
+        where = f" WHERE {draw(st.sampled_from(PROBES[:2]))}"
+    elif choice == 2:
+        where = f" WHERE {draw(Grammar(below.columns).expr('bool', 1))}"  # any condition
+    body = f"SELECT {', '.join(items)} FROM {below.source}{where}"
+    if as_cte:
+        return Relation(name, tuple(columns.items()), (*below.ctes, f"{name} AS ({body})"))
+    return Relation(f"({body}) AS {name}", tuple(columns.items()), below.ctes)
+
+
+@st.composite
+def relations(draw: st.DrawFn, ctes: bool | None = None, max_depth: int = 3) -> Relation:
+    """A chain of 1..max_depth layers over visits; ``ctes``: all CTEs (True), all derived
+    tables (False) or a mix (None). A CTE is never defined inside a derived table."""
+    relation = BASE
+    depth = draw(st.integers(1, max_depth))
+    cte_phase = True
+    for i in range(depth):
+        if ctes is None:
+            as_cte = cte_phase and draw(st.booleans())
+            cte_phase = as_cte
+        else:
+            as_cte = ctes
+        relation = draw(layer(relation, LAYER_NAMES[i], as_cte))
+    return relation
+
+
+def _aggregates_over(relation: Relation) -> list[Strategy[str]]:
+    """Aggregate calls over the relation's columns, expressions inside aggregates included."""
+    names = dict(relation.columns)
+    numeric = [n for n, t in relation.columns if t in ("int", "float") and n != "patient_id"]
+    texts, bools = relation.names("text"), relation.names("bool")
+    grammar = Grammar(relation.columns, strict=True)
+    out: list[Strategy[str]] = [
+        st.sampled_from(("COUNT(*)", "COUNT(1)", "SUM(1)", "SUM(CAST(1 AS BIGINT))")),
+        st.sampled_from(list(names)).map(lambda c: f"COUNT({c})"),
+        grammar.expr("bool", 1).map(lambda c: f"SUM(CASE WHEN {c} THEN 1 ELSE 0 END)"),
+        grammar.expr("bool", 1).map(lambda c: f"COUNT(*) FILTER (WHERE {c})"),
+    ]
+    if "patient_id" in names:
+        out.append(st.just("COUNT(DISTINCT patient_id)"))
+    if numeric:
+        num = st.sampled_from(numeric)
+        out += [
+            st.tuples(st.sampled_from(("SUM", "AVG", "VARIANCE", "STDDEV")), num).map(
+                _fmt("{}({})")
+            ),
+            st.tuples(num, num).map(_fmt("SUM({} * {})")),
+            st.tuples(
+                st.sampled_from(("AVG", "SUM")), num, st.sampled_from(("0", "10", "50")), num
+            ).map(lambda p: f"{p[0]}(LEAST(GREATEST({p[1]}, {p[2]}), 100))"),
+            st.tuples(num, grammar.expr("bool", 1)).map(
+                lambda p: f"SUM({p[0]}) FILTER (WHERE {p[1]})"
+            ),
+            st.sampled_from(("int", "float"))
+            .flatmap(lambda t: grammar.expr(t, 1))
+            .map(lambda e: f"SUM(LEAST(GREATEST({e}, -5), 5))"),
+        ]
+    if texts:  # fails on most rows: under the clamp it must not fail the query
+        out.append(
+            st.sampled_from(texts).map(lambda c: f"SUM(LEAST(GREATEST(CAST({c} AS INT), 0), 5))")
+        )
+    if bools:
+        out.append(st.sampled_from(bools).map(lambda c: f"SUM(CASE WHEN {c} THEN 1 ELSE 0 END)"))
+    return out
+
+
+def aggregate_items(relation: Relation) -> Strategy[str]:
+    return st.lists(st.one_of(*_aggregates_over(relation)), min_size=1, max_size=2).map(
+        lambda xs: ", ".join(f"{x} AS v{i}" for i, x in enumerate(xs))
+    )
+
+
+@st.composite
+def queries_over(draw: st.DrawFn, relation: Relation) -> Query:
+    """``[WITH ...] SELECT [keys,] <aggregates> FROM relation [WHERE] [GROUP BY]``."""
+    grammar = Grammar(relation.columns, strict=True)
+    keyable = [n for n, t in relation.columns if n != "patient_id" and t != "float"]
+    keys: list[str] = []
+    if keyable:
+        key = st.one_of(
+            st.sampled_from(keyable),
+            st.sampled_from(("int", "text", "bool"))
+            .flatmap(lambda t: grammar.expr(t, 1))
+            .filter(lambda k: any(n in k for n in keyable)),
+        )
+        keys = draw(st.lists(key, max_size=2))
+    where = draw(
+        st.one_of(
+            st.just(""),
+            grammar.expr("bool", 1).map(lambda c: f" WHERE {c}"),
+            st.just(f" WHERE {PROBES[0]}")
+            if "patient_id" in dict(relation.columns)
+            else st.just(""),
+        )
+    )
+    aggs = draw(aggregate_items(relation))
+    head = relation.with_clause()
+    if not keys:
+        return Query(f"{head}SELECT {aggs} FROM {relation.source}{where}")
+    items = ", ".join(f"{k} AS k{i}" for i, k in enumerate(keys))
+    group = ", ".join(str(i + 1) for i in range(len(keys)))
+    sql = f"{head}SELECT {items}, {aggs} FROM {relation.source}{where} GROUP BY {group}"
+    return Query(sql, keys=len(keys), grouped=True)
+
+
+def derived_table_queries() -> Strategy[Query]:
+    """Aggregates over derived tables nested 1-3 deep (renamed and computed columns)."""
+    return relations(ctes=False).flatmap(queries_over)
+
+
+def cte_queries() -> Strategy[Query]:
+    """Aggregates over several chained CTEs, or CTEs under derived tables."""
+    return st.one_of(relations(ctes=True), relations(ctes=None)).flatmap(queries_over)
+
+
+def expression_aggregate_queries() -> Strategy[Query]:
+    """Expressions inside aggregates over visits itself, probes and GROUP BY included."""
+    return st.one_of(
+        queries_over(BASE),
+        st.tuples(aggregate_items(BASE), st.sampled_from(PROBES)).map(
+            lambda p: Query(f"SELECT {p[0]} FROM {TABLE} WHERE {p[1]}")
+        ),
+    )
+
+
+#: GROUP BY keys and literal lists that restrict their released keys (a public key set).
+KEY_LISTS: dict[str, tuple[str, ...]] = {
+    "department": ("'oncology'", "'cardiology'", "'ONCOLOGY\u200b'", "'nope'", "''"),
+    "diagnosis": ("'J06'", "'E11'", "'q999\u2603\u202e'", "'true'", "'x'", "NULL"),
+    "age": ("0", "30", "100", "101", "-1", str(EXTRA_UNIT)),
+    "smoker": ("TRUE", "FALSE"),
+}
+
+
+@st.composite
+def key_restriction_queries(draw: st.DrawFn) -> Query:
+    """``WHERE key IN (...)`` / ``= ...`` / ``BETWEEN`` restricting a GROUP BY key's bins,
+    on public and non-public keys, bare or renamed in a derived table; the lists hold
+    values only the extra unit has and values no row has."""
+    column = draw(st.sampled_from(sorted(KEY_LISTS)))
+    values = draw(st.lists(st.sampled_from(KEY_LISTS[column]), min_size=1, max_size=4))
+    name = column
+    source = TABLE
+    if draw(st.booleans()):
+        name = "k"
+        source = f"(SELECT {column} AS k, patient_id, age AS years, cost FROM {TABLE}) AS q1"
+    form = draw(st.sampled_from(("in", "in", "eq", "between")))
+    if form == "eq":
+        cond = f"{name} = {values[0]}"
+    elif form == "between" and column == "age":
+        low, high = sorted(
+            draw(st.lists(st.sampled_from(("0", "30", "33", "100")), min_size=2, max_size=2)),
+            key=int,
+        )
+        cond = f"{name} BETWEEN {low} AND {high}"
+    else:
+        cond = f"{name} IN ({', '.join(values)})"
+    extra = draw(st.sampled_from(("", " AND cost > 100", f" AND patient_id = {EXTRA_UNIT}")))
+    aggs = draw(
+        st.lists(
+            st.sampled_from(("COUNT(*)", "SUM(cost)", "COUNT(DISTINCT patient_id)", "SUM(1)")),
+            min_size=1,
+            max_size=2,
+            unique=True,
+        )
+    )
+    sql = f"SELECT {name}, {', '.join(aggs)} FROM {source} WHERE {cond}{extra} GROUP BY {name}"
+    return Query(sql, keys=1, grouped=True)
+
+
+DISTINCT_ITEMS = ("department", "smoker", "age", "diagnosis", "visit_date", "department, smoker")
+
+
+@st.composite
+def distinct_queries(draw: st.DrawFn) -> Query:
+    """``SELECT DISTINCT cols FROM visits|derived [WHERE ...]``: a key set (free when public)."""
+    items = draw(st.sampled_from(DISTINCT_ITEMS))
+    where = draw(
+        st.sampled_from(
+            (
+                "",
+                " WHERE age > 50",
+                f" WHERE patient_id = {EXTRA_UNIT}",
+                " WHERE diagnosis IN ('J06', 'q999\u2603\u202e')",
+                " WHERE department IN ('oncology', 'nope')",
+            )
+        )
+    )
+    source = TABLE
+    if draw(st.booleans()):
+        source = f"(SELECT * FROM {TABLE}) AS q1"
+    sql = f"SELECT DISTINCT {items} FROM {source}{where}"
+    return Query(sql, keys=items.count(",") + 1, grouped=True)
+
+
+@st.composite
+def wrapper_queries(draw: st.DrawFn) -> Query:
+    """An outer query over a DP aggregate subquery (post-processing of its released rows):
+    ``SELECT *``, column picks, WHERE on released columns, SUM over the released rows."""
+    relation = draw(st.one_of(st.just(BASE), relations(max_depth=2)))
+    inner = draw(queries_over(relation))
+    # The CTEs the inner query reads stay in front of the outer query.
+    head = relation.with_clause()
+    inner_sql = inner.sql[len(head) :]
+    n_aggs = inner_sql.count(" AS v")
+    keys = inner.keys
+    key_names = [f"k{i}" for i in range(keys)]
+    value = draw(st.sampled_from([f"v{i}" for i in range(max(n_aggs, 1))]))
+    form = draw(st.sampled_from(("star", "pick", "where_value", "where_key", "sum", "order")))
+    s = f"({inner_sql}) AS s"
+    if form == "star":
+        return Query(f"{head}SELECT * FROM {s}", keys, inner.grouped)
+    if form == "pick":
+        cols = ", ".join([*key_names, value])
+        return Query(f"{head}SELECT {cols}, {value} * 2 AS twice FROM {s}", keys, inner.grouped)
+    if form == "where_value":
+        threshold = draw(st.sampled_from(("0", "10", "1000", "-1e308")))
+        return Query(
+            f"{head}SELECT * FROM {s} WHERE {value} > {threshold}", 0, inner.grouped, rows_vary=True
+        )
+    if form == "where_key" and keys:
+        return Query(f"{head}SELECT * FROM {s} WHERE k0 IS NOT NULL", keys, inner.grouped)
+    if form == "order":
+        return Query(
+            f"{head}SELECT * FROM {s} ORDER BY {value} DESC LIMIT 3",
+            0,
+            inner.grouped,
+            rows_vary=True,
+        )
+    return Query(f"{head}SELECT SUM({value}) AS total, COUNT(*) AS released FROM {s}")
+
+
 def lone_surrogate(text: str) -> bool:
     """Whether ``text`` is not valid Unicode (holds an unpaired surrogate)."""
     try:

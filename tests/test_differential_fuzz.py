@@ -203,7 +203,11 @@ def _minus(a: Cost, b: Cost) -> Cost:
 
 
 def _explain_cost(conn: dpsql.Connection, sql: str) -> Cost | None:
-    """The plan's total cost as EXPLAIN shows it (epsilon, delta, rho), or None if refused."""
+    """The plan's total cost as EXPLAIN shows it (epsilon, delta, rho), or None if refused.
+
+    A DP subquery feeding an outer query (Superset's series limit) is two measurements in one
+    reservation: EXPLAIN shows each one's total (``subquery: total``, ``filtered by ...:
+    total``), and the plan's cost is their sum."""
     try:
         cur = conn.cursor()
         cur.execute("EXPLAIN " + sql)
@@ -211,9 +215,13 @@ def _explain_cost(conn: dpsql.Connection, sql: str) -> Cost | None:
         names = [d[0] for d in cur.description]
     except Exception:  # the statement itself is checked by the caller
         return None
-    totals = [r for r in rows if r[0] == "total"] or rows[:1]
-    row = dict(zip(names, totals[0], strict=True))
-    return (float(row["epsilon"]), float(row["delta"]), float(row["rho"] or 0.0))
+    totals = [r for r in rows if r[0] == "total" or str(r[0]).endswith(": total")] or rows[:1]
+    cost = ZERO
+    for total in totals:
+        row = dict(zip(names, total, strict=True))
+        part = (float(row["epsilon"]), float(row["delta"]), float(row["rho"] or 0.0))
+        cost = (cost[0] + part[0], cost[1] + part[1], cost[2] + part[2])
+    return cost
 
 
 @dataclass
@@ -417,25 +425,25 @@ def assert_boundary_holds(pair: Pair, query: g.Query) -> None:
 # -- generated queries ---------------------------------------------------------------------------
 
 
-@settings(FUZZ, max_examples=150)
+@settings(FUZZ, max_examples=100)
 @given(query=g.where_queries())
 def test_where_conditions(pair: Pair, query: g.Query) -> None:
     assert_boundary_holds(pair, query)
 
 
-@settings(FUZZ, max_examples=150)
+@settings(FUZZ, max_examples=100)
 @given(query=g.key_queries())
 def test_group_by_keys(pair: Pair, query: g.Query) -> None:
     assert_boundary_holds(pair, query)
 
 
-@settings(FUZZ, max_examples=100)
+@settings(FUZZ, max_examples=70)
 @given(query=g.key_queries(g.typed_keys, typed_only=True))
 def test_typed_group_by_keys(pair: Pair, query: g.Query) -> None:
     assert_boundary_holds(pair, query)
 
 
-@settings(FUZZ, max_examples=120)
+@settings(FUZZ, max_examples=90)
 @given(query=g.key_queries(g.special_keys))
 def test_special_group_by_keys(pair: Pair, query: g.Query) -> None:
     assert_boundary_holds(pair, query)
@@ -453,9 +461,49 @@ def test_aggregate_arguments(pair: Pair, query: g.Query) -> None:
     assert_boundary_holds(pair, query)
 
 
-@settings(FUZZ, max_examples=60)
+@settings(FUZZ, max_examples=45)
 @given(query=g.rule_list_queries())
 def test_rule_list_arguments(pair: Pair, query: g.Query) -> None:
+    assert_boundary_holds(pair, query)
+
+
+# The relational frontend (issue 11). Budgets: these and the counts above keep the module's
+# CPU time where it was before they came (~30 s of CPU; see docs/threat_model.md).
+
+
+@settings(FUZZ, max_examples=50)
+@given(query=g.derived_table_queries())
+def test_derived_tables(pair: Pair, query: g.Query) -> None:
+    assert_boundary_holds(pair, query)
+
+
+@settings(FUZZ, max_examples=40)
+@given(query=g.cte_queries())
+def test_ctes(pair: Pair, query: g.Query) -> None:
+    assert_boundary_holds(pair, query)
+
+
+@settings(FUZZ, max_examples=40)
+@given(query=g.wrapper_queries())
+def test_post_processing_wrappers(pair: Pair, query: g.Query) -> None:
+    assert_boundary_holds(pair, query)
+
+
+@settings(FUZZ, max_examples=50)
+@given(query=g.expression_aggregate_queries())
+def test_expressions_in_aggregates(pair: Pair, query: g.Query) -> None:
+    assert_boundary_holds(pair, query)
+
+
+@settings(FUZZ, max_examples=30)
+@given(query=g.key_restriction_queries())
+def test_where_key_in_restricts_released_keys(pair: Pair, query: g.Query) -> None:
+    assert_boundary_holds(pair, query)
+
+
+@settings(FUZZ, max_examples=20)
+@given(query=g.distinct_queries())
+def test_select_distinct(pair: Pair, query: g.Query) -> None:
     assert_boundary_holds(pair, query)
 
 
@@ -515,6 +563,48 @@ ISSUE_EXAMPLES = [
         keys=1,
         grouped=True,
         total_key=True,
+    ),
+    # 11. the relational frontend: a clamp over a cast that fails on every row, a CTE and a
+    # derived table singling out the extra unit, a BI wrapper, a public key set holding the
+    # extra unit's own value, a free DISTINCT, and Superset's series limit (a DP subquery
+    # joined to its own table: refused alike today, and charged alike once it is answered).
+    g.Query(
+        "SELECT SUM(LEAST(GREATEST(CAST(diagnosis AS INT), 0), 5)) AS s, "
+        f"AVG(LEAST(GREATEST(cost, 50), 100)) AS a FROM visits WHERE patient_id = {UNIT}"
+    ),
+    g.Query(
+        "WITH x AS (SELECT age * 2 AS a2, CASE WHEN smoker THEN 1 ELSE 0 END AS c, patient_id "
+        f"FROM visits), y AS (SELECT * FROM x WHERE patient_id = {UNIT}) "
+        "SELECT SUM(a2), SUM(c), COUNT(1) FROM y"
+    ),
+    g.Query(
+        "SELECT d, SUM(a2) FROM (SELECT department AS d, a2 FROM (SELECT department, age * 2 "
+        f"AS a2, patient_id FROM visits WHERE patient_id >= {UNIT}) AS q1) AS q2 GROUP BY d",
+        keys=1,
+        grouped=True,
+    ),
+    g.Query(
+        'select "department", "C1" from (select "department", count(1) as "C1" from visits '
+        'group by "department") as "_"',
+        keys=1,
+        grouped=True,
+    ),
+    g.Query(
+        "SELECT SUM(n) FROM (SELECT diagnosis, COUNT(*) AS n FROM visits GROUP BY diagnosis) AS s"
+    ),
+    g.Query(
+        "SELECT diagnosis, COUNT(*) FROM visits WHERE diagnosis IN ('E11', 'F32', "
+        "'q999\u2603\u202e') GROUP BY diagnosis",
+        keys=1,
+        grouped=True,
+    ),
+    g.Query("SELECT DISTINCT department, smoker FROM visits", keys=2, grouped=True),
+    g.Query(
+        "SELECT department, COUNT(*) AS n FROM visits JOIN (SELECT department AS d__, "
+        "COUNT(*) AS m FROM visits GROUP BY department ORDER BY m DESC LIMIT 5) AS s "
+        "ON department = d__ GROUP BY department",
+        keys=1,
+        grouped=True,
     ),
 ]
 
