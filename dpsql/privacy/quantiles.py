@@ -1,0 +1,553 @@
+"""DP quantiles from engine-computed bin counts: the exponential mechanism on a public grid, and
+the smooth-sensitivity median.
+
+Input. The declared range [L, U] of a column is cut into B public bins (:class:`Grid`); the
+engine computes, per group, the count of values in each bin after bounding every unit to at
+most R values (``max_values``). Nothing here sees a value, only these counts.
+
+Exponential mechanism (Smith 2011, on a grid). The target is a rank point τ = q·n + offset
+(n = Σ counts; :func:`target` gives the conventions). Bin b covers the rank interval
+[A_b, B_b] = [count below b, count up to b]; its utility is −d_b with
+d_b = max(A_b − τ, τ − B_b, 0), the distance in ranks between τ and the bin. Adding one value
+moves A_b and B_b by 0 or 1 and τ by q, so d_b moves by at most Δ₁ = max(q, 1 − q) (1/2 for
+the median, 1 for MIN/MAX); a unit's R values by at most Δ = R·Δ₁. Releasing bin b with
+P(b) ∝ exp(−ε d_b / (2Δ)) is ε-DP (McSherry & Talwar 2007), and the released value is the
+bin's representative (its value for unit bins of an integer column, else its midpoint).
+
+Exact sampling. ε is replaced by a rational ε' <= ε (ε itself when it is a short rational,
+else rounded down to a multiple of 2⁻³²), so every γ_b = ε'(d_b − min d)/(2Δ) is an exact
+rational. The bin is the inverse CDF of the weights e^(−γ_b) at a uniform U drawn from CSPRNG
+bytes: a float pass with a rigorous error bound decides whenever U·total is farther than the
+bound from every cumulative sum (all but ~10⁻¹² of draws); otherwise correctly rounded decimal
+arithmetic with more bits of the same U decides, at doubling precision. The output is exactly
+the EM distribution (no truncated tails: every bin keeps its positive probability). The work
+is O(B) whatever the data (the rare exact path aside).
+
+Several quantiles: recursive splitting (as in Kaplan, Schnapp & Stemmer 2022): the middle
+quantile is released first, the bins are split at it and each side's quantiles are released
+recursively with their levels rescaled; each of the ⌈log₂(m+1)⌉ levels spends ε/levels, and
+within a level the EMs run on disjoint bins, so a unit's R values spread over them cost at
+most one level's ε in total (each EM is calibrated for R).
+
+Intervals. The EM tail bound P(d_out > (2Δ/ε)(ln B + t)) <= e^(−t), with min_b d_b = 0, makes
+h = (2Δ/ε) ln(B/α) a *public* rank half-width: with probability >= 1 − α the released value
+lies between the (τ − h)-th and (τ + h)-th ranks of the data (bin-rounded), i.e. between the
+quantiles q ∓ h/n. :meth:`QuantileRelease.level_interval` turns it into quantile levels with a
+noisy n. The EM's output distribution itself is data-dependent, so it is never released.
+
+Smooth-sensitivity median (Nissim, Raskhodnikova & Smith 2007, §3.1, for R values per unit):
+S(x) = max_k e^(−kβ) (x_{m+2R(k+1)} − x_{m−2R(k+1)}) with x_i = L below 1 and U above n, over
+the sorted bin representatives (a window wide enough for add/remove neighbours, see
+:func:`smooth_sensitivity_median`); noise 6S/ε · Cauchy (:class:`SmoothCauchy`, pure ε). The
+release is clamped to [L, U] and snapped to its bin's representative (the float Cauchy draw
+never shows its low bits; Mironov 2012's snapping, without a formal proof for Cauchy). S is
+data-dependent, so no interval is released with it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import decimal
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+from dpsql.privacy.accounting import Cost, exact
+from dpsql.privacy.samplers import (
+    NoiseSource,
+    ZeroNoise,
+    _bernoulli_exp_scalar,
+    _ByteStream,
+    _uniform_below_scalar,
+)
+from dpsql.privacy.smooth import SmoothCauchy
+
+MAX_BINS = 1 << 17  # proposals grow with B; a grid finer than this is refused
+_EPS_BITS = 32
+
+
+# --- the public grid -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Grid:
+    """B public bins over [lower, upper]: equal (``linear``) or equal in log(x − lower + 1)
+    (``log``: constant relative resolution, for skewed columns such as income). ``integer``
+    columns with unit bins release the value itself."""
+
+    lower: float
+    upper: float
+    bins: int
+    integer: bool = False
+    scale: str = "linear"
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.lower) and math.isfinite(self.upper)):
+            raise ValueError("a quantile grid needs finite declared bounds")
+        if not self.upper > self.lower:
+            raise ValueError("a quantile grid needs upper > lower")
+        if not (isinstance(self.bins, int) and 1 <= self.bins <= MAX_BINS):
+            raise ValueError(f"a quantile grid has 1 to {MAX_BINS} bins")
+        if self.scale not in ("linear", "log"):
+            raise ValueError("a grid's scale is 'linear' or 'log'")
+
+    @classmethod
+    def for_column(
+        cls, lower: float, upper: float, *, integer: bool, bins: int = 4096, scale: str = "linear"
+    ) -> Grid:
+        """Unit bins for an integer column whose range fits; else ``bins`` bins."""
+        if integer and upper - lower + 1 <= bins:
+            return cls(float(lower), float(upper) + 1.0, int(upper - lower + 1), integer=True)
+        return cls(float(lower), float(upper), bins, scale=scale)
+
+    @property
+    def width(self) -> float:
+        """The bin width (linear grids; the widest bin of a log grid)."""
+        edges = self.edges()
+        return float(np.max(np.diff(edges)))
+
+    @property
+    def _log_span(self) -> float:
+        return math.log1p(self.upper - self.lower)
+
+    def edges(self) -> np.ndarray:
+        i = np.arange(self.bins + 1, dtype=np.float64)
+        if self.scale == "log":
+            out = self.lower + np.expm1(self._log_span * i / self.bins)
+        else:
+            out = self.lower + (self.upper - self.lower) / self.bins * i
+        out[0], out[-1] = self.lower, self.upper
+        return out
+
+    def values(self) -> np.ndarray:
+        """Each bin's representative: its value (integer unit bins) or its midpoint."""
+        if self.integer and self.scale == "linear" and self.upper - self.lower == self.bins:
+            return self.lower + np.arange(self.bins, dtype=np.float64)
+        edges = self.edges()
+        return (edges[:-1] + edges[1:]) / 2
+
+    def bin_sql(self, column: str) -> str:
+        """The engine's bin index of a value (for the lead's compiler): clamped to [0, B)."""
+        if self.scale == "log":
+            raw = (
+                f"FLOOR(LN(1 + GREATEST(0, {column} - ({self.lower!r}))) * "
+                f"({self.bins / self._log_span!r}))"
+            )
+        else:
+            per_unit = self.bins / (self.upper - self.lower)
+            raw = f"FLOOR(({column} - ({self.lower!r})) * ({per_unit!r}))"
+        return f"LEAST({self.bins - 1}, GREATEST(0, CAST({raw} AS BIGINT)))"
+
+    def bin_of(self, values: np.ndarray) -> np.ndarray:
+        """Bin indices of values (clamped into the range), as :meth:`bin_sql` computes them."""
+        x = np.asarray(values, dtype=np.float64)
+        if self.scale == "log":
+            shifted = 1.0 + np.maximum(0.0, x - self.lower)  # as LN(1 + ...) in SQL
+            raw = np.floor(np.log(shifted) * (self.bins / self._log_span))
+        else:
+            raw = np.floor((x - self.lower) * (self.bins / (self.upper - self.lower)))
+        return np.clip(raw, 0, self.bins - 1).astype(np.int64)
+
+    def counts(self, values: np.ndarray) -> np.ndarray:
+        """Per-bin counts of ``values`` (tests and benchmarks; the engine does this in SQL)."""
+        return np.bincount(self.bin_of(values), minlength=self.bins).astype(np.int64)
+
+
+# --- targets -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """τ = q·n + offset: the rank point a release aims at (exact rationals)."""
+
+    q: Fraction
+    offset: Fraction = Fraction(0)
+
+    def rank(self, n: int) -> Fraction:
+        return self.q * n + self.offset
+
+    @property
+    def sensitivity(self) -> Fraction:
+        """How far one added or removed value moves any d_b: max(q, 1 − q) (A_b and B_b move
+        by 0 or 1 together with τ's q); 1/2 for the median, 1 for MIN and MAX."""
+        return max(self.q, 1 - self.q)
+
+
+def target(kind: str, q: float | None = None) -> Target:
+    """The rank point of an aggregate.
+
+    - ``quantile`` q ∈ (0, 1) (MEDIAN is q = 1/2; PERCENTILE_CONT/DISC and QUANTILE_* alike):
+      τ = q·n, the point splitting the data in q : 1 − q.
+    - ``min``: τ = 1/2, the middle of the smallest value's rank interval [0, 1]: the bin of the
+      minimum has distance 0, every other bin at least 1/2.
+    - ``max``: τ = n − 1/2, symmetrically the bin of the maximum.
+    """
+    if kind == "min":
+        return Target(Fraction(0), Fraction(1, 2))
+    if kind == "max":
+        return Target(Fraction(1), Fraction(-1, 2))
+    if kind != "quantile":
+        raise ValueError(f"unknown quantile target {kind!r}")
+    if q is None or not 0 < q < 1:
+        raise ValueError("a quantile level must be in (0, 1)")
+    return Target(exact(q))
+
+
+# --- the exponential mechanism ---------------------------------------------------------------
+
+
+def _epsilon_below(epsilon: float) -> Fraction:
+    """A rational ε' <= ε: ε itself when its exact value has a denominator <= 2³², else ε
+    rounded down to a multiple of 2⁻³² (a smaller ε' only strengthens the guarantee)."""
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise ValueError("the exponential mechanism needs a finite epsilon > 0")
+    value = exact(epsilon)
+    if value.denominator <= 1 << _EPS_BITS and value <= Fraction(epsilon):
+        return value
+    rounded = Fraction(math.floor(Fraction(epsilon) * (1 << _EPS_BITS)), 1 << _EPS_BITS)
+    if rounded <= 0:
+        raise ValueError("epsilon is too small for the exponential mechanism (< 2^-32)")
+    return rounded
+
+
+def distances(counts: np.ndarray, tau: Fraction) -> tuple[np.ndarray, int]:
+    """(D·d_b for every bin, D): d_b = max(A_b − τ, τ − B_b, 0) as int64 numerators over the
+    common denominator D of τ (exact)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    if counts.size and counts.min() < 0:
+        raise ValueError("bin counts must be >= 0")
+    den = tau.denominator
+    upper = np.cumsum(counts) * den
+    lower = upper - counts * den
+    t = tau.numerator
+    return np.maximum(np.maximum(lower - t, t - upper), 0), den
+
+
+@dataclass(frozen=True)
+class _Scores:
+    """γ_b = ε'·(d_b − min d)/(2RΔ) = steps_b · num / den exactly; ``steps`` are int64."""
+
+    steps: np.ndarray
+    num: int
+    den: int
+
+    def exact(self, b: int) -> Fraction:
+        return Fraction(int(self.steps[b]) * self.num, self.den)
+
+    def floats(self) -> np.ndarray:
+        return self.steps.astype(np.float64) * (self.num / self.den)
+
+
+def _scores(counts: np.ndarray, tgt: Target, epsilon: Fraction, max_values: int) -> _Scores:
+    n = int(np.asarray(counts, dtype=np.int64).sum())
+    d, den = distances(counts, tgt.rank(n))
+    sens = tgt.sensitivity * max_values
+    # γ = ε'·(d − min)/(2·sens) with d = steps/den
+    scale = epsilon / (2 * sens * den)
+    return _Scores(d - d.min(), scale.numerator, scale.denominator)
+
+
+def em_probabilities(
+    counts: np.ndarray, tgt: Target, epsilon: float, max_values: int = 1
+) -> np.ndarray:
+    """The EM's output distribution over bins (float, for tests and audits: never released)."""
+    w = np.exp(-_scores(counts, tgt, _epsilon_below(epsilon), max_values).floats())
+    return w / w.sum()
+
+
+_ULP = 2.0**-53
+
+
+def _sample(scores: _Scores, source: NoiseSource) -> int:
+    """Index b with P(b) ∝ exp(−γ_b), exactly, by inverting the CDF at a uniform U.
+
+    Fast path: float weights with a rigorous error bound (γ_b to 3 ulps, exp to 16 ulps, the
+    cumulative sum to B ulps); U = u/2⁶⁴ from 8 CSPRNG bytes; when U·total lies farther than
+    the bound from every cumulative sum the float answer is the exact one. Otherwise (about
+    once in 10¹² draws) :func:`_resolve` decides with correctly rounded decimal arithmetic and
+    more bits of the same U, doubling the precision until the comparison is certain.
+    """
+    if isinstance(source, ZeroNoise):  # the no-noise test hook: the best bin (first of ties)
+        return int(np.argmin(scores.steps))
+    fetch = getattr(source, "_random_bytes", None)
+    gamma = scores.floats()
+    if fetch is None:  # a source without raw bytes: Gumbel-max in floats (not exact)
+        return int(np.argmax(-gamma + source.gumbel(1.0, gamma.size)))
+    rb = _ByteStream(fetch, 8)
+    u = rb.take(8)
+    w = np.exp(-gamma)
+    cum = np.cumsum(w)
+    total = float(cum[-1])
+    eta = (3.0 * float(gamma.max()) + 16.0) * _ULP + gamma.size * 2 * _ULP
+    margin = 4.0 * eta * total + 2.0**-60 * total
+    x_lo = u * 2.0**-64 * total
+    x_hi = (u + 1) * 2.0**-64 * total
+    j = int(np.searchsorted(cum, x_lo, side="right"))
+    below = float(cum[j - 1]) if j > 0 else 0.0
+    if j < cum.size and x_lo - below > margin and float(cum[j]) - x_hi > margin:
+        return j
+    return _resolve(scores, u, 64, rb)
+
+
+def _sample_pf(scores: _Scores, source: NoiseSource) -> int:
+    """Permute-and-flip (McKenna & Sheldon 2020): visit bins in a uniformly random order and
+    stop at the first b accepted with probability exp(−γ_b) (the best bin always is). ε-DP
+    with the EM's calibration, never worse in expected utility. Exact: the order is drawn
+    lazily by Fisher–Yates on exact uniform integers, each flip by the exact
+    Bernoulli(exp(−p/q)) of samplers.py. The number of flips depends on the data."""
+    if isinstance(source, ZeroNoise):
+        return int(np.argmin(scores.steps))
+    fetch = getattr(source, "_random_bytes", None)
+    if fetch is None:  # a source without raw bytes: exponential noisy max in floats (not exact)
+        gamma = scores.floats()
+        return int(np.argmax(-gamma - np.log(source.uniform(gamma.size) + 2.0**-54)))
+    rb = _ByteStream(fetch, 256)
+    steps = scores.steps
+    remaining = list(range(steps.size))
+    left = len(remaining)
+    while True:
+        i = _uniform_below_scalar(rb, left)
+        b = remaining[i]
+        remaining[i] = remaining[left - 1]
+        left -= 1
+        num = int(steps[b]) * scores.num
+        if num == 0 or _bernoulli_exp_scalar(rb, num, scores.den):
+            return b
+
+
+def _resolve(scores: _Scores, u: int, bits: int, rb: _ByteStream) -> int:
+    """The exact inverse CDF at U ∈ [u, u + 1)/2^bits: bounds on every e^(−γ) from decimal
+    exp (correctly rounded) at ``prec`` digits, widened by the rounding of −γ; refine U and
+    the precision until one index is certain."""
+    prec = 60
+    size = scores.steps.size
+    while True:
+        ctx = decimal.Context(prec=prec + 10)
+        lo_terms, hi_terms = [], []
+        for b in range(size):
+            g = scores.exact(b)
+            x = ctx.divide(decimal.Decimal(-g.numerator), decimal.Decimal(g.denominator))
+            term = Fraction(ctx.exp(x))
+            rel = Fraction(int(abs(x)) + 2, 10 ** (prec - 1))
+            lo_terms.append(term * (1 - rel))
+            hi_terms.append(term * (1 + rel))
+        cum_lo = list(itertools.accumulate(lo_terms))
+        cum_hi = list(itertools.accumulate(hi_terms))
+        u_lo, u_hi = Fraction(u, 1 << bits), Fraction(u + 1, 1 << bits)
+        x_lo, x_hi = u_lo * cum_lo[-1], u_hi * cum_hi[-1]
+        j = bisect.bisect_right(cum_hi, x_lo)
+        if j < size and (j == 0 or cum_hi[j - 1] <= x_lo) and x_hi < cum_lo[j]:
+            return j
+        u = (u << 64) | rb.take(8)
+        bits += 64
+        prec *= 2
+
+
+@dataclass(frozen=True)
+class QuantileRelease:
+    """A released quantile: the value, its bin, and the public 95% rank half-width."""
+
+    value: float
+    bin: int
+    rank_halfwidth: float  # h: |rank(value) − τ| <= h with probability >= confidence
+    confidence: float
+
+    def level_interval(self, q: float, noisy_n: float) -> tuple[float, float]:
+        """Quantile levels (q − h/n̂, q + h/n̂), clipped to [0, 1]: post-processing of a
+        noisy count n̂ released elsewhere."""
+        n = max(float(noisy_n), 1.0)
+        return max(0.0, q - self.rank_halfwidth / n), min(1.0, q + self.rank_halfwidth / n)
+
+
+def rank_halfwidth(
+    bins: int, epsilon: float, sensitivity: float, confidence: float = 0.95
+) -> float:
+    """h = (2Δ/ε) ln(B/α), Δ = R·max(q, 1 − q): the EM's rank error exceeds h with
+    probability <= α = 1 − c (min_b d_b = 0, and P(d_out > (2Δ/ε)(ln B + t)) <= e^(−t))."""
+    if not 0 < confidence < 1:
+        raise ValueError("confidence must be in (0, 1)")
+    return 2 * float(sensitivity) / epsilon * math.log(bins / (1 - confidence))
+
+
+@dataclass(frozen=True)
+class ExponentialQuantile:
+    """The EM over a public grid for one rank target: ε-DP for ≤ ``max_values`` values per
+    unit (utility sensitivity R). ``cost`` is what to charge."""
+
+    grid: Grid
+    epsilon: float
+    max_values: int = 1
+    confidence: float = 0.95
+    method: str = "em"  # "em": exponential mechanism; "pf": permute-and-flip (same ε)
+
+    name = "exponential_quantile"
+
+    def __post_init__(self) -> None:
+        _epsilon_below(self.epsilon)
+        if not (isinstance(self.max_values, int) and self.max_values >= 1):
+            raise ValueError("max_values must be an integer >= 1")
+        if self.method not in ("em", "pf"):
+            raise ValueError("method is 'em' or 'pf'")
+
+    @property
+    def cost(self) -> Cost:
+        return Cost(epsilon=self.epsilon)
+
+    def rank_halfwidth(self, tgt: Target) -> float:
+        """The public 95% (``confidence``) rank half-width of a release aimed at ``tgt``."""
+        sensitivity = float(tgt.sensitivity) * self.max_values
+        return rank_halfwidth(self.grid.bins, self.epsilon, sensitivity, self.confidence)
+
+    def release(self, counts: np.ndarray, tgt: Target, source: NoiseSource) -> QuantileRelease:
+        counts = _check_counts(counts, self.grid)
+        scores = _scores(counts, tgt, _epsilon_below(self.epsilon), self.max_values)
+        b = _sample(scores, source) if self.method == "em" else _sample_pf(scores, source)
+        value = float(self.grid.values()[b])
+        return QuantileRelease(value, b, self.rank_halfwidth(tgt), self.confidence)
+
+
+def _check_counts(counts: np.ndarray, grid: Grid) -> np.ndarray:
+    counts = np.asarray(counts, dtype=np.int64)
+    if counts.shape != (grid.bins,):
+        raise ValueError(f"expected {grid.bins} bin counts, got shape {counts.shape}")
+    if counts.size and counts.min() < 0:
+        raise ValueError("bin counts must be >= 0")
+    return counts
+
+
+# --- several quantiles: recursive splitting --------------------------------------------------
+
+
+def levels(m: int) -> int:
+    """⌈log₂(m + 1)⌉: the depth of the splitting tree of m quantiles."""
+    return max(1, math.ceil(math.log2(m + 1)))
+
+
+@dataclass(frozen=True)
+class JointQuantiles:
+    """m quantiles (increasing levels) by recursive splitting: ε-DP in total."""
+
+    grid: Grid
+    epsilon: float
+    max_values: int = 1
+    confidence: float = 0.95
+
+    name = "recursive_quantiles"
+
+    @property
+    def cost(self) -> Cost:
+        return Cost(epsilon=self.epsilon)
+
+    def release(
+        self, counts: np.ndarray, qs: Sequence[float], source: NoiseSource
+    ) -> list[QuantileRelease]:
+        qs = [float(q) for q in qs]
+        if not qs or any(not 0 < q < 1 for q in qs) or qs != sorted(qs):
+            raise ValueError("quantile levels must be increasing and in (0, 1)")
+        counts = _check_counts(counts, self.grid)
+        depth = levels(len(qs))
+        eps = self.epsilon / depth
+        while eps * depth > self.epsilon:
+            eps = math.nextafter(eps, 0.0)
+        out: dict[int, QuantileRelease] = {}
+        self._split(counts, 0, self.grid.bins, list(enumerate(qs)), 0.0, 1.0, eps, source, out)
+        return [out[i] for i in range(len(qs))]
+
+    def _split(self, counts, lo, hi, items, q_lo, q_hi, eps, source, out) -> None:
+        """Release the middle item on bins [lo, hi) (levels rescaled to (q_lo, q_hi)), then
+        recurse: left on bins [lo, b] with their data, right on bins [b, hi) with the data of
+        (b, hi) only, so every value is in exactly one subproblem per level."""
+        if not items:
+            return
+        mid = len(items) // 2
+        index, q = items[mid]
+        local = (exact(q) - exact(q_lo)) / (exact(q_hi) - exact(q_lo))
+        local = min(max(local, Fraction(0)), Fraction(1))
+        tgt = Target(local)
+        scores = _scores(counts[lo:hi], tgt, _epsilon_below(eps), self.max_values)
+        b = lo + _sample(scores, source)
+        sensitivity = float(tgt.sensitivity) * self.max_values
+        h = rank_halfwidth(hi - lo, eps, sensitivity, self.confidence)
+        out[index] = QuantileRelease(float(self.grid.values()[b]), b, h, self.confidence)
+        left = counts.copy()
+        left[b + 1 :] = 0
+        right = counts.copy()
+        right[: b + 1] = 0
+        self._split(left, lo, b + 1, items[:mid], q_lo, q, eps, source, out)
+        self._split(right, b, hi, items[mid + 1 :], q, q_hi, eps, source, out)
+
+
+# --- smooth-sensitivity median ----------------------------------------------------------------
+
+
+def sorted_values(counts: np.ndarray, grid: Grid) -> np.ndarray:
+    """The bin representatives, each repeated by its count: the data as the grid sees it."""
+    return np.repeat(grid.values(), np.asarray(counts, dtype=np.int64))
+
+
+def smooth_sensitivity_median(
+    values: np.ndarray, lower: float, upper: float, beta: float, max_values: int = 1
+) -> float:
+    """A β-smooth upper bound on the local sensitivity of the (lower) median of sorted
+    ``values`` under adding or removing one unit's ≤ R values.
+
+    S(x) = max_k e^(−kβ) (x_{m+2R(k+1)} − x_{m−2R(k+1)}), x_i = L below 1 and U above n. Why:
+    a neighbour's sorted values satisfy x′_i ∈ [x_{i−R}, x_{i+R}] and its median position
+    m′ ∈ [m − R, m + R], so the window of half-width 2R(k+1) bounds the local sensitivity of
+    every dataset k units away, and the window of x at k is inside that of x′ at k + 1: the
+    conditions of NRS 2007, Def. 2.1 / Lemma 2.3 for add/remove neighbours (their Prop. 3.4
+    window is for a fixed n, where the median position does not move).
+    """
+    x = np.asarray(values, dtype=np.float64)
+    n = x.size
+    m = (n + 1) // 2  # 1-based median position
+    padded = np.concatenate([[lower], x, [upper]])
+
+    def at(i: int) -> float:  # x_i with x_i = L for i < 1, U for i > n
+        return float(padded[min(max(i, 0), n + 1)])
+
+    best = 0.0
+    k = 0
+    span = upper - lower
+    while True:
+        factor = math.exp(-k * beta)
+        if factor * span <= best:
+            return best
+        w = 2 * max_values * (k + 1)
+        best = max(best, factor * (at(m + w) - at(m - w)))
+        if m + w > n and m - w < 1:  # the window already spans [L, U]
+            return best
+        k += 1
+
+
+@dataclass(frozen=True)
+class SmoothMedian:
+    """The median plus 6S/ε Cauchy noise: pure ε-DP (NRS 2007; :class:`SmoothCauchy`)."""
+
+    grid: Grid
+    epsilon: float
+    max_values: int = 1
+
+    name = "smooth_sensitivity_median"
+
+    @property
+    def cost(self) -> Cost:
+        return Cost(epsilon=self.epsilon)
+
+    def release(self, counts: np.ndarray, source: NoiseSource) -> float:
+        counts = _check_counts(counts, self.grid)
+        noise = SmoothCauchy(self.epsilon)
+        x = sorted_values(counts, self.grid)
+        lo, hi = self.grid.lower, self.grid.upper
+        if self.grid.integer:
+            hi = hi - 1.0
+        s = smooth_sensitivity_median(x, lo, hi, noise.beta, self.max_values)
+        median = float(x[(x.size + 1) // 2 - 1]) if x.size else (lo + hi) / 2
+        noisy = median + float(noise.noise(source, s, 1)[0])
+        # snapped to the representative of the public bin it falls in
+        index = self.grid.bin_of(np.array([min(max(noisy, lo), hi)]))[0]
+        return float(self.grid.values()[index])
