@@ -1,0 +1,230 @@
+"""Automatic clipping bounds: a DP estimate of a tight range inside the declared bounds.
+
+SUM and AVG pay noise in proportion to the clipping range, so a column declared in
+[0, 500000] whose values are mostly far smaller pays for bounds it does not need. Here a
+stated share ε_b of the query's ε buys a noisy histogram of |x| over public log-scale bins
+(the engine computes the per-bin counts after bounding each unit to R values), and the range
+is chosen from it by post-processing (ApproxBounds-style, as in Google's DP libraries):
+
+- bins: [0, s), [s, 2s), [2s, 4s), ..., [2^(k−1) s, 2^k s = M] with M = max(|L|, |U|) and s
+  the smallest public resolution (:class:`LogHistogram`);
+- noise: discrete Laplace of scale R/ε_b on every bin (each value is in one bin: a unit moves
+  the vector by at most R in L1), so the histogram is ε_b-DP;
+- choice (``method``):
+  ``"threshold"``: the top edge of the highest bin whose noisy count reaches τ, where τ makes
+  an empty bin pass with probability <= ``false_bin``/#bins (ApproxBounds);
+  ``"quantile"``: the top edge of the bin where the noisy cumulative share reaches ``q``;
+  ``"sum"``: the edge C minimising the estimated error of a SUM released with ε_s:
+  bias(C) + E|noise| = Σ_b n̂_b (r_b − C)₊ + R C / ε_s, from the noisy counts n̂ (r_b the
+  bin's midpoint).
+  Every choice is post-processing of the noisy histogram: it costs nothing beyond ε_b.
+
+The range returned is [max(L, −C), min(U, C)] (for a non-negative column, [L, min(U, C)]).
+:func:`bias_report` estimates, from the same noisy histogram, the bias clamping introduces
+(a release of SUM/AVG must say it is biased towards zero by about that much).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from dpsql.privacy.accounting import Cost
+from dpsql.privacy.mechanisms import Laplace
+from dpsql.privacy.samplers import NoiseSource
+
+METHODS = ("threshold", "quantile", "sum")
+
+
+@dataclass(frozen=True)
+class LogHistogram:
+    """Public log-scale bins of |x| up to ``maximum`` M = max(|L|, |U|): [0, s), then
+    [s·r^(i−1), s·r^i) for i = 1..k with s·r^k = M (r = ``ratio``, 2 for ApproxBounds; a finer
+    ratio gives the "sum" method finer candidate bounds)."""
+
+    maximum: float
+    smallest: float
+    ratio: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.maximum) and self.maximum > 0):
+            raise ValueError("a clipping histogram needs a finite declared bound > 0")
+        if not (0 < self.smallest <= self.maximum):
+            raise ValueError("the smallest bin edge must be in (0, maximum]")
+        if not (math.isfinite(self.ratio) and self.ratio > 1):
+            raise ValueError("the bin ratio must be > 1")
+
+    @classmethod
+    def for_bounds(
+        cls, lower: float, upper: float, *, resolution: float = 1.0, ratio: float = 2.0
+    ) -> LogHistogram:
+        """Bins for a column declared in [lower, upper]: edges M/r^k down to ``resolution``."""
+        maximum = max(abs(lower), abs(upper))
+        if maximum <= resolution:
+            return cls(float(maximum), float(maximum), ratio)
+        k = max(0, math.floor(math.log(maximum / resolution) / math.log(ratio)))
+        return cls(float(maximum), float(maximum / ratio**k), ratio)
+
+    @property
+    def steps(self) -> int:
+        """k: the number of ratio steps from s to M."""
+        return round(math.log(self.maximum / self.smallest) / math.log(self.ratio))
+
+    @property
+    def bins(self) -> int:
+        return self.steps + 1
+
+    def edges(self) -> np.ndarray:
+        """0, s, s·r, ..., M (bins + 1 edges)."""
+        tops = self.smallest * self.ratio ** np.arange(self.bins, dtype=np.float64)
+        tops[-1] = self.maximum
+        return np.concatenate([[0.0], tops])
+
+    def midpoints(self) -> np.ndarray:
+        e = self.edges()
+        return (e[:-1] + e[1:]) / 2
+
+    def bin_of(self, values: np.ndarray) -> np.ndarray:
+        """As :meth:`bin_sql` computes it: 0 below s, else ⌊ln(|x|/s)/ln r⌋ + 1, clamped."""
+        a = np.minimum(np.abs(np.asarray(values, dtype=np.float64)), self.maximum)
+        ratio = np.maximum(a, self.smallest) / self.smallest
+        raw = np.where(a < self.smallest, 0, np.floor(np.log(ratio) / math.log(self.ratio)) + 1)
+        return np.clip(raw, 0, self.bins - 1).astype(np.int64)
+
+    def bin_sql(self, column: str) -> str:
+        """The engine's bin index of ABS(column) (for the lead's compiler)."""
+        a = f"LEAST(ABS({column}), {self.maximum!r})"
+        raw = (
+            f"CASE WHEN {a} < {self.smallest!r} THEN 0 ELSE CAST(FLOOR(LN({a} / "
+            f"{self.smallest!r}) / {math.log(self.ratio)!r}) AS BIGINT) + 1 END"
+        )
+        return f"LEAST({self.bins - 1}, GREATEST(0, {raw}))"
+
+    def counts(self, values: np.ndarray) -> np.ndarray:
+        return np.bincount(self.bin_of(values), minlength=self.bins).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class ClipRange:
+    """A DP clipping range and what it was chosen from (all public after the release)."""
+
+    lower: float
+    upper: float
+    bound: float  # C: the chosen bound on |x|
+    noisy_counts: np.ndarray
+    histogram: LogHistogram
+    method: str
+
+    def bias(self) -> BiasReport:
+        return bias_report(self.noisy_counts, self.histogram, self.bound)
+
+
+@dataclass(frozen=True)
+class BiasReport:
+    """The estimated effect of clamping |x| at C, from the noisy histogram (post-processing).
+
+    ``sum_bias``: Σ n̂_b (r_b − C)₊ (r_b the bin midpoint), the amount a clamped SUM of |x|
+    is estimated to lose; ``clipped_share``: the estimated share of values beyond C;
+    ``sum_bias_upper``: the same with bin tops for r_b (an upper estimate).
+    """
+
+    sum_bias: float
+    sum_bias_upper: float
+    clipped_share: float
+
+    def relative(self, total: float) -> float:
+        """The bias relative to a (noisy) total, for the release's notes."""
+        return self.sum_bias / max(abs(total), 1e-300)
+
+
+def bias_report(noisy_counts: np.ndarray, hist: LogHistogram, bound: float) -> BiasReport:
+    n = np.maximum(np.asarray(noisy_counts, dtype=np.float64), 0.0)
+    e = hist.edges()
+    mid, top = (e[:-1] + e[1:]) / 2, e[1:]
+    beyond = np.maximum(mid - bound, 0.0)
+    total = float(n.sum())
+    share = float(n[e[:-1] >= bound].sum() / total) if total > 0 else 0.0
+    return BiasReport(
+        float((n * beyond).sum()), float((n * np.maximum(top - bound, 0.0)).sum()), share
+    )
+
+
+@dataclass(frozen=True)
+class ApproxBounds:
+    """Spend ``epsilon`` (the stated share of a query's ε) on a DP clipping range."""
+
+    histogram: LogHistogram
+    epsilon: float
+    max_values: int = 1
+    method: str = "sum"
+    q: float = 0.99  # "quantile"
+    false_bin: float = 0.05  # "threshold": P(some empty bin passes τ) <= this
+    sum_epsilon: float | None = None  # "sum": the ε the clamped SUM will get
+
+    name = "approx_bounds"
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise ValueError("automatic clipping needs a share epsilon > 0")
+        if self.method not in METHODS:
+            raise ValueError(f"method is one of {METHODS}")
+        if self.method == "sum" and not (self.sum_epsilon and self.sum_epsilon > 0):
+            raise ValueError("method 'sum' needs the SUM's epsilon (sum_epsilon > 0)")
+        if not (isinstance(self.max_values, int) and self.max_values >= 1):
+            raise ValueError("max_values must be an integer >= 1")
+
+    @property
+    def mechanism(self) -> Laplace:
+        return Laplace(l1=float(self.max_values), epsilon=self.epsilon)
+
+    @property
+    def cost(self) -> Cost:
+        return self.mechanism.cost
+
+    @property
+    def threshold(self) -> float:
+        """τ: an empty bin's noisy count reaches τ with probability <= false_bin / #bins."""
+        return self.mechanism.threshold(self.false_bin, self.histogram.bins) - 1
+
+    def release(
+        self, counts: np.ndarray, source: NoiseSource, lower: float, upper: float
+    ) -> ClipRange:
+        counts = np.asarray(counts, dtype=np.int64)
+        if counts.shape != (self.histogram.bins,) or (counts.size and counts.min() < 0):
+            raise ValueError(f"expected {self.histogram.bins} non-negative bin counts")
+        noisy = counts + self.mechanism.sample(source, counts.size)
+        return self.choose(noisy, lower, upper)
+
+    def choose(self, noisy: np.ndarray, lower: float, upper: float) -> ClipRange:
+        """The range from a noisy histogram (post-processing only)."""
+        noisy = np.asarray(noisy)
+        bound = getattr(self, f"_by_{self.method}")(noisy.astype(np.float64))
+        lo = lower if lower >= 0 else max(lower, -bound)
+        hi = min(upper, bound)
+        if hi < lo:  # a range entirely below zero, e.g. [-10, -5]: keep the declared one
+            lo, hi = lower, upper
+        return ClipRange(float(lo), float(hi), float(bound), noisy, self.histogram, self.method)
+
+    def _by_threshold(self, noisy: np.ndarray) -> float:
+        passed = np.flatnonzero(noisy >= self.threshold)
+        top = self.histogram.edges()[1:]
+        return float(top[passed[-1]]) if passed.size else self.histogram.maximum
+
+    def _by_quantile(self, noisy: np.ndarray) -> float:
+        n = np.maximum(noisy, 0.0)
+        top = self.histogram.edges()[1:]
+        if n.sum() <= 0:
+            return self.histogram.maximum
+        share = np.cumsum(n) / n.sum()
+        return float(top[int(np.searchsorted(share, self.q))])
+
+    def _by_sum(self, noisy: np.ndarray) -> float:
+        candidates = self.histogram.edges()[1:]
+        assert self.sum_epsilon is not None
+        errors = [
+            bias_report(noisy, self.histogram, c).sum_bias + self.max_values * c / self.sum_epsilon
+            for c in candidates
+        ]
+        return float(candidates[int(np.argmin(errors))])
