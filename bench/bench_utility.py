@@ -1,0 +1,391 @@
+"""Utility benchmark: error of DP answers on the PUMS sample at ε ∈ {0.1, 1, 10}.
+
+Two kinds of rows:
+
+- ``SQL``: the query through ``dpsql.connect`` as it is today (fresh noise per repetition:
+  no answer cache, a seeded exact noise source);
+- ``mechanism only, not yet wired through SQL``: the new mechanisms of dpsql/privacy
+  (quantiles.py, clipping.py, partition.py) applied directly to counts computed with DuckDB,
+  exactly the inputs the engine will compute for them.
+
+Each figure is over ``--reps`` repetitions (200 for the published figures; the default keeps a
+run short): the mean relative error |released − true| / |true| (averaged over groups for
+grouped queries), the bias (mean signed relative error), and for non-public GROUP BY keys the
+share of true groups suppressed.
+
+    python bench/bench_utility.py --reps 200               # the figures in docs/mechanisms.md
+    python bench/bench_utility.py --data /path/to/pums     # PUMS_pid.csv in that directory
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import duckdb  # noqa: E402
+
+import dpsql  # noqa: E402
+from dpsql.privacy.clipping import ApproxBounds, LogHistogram  # noqa: E402
+from dpsql.privacy.ledger import MemoryLedger  # noqa: E402
+from dpsql.privacy.mechanisms import Laplace  # noqa: E402
+from dpsql.privacy.partition import (  # noqa: E402
+    GaussianSelection,
+    OptimalSelection,
+    expected_suppression,
+)
+from dpsql.privacy.quantiles import (  # noqa: E402
+    ExponentialQuantile,
+    Grid,
+    SmoothMedian,
+    target,
+)
+from dpsql.privacy.samplers import SeededNoise  # noqa: E402
+
+EPSILONS = (0.1, 1.0, 10.0)
+DELTA = 1e-6
+SQL = "SQL"
+MECH = "mechanism only, not yet wired through SQL"
+
+
+@dataclass
+class Row:
+    query: str
+    epsilon: float
+    method: str
+    path: str
+    rel_error: float
+    bias: float
+    suppressed: float | None
+    reps: int
+
+
+def policy(csv: Path, epsilon: float) -> dict:
+    columns = {
+        "pid": {"type": "int", "nullable": False},
+        "age": {"type": "int", "lower": 0, "upper": 100, "nullable": False},
+        "income": {"type": "float", "lower": 0, "upper": 500_000, "nullable": False},
+        "educ": {"type": "int", "nullable": False},
+    }
+    declared = dict(columns, educ={"type": "int", "values": list(range(1, 17)), "nullable": False})
+    return {
+        "privacy": {
+            "epsilon": epsilon,
+            "delta": DELTA,
+            "budget_epsilon": 1e12,
+            "budget_delta": 0.5,
+        },
+        "tables": {
+            "pums": {"source": str(csv), "privacy_unit": "pid", "columns": columns},
+            "pumsd": {"source": str(csv), "privacy_unit": "pid", "columns": declared},
+        },
+    }
+
+
+def truth(con: duckdb.DuckDBPyConnection, sql: str) -> dict:
+    return {r[0]: float(r[1]) for r in con.execute(sql).fetchall()}
+
+
+def errors(released: dict, true: dict) -> tuple[float, float, float]:
+    """(mean |rel error| over released true groups, mean signed, share of true groups missing)."""
+    common = [k for k in true if k in released]
+    if not common:
+        return math.nan, math.nan, 1.0
+    rel = [(released[k] - true[k]) / abs(true[k]) for k in common if true[k] != 0]
+    missing = 1 - len(common) / len(true)
+    return float(np.mean(np.abs(rel))), float(np.mean(rel)), missing
+
+
+def summarise(query, eps, method, path, samples, reps, grouped=False) -> Row:
+    rel = np.array([s[0] for s in samples], dtype=float)
+    bias = np.array([s[1] for s in samples], dtype=float)
+    sup = np.array([s[2] for s in samples], dtype=float)
+    return Row(
+        query,
+        eps,
+        method,
+        path,
+        float(np.nanmean(rel)),
+        float(np.nanmean(bias)),
+        float(sup.mean()) if grouped else None,
+        reps,
+    )
+
+
+SQL_QUERIES = [
+    ("COUNT(*)", "SELECT 0, COUNT(*) FROM pums", "SELECT 0, COUNT(*) FROM t", False),
+    ("SUM(income)", "SELECT 0, SUM(income) FROM pums", "SELECT 0, SUM(income) FROM t", False),
+    (
+        "AVG(income) BY educ (declared domain)",
+        "SELECT educ, AVG(income) FROM pumsd GROUP BY educ",
+        "SELECT educ, AVG(income) FROM t GROUP BY educ",
+        False,
+    ),
+    (
+        "histogram COUNT(*) BY educ (declared domain)",
+        "SELECT educ, COUNT(*) FROM pumsd GROUP BY educ",
+        "SELECT educ, COUNT(*) FROM t GROUP BY educ",
+        False,
+    ),
+    ("VAR_SAMP(age)", "SELECT 0, VAR_SAMP(age) FROM pums", "SELECT 0, VAR_SAMP(age) FROM t", False),
+    (
+        "COUNT(*) BY educ (no domain)",
+        "SELECT educ, COUNT(*) FROM pums GROUP BY educ",
+        "SELECT educ, COUNT(*) FROM t GROUP BY educ",
+        True,
+    ),
+]
+
+
+def sql_rows(csv: Path, con, reps: int) -> list[Row]:
+    out = []
+    for eps in EPSILONS:
+        with (
+            warnings.catch_warnings(),
+            dpsql.connect(
+                policy=policy(csv, eps),
+                ledger=MemoryLedger(),
+                cache=False,
+                noise=SeededNoise(int(eps * 1000)),
+            ) as conn,
+        ):
+            warnings.simplefilter("ignore")
+            cur = conn.cursor()
+            for name, dp_sql, true_sql, grouped in SQL_QUERIES:
+                true = truth(con, true_sql)
+                samples = []
+                for _ in range(reps):
+                    cur.execute(dp_sql)
+                    samples.append(errors({r[0]: float(r[1]) for r in cur.fetchall()}, true))
+                method = "today (Laplace, τ-threshold)" if grouped else "today (Laplace)"
+                out.append(summarise(name, eps, method, SQL, samples, reps, grouped))
+    return out
+
+
+def quantile_rows(con, reps: int) -> list[Row]:
+    income = np.array([r[0] for r in con.execute("SELECT income FROM t").fetchall()])
+    age = np.array([r[0] for r in con.execute("SELECT age FROM t").fetchall()])
+    inc_grid = Grid(0, 500_000, 8192, scale="log")
+    age_grid = Grid.for_column(0, 100, integer=True)
+    inc_counts, age_counts = inc_grid.counts(income), age_grid.counts(age)
+    # the lower-median / lower-quantile conventions of the released bins
+    true_median = float(np.sort(income)[(income.size + 1) // 2 - 1])
+    true_p90 = float(np.quantile(age, 0.9, method="lower"))
+    out = []
+    for eps in EPSILONS:
+        source = SeededNoise(int(eps * 100) + 7)
+        for method in ("em", "pf"):
+            em = ExponentialQuantile(inc_grid, eps, method=method)
+            values = [
+                em.release(inc_counts, target("quantile", 0.5), source).value for _ in range(reps)
+            ]
+            out.append(
+                _point("MEDIAN(income)", eps, f"{method}, log grid 8192", values, true_median, reps)
+            )
+            p90 = ExponentialQuantile(age_grid, eps, method=method)
+            values = [
+                p90.release(age_counts, target("quantile", 0.9), source).value for _ in range(reps)
+            ]
+            out.append(
+                _point("PERCENTILE 0.9 (age)", eps, f"{method}, unit grid", values, true_p90, reps)
+            )
+        sm = SmoothMedian(inc_grid, eps)
+        values = [sm.release(inc_counts, source) for _ in range(reps)]
+        out.append(
+            _point("MEDIAN(income)", eps, "smooth sensitivity, Cauchy", values, true_median, reps)
+        )
+        values = np.array(values)
+        out.append(
+            Row(
+                "MEDIAN(income)",
+                eps,
+                "smooth sensitivity, Cauchy (median of |rel error|)",
+                MECH,
+                float(np.median(np.abs(values - true_median)) / true_median),
+                float(np.median(values - true_median) / true_median),
+                None,
+                reps,
+            )
+        )
+    return out
+
+
+def _point(query, eps, method, values, true, reps) -> Row:
+    v = np.asarray(values, dtype=float)
+    return Row(
+        query,
+        eps,
+        method,
+        MECH,
+        float(np.mean(np.abs(v - true)) / abs(true)),
+        float(np.mean(v - true) / abs(true)),
+        None,
+        reps,
+    )
+
+
+def clipping_rows(con, reps: int, share: float = 0.1) -> list[Row]:
+    income = np.array([r[0] for r in con.execute("SELECT income FROM t").fetchall()])
+    educ = np.array([r[0] for r in con.execute("SELECT educ FROM t").fetchall()])
+    hist = LogHistogram.for_bounds(0, 500_000, ratio=2**0.25)
+    counts = hist.counts(income)
+    total = float(income.sum())
+    keys = np.unique(educ)
+    true_avg = {k: float(income[educ == k].mean()) for k in keys}
+    out = []
+    for eps in EPSILONS:
+        source = SeededNoise(int(eps * 100) + 11)
+        eps_b, eps_s = share * eps, (1 - share) * eps
+        ab = ApproxBounds(hist, eps_b, method="sum", sum_epsilon=eps_s)
+        samples, clips = [], []
+        for _ in range(reps):
+            clip = ab.release(counts, source, 0, 500_000).upper
+            clamped = float(np.minimum(income, clip).sum())
+            noisy = clamped + float(Laplace(clip, eps_s).sample(source, 1)[0])
+            samples.append(((abs(noisy - total)) / total, (noisy - total) / total, 0.0))
+            clips.append(clip)
+        row = summarise(
+            "SUM(income)",
+            eps,
+            f"auto clip ({share:.0%} of ε, median C={np.median(clips):.0f})",
+            MECH,
+            samples,
+            reps,
+        )
+        out.append(row)
+        # oracle: the best fixed clip for this data at the whole ε (no ε spent on bounds)
+        cands = hist.edges()[1:]
+        best = min(cands, key=lambda c: np.maximum(income - c, 0).sum() + c / eps)
+        samples = []
+        for _ in range(reps):
+            noisy = float(np.minimum(income, best).sum()) + float(
+                Laplace(best, eps).sample(source, 1)[0]
+            )
+            samples.append(((abs(noisy - total)) / total, (noisy - total) / total, 0.0))
+        out.append(
+            summarise(
+                "SUM(income)",
+                eps,
+                f"oracle clip C={best:.0f} (not DP: chosen on the data)",
+                MECH,
+                samples,
+                reps,
+            )
+        )
+        # AVG(income) by educ: bounds share, then sum 0.6 / count 0.3 of ε per group
+        eps_sum, eps_cnt = 0.6 * eps, 0.3 * eps
+        ab_avg = ApproxBounds(hist, eps_b, method="quantile", q=0.9)
+        samples = []
+        for _ in range(reps):
+            clip = ab_avg.release(counts, source, 0, 500_000).upper
+            released = {}
+            for k in keys:
+                x = np.minimum(income[educ == k], clip)
+                s = float(x.sum()) + float(Laplace(clip, eps_sum).sample(source, 1)[0])
+                n = x.size + float(Laplace(1.0, eps_cnt).sample(source, 1)[0])
+                released[k] = min(max(s / max(n, 1.0), 0.0), clip)
+            samples.append(errors(released, true_avg))
+        out.append(
+            summarise(
+                "AVG(income) BY educ (declared domain)",
+                eps,
+                "auto clip at q=0.9 (10%) + sum 60% + count 30%",
+                MECH,
+                samples,
+                reps,
+            )
+        )
+    return out
+
+
+def partition_rows(con, reps: int) -> list[Row]:
+    counts = np.array(
+        [
+            r[1]
+            for r in con.execute("SELECT educ, COUNT(DISTINCT pid) FROM t GROUP BY educ").fetchall()
+        ]
+    )
+    out = []
+    for eps in EPSILONS:
+        source = SeededNoise(int(eps * 100) + 13)
+        for name, sel in (
+            ("optimal (keys only, whole (ε, δ))", OptimalSelection(eps, DELTA)),
+            ("optimal at (ε/2, δ) + COUNT at ε/2", OptimalSelection(eps / 2, DELTA)),
+            ("Gaussian threshold, counts reused", GaussianSelection(eps, DELTA)),
+        ):
+            sup = [1 - float(np.mean(sel.keep(counts, source))) for _ in range(reps)]
+            exact = expected_suppression(sel, counts)
+            out.append(
+                Row(
+                    "COUNT(*) BY educ (no domain)",
+                    eps,
+                    f"{name}; expected {exact:.4f}",
+                    MECH,
+                    math.nan,
+                    math.nan,
+                    float(np.mean(sup)),
+                    reps,
+                )
+            )
+    return out
+
+
+def markdown(rows: list[Row]) -> str:
+    lines = [
+        "| query | ε | method | path | rel. error | bias | suppressed |",
+        "| --- | ---: | --- | --- | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        sup = "" if r.suppressed is None else f"{r.suppressed:.1%}"
+        rel = "" if math.isnan(r.rel_error) else f"{r.rel_error:.2%}"
+        bias = "" if math.isnan(r.bias) else f"{r.bias:+.2%}"
+        lines.append(
+            f"| {r.query} | {r.epsilon:g} | {r.method} | {r.path} | {rel} | {bias} | {sup} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=Path("/work/shared/datasets/pums"))
+    parser.add_argument("--reps", type=int, default=20, help="repetitions (200 for the docs)")
+    parser.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+    parser.add_argument("--skip-sql", action="store_true", help="mechanism rows only")
+    args = parser.parse_args(argv)
+    csv = args.data / "PUMS_pid.csv"
+    con = duckdb.connect()
+    con.execute(f"CREATE TABLE t AS SELECT * FROM read_csv_auto('{csv}')")
+    load = os.getloadavg()
+    start = time.perf_counter()
+    rows = [] if args.skip_sql else sql_rows(csv, con, args.reps)
+    rows += (
+        quantile_rows(con, args.reps)
+        + clipping_rows(con, args.reps)
+        + partition_rows(con, args.reps)
+    )
+    elapsed = time.perf_counter() - start
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=1))
+    else:
+        print(markdown(rows))
+    print(
+        f"\n{args.reps} repetitions, {elapsed:.0f} s; load average {load[0]:.1f} at start, "
+        f"{os.getloadavg()[0]:.1f} at end; {os.cpu_count()} cores",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
