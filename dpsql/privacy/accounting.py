@@ -46,7 +46,7 @@ from typing import Any
 # Totals are exact and so are the pure caps, but the costs that reach the ledger are built
 # from floats: a planner splits ε across k measures as fl(ε/k), and k·fl(ε/k) can exceed ε by
 # a few ulps (ε = 0.1 over 7 measures does); ρ = Δ₂²/2σ² comes from a numerically solved σ
-# and its cap from a square root and a logarithm (`epsilon_to_rho`). Compared with no
+# and its cap from a numerical search over Rényi orders (`zcdp_cap`). Compared with no
 # tolerance, a query spending exactly what is left would be refused for rounding alone. The
 # tolerance applies to the exact running *total*, never per charge, so however many charges
 # are made (tiny or not) a part can overspend by at most cap · 2⁻⁴⁰ (< 1e-12 relative): a fixed
