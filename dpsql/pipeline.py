@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import inspect
+import itertools
 import json
 import math
 import secrets
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 from sqlglot import exp
 
+from dpsql.aggregates import KINDS
 from dpsql.boundary import charged_boundary, post_processing_boundary
 from dpsql.engine.base import open_engine
 from dpsql.engine.duckdb_engine import EngineResult, QueryHandle
@@ -474,6 +476,14 @@ class Service:
         confidence: float = 0.95,
     ) -> Result:
         plan = prepared.plan
+        if not plan.measures and plan.threshold is None:
+            # Public keys only, nothing measured (SELECT DISTINCT dept, GROUP BY dept without
+            # an aggregate): the answer is the policy's domain. Nothing is read or charged.
+            bins = itertools.product(*(kp.domain for kp in plan.keys))  # type: ignore[misc]
+            free = Released(list(bins), [], [], None)
+            with post_processing_boundary():
+                answer = _decode(_encode(free, self._key_types(plan)))
+                return self._finish(plan, answer, cost=None, cached=False, prepared=prepared)
         dataset = self.policy.dataset
         fingerprint = prepared.fingerprint
         cache_key = fingerprint if self.cache else None
@@ -912,6 +922,10 @@ class Service:
                     float(m.mechanism.interval_halfwidth()),
                 )
             )
+        from dpsql.ir.build import plan_tree, tree_lines
+
+        for line in tree_lines(plan_tree(plan)):  # the plan tree, root first
+            rows.append(("plan", line, None, None, None, None, None, None, None, None))
         c = plan.cost
         budget = self.policy.budget
         rows.append(
@@ -987,9 +1001,8 @@ def _released_table(plan: Plan, answer: dict) -> tuple[list[str], list[str], lis
     whole = []
     for i, o in enumerate(plan.outputs):
         columns += [f"a{i}", f"a{i}_lo", f"a{i}_hi"]
-        kind = "BIGINT" if o.call.kind in ("count", "count_units") else "DOUBLE"
-        if o.call.kind == "sum" and plan.query.table.columns[o.call.column].type == "int":
-            kind = "BIGINT"
+        column = plan.query.table.columns[o.call.column] if o.call.column else None
+        kind = KINDS[o.call.kind].released_type(column)
         types += [kind, "DOUBLE", "DOUBLE"]
         whole.append(kind == "BIGINT")
     columns.append("__suppressed")

@@ -530,3 +530,17 @@ def test_dp_subquery_refusals_are_free(clean, sql, message):
     assert spy.calls == 0
     assert conn.service.ledger.spent(conn.analyst, conn.service.policy.dataset) == spent
     conn.service.engine.execute = spy.original
+
+
+def test_question_mark_parameters_bind_in_text_order(clean):
+    """The n-th ? in the text takes the n-th value (LIMIT comes after WHERE in the text)."""
+    conn, ref = clean
+    got = rows_of(
+        conn,
+        "SELECT grp, COUNT(*) FROM t WHERE age >= ? GROUP BY grp ORDER BY grp LIMIT ?",
+        [80, 2],
+    )
+    expected = ref.execute(
+        "SELECT grp, COUNT(*) FROM t WHERE age >= 80 GROUP BY grp ORDER BY grp LIMIT 2"
+    ).fetchall()
+    assert_same_rows(got, expected, ordered=True)

@@ -158,7 +158,7 @@ def check_post(post_sql: str, tree: exp.Expression | None = None) -> None:
             f"function {name}() is not allowed in post-processing",
             sqlstate="42883",
             construct=name,
-            hint="see grammar_notes.md for the functions accepted over aggregates",
+            hint="see `dpsql help grammar` for the functions accepted over aggregates",
         )
 
 

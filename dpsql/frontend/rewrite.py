@@ -35,6 +35,8 @@ _FORMAT_TOKENS = (
     ("HH", "%H"),
     ("MI", "%M"),
     ("SS", "%S"),
+    ("US", "%f"),  # microseconds (Superset's TO_TIMESTAMP format ends in .US)
+    ("MS", "%f"),
     ("MON", "%b"),
     ("AM", "%p"),
     ("PM", "%p"),

@@ -15,11 +15,12 @@ from typing import Any
 
 import numpy as np
 
+from dpsql.aggregates import Sum, kind_of
 from dpsql.engine.duckdb_engine import EngineResult
 from dpsql.errors import PrivacyError
 from dpsql.privacy.mechanisms import Gaussian, Mechanism
 from dpsql.privacy.samplers import NoiseSource
-from dpsql.sql.plan import Measure, OutputAggregate, Plan
+from dpsql.sql.plan import OutputAggregate, Plan
 from dpsql.sql.typecheck import canonical_key_value, key_sort_value
 
 INTERVAL_DRAWS = 2000
@@ -81,35 +82,9 @@ def group_index(plan: Plan, result: EngineResult) -> tuple[list[tuple], np.ndarr
 
 
 def _evaluate(output: OutputAggregate, plan: Plan, values: dict[str, np.ndarray]) -> np.ndarray:
-    """An output aggregate from (noisy) measure values, in released units."""
-    kind = output.call.kind
-    first = plan.measure(output.measures[0])
-    if kind in ("count", "count_units"):
-        return np.maximum(values[first.name], 0.0)
-    if kind == "sum":
-        total = values[first.name].astype(float)
-        if first.center:
-            count = _values_measure(plan, first)
-            total = total + first.center * values[count.name]
-        return total * first.granularity
-    s, n = values[output.measures[0]], values[output.measures[1]]
-    denominator = np.maximum(n, 1.0)
-    mean_y = s / denominator
-    if kind == "avg":
-        avg = (first.center + mean_y) * first.granularity
-        return np.clip(avg, output.lower, output.upper)
-    ss_measure = plan.measure(output.measures[2])
-    ey2 = values[ss_measure.name] / denominator + ss_measure.center2
-    half_range = (first.hi - first.lo) / 2.0
-    var = np.clip(ey2 - mean_y**2, 0.0, half_range**2)
-    if kind in ("var_samp", "stddev_samp"):
-        var = np.where(denominator > 1, var * denominator / np.maximum(denominator - 1, 1), var)
-    var = var * first.granularity**2
-    return np.sqrt(var) if kind.startswith("stddev") else var
-
-
-def _values_measure(plan: Plan, sum_measure: Measure) -> Measure:
-    return next(m for m in plan.measures if m.kind == "values" and m.column == sum_measure.column)
+    """An output aggregate from (noisy) measure values, in released units (its kind's own
+    formula: dpsql.aggregates)."""
+    return kind_of(output).evaluate(output, plan, values)
 
 
 def release(plan: Plan, result: EngineResult, source: NoiseSource) -> Released:
@@ -148,18 +123,16 @@ def _interval(
     n = len(value)
     if n == 0:
         return np.zeros((0, 2))
-    names = set(output.measures)
     first = plan.measure(output.measures[0])
-    kind = output.call.kind
-    if kind in ("count", "count_units") or (kind == "sum" and not first.center):
+    kind = kind_of(output)
+    if kind.single_measure(first):
         # One measure, no formula: the exact half-width of the discrete noise itself.
         half = first.mechanism.interval_halfwidth() * first.granularity
         low = value - half
-        if kind != "sum":
+        if kind.floor_zero:
             low = np.maximum(low, 0.0)  # counts are released clamped at zero
         return np.stack([low, value + half], axis=1)
-    if kind == "sum" and first.center:
-        names.add(_values_measure(plan, first).name)
+    names = kind.interval_measures(output, plan)
     draws = min(INTERVAL_DRAWS, max(200, 200_000 // max(n, 1)))
     order = list(names)
     noises = _simulated_noise(12345, tuple(plan.measure(k).mechanism for k in order), draws * n)
@@ -250,11 +223,11 @@ def _output_at(
         return []
     value = np.asarray(values, dtype=float)
     first = plan.measure(output.measures[0])
-    kind = output.call.kind
-    if kind in ("count", "count_units") or (kind == "sum" and not first.center):
+    kind = kind_of(output)
+    if kind.single_measure(first):
         half = first.mechanism.interval_halfwidth(confidence) * first.granularity
         low = value - half
-        if kind != "sum":
+        if kind.floor_zero:
             low = np.maximum(low, 0.0)
         return np.stack([low, value + half], axis=1).tolist()
     span = np.asarray(spans, dtype=float).reshape(-1, 2)
@@ -263,12 +236,12 @@ def _output_at(
     low_ratio, high_ratio = _quantile_ratios(weights, noises, confidence)
     low = value + (span[:, 0] - value) * low_ratio
     high = value + (span[:, 1] - value) * high_ratio
-    if kind == "avg":
+    if output.lower is not None or output.upper is not None:  # AVG: its column's range
         low, high = (
             np.clip(low, output.lower, output.upper),
             np.clip(high, output.lower, output.upper),
         )
-    elif kind != "sum":
+    elif not isinstance(kind, Sum):  # VAR / STDDEV are never negative
         low = np.maximum(low, 0.0)
     return np.stack([low, high], axis=1).tolist()
 
@@ -276,24 +249,9 @@ def _output_at(
 def _error_terms(
     output: OutputAggregate, plan: Plan, value: np.ndarray
 ) -> tuple[tuple[Mechanism, ...], np.ndarray]:
-    """The noises in a value's (linearised) error and, per group, the weight of each.
-
-    Centred SUM is linear: g (e_S + c e_N). AVG ≈ (g / N)(e_S - ȳ e_N) with ȳ the released
-    mean in fixed-point units, read off the released value. VAR/STDDEV: the sum of squares'
-    noise, which dominates its error (an approximation, for the level's scaling only).
-    """
-    first = plan.measure(output.measures[0])
-    kind = output.call.kind
-    ones = np.ones(len(value))
-    if kind == "sum":
-        count = _values_measure(plan, first)
-        return (first.mechanism, count.mechanism), np.stack([ones, first.center * ones], axis=1)
-    if kind == "avg":
-        count = plan.measure(output.measures[1])
-        mean = value / first.granularity - first.center
-        return (first.mechanism, count.mechanism), np.stack([ones, -mean], axis=1)
-    squares = plan.measure(output.measures[2])
-    return (squares.mechanism,), ones[:, None]
+    """The noises in a value's (linearised) error and, per group, the weight of each (the
+    kind's own linearisation: dpsql.aggregates)."""
+    return kind_of(output).error_terms(output, plan, value)
 
 
 def _quantile_ratios(

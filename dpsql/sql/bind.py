@@ -12,11 +12,13 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import sqlglot
 from sqlglot import exp
+from sqlglot.dialects.duckdb import DuckDB
 from sqlglot.errors import ParseError, TokenError
+from sqlglot.tokens import TokenType
 
 from dpsql.errors import (
     DataError,
@@ -310,7 +312,7 @@ def parse_statement(
             )
         return ExplainStatement(bound)
     try:
-        statements = [s for s in sqlglot.parse(text, read=DIALECT) if s is not None]
+        statements = [s for s in sqlglot.parse(text, read=_READER) if s is not None]
     except (ParseError, TokenError) as exc:
         statements = _top_statements(text)
         if statements is None:
@@ -347,6 +349,26 @@ def parse_statement(
         # other, bound and checked by the same rules (it reads no data).
         tree = expand_predictions(tree, models, text=text)
     return bind_tree(tree, text, policy)
+
+
+class _Reader(DuckDB):
+    """DuckDB's grammar, with each ``?`` placeholder remembering where it stands in the text
+    (so parameters bind in text order, see _substitute_parameters)."""
+
+    class Parser(DuckDB.Parser):
+        PLACEHOLDER_PARSERS: ClassVar[dict] = {
+            **DuckDB.Parser.PLACEHOLDER_PARSERS,
+            TokenType.PLACEHOLDER: lambda self: _positioned_placeholder(self),
+        }
+
+
+def _positioned_placeholder(parser: Any) -> exp.Placeholder:
+    node = parser.expression(exp.Placeholder())
+    node.meta["dp_start"] = parser._prev.start
+    return node
+
+
+_READER = _Reader()
 
 
 _TOP = re.compile(r"^\s*SELECT\s+(DISTINCT\s+)?TOP\s*\(?\s*\d+\s*\)?\s", re.IGNORECASE)
@@ -406,11 +428,15 @@ def _syntax_error(exc: Exception, text: str) -> SQLSyntaxError:
             lines = text.splitlines() or [""]
             offset = sum(len(x) + 1 for x in lines[: line - 1]) + max(col - 1, 0)
             position = offset_position(text, min(offset, len(text)))
+    # sqlglot names its classes ("missing for <class 'sqlglot.expressions.And'>"): say the SQL
+    description = re.sub(
+        r"for <class '[\w.]*?(\w+)'>", lambda m: "after " + m.group(1).upper(), description
+    )
     return SQLSyntaxError(
         f"syntax error: {description}",
         construct="SQL text",
         position=position,
-        hint="dpsql reads DuckDB/PostgreSQL-style SELECT statements; see grammar_notes.md",
+        hint="dpsql reads DuckDB/PostgreSQL-style SELECT statements; see `dpsql help grammar`",
     )
 
 
@@ -425,12 +451,22 @@ def _setting_command(head: str, text: str) -> SettingStatement:
 
 
 def _substitute_parameters(tree: exp.Expression, params: Sequence[Any], text: str):
-    """Replace ``?`` / ``$n`` placeholders by literals; values never become SQL text unescaped."""
-    counter = iter(range(len(params) + 1))
+    """Replace ``?`` / ``$n`` placeholders by literals; values never become SQL text unescaped.
+
+    The n-th ``?`` *in the text* takes the n-th value (the parser records where each stands:
+    the tree's own order visits LIMIT before WHERE)."""
+    starts = sorted(
+        p.meta.get("dp_start", -1) for p in tree.find_all(exp.Placeholder) if not p.this
+    )
+    numbered = {start: i for i, start in enumerate(starts)}
 
     def replace(node: exp.Expression) -> exp.Expression:
         if isinstance(node, exp.Placeholder):
-            index = int(node.this) - 1 if node.this else next(counter)
+            index = (
+                int(node.this) - 1
+                if node.this
+                else numbered.get(node.meta.get("dp_start", -1), len(params))
+            )
         elif isinstance(node, exp.Parameter):
             inner = node.this.this if isinstance(node.this, exp.Expression) else node.this
             index = int(inner) - 1
@@ -823,6 +859,14 @@ class _Binder:
                     int(number) if number.is_integer() and "." not in value_node.this else number
                 )
             arguments[arg.this.name.lower()] = value
+        if "label" not in arguments:
+            raise _refuse(
+                ProgrammingError,
+                f"{function} needs label => 'column'",
+                call,
+                self.text,
+                f"{function}('{table.name}', label => 'column', epsilon => 1.0)",
+            )
         for clause in ("group", "having"):
             if self.tree.args.get(clause):
                 raise self.refuse(
@@ -1031,11 +1075,11 @@ class _Binder:
                 node,
                 "use literal values (e.g. DATE '2025-01-01') instead",
             )
-        label = name or type(node).__name__
+        label = name or f"`{snippet(node)}`"
         return self.refuse(
             f"{kind} {label} is not allowed in {clause}",
             node,
-            "see grammar_notes.md for the accepted functions and operators",
+            "see `dpsql help grammar` for the accepted functions and operators",
         )
 
     # -- GROUP BY ----------------------------------------------------------------------------
@@ -1337,12 +1381,36 @@ class _Binder:
         for arg in ("limit", "offset"):
             node = self.tree.args.get(arg)
             if node is not None:
-                value = node.expression
-                value = value if value is not None else node.this
-                if not isinstance(value, exp.Literal) or value.is_string:
-                    raise self.refuse(f"{arg.upper()} must be a number", node, f"{arg.upper()} 10")
-                post.set(arg, node.copy())
+                post.set(arg, self._row_count(arg, node))
         return post
+
+    def _row_count(self, arg: str, node: exp.Expression) -> exp.Expression:
+        """LIMIT/OFFSET n: a whole, non-negative number (``CAST(5 AS INTEGER)``, as drivers
+        bind ``LIMIT $1::INTEGER``, is 5)."""
+        value = node.expression if node.expression is not None else node.this
+        if isinstance(value, exp.Cast | exp.TryCast) and value.to.is_type(
+            *exp.DataType.INTEGER_TYPES
+        ):
+            value = value.this
+        negative = isinstance(value, exp.Neg)
+        number = value.this if negative else value
+        whole = (
+            isinstance(number, exp.Literal)
+            and not number.is_string
+            and float(number.this).is_integer()
+        )
+        if not whole or negative:
+            # PostgreSQL's classes: a negative row count (2201W), not a number (42804)
+            raise ProgrammingError(
+                f"{arg.upper()} must be a whole number >= 0",
+                sqlstate="2201W" if whole else "42804",
+                construct=snippet(node),
+                position=position_of(node, self.text),
+                hint=f"{arg.upper()} 10",
+            )
+        out = node.copy()
+        out.set("expression" if node.expression is not None else "this", value.copy())
+        return out
 
     def _error_bar(
         self,

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from dpsql.aggregates import KINDS
 from dpsql.errors import NotSupportedError, PrivacyError
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.mechanisms import Gaussian, Laplace, Mechanism
@@ -149,17 +150,9 @@ def _measure_specs(
 
     outputs = []
     for call in query.aggregates:
-        c = call.column
-        if call.kind == "count":
-            outputs.append((call, [need("rows", None) if c is None else need("values", c)]))
-        elif call.kind == "count_units":
-            outputs.append((call, [need("units", None)]))
-        elif call.kind == "sum":
-            outputs.append((call, [need("sum", c)]))
-        elif call.kind == "avg":
-            outputs.append((call, [need("sum", c), need("values", c)]))
-        else:  # variance / stddev
-            outputs.append((call, [need("sum", c), need("values", c), need("sumsq", c)]))
+        # each kind names the measures it reads (dpsql.aggregates)
+        parts = [need(kind, column) for kind, column in KINDS[call.kind].measures(call.column)]
+        outputs.append((call, parts))
     if thresholded:
         need("units", None)
     return needed, outputs
@@ -275,9 +268,7 @@ def build_plan(
     outputs = []
     for call, parts in output_specs:
         col = table.columns[call.column] if call.column else None
-        lower = upper = None
-        if call.kind == "avg" and col is not None:
-            lower, upper = col.lower, col.upper
+        lower, upper = KINDS[call.kind].output_bounds(col)
         outputs.append(
             OutputAggregate(call, tuple(names[p] for p in parts), lower=lower, upper=upper)
         )
@@ -291,7 +282,7 @@ def build_plan(
     cost = Cost(delta=threshold_delta)
     for m in measures:
         cost = cost + m.mechanism.cost
-    return Plan(
+    plan = Plan(
         query=query,
         keys=tuple(KeyPlan(key, d) for key, d in zip(query.keys, domains, strict=True)),
         measures=tuple(measures),
@@ -305,3 +296,7 @@ def build_plan(
         cost=cost,
         data_version=data_version,
     )
+    from dpsql.ir.check import check_plan
+
+    check_plan(plan)  # charged cost == the sum of the plan tree's privacy maps
+    return plan

@@ -1,0 +1,91 @@
+"""A finished plan as its tree of typed nodes (for EXPLAIN and the cost check)."""
+
+from __future__ import annotations
+
+from dpsql.ir.measures import Measurement, PostProcess, Release, Threshold
+from dpsql.ir.relational import (
+    Aggregate,
+    AggregateMeasure,
+    Bound,
+    ComputedColumn,
+    Filter,
+    Project,
+    Scan,
+)
+from dpsql.sql.plan import Measure, Plan
+
+
+def plan_tree(plan: Plan) -> PostProcess:
+    """Scan -> [Filter] -> [Project] -> Bound -> Aggregate -> Release -> PostProcess."""
+    query = plan.query
+    table = query.table
+    node: Scan | Filter | Project = Scan(table.name, table.privacy_unit)
+    if query.where is not None:
+        node = Filter(node, query.where)
+    computed = tuple(
+        ComputedColumn(
+            c.name,
+            c.expr,
+            c.lower if c.lower is not None else float("nan"),
+            c.upper if c.upper is not None else float("nan"),
+        )
+        for c in table.columns.values()
+        if c.expr is not None
+    )
+    if computed:
+        node = Project(node, computed)
+    bound = Bound(node, table.privacy_unit, plan.max_rows, plan.max_groups)
+    measures = tuple(
+        AggregateMeasure(m.name, m.kind, m.column, _row_bound(m), per_unit=m.kind == "units")
+        for m in plan.measures
+    )
+    domains = tuple(
+        "thresholded" if kp.domain is None else f"public: {len(kp.domain)} bins" for kp in plan.keys
+    )
+    aggregate = Aggregate(bound, tuple(kp.key.sql for kp in plan.keys), domains, measures)
+    measurements = []
+    for spec, m in zip(measures, plan.measures, strict=True):
+        _, l1, l2 = bound.unit_change(spec.row_bound, per_unit=spec.per_unit)
+        measurements.append(Measurement(m.name, m.mechanism, l1, l2))
+    threshold = None
+    if plan.threshold is not None:
+        threshold = Threshold(plan.threshold.measure, plan.threshold.tau, plan.threshold.delta)
+    release = Release(
+        aggregate,
+        tuple(measurements),
+        threshold,
+        tuple(f"{o.call.label} = f({', '.join(o.measures)})" for o in plan.outputs),
+    )
+    return PostProcess(release, query.post)
+
+
+def tree_lines(root: object) -> list[str]:
+    """The tree, one node per line, children indented under their parent, with each node's
+    stability (or, for a release, its measurements and their privacy maps)."""
+    lines: list[str] = []
+
+    def visit(node: object, depth: int) -> None:
+        pad = "  " * depth
+        lines.append(f"{pad}{node.describe()}  -- {node.stability()}")  # type: ignore[attr-defined]
+        if isinstance(node, Release):
+            for m in node.measurements:
+                cost = m.privacy_map()
+                lines.append(f"{pad}  {m.describe()}: eps {cost.epsilon:.6g}, rho {cost.rho:.6g}")
+            if node.threshold is not None:
+                lines.append(f"{pad}  {node.threshold.describe()}")
+        for child in node.children():  # type: ignore[attr-defined]
+            visit(child, depth + 1)
+
+    visit(root, 0)
+    return lines
+
+
+def _row_bound(m: Measure) -> int:
+    """The largest |value| one row adds to a measure, from its fixed-point range alone."""
+    if m.kind in ("rows", "values", "units"):
+        return 1
+    centred = max(abs(m.lo - m.center), abs(m.hi - m.center))
+    if m.kind == "sum":
+        return centred
+    span = centred * centred  # sumsq: squared centred values lie in [0, span], less center2
+    return max(m.center2, span - m.center2)

@@ -1,0 +1,43 @@
+"""The cost a plan charges must equal the sum of its measurements' privacy maps.
+
+The planner calibrates each mechanism to a sensitivity it computes itself; the plan tree
+(dpsql.ir.build) derives each measure's sensitivity again from its nodes' stability (R, G,
+the per-row range) and evaluates each measurement's privacy map at it. A planner that
+under-states a sensitivity, mis-splits the budget or forgets a measurement fails here,
+before any data is read.
+"""
+
+from __future__ import annotations
+
+import math
+
+from dpsql.errors import InternalError
+from dpsql.ir.build import plan_tree
+from dpsql.sql.plan import Plan
+
+RELATIVE = 1e-9  # floating-point calibration (b = Δ1 / ε) round trip
+
+
+def check_plan(plan: Plan) -> None:
+    """Raise InternalError unless charged cost == sum of the tree's privacy maps."""
+    release = plan_tree(plan).input
+    for measurement, measure in zip(release.measurements, plan.measures, strict=True):
+        if measurement.l1 > measure.l1 * (1 + RELATIVE) or measurement.l2 > measure.l2 * (
+            1 + RELATIVE
+        ):
+            raise InternalError(
+                f"measure {measure.name}: its noise is calibrated to a smaller sensitivity "
+                "than the plan's nodes allow",
+                construct=measure.kind,
+                hint="this is a dpsql bug; nothing was spent",
+            )
+    mapped = release.cost()
+    charged = plan.cost
+    for part in ("epsilon", "delta", "rho"):
+        a, b = getattr(mapped, part), getattr(charged, part)
+        if not math.isclose(a, b, rel_tol=RELATIVE, abs_tol=1e-300):
+            raise InternalError(
+                f"the plan charges {part} {b!r} but its measurements cost {a!r}",
+                construct="plan",
+                hint="this is a dpsql bug; nothing was spent",
+            )

@@ -1,0 +1,110 @@
+"""Measurements over the aggregate: each states its privacy map; post-processing is free.
+
+A measurement adds noise of a given scale to one measure. Its privacy map takes the measure's
+sensitivity (derived by the relational nodes, not by the planner) to a cost:
+
+- discrete Laplace of scale b on an integer query of L1 sensitivity Δ1: ε = Δ1 / b
+  (P(k) / P(k + Δ1) <= exp(Δ1 / b));
+- discrete Gaussian of σ on an integer query of L2 sensitivity Δ2: ρ = Δ2² / (2σ²)
+  (Canonne, Kamath & Steinke 2020, Thm 4).
+
+Thresholding (non-public GROUP BY keys) costs the δ it is calibrated to. Release (the formula
+AVG = SUM / COUNT, clamps) and post-processing (HAVING, ORDER BY, LIMIT on released values)
+read released values only: they cost nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+from sqlglot import exp
+
+from dpsql.ir.relational import Aggregate
+from dpsql.privacy.accounting import Cost
+from dpsql.privacy.mechanisms import Gaussian, Laplace, Mechanism
+
+
+@dataclass(frozen=True)
+class Measurement:
+    measure: str
+    mechanism: Mechanism
+    l1: float  # the sensitivity the relational nodes derive
+    l2: float
+
+    def privacy_map(self) -> Cost:
+        """The cost of this noise scale at this sensitivity (independent of the planner's
+        calibration: computed from the scale the sampler will use)."""
+        if self.l1 == 0 and self.l2 == 0:
+            # a constant needs no noise; the planner still charges its share (an over-charge)
+            return self.mechanism.cost
+        if isinstance(self.mechanism, Laplace):
+            # ε = Δ1 / b, exactly as the mechanism computes b = Δ1 / ε in floating point
+            return Cost(epsilon=Fraction(self.l1) / Fraction(self.mechanism.scale))
+        if isinstance(self.mechanism, Gaussian):
+            return Cost(rho=self.l2**2 / (2 * self.mechanism.scale**2))
+        raise TypeError("unknown mechanism")
+
+    def describe(self) -> str:
+        return (
+            f"Measure {self.measure}: {self.mechanism.name} noise, scale "
+            f"{self.mechanism.scale:.6g}, sensitivity L1 {self.l1:g} / L2 {self.l2:.6g}"
+        )
+
+
+@dataclass(frozen=True)
+class Threshold:
+    measure: str
+    tau: float
+    delta: float
+
+    def privacy_map(self) -> Cost:
+        return Cost(delta=self.delta)
+
+    def describe(self) -> str:
+        return (
+            f"Threshold: release a group when noisy {self.measure} >= {self.tau:g} "
+            f"(delta {self.delta:g})"
+        )
+
+
+@dataclass(frozen=True)
+class Release:
+    """Noisy measures -> the released table (keys, values, intervals): post-processing."""
+
+    input: Aggregate
+    measurements: tuple[Measurement, ...]
+    threshold: Threshold | None
+    outputs: tuple[str, ...]  # AVG(x) = m0 / m1 ...
+
+    def children(self) -> tuple:
+        return (self.input,)
+
+    def describe(self) -> str:
+        return "Release " + ", ".join(self.outputs)
+
+    def stability(self) -> str:
+        return "post-processing of the measurements: free"
+
+    def cost(self) -> Cost:
+        total = self.threshold.privacy_map() if self.threshold is not None else Cost()
+        for m in self.measurements:
+            total = total + m.privacy_map()
+        return total
+
+
+@dataclass(frozen=True)
+class PostProcess:
+    """SELECT list, HAVING, ORDER BY, LIMIT over the released table only."""
+
+    input: Release
+    query: exp.Select
+
+    def children(self) -> tuple:
+        return (self.input,)
+
+    def describe(self) -> str:
+        return f"PostProcess {self.query.sql(dialect='duckdb')}"
+
+    def stability(self) -> str:
+        return "reads released values only: free"
