@@ -208,31 +208,21 @@ class _PostPlan:
 
 @dataclass(frozen=True)
 class _SecretTemplate:
-    """Engine SQL compiled once, with ``marker`` standing where the secret goes.
+    """A statement's compiled tree, reused by every run with that run's own secret.
 
-    Only built when compiling with two random secrets gives texts that differ exactly where
-    one's decimal digits stand for the other's, so substituting a fresh secret gives what
-    ``compile_plan(plan, fresh)`` would.
+    The tree holds a Secret node where the keyed-hash secret goes (dpsql.sql.compile), so
+    ``with_secret(fresh)`` is what ``compile_plan(plan, fresh)`` gives, without compiling or
+    rendering again (the renderings are shared; only the secret's digits differ).
     """
 
     compiled: CompiledQuery
-    marker: str | None  # None: the SQL does not depend on the secret (row-level plans)
 
     @classmethod
-    def build(cls, plan: Plan) -> _SecretTemplate | None:
-        a, b = (secrets.randbits(62) | 1 << 61 for _ in range(2))  # 19 digits each
-        first, second = compile_plan(plan, a), compile_plan(plan, b)
-        if first == second:
-            return cls(first, None)
-        marker = str(a)
-        if replace(first, sql=first.sql.replace(marker, str(b))) != second:
-            return None
-        return cls(first, marker)
+    def build(cls, plan: Plan) -> _SecretTemplate:
+        return cls(compile_plan(plan, 0))
 
     def with_secret(self, secret: int) -> CompiledQuery:
-        if self.marker is None:
-            return self.compiled
-        return replace(self.compiled, sql=self.compiled.sql.replace(self.marker, str(secret)))
+        return self.compiled.with_secret(secret)
 
 
 class _PlanCache:
@@ -459,14 +449,11 @@ class Service:
         return self._run(_Prepared(plan), analyst, handle)
 
     def _compiled(self, prepared: _Prepared) -> CompiledQuery:
-        """Engine SQL with a fresh secret; a statement's second run builds its template."""
-        secret = secrets.randbits(62)
-        if prepared.template is None and prepared.runs > 0:
+        """Engine query with a fresh secret; a statement's first run compiles its template."""
+        if prepared.template is None:
             prepared.template = _SecretTemplate.build(prepared.plan)
         prepared.runs += 1
-        if prepared.template is None:
-            return compile_plan(prepared.plan, secret)
-        return prepared.template.with_secret(secret)
+        return prepared.template.with_secret(secrets.randbits(62))
 
     def _run(
         self,

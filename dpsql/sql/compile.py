@@ -30,54 +30,157 @@ n rows count min(n, R), so each pair is capped at min(n, R) directly.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 import sqlglot
 from sqlglot import exp
+from sqlglot.generator import Generator
+from sqlglot.generators.duckdb import DuckDBGenerator
+from sqlglot.generators.spark import SparkGenerator
 
 from dpsql.policy import ColumnPolicy, TablePolicy
-from dpsql.sql.bind import to_literal
+from dpsql.sql.bind import GroupKey, to_literal
 from dpsql.sql.domains import SQL_TYPES
-from dpsql.sql.identifiers import quote_ident as _q
 from dpsql.sql.plan import Measure, Plan
-from dpsql.sql.safety import where_conditions
-from dpsql.sql.typecheck import lower_key
+from dpsql.sql.safety import guarded_conditions
+from dpsql.sql.typecheck import _DECIMAL, _WIDE_INTEGERS
 
 KEYED_HASH = "DP_KEYED_HASH"
+NEUTRAL = "neutral"  # DuckDB's dialect with the keyed hash spelled DP_KEYED_HASH
+
+
+class KeyedHash(exp.Expression, exp.Func):
+    """``DP_KEYED_HASH(values..., secret)``: engine-neutral in the tree, so that one tree serves
+    every engine; each dialect's renderer maps it to its own fast hash (HASH, XXHASH64)."""
+
+    arg_types: ClassVar = {"expressions": True}
+    is_var_len_args = True
+    _sql_names: ClassVar = [KEYED_HASH]
+
+
+class Secret(exp.Expression, exp.Func):
+    """Where the per-query secret goes: the tree is built once per plan and rendered once per
+    dialect, each run supplying its own secret (:meth:`CompiledQuery.with_secret`)."""
+
+    arg_types: ClassVar[dict[str, bool]] = {}
+    _sql_names: ClassVar = ["DP_SECRET"]
+
+
+# What the renderers print for a Secret node: the rendered text is kept as the pieces between
+# these, joined by each run's secret digits (what the generator prints for that integer).
+_MARKER = "\x00dp_secret\x00"
+
+
+def _print_secret(self: _Renderer, node: Secret) -> str:
+    """A Secret node prints the marker, counted: a marker that also occurs elsewhere (inside
+    a string literal) is detected, and that query is rendered with its secret instead."""
+    self.secrets_printed += 1
+    return _MARKER
+
+
+def _hash_as(name: str) -> Callable[[Generator, KeyedHash], str]:
+    return lambda self, node: self.func(name, *node.expressions)
+
+
+class _Renderer(Generator):
+    """What the dialect generators below add: the Secret marker and its count."""
+
+    secrets_printed = 0
+
+
+class _NeutralGenerator(DuckDBGenerator, _Renderer):
+    TRANSFORMS: ClassVar = {**DuckDBGenerator.TRANSFORMS, Secret: _print_secret}
+
+
+class _DuckDBGenerator(DuckDBGenerator, _Renderer):
+    TRANSFORMS: ClassVar = {**_NeutralGenerator.TRANSFORMS, KeyedHash: _hash_as("HASH")}
+
+
+class _SparkGenerator(SparkGenerator, _Renderer):
+    TRANSFORMS: ClassVar = {
+        **SparkGenerator.TRANSFORMS,
+        Secret: _print_secret,
+        KeyedHash: _hash_as("XXHASH64"),
+    }
+
+
+_GENERATORS: dict[str, type[_Renderer]] = {
+    NEUTRAL: _NeutralGenerator,
+    "duckdb": _DuckDBGenerator,
+    "spark": _SparkGenerator,
+}
+_DIALECTS = {NEUTRAL: "duckdb", "duckdb": "duckdb", "spark": "spark"}
 
 
 @dataclass(frozen=True)
 class CompiledQuery:
-    """Engine SQL for one plan. ``key_columns`` and ``measure_columns`` name the result."""
+    """Engine query for one plan, as one sqlglot tree; ``key_columns`` and ``measure_columns``
+    name the result. The tree holds a :class:`Secret` node where this run's ``secret`` goes."""
 
-    sql: str  # DuckDB dialect, with DP_KEYED_HASH(...) standing for the keyed hash
+    expression: exp.Expression
     key_columns: tuple[str, ...]
     measure_columns: tuple[str, ...]
+    secret: int = 0
+    # dialect -> rendered text split at the secret; shared by with_secret() copies
+    _pieces: dict[str, tuple[str, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     @property
-    def expression(self) -> exp.Expression:
-        """The query as a sqlglot tree (parsed on demand: DuckDB runs ``sql`` directly)."""
-        return sqlglot.parse_one(self.sql, read="duckdb")
+    def sql(self) -> str:
+        """DuckDB text with the keyed hash spelled DP_KEYED_HASH (logs, tests)."""
+        return self.render(NEUTRAL)
+
+    def with_secret(self, secret: int) -> CompiledQuery:
+        """The same tree (and its renderings) with another run's secret."""
+        return replace(self, secret=secret)
 
     def render(self, dialect: str = "duckdb") -> str:
-        if dialect == "duckdb":
-            return self.sql.replace(f"{KEYED_HASH}(", "HASH(")
-        return render(self.expression, dialect)
+        """Engine text in ``dialect``: the tree is rendered once per dialect, each run's secret
+        printed where the Secret nodes stand."""
+        pieces = self._pieces.get(dialect)
+        if pieces is None:
+            pieces = _rendered_pieces(self.expression, dialect)
+            self._pieces[dialect] = pieces
+        if not pieces:  # the marker also occurs elsewhere: print the secret as a literal
+            tree = self.expression.transform(
+                lambda node: exp.Literal.number(self.secret) if isinstance(node, Secret) else node
+            )
+            return _generate(tree, dialect)[0]
+        return str(int(self.secret)).join(pieces)
+
+
+def _generate(tree: exp.Expression, dialect: str) -> tuple[str, int]:
+    """The tree's text in ``dialect`` and how many Secret nodes it printed.
+
+    DuckDB's generator does not rewrite these trees, so it runs on the tree itself (a copy of
+    a 500-node tree costs as much as rendering it); Spark renders a rewritten copy.
+    """
+    if dialect == "spark":
+        tree = _spark_safe(tree)
+    generator = _GENERATORS[dialect](dialect=_DIALECTS[dialect], comments=False)
+    return generator.generate(tree, copy=False), generator.secrets_printed
+
+
+def _rendered_pieces(tree: exp.Expression, dialect: str) -> tuple[str, ...]:
+    """The tree's text cut at each Secret node; () if a marker stands anywhere else."""
+    text, printed = _generate(tree, dialect)
+    pieces = tuple(text.split(_MARKER))
+    return pieces if len(pieces) == printed + 1 else ()
 
 
 def render(expression: exp.Expression, dialect: str) -> str:
-    """Render engine SQL, mapping DP_KEYED_HASH to the dialect's own fast hash."""
+    """Engine SQL of any tree in ``dialect`` (``duckdb``, ``spark`` or :data:`NEUTRAL`), the
+    keyed hash mapped to the dialect's own fast hash. For trees parsed from text (dpsql.sql.rows
+    writes DP_KEYED_HASH(...) as a plain call); the tree itself is left unchanged."""
+    return _generate(expression.transform(_keyed_node), dialect)[0]
 
-    def keyed(node: exp.Expression) -> exp.Expression:
-        if isinstance(node, exp.Anonymous) and node.name.upper() == KEYED_HASH:
-            fn = "HASH" if dialect == "duckdb" else "XXHASH64"
-            return exp.Anonymous(this=fn, expressions=node.expressions)
-        return node
 
-    expression = expression.transform(keyed)
-    if dialect == "spark":
-        expression = _spark_safe(expression)
-    return expression.sql(dialect=dialect)
+def _keyed_node(node: exp.Expression) -> exp.Expression:
+    """A parsed DP_KEYED_HASH(...) call as the KeyedHash node the renderers map."""
+    if isinstance(node, exp.Anonymous) and node.name.upper() == KEYED_HASH:
+        return KeyedHash(expressions=[e.copy() for e in node.expressions])
+    return node
 
 
 def _spark_safe(expression: exp.Expression) -> exp.Expression:
@@ -105,15 +208,21 @@ def _spark_safe(expression: exp.Expression) -> exp.Expression:
     expression = expression.transform(unparen)
     ctes = {cte.alias: cte.this for cte in expression.find_all(exp.CTE)}
     for select in list(expression.find_all(exp.Select)):
-        if select.args.get("qualify") is not None and any(map(_is_star, select.expressions)):
+        if select.args.get(exp.Qualify.key) is not None and any(map(_is_star, select.expressions)):
             columns = _output_columns(select, ctes)
             if columns:
                 select.set("expressions", [exp.column(c) for c in columns])
     outer = expression if isinstance(expression, exp.Select) else None
     if outer is not None:
         for total in [s for item in outer.expressions for s in item.find_all(exp.Sum)]:
-            total.set("this", exp.cast(total.this, exp.DataType.build("DECIMAL(38, 0)")))
+            total.set("this", exp.Cast(this=total.this, to=_decimal(38, 0)))
     return expression
+
+
+def _decimal(precision: int, scale: int) -> exp.DataType:
+    """``DECIMAL(precision, scale)`` as a node (DataType.build would parse the text)."""
+    params = [exp.DataTypeParam(this=exp.Literal.number(n)) for n in (precision, scale)]
+    return exp.DataType(this=exp.DataType.Type.DECIMAL, expressions=params, nested=False)
 
 
 def _is_star(item: exp.Expression) -> bool:
@@ -138,7 +247,7 @@ def _output_columns(query: exp.Expression, ctes: dict) -> list[str] | None:
             names.append(item.alias_or_name)
             continue
         qualifier = item.table if isinstance(item, exp.Column) else ""
-        from_ = query.args.get("from_") or query.args.get("from")
+        from_ = query.args.get("from_")
         sources = [from_.this] if from_ is not None else []
         for join in query.args.get("joins") or []:
             if (join.args.get("kind") or "").upper() not in ("SEMI", "ANTI"):
@@ -160,22 +269,148 @@ def _output_columns(query: exp.Expression, ctes: dict) -> list[str] | None:
     return names
 
 
-def _col(col: ColumnPolicy) -> str:
-    """A column's SQL: its quoted name, or for a computed column its expression under TRY
+# -- small node builders --------------------------------------------------------------------
+
+
+def _name(name: str, table: str | None = None) -> exp.Column:
+    """An internal column (``__u``, ``k0``, ``b.__u``): dpsql's own names, never quoted."""
+    column = exp.Column(this=exp.Identifier(this=name, quoted=False))
+    if table is not None:
+        column.set("table", exp.Identifier(this=table, quoted=False))
+    return column
+
+
+def _quoted(name: str) -> exp.Column:
+    """A policy column by its quoted name (any name the policy declares is safe to run)."""
+    return exp.Column(this=exp.Identifier(this=name, quoted=True))
+
+
+def _number(value: int | float) -> exp.Expression:
+    """A numeric literal spelled as Python prints it (``repr`` keeps every digit of a float)."""
+    return exp.Literal.number(repr(value) if isinstance(value, float) else value)
+
+
+def _type(name: str) -> exp.DataType:
+    return exp.DataType(this=exp.DataType.Type[name], nested=False)
+
+
+def _cast(node: exp.Expression, to: str) -> exp.Cast:
+    return exp.Cast(this=node, to=_type(to))
+
+
+def _alias(node: exp.Expression, name: str) -> exp.Alias:
+    return exp.Alias(this=node, alias=exp.Identifier(this=name, quoted=False))
+
+
+def _and(conditions: list[exp.Expression]) -> exp.Expression:
+    """``a AND b AND c`` as the parser builds it (left-deep)."""
+    out = conditions[0]
+    for condition in conditions[1:]:
+        out = exp.And(this=out, expression=condition)
+    return out
+
+
+def _table(name: str, alias: str | None = None, *, quoted: bool = False) -> exp.Table:
+    table = exp.Table(this=exp.Identifier(this=name, quoted=quoted))
+    if alias is not None:
+        table.set("alias", exp.TableAlias(this=exp.Identifier(this=alias, quoted=False)))
+    return table
+
+
+def _subquery(query: exp.Expression, alias: str) -> exp.Subquery:
+    return exp.Subquery(
+        this=query, alias=exp.TableAlias(this=exp.Identifier(this=alias, quoted=False))
+    )
+
+
+def _select(
+    items: list[exp.Expression],
+    source: exp.Expression,
+    *,
+    where: list[exp.Expression] | None = None,
+    group: list[exp.Expression] | None = None,
+    joins: list[exp.Join] | None = None,
+    having: exp.Expression | None = None,
+    qualify: exp.Expression | None = None,
+) -> exp.Select:
+    """``SELECT items FROM source [joins] [WHERE a AND b] [GROUP BY group] [HAVING h]
+    [QUALIFY q]``: the one shape every step of the plan takes."""
+    return exp.Select(
+        expressions=items,
+        from_=exp.From(this=source),
+        joins=joins or None,
+        where=exp.Where(this=_and(where)) if where else None,
+        group=exp.Group(expressions=group) if group else None,
+        having=exp.Having(this=having) if having is not None else None,
+        qualify=exp.Qualify(this=qualify) if qualify is not None else None,
+    )
+
+
+def _star(table: str | None = None) -> exp.Expression:
+    """``*`` or ``t.*``."""
+    return exp.Star() if table is None else exp.Column(this=exp.Star(), table=_ident(table))
+
+
+def _ident(name: str) -> exp.Identifier:
+    return exp.Identifier(this=name, quoted=False)
+
+
+def _count_star() -> exp.Count:
+    return exp.Count(this=exp.Star())
+
+
+def _row_number(partition: list[exp.Expression], order: list[exp.Expression]) -> exp.Window:
+    """``ROW_NUMBER() OVER (PARTITION BY ... ORDER BY ...)``, NULLs last as in DuckDB (so
+    Spark, whose NULLs sort first, is told explicitly)."""
+    return exp.Window(
+        this=exp.RowNumber(),
+        partition_by=partition,
+        order=exp.Order(expressions=[exp.Ordered(this=o, nulls_first=False) for o in order]),
+        over="OVER",
+    )
+
+
+def _join(source: exp.Expression, kind: str, on: exp.Expression) -> exp.Join:
+    """A SEMI or ANTI join: it filters the left side and adds no column."""
+    return exp.Join(this=source, kind=kind, on=on)
+
+
+def _same(left: str, right: str, column: str, *, nulls_match: bool) -> exp.Expression:
+    """``left.column = right.column``, or IS NOT DISTINCT FROM where NULL keys must match."""
+    node = exp.NullSafeEQ if nulls_match else exp.EQ
+    return node(this=_name(column, left), expression=_name(column, right))
+
+
+# -- values -----------------------------------------------------------------------------------
+
+
+def _col(col: ColumnPolicy) -> exp.Expression:
+    """A column's value: its quoted name, or for a computed column its expression under TRY
     (a row on which it fails -- an overflow, a bad cast -- gives NULL instead of an error
-    that would reveal that such a row exists)."""
+    that would reveal that such a row exists).
+
+    A computed column's policy holds its SQL text only (dpsql.sql.bind renders it), so it is
+    parsed here: once per compiled plan and use, never cached across queries (a cache shared
+    by analysts would tell one, by timing, which expressions another has used).
+    """
     if col.expr is not None:
-        return f"TRY({col.expr})"
-    return _q(col.name)
+        return exp.Try(this=sqlglot.parse_one(col.expr, read="duckdb"))
+    return _quoted(col.name)
 
 
-def _clamp(x: str, lower: str, upper: str) -> str:
+def _clamp(x: exp.Expression, lower: int | float, upper: int | float) -> exp.Case:
     """clamp(x) to [lower, upper]; NULL stays NULL, NaN goes to ``upper`` (DuckDB orders NaN
     above every number). A CASE, not LEAST(GREATEST(...)): in DuckDB it is ~2x cheaper."""
-    return f"CASE WHEN {x} < {lower} THEN {lower} WHEN {x} > {upper} THEN {upper} ELSE {x} END"
+    return exp.Case(
+        ifs=[
+            exp.If(this=exp.LT(this=x, expression=_number(lower)), true=_number(lower)),
+            exp.If(this=exp.GT(this=x.copy(), expression=_number(upper)), true=_number(upper)),
+        ],
+        default=x.copy(),
+    )
 
 
-def fixed_point_value(col: ColumnPolicy, lo: int, hi: int) -> str:
+def fixed_point_expr(col: ColumnPolicy, lo: int, hi: int) -> exp.Expression:
     """One row's integer: round(x / g) within the plan's [lo, hi], as BIGINT (NULL for NULL).
 
     ``x / g`` is clamped to the integers lo and hi *before* ROUND, and any rounding rule is
@@ -188,72 +423,109 @@ def fixed_point_value(col: ColumnPolicy, lo: int, hi: int) -> str:
     """
     c = _col(col)
     if col.type == "int" and col.granularity == 1:
-        return f"CAST({_clamp(c, str(lo), str(hi))} AS BIGINT)"
-    quotient = f"CAST({c} AS DOUBLE) / {col.granularity!r}"
-    value = f"CAST(ROUND({_clamp(quotient, str(lo), str(hi))}) AS BIGINT)"
+        return _cast(_clamp(c, lo, hi), "BIGINT")
+    quotient = exp.Div(
+        this=_cast(c, "DOUBLE"), expression=_number(col.granularity), typed=False, safe=False
+    )
+    value: exp.Expression = _cast(exp.Round(this=_clamp(quotient, lo, hi)), "BIGINT")
     if max(abs(lo), abs(hi)) > 2**53:
-        value = _clamp(value, str(lo), str(hi))
+        value = _clamp(value, lo, hi)
     return value
 
 
-def row_value(m: Measure, table: TablePolicy) -> str | None:
-    """SQL of one row's integer contribution to a measure (None: counted per unit/row)."""
+def fixed_point_value(col: ColumnPolicy, lo: int, hi: int) -> str:
+    """DuckDB text of :func:`fixed_point_expr`, for tests that evaluate it on their own rows."""
+    return fixed_point_expr(col, lo, hi).sql(dialect="duckdb")
+
+
+def _centred(m: Measure, col: ColumnPolicy) -> exp.Expression:
+    """The row's fixed-point value minus the measure's centre (none when it is 0)."""
+    value = fixed_point_expr(col, m.lo, m.hi)
+    return exp.Sub(this=value, expression=_number(m.center)) if m.center else value
+
+
+def _squared(m: Measure, col: ColumnPolicy) -> exp.Expression:
+    """``(centred) * (centred) - center2``: the row's sumsq contribution."""
+    square = exp.Mul(
+        this=exp.Paren(this=_centred(m, col)), expression=exp.Paren(this=_centred(m, col))
+    )
+    return exp.Sub(this=square, expression=_number(m.center2)) if m.center2 else square
+
+
+def row_value_expr(m: Measure, table: TablePolicy) -> exp.Expression | None:
+    """One row's integer contribution to a measure (None: counted per unit/row)."""
     if m.kind in ("rows", "units"):
         return None
     col = table.columns[m.column]  # type: ignore[index]
-    c = _col(col)
+    is_null = exp.Is(this=_col(col), expression=exp.Null())
     if m.kind == "values":
-        return f"CASE WHEN {c} IS NULL THEN 0 ELSE 1 END"
-    centred = fixed_point_value(col, m.lo, m.hi) + (f" - {m.center}" if m.center else "")
-    if m.kind == "sum":
-        return f"CASE WHEN {c} IS NULL THEN CAST(0 AS BIGINT) ELSE {centred} END"
-    squared = f"({centred}) * ({centred})" + (f" - {m.center2}" if m.center2 else "")
-    return f"CASE WHEN {c} IS NULL THEN CAST(0 AS BIGINT) ELSE {squared} END"
+        return exp.Case(ifs=[exp.If(this=is_null, true=_number(0))], default=_number(1))
+    value = _centred(m, col) if m.kind == "sum" else _squared(m, col)
+    return exp.Case(ifs=[exp.If(this=is_null, true=_cast(_number(0), "BIGINT"))], default=value)
 
 
-def measure_aggregate(m: Measure, table: TablePolicy) -> str:
+def row_value(m: Measure, table: TablePolicy) -> str | None:
+    """DuckDB text of :func:`row_value_expr` (benches splice it into reference queries)."""
+    node = row_value_expr(m, table)
+    return None if node is None else node.sql(dialect="duckdb")
+
+
+def measure_aggregate_expr(m: Measure, table: TablePolicy) -> exp.Expression:
     """One measure aggregated over raw rows: COUNT(*), COUNT(col) or SUM(value).
 
     Same totals as SUM(row_value) but cheaper: NULL rows drop out of COUNT(col) and SUM by
     themselves (an all-NULL SUM is NULL, which the engine reads as 0).
     """
     if m.kind in ("rows", "units"):
-        return "COUNT(*)"
+        return _count_star()
     col = table.columns[m.column]  # type: ignore[index]
     if m.kind == "values":
-        return f"COUNT({_col(col)})"
-    centred = fixed_point_value(col, m.lo, m.hi) + (f" - {m.center}" if m.center else "")
-    if m.kind == "sum":
-        return f"SUM({centred})"
-    return f"SUM(({centred}) * ({centred})" + (f" - {m.center2})" if m.center2 else ")")
+        return exp.Count(this=_col(col))
+    return exp.Sum(this=_centred(m, col) if m.kind == "sum" else _squared(m, col))
 
 
-_FILTER_CACHE: dict[tuple[ColumnPolicy, str], str] = {}
+def measure_aggregate(m: Measure, table: TablePolicy) -> str:
+    """DuckDB text of :func:`measure_aggregate_expr`."""
+    return measure_aggregate_expr(m, table).sql(dialect="duckdb")
 
 
-def _domain_condition(col: ColumnPolicy, target: str) -> str:
-    """``target`` lies in ``col``'s declared domain. Depends on the policy only: cached."""
+# -- filters ------------------------------------------------------------------------------------
+
+_FILTER_CACHE: dict[tuple[ColumnPolicy, str | None], exp.Expression] = {}
+
+
+def _domain_condition(col: ColumnPolicy, target: str | None = None) -> exp.Expression:
+    """``target`` (an internal column, or by default the column itself) lies in ``col``'s
+    declared domain. Depends on the policy only: built once, copied per use."""
     cache_key = (col, target)
     cond = _FILTER_CACHE.get(cache_key)
-    if cond is not None:
-        return cond
+    if cond is None:
+        cond = _build_domain_condition(col, lambda: _col(col) if target is None else _name(target))
+        if len(_FILTER_CACHE) < 4096:
+            _FILTER_CACHE[cache_key] = cond
+    return cond.copy()
+
+
+def _build_domain_condition(
+    col: ColumnPolicy, target: Callable[[], exp.Expression]
+) -> exp.Expression:
+    """IN (declared values), BETWEEN (declared bounds) or IS NOT NULL, OR IS NULL if nullable."""
+    cond: exp.Expression
     if col.values is not None:
-        items = ", ".join(
-            exp.cast(to_literal(v), SQL_TYPES[col.type]).sql(dialect="duckdb") for v in col.values
-        )
-        cond = f"{target} IN ({items})"
+        items = [exp.cast(to_literal(v), SQL_TYPES[col.type]) for v in col.values]
+        cond = exp.In(this=target(), expressions=items)
     elif col.numeric and col.bounded:
-        cond = f"{target} BETWEEN {col.lower!r} AND {col.upper!r}"
+        cond = exp.Between(this=target(), low=_number(col.lower), high=_number(col.upper))
     else:
-        cond = f"{target} IS NOT NULL"
+        cond = exp.Not(this=exp.Is(this=target(), expression=exp.Null()))
     if col.nullable:
-        cond = f"({cond} OR {target} IS NULL)"
-    if len(_FILTER_CACHE) < 4096:
-        _FILTER_CACHE[cache_key] = cond
+        cond = exp.Paren(
+            this=exp.Or(this=cond, expression=exp.Is(this=target(), expression=exp.Null()))
+        )
     return cond
 
 
-def _domain_filters(plan: Plan, *, skip_column_keys: bool = False) -> list[str]:
+def _domain_filter_exprs(plan: Plan, *, skip_column_keys: bool = False) -> list[exp.Expression]:
     """Keep rows whose key columns lie in their declared public domain.
 
     With ``skip_column_keys``, keys that are a bare column are left out: the caller filters
@@ -261,7 +533,7 @@ def _domain_filters(plan: Plan, *, skip_column_keys: bool = False) -> list[str]:
     GROUP BY, whose groups outside the public domain are never released).
     """
     table = plan.query.table
-    filters: list[str] = []
+    filters: list[exp.Expression] = []
     seen: set[str] = set()
     for kp in plan.keys:
         if kp.domain is None or _is_constant_case(kp.key.expr):
@@ -272,9 +544,16 @@ def _domain_filters(plan: Plan, *, skip_column_keys: bool = False) -> list[str]:
             if name in seen:
                 continue
             seen.add(name)
-            col = table.columns[name]
-            filters.append(_domain_condition(col, _col(col)))
+            filters.append(_domain_condition(table.columns[name]))
     return filters
+
+
+def _domain_filters(plan: Plan, *, skip_column_keys: bool = False) -> list[str]:
+    """DuckDB text of :func:`_domain_filter_exprs` (bench_core's reference plan splices it)."""
+    return [
+        f.sql(dialect="duckdb")
+        for f in _domain_filter_exprs(plan, skip_column_keys=skip_column_keys)
+    ]
 
 
 def _is_constant_case(node: exp.Expression) -> bool:
@@ -283,91 +562,196 @@ def _is_constant_case(node: exp.Expression) -> bool:
     return _constant_case(node) is not None
 
 
-def _key_select(plan: Plan) -> list[str]:
-    """Key expressions as :func:`dpsql.sql.typecheck.lower_key` makes them releasable: under
-    TRY (a failing row gets a NULL key; an error would reveal that such a row exists), cast
-    to the released type, dates outside years 1..9999 as NULL."""
-    return [lower_key(kp.key) for kp in plan.keys]
+def _q(name: str) -> str:
+    """Quoted identifier text (kept for benches that write reference SQL by hand)."""
+    from dpsql.sql.identifiers import quote_ident
+
+    return quote_ident(name)
 
 
-def compile_plan(plan: Plan, secret: int) -> CompiledQuery:
-    """Engine SQL for ``plan``; ``secret`` keys row and group selection for this query only."""
+# -- keys ---------------------------------------------------------------------------------------
+
+_DATE_RANGE = {
+    "DATE": ("DATE", "0001-01-01", "9999-12-31"),
+    "TIMESTAMP": ("TIMESTAMP", "0001-01-01 00:00:00", "9999-12-31 23:59:59.999999"),
+}
+
+
+def lowered_key(key: GroupKey) -> exp.Expression:
+    """A key as a tree, such that every value it yields can be released: the tree of
+    :func:`dpsql.sql.typecheck.lower_key` (which enumerates public domains with the same
+    lowering; tests/test_compile_ast.py checks both agree).
+
+    Non-column keys run under TRY (a failing row gets the NULL key instead of failing the
+    query); wide integers and decimals are cast to the released type; dates and timestamps
+    outside years 1..9999 become NULL.
+    """
+
+    def guarded() -> exp.Expression:
+        node = key.expr.copy()
+        return node if isinstance(key.expr, exp.Column) else exp.Try(this=node)
+
+    duck_type = key.type
+    if duck_type is None:
+        return guarded()
+    if duck_type in _WIDE_INTEGERS:
+        return exp.TryCast(this=guarded(), to=_type("BIGINT"))
+    if _DECIMAL.fullmatch(duck_type) or duck_type == "FLOAT":
+        return _cast(guarded(), "DOUBLE")
+    if duck_type == '"NULL"':
+        return _cast(guarded(), "VARCHAR")
+    bounds = _DATE_RANGE.get(duck_type)
+    if bounds is not None:
+        kind, low, high = bounds
+        within = exp.Between(
+            this=exp.Paren(this=guarded()),
+            low=_cast(exp.Literal.string(low), kind),
+            high=_cast(exp.Literal.string(high), kind),
+        )
+        return exp.Case(ifs=[exp.If(this=within, true=exp.Paren(this=guarded()))])
+    return guarded()
+
+
+# -- the plan -----------------------------------------------------------------------------------
+
+
+def _conditions(plan: Plan) -> list[exp.Expression]:
+    """The scan's WHERE: the analyst's conditions (risky ones under TRY), the public domains
+    of non-column keys, and (with a privacy unit) rows that belong to a unit."""
     query = plan.query
     table = query.table
-    row_level = table.privacy_unit is None
-    conditions = []
+    conditions: list[exp.Expression] = []
     if query.where is not None:
         # TRY: a row whose expression fails (CAST('x' AS INT), 1 // 0) is filtered out instead
         # of failing the query, so that an error can never reveal whether such a row exists.
         # Conjuncts that cannot fail for any row run without it (dpsql.sql.safety).
-        conditions.extend(where_conditions(query.where, table, "duckdb"))
-    conditions.extend(_domain_filters(plan, skip_column_keys=True))
-    if not row_level:
+        conditions.extend(guarded_conditions(query.where, table))
+    conditions.extend(_domain_filter_exprs(plan, skip_column_keys=True))
+    if table.privacy_unit is not None:
         # A row without a privacy unit belongs to nobody we can bound: it is never used.
-        conditions.append(f"{_q(table.privacy_unit)} IS NOT NULL")
-    where_sql = f" WHERE {' AND '.join(conditions)}" if conditions else ""
-    source = _q(table.name)
-    measure_cols = tuple(m.name for m in plan.measures)
-    keys = [f"k{i}" for i in range(len(plan.keys))]
-    key_exprs = _key_select(plan)
+        unit = _quoted(table.privacy_unit)
+        conditions.append(exp.Not(this=exp.Is(this=unit, expression=exp.Null())))
+    return conditions
 
-    if row_level:
-        select = [f"{e} AS {k}" for e, k in zip(key_exprs, keys, strict=True)]
-        select += [f"{measure_aggregate(m, table)} AS {m.name}" for m in plan.measures]
-        body = f"SELECT {', '.join(select)} FROM {source}{where_sql}" + (
-            f" GROUP BY {', '.join(str(i + 1) for i in range(len(keys)))}" if keys else ""
-        )
-        return CompiledQuery(body, tuple(keys), measure_cols)
-    return CompiledQuery(
-        _bounded_sql(plan, secret, where_sql, key_exprs), tuple(keys), measure_cols
+
+def compile_plan(plan: Plan, secret: int) -> CompiledQuery:
+    """The engine query for ``plan``; ``secret`` keys row and group selection for this run
+    only (later runs reuse the tree with :meth:`CompiledQuery.with_secret`)."""
+    keys = tuple(f"k{i}" for i in range(len(plan.keys)))
+    measure_cols = tuple(m.name for m in plan.measures)
+    if plan.query.table.privacy_unit is None:
+        tree: exp.Expression = _row_level(plan, keys)
+    else:
+        tree = _bounded(plan)
+    return CompiledQuery(tree, keys, measure_cols, secret)
+
+
+def _row_level(plan: Plan, keys: tuple[str, ...]) -> exp.Select:
+    """Every row its own unit: one scan and one GROUP BY, no bounding."""
+    table = plan.query.table
+    items: list[exp.Expression] = [
+        _alias(lowered_key(kp.key), k) for kp, k in zip(plan.keys, keys, strict=True)
+    ]
+    items += [_alias(measure_aggregate_expr(m, table), m.name) for m in plan.measures]
+    group = [exp.Literal.number(i + 1) for i in range(len(keys))]
+    return _select(
+        items, _table(table.name, quoted=True), where=_conditions(plan), group=group or None
     )
 
 
-def _bounded_sql(plan: Plan, secret: int, where_sql: str, key_exprs: list[str]) -> str:
-    """Contribution bounding per privacy unit (see the module docstring for the plan)."""
+def _pairs(plan: Plan, ks: list[str]) -> exp.Select:
+    """One row per (unit, group): its row count and partial aggregates over all its rows.
+    Bare-column keys are filtered to their public domain here, on the pairs."""
     table = plan.query.table
-    source = _q(table.name)
-    unit = _q(table.privacy_unit)  # type: ignore[arg-type]
-    R = plan.max_rows
-    ks = [f"__k{i}" for i in range(len(plan.keys))]
-    gc = ", ".join(["__u", *ks])
-    value_measures = [m for m in plan.measures if m.kind not in ("rows", "units")]
-    aggs = "".join(f", {measure_aggregate(m, table)} AS v_{m.name}" for m in value_measures)
-    keyed = "".join(f", {e} AS {k}" for e, k in zip(key_exprs, ks, strict=True))
-    # Bare-column keys are filtered to their public domain on the (unit, key) pairs.
+    items: list[exp.Expression] = [_alias(_quoted(table.privacy_unit), "__u")]  # type: ignore[arg-type]
+    items += [_alias(lowered_key(kp.key), k) for kp, k in zip(plan.keys, ks, strict=True)]
+    items.append(_alias(_count_star(), "__n"))
+    items += [
+        _alias(measure_aggregate_expr(m, table), f"v_{m.name}") for m in _value_measures(plan)
+    ]
+    group = [_name(c) for c in ["__u", *ks]]
+    pairs = _select(items, _table(table.name, quoted=True), where=_conditions(plan), group=group)
     pair_filters = [
         _domain_condition(table.columns[kp.key.columns[0]], k)
         for kp, k in zip(plan.keys, ks, strict=True)
         if kp.domain is not None and isinstance(kp.key.expr, exp.Column)
     ]
-    pairs = (
-        f"SELECT {unit} AS __u{keyed}, COUNT(*) AS __n{aggs} FROM {source}{where_sql} GROUP BY {gc}"
-    )
     if pair_filters:
-        pairs = f"SELECT * FROM ({pairs}) AS p WHERE {' AND '.join(pair_filters)}"
-    all_columns = ", ".join(_q(c) for c, spec in table.columns.items() if spec.expr is None)
-    match = " AND ".join(["b.__u = o.__u"] + [f"b.{k} IS NOT DISTINCT FROM o.{k}" for k in ks])
-    if not value_measures:
+        pairs = _select([_star()], _subquery(pairs, "p"), where=pair_filters)
+    return pairs
+
+
+def _value_measures(plan: Plan) -> list[Measure]:
+    return [m for m in plan.measures if m.kind not in ("rows", "units")]
+
+
+def _cte(name: str, query: exp.Expression) -> exp.CTE:
+    return exp.CTE(this=query, alias=exp.TableAlias(this=_ident(name)))
+
+
+def _bounded(plan: Plan) -> exp.Select:
+    """Contribution bounding per privacy unit (see the module docstring for the plan)."""
+    ks = [f"__k{i}" for i in range(len(plan.keys))]
+    gc = ["__u", *ks]
+    R = plan.max_rows
+    if not _value_measures(plan):
         # Only row and unit counts: any R of a pair's n rows count min(n, R), whichever the
         # keyed hash would pick, so the pair's count is capped without re-reading its rows.
-        ctes = [f"bounded AS (SELECT {gc}, LEAST(__n, {R}) AS __n FROM ({pairs}) AS p)"]
-        return _finish_bounded(plan, ctes, ks, secret)
+        capped = exp.Least(this=_name("__n"), expressions=[_number(R)], ignore_nulls=True)
+        items = [_name(c) for c in gc] + [_alias(capped, "__n")]
+        return _finish_bounded(
+            plan, [_cte("bounded", _select(items, _subquery(_pairs(plan, ks), "p")))], ks
+        )
+    base_within = _select(
+        [_star()], _table("base"), where=[exp.LTE(this=_name("__n"), expression=_number(R))]
+    )
+    bounded = exp.Union(
+        this=base_within, expression=_select([_star()], _table("sampled")), distinct=False
+    )
     ctes = [
-        f"base AS ({pairs})",
-        # Only (unit, group) pairs over R rows re-read their rows: R of smallest keyed hash.
-        (
-            f"sampled AS (SELECT {gc}, COUNT(*) AS __n{aggs} FROM (SELECT b.*, ROW_NUMBER() "
-            f"OVER (PARTITION BY {', '.join('b.' + c for c in ['__u', *ks])} ORDER BY "
-            f"{KEYED_HASH}({all_columns}, {secret})) AS __r FROM (SELECT *, {unit} AS __u"
-            f"{keyed} FROM {source}{where_sql}) AS b SEMI JOIN (SELECT {gc} FROM base "
-            f"WHERE __n > {R}) AS o ON {match}) AS s WHERE __r <= {R} GROUP BY {gc})"
-        ),
-        f"bounded AS (SELECT * FROM base WHERE __n <= {R} UNION ALL SELECT * FROM sampled)",
+        _cte("base", _pairs(plan, ks)),
+        _cte("sampled", _sampled(plan, ks)),
+        _cte("bounded", bounded),
     ]
-    return _finish_bounded(plan, ctes, ks, secret)
+    return _finish_bounded(plan, ctes, ks)
 
 
-def _finish_bounded(plan: Plan, ctes: list[str], ks: list[str], secret: int) -> str:
+def _sampled(plan: Plan, ks: list[str]) -> exp.Select:
+    """Only (unit, group) pairs over R rows re-read their rows (a semi join on the pair, NULL
+    keys matching NULL) and keep the R of smallest keyed hash of the whole row."""
+    table = plan.query.table
+    R = plan.max_rows
+    gc = ["__u", *ks]
+    stored = [_quoted(c) for c, spec in table.columns.items() if spec.expr is None]
+    rows_items: list[exp.Expression] = [_star(), _alias(_quoted(table.privacy_unit), "__u")]  # type: ignore[arg-type]
+    rows_items += [_alias(lowered_key(kp.key), k) for kp, k in zip(plan.keys, ks, strict=True)]
+    rows = _select(rows_items, _table(table.name, quoted=True), where=_conditions(plan))
+    over_r = _select(
+        [_name(c) for c in gc],
+        _table("base"),
+        where=[exp.GT(this=_name("__n"), expression=_number(R))],
+    )
+    match = [_same("b", "o", "__u", nulls_match=False)]
+    match += [_same("b", "o", k, nulls_match=True) for k in ks]
+    order = KeyedHash(expressions=[*stored, Secret()])
+    ranked = _select(
+        [_star("b"), _alias(_row_number([_name(c, "b") for c in gc], [order]), "__r")],
+        _subquery(rows, "b"),
+        joins=[_join(_subquery(over_r, "o"), "SEMI", _and(match))],
+    )
+    items: list[exp.Expression] = [_name(c) for c in gc] + [_alias(_count_star(), "__n")]
+    items += [
+        _alias(measure_aggregate_expr(m, table), f"v_{m.name}") for m in _value_measures(plan)
+    ]
+    return _select(
+        items,
+        _subquery(ranked, "s"),
+        where=[exp.LTE(this=_name("__r"), expression=_number(R))],
+        group=[_name(c) for c in gc],
+    )
+
+
+def _finish_bounded(plan: Plan, ctes: list[exp.CTE], ks: list[str]) -> exp.Select:
     """At most G groups per unit, then the final GROUP BY over the bounded pairs."""
     G = plan.max_groups
     final_source = "bounded"
@@ -376,26 +760,54 @@ def _finish_bounded(plan: Plan, ctes: list[str], ks: list[str], secret: int) -> 
     if ks and (bins is None or bins > G):
         # At most G groups per unit, by keyed hash of (unit, key): each unit drops its own
         # groups, not the same groups for everyone. Only units over G are ranked.
-        key_hash = f"{KEYED_HASH}(__u, {', '.join(ks)}, {secret})"
-        same_unit = "b.__u IS NOT DISTINCT FROM c.__u"
-        ctes += [
-            f"crowded AS (SELECT __u FROM bounded GROUP BY __u HAVING COUNT(*) > {G})",
-            (
-                f"ranked AS (SELECT b.* FROM bounded AS b ANTI JOIN crowded AS c ON {same_unit} "
-                f"UNION ALL SELECT * FROM (SELECT b.* FROM bounded AS b SEMI JOIN crowded AS c "
-                f"ON {same_unit}) AS x QUALIFY ROW_NUMBER() OVER (PARTITION BY __u ORDER BY "
-                f"{key_hash}, {', '.join(ks)}) <= {G})"
-            ),
-        ]
+        ctes += [_cte("crowded", _crowded(G)), _cte("ranked", _ranked(ks, G))]
         final_source = "ranked"
-    select = [f"{k} AS k{i}" for i, k in enumerate(ks)]
+    items: list[exp.Expression] = [_alias(_name(k), f"k{i}") for i, k in enumerate(ks)]
     for m in plan.measures:
         if m.kind == "rows":
-            select.append(f"SUM(__n) AS {m.name}")
+            total: exp.Expression = exp.Sum(this=_name("__n"))
         elif m.kind == "units":
-            select.append(f"COUNT(*) AS {m.name}")
+            total = _count_star()
         else:
-            select.append(f"SUM(v_{m.name}) AS {m.name}")
-    return f"WITH {', '.join(ctes)} SELECT {', '.join(select)} FROM {final_source}" + (
-        f" GROUP BY {', '.join(ks)}" if ks else ""
+            total = exp.Sum(this=_name(f"v_{m.name}"))
+        items.append(_alias(total, m.name))
+    final = _select(items, _table(final_source), group=[_name(k) for k in ks] or None)
+    final.set("with_", exp.With(expressions=ctes))
+    return final
+
+
+def _crowded(G: int) -> exp.Select:
+    """Units with more than G groups: only they are ranked."""
+    return _select(
+        [_name("__u")],
+        _table("bounded"),
+        group=[_name("__u")],
+        having=exp.GT(this=_count_star(), expression=_number(G)),
     )
+
+
+def _ranked(ks: list[str], G: int) -> exp.Union:
+    """Uncrowded units' pairs as they are, plus each crowded unit's G pairs of smallest keyed
+    hash of (unit, key), the key breaking ties."""
+
+    def same_unit() -> exp.Expression:
+        return _same("b", "c", "__u", nulls_match=True)
+
+    kept = _select(
+        [_star("b")],
+        _table("bounded", "b"),
+        joins=[_join(_table("crowded", "c"), "ANTI", same_unit())],
+    )
+    crowded = _select(
+        [_star("b")],
+        _table("bounded", "b"),
+        joins=[_join(_table("crowded", "c"), "SEMI", same_unit())],
+    )
+    key_hash = KeyedHash(expressions=[_name("__u"), *[_name(k) for k in ks], Secret()])
+    window = _row_number([_name("__u")], [key_hash, *[_name(k) for k in ks]])
+    top = _select(
+        [_star()],
+        _subquery(crowded, "x"),
+        qualify=exp.LTE(this=window, expression=_number(G)),
+    )
+    return exp.Union(this=kept, expression=top, distinct=False)

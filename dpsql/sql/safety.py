@@ -127,15 +127,25 @@ def cannot_fail(node: exp.Expression, table: TablePolicy) -> bool:
     return False
 
 
-def where_conditions(where: exp.Expression, table: TablePolicy, dialect: str) -> list[str]:
-    """SQL conditions for a WHERE: conjuncts that cannot fail as they are, the rest under TRY.
+def guarded_conditions(where: exp.Expression, table: TablePolicy) -> list[exp.Expression]:
+    """A WHERE as condition trees: conjuncts that cannot fail as they are, the rest under TRY.
 
-    Conjuncts keep their order; the ones that might fail are ANDed inside one ``TRY(...)``, so a
-    row whose evaluation errors is filtered out instead of failing the query.
+    Conjuncts keep their order, each in parentheses; the ones that might fail are ANDed inside
+    one ``TRY(...)`` placed last, so a row whose evaluation errors is filtered out instead of
+    failing the query. The trees are copies: the caller may place them in its own query.
     """
-    safe, risky = [], []
+    safe: list[exp.Expression] = []
+    risky: list[exp.Expression] = []
     for part in conjuncts(where):
-        (safe if cannot_fail(part, table) else risky).append(part.sql(dialect=dialect))
+        (safe if cannot_fail(part, table) else risky).append(exp.Paren(this=part.copy()))
     if risky:
-        safe.append("TRY(" + " AND ".join(f"({r})" for r in risky) + ")")
-    return [s if s.startswith("TRY(") else f"({s})" for s in safe]
+        guarded = risky[0]
+        for r in risky[1:]:
+            guarded = exp.And(this=guarded, expression=r)
+        safe.append(exp.Try(this=guarded))
+    return safe
+
+
+def where_conditions(where: exp.Expression, table: TablePolicy, dialect: str) -> list[str]:
+    """The SQL text of :func:`guarded_conditions` (for callers that splice text)."""
+    return [c.sql(dialect=dialect) for c in guarded_conditions(where, table)]
