@@ -169,7 +169,11 @@ def run_statement(
         else:
             names = [d[0] for d in cur.description]
             rows = cur.fetchall()
-        print_rows(names, rows, fmt, out)
+        if names == ["QUERY PLAN"] and fmt == "table":  # EXPLAIN (FORMAT TEXT): as written
+            for (line,) in rows:
+                print(line, file=out)
+        else:
+            print_rows(names, rows, fmt, out)
     report(cur, analyst, err)
 
 
@@ -239,7 +243,9 @@ def _run(args: argparse.Namespace) -> int:
                 if i:
                     print(file=sys.stdout)
                 if args.explain and _explainable(sql):
-                    sql = "EXPLAIN " + sql
+                    # the readable plan in a terminal; the table of numbers as CSV/JSON
+                    text = args.format == "table"
+                    sql = ("EXPLAIN (FORMAT TEXT) " if text else "EXPLAIN ") + sql
                 run_statement(
                     cur,
                     sql,

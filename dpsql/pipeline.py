@@ -414,7 +414,12 @@ class Service:
                 from dpsql.service.composite import explain_composite
 
                 return explain_composite(self, statement.query, settings, analyst)
-            return self.explain(self.plan(statement.query, settings, analyst), analyst)
+            plan = self.plan(statement.query, settings, analyst)
+            if statement.format == "text":
+                from dpsql.service.explain import explain_text
+
+                return explain_text(self, plan, analyst)
+            return self.explain(plan, analyst)
         if isinstance(statement, RuleListCall):
             return self.run_rule_list(statement, settings, analyst, handle)
         if isinstance(statement, CompositeQuery):
@@ -743,7 +748,7 @@ class Service:
             }
             return self._finish(plan, empty, cost=None, cached=False, prepared=prepared).description
         if isinstance(statement, ExplainStatement):
-            return EXPLAIN_COLUMNS
+            return EXPLAIN_COLUMNS if statement.format == "table" else [("QUERY PLAN", "VARCHAR")]
         if isinstance(statement, SettingStatement) and statement.action == "show":
             if statement.name == "budget":
                 return self.show_budget("").description

@@ -173,7 +173,7 @@ def test_python_dash_m(policy):
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "engine_sql" in proc.stdout
+    assert "Engine SQL" in proc.stdout and "Plan tree" in proc.stdout
 
 
 # -- intervals, confidence, input, the shell, help, trust ------------------------------------

@@ -96,3 +96,25 @@ def test_privacy_maps_of_the_mechanisms():
     gauss = Gaussian(l2=2.0, epsilon=1.0, delta=1e-6)
     g = Measurement("m", gauss, l1=0.0, l2=2.0)
     assert g.privacy_map().rho == pytest.approx(2.0**2 / (2 * gauss.scale**2))
+
+
+def test_explain_format_text_is_readable_and_free(conn):
+    cur = conn.cursor()
+    spent = conn.service.ledger.spent(conn.analyst, conn.service.policy.dataset)
+    cur.execute("EXPLAIN (FORMAT TEXT) SELECT department, AVG(cost) AS a FROM visits GROUP BY 1")
+    assert [d[0] for d in cur.description] == ["QUERY PLAN"]
+    text = "\n".join(r[0] for r in cur.fetchall())
+    for section in (
+        "Released values",
+        "Groups",
+        "Contribution bounds",
+        "Cost",
+        "Plan tree",
+        "Engine SQL",
+    ):
+        assert section in text
+    assert "the average of a group of n rows" in text and "public domain of 6 values" in text
+    assert "values(" not in text.split("Plan tree")[0]  # plain words before the tree
+    assert conn.service.ledger.spent(conn.analyst, conn.service.policy.dataset) == spent
+    with pytest.raises(Exception, match="FORMAT TEXT"):
+        cur.execute("EXPLAIN (FORMAT XML) SELECT COUNT(*) FROM visits")

@@ -48,7 +48,8 @@ class Measurement:
     def describe(self) -> str:
         return (
             f"Measure {self.measure}: {self.mechanism.name} noise, scale "
-            f"{self.mechanism.scale:.6g}, sensitivity L1 {self.l1:g} / L2 {self.l2:.6g}"
+            f"{self.mechanism.scale:.6g}, sensitivity L1 {self.l1:g} / L2 {self.l2:.6g} "
+            "(integer units)"
         )
 
 

@@ -258,6 +258,7 @@ class SettingStatement:
 @dataclass(frozen=True)
 class ExplainStatement:
     query: BoundQuery | RuleListCall | CompositeQuery
+    format: str = "table"  # EXPLAIN (FORMAT TEXT): one readable column (dpsql.service.explain)
 
 
 @dataclass(frozen=True)
@@ -303,6 +304,18 @@ def parse_statement(
         return _setting_command(head, text)
     if head == "EXPLAIN":
         start = sqlglot.tokenize(text, read=DIALECT)[0].end + 1  # after the keyword
+        fmt = "table"
+        option = _EXPLAIN_OPTION.match(text, start)
+        if option is not None:
+            fmt = option.group(1).lower()
+            start = option.end()
+        elif text[start:].lstrip().startswith("("):
+            raise SQLSyntaxError(
+                "EXPLAIN takes (FORMAT TEXT) or (FORMAT TABLE)",
+                construct="EXPLAIN",
+                position=offset_position(text, start),
+                hint="EXPLAIN (FORMAT TEXT) SELECT ...",
+            )
         # Blank out the keyword instead of cutting it, so refusals point into ``text``.
         inner = "".join(c if c == "\n" else " " for c in text[:start]) + text[start:]
         bound = parse_statement(inner, policy, parameters, models)
@@ -310,7 +323,7 @@ def parse_statement(
             raise ProgrammingError(
                 "EXPLAIN takes a DP SELECT query", construct="EXPLAIN", hint="EXPLAIN SELECT ..."
             )
-        return ExplainStatement(bound)
+        return ExplainStatement(bound, fmt)
     try:
         statements = [s for s in sqlglot.parse(text, read=_READER) if s is not None]
     except (ParseError, TokenError) as exc:
@@ -371,6 +384,7 @@ def _positioned_placeholder(parser: Any) -> exp.Placeholder:
 _READER = _Reader()
 
 
+_EXPLAIN_OPTION = re.compile(r"\s*\(\s*(?:FORMAT\s+)?(TEXT|TABLE)\s*\)", re.IGNORECASE)
 _TOP = re.compile(r"^\s*SELECT\s+(DISTINCT\s+)?TOP\s*\(?\s*\d+\s*\)?\s", re.IGNORECASE)
 
 

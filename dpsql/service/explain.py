@@ -1,0 +1,142 @@
+"""EXPLAIN (FORMAT TEXT): the plan as an analyst reads it, in plain words.
+
+One text column ("QUERY PLAN", as PostgreSQL's EXPLAIN), the same from SQL, the DB-API and the
+CLI (``dpsql explain`` prints it). Everything here is computed from the plan and the public
+noise distributions: EXPLAIN reads no data and spends nothing.
+
+Sections: the released values (how each is computed, its mechanism, sensitivity, noise scale,
+share of ε/δ and the 95% half-width *of the released value*), the groups (public domain or
+threshold), the cost and what would remain, the plan tree (dpsql.ir), the engine SQL.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import sqlglot
+
+from dpsql.ir.build import plan_tree, tree_lines
+from dpsql.sql.compile import compile_plan
+
+if TYPE_CHECKING:
+    from dpsql.pipeline import Result, Service
+    from dpsql.sql.plan import Measure, Plan
+
+WHAT = {
+    "rows": "count of rows",
+    "values": "count of non-NULL {column}",
+    "units": "count of distinct units",
+    "sum": "sum of {column}",
+    "sumsq": "sum of squares of {column}",
+}
+FORMULA = {
+    "count": "the noisy count, clamped at 0",
+    "count_units": "the noisy count of units, clamped at 0",
+    "sum": "the noisy sum",
+    "avg": "noisy sum / noisy count, clamped to the column's range",
+    "var_samp": "from noisy sum, count and sum of squares (sample variance)",
+    "var_pop": "from noisy sum, count and sum of squares (population variance)",
+    "stddev_samp": "square root of the sample variance from noisy sums",
+    "stddev_pop": "square root of the population variance from noisy sums",
+}
+
+
+def _n(x: float) -> str:
+    if x == 0:
+        return "0"
+    if abs(x) >= 1e15 or abs(x) < 1e-4:
+        return f"{x:.3g}"
+    if float(x).is_integer():
+        return f"{int(x):,}"
+    return f"{x:,.4g}" if abs(x) < 1000 else f"{x:,.0f}"
+
+
+def _shown_column(plan: Plan, column: str | None) -> str:
+    if column is None:
+        return "*"
+    spec = plan.query.table.columns.get(column)
+    return spec.expr if spec is not None and spec.expr else column
+
+
+def _measure_line(plan: Plan, m: Measure) -> str:
+    g = m.granularity
+    what = WHAT[m.kind].format(column=_shown_column(plan, m.column))
+    cost = m.mechanism.cost
+    share = f"ε {_n(m.epsilon)}" if cost.rho == 0 else f"ρ {_n(float(cost.rho))}"
+    return (
+        f"    {what}: {m.mechanism.name} noise, sensitivity {_n(m.l1 * g)} "
+        f"(L2 {_n(m.l2 * g)}), scale {_n(m.mechanism.scale * g)}, {share}, "
+        f"±{_n(m.mechanism.interval_halfwidth() * g)} at 95%"
+    )
+
+
+def explain_lines(service: Service, plan: Plan, analyst: str | None) -> list[str]:
+    lines = ["Released values"]
+    names = [item.alias_or_name for item in plan.query.post.expressions]
+    for output in plan.outputs:
+        label = output.call.label
+        lines.append(f"  {label}: {FORMULA.get(output.call.kind, output.call.kind)}")
+        for name in output.measures:
+            lines.append(_measure_line(plan, plan.measure(name)))
+        first = plan.measure(output.measures[0])
+        if output.call.kind == "avg":
+            half = first.mechanism.interval_halfwidth() * first.granularity
+            lines.append(
+                f"    the average of a group of n rows is within about ±{_n(half)} / n "
+                f"(±{_n(half / 1000)} at n = 1,000), plus the count's share"
+            )
+    if names:
+        lines.append("  released columns: " + ", ".join(names))
+    lines.append("Groups")
+    if not plan.keys:
+        lines.append("  one group (no GROUP BY)")
+    for kp in plan.keys:
+        if kp.domain is not None:
+            lines.append(
+                f"  {kp.key.sql}: public domain of {len(kp.domain)} values, every one "
+                "released (empty ones too)"
+            )
+        else:
+            lines.append(f"  {kp.key.sql}: not public, released by thresholding")
+    if plan.threshold is not None:
+        lines.append(
+            f"  a group is released when its noisy unit count reaches {_n(plan.threshold.tau)} "
+            f"(δ {_n(plan.threshold.delta)})"
+        )
+    unit = plan.query.table.privacy_unit
+    lines.append("Contribution bounds")
+    if unit is None:
+        lines.append("  each row is its own privacy unit")
+    else:
+        lines.append(
+            f"  each {unit} keeps at most {plan.max_rows} rows per group and "
+            f"{plan.max_groups} groups (chosen by keyed hash, in the engine)"
+        )
+    c = plan.cost
+    lines.append("Cost")
+    lines.append(f"  ε {_n(c.epsilon)}, δ {_n(c.delta)}" + (f", ρ {_n(c.rho)}" if c.rho else ""))
+    if analyst is not None:
+        budget = service.policy.budget
+        spent = service.ledger.spent(analyst, service.policy.dataset)
+        eps_left, delta_left = budget.remaining(spent)
+        lines.append(f"  remaining before it: ε {_n(eps_left)}, δ {_n(delta_left)}")
+    lines.append("Plan tree (each node's stability; each measurement's privacy map)")
+    lines.extend("  " + line for line in tree_lines(plan_tree(plan)))
+    lines.append(f"Engine SQL ({service.engine.dialect}; the secret is drawn per query)")
+    sql = compile_plan(plan, 0).render(service.engine.dialect)
+    try:
+        pretty = sqlglot.transpile(sql, read=service.engine.dialect, pretty=True)[0]
+    except sqlglot.errors.SqlglotError:
+        pretty = sql
+    lines.extend("  " + line for line in pretty.splitlines())
+    return lines
+
+
+def explain_text(service: Service, plan: Plan, analyst: str | None) -> Result:
+    from dpsql.pipeline import Result
+
+    tabular = service.explain(plan, analyst)  # the budget note, if the query would be refused
+    rows = [(line,) for line in explain_lines(service, plan, analyst)]
+    result = Result([("QUERY PLAN", "VARCHAR")], rows, status="EXPLAIN")
+    result.notes = list(tabular.notes)
+    return result
