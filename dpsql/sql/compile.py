@@ -81,6 +81,7 @@ def _print_secret(self: _Renderer, node: Secret) -> str:
 
 
 def _hash_as(name: str) -> Callable[[Generator, KeyedHash], str]:
+    """Render KeyedHash as the dialect's own hash function, arguments unchanged."""
     return lambda self, node: self.func(name, *node.expressions)
 
 
@@ -91,14 +92,20 @@ class _Renderer(Generator):
 
 
 class _NeutralGenerator(DuckDBGenerator, _Renderer):
+    """DuckDB text with the hash spelled DP_KEYED_HASH (CompiledQuery.sql: logs, tests)."""
+
     TRANSFORMS: ClassVar = {**DuckDBGenerator.TRANSFORMS, Secret: _print_secret}
 
 
 class _DuckDBGenerator(DuckDBGenerator, _Renderer):
+    """DuckDB text: the keyed hash is DuckDB's HASH (fast, 64-bit, keyed by the secret)."""
+
     TRANSFORMS: ClassVar = {**_NeutralGenerator.TRANSFORMS, KeyedHash: _hash_as("HASH")}
 
 
 class _SparkGenerator(SparkGenerator, _Renderer):
+    """Spark text: the keyed hash is XXHASH64 (Spark's 64-bit hash; HASH is 32-bit)."""
+
     TRANSFORMS: ClassVar = {
         **SparkGenerator.TRANSFORMS,
         Secret: _print_secret,
@@ -226,6 +233,7 @@ def _decimal(precision: int, scale: int) -> exp.DataType:
 
 
 def _is_star(item: exp.Expression) -> bool:
+    """``*`` or ``t.*`` (QUALIFY over a star needs the star spelled out for Spark)."""
     return isinstance(item, exp.Star) or (
         isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
     )
@@ -291,14 +299,17 @@ def _number(value: int | float) -> exp.Expression:
 
 
 def _type(name: str) -> exp.DataType:
+    """A plain type node (DataType.build would parse the name)."""
     return exp.DataType(this=exp.DataType.Type[name], nested=False)
 
 
 def _cast(node: exp.Expression, to: str) -> exp.Cast:
+    """``CAST(node AS to)``: a failing cast errors (callers guard with TRY where it can)."""
     return exp.Cast(this=node, to=_type(to))
 
 
 def _alias(node: exp.Expression, name: str) -> exp.Alias:
+    """``node AS name``, an internal result name (unquoted)."""
     return exp.Alias(this=node, alias=exp.Identifier(this=name, quoted=False))
 
 
@@ -311,6 +322,7 @@ def _and(conditions: list[exp.Expression]) -> exp.Expression:
 
 
 def _table(name: str, alias: str | None = None, *, quoted: bool = False) -> exp.Table:
+    """A source table (quoted: a policy table) or one of the plan's CTEs, optionally aliased."""
     table = exp.Table(this=exp.Identifier(this=name, quoted=quoted))
     if alias is not None:
         table.set("alias", exp.TableAlias(this=exp.Identifier(this=alias, quoted=False)))
@@ -318,6 +330,7 @@ def _table(name: str, alias: str | None = None, *, quoted: bool = False) -> exp.
 
 
 def _subquery(query: exp.Expression, alias: str) -> exp.Subquery:
+    """``(query) AS alias``: DuckDB and Spark both need a derived table to be named."""
     return exp.Subquery(
         this=query, alias=exp.TableAlias(this=exp.Identifier(this=alias, quoted=False))
     )
@@ -352,10 +365,12 @@ def _star(table: str | None = None) -> exp.Expression:
 
 
 def _ident(name: str) -> exp.Identifier:
+    """An internal name (alias, CTE, qualifier), never quoted."""
     return exp.Identifier(this=name, quoted=False)
 
 
 def _count_star() -> exp.Count:
+    """``COUNT(*)``: rows, or (over pairs) groups."""
     return exp.Count(this=exp.Star())
 
 
@@ -557,6 +572,7 @@ def _domain_filters(plan: Plan, *, skip_column_keys: bool = False) -> list[str]:
 
 
 def _is_constant_case(node: exp.Expression) -> bool:
+    """A CASE of constants only (its values are its domain: no filter needed)."""
     from dpsql.sql.domains import _constant_case
 
     return _constant_case(node) is not None
@@ -682,10 +698,12 @@ def _pairs(plan: Plan, ks: list[str]) -> exp.Select:
 
 
 def _value_measures(plan: Plan) -> list[Measure]:
+    """Measures summed from row values (not counted per row or unit): those need sampling."""
     return [m for m in plan.measures if m.kind not in ("rows", "units")]
 
 
 def _cte(name: str, query: exp.Expression) -> exp.CTE:
+    """``name AS (query)``, one step of the bounded plan."""
     return exp.CTE(this=query, alias=exp.TableAlias(this=_ident(name)))
 
 
