@@ -1,9 +1,12 @@
 """Plan -> engine SQL computing exact, contribution-bounded, clamped, fixed-point aggregates.
 
-The compiled query is a sqlglot expression built once; engines render it in their dialect.
-The only engine-specific construct is ``DP_KEYED_HASH(..., secret)``, a keyed hash used to
-choose which rows and groups a unit keeps, with a fresh secret per query (never the engine's
-RANDOM(): selection must be a function of the unit's own rows only, and unpredictable).
+The compiled query is a sqlglot tree built once per plan from small node builders (no SQL is
+written as text here); each engine renders it in its dialect, once per statement. The only
+engine-specific construct is ``DP_KEYED_HASH(..., secret)`` (a :class:`KeyedHash` node: HASH
+in DuckDB, XXHASH64 in Spark), a keyed hash used to choose which rows and groups a unit keeps,
+with a fresh secret per query (never the engine's RANDOM(): selection must be a function of
+the unit's own rows only, and unpredictable). The secret is a :class:`Secret` node: each run
+prints its own where that node stands, without building or rendering the tree again.
 
 Bounding with a privacy unit (R rows per group, G groups per unit):
 
