@@ -42,6 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import dpsql
+from dpsql.dbapi import connect_service
 from dpsql.pipeline import Settings
 from dpsql.policy import load_policy
 from dpsql.privacy.sqlite_ledger import SQLiteLedger
@@ -144,7 +145,7 @@ def run_direct(policy: Path, connections: int, seconds: float) -> float:
     service = dpsql.Service(policy, cache=False)
 
     def open_session(i: int) -> Session:
-        cur = service.connect(analyst=f"direct{i}").cursor()
+        cur = connect_service(service, f"direct{i}").cursor()
         cur.execute(f"SET epsilon = {EPSILON}")
         return (lambda k: cur.execute(_query(k, False)).fetchall()), cur.close
 

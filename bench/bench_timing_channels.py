@@ -53,6 +53,7 @@ sys.path.insert(0, str(ROOT))
 import duckdb  # noqa: E402
 
 import dpsql  # noqa: E402
+from dpsql.dbapi import connect_service  # noqa: E402
 from dpsql.privacy.ledger import MemoryLedger  # noqa: E402
 from dpsql.sql import positions  # noqa: E402
 
@@ -203,7 +204,10 @@ def expect(side: Side, outcome: str) -> None:
 
 def bench_neighbours(tmp: Path, reps: int, warmup: int) -> list[Row]:
     d, d_prime = service(without_unit(tmp)), service(FIXTURE_CSV)
-    cur_d, cur_dp = d.connect("observer").cursor(), d_prime.connect("observer").cursor()
+    cur_d, cur_dp = (
+        connect_service(d, "observer").cursor(),
+        connect_service(d_prime, "observer").cursor(),
+    )
     rows = []
     for label, sql in NEIGHBOUR_QUERIES.items():
         ref, side = interleave(
@@ -221,7 +225,7 @@ def bench_neighbours(tmp: Path, reps: int, warmup: int) -> list[Row]:
 
 def bench_outcomes(reps: int, warmup: int) -> list[Row]:
     svc = service(FIXTURE_CSV, cache=True)
-    cur = svc.connect("observer").cursor()
+    cur = connect_service(svc, "observer").cursor()
 
     def literal(i: int) -> str:
         return f"{45 + i * 1e-6:.6f}"
@@ -256,7 +260,7 @@ def bench_planning_caches(reps: int, warmup: int, *, clear_tokens: bool = False)
 
     def explain(analyst: str, tag: str) -> tuple[float, float, str]:
         if analyst not in cursors:
-            cursors[analyst] = svc.connect(analyst).cursor()
+            cursors[analyst] = connect_service(svc, analyst).cursor()
         if clear_tokens and tokens_cache is not None:
             tokens_cache.cache_clear()
         return timed(cursors[analyst], EXPLAIN.format(tag=tag))
@@ -294,7 +298,9 @@ def bench_failure(tmp: Path, reps: int, warmup: int) -> list[Row]:
     d, d_prime, broken = service(d_path), service(d_prime_path), service(broken_path)
     data = broken_path.read_bytes()
     broken_path.write_bytes(data[: len(data) // 2])  # lost under the running service
-    cur_d, cur_dp, cur_broken = (s.connect("observer").cursor() for s in (d, d_prime, broken))
+    cur_d, cur_dp, cur_broken = (
+        connect_service(s, "observer").cursor() for s in (d, d_prime, broken)
+    )
     answered, dirty, failed = interleave(
         {
             "D": lambda _i: timed(cur_d, FAILING_QUERY),

@@ -76,7 +76,7 @@ _LAZY = {
     "connect": "dpsql.dbapi",
     "read_sql": "dpsql.dbapi",
     **dict.fromkeys(_PEP249, "dpsql.dbapi"),
-    "Service": "dpsql.pipeline",
+    "Service": "dpsql.dbapi",  # loads the DB-API too, which registers service.connect
     "EphemeralBudgetWarning": "dpsql.privacy.ledger",
     "LedgerPermissionWarning": "dpsql.privacy.sqlite_ledger",
 }

@@ -542,3 +542,12 @@ def data_identity(policy: Policy) -> str:
     )
     text = json.dumps([policy.dataset, tables], ensure_ascii=True)
     return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
+def connect_service(service: Service, analyst: str = "default") -> Connection:
+    """A connection (one analyst's session) over an existing :class:`Service`: the front door
+    depends on the service, never the other way."""
+    return Connection(service, analyst)
+
+
+Service.session_class = Connection  # service.connect(analyst) opens one of these

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from sqlglot import exp
@@ -36,7 +36,14 @@ from dpsql.engine.scratch import (
     check_post,
     plain_projection,
 )
-from dpsql.errors import BudgetExhaustedError, DataError, Error, OperationalError, ProgrammingError
+from dpsql.errors import (
+    BudgetExhaustedError,
+    DataError,
+    Error,
+    InterfaceError,
+    OperationalError,
+    ProgrammingError,
+)
 from dpsql.policy import MECHANISMS, Policy, load_policy
 from dpsql.privacy.ledger import Ledger, MemoryLedger
 from dpsql.privacy.release import Released, at_confidence, release
@@ -325,10 +332,17 @@ class Service:
 
         return SQLiteLedger(self.policy.ledger_path)
 
-    def connect(self, analyst: str = "default"):
-        from dpsql.dbapi import Connection
+    #: The DB-API's Connection class, registered by dpsql.dbapi when it is imported: the
+    #: service opens sessions without importing a front door.
+    session_class: ClassVar[Any] = None
 
-        return Connection(self, analyst)
+    def connect(self, analyst: str = "default"):
+        """A DB-API session of ``analyst`` over this service (see dpsql.dbapi)."""
+        if Service.session_class is None:
+            raise InterfaceError(
+                "no DB-API is loaded", hint="import dpsql.dbapi (dpsql.connect does)"
+            )
+        return Service.session_class(self, analyst)
 
     def close(self) -> None:
         self.engine.close()

@@ -24,6 +24,7 @@ import pytest
 from conftest import FIXTURE_CSV, fixture_policy
 
 import dpsql
+from dpsql.dbapi import connect_service
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import ZeroNoise
 
@@ -118,7 +119,7 @@ def exact_service() -> Iterator[dpsql.Service]:
 
 @pytest.fixture(scope="module")
 def exact(exact_service) -> Iterator[dpsql.Connection]:
-    conn = exact_service.connect("replay")
+    conn = connect_service(exact_service, "replay")
     yield conn
     conn.close()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import dpsql
+from dpsql.dbapi import connect_service
 from dpsql.privacy.sqlite_ledger import SQLiteLedger
 
 QUERY = "SELECT COUNT(*) FROM t"
@@ -20,7 +21,7 @@ def _policy(csv: Path, version: str | None = None) -> dict:
 def _ask(policy: dict, ledger_path: Path) -> tuple[tuple, bool]:
     service = dpsql.Service(policy, ledger=SQLiteLedger(ledger_path))
     try:
-        cur = service.connect("ann").cursor()
+        cur = connect_service(service, "ann").cursor()
         cur.execute(QUERY)
         return cur.fetchone(), cur.cached
     finally:

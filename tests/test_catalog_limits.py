@@ -18,6 +18,7 @@ import pytest
 from conftest import fixture_policy
 
 import dpsql
+from dpsql.dbapi import connect_service
 from dpsql.engine import scratch
 from dpsql.engine.limits import LimitExceeded, ResultCaps, Watchdog, fetch_capped
 from dpsql.errors import DataError, OperationalError, ProgrammingError
@@ -500,7 +501,7 @@ def test_post_processing_calls_only_what_the_binder_accepts(service, sql):
 
 
 def test_public_selects_and_released_rows_still_post_process(service):
-    conn = service.connect("alice")
+    conn = connect_service(service, "alice")
     cur = conn.cursor()
     cur.execute("SELECT 1 + 1 AS two, upper('a') AS u, CAST(2 AS DOUBLE) / 4 AS q")
     assert cur.fetchall() == [(2, "A", 0.5)]

@@ -8,6 +8,7 @@ import pytest
 from conftest import EngineSpy, exact_connect, rows_of, table_policy, write_csv
 
 import dpsql
+from dpsql.dbapi import connect_service
 from dpsql.errors import (
     BudgetExhaustedError,
     DatabaseError,
@@ -259,7 +260,7 @@ def test_set_show_reset(conn):
 
 def test_settings_are_per_connection(policy):
     service = dpsql.Service(policy, ledger=MemoryLedger())
-    alice, bob = service.connect("alice"), service.connect("bob")
+    alice, bob = connect_service(service, "alice"), connect_service(service, "bob")
     alice.cursor().execute("SET epsilon = 0.1")
     assert alice.settings["epsilon"] == 0.1
     assert bob.settings["epsilon"] == 1.0
@@ -333,7 +334,7 @@ def test_budget_exhaustion_is_refused_before_running(policy):
 def test_analysts_have_separate_budgets(policy):
     policy["privacy"].update(budget_epsilon=1.0)
     service = dpsql.Service(policy, ledger=MemoryLedger())
-    alice, bob = service.connect("alice"), service.connect("bob")
+    alice, bob = connect_service(service, "alice"), connect_service(service, "bob")
     alice.cursor().execute("SELECT COUNT(*) FROM t")
     with pytest.raises(BudgetExhaustedError):
         alice.cursor().execute("SELECT SUM(v) FROM t")

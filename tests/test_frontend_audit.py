@@ -52,6 +52,7 @@ from test_privacy_audit import (
 )
 
 import dpsql.frontend.intervals as intervals
+from dpsql.dbapi import connect_service
 from dpsql.engine.duckdb_engine import EngineResult
 from dpsql.privacy.audit import AuditReport, BufferedNoise, Event, audit, threshold_events
 from dpsql.privacy.ledger import MemoryLedger
@@ -108,7 +109,7 @@ def run_queries(
         cache=False,
         plan_cache=0,
     )
-    cursor = service.connect("auditor").cursor()
+    cursor = connect_service(service, "auditor").cursor()
     done: list[tuple[str, list]] = []
     for name, sql in queries.items():
         for _ in range(runs):

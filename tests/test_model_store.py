@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import dpsql
+from dpsql.dbapi import connect_service
 from dpsql.models.store import ModelStore, StoredModel
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import SeededNoise
@@ -64,7 +65,7 @@ def test_put_get_list_delete(tmp_path, durable):
 
 def test_dp_rule_list_stores_the_model_with_its_cost_and_query():
     svc = dpsql.Service(FIXTURE, ledger=MemoryLedger(), noise=SeededNoise(3))
-    cur = svc.connect("carol").cursor()
+    cur = connect_service(svc, "carol").cursor()
     sql = (
         "SELECT * FROM dp_rule_list('visits', label => 'smoker', epsilon => 0.5, "
         "max_length => 3, model => 'smoke1')"

@@ -13,6 +13,7 @@ import pytest
 
 import dpsql
 from dpsql import dbapi
+from dpsql.dbapi import connect_service
 from dpsql.errors import BudgetWarning, NotSupportedError, PrivacyError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -234,7 +235,7 @@ def test_policy_analysts_list_restricts_in_process_names(policy):
 def test_warnings_are_python_warnings_only_in_process(policy):
     service = dpsql.Service(policy)
     try:
-        conn = service.connect("bob")  # the server's path: notices, not Python warnings
+        conn = connect_service(service, "bob")  # the server's path: notices, not Python warnings
         cur = conn.cursor()
         cur.execute("SET epsilon = 9.5")
         with warnings.catch_warnings():

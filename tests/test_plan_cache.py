@@ -16,6 +16,7 @@ import pytest
 
 import dpsql
 import dpsql.pipeline as pipeline
+from dpsql.dbapi import connect_service
 from dpsql.errors import BudgetExhaustedError, Error
 from dpsql.pipeline import Service, Settings, _SecretTemplate
 from dpsql.privacy.ledger import MemoryLedger
@@ -35,7 +36,7 @@ def _service(**options: Any) -> Service:
 
 
 def _cursor(service: Service, analyst: str = "a"):
-    cur = service.connect(analyst).cursor()
+    cur = connect_service(service, analyst).cursor()
     cur.execute(f"SET epsilon = {EPS}")
     return cur
 
@@ -214,7 +215,7 @@ def test_refusals_are_not_cached_and_spend_nothing(monkeypatch: pytest.MonkeyPat
 
 def test_budget_is_checked_on_every_hit() -> None:
     service = _service()
-    cur = service.connect("a").cursor()
+    cur = connect_service(service, "a").cursor()
     cur.execute("SET epsilon = 6")  # budget 10: the second run would overspend
     cur.execute("SELECT COUNT(*) FROM visits")
     with pytest.raises(BudgetExhaustedError):
@@ -342,8 +343,8 @@ def test_analysts_do_not_share_entries(monkeypatch: pytest.MonkeyPatch) -> None:
     another ran the same text. Each analyst plans their own."""
     service = _service()
     parses = _count_parses(monkeypatch)
-    first = service.connect("alice").cursor()
-    second = service.connect("bob").cursor()
+    first = connect_service(service, "alice").cursor()
+    second = connect_service(service, "bob").cursor()
     for cur in (first, second, first, second):
         cur.execute(f"SET epsilon = {EPS}")
         cur.execute(GROUPED)

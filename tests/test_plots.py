@@ -10,6 +10,7 @@ import pytest
 
 import dpsql
 from dpsql.cli import main
+from dpsql.dbapi import connect_service
 from dpsql.pipeline import Settings
 from dpsql.plots import budget_timeline, draw_budget, draw_error, error_curves
 
@@ -91,12 +92,12 @@ def test_error_curves_refuse_what_is_not_a_query(service):
 
 def test_budget_timeline_follows_the_log(policy, service):
     for analyst, eps in (("alice", 0.5), ("bob", 2.0), ("alice", 0.25)):
-        with service.connect(analyst) as conn:
+        with connect_service(service, analyst) as conn:
             cur = conn.cursor()
             cur.execute(f"SET epsilon = {eps}")
             cur.execute(f"SELECT COUNT(*) FROM visits WHERE age > {int(eps * 100)}")
     service.ledger.reset("alice", service.policy.dataset)
-    with service.connect("alice") as conn:
+    with connect_service(service, "alice") as conn:
         conn.cursor().execute("SELECT COUNT(*) FROM visits")
     timeline = budget_timeline(service.policy, service.ledger)
     assert timeline.analysts == ("alice", "bob") and timeline.budgets == (10.0, 10.0)
@@ -115,7 +116,7 @@ def test_drawings_are_png_and_svg_files(policy, service, tmp_path):
     svg = draw_error(curves, tmp_path / "error.svg")
     text = svg.read_text()
     assert "<svg" in text and "session" in text
-    with service.connect("alice") as conn:
+    with connect_service(service, "alice") as conn:
         conn.cursor().execute("SELECT COUNT(*) FROM visits")
     timeline = budget_timeline(service.policy, service.ledger)
     assert draw_budget(timeline, tmp_path / "budget.svg").stat().st_size > 1000

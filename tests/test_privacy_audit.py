@@ -43,6 +43,7 @@ import pytest
 from scipy import stats
 
 import dpsql.privacy.release as release_module
+from dpsql.dbapi import connect_service
 from dpsql.engine.duckdb_engine import EngineResult
 from dpsql.pipeline import Service
 from dpsql.privacy.audit import (
@@ -334,7 +335,7 @@ def pipeline_runs(sources: dict[str, Path]) -> dict[str, list[Execution]]:
                 cache=False,
                 plan_cache=0,  # record every plan(), including repeated texts
             )
-            cursor = service.connect("auditor").cursor()
+            cursor = connect_service(service, "auditor").cursor()
             out: list[tuple[str, list]] = []
             for case in CASES:
                 if case.mechanism == mechanism:
@@ -576,7 +577,7 @@ def test_broken_tau_leaks_a_units_own_keys_end_to_end(sources: dict[str, Path]) 
         cache=False,
         tau=1.0,
     )
-    cursor = service.connect("auditor").cursor()
+    cursor = connect_service(service, "auditor").cursor()
     sql = next(c.sql for c in CASES if c.name == "thresholded")
     runs = 30
     hits = sum(
@@ -614,7 +615,7 @@ def test_row_order_does_not_reveal_a_suppressed_unit(tmp_path: Path) -> None:
             noise=SeededNoise(31 + i),
             cache=False,
         )
-        cursor = service.connect("auditor").cursor()
+        cursor = connect_service(service, "auditor").cursor()
         sql = next(c.sql for c in CASES if c.name == "thresholded")
         firsts[name] = np.array(
             [

@@ -9,6 +9,7 @@ import pytest
 
 import dpsql
 from dpsql.boundary import ChargedFailure
+from dpsql.dbapi import connect_service
 from dpsql.errors import Error
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import SeededNoise
@@ -40,7 +41,7 @@ def spent(service, analyst):
 )
 def test_charges_once_then_replays_from_the_cache(service, query):
     analyst = f"reg-{abs(hash(query)) % 10_000}"
-    cur = service.connect(analyst).cursor()
+    cur = connect_service(service, analyst).cursor()
     cur.execute(query)
     rows = cur.fetchall()
     assert [d[0] for d in cur.description] == [
@@ -65,7 +66,7 @@ def test_charges_once_then_replays_from_the_cache(service, query):
 
 
 def test_sufficient_statistics_give_intervals_dpsgd_does_not(service):
-    cur = service.connect("reg-intervals").cursor()
+    cur = connect_service(service, "reg-intervals").cursor()
     cur.execute(LINEAR)
     for _, _, c, low, high in cur.fetchall():
         assert low <= high and c == c  # the point estimate need not lie inside a bootstrap interval
@@ -74,7 +75,7 @@ def test_sufficient_statistics_give_intervals_dpsgd_does_not(service):
 
 
 def test_explain_shows_the_mechanism_and_spends_nothing(service):
-    cur = service.connect("reg-explain").cursor()
+    cur = connect_service(service, "reg-explain").cursor()
     cur.execute("EXPLAIN " + LOGISTIC)
     rows = cur.fetchall()
     text = rows[1][1]
@@ -97,14 +98,14 @@ def test_rows_bounded_per_unit_by_keyed_hash(service, monkeypatch):
         return original(sql, handle)
 
     monkeypatch.setattr(service.engine, "fetch_matrix", spy)
-    service.connect("reg-bound").cursor().execute(LINEAR.replace("1.0)", "0.5)"))
+    connect_service(service, "reg-bound").cursor().execute(LINEAR.replace("1.0)", "0.5)"))
     sql = seen["sql"]
     assert "RANDOM" not in sql.upper()
     assert re.search(r'PARTITION BY "patient_id" ORDER BY DP_KEYED_HASH\(.*\)\) <= 5', sql)
 
 
 def test_delta_zero_is_a_free_refusal_with_a_hint(service):
-    conn = service.connect("reg-delta")
+    conn = connect_service(service, "reg-delta")
     cur = conn.cursor()
     cur.execute("SET delta = 0")
     with pytest.raises(Error) as info:
@@ -126,7 +127,7 @@ def test_budget_without_delta_refuses_before_charging(tmp_path):
     except Error:
         pytest.skip("this policy loader refuses a zero delta budget outright")
     try:
-        cur = svc.connect("reg-nodelta").cursor()
+        cur = connect_service(svc, "reg-nodelta").cursor()
         with pytest.raises(Error) as info:
             cur.execute(LINEAR)
         assert info.value.sqlstate in ("42501", "53400") and "delta" in str(info.value)
@@ -157,7 +158,7 @@ def test_budget_without_delta_refuses_before_charging(tmp_path):
     ],
 )
 def test_refusals_are_free(service, query, sqlstate):
-    cur = service.connect("reg-refused").cursor()
+    cur = connect_service(service, "reg-refused").cursor()
     with pytest.raises(Error) as info:
         cur.execute(query)
     assert info.value.sqlstate == sqlstate, info.value
@@ -166,7 +167,7 @@ def test_refusals_are_free(service, query, sqlstate):
 
 
 def test_logistic_with_a_declared_value_as_positive(service):
-    cur = service.connect("reg-positive").cursor()
+    cur = connect_service(service, "reg-positive").cursor()
     cur.execute(
         "SELECT feature FROM dp_logistic_regression('visits', label => 'department', "
         "positive => 'pediatrics', features => ['age', 'smoker'], steps => 100)"
@@ -179,7 +180,7 @@ def test_failure_after_the_read_is_charged_and_uniform(service, monkeypatch):
         raise RuntimeError("engine exploded on some private value 42")
 
     monkeypatch.setattr(service.engine, "fetch_matrix", boom)
-    cur = service.connect("reg-boom").cursor()
+    cur = connect_service(service, "reg-boom").cursor()
     with pytest.raises(ChargedFailure) as info:
         cur.execute(LINEAR.replace("1.0)", "0.25)"))
     assert "42" not in str(info.value)
@@ -194,7 +195,7 @@ def test_model_is_stored_and_applies_in_sql(service):
     from dpsql.models.store import ModelStore
 
     assert {"linear_regression", "logistic_regression"} <= set(PREDICTORS)
-    cur = service.connect("reg-model").cursor()
+    cur = connect_service(service, "reg-model").cursor()
     cur.execute(LINEAR.replace("1.0)", "1.0, model => 'cost_v1')"))
     coefficients = {r[1]: r[2] for r in cur.fetchall()}
     charged = spent(service, "reg-model")
@@ -217,7 +218,7 @@ def test_model_is_stored_and_applies_in_sql(service):
 
 
 def test_model_name_is_checked_for_free(service):
-    cur = service.connect("reg-badname").cursor()
+    cur = connect_service(service, "reg-badname").cursor()
     with pytest.raises(Error) as info:
         cur.execute(LINEAR.replace("1.0)", "1.0, model => '1 bad name')"))
     assert info.value.sqlstate == "42602"

@@ -447,7 +447,7 @@ def test_a_stored_model_applies_inside_a_dp_query():
     with pytest.raises(ProgrammingError, match="does not exist") as info:
         rows_of(conn, "SELECT dp_predict('nope') AS p, COUNT(*) FROM visits GROUP BY 1")
     assert info.value.sqlstate == "42704" and spy.calls == 0
-    with pytest.raises(PrivacyError, match="individual rows|outside an aggregate"):
+    with pytest.raises(PrivacyError, match=r"individual rows|outside an aggregate"):
         rows_of(conn, "SELECT dp_predict('m') FROM visits")
 
 

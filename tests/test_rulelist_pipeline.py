@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import dpsql
+from dpsql.dbapi import connect_service
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import SeededNoise
 from dpsql.sql.rows import bounded_rows_sql
@@ -28,7 +29,7 @@ def service():
 
 
 def test_rule_list_charges_once_and_caches(service):
-    conn = service.connect("rl-alice")
+    conn = connect_service(service, "rl-alice")
     cur = conn.cursor()
     cur.execute(QUERY)
     rows = cur.fetchall()
@@ -57,7 +58,7 @@ def test_rule_list_charges_once_and_caches(service):
 
 
 def test_explain_spends_nothing(service):
-    conn = service.connect("rl-bob")
+    conn = connect_service(service, "rl-bob")
     cur = conn.cursor()
     cur.execute("EXPLAIN " + QUERY)
     row, *details = cur.fetchall()
@@ -83,7 +84,7 @@ def test_rows_bounded_per_unit_and_counted_in_the_engine(service, monkeypatch):
         return seen["result"]
 
     monkeypatch.setattr(service.engine, "fetch_matrix", spy)
-    conn = service.connect("rl-carol")
+    conn = connect_service(service, "rl-carol")
     conn.cursor().execute(QUERY.replace("max_length => 4", "max_length => 3"))
     sql = seen["sql"]
     assert "COUNT(*) AS __w" in sql and "RANDOM" not in sql.upper()
@@ -101,7 +102,7 @@ def test_rows_bounded_per_unit_and_counted_in_the_engine(service, monkeypatch):
 
 
 def test_refusals_spend_nothing(service):
-    conn = service.connect("rl-dave")
+    conn = connect_service(service, "rl-dave")
     cur = conn.cursor()
     with pytest.raises(dpsql.PrivacyError, match="one row per privacy unit"):
         cur.execute(QUERY.replace("monotone_em", "smooth_laplace"))
@@ -116,7 +117,7 @@ def test_refusals_spend_nothing(service):
 
 def test_predictions_match_case_expression(service):
     """The released predicates score rows inside the database like the learned list."""
-    conn = service.connect("rl-erin")
+    conn = connect_service(service, "rl-erin")
     cur = conn.cursor()
     cur.execute(QUERY)
     rows = cur.fetchall()
@@ -131,7 +132,7 @@ def test_predictions_match_case_expression(service):
 
 
 def test_show_budget_reports_own_spending(service):
-    conn = service.connect("rl-frank")
+    conn = connect_service(service, "rl-frank")
     cur = conn.cursor()
     cur.execute("SELECT COUNT(*) FROM visits")
     cur.execute("SHOW budget")
@@ -149,7 +150,7 @@ def test_show_budget_reports_own_spending(service):
 def test_default_mechanism_works_on_multi_row_units_with_per_rule_output(service):
     """visits' units own up to 5 rows: the SQL default (monotone_em) runs; each rule has a
     noisy support, a positive rate inside its 95% interval, and no negative count."""
-    cur = service.connect("rl-gina").cursor()
+    cur = connect_service(service, "rl-gina").cursor()
     cur.execute("SELECT * FROM dp_rule_list('visits', label => 'smoker')")
     names = [d[0] for d in cur.description]
     for row in cur.fetchall():
@@ -169,7 +170,7 @@ def test_default_mechanism_works_on_multi_row_units_with_per_rule_output(service
 
 
 def test_cut_points_are_honoured_or_refused(service):
-    cur = service.connect("rl-hal").cursor()
+    cur = connect_service(service, "rl-hal").cursor()
     cur.execute(
         "EXPLAIN SELECT * FROM dp_rule_list('visits', label => 'smoker', features => ['age'], "
         "cut_points => 'age: 18, 65')"
@@ -191,7 +192,7 @@ def test_cut_points_are_honoured_or_refused(service):
 
 
 def test_notes_reach_the_cursor_and_explain_says_which_delta(service):
-    cur = service.connect("rl-ivy").cursor()
+    cur = connect_service(service, "rl-ivy").cursor()
     cur.execute(
         "EXPLAIN SELECT * FROM dp_rule_list('visits', label => 'smoker', "
         "mechanism => 'global_gaussian')"

@@ -13,6 +13,7 @@ import pytest
 from conftest import table_policy, write_csv
 
 import dpsql
+from dpsql.dbapi import connect_service
 from dpsql.pipeline import Settings
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.ledger import MemoryLedger
@@ -249,7 +250,7 @@ def test_public_and_non_public_keys_together_are_thresholded(service):
 def test_explain_rows_match_the_plan(service):
     sql = "SELECT name, COUNT(*), AVG(cost) FROM t GROUP BY name"
     plan = plan_of(service, sql, 0.6, 1e-6)
-    conn = service.connect("explainer")
+    conn = connect_service(service, "explainer")
     cur = conn.cursor()
     cur.execute("SET epsilon = 0.6")
     cur.execute("EXPLAIN " + sql)
@@ -275,7 +276,7 @@ def test_public_keys_alone_have_nothing_to_noise(service):
     """SELECT grp ... GROUP BY grp releases the declared domain: public, so it costs nothing."""
     plan = plan_of(service, "SELECT grp FROM t GROUP BY grp")
     assert plan.measures == () and plan.cost == Cost()
-    conn = service.connect("keys-only")
+    conn = connect_service(service, "keys-only")
     cur = conn.cursor()
     cur.execute("SELECT grp FROM t GROUP BY grp")
     assert cur.fetchall() == [(g,) for g in "abcdef"]

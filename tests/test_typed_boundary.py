@@ -25,6 +25,7 @@ from dpsql.boundary import (
     ChargedFailure,
     ChargedPostProcessingFailure,
 )
+from dpsql.dbapi import connect_service
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import ZeroNoise
 from dpsql.sql.typecheck import canonical_key_value, key_sort_value
@@ -48,7 +49,7 @@ def fresh():
     """A fixture service with a memory ledger and exact answers, and a spy on its engine."""
     service = dpsql.Service(fixture_policy(), ledger=MemoryLedger(), noise=ZeroNoise(), cache=False)
     spy = EngineSpy(service)
-    conn = service.connect("mallory")
+    conn = connect_service(service, "mallory")
     yield service, spy, conn
     conn.close()
     service.close()
@@ -246,13 +247,14 @@ def test_a_kill_after_the_reserve_loses_the_answer_never_the_accounting(tmp_path
         import os, signal, sys
         sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
         import dpsql
+        from dpsql.dbapi import connect_service
         from dpsql.privacy.sqlite_ledger import SQLiteLedger
         from tests.conftest import fixture_policy
         service = dpsql.Service(fixture_policy(), ledger=SQLiteLedger({str(ledger_path)!r}))
         def killed(*args, **kwargs):
             os.kill(os.getpid(), signal.SIGKILL)
         service.engine.execute = killed
-        service.connect("mallory").cursor().execute("SELECT COUNT(*) FROM visits")
+        connect_service(service, "mallory").cursor().execute("SELECT COUNT(*) FROM visits")
         """
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
@@ -301,7 +303,7 @@ def test_rule_list_failure_after_the_reserve_is_uniform_and_charged(fresh, monke
 
 def test_noise_scale_refusal_names_no_long_number():
     service = dpsql.Service(fixture_policy(), ledger=MemoryLedger(), cache=False)
-    conn = service.connect("mallory")
+    conn = connect_service(service, "mallory")
     cur = conn.cursor()
     cur.execute("SET epsilon = 1e-300")
     with pytest.raises(dpsql.Error) as info:
@@ -316,7 +318,7 @@ def test_planning_caches_are_per_analyst(fresh):
     service, _, conn = fresh
     conn.cursor().execute("SELECT age, COUNT(*) FROM visits GROUP BY age")
     assert {k[0] for k in service._domain_cache} == {"mallory"}
-    other = service.connect("bob")
+    other = connect_service(service, "bob")
     other.cursor().execute("SELECT age, COUNT(*) FROM visits GROUP BY age")
     assert {k[0] for k in service._domain_cache} == {"mallory", "bob"}
     assert os.environ.get("DPSQL_NO_SUCH_FLAG") is None
@@ -398,7 +400,7 @@ def test_explain_at_a_huge_noise_scale_computes_its_intervals():
     """The interval / threshold searches bracket and bisect: a tiny epsilon (scale ~1e305)
     used to step by one forever in a free EXPLAIN, pinning a thread."""
     service = dpsql.Service(fixture_policy(), ledger=MemoryLedger(), cache=False)
-    cur = service.connect("mallory").cursor()
+    cur = connect_service(service, "mallory").cursor()
     cur.execute("SET epsilon = 1e-300")
     cur.execute("EXPLAIN SELECT diagnosis, SUM(cost) FROM visits GROUP BY diagnosis")
     rows = cur.fetchall()

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import dpsql.dbapi  # noqa: F401  (registers the DB-API session class on the service)
 from dpsql.server import protocol as p
 from dpsql.server.catalog import Shadow
 from dpsql.server.session import Session
