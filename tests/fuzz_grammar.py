@@ -32,9 +32,10 @@ COLUMNS: dict[str, str] = {
     "diagnosis": "text",
     "visit_date": "date",
     "smoker": "bool",
+    "readmitted": "bool",
 }
 #: Columns with a public domain (declared values, bool, bounded int).
-PUBLIC_COLUMNS = ("age", "department", "smoker")
+PUBLIC_COLUMNS = ("age", "department", "smoker", "readmitted")
 TYPES = ("int", "float", "text", "date", "bool")
 #: The privacy unit of the extra patient in D′: the analyst knows whom they probe.
 EXTRA_UNIT = 9223372036854775807
@@ -647,6 +648,7 @@ def _mistyped_values() -> Strategy[str]:
 #: Rule-list labels and a positive class of the right type for each (None: a bool label).
 LABELS: dict[str, str | None] = {
     "smoker": None,
+    "readmitted": None,
     "department": "'oncology'",
     "diagnosis": "'J06'",
     "age": "30",
@@ -1015,7 +1017,15 @@ def key_restriction_queries(draw: st.DrawFn) -> Query:
     return Query(sql, keys=1, grouped=True)
 
 
-DISTINCT_ITEMS = ("department", "smoker", "age", "diagnosis", "visit_date", "department, smoker")
+DISTINCT_ITEMS = (
+    "department",
+    "smoker",
+    "age",
+    "diagnosis",
+    "visit_date",
+    "department, smoker",
+    "readmitted, department",
+)
 
 
 @st.composite
@@ -1075,6 +1085,45 @@ def wrapper_queries(draw: st.DrawFn) -> Query:
             rows_vary=True,
         )
     return Query(f"{head}SELECT SUM({value}) AS total, COUNT(*) AS released FROM {s}")
+
+
+#: Keys a series limit ranks, and the measure it ranks them by.
+SERIES_KEYS = ("department", "diagnosis", "age", "smoker", "FLOOR(age / 10) * 10")
+SERIES_MEASURES = ("COUNT(*)", "SUM(cost)", "COUNT(DISTINCT patient_id)", "AVG(age)", "SUM(1)")
+
+
+@st.composite
+def series_limit_queries(draw: st.DrawFn) -> Query:
+    """A DP subquery whose released values filter the outer DP query (Superset's series
+    limit): ``JOIN (SELECT key AS d__, agg AS m ... ORDER BY m DESC LIMIT n) ON key = d__``
+    or ``WHERE key IN (SELECT key ... LIMIT n)``. Which keys come out is a release of the
+    subquery, so only the outcome, the messages, the types and the charge must agree."""
+    key = draw(st.sampled_from(SERIES_KEYS))
+    measure = draw(st.sampled_from(SERIES_MEASURES))
+    limit = draw(st.sampled_from(("1", "3", "5", "100")))
+    inner_where = draw(st.sampled_from(("", f" WHERE {PROBES[0]}", " WHERE age > 50")))
+    order = draw(st.sampled_from((" ORDER BY m DESC", " ORDER BY m", "")))
+    inner = (
+        f"SELECT {key} AS d__, {measure} AS m FROM {TABLE}{inner_where} GROUP BY {key}"
+        f"{order} LIMIT {limit}"
+    )
+    aggs = draw(aggregate_lists())
+    outer_where = draw(st.sampled_from(("", f" WHERE {PROBES[1]}", " WHERE smoker")))
+    if draw(st.booleans()):
+        join = draw(st.sampled_from(("JOIN", "INNER JOIN")))
+        on = draw(st.sampled_from((f"{key} = d__", f"d__ = {key}", f"{key} = series_limit.d__")))
+        sql = (
+            f"SELECT {key} AS k0, {aggs} FROM {TABLE} {join} ({inner}) AS series_limit "
+            f"ON {on}{outer_where} GROUP BY {key}"
+        )
+    else:
+        one = inner.replace(f", {measure} AS m", "").replace(" ORDER BY m", f" ORDER BY {measure}")
+        glue = " AND " if outer_where else " WHERE "
+        sql = (
+            f"SELECT {key} AS k0, {aggs} FROM {TABLE}{outer_where}{glue}{key} IN ({one}) "
+            f"GROUP BY {key}"
+        )
+    return Query(sql, grouped=True, rows_vary=True)
 
 
 def lone_surrogate(text: str) -> bool:

@@ -47,11 +47,20 @@ from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import ZeroNoise
 from dpsql.privacy.sqlite_ledger import SQLiteLedger
 
-#: The extra unit's rows in D′: (age, department, diagnosis, cost, visit_date, smoker).
+#: The extra unit's rows in D′: (age, department, diagnosis, cost, visit_date, smoker,
+#: readmitted).
 EXTRA_ROWS: tuple[tuple[Any, ...], ...] = (
-    (9223372036854775807, "oncology", "true", "1e308", "9999-12-31", "true"),
-    (-9223372036854775808, "ONCOLOGY\u200b", "q999\u2603\u202e", "-1e308", "0001-01-01", "false"),
-    (None, None, None, "nan", None, None),
+    (9223372036854775807, "oncology", "true", "1e308", "9999-12-31", "true", "true"),
+    (
+        -9223372036854775808,
+        "ONCOLOGY\u200b",
+        "q999\u2603\u202e",
+        "-1e308",
+        "0001-01-01",
+        "false",
+        "false",
+    ),
+    (None, None, None, "nan", None, None, None),
 )
 #: Values only the data holds: no message may quote them (unless the query text does).
 DATA_MARKERS = ("q999", "ONCOLOGY\u200b")
@@ -425,25 +434,25 @@ def assert_boundary_holds(pair: Pair, query: g.Query) -> None:
 # -- generated queries ---------------------------------------------------------------------------
 
 
-@settings(FUZZ, max_examples=100)
+@settings(FUZZ, max_examples=80)
 @given(query=g.where_queries())
 def test_where_conditions(pair: Pair, query: g.Query) -> None:
     assert_boundary_holds(pair, query)
 
 
-@settings(FUZZ, max_examples=100)
+@settings(FUZZ, max_examples=80)
 @given(query=g.key_queries())
 def test_group_by_keys(pair: Pair, query: g.Query) -> None:
     assert_boundary_holds(pair, query)
 
 
-@settings(FUZZ, max_examples=70)
+@settings(FUZZ, max_examples=50)
 @given(query=g.key_queries(g.typed_keys, typed_only=True))
 def test_typed_group_by_keys(pair: Pair, query: g.Query) -> None:
     assert_boundary_holds(pair, query)
 
 
-@settings(FUZZ, max_examples=90)
+@settings(FUZZ, max_examples=70)
 @given(query=g.key_queries(g.special_keys))
 def test_special_group_by_keys(pair: Pair, query: g.Query) -> None:
     assert_boundary_holds(pair, query)
@@ -471,25 +480,25 @@ def test_rule_list_arguments(pair: Pair, query: g.Query) -> None:
 # CPU time where it was before they came (~30 s of CPU; see docs/threat_model.md).
 
 
-@settings(FUZZ, max_examples=50)
+@settings(FUZZ, max_examples=40)
 @given(query=g.derived_table_queries())
 def test_derived_tables(pair: Pair, query: g.Query) -> None:
     assert_boundary_holds(pair, query)
 
 
-@settings(FUZZ, max_examples=40)
+@settings(FUZZ, max_examples=30)
 @given(query=g.cte_queries())
 def test_ctes(pair: Pair, query: g.Query) -> None:
     assert_boundary_holds(pair, query)
 
 
-@settings(FUZZ, max_examples=40)
+@settings(FUZZ, max_examples=30)
 @given(query=g.wrapper_queries())
 def test_post_processing_wrappers(pair: Pair, query: g.Query) -> None:
     assert_boundary_holds(pair, query)
 
 
-@settings(FUZZ, max_examples=50)
+@settings(FUZZ, max_examples=40)
 @given(query=g.expression_aggregate_queries())
 def test_expressions_in_aggregates(pair: Pair, query: g.Query) -> None:
     assert_boundary_holds(pair, query)
@@ -504,6 +513,13 @@ def test_where_key_in_restricts_released_keys(pair: Pair, query: g.Query) -> Non
 @settings(FUZZ, max_examples=20)
 @given(query=g.distinct_queries())
 def test_select_distinct(pair: Pair, query: g.Query) -> None:
+    assert_boundary_holds(pair, query)
+
+
+@settings(FUZZ, max_examples=20)
+@given(query=g.series_limit_queries())
+def test_series_limits(pair: Pair, query: g.Query) -> None:
+    """A DP subquery filtering the outer query: two measurements, charged as their sum."""
     assert_boundary_holds(pair, query)
 
 
@@ -603,8 +619,8 @@ ISSUE_EXAMPLES = [
         "SELECT department, COUNT(*) AS n FROM visits JOIN (SELECT department AS d__, "
         "COUNT(*) AS m FROM visits GROUP BY department ORDER BY m DESC LIMIT 5) AS s "
         "ON department = d__ GROUP BY department",
-        keys=1,
         grouped=True,
+        rows_vary=True,  # which departments come out is the subquery's release
     ),
 ]
 
