@@ -14,7 +14,7 @@ import datetime as _dt
 import math
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +59,16 @@ _TABLE_KEYS = {
     "max_groups_per_unit": "groups one unit may contribute to (default 1)",
     "version": "a data version string; changing it invalidates cached answers",
     "columns": "a [tables.NAME.columns.COL] table per column",
+    "public": "true for a public table (a dimension such as departments): no privacy unit, "
+    "never charged, read at connect (a CSV/Parquet file); its values are public domains",
+    "primary_key": "a column whose values are unique and not NULL (checked at connect for a "
+    "public table)",
+    "unique": 'columns whose non-NULL values are unique, e.g. unique = ["code"]',
 }
+
+# A public table is read whole at connect (joins inline its rows as lookups): at most this
+# many rows, or privacy.max_bins if larger.
+PUBLIC_ROWS = 10_000
 _COLUMN_KEYS = {
     "type": '"int", "float", "text", "bool" or "date"',
     "lower": "public lower bound (numbers)",
@@ -103,6 +112,11 @@ class TablePolicy:
     max_rows_per_unit: int = 1
     max_groups_per_unit: int = 1
     version: str | None = None
+    # A public table: no privacy unit, never charged; its rows (typed, in file order) are
+    # public facts read at connect, like declared values (dpsql.frontend.joins).
+    public: bool = False
+    unique_keys: tuple[str, ...] = ()  # declared primary_key / unique columns
+    rows: tuple[tuple[Any, ...], ...] | None = field(default=None, compare=False, repr=False)
 
     @property
     def row_level(self) -> bool:
@@ -303,7 +317,7 @@ def _build(data: dict[str, Any], path: Path | None) -> Policy:
         raise rep.fail("tables", "no tables declared", "add a [tables.NAME] section per table")
     _no_duplicates(rep, "tables", tables_raw)
     tables = {
-        name.lower(): _table(rep, name, spec, base, engine.name)
+        name.lower(): _table(rep, name, spec, base, engine.name, max_bins)
         for name, spec in tables_raw.items()
     }
     return Policy(
@@ -366,7 +380,14 @@ def _engine(rep: _Reporter, spec: Any) -> EngineConfig:
     return EngineConfig(name, master, dict(conf), bits, threads)
 
 
-def _table(rep: _Reporter, name: str, spec: Any, base: Path, engine: str = "duckdb") -> TablePolicy:
+def _table(
+    rep: _Reporter,
+    name: str,
+    spec: Any,
+    base: Path,
+    engine: str = "duckdb",
+    max_bins: int = PUBLIC_ROWS,
+) -> TablePolicy:
     key = f"tables.{name}"
     if not isinstance(spec, dict):
         raise rep.fail(key, "must be a table", f"write a [{key}] section")
@@ -415,7 +436,17 @@ def _table(rep: _Reporter, name: str, spec: Any, base: Path, engine: str = "duck
     version = spec.get("version")
     if version is not None:
         version = str(version)
-    return TablePolicy(
+    public = spec.get("public", False)
+    if not isinstance(public, bool):
+        raise rep.fail(f"{key}.public", "must be true or false", "write public = true")
+    if public and unit is not None:
+        raise rep.fail(
+            f"{key}.public",
+            "a public table has no privacy unit",
+            "remove privacy_unit (the table is public), or remove public = true",
+        )
+    unique_keys = _unique_keys(rep, key, spec, columns)
+    table = TablePolicy(
         name=name.lower(),
         source=source,
         source_path=source_path,
@@ -424,7 +455,110 @@ def _table(rep: _Reporter, name: str, spec: Any, base: Path, engine: str = "duck
         max_rows_per_unit=rows,
         max_groups_per_unit=groups,
         version=version,
+        public=public,
+        unique_keys=unique_keys,
     )
+    if public:
+        table = replace(table, rows=_public_rows(rep, key, table, spec, max(max_bins, PUBLIC_ROWS)))
+    return table
+
+
+def _unique_keys(
+    rep: _Reporter, key: str, spec: Mapping[str, Any], columns: Mapping[str, ColumnPolicy]
+) -> tuple[str, ...]:
+    """``primary_key = "id"`` and ``unique = ["code"]``: single declared columns."""
+    out: list[str] = []
+    primary = spec.get("primary_key")
+    if primary is not None and not isinstance(primary, str):
+        raise rep.fail(f"{key}.primary_key", "must be one column name", 'write primary_key = "id"')
+    unique = spec.get("unique", [])
+    if isinstance(unique, str):
+        unique = [unique]
+    if not isinstance(unique, list) or not all(isinstance(u, str) for u in unique):
+        raise rep.fail(f"{key}.unique", "must be a list of column names", 'unique = ["code"]')
+    for which, names in (("primary_key", [primary] if primary else []), ("unique", unique)):
+        for column in names:
+            if column.lower() not in columns:
+                raise rep.fail(
+                    f"{key}.{which}",
+                    f"{column!r} is not a declared column",
+                    f"declare it under [{key}.columns.{column}] or fix the name",
+                )
+            if column.lower() not in out:
+                out.append(column.lower())
+    if primary is not None:
+        columns[primary.lower()] = replace(columns[primary.lower()], nullable=False)  # type: ignore[index]
+    return tuple(out)
+
+
+def _public_rows(
+    rep: _Reporter, key: str, table: TablePolicy, spec: Mapping[str, Any], limit: int
+) -> tuple[tuple[Any, ...], ...]:
+    """A public table's rows, typed as declared; its unique keys checked on them (public
+    data, so reading it reveals nothing)."""
+    import duckdb
+
+    if table.source_path is None or not table.source_path.is_file():
+        raise rep.fail(
+            f"{key}.source",
+            "a public table is read at connect and needs a CSV or Parquet file",
+            'point source at a file, e.g. source = "departments.csv"',
+        )
+    path = str(table.source_path).replace("'", "''")
+    parquet = table.source_path.name.lower().endswith(".parquet")
+    relation = (
+        f"read_parquet('{path}')"
+        if parquet
+        else f"read_csv('{path}', header = true, all_varchar = true, auto_detect = true)"
+    )
+    from dpsql.sql.domains import SQL_TYPES
+    from dpsql.sql.identifiers import quote_ident
+
+    select = ", ".join(
+        f"CAST({quote_ident(c.name)} AS {SQL_TYPES[c.type]})" for c in table.columns.values()
+    )
+    con = duckdb.connect(":memory:")
+    try:
+        rows = con.execute(f"SELECT {select} FROM {relation} LIMIT {limit + 1}").fetchall()
+    except duckdb.Error as exc:
+        raise rep.fail(
+            f"{key}.source",
+            f"cannot read the public table with the declared columns: {str(exc).splitlines()[0]}",
+            "check that every declared column exists in the file with that type",
+        ) from None
+    finally:
+        con.close()
+    if len(rows) > limit:
+        raise rep.fail(
+            f"{key}.public",
+            f"a public table may have at most {limit} rows (it is inlined into queries)",
+            "keep public tables to dimensions, or raise privacy.max_bins",
+        )
+    names = list(table.columns)
+    for column in table.unique_keys:
+        values = [r[names.index(column)] for r in rows]
+        which = "primary_key" if (spec.get("primary_key") or "").lower() == column else "unique"
+        if which == "primary_key" and any(v is None for v in values):
+            raise rep.fail(
+                f"{key}.primary_key",
+                f"column {column!r} has NULL values in {str(table.source_path)!r}",
+                f'fill them, or declare unique = ["{column}"] instead',
+            )
+        present = [v for v in values if v is not None]
+        if len(set(present)) != len(present):
+            raise rep.fail(
+                f"{key}.{which}",
+                f"column {column!r} has duplicate values in {str(table.source_path)!r}",
+                f"remove the duplicates, or drop {column!r} from {which}",
+            )
+    for column in (c for c in names if not table.columns[c].nullable):
+        if any(r[names.index(column)] is None for r in rows):
+            raise rep.fail(
+                f"{key}.columns.{column}.nullable",
+                f"column {column!r} has NULL values in {str(table.source_path)!r}",
+                "remove nullable = false, or fill the values",
+            )
+    return tuple(rows)
 
 
 def default_granularity(col_type: str, lower: float | None, upper: float | None) -> float:

@@ -32,6 +32,7 @@ from dpsql.errors import (
 from dpsql.frontend.compose import ReleasedFilter, split_released_filter
 from dpsql.frontend.inline import Wrapped, compose_post, flatten
 from dpsql.frontend.intervals import NotNumeric, Range, value_range
+from dpsql.frontend.joins import JOINED, PUBLIC_VALUES, resolve_joins
 from dpsql.frontend.rewrite import normalise, timestamp_literals
 from dpsql.policy import ColumnPolicy, Policy, TablePolicy, default_granularity
 from dpsql.sql.positions import _tokens, forget_tokens, offset_position, position_of, snippet
@@ -214,6 +215,9 @@ class BoundQuery:
     keys: tuple[GroupKey, ...]
     aggregates: tuple[AggregateCall, ...]
     post: exp.Select  # over table __released with columns k0.., a0..
+    # Public tables joined on a unique key (dpsql.frontend.joins), as EXPLAIN shows them:
+    # already inlined into where/keys/aggregates, 1-stable (dpsql.ir.relational.PublicJoin).
+    joins: tuple[str, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -563,6 +567,7 @@ def bind_tree(tree: exp.Expression, text: str, policy: Policy) -> Statement:
             "send an aggregate SELECT query",
         )
     tree = normalise(tree)
+    tree = resolve_joins(tree, text, policy)
     split = split_released_filter(tree, text)
     if split is not None:
         return _composite(split, text, policy)
@@ -758,6 +763,7 @@ class _Binder:
             keys=tuple(keys),
             aggregates=tuple(aggregates),
             post=post,
+            joins=tuple(tree.meta.get(JOINED, ())),
         )
 
     def _restrict_key(self, key: GroupKey, where: exp.Expression) -> GroupKey:
@@ -1157,6 +1163,12 @@ class _Binder:
                     f"{self.table.privacy_unit}) counts units",
                 )
             key = GroupKey(expr=expr, columns=columns, position=position_of(item, self.text))
+            looked_up = resolved
+            while isinstance(looked_up, exp.Paren):
+                looked_up = looked_up.this
+            if PUBLIC_VALUES in looked_up.meta:
+                # A public table's column (dpsql.frontend.joins): its values are public.
+                key = replace(key, allowed=looked_up.meta[PUBLIC_VALUES])
             if any(k.sql == key.sql for k in keys):
                 continue
             keys.append(key)
