@@ -10,16 +10,19 @@ from dpsql.ir.relational import (
     ComputedColumn,
     Filter,
     Project,
+    PublicJoin,
     Scan,
 )
 from dpsql.sql.plan import Measure, Plan
 
 
 def plan_tree(plan: Plan) -> PostProcess:
-    """Scan -> [Filter] -> [Project] -> Bound -> Aggregate -> Release -> PostProcess."""
+    """Scan -> [PublicJoin] -> [Filter] -> [Project] -> Bound -> Aggregate -> Release -> Post."""
     query = plan.query
     table = query.table
-    node: Scan | Filter | Project = Scan(table.name, table.privacy_unit)
+    node: Scan | PublicJoin | Filter | Project = Scan(table.name, table.privacy_unit)
+    if query.joins:
+        node = PublicJoin(node, query.joins)
     if query.where is not None:
         node = Filter(node, query.where)
     computed = tuple(

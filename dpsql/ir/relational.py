@@ -39,11 +39,31 @@ class Scan:
 
 
 @dataclass(frozen=True)
+class PublicJoin:
+    """Join public tables ON their declared unique keys (dpsql.frontend.joins): each private
+    row matches at most one public row, so every output row is one input row with public
+    columns added (INNER drops unmatched rows; LEFT keeps them with NULLs). 1-stable: a
+    unit's rows are never multiplied, so every sensitivity downstream is unchanged."""
+
+    input: Scan
+    joins: tuple[str, ...]
+
+    def children(self) -> tuple:
+        return (self.input,)
+
+    def describe(self) -> str:
+        return "PublicJoin " + "; ".join(self.joins)
+
+    def stability(self) -> str:
+        return "1-stable: at most one public row per private row (unique key)"
+
+
+@dataclass(frozen=True)
 class Filter:
     """Keep the rows a condition accepts (under TRY: a failing row is dropped, never an
     error). 1-stable: a unit's rows can only be removed, never multiplied or moved."""
 
-    input: Scan
+    input: Scan | PublicJoin
     condition: exp.Expression
 
     def children(self) -> tuple:
@@ -69,7 +89,7 @@ class Project:
     """Computed columns (derived tables, expressions inside aggregates): one output row per
     input row, so 1-stable; each value is clamped to its range in the engine."""
 
-    input: Scan | Filter
+    input: Scan | PublicJoin | Filter
     columns: tuple[ComputedColumn, ...]
 
     def children(self) -> tuple:
@@ -89,7 +109,7 @@ class Bound:
     """Contribution bounding in the engine (keyed hash): after it each unit keeps at most
     ``max_rows`` rows in each group and at most ``max_groups`` groups."""
 
-    input: Scan | Filter | Project
+    input: Scan | PublicJoin | Filter | Project
     unit: str | None
     max_rows: int  # R
     max_groups: int  # G (effective)
