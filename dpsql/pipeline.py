@@ -408,7 +408,7 @@ class Service:
         statement = parse_statement(text, self.policy, parameters, self._models(analyst, text))
         if isinstance(statement, SettingStatement):
             if statement.action == "show" and statement.name == "budget":
-                return self.show_budget(analyst)
+                return self.show_budget(analyst, settings)
             return apply_setting(statement, settings)
         if isinstance(statement, TransactionStatement):
             return Result(status=statement.kind.upper())
@@ -555,13 +555,14 @@ class Service:
             plan_hash=plan_hash,
         )
 
-    def show_budget(self, analyst: str) -> Result:
+    def show_budget(self, analyst: str, settings: Settings | None = None) -> Result:
         """``SHOW budget``: the analyst's own spent and remaining budget (costs nothing).
 
         ``epsilon_equivalent``/``delta_equivalent``: the (ε, δ) the spending amounts to (the
         better of the pure sum and the zCDP conversion); ``unspent_*``: the budget minus it;
         ``remaining_epsilon``: the largest ε one more pure-ε release may take;
-        ``queries_left``: how many more releases of the policy's per-query ε fit.
+        ``queries_left``: how many more releases of the session's per-query ε fit (the
+        policy's default without a session).
         """
         from dpsql.privacy.accounting import Cost
 
@@ -571,7 +572,7 @@ class Service:
         eps_left, delta_left = budget.remaining(spent)
         eps_spent, delta_spent = budget.guarantee(spent)
         eps_unspent, delta_unspent = budget.unspent(spent)
-        per_query = Cost(epsilon=self.policy.epsilon)
+        per_query = Cost(epsilon=settings.epsilon if settings is not None else self.policy.epsilon)
         columns = [
             ("analyst", "VARCHAR"),
             ("spent_epsilon", "DOUBLE"),
