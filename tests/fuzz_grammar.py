@@ -861,7 +861,7 @@ def relations(draw: st.DrawFn, ctes: bool | None = None, max_depth: int = 3) -> 
     """A chain of 1..max_depth layers over visits; ``ctes``: all CTEs (True), all derived
     tables (False) or a mix (None). A CTE is never defined inside a derived table."""
     relation = BASE
-    depth = draw(st.integers(1, max_depth))
+    depth = draw(st.sampled_from(range(max_depth, 0, -1)))  # deepest first
     cte_phase = True
     for i in range(depth):
         if ctes is None:
@@ -874,29 +874,41 @@ def relations(draw: st.DrawFn, ctes: bool | None = None, max_depth: int = 3) -> 
 
 
 def _aggregates_over(relation: Relation) -> list[Strategy[str]]:
-    """Aggregate calls over the relation's columns, expressions inside aggregates included."""
+    """Aggregate calls over the relation's columns, expressions inside aggregates included
+    (the most telling first: a draw shrinks toward the start of the list)."""
     names = dict(relation.columns)
     numeric = [n for n, t in relation.columns if t in ("int", "float") and n != "patient_id"]
     texts, bools = relation.names("text"), relation.names("bool")
     grammar = Grammar(relation.columns, strict=True)
-    out: list[Strategy[str]] = [
-        st.sampled_from(("COUNT(*)", "COUNT(1)", "SUM(1)", "SUM(CAST(1 AS BIGINT))")),
-        st.sampled_from(list(names)).map(lambda c: f"COUNT({c})"),
+    out: list[Strategy[str]] = []
+    if numeric:
+        num = st.sampled_from(numeric)
+        out += [
+            st.tuples(st.sampled_from(("AVG", "SUM")), num, st.sampled_from(("0", "10", "50"))).map(
+                lambda p: f"{p[0]}(LEAST(GREATEST({p[1]}, {p[2]}), 100))"
+            ),
+            st.tuples(num, num).map(_fmt("SUM({} * {})")),
+        ]
+    if texts:  # fails on most rows: under the clamp it must not fail the query
+        out.append(
+            st.sampled_from(texts).map(lambda c: f"SUM(LEAST(GREATEST(CAST({c} AS INT), 0), 5))")
+        )
+    out += [
+        st.just("SUM(1)"),
+        st.sampled_from(("COUNT(1)", "SUM(CAST(1 AS BIGINT))", "COUNT(*)")),
         grammar.expr("bool", 1).map(lambda c: f"SUM(CASE WHEN {c} THEN 1 ELSE 0 END)"),
         grammar.expr("bool", 1).map(lambda c: f"COUNT(*) FILTER (WHERE {c})"),
+        st.sampled_from(list(names)).map(lambda c: f"COUNT({c})"),
     ]
+    if bools:
+        out.append(st.sampled_from(bools).map(lambda c: f"SUM(CASE WHEN {c} THEN 1 ELSE 0 END)"))
     if "patient_id" in names:
         out.append(st.just("COUNT(DISTINCT patient_id)"))
     if numeric:
-        num = st.sampled_from(numeric)
         out += [
             st.tuples(st.sampled_from(("SUM", "AVG", "VARIANCE", "STDDEV")), num).map(
                 _fmt("{}({})")
             ),
-            st.tuples(num, num).map(_fmt("SUM({} * {})")),
-            st.tuples(
-                st.sampled_from(("AVG", "SUM")), num, st.sampled_from(("0", "10", "50")), num
-            ).map(lambda p: f"{p[0]}(LEAST(GREATEST({p[1]}, {p[2]}), 100))"),
             st.tuples(num, grammar.expr("bool", 1)).map(
                 lambda p: f"SUM({p[0]}) FILTER (WHERE {p[1]})"
             ),
@@ -904,17 +916,14 @@ def _aggregates_over(relation: Relation) -> list[Strategy[str]]:
             .flatmap(lambda t: grammar.expr(t, 1))
             .map(lambda e: f"SUM(LEAST(GREATEST({e}, -5), 5))"),
         ]
-    if texts:  # fails on most rows: under the clamp it must not fail the query
-        out.append(
-            st.sampled_from(texts).map(lambda c: f"SUM(LEAST(GREATEST(CAST({c} AS INT), 0), 5))")
-        )
-    if bools:
-        out.append(st.sampled_from(bools).map(lambda c: f"SUM(CASE WHEN {c} THEN 1 ELSE 0 END)"))
     return out
 
 
 def aggregate_items(relation: Relation) -> Strategy[str]:
-    return st.lists(st.one_of(*_aggregates_over(relation)), min_size=1, max_size=2).map(
+    """One or two aggregates, each from a uniformly drawn kind, aliased v0, v1."""
+    kinds = _aggregates_over(relation)
+    one = st.sampled_from(range(len(kinds))).flatmap(lambda i: kinds[i])
+    return st.lists(one, min_size=1, max_size=2).map(
         lambda xs: ", ".join(f"{x} AS v{i}" for i, x in enumerate(xs))
     )
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import csv
 import itertools
 import math
+import re
 import signal
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -38,7 +39,7 @@ from typing import Any
 import fuzz_grammar as g
 import pytest
 from conftest import FIXTURE_CSV, fixture_policy
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 
 import dpsql
 from dpsql.engine.base import Engine
@@ -533,6 +534,55 @@ def test_comments_in_the_text(pair: Pair, query: g.Query) -> None:
 @given(query=g.commented(g.simple_queries()))
 def test_comments_in_the_text_durable_ledger(durable_pair: Pair, query: g.Query) -> None:
     assert_boundary_holds(durable_pair, query)
+
+
+#: Shapes the frontend strategies must keep generating (a pattern per shape), so that a change
+#: of the grammar cannot quietly stop testing one.
+FRONTEND_SHAPES: dict[str, tuple[Callable[[], Any], str]] = {
+    "a derived table 3 deep": (g.derived_table_queries, r"^SELECT .*\) AS q1.*\) AS q2.*\) AS q3"),
+    "a computed column": (g.derived_table_queries, r"\* 2 AS a2|CASE WHEN .* END AS c"),
+    "chained CTEs": (g.cte_queries, r"^WITH q1 AS \(.*\), q2 AS \(SELECT .* FROM q1"),
+    "SELECT * over a DP subquery": (g.wrapper_queries, r"^(WITH .*)?SELECT \* FROM \(SELECT"),
+    "WHERE on a released value": (g.wrapper_queries, r"\) AS s WHERE v\d > "),
+    "SUM over released rows": (g.wrapper_queries, r"SELECT SUM\(v\d\) AS total"),
+    "SUM(1)": (g.expression_aggregate_queries, r"SUM\(1\)"),
+    "a CASE sum": (g.expression_aggregate_queries, r"SUM\(CASE WHEN .* THEN 1 ELSE 0 END\)"),
+    "FILTER": (g.expression_aggregate_queries, r"FILTER \(WHERE "),
+    "a clamp": (g.expression_aggregate_queries, r"(AVG|SUM)\(LEAST\(GREATEST\("),
+    "a failing cast under a clamp": (
+        g.expression_aggregate_queries,
+        r"GREATEST\(CAST\(\w+ AS INT\)",
+    ),
+    "WHERE key IN": (g.key_restriction_queries, r"WHERE \w+ IN \("),
+    "SELECT DISTINCT": (g.distinct_queries, r"^SELECT DISTINCT "),
+    "a series-limit JOIN": (
+        g.series_limit_queries,
+        r"JOIN \(SELECT .* LIMIT \d+\) AS series_limit",
+    ),
+    "IN (DP subquery)": (g.series_limit_queries, r" IN \(SELECT "),
+}
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    sorted({strategy for strategy, _ in FRONTEND_SHAPES.values()}, key=lambda f: f.__name__),
+    ids=lambda f: f.__name__,
+)
+def test_the_grammar_reaches_every_frontend_shape(strategy: Callable[[], Any]) -> None:
+    """Among the first 60 draws of each strategy, every shape it owns comes up (no data
+    is read: this only guards the grammar)."""
+    patterns = {shape: p for shape, (f, p) in FRONTEND_SHAPES.items() if f is strategy}
+    missing = set(patterns)
+
+    @settings(FUZZ, max_examples=60, phases=[Phase.generate])
+    @given(query=strategy())
+    def draw(query: g.Query) -> None:
+        missing.difference_update(
+            [shape for shape in missing if re.search(patterns[shape], query.sql)]
+        )
+
+    draw()
+    assert not missing, f"{strategy.__name__} generated none with {sorted(missing)}"
 
 
 # -- the issue's own examples (one per class; the generators reach each class too) --------------
