@@ -354,3 +354,26 @@ def test_the_star_fixture_loads():
     assert departments.public and departments.unique_keys == ("id", "name")
     assert len(departments.rows) == 7
     assert not policy.table("visits").public
+
+
+def test_a_query_over_the_public_table_alone_is_exact_and_free(star):
+    conn, ref = star
+    spy = EngineSpy(conn.service)
+    spent = conn.service.ledger.spent(conn.analyst, conn.service.policy.dataset)
+    try:
+        cur = conn.cursor()
+        sql = (
+            "SELECT region, COUNT(*) AS n, SUM(beds) FROM departments GROUP BY region "
+            "ORDER BY n DESC, region"
+        )
+        cur.execute(sql)
+        assert [c[0] for c in cur.description] == ["region", "n", "sum"]
+        assert cur.fetchall() == ref.execute(sql).fetchall()
+        assert rows_of(conn, "SELECT * FROM departments WHERE id = 99") == []
+        assert rows_of(conn, "SELECT COUNT(*) FROM (SELECT * FROM departments) x") == [(7,)]
+        with pytest.raises(PrivacyError, match="file reader"):
+            rows_of(conn, "SELECT read_csv('x') FROM departments")
+        assert spy.calls == 0
+        assert conn.service.ledger.spent(conn.analyst, conn.service.policy.dataset) == spent
+    finally:
+        conn.service.engine.execute = spy.original

@@ -225,6 +225,28 @@ class _PublicData:
             ) from None
 
 
+def public_rows(
+    table: TablePolicy, query: exp.Select, text: str
+) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
+    """Output names, DuckDB types and rows of ``query`` over the public ``table`` alone
+    (checked by the binder: scalar SQL and aggregates over its declared columns)."""
+    data = _PublicData.of(table)
+    try:
+        with data._lock:
+            cursor = data._con.execute(query.sql(dialect="duckdb"))
+            rows = cursor.fetchall()
+            description = cursor.description
+    except duckdb.Error as exc:
+        raise ProgrammingError(
+            f"the query over public table {table.name!r} fails: {str(exc).splitlines()[0][:200]}",
+            sqlstate="42804",
+            construct=snippet(query),
+            position=position_of(query, text),
+            hint="check the column types of the public table",
+        ) from None
+    return [d[0] for d in description], [str(d[1]) for d in description], rows
+
+
 def _literal(value: Any) -> exp.Expression:
     from dpsql.sql.bind import to_literal
 

@@ -722,6 +722,8 @@ class _Binder:
             return self._rule_list(source.this)
         self._bind_from(from_.this)
         assert self.table is not None
+        if self.table.public:
+            return self._public_table_query()
         if any(isinstance(e, exp.Star) for e in tree.expressions) or any(
             isinstance(e, exp.Column) and isinstance(e.this, exp.Star) for e in tree.expressions
         ):
@@ -914,6 +916,68 @@ class _Binder:
             if isinstance(node, exp.AggFunc | exp.Window | exp.Anonymous | exp.Subquery):
                 raise self._not_allowed(node, f"{function} query")
         return RuleListCall(self.text, table, arguments, post, function)
+
+    def _public_table_query(self) -> PublicSelect:
+        """A query over a public table alone reads public data: answered exactly, free (its
+        rows are evaluated here, in the policy's copy of the public table)."""
+        assert self.table is not None
+        allowed = (
+            exp.Select, exp.From, exp.Where, exp.Group, exp.Having, exp.Order, exp.Ordered,
+            exp.Limit, exp.Offset, exp.Table, exp.TableAlias, exp.Alias, exp.Star, exp.Distinct,
+            exp.Min, exp.Max, exp.Count, exp.Sum, exp.Avg, *SCALAR_NODES,
+        )  # fmt: skip
+        outputs = {e.alias.lower() for e in self.tree.expressions if isinstance(e, exp.Alias)}
+        for node in self.tree.walk():
+            if isinstance(node, exp.Rand | exp.Anonymous) or not isinstance(node, allowed):
+                raise self._not_allowed(node, f"a query over public table {self.table.name!r}")
+            if (
+                isinstance(node, exp.Column)
+                and not isinstance(node.this, exp.Star)
+                and not (not node.table and node.name.lower() in outputs)
+            ):
+                self._column_name(node)
+        from dpsql.frontend.joins import public_rows
+
+        query = self.tree.copy()
+        query.set("from_", exp.From(this=exp.to_table(self.table.name)))
+        for column in query.find_all(exp.Column):
+            column.set("table", None)
+        query.set(
+            "expressions",
+            [
+                e if isinstance(e, exp.Alias) or _is_star_item(e)
+                else exp.alias_(e, _default_name(e, i), quoted=True)
+                for i, e in enumerate(query.expressions)
+            ],
+        )  # fmt: skip
+        names, types, rows = public_rows(self.table, query, self.text)
+        index = exp.to_identifier("__i")
+        selects = [
+            exp.select(
+                *(
+                    exp.alias_(exp.cast(to_literal(v), t), n, quoted=True)
+                    for v, t, n in zip(row, types, names, strict=True)
+                ),
+                exp.alias_(exp.Literal.number(i), index),
+            )
+            for i, row in enumerate(rows)
+        ] or [
+            exp.select(
+                *(
+                    exp.alias_(exp.cast(exp.Null(), t), n, quoted=True)
+                    for t, n in zip(types, names, strict=True)
+                ),
+                exp.alias_(exp.Literal.number(0), index),
+            ).where(exp.false())
+        ]
+        union: exp.Expression = selects[0]
+        for part in selects[1:]:
+            union = exp.union(union, part, distinct=False)
+        post = exp.select(*(exp.column(n, quoted=True) for n in names)).from_(
+            exp.Subquery(this=union, alias=exp.TableAlias(this=exp.to_identifier("__p")))
+        )
+        post = post.order_by(exp.column(index))
+        return PublicSelect(self.text, post)
 
     def _public_select(self) -> PublicSelect:
         for node in self.tree.walk():
@@ -1544,6 +1608,12 @@ def _converts(text: str, col_type: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _is_star_item(node: exp.Expression) -> bool:
+    return isinstance(node, exp.Star) or (
+        isinstance(node, exp.Column) and isinstance(node.this, exp.Star)
+    )
 
 
 def _default_name(node: exp.Expression, index: int) -> str:
