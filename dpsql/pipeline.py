@@ -7,47 +7,54 @@ the ledger is written. The budget is checked before the engine runs and charged 
 
 from __future__ import annotations
 
-import datetime as dt
 import inspect
 import itertools
 import json
-import math
 import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from decimal import Decimal
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
-import numpy as np
 from sqlglot import exp
 
-from dpsql.aggregates import KINDS
 from dpsql.boundary import charged_boundary, post_processing_boundary
 from dpsql.engine.base import open_engine
 from dpsql.engine.duckdb_engine import EngineResult, QueryHandle
 from dpsql.engine.scratch import (
     NotPlain,
-    Projection,
     Scratch,
-    cast_value,
     check_post,
-    plain_projection,
 )
 from dpsql.errors import (
     BudgetExhaustedError,
     DataError,
     Error,
-    InterfaceError,
     OperationalError,
     ProgrammingError,
 )
-from dpsql.policy import MECHANISMS, Policy, load_policy
+from dpsql.policy import Policy, load_policy
 from dpsql.privacy.ledger import Ledger, MemoryLedger
 from dpsql.privacy.release import Released, at_confidence, release
 from dpsql.privacy.samplers import NoiseSource, default_source
+from dpsql.service.plan_cache import _CheckedSet, _PlanCache, _PostPlan, _Prepared, _SecretTemplate
+from dpsql.service.results import (
+    SQL_TYPES_BY_CODE,
+    TYPE_CODES,
+    Result,
+    _convert,
+    _decode,
+    _encode,
+    _floats,
+    _is_output,
+    _jsonable,
+    _project,
+    _released_table,
+    type_code,
+)
+from dpsql.service.settings import Settings, _ResetRequest, apply_setting, reset_setting
 from dpsql.sql.bind import (
     DIALECT,
     BoundQuery,
@@ -60,7 +67,7 @@ from dpsql.sql.bind import (
     parse_statement,
 )
 from dpsql.sql.compile import CompiledQuery, compile_plan
-from dpsql.sql.domains import SQL_TYPES, key_domain
+from dpsql.sql.domains import key_domain
 from dpsql.sql.plan import Plan, build_plan
 from dpsql.sql.positions import position_of
 from dpsql.sql.rows import pattern_counts_sql
@@ -73,224 +80,35 @@ from dpsql.sql.typecheck import (
     type_query,
 )
 
+# Re-exported: front doors and tests import these from here.
+__all__ = [
+    "EXPLAIN_COLUMNS",
+    "SQL_TYPES_BY_CODE",
+    "TYPE_CODES",
+    "Result",
+    "Service",
+    "Settings",
+    "_CheckedSet",
+    "_PlanCache",
+    "_PostPlan",
+    "_Prepared",
+    "_ResetRequest",
+    "_SecretTemplate",
+    "_convert",
+    "_decode",
+    "_encode",
+    "_floats",
+    "_is_output",
+    "_jsonable",
+    "_not_cancelled",
+    "_project",
+    "_released_table",
+    "apply_setting",
+    "reset_setting",
+    "type_code",
+]
+
 DOMAIN_CACHE_SIZE = 4096  # (analyst, table, key) entries
-
-TYPE_CODES = {
-    "BIGINT": "BIGINT",
-    "INTEGER": "BIGINT",
-    "SMALLINT": "BIGINT",
-    "TINYINT": "BIGINT",
-    "HUGEINT": "BIGINT",
-    "UBIGINT": "BIGINT",
-    "UINTEGER": "BIGINT",
-    "USMALLINT": "BIGINT",
-    "UTINYINT": "BIGINT",
-    "DOUBLE": "DOUBLE",
-    "FLOAT": "DOUBLE",
-    "VARCHAR": "VARCHAR",
-    "BOOLEAN": "BOOLEAN",
-    "DATE": "DATE",
-    "TIMESTAMP": "TIMESTAMP",
-}
-
-
-def type_code(duck_type: str) -> str:
-    """DB-API type code for a DuckDB type: BIGINT, DOUBLE, VARCHAR, BOOLEAN, DATE, TIMESTAMP."""
-    if duck_type.startswith("DECIMAL"):
-        return "DOUBLE"
-    return TYPE_CODES.get(duck_type, "VARCHAR")
-
-
-@dataclass
-class Settings:
-    """A session's privacy settings, changed with SET / RESET."""
-
-    epsilon: float
-    delta: float
-    mechanism: str
-    confidence: float = 0.95  # level of the reported noise intervals: post-processing only
-
-    @classmethod
-    def from_policy(cls, policy: Policy) -> Settings:
-        return cls(policy.epsilon, policy.delta, policy.mechanism)
-
-    def as_dict(self) -> dict[str, Any]:
-        """The settings a plan (and its cached answer) depends on."""
-        return {"epsilon": self.epsilon, "delta": self.delta, "mechanism": self.mechanism}
-
-    def shown(self) -> dict[str, Any]:
-        """Every session setting (SET/SHOW/RESET): the privacy ones and the interval level."""
-        return {**self.as_dict(), "confidence": self.confidence}
-
-
-@dataclass
-class Result:
-    """What a statement returns to a front door."""
-
-    description: list[tuple[str, str]] = field(default_factory=list)
-    rows: list[tuple[Any, ...]] = field(default_factory=list)
-    intervals: list[tuple[tuple[float, float] | None, ...]] = field(default_factory=list)
-    cost: Any = None
-    cached: bool = False
-    status: str = "SELECT"
-    notes: list[str] = field(default_factory=list)
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dt.date):
-        return value.isoformat()
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, Decimal):  # e.g. GROUP BY x * 1.5: DECIMAL keys, released as DOUBLE
-        return float(value)
-    return value
-
-
-class _CheckedSet:
-    """Thread-safe set of statement shapes already checked; cleared when it grows large."""
-
-    def __init__(self, limit: int = 4096) -> None:
-        self._items: set[Any] = set()
-        self._limit = limit
-        self._lock = threading.Lock()
-
-    def __contains__(self, key: Any) -> bool:
-        with self._lock:
-            return key in self._items
-
-    def add(self, key: Any) -> None:
-        with self._lock:
-            if len(self._items) >= self._limit:
-                self._items.clear()
-            self._items.add(key)
-
-
-class _Prepared:
-    """What one statement text reuses across executions: its checked plan and fingerprint,
-    and (from its second execution on) its engine SQL as a template for fresh secrets.
-
-    Never reused: the keyed-hash secret, the budget check and charge, the noise.
-    """
-
-    __slots__ = ("fingerprint", "plan", "post", "post_checked", "runs", "template")
-
-    def __init__(self, plan: Plan) -> None:
-        self.plan = plan
-        self.fingerprint = plan.fingerprint()
-        self.template: _SecretTemplate | None = None
-        self.post: _PostPlan | None = None  # how its post-processing runs (first use)
-        self.post_checked = False  # the free dry run of its post-processing has passed
-        self.runs = 0  # engine runs so far (the template is built for the second)
-
-
-@dataclass(frozen=True)
-class _PostPlan:
-    """How a statement's post-processing runs: a plain projection in Python, or SQL on the
-    scratch connection (with hidden ``__lo{j}``/``__hi{j}`` interval columns)."""
-
-    projection: Projection | None
-    sql: str | None  # None for a plain projection (rendered only if a value needs DuckDB)
-    visible: int
-
-    @classmethod
-    def of(cls, post: exp.Select, columns: Sequence[str]) -> _PostPlan:
-        projection = plain_projection(post, columns)
-        sql = None if projection is not None else cls.render(post)
-        return cls(projection, sql, len(post.expressions))
-
-    @staticmethod
-    def render(post: exp.Select) -> str:
-        """The post-processing query, plus the interval bounds of each picked aggregate."""
-        post = post.copy()
-        for j, item in enumerate(list(post.expressions)):
-            inner = item.this if isinstance(item, exp.Alias) else item
-            if isinstance(inner, exp.Column) and _is_output(inner.name):
-                post = post.select(
-                    exp.alias_(exp.column(f"{inner.name}_lo"), f"__lo{j}"),
-                    exp.alias_(exp.column(f"{inner.name}_hi"), f"__hi{j}"),
-                    copy=False,
-                )
-        return post.sql(dialect=DIALECT)
-
-
-@dataclass(frozen=True)
-class _SecretTemplate:
-    """A statement's compiled tree, reused by every run with that run's own secret.
-
-    The tree holds a Secret node where the keyed-hash secret goes (dpsql.sql.compile), so
-    ``with_secret(fresh)`` is what ``compile_plan(plan, fresh)`` gives, without compiling or
-    rendering again (the renderings are shared; only the secret's digits differ).
-    """
-
-    compiled: CompiledQuery
-
-    @classmethod
-    def build(cls, plan: Plan) -> _SecretTemplate:
-        return cls(compile_plan(plan, 0))
-
-    def with_secret(self, secret: int) -> CompiledQuery:
-        return self.compiled.with_secret(secret)
-
-
-class _PlanCache:
-    """Bounded LRU of prepared statements, keyed by everything that binding depends on.
-
-    The key is the analyst, the exact text, the parameters (type and repr, so 1, 1.0, True and
-    -0.0 differ), and the session's settings (repr). The policy is fixed per Service; the
-    table's data version is checked on every hit. A statement that is refused is never stored.
-    """
-
-    _PARAMETER_TYPES = (type(None), bool, int, float, str, dt.date, dt.datetime)
-
-    def __init__(self, limit: int) -> None:
-        self._items: OrderedDict[tuple, _Prepared] = OrderedDict()
-        self._limit = limit
-        self._lock = threading.Lock()
-
-    def key(
-        self, text: str, parameters: Sequence[Any] | None, settings: Settings, analyst: str
-    ) -> tuple | None:
-        # dp_predict reads a stored model, which the same name can replace: never cached.
-        if self._limit <= 0 or "dp_predict" in text.lower():
-            return None
-        params = None
-        if parameters is not None:
-            if not all(type(v) in self._PARAMETER_TYPES for v in parameters):
-                return None
-            params = tuple((type(v), repr(v)) for v in parameters)
-        # The analyst is part of the key: a hit is faster than a miss, so a shared entry would
-        # tell one analyst, by timing, that another ran the very same text.
-        return (
-            analyst,
-            text,
-            params,
-            # CURRENT_DATE is a literal fixed at bind: a plan bound yesterday is not today's
-            dt.datetime.now(dt.UTC).date() if "current_date" in text.lower() else None,
-            repr(settings.epsilon),
-            repr(settings.delta),
-            settings.mechanism,
-        )
-
-    def get(self, key: tuple) -> _Prepared | None:
-        with self._lock:
-            item = self._items.get(key)
-            if item is not None:
-                self._items.move_to_end(key)
-            return item
-
-    def put(self, key: tuple, item: _Prepared) -> None:
-        with self._lock:
-            self._items[key] = item
-            self._items.move_to_end(key)
-            while len(self._items) > self._limit:
-                self._items.popitem(last=False)
-
-    def discard(self, key: tuple) -> None:
-        with self._lock:
-            self._items.pop(key, None)
-
-    def __len__(self) -> int:
-        return len(self._items)
 
 
 class Service:
@@ -339,9 +157,7 @@ class Service:
     def connect(self, analyst: str = "default"):
         """A DB-API session of ``analyst`` over this service (see dpsql.dbapi)."""
         if Service.session_class is None:
-            raise InterfaceError(
-                "no DB-API is loaded", hint="import dpsql.dbapi (dpsql.connect does)"
-            )
+            import dpsql.dbapi  # noqa: F401  (a convenience: loading it registers the class)
         return Service.session_class(self, analyst)
 
     def close(self) -> None:
@@ -975,16 +791,6 @@ EXPLAIN_COLUMNS = [
     ("ci95_halfwidth", "DOUBLE"),
 ]
 
-SQL_TYPES_BY_CODE = {
-    "BIGINT": "BIGINT",
-    "DOUBLE": "DOUBLE",
-    "VARCHAR": "VARCHAR",
-    "BOOLEAN": "BOOLEAN",
-    "DATE": "DATE",
-    "TIMESTAMP": "TIMESTAMP",
-}
-assert set(SQL_TYPES.values()) <= set(SQL_TYPES_BY_CODE.values())
-
 
 def _not_cancelled(handle: QueryHandle | None) -> None:
     """A query cancelled before its cost is reserved has read nothing: a free refusal."""
@@ -992,175 +798,3 @@ def _not_cancelled(handle: QueryHandle | None) -> None:
         raise OperationalError(
             "query cancelled before it ran", sqlstate="57014", hint="nothing was spent"
         )
-
-
-def _is_output(column: str) -> bool:
-    """A released aggregate column a0, a1, ... (which has a 95% interval)."""
-    return column.startswith("a") and column[1:].isdigit()
-
-
-def _released_table(plan: Plan, answer: dict) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
-    """Columns, SQL types and rows of the released table (keys k0.., then a_i, a_i_lo, a_i_hi
-    per output, then __suppressed): what post-processing may read."""
-    n_keys = len(plan.keys)
-    columns = [f"k{i}" for i in range(n_keys)]
-    types = [SQL_TYPES_BY_CODE[t] for t in answer["key_types"]]
-    whole = []
-    for i, o in enumerate(plan.outputs):
-        columns += [f"a{i}", f"a{i}_lo", f"a{i}_hi"]
-        column = plan.query.table.columns[o.call.column] if o.call.column else None
-        kind = KINDS[o.call.kind].released_type(column)
-        types += [kind, "DOUBLE", "DOUBLE"]
-        whole.append(kind == "BIGINT")
-    columns.append("__suppressed")
-    types.append("DOUBLE")
-    outputs, intervals, suppressed = answer["outputs"], answer["intervals"], answer["suppressed"]
-    rows = []
-    for r, key in enumerate(answer["keys"]):
-        row: list[Any] = list(key)
-        for i, is_whole in enumerate(whole):
-            value = outputs[i][r]
-            if is_whole and value is not None:
-                value = round(value)
-            low, high = intervals[i][r]
-            row += [value, low, high]
-        row.append(suppressed[r] if suppressed is not None else None)
-        rows.append(tuple(row))
-    return columns, types, rows
-
-
-def _project(
-    projection: Projection,
-    columns: Sequence[str],
-    types: Sequence[str],
-    rows: Sequence[tuple[Any, ...]],
-    *,
-    cost: Any,
-    cached: bool,
-) -> Result:
-    """The result of a plain projection (see :func:`plain_projection`) without DuckDB: the
-    released rows in order (or sorted, then cut), each value as ``CAST(? AS type)`` returns
-    it, and the interval of every picked aggregate. Raises NotPlain when DuckDB must decide
-    (a value its cast would convert, or tied ORDER BY values)."""
-    index = {c: i for i, c in enumerate(columns)}
-    picks = [(i, types[i]) for _, i in projection.items]
-    spans = [
-        (index[f"{columns[i]}_lo"], index[f"{columns[i]}_hi"]) if _is_output(columns[i]) else None
-        for _, i in projection.items
-    ]
-    selected = [rows[r] for r in projection.select_rows(rows, types)]
-    out_rows = [tuple(cast_value(row[i], t) for i, t in picks) for row in selected]
-    intervals = [
-        tuple(
-            None
-            if span is None
-            else (cast_value(row[span[0]], "DOUBLE"), cast_value(row[span[1]], "DOUBLE"))
-            for span in spans
-        )
-        for row in selected
-    ]
-    return Result(
-        description=[(name, type_code(types[i])) for name, i in projection.items],
-        rows=out_rows,
-        intervals=intervals,
-        cost=cost,
-        cached=cached,
-    )
-
-
-def _convert(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
-def _floats(values: Any) -> Any:
-    return np.asarray(values, dtype=np.float64)
-
-
-def _encode(released: Released, key_types: Sequence[str]) -> str:
-    return json.dumps(
-        {
-            "keys": [[_jsonable(v) for v in k] for k in released.key_values],
-            "key_types": list(key_types),
-            # float64 .tolist(): the same Python floats as float(x) per element, in C
-            "outputs": [_floats(o).tolist() for o in released.outputs],
-            "intervals": [_floats(iv).reshape(-1, 2).tolist() for iv in released.intervals],
-            "suppressed": (
-                None
-                if released.suppressed_probability is None
-                else _floats(released.suppressed_probability).tolist()
-            ),
-        }
-    )
-
-
-def _decode(answer: str) -> dict:
-    data = json.loads(answer)
-    for i, t in enumerate(data["key_types"]):
-        parse = {"DATE": dt.date.fromisoformat, "TIMESTAMP": dt.datetime.fromisoformat}.get(t)
-        if parse is not None:
-            for k in data["keys"]:
-                if k[i] is not None:
-                    k[i] = parse(k[i])
-    return data
-
-
-def apply_setting(statement: SettingStatement, settings: Settings) -> Result:
-    name = statement.name
-    known = settings.shown()
-    if name not in known:
-        raise ProgrammingError(
-            f"unknown setting {name!r}",
-            sqlstate="42704",
-            construct=name,
-            hint="dpsql settings: " + ", ".join(known),
-        )
-    if statement.action == "show":
-        return Result([(name, "VARCHAR")], [(str(known[name]),)], status="SHOW")
-    if statement.action == "reset":
-        # RESET goes back to the policy default, which the caller keeps in settings.defaults.
-        raise _ResetRequest(name)
-    value = statement.value
-    if name == "mechanism":
-        if str(value).lower() not in MECHANISMS:
-            raise ProgrammingError(
-                f"unknown mechanism {value!r}",
-                sqlstate="22023",
-                construct="mechanism",
-                hint="SET mechanism = 'laplace' or 'gaussian'",
-            )
-        settings.mechanism = str(value).lower()
-    else:
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            number = float("nan")
-        ranges = {
-            "epsilon": (number > 0, "epsilon must be > 0"),
-            "delta": (0 <= number < 1, "delta must be in [0, 1)"),
-            "confidence": (0 < number < 1, "confidence must be in (0, 1), e.g. 0.9"),
-        }
-        ok, hint = ranges[name]
-        if not (math.isfinite(number) and ok):
-            raise ProgrammingError(
-                f"invalid value for {name}: {value!r}",
-                sqlstate="22023",
-                construct=name,
-                hint=hint,
-            )
-        setattr(settings, name, number)
-    return Result(status="SET")
-
-
-class _ResetRequest(Exception):
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-
-def reset_setting(settings: Settings, defaults: Settings, name: str) -> Result:
-    setattr(settings, name, getattr(defaults, name))
-    return Result(status="RESET")
-
-
-__all__ = ["Result", "Service", "Settings"]

@@ -18,6 +18,7 @@ import duckdb
 import pytest
 
 import dpsql.pipeline as pipeline
+import dpsql.service.plan_cache as plan_cache
 from dpsql.engine import scratch
 from dpsql.engine.scratch import NotPlain, Projection, cast_value, plain_projection
 from dpsql.errors import DataError, Error, ProgrammingError
@@ -100,7 +101,7 @@ def compared(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
     def both(self: Service, plan: Any, answer: dict, **kw: Any) -> Result:
         fast = run(self, plan, answer, **kw)
         with monkeypatch.context() as m:
-            m.setattr(pipeline, "plain_projection", lambda *a: None)
+            m.setattr(plan_cache, "plain_projection", lambda *a: None)
             slow = run(self, plan, answer, **kw)
         if isinstance(fast, Error) or isinstance(slow, Error):  # the same error both ways
             assert (type(fast), str(fast)) == (type(slow), str(slow)), plan.query.text

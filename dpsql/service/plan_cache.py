@@ -1,0 +1,172 @@
+"""What a statement text reuses across runs: its checked plan, its post-processing, the bounded
+LRU of prepared statements (keyed by everything binding depends on, the analyst included)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlglot import exp
+
+from dpsql.engine.scratch import (
+    Projection,
+    plain_projection,
+)
+from dpsql.service.results import _is_output
+from dpsql.service.settings import Settings
+from dpsql.sql.bind import (
+    DIALECT,
+)
+from dpsql.sql.compile import CompiledQuery, compile_plan
+from dpsql.sql.plan import Plan
+
+
+class _CheckedSet:
+    """Thread-safe set of statement shapes already checked; cleared when it grows large."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._items: set[Any] = set()
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def __contains__(self, key: Any) -> bool:
+        with self._lock:
+            return key in self._items
+
+    def add(self, key: Any) -> None:
+        with self._lock:
+            if len(self._items) >= self._limit:
+                self._items.clear()
+            self._items.add(key)
+
+
+class _Prepared:
+    """What one statement text reuses across executions: its checked plan and fingerprint,
+    and (from its second execution on) its engine SQL as a template for fresh secrets.
+
+    Never reused: the keyed-hash secret, the budget check and charge, the noise.
+    """
+
+    __slots__ = ("fingerprint", "plan", "post", "post_checked", "runs", "template")
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.fingerprint = plan.fingerprint()
+        self.template: _SecretTemplate | None = None
+        self.post: _PostPlan | None = None  # how its post-processing runs (first use)
+        self.post_checked = False  # the free dry run of its post-processing has passed
+        self.runs = 0  # engine runs so far (the template is built for the second)
+
+
+@dataclass(frozen=True)
+class _PostPlan:
+    """How a statement's post-processing runs: a plain projection in Python, or SQL on the
+    scratch connection (with hidden ``__lo{j}``/``__hi{j}`` interval columns)."""
+
+    projection: Projection | None
+    sql: str | None  # None for a plain projection (rendered only if a value needs DuckDB)
+    visible: int
+
+    @classmethod
+    def of(cls, post: exp.Select, columns: Sequence[str]) -> _PostPlan:
+        projection = plain_projection(post, columns)
+        sql = None if projection is not None else cls.render(post)
+        return cls(projection, sql, len(post.expressions))
+
+    @staticmethod
+    def render(post: exp.Select) -> str:
+        """The post-processing query, plus the interval bounds of each picked aggregate."""
+        post = post.copy()
+        for j, item in enumerate(list(post.expressions)):
+            inner = item.this if isinstance(item, exp.Alias) else item
+            if isinstance(inner, exp.Column) and _is_output(inner.name):
+                post = post.select(
+                    exp.alias_(exp.column(f"{inner.name}_lo"), f"__lo{j}"),
+                    exp.alias_(exp.column(f"{inner.name}_hi"), f"__hi{j}"),
+                    copy=False,
+                )
+        return post.sql(dialect=DIALECT)
+
+
+@dataclass(frozen=True)
+class _SecretTemplate:
+    """A statement's compiled tree, reused by every run with that run's own secret.
+
+    The tree holds a Secret node where the keyed-hash secret goes (dpsql.sql.compile), so
+    ``with_secret(fresh)`` is what ``compile_plan(plan, fresh)`` gives, without compiling or
+    rendering again (the renderings are shared; only the secret's digits differ).
+    """
+
+    compiled: CompiledQuery
+
+    @classmethod
+    def build(cls, plan: Plan) -> _SecretTemplate:
+        return cls(compile_plan(plan, 0))
+
+    def with_secret(self, secret: int) -> CompiledQuery:
+        return self.compiled.with_secret(secret)
+
+
+class _PlanCache:
+    """Bounded LRU of prepared statements, keyed by everything that binding depends on.
+
+    The key is the analyst, the exact text, the parameters (type and repr, so 1, 1.0, True and
+    -0.0 differ), and the session's settings (repr). The policy is fixed per Service; the
+    table's data version is checked on every hit. A statement that is refused is never stored.
+    """
+
+    _PARAMETER_TYPES = (type(None), bool, int, float, str, dt.date, dt.datetime)
+
+    def __init__(self, limit: int) -> None:
+        self._items: OrderedDict[tuple, _Prepared] = OrderedDict()
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def key(
+        self, text: str, parameters: Sequence[Any] | None, settings: Settings, analyst: str
+    ) -> tuple | None:
+        # dp_predict reads a stored model, which the same name can replace: never cached.
+        if self._limit <= 0 or "dp_predict" in text.lower():
+            return None
+        params = None
+        if parameters is not None:
+            if not all(type(v) in self._PARAMETER_TYPES for v in parameters):
+                return None
+            params = tuple((type(v), repr(v)) for v in parameters)
+        # The analyst is part of the key: a hit is faster than a miss, so a shared entry would
+        # tell one analyst, by timing, that another ran the very same text.
+        return (
+            analyst,
+            text,
+            params,
+            # CURRENT_DATE is a literal fixed at bind: a plan bound yesterday is not today's
+            dt.datetime.now(dt.UTC).date() if "current_date" in text.lower() else None,
+            repr(settings.epsilon),
+            repr(settings.delta),
+            settings.mechanism,
+        )
+
+    def get(self, key: tuple) -> _Prepared | None:
+        with self._lock:
+            item = self._items.get(key)
+            if item is not None:
+                self._items.move_to_end(key)
+            return item
+
+    def put(self, key: tuple, item: _Prepared) -> None:
+        with self._lock:
+            self._items[key] = item
+            self._items.move_to_end(key)
+            while len(self._items) > self._limit:
+                self._items.popitem(last=False)
+
+    def discard(self, key: tuple) -> None:
+        with self._lock:
+            self._items.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._items)

@@ -1,0 +1,193 @@
+"""What a statement returns: the Result record, DB-API type codes, and the released table
+(keys, values, intervals) that post-processing reads, encoded for the answer cache."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+
+from dpsql.aggregates import KINDS
+from dpsql.engine.scratch import (
+    Projection,
+    cast_value,
+)
+from dpsql.privacy.release import Released
+from dpsql.sql.domains import SQL_TYPES
+from dpsql.sql.plan import Plan
+
+TYPE_CODES = {
+    "BIGINT": "BIGINT",
+    "INTEGER": "BIGINT",
+    "SMALLINT": "BIGINT",
+    "TINYINT": "BIGINT",
+    "HUGEINT": "BIGINT",
+    "UBIGINT": "BIGINT",
+    "UINTEGER": "BIGINT",
+    "USMALLINT": "BIGINT",
+    "UTINYINT": "BIGINT",
+    "DOUBLE": "DOUBLE",
+    "FLOAT": "DOUBLE",
+    "VARCHAR": "VARCHAR",
+    "BOOLEAN": "BOOLEAN",
+    "DATE": "DATE",
+    "TIMESTAMP": "TIMESTAMP",
+}
+
+
+def type_code(duck_type: str) -> str:
+    """DB-API type code for a DuckDB type: BIGINT, DOUBLE, VARCHAR, BOOLEAN, DATE, TIMESTAMP."""
+    if duck_type.startswith("DECIMAL"):
+        return "DOUBLE"
+    return TYPE_CODES.get(duck_type, "VARCHAR")
+
+
+@dataclass
+class Result:
+    """What a statement returns to a front door."""
+
+    description: list[tuple[str, str]] = field(default_factory=list)
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
+    intervals: list[tuple[tuple[float, float] | None, ...]] = field(default_factory=list)
+    cost: Any = None
+    cached: bool = False
+    status: str = "SELECT"
+    notes: list[str] = field(default_factory=list)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Decimal):  # e.g. GROUP BY x * 1.5: DECIMAL keys, released as DOUBLE
+        return float(value)
+    return value
+
+
+SQL_TYPES_BY_CODE = {
+    "BIGINT": "BIGINT",
+    "DOUBLE": "DOUBLE",
+    "VARCHAR": "VARCHAR",
+    "BOOLEAN": "BOOLEAN",
+    "DATE": "DATE",
+    "TIMESTAMP": "TIMESTAMP",
+}
+assert set(SQL_TYPES.values()) <= set(SQL_TYPES_BY_CODE.values())
+
+
+def _is_output(column: str) -> bool:
+    """A released aggregate column a0, a1, ... (which has a 95% interval)."""
+    return column.startswith("a") and column[1:].isdigit()
+
+
+def _released_table(plan: Plan, answer: dict) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
+    """Columns, SQL types and rows of the released table (keys k0.., then a_i, a_i_lo, a_i_hi
+    per output, then __suppressed): what post-processing may read."""
+    n_keys = len(plan.keys)
+    columns = [f"k{i}" for i in range(n_keys)]
+    types = [SQL_TYPES_BY_CODE[t] for t in answer["key_types"]]
+    whole = []
+    for i, o in enumerate(plan.outputs):
+        columns += [f"a{i}", f"a{i}_lo", f"a{i}_hi"]
+        column = plan.query.table.columns[o.call.column] if o.call.column else None
+        kind = KINDS[o.call.kind].released_type(column)
+        types += [kind, "DOUBLE", "DOUBLE"]
+        whole.append(kind == "BIGINT")
+    columns.append("__suppressed")
+    types.append("DOUBLE")
+    outputs, intervals, suppressed = answer["outputs"], answer["intervals"], answer["suppressed"]
+    rows = []
+    for r, key in enumerate(answer["keys"]):
+        row: list[Any] = list(key)
+        for i, is_whole in enumerate(whole):
+            value = outputs[i][r]
+            if is_whole and value is not None:
+                value = round(value)
+            low, high = intervals[i][r]
+            row += [value, low, high]
+        row.append(suppressed[r] if suppressed is not None else None)
+        rows.append(tuple(row))
+    return columns, types, rows
+
+
+def _project(
+    projection: Projection,
+    columns: Sequence[str],
+    types: Sequence[str],
+    rows: Sequence[tuple[Any, ...]],
+    *,
+    cost: Any,
+    cached: bool,
+) -> Result:
+    """The result of a plain projection (see :func:`plain_projection`) without DuckDB: the
+    released rows in order (or sorted, then cut), each value as ``CAST(? AS type)`` returns
+    it, and the interval of every picked aggregate. Raises NotPlain when DuckDB must decide
+    (a value its cast would convert, or tied ORDER BY values)."""
+    index = {c: i for i, c in enumerate(columns)}
+    picks = [(i, types[i]) for _, i in projection.items]
+    spans = [
+        (index[f"{columns[i]}_lo"], index[f"{columns[i]}_hi"]) if _is_output(columns[i]) else None
+        for _, i in projection.items
+    ]
+    selected = [rows[r] for r in projection.select_rows(rows, types)]
+    out_rows = [tuple(cast_value(row[i], t) for i, t in picks) for row in selected]
+    intervals = [
+        tuple(
+            None
+            if span is None
+            else (cast_value(row[span[0]], "DOUBLE"), cast_value(row[span[1]], "DOUBLE"))
+            for span in spans
+        )
+        for row in selected
+    ]
+    return Result(
+        description=[(name, type_code(types[i])) for name, i in projection.items],
+        rows=out_rows,
+        intervals=intervals,
+        cost=cost,
+        cached=cached,
+    )
+
+
+def _convert(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _floats(values: Any) -> Any:
+    return np.asarray(values, dtype=np.float64)
+
+
+def _encode(released: Released, key_types: Sequence[str]) -> str:
+    return json.dumps(
+        {
+            "keys": [[_jsonable(v) for v in k] for k in released.key_values],
+            "key_types": list(key_types),
+            # float64 .tolist(): the same Python floats as float(x) per element, in C
+            "outputs": [_floats(o).tolist() for o in released.outputs],
+            "intervals": [_floats(iv).reshape(-1, 2).tolist() for iv in released.intervals],
+            "suppressed": (
+                None
+                if released.suppressed_probability is None
+                else _floats(released.suppressed_probability).tolist()
+            ),
+        }
+    )
+
+
+def _decode(answer: str) -> dict:
+    data = json.loads(answer)
+    for i, t in enumerate(data["key_types"]):
+        parse = {"DATE": dt.date.fromisoformat, "TIMESTAMP": dt.datetime.fromisoformat}.get(t)
+        if parse is not None:
+            for k in data["keys"]:
+                if k[i] is not None:
+                    k[i] = parse(k[i])
+    return data

@@ -1,0 +1,95 @@
+"""A session's privacy settings (epsilon, delta, mechanism, confidence) and SET / RESET."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from dpsql.errors import (
+    ProgrammingError,
+)
+from dpsql.policy import MECHANISMS, Policy
+from dpsql.service.results import Result
+from dpsql.sql.bind import (
+    SettingStatement,
+)
+
+
+@dataclass
+class Settings:
+    """A session's privacy settings, changed with SET / RESET."""
+
+    epsilon: float
+    delta: float
+    mechanism: str
+    confidence: float = 0.95  # level of the reported noise intervals: post-processing only
+
+    @classmethod
+    def from_policy(cls, policy: Policy) -> Settings:
+        return cls(policy.epsilon, policy.delta, policy.mechanism)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The settings a plan (and its cached answer) depends on."""
+        return {"epsilon": self.epsilon, "delta": self.delta, "mechanism": self.mechanism}
+
+    def shown(self) -> dict[str, Any]:
+        """Every session setting (SET/SHOW/RESET): the privacy ones and the interval level."""
+        return {**self.as_dict(), "confidence": self.confidence}
+
+
+def apply_setting(statement: SettingStatement, settings: Settings) -> Result:
+    name = statement.name
+    known = settings.shown()
+    if name not in known:
+        raise ProgrammingError(
+            f"unknown setting {name!r}",
+            sqlstate="42704",
+            construct=name,
+            hint="dpsql settings: " + ", ".join(known),
+        )
+    if statement.action == "show":
+        return Result([(name, "VARCHAR")], [(str(known[name]),)], status="SHOW")
+    if statement.action == "reset":
+        # RESET goes back to the policy default, which the caller keeps in settings.defaults.
+        raise _ResetRequest(name)
+    value = statement.value
+    if name == "mechanism":
+        if str(value).lower() not in MECHANISMS:
+            raise ProgrammingError(
+                f"unknown mechanism {value!r}",
+                sqlstate="22023",
+                construct="mechanism",
+                hint="SET mechanism = 'laplace' or 'gaussian'",
+            )
+        settings.mechanism = str(value).lower()
+    else:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = float("nan")
+        ranges = {
+            "epsilon": (number > 0, "epsilon must be > 0"),
+            "delta": (0 <= number < 1, "delta must be in [0, 1)"),
+            "confidence": (0 < number < 1, "confidence must be in (0, 1), e.g. 0.9"),
+        }
+        ok, hint = ranges[name]
+        if not (math.isfinite(number) and ok):
+            raise ProgrammingError(
+                f"invalid value for {name}: {value!r}",
+                sqlstate="22023",
+                construct=name,
+                hint=hint,
+            )
+        setattr(settings, name, number)
+    return Result(status="SET")
+
+
+class _ResetRequest(Exception):
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def reset_setting(settings: Settings, defaults: Settings, name: str) -> Result:
+    setattr(settings, name, getattr(defaults, name))
+    return Result(status="RESET")
