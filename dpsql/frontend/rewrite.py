@@ -44,7 +44,7 @@ _FORMAT_TOKENS = (
 
 
 def normalise(tree: exp.Expression, *, today: dt.date | None = None) -> exp.Expression:
-    """``tree`` with the spellings above replaced (a copy; the input is not changed)."""
+    """``tree`` with the spellings above replaced (in place: the binder owns the parsed tree)."""
     today = today or dt.datetime.now(dt.UTC).date()
 
     def visit(node: exp.Expression) -> exp.Expression:
@@ -63,7 +63,7 @@ def normalise(tree: exp.Expression, *, today: dt.date | None = None) -> exp.Expr
             return _to_timestamp(node)
         return node
 
-    return tree.transform(visit, copy=True)
+    return tree.transform(visit, copy=False)
 
 
 def _filtered_aggregate(node: exp.Filter) -> exp.Expression:

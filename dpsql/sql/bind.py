@@ -8,6 +8,7 @@ names the construct, its position and what to do instead. Nothing here touches a
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -200,8 +201,9 @@ class GroupKey:
     # has rows, so its bin is not released (``WHERE age < 5 GROUP BY age``: 5 bins, not 91).
     conditions: tuple[str, ...] = ()
 
-    @property
+    @functools.cached_property
     def sql(self) -> str:
+        """The key's DuckDB text (rendered once: it keys caches, domains and the fingerprint)."""
         return self.expr.sql(dialect=DIALECT)
 
 
