@@ -23,6 +23,7 @@ from sqlglot import exp
 
 from dpsql.errors import PrivacyError
 from dpsql.frontend.inline import is_aggregate
+from dpsql.frontend.logic import conjuncts
 from dpsql.sql.positions import position_of, snippet
 
 
@@ -59,7 +60,7 @@ def split_released_filter(tree: exp.Select, text: str) -> ReleasedFilter | None:
     where = tree.args.get("where")
     if joins or where is None:
         return None
-    for part in _conjuncts(where.this):
+    for part in conjuncts(where.this):
         if not isinstance(part, exp.In) or not isinstance(part.this, exp.Column):
             continue
         inner = _dp_subquery(part.args.get("query"))
@@ -74,7 +75,7 @@ def split_released_filter(tree: exp.Select, text: str) -> ReleasedFilter | None:
                 "IN (SELECT department AS d FROM t GROUP BY department ...)",
             )
         outer = tree.copy()
-        remaining = [p.copy() for p in _conjuncts(where.this) if p is not part]
+        remaining = [p.copy() for p in conjuncts(where.this) if p is not part]
         outer.set("where", exp.Where(this=exp.and_(*remaining)) if remaining else None)
         return ReleasedFilter(outer, inner, part.this, name)
     return None
@@ -142,14 +143,6 @@ def _equality(on: exp.Expression, alias: str, outputs: set[str]) -> tuple[exp.Co
     if is_inner(a) and not is_inner(b):
         return b.copy(), a.name
     return None
-
-
-def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
-    while isinstance(node, exp.Paren):
-        node = node.this
-    if isinstance(node, exp.And):
-        return _conjuncts(node.this) + _conjuncts(node.expression)
-    return [node]
 
 
 def _refuse(message: str, node: exp.Expression, text: str, hint: str) -> PrivacyError:

@@ -34,6 +34,7 @@ from dpsql.frontend.compose import ReleasedFilter, split_released_filter
 from dpsql.frontend.inline import Wrapped, compose_post, flatten
 from dpsql.frontend.intervals import NotNumeric, Range, value_range
 from dpsql.frontend.joins import JOINED, PUBLIC_VALUES, resolve_joins
+from dpsql.frontend.logic import conjuncts
 from dpsql.frontend.rewrite import normalise, timestamp_literals
 from dpsql.policy import ColumnPolicy, Policy, TablePolicy, default_granularity
 from dpsql.sql.positions import _tokens, forget_tokens, offset_position, position_of, snippet
@@ -1551,15 +1552,6 @@ class _Binder:
 
 
 _NOT_LITERAL = object()
-
-
-def conjuncts(node: exp.Expression) -> list[exp.Expression]:
-    """The top-level AND operands of ``node`` (parentheses looked through)."""
-    while isinstance(node, exp.Paren):
-        node = node.this
-    if isinstance(node, exp.And):
-        return conjuncts(node.this) + conjuncts(node.expression)
-    return [node]
 
 
 def _same_column(node: exp.Expression, column: exp.Expression) -> bool:
