@@ -211,6 +211,20 @@ def test_zero_row_probes_describe_without_spending(server):
         assert _spent(server, "describer") == before
 
 
+def test_a_column_probe_gets_columns_no_rows_and_a_notice(server):
+    """Superset reads a virtual dataset's columns with SELECT * ... LIMIT 1: columns, no row,
+    a NOTICE that rows are never released, nothing spent (LIMIT 100 stays a refusal)."""
+    with psycopg.connect(_dsn(server, "describer")) as conn:
+        notices: list[str] = []
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        before = _spent(server, "describer")
+        cur = conn.execute("SELECT * FROM (SELECT * FROM visits WHERE age > 30) AS v LIMIT 1")
+        assert [d.name for d in cur.description][:2] == ["patient_id", "age"]
+        assert cur.fetchall() == []
+        assert any("never releases rows" in n for n in notices)
+        assert _spent(server, "describer") == before
+
+
 def test_budget_exhaustion_is_53400(server):
     with psycopg.connect(_dsn(server, "spender"), autocommit=True) as conn:
         conn.execute("SET epsilon = 6")

@@ -823,10 +823,13 @@ def test_probe_recognition():
         "SELECT a FROM visits WHERE (1 <> 1) AND a > 3",
         "SELECT department, COUNT(*) FROM visits GROUP BY department LIMIT 0",
         "SELECT a FROM visits WHERE false",
+        "SELECT * FROM visits LIMIT 1",  # a column probe: columns, no rows, and a NOTICE
     ]:
         assert is_zero_row_probe(sql), sql
     for sql in [
-        "SELECT * FROM visits LIMIT 1",
+        "SELECT * FROM (SELECT department, COUNT(*) AS n FROM visits GROUP BY 1) s LIMIT 3",
+        "SELECT DISTINCT department FROM visits LIMIT 3",
+        "SELECT * FROM dp_rule_list('visits', label => 'smoker') LIMIT 2",
         "SELECT COUNT(*) FROM visits WHERE 1 = 0",  # one (noisy) row, not zero
         "SELECT department, COUNT(*) FROM visits WHERE false GROUP BY department",
         "SELECT a FROM visits WHERE 1 = 0 OR a > 1",

@@ -18,7 +18,7 @@ from sqlglot import exp
 # of two literals. Most DP queries have neither, and parsing costs milliseconds of the event
 # loop's (GIL-held) time per query, so the text rules them out first. This is a superset of what
 # the parser accepts (comments are stripped by the parser, so text with a comment is parsed).
-_MAYBE = re.compile(r"limit\s+0|false|[\d'.$]\s*(?:=|<>|!=)\s*[-+\w'.$]|--|/\*", re.IGNORECASE)
+_MAYBE = re.compile(r"limit\s+\d|false|[\d'.$]\s*(?:=|<>|!=)\s*[-+\w'.$]|--|/\*", re.IGNORECASE)
 
 
 def _constant_false(node: exp.Expression | None) -> bool:
@@ -53,7 +53,35 @@ def may_be_probe(sql: str) -> bool:
 
 
 def is_zero_row_probe(sql: str) -> bool:
-    return may_be_probe(sql) and parsed_probe(sql)
+    return may_be_probe(sql) and (parsed_probe(sql) or column_probe(sql))
+
+
+COLUMN_PROBE_NOTICE = (
+    "dpsql never releases rows: this row-level query is answered with its columns only "
+    "(aggregate it to see data)"
+)
+
+
+def column_probe(sql: str) -> bool:
+    """``SELECT * FROM … LIMIT 1`` over private tables (how Superset reads a virtual dataset's
+    columns when it saves one): a tool reading the columns. dpsql never
+    releases rows, so the server answers with the columns, no rows and a NOTICE saying so;
+    in process the same query is refused."""
+    try:
+        tree = sqlglot.parse_one(sql, read="postgres")
+    except (sqlglot.errors.ParseError, sqlglot.errors.TokenError):
+        return False
+    limit = tree.args.get("limit") if isinstance(tree, exp.Select) else None
+    value = limit.expression if isinstance(limit, exp.Limit) else None
+    if not (isinstance(value, exp.Literal) and value.this == "1"):
+        return False  # a row preview (LIMIT 100) stays a clear refusal
+    if not all(isinstance(item, exp.Star) for item in tree.expressions):
+        return False
+    # nothing aggregates anywhere (a wrapper over a DP subquery is a DP query), no table
+    # function (dp_rule_list), no DISTINCT or GROUP BY (a key set is a DP query too)
+    if tree.find(exp.AggFunc, exp.Group, exp.Distinct, exp.Anonymous) is not None:
+        return False
+    return (tree.args.get("from_") or tree.args.get("from")) is not None
 
 
 def parsed_probe(sql: str) -> bool:

@@ -25,7 +25,7 @@ from dpsql.server.backend import DpBackend, Outcome, placeholder_count
 from dpsql.server.catalog import ShadowCursor
 from dpsql.server.catalog_sql import SessionInfo
 from dpsql.server.failures import ClientError
-from dpsql.server.probes import is_zero_row_probe
+from dpsql.server.probes import COLUMN_PROBE_NOTICE, column_probe, is_zero_row_probe
 from dpsql.server.scram import MECHANISM, ScramError, ScramExchange
 from dpsql.server.settings import (
     REPORTED,
@@ -589,7 +589,9 @@ class Session:
             )
             return outcome
         if kind == "probe":
-            return Outcome(await self._probe_columns(sql, params), [], "SELECT 0")
+            columns = await self._probe_columns(sql, params)
+            notices = (("NOTICE", "01000", COLUMN_PROBE_NOTICE),) if column_probe(sql) else ()
+            return Outcome(columns, [], "SELECT 0", notices)
         assert self.shadow is not None
         result = await self._blocking(
             self.shadow.run, sql, list(params) or None, self.info(), interrupt=self.shadow.interrupt
