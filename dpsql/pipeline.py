@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from sqlglot import exp
 
@@ -137,7 +137,9 @@ class Service:
         self.shadow = ShadowTypes(self.policy)
         # Per analyst: a warm entry is faster than a cold one, so a shared cache would let one
         # analyst time whether another asked the same shape (docs/threat_model.md).
-        self._domain_cache: OrderedDict[tuple[str, str, str], tuple | None] = OrderedDict()
+        self._domain_cache: OrderedDict[
+            tuple[str, str, str, tuple | None, tuple[str, ...]], tuple | None
+        ] = OrderedDict()
         self._post_checked = _CheckedSet()
         self._lock = threading.Lock()
         # plan_cache: how many statement texts keep their checked plan (0: none).
@@ -301,7 +303,8 @@ class Service:
         if not plan.measures and plan.threshold is None:
             # Public keys only, nothing measured (SELECT DISTINCT dept, GROUP BY dept without
             # an aggregate): the answer is the policy's domain. Nothing is read or charged.
-            bins = itertools.product(*(kp.domain for kp in plan.keys))  # type: ignore[misc]
+            # a plan that measures nothing has a declared domain for every key
+            bins = itertools.product(*(cast(tuple, kp.domain) for kp in plan.keys))
             free = Released(list(bins), [], [], None)
             with post_processing_boundary():
                 answer = _decode(_encode(free, self._key_types(plan)))
@@ -310,12 +313,12 @@ class Service:
         fingerprint = prepared.fingerprint
         cache_key = fingerprint if self.cache else None
         if cache_key is not None:
-            answer = self.ledger.cached(analyst, dataset, cache_key)
-            if answer is not None:
+            stored = self.ledger.cached(analyst, dataset, cache_key)
+            if stored is not None:
                 with post_processing_boundary():
                     return self._finish(
                         plan,
-                        at_confidence(plan, _decode(answer), confidence),
+                        at_confidence(plan, _decode(stored), confidence),
                         cost=None,
                         cached=True,
                         prepared=prepared,

@@ -20,7 +20,8 @@ def plan_tree(plan: Plan) -> PostProcess:
     """Scan -> [PublicJoin] -> [Filter] -> [Project] -> Bound -> Aggregate -> Release -> Post."""
     query = plan.query
     table = query.table
-    node: Scan | PublicJoin | Filter | Project = Scan(table.name, table.privacy_unit)
+    node: Scan | PublicJoin | Filter | Project
+    node = Scan(table.name, table.privacy_unit)  # narrowed: each step wraps what came before
     if query.joins:
         node = PublicJoin(node, query.joins)
     if query.where is not None:

@@ -51,11 +51,11 @@ PREDICTORS: dict[str, Callable[[dict], exp.Expression]] = {"rule_list": rule_lis
 
 
 def expand_predictions(
-    tree: exp.Expression,
+    tree: exp.Expr,
     lookup: Callable[[str], StoredModel | None],
     *,
     text: str | None = None,
-) -> exp.Expression:
+) -> exp.Expr:
     """A copy of ``tree`` with every ``dp_predict('name'[, table.*])`` replaced by its model.
 
     ``lookup`` resolves a name among the analyst's own models on this dataset.  Refusals

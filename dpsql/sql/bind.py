@@ -121,7 +121,7 @@ SCALAR_NODES: tuple[type[exp.Expression], ...] = (
     exp.DayOfWeek,
 )
 
-AGGREGATE_KINDS: dict[type[exp.Expression], str] = {
+AGGREGATE_KINDS: dict[type[exp.Expr], str] = {
     exp.Count: "count",
     exp.Sum: "sum",
     exp.Avg: "avg",
@@ -287,7 +287,7 @@ Statement = (
 
 
 def _refuse(
-    cls: type[ProgrammingError], message: str, node: exp.Expression | None, text: str, hint: str
+    cls: type[ProgrammingError], message: str, node: exp.Expr | None, text: str, hint: str
 ) -> ProgrammingError:
     construct = snippet(node) if node is not None else None
     return cls(message, construct=construct, position=position_of(node, text), hint=hint)
@@ -331,6 +331,7 @@ def parse_statement(
                 "EXPLAIN takes a DP SELECT query", construct="EXPLAIN", hint="EXPLAIN SELECT ..."
             )
         return ExplainStatement(bound, fmt)
+    statements: list[exp.Expr] | None
     try:
         statements = [s for s in sqlglot.parse(text, read=_READER) if s is not None]
     except (ParseError, TokenError) as exc:
@@ -375,7 +376,8 @@ class _Reader(DuckDB):
     """DuckDB's grammar, with each ``?`` placeholder remembering where it stands in the text
     (so parameters bind in text order, see _substitute_parameters)."""
 
-    class Parser(DuckDB.Parser):
+    # sqlglot's Dialect declares Parser as a class variable, which mypy will not subclass
+    class Parser(DuckDB.Parser):  # type: ignore[valid-type, misc]
         PLACEHOLDER_PARSERS: ClassVar[dict] = {
             **DuckDB.Parser.PLACEHOLDER_PARSERS,
             TokenType.PLACEHOLDER: lambda self: _positioned_placeholder(self),
@@ -395,7 +397,7 @@ _EXPLAIN_OPTION = re.compile(r"\s*\(\s*(?:FORMAT\s+)?(TEXT|TABLE)\s*\)", re.IGNO
 _TOP = re.compile(r"^\s*SELECT\s+(DISTINCT\s+)?TOP\s*\(?\s*\d+\s*\)?\s", re.IGNORECASE)
 
 
-def _top_statements(text: str) -> list[exp.Expression] | None:
+def _top_statements(text: str) -> list[exp.Expr] | None:
     """``SELECT TOP n ...`` (SQL Server, Tableau, Power BI): parsed as T-SQL, where TOP is a
     LIMIT; any other text that DuckDB's grammar refuses stays a syntax error."""
     if _TOP.match(text) is None:
@@ -471,7 +473,7 @@ def _setting_command(head: str, text: str) -> SettingStatement:
     return SettingStatement(head.lower(), words[1].lower())
 
 
-def _substitute_parameters(tree: exp.Expression, params: Sequence[Any], text: str):
+def _substitute_parameters(tree: exp.Expr, params: Sequence[Any], text: str):
     """Replace ``?`` / ``$n`` placeholders by literals; values never become SQL text unescaped.
 
     The n-th ``?`` *in the text* takes the n-th value (the parser records where each stands:
@@ -528,7 +530,7 @@ def to_literal(value: Any) -> exp.Expression:
     )
 
 
-def bind_tree(tree: exp.Expression, text: str, policy: Policy) -> Statement:
+def bind_tree(tree: exp.Expr, text: str, policy: Policy) -> Statement:
     for cls, name in REFUSED_STATEMENTS.items():
         if isinstance(tree, cls):
             raise _refuse(
@@ -570,6 +572,7 @@ def bind_tree(tree: exp.Expression, text: str, policy: Policy) -> Statement:
             "send an aggregate SELECT query",
         )
     tree = normalise(tree)
+    assert isinstance(tree, exp.Select)  # normalise keeps the root: a Select stays a Select
     tree = resolve_joins(tree, text, policy)
     split = split_released_filter(tree, text)
     if split is not None:
@@ -663,10 +666,10 @@ class _Binder:
         self.computed: dict[str, ColumnPolicy] = {}
 
     # -- helpers -----------------------------------------------------------------------------
-    def refuse(self, message: str, node: exp.Expression | None, hint: str) -> PrivacyError:
+    def refuse(self, message: str, node: exp.Expr | None, hint: str) -> PrivacyError:
         return _refuse(PrivacyError, message, node, self.text, hint)  # type: ignore[return-value]
 
-    def bind(self) -> BoundQuery | PublicSelect:
+    def bind(self) -> BoundQuery | PublicSelect | RuleListCall:
         tree = self.tree
         if not tree.expressions:
             raise _refuse(
@@ -924,7 +927,7 @@ class _Binder:
         """A query over a public table alone reads public data: answered exactly, free (its
         rows are evaluated here, in the policy's copy of the public table)."""
         assert self.table is not None
-        allowed = (
+        allowed: tuple[type[exp.Expr], ...] = (
             exp.Select, exp.From, exp.Where, exp.Group, exp.Having, exp.Order, exp.Ordered,
             exp.Limit, exp.Offset, exp.Table, exp.TableAlias, exp.Alias, exp.Star, exp.Distinct,
             exp.Min, exp.Max, exp.Count, exp.Sum, exp.Avg, *SCALAR_NODES,
@@ -1092,7 +1095,7 @@ class _Binder:
 
         return node.transform(fix, copy=True)
 
-    def _check_scalar(self, node: exp.Expression, clause: str) -> None:
+    def _check_scalar(self, node: exp.Expr, clause: str) -> None:
         for sub in node.walk():
             if isinstance(sub, exp.AggFunc):
                 raise self.refuse(
@@ -1141,7 +1144,7 @@ class _Binder:
                         hint=f"compare {column.name} with a literal of type {spec.type}",
                     )
 
-    def _not_allowed(self, node: exp.Expression, clause: str) -> PrivacyError:
+    def _not_allowed(self, node: exp.Expr, clause: str) -> PrivacyError:
         name = node.sql(dialect=DIALECT).split("(")[0] if isinstance(node, exp.Func) else ""
         kind = "function" if isinstance(node, exp.Func) else "construct"
         lowered = name.lower()

@@ -106,7 +106,7 @@ class _Renderer(Generator):
 
 
 # (renderer, type) -> text of a parameterless type: it depends on nothing else
-_PLAIN_TYPES: dict[tuple[type, exp.DataType.Type], str] = {}
+_PLAIN_TYPES: dict[tuple[type, exp.DType], str] = {}
 
 
 class _NeutralGenerator(_Renderer, DuckDBGenerator):
@@ -257,7 +257,7 @@ def _is_star(item: exp.Expression) -> bool:
     )
 
 
-def _output_columns(query: exp.Expression, ctes: dict) -> list[str] | None:
+def _output_columns(query: exp.Expr, ctes: dict) -> list[str] | None:
     """Output column names of a query over CTEs/subqueries (None: depends on a base table)."""
     if isinstance(query, exp.Subquery):
         return _output_columns(query.this, ctes)
@@ -548,6 +548,7 @@ def _build_domain_condition(
         items = [exp.cast(to_literal(v), SQL_TYPES[col.type]) for v in col.values]
         cond = exp.In(this=target(), expressions=items)
     elif col.numeric and col.bounded:
+        assert col.lower is not None and col.upper is not None  # what bounded means
         cond = exp.Between(this=target(), low=_number(col.lower), high=_number(col.upper))
     else:
         cond = exp.Not(this=exp.Is(this=target(), expression=exp.Null()))
@@ -687,7 +688,7 @@ def _row_level(plan: Plan, keys: tuple[str, ...]) -> exp.Select:
         _alias(lowered_key(kp.key), k) for kp, k in zip(plan.keys, keys, strict=True)
     ]
     items += [_alias(measure_aggregate_expr(m, table), m.name) for m in plan.measures]
-    group = [exp.Literal.number(i + 1) for i in range(len(keys))]
+    group: list[exp.Expression] = [exp.Literal.number(i + 1) for i in range(len(keys))]
     return _select(
         items, _table(table.name, quoted=True), where=_conditions(plan), group=group or None
     )
@@ -703,7 +704,7 @@ def _pairs(plan: Plan, ks: list[str]) -> exp.Select:
     items += [
         _alias(measure_aggregate_expr(m, table), f"v_{m.name}") for m in _value_measures(plan)
     ]
-    group = [_name(c) for c in ["__u", *ks]]
+    group: list[exp.Expression] = [_name(c) for c in ["__u", *ks]]
     pairs = _select(items, _table(table.name, quoted=True), where=_conditions(plan), group=group)
     pair_filters = [
         _domain_condition(table.columns[kp.key.columns[0]], k)
@@ -734,7 +735,7 @@ def _bounded(plan: Plan) -> exp.Select:
         # Only row and unit counts: any R of a pair's n rows count min(n, R), whichever the
         # keyed hash would pick, so the pair's count is capped without re-reading its rows.
         capped = exp.Least(this=_name("__n"), expressions=[_number(R)], ignore_nulls=True)
-        items = [_name(c) for c in gc] + [_alias(capped, "__n")]
+        items: list[exp.Expression] = [_name(c) for c in gc] + [_alias(capped, "__n")]
         return _finish_bounded(
             plan, [_cte("bounded", _select(items, _subquery(_pairs(plan, ks), "p")))], ks
         )
@@ -792,7 +793,8 @@ def _finish_bounded(plan: Plan, ctes: list[exp.CTE], ks: list[str]) -> exp.Selec
     G = plan.max_groups
     final_source = "bounded"
     domains = [kp.domain for kp in plan.keys]
-    bins = math.prod(len(d) for d in domains) if all(d is not None for d in domains) else None  # type: ignore[arg-type]
+    sizes = [len(d) for d in domains if d is not None]
+    bins = math.prod(sizes) if len(sizes) == len(domains) else None
     if ks and (bins is None or bins > G):
         # At most G groups per unit, by keyed hash of (unit, key): each unit drops its own
         # groups, not the same groups for everyone. Only units over G are ranked.

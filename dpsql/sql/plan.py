@@ -267,8 +267,8 @@ def build_plan(
 
     outputs = []
     for call, parts in output_specs:
-        col = table.columns[call.column] if call.column else None
-        lower, upper = KINDS[call.kind].output_bounds(col)
+        output_col = table.columns[call.column] if call.column else None
+        lower, upper = KINDS[call.kind].output_bounds(output_col)
         outputs.append(
             OutputAggregate(call, tuple(names[p] for p in parts), lower=lower, upper=upper)
         )

@@ -11,7 +11,7 @@ from sqlglot.errors import ParseError, TokenError
 from dpsql.errors import Position
 
 
-def position_of(node: exp.Expression | None, text: str) -> Position | None:
+def position_of(node: exp.Expr | None, text: str) -> Position | None:
     """The earliest source position recorded on ``node`` or any of its descendants."""
     if node is None:
         return None
@@ -72,7 +72,7 @@ def offset_position(text: str, offset: int) -> Position:
     return Position(line=line, column=column, offset=offset)
 
 
-def snippet(node: exp.Expression, limit: int = 60) -> str:
+def snippet(node: exp.Expr, limit: int = 60) -> str:
     """Short SQL rendering of a construct (from the analyst's own query, never data)."""
     sql = node.sql(dialect="duckdb")
     return sql if len(sql) <= limit else sql[: limit - 3] + "..."
