@@ -292,7 +292,10 @@ def reference_unit_sql(plan: Any, secret: int) -> str:
     if keys:
         sql += (
             f", ranked AS (SELECT * FROM bounded QUALIFY ROW_NUMBER() OVER (PARTITION BY __u "
-            f"ORDER BY HASH({', '.join(keys)}, {secret}), {', '.join(keys)}) <= {plan.max_groups})"
+            # the compiler ranks a unit's groups by HASH(unit, keys, secret): each unit drops
+            # its own groups, not the same groups for everyone
+            f"ORDER BY HASH(__u, {', '.join(keys)}, {secret}), {', '.join(keys)}) "
+            f"<= {plan.max_groups})"
         )
         src = "ranked"
     sel = list(keys)
