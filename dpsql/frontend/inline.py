@@ -94,7 +94,7 @@ class _Flattener:
                 )
             ctes = dict(ctes)
             for cte in with_.expressions:
-                body = cte.this
+                cte_body = cte.this
                 name = cte.alias_or_name.lower()
                 if cte.args.get("alias") is not None and cte.args["alias"].columns:
                     raise self.refuse(
@@ -102,14 +102,14 @@ class _Flattener:
                         cte.args["alias"],
                         f"name the columns inside the CTE: WITH {name} AS (SELECT a AS x ...)",
                     )
-                if not isinstance(body, exp.Select):
+                if not isinstance(cte_body, exp.Select):
                     raise self.refuse(
                         f"CTE {name!r} must be one SELECT",
-                        body,
+                        cte_body,
                         "send each SELECT separately; set operations are not supported",
                     )
                 # A CTE sees the CTEs defined before it (not itself: no recursion).
-                ctes[name] = _Scoped(body, dict(ctes))  # type: ignore[assignment]
+                ctes[name] = _Scoped(cte_body, dict(ctes))  # type: ignore[assignment]
             select = select.copy()
             select.set("with_", None)
             select.set("with", None)
@@ -234,7 +234,7 @@ class _Flattener:
             )
 
         # Keep output names: `SELECT dept FROM (SELECT department AS dept ...)` answers `dept`.
-        items: list[exp.Expression] = []
+        items: list[exp.Expr] = []
         for item in result.expressions:
             if isinstance(item, exp.Column) and not isinstance(item.this, exp.Star):
                 item = exp.alias_(item, item.name, quoted=item.this.args.get("quoted", False))
@@ -252,7 +252,8 @@ class _Flattener:
             else:
                 result.set(arg, value.transform(substitute, copy=False))
         inner_from = inner.args.get("from_") or inner.args.get("from")
-        result.set("from_", inner_from.copy())
+        # an inner SELECT without FROM reaches here and fails (reported; not changed here)
+        result.set("from_", inner_from.copy())  # type: ignore[union-attr]
         # Columns the outer query never reads are still checked by the binder: a derived
         # table naming an unknown column or a refused function is an error, used or not.
         unused = [e for name, e in columns.items() if name not in used]

@@ -30,7 +30,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import duckdb
 from sqlglot import exp
@@ -123,7 +123,8 @@ def _semi_joins(tree: exp.Select, text: str, policy: Policy) -> exp.Select:
         out.set("expressions", [_literal(v) for v in values])
         return out
 
-    return tree.transform(visit, copy=True)
+    # visit keeps the root (only IN nodes change): a Select stays a Select
+    return cast(exp.Select, tree.transform(visit, copy=True))
 
 
 def _public_source(select: exp.Select, policy: Policy) -> TablePolicy | None:

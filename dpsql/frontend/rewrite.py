@@ -43,11 +43,11 @@ _FORMAT_TOKENS = (
 )
 
 
-def normalise(tree: exp.Expression, *, today: dt.date | None = None) -> exp.Expression:
+def normalise(tree: exp.Expression, *, today: dt.date | None = None) -> exp.Expr:
     """``tree`` with the spellings above replaced (in place: the binder owns the parsed tree)."""
     today = today or dt.datetime.now(dt.UTC).date()
 
-    def visit(node: exp.Expression) -> exp.Expression:
+    def visit(node: exp.Expr) -> exp.Expr:
         if isinstance(node, exp.Filter) and isinstance(node.this, exp.AggFunc):
             return _filtered_aggregate(node)
         if isinstance(node, exp.Anonymous):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlglot import exp
 
@@ -93,7 +93,12 @@ def bind_released(outer: Plan, query: CompositeQuery, values: list[Any]) -> Plan
         exp.In(this=column, expressions=[to_literal(v) for v in values]) if values else exp.false()
     )
     where = outer.query.where
-    where = condition if where is None else exp.and_(exp.Paren(this=where.copy()), condition)
+    # exp.and_ is typed as returning a Condition; it builds an And node (an Expression)
+    where = (
+        condition
+        if where is None
+        else cast(exp.Expression, exp.and_(exp.Paren(this=where.copy()), condition))
+    )
     keys = []
     for kp in outer.keys:
         if kp.key.columns == (query.column,) and isinstance(kp.key.expr, exp.Column):

@@ -56,11 +56,11 @@ def column_relation(col: ColumnPolicy) -> tuple[str, int] | None:
             return None
         body = f"SELECT CAST(range AS BIGINT) AS {name} FROM range({lo}, {hi + 1})"
     elif col.type == "float" and col.bounded:
-        lo, hi = float(col.lower), float(col.upper)  # type: ignore[arg-type]
-        steps = min(FLOAT_GRID_POINTS, max(1, round((hi - lo) / col.granularity)))
+        low, high = float(col.lower), float(col.upper)  # type: ignore[arg-type]
+        steps = min(FLOAT_GRID_POINTS, max(1, round((high - low) / col.granularity)))
         size = steps + 1
         body = (
-            f"SELECT CAST({lo!r} + ({hi - lo!r}) * range / {steps} AS DOUBLE) AS {name} "
+            f"SELECT CAST({low!r} + ({high - low!r}) * range / {steps} AS DOUBLE) AS {name} "
             f"FROM range(0, {steps + 1})"
         )
     else:
