@@ -180,7 +180,7 @@ def check_statement(
             _check_format(node, where)
 
 
-def _in_from(node: exp.Expression) -> bool:
+def _in_from(node: exp.Expr) -> bool:
     """Whether ``node`` is called as a table function (FROM f(...), JOIN f(...))."""
     parent = node.parent
     if isinstance(parent, exp.Table):
@@ -356,14 +356,14 @@ class _Locator:
         self.text = text
         self.source = source
 
-    def typed_name(self, node: exp.Expression) -> str | None:
+    def typed_name(self, node: exp.Expr) -> str | None:
         meta = getattr(node, "_meta", None) or {}
         start, end = meta.get("start"), meta.get("end")
         if start is None or end is None:
             return None
         return self.text[start : end + 1].lower() or None
 
-    def position(self, node: exp.Expression) -> Position | None:
+    def position(self, node: exp.Expr) -> Position | None:
         name = self.typed_name(node)
         start = (getattr(node, "_meta", None) or {}).get("start")
         if name is None or start is None:

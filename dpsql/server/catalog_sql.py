@@ -97,13 +97,13 @@ def _lit(value: object) -> exp.Expression:
     return exp.Literal.string(str(value))
 
 
-def _func_name(node: exp.Expression) -> str | None:
+def _func_name(node: exp.Expr) -> str | None:
     if isinstance(node, exp.Anonymous):
         return str(node.this).lower()
     return None
 
 
-def _rewrite_node(node: exp.Expression, info: SessionInfo) -> exp.Expression:
+def _rewrite_node(node: exp.Expr, info: SessionInfo) -> exp.Expr:
     # pg_catalog.f(...) -> f(...): our macros shadow DuckDB's via the search path.
     if (
         isinstance(node, exp.Dot)
@@ -153,15 +153,15 @@ def _rewrite_node(node: exp.Expression, info: SessionInfo) -> exp.Expression:
         return _lit(info.database)
     if isinstance(node, exp.CurrentVersion):
         return _lit(VERSION_STRING)
-    name = _func_name(node)
-    if name in _RENAMES:
-        node.set("this", _RENAMES[name])
+    func = _func_name(node)
+    if func in _RENAMES:
+        node.set("this", _RENAMES[func])
         return node
-    if name == "version":
+    if func == "version":
         return _lit(VERSION_STRING)
-    if name == "pg_backend_pid":
+    if func == "pg_backend_pid":
         return _lit(info.pid)
-    if name in ("current_setting", "dp_current_setting"):
+    if func in ("current_setting", "dp_current_setting"):
         args = node.expressions
         first = args[0] if args else None
         while isinstance(first, exp.Cast):
@@ -270,7 +270,7 @@ _FUNC_NAMES = {
 }
 
 
-def _pg_column_name(node: exp.Expression) -> str:
+def _pg_column_name(node: exp.Expr) -> str:
     """The name PostgreSQL gives an unaliased select-list item (FigureColname)."""
     while isinstance(node, exp.Paren):
         node = node.this
@@ -298,14 +298,14 @@ def _pg_column_name(node: exp.Expression) -> str:
     return "?column?"
 
 
-def _name_columns(tree: exp.Expression) -> None:
+def _name_columns(tree: exp.Expr) -> None:
     """Alias unaliased select items the way PostgreSQL names them (psql shows these names)."""
     select = tree
     while isinstance(select, exp.SetOperation):
         select = select.this
     if not isinstance(select, exp.Select):
         return
-    items = []
+    items: list[exp.Expr] = []
     for item in select.expressions:
         if isinstance(item, exp.Alias | exp.Star) or (
             isinstance(item, exp.Column) and isinstance(item.this, exp.Star)

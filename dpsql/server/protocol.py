@@ -7,6 +7,7 @@ the session answers with an ErrorResponse and a disconnect.
 
 from __future__ import annotations
 
+import builtins
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -80,7 +81,7 @@ class Reader:
                 "invalid byte sequence for encoding UTF8", sqlstate="22021"
             ) from None
 
-    def rest(self) -> bytes:
+    def rest(self) -> builtins.bytes:  # builtins: `bytes` here names the method above
         chunk = self.data[self.pos :]
         self.pos = len(self.data)
         return chunk
@@ -163,10 +164,10 @@ def parse_startup_packet(body: bytes) -> Startup | CancelKey | int:
         )
     params: dict[str, str] = {}
     while True:
-        key = r.cstring()
-        if key == "":
+        name = r.cstring()
+        if name == "":
             break
-        params[key] = r.cstring()
+        params[name] = r.cstring()
     r.end()
     return Startup(params)
 

@@ -144,7 +144,9 @@ def _unquote(value: str) -> str:
 
 
 def _split_list(value: str) -> list[str]:
-    out, cur, quote = [], [], False
+    out: list[str] = []
+    cur: list[str] = []
+    quote = False
     for ch in value:
         if ch == "'":
             quote = not quote
@@ -195,8 +197,8 @@ def set_name_of(sql: str) -> str | None:
     rest = [w for w in words[1:] if w.lower() not in ("session", "local")]
     if head in ("set", "show", "reset") and rest:
         phrase = " ".join(w.lower() for w in rest[:3])
-        for words, name in _PHRASES.items():
-            if phrase.startswith(words):
+        for prefix, name in _PHRASES.items():
+            if phrase.startswith(prefix):
                 return name
         return rest[0].strip('"').lower()
     return None

@@ -29,7 +29,9 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 from dpsql.server import protocol as p
 from dpsql.server.worker import (
@@ -93,7 +95,12 @@ class _Worker:
 async def _wait_readable(sock: socket.socket, timeout: float) -> bool:
     loop = asyncio.get_running_loop()
     ready: asyncio.Future[None] = loop.create_future()
-    loop.add_reader(sock.fileno(), lambda: ready.done() or ready.set_result(None))
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(sock.fileno(), wake)
     try:
         await asyncio.wait_for(ready, timeout)
         return True
@@ -249,8 +256,8 @@ class Supervisor:
                 w.ctrl.close()
                 w.ctrl = None
 
-    def _track(self, coro: object) -> None:
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+    def _track(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -376,7 +376,8 @@ def _decode_binary_array(data: bytes) -> list[object]:
     if ndim != 1:
         raise UnsupportedBinary("multidimensional arrays are not supported")
     count, _lower = struct.unpack("!ii", data[12:20])
-    pos, out = 20, []
+    pos = 20
+    out: list[object] = []
     for _ in range(count):
         (size,) = struct.unpack("!i", data[pos : pos + 4])
         pos += 4
