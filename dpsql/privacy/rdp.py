@@ -119,7 +119,11 @@ def compute_rdp(
 
 
 def rdp_to_epsilon(
-    orders: Sequence[float], rdp: Sequence[float], delta: float, *, improved: bool = True
+    orders: Sequence[float],
+    rdp: Sequence[float] | np.ndarray,
+    delta: float,
+    *,
+    improved: bool = True,
 ) -> tuple[float, float]:
     """(ε, best order) for the RDP curve at ``delta``; ``improved=False`` is the classic bound."""
     if not 0 < delta < 1:

@@ -11,7 +11,7 @@ import itertools
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -53,22 +53,23 @@ def group_index(plan: Plan, result: EngineResult) -> tuple[list[tuple], np.ndarr
         )
         return [()], exact
     if plan.threshold is None:
-        domains = [kp.domain for kp in plan.keys]
-        size = math.prod(len(d) for d in domains)  # type: ignore[arg-type]
+        # without a threshold the groups are the declared domains: every key has one
+        domains = [cast(tuple, kp.domain) for kp in plan.keys]
+        size = math.prod([len(d) for d in domains])
         if size > 1_000_000:
             raise PrivacyError(
                 f"the GROUP BY has {size} public bins", hint="use coarser bins or fewer keys"
             )
-        groups = list(itertools.product(*domains))  # type: ignore[arg-type]
+        groups = list(itertools.product(*domains))
     else:
         # Sorted: the engine's (hash-table) row order depends on every key present, including
         # keys that thresholding suppresses, so releasing it would leak them.
         groups = sorted(dict.fromkeys(key_rows), key=_canonical)
         # A public key's value outside its declared domain is dropped here too (a row-level
         # plan does not filter such rows in the engine).
-        domains = [set(kp.domain) if kp.domain is not None else None for kp in plan.keys]
+        allowed = [set(kp.domain) if kp.domain is not None else None for kp in plan.keys]
         groups = [
-            g for g in groups if all(d is None or v in d for v, d in zip(g, domains, strict=True))
+            g for g in groups if all(d is None or v in d for v, d in zip(g, allowed, strict=True))
         ]
     position = {g: i for i, g in enumerate(groups)}
     exact = np.zeros((len(groups), n_measures), dtype=object)

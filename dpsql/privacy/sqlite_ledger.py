@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from dpsql.errors import DatabaseError, InterfaceError, OperationalError
 from dpsql.privacy.accounting import Budget, Cost, exact
@@ -191,7 +191,9 @@ def _stored_cost(
         if value is None or float(value) != real:
             value = exact(real)
         parts.append(value)
-    return Cost(*parts, zrho=None if zrho_text is None else Fraction(zrho_text))
+    # every caller passes the three parts (ε, δ, ρ): none of them can fill zrho
+    epsilon_delta_rho = cast(tuple[Fraction, Fraction, Fraction], parts)
+    return Cost(*epsilon_delta_rho, zrho=None if zrho_text is None else Fraction(zrho_text))
 
 
 def _private_file(path: Path) -> None:
@@ -744,7 +746,8 @@ class SQLiteLedger:
     def entries(
         self, dataset: str | None = None, *, analyst: str | None = None, limit: int | None = None
     ) -> list[LogEntry]:
-        where, params = [], []
+        where: list[str] = []
+        params: list[str | int] = []
         if dataset is not None:
             where.append("dataset = ?")
             params.append(dataset)
