@@ -162,6 +162,10 @@ def register() -> bool:
 class _Params:
     """get_params / set_params from the __init__ signature, as scikit-learn's clone expects."""
 
+    # fitted by the subclasses' fit (declared for the shared helpers below; no class value)
+    coef_: np.ndarray
+    intercept_: float
+
     def get_params(self, deep: bool = True) -> dict[str, Any]:
         names = [p for p in inspect.signature(type(self).__init__).parameters if p != "self"]
         return {name: getattr(self, name) for name in names}
@@ -234,8 +238,8 @@ class _Params:
             tuple(feature_sql or names),
             tuple(map(float, lo)),
             tuple(map(float, hi)),
-            tuple(float(c) for c in self.coef_),  # type: ignore[attr-defined]
-            float(self.intercept_),  # type: ignore[attr-defined]
+            tuple(float(c) for c in self.coef_),
+            float(self.intercept_),
             positive=positive,
         )
 
@@ -306,6 +310,7 @@ class DPLinearRegression(_Params):
         delta = self._delta(len(keep))
         label = (float(ylo), float(yhi))
         self.coef_interval_ = self.intercept_interval_ = None
+        plan: ss.StatsPlan | dpsgd.DPSGDPlan
         if self.method == "sufficient_stats":
             plan = ss.plan_sufficient_stats(
                 float(self.epsilon), delta, X.shape[1], int(self.rows_per_unit), self.noise

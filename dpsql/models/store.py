@@ -91,6 +91,7 @@ class ModelStore:
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
+            assert self.path is not None  # every caller keeps a memory store off SQLite
             conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
             conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
             conn.execute(_SCHEMA)

@@ -314,7 +314,7 @@ class RuleCounter:
         """(n_c, n_c1) for every candidate; ``w`` = remaining weight per pattern, wy = w·y."""
         live = np.flatnonzero(w)
         dtype = np.float32 if float(np.sum(w)) < 2**24 else np.float64
-        lits = self.lits[:, live].astype(dtype, copy=False)
+        lits: np.ndarray = self.lits[:, live].astype(dtype, copy=False)
         w = np.asarray(w, dtype)[live]
         wy = np.asarray(wy, dtype)[live]
         if self.width <= 2:

@@ -384,12 +384,13 @@ class DPBinarizer:
         self.columns_: list[tuple[int, float | None]] = []
         feats: list[Feature] = []
         for j, name in enumerate(names):
-            if cuts.get(j) is None:
+            column_cuts = cuts.get(j)
+            if column_cuts is None:
                 self.columns_.append((j, None))
                 feats.append(Feature.binary_column(name))
                 continue
             q = quote_ident(name)
-            for c in cuts[j]:
+            for c in column_cuts:
                 text = f"{c:g}"
                 self.columns_.append((j, c))
                 feats.append(

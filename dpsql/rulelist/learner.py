@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -31,6 +32,9 @@ from dpsql.rulelist.gini import (
     support_threshold,
 )
 from dpsql.rulelist.model import LearnedRule, RuleList
+
+if TYPE_CHECKING:
+    from dpsql.privacy.smooth import SmoothCauchy, SmoothLaplace
 
 #: The paper's two mechanisms, its three global baselines, non-private GreedyRL and ours.
 MECHANISMS = (
@@ -204,7 +208,7 @@ class _Noise:
     def __init__(self, params: LearnerParams, plan: BudgetPlan, source: NoiseSource) -> None:
         self.p, self.plan, self.src = params, plan, source
         self.k = params.rows_per_unit
-        self.smooth = None
+        self.smooth: SmoothCauchy | SmoothLaplace | None = None
         if params.mechanism in SMOOTH and params.max_length > 1:
             from dpsql.privacy.smooth import SmoothCauchy, SmoothLaplace
 
@@ -436,12 +440,13 @@ def _select(
         ok = g[best] < g0 or (g[best] == g0 and gc[best] < g0)
         return best if ok else None
     if mech in SMOOTH:
+        assert noise.smooth is not None  # set for every smooth mechanism that selects rules
         sens = smooth_sensitivity(
             max(round(n), floor), noise.smooth.beta, floor, strict=params.strict_sensitivity
         )
         z = np.asarray(noise.smooth.noise(src, sens, size=m + 1), dtype=np.float64)
         g = g + z[:m]
-        g0 = g0 + z[m]
+        g0 = g0 + cast(float, z[m])  # a numpy scalar; the stubs say ndarray
     elif mech == "global_laplace":
         g = g + src.laplace(G_SENSITIVITY / eps, m)
     elif mech == "global_gaussian":
