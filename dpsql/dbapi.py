@@ -249,7 +249,8 @@ def with_intervals(
         for j, value in enumerate(row):
             cells.append(value)
             if j in columns:
-                cells.extend(ivs[j] if ivs[j] is not None else (None, None))
+                interval = ivs[j]
+                cells.extend(interval if interval is not None else (None, None))
         out_rows.append(tuple(cells))
     return out_names, out_rows
 
@@ -330,7 +331,7 @@ class Cursor:
         """PEP 249 extension: notes from the last statement (e.g. why a rule list is short)."""
         if self._result is None:
             return []
-        notes = [(Warning, note) for note in self._result.notes]
+        notes: list[tuple[type, str]] = [(Warning, note) for note in self._result.notes]
         if self._remaining is not None and self._remaining.low:
             notes.append((Warning, self._remaining.warning()))
         return notes

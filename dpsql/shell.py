@@ -68,10 +68,10 @@ def _balanced(text: str) -> bool:
 def describe_tables(conn: Any, name: str | None, out: TextIO) -> None:
     policy = conn.service.policy
     if not name:
-        rows = [
+        tables = [
             (t.name, t.privacy_unit or "(each row)", len(t.columns)) for t in policy.tables.values()
         ]
-        render(("table", "privacy unit", "columns"), rows, out)
+        render(("table", "privacy unit", "columns"), tables, out)
         return
     table = policy.table(name)
     if table is None:

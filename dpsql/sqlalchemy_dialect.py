@@ -13,7 +13,7 @@ Like every in-process front door it trusts its caller to name the analyst; the p
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import types as sqltypes
 from sqlalchemy.engine import default
@@ -21,6 +21,9 @@ from sqlalchemy.engine.url import URL
 
 import dpsql
 from dpsql.errors import check_analyst
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine.interfaces import IsolationLevel, ReflectedColumn
 
 _COLUMN_TYPES: dict[str, Any] = {
     "int": sqltypes.BigInteger,
@@ -81,7 +84,8 @@ class DpsqlDialect(default.DefaultDialect):
             "engine": options.get("engine"),
         }
 
-    def connect(self, *cargs: Any, **cparams: Any) -> dpsql.Connection:
+    # our PEP 249 Connection, which SQLAlchemy's DBAPIConnection protocol types more narrowly
+    def connect(self, *cargs: Any, **cparams: Any) -> dpsql.Connection:  # type: ignore[override]
         """A connection of the engine's one Service (the data is loaded once per engine)."""
         key = (cparams["policy"], cparams["database"], cparams["engine"])
         with self._lock:
@@ -103,10 +107,10 @@ class DpsqlDialect(default.DefaultDialect):
     def _get_default_schema_name(self, connection: Any) -> str:
         return "main"
 
-    def get_isolation_level(self, dbapi_connection: Any) -> str:
+    def get_isolation_level(self, dbapi_connection: Any) -> IsolationLevel:
         return "AUTOCOMMIT"
 
-    def get_default_isolation_level(self, dbapi_conn: Any) -> str:
+    def get_default_isolation_level(self, dbapi_conn: Any) -> IsolationLevel:
         return "AUTOCOMMIT"
 
     def do_ping(self, dbapi_connection: Any) -> bool:
@@ -133,7 +137,7 @@ class DpsqlDialect(default.DefaultDialect):
 
     def get_columns(
         self, connection: Any, table_name: str, schema: str | None = None, **kw: Any
-    ) -> list[dict[str, Any]]:
+    ) -> list[ReflectedColumn]:
         from sqlalchemy.exc import NoSuchTableError
 
         table = self._policy(connection).table(table_name)

@@ -123,12 +123,12 @@ class Scratch:
 
 
 # Functions post-processing may call: the binder's own whitelist (scalar constructs, aggregates).
-_POST_FUNCTIONS: tuple[type[exp.Expression], ...] = tuple(
+_POST_FUNCTIONS: tuple[type[exp.Expr], ...] = tuple(
     node for node in (*SCALAR_NODES, *AGGREGATE_KINDS) if issubclass(node, exp.Func)
 )
 
 
-def check_post(post_sql: str, tree: exp.Expression | None = None) -> None:
+def check_post(post_sql: str, tree: exp.Expr | None = None) -> None:
     """Refuse post-processing SQL that calls a function the binder does not accept.
 
     A second line behind the binder (``repeat``, ``range``, file readers never reach the shared

@@ -194,7 +194,7 @@ def _rendered_pieces(tree: exp.Expression, dialect: str) -> tuple[str, ...]:
     return pieces if len(pieces) == printed + 1 else ()
 
 
-def render(expression: exp.Expression, dialect: str) -> str:
+def render(expression: exp.Expr, dialect: str) -> str:
     """Engine SQL of any tree in ``dialect`` (``duckdb``, ``spark`` or :data:`NEUTRAL`), the
     keyed hash mapped to the dialect's own fast hash. For trees parsed from text (dpsql.sql.rows
     writes DP_KEYED_HASH(...) as a plain call); the tree itself is left unchanged."""
