@@ -359,6 +359,8 @@ def _keyed(rows):
         ("SELECT COUNT(*) FROM (SELECT nope FROM t) AS v", "unknown column"),
         ("SELECT SUM(uid) FROM (SELECT uid FROM t) AS v", "privacy unit"),
         ("SELECT SUM(1 / (age - 50)) FROM t", "the divisor"),
+        ("SELECT COUNT(*) FROM (SELECT 1 AS x) AS s", "without FROM"),
+        ("WITH c AS (SELECT 1 AS x) SELECT COUNT(*) FROM c", "without FROM"),
         ("SELECT v.uid, COUNT(*) FROM (SELECT uid FROM t) AS v GROUP BY v.uid", "privacy unit"),
     ],
 )

@@ -252,8 +252,13 @@ class _Flattener:
             else:
                 result.set(arg, value.transform(substitute, copy=False))
         inner_from = inner.args.get("from_") or inner.args.get("from")
-        # an inner SELECT without FROM reaches here and fails (reported; not changed here)
-        result.set("from_", inner_from.copy())  # type: ignore[union-attr]
+        if inner_from is None:
+            raise self.refuse(
+                "a derived table or CTE without FROM has no rows to aggregate",
+                inner,
+                "select from a table declared in the policy inside it",
+            )
+        result.set("from_", inner_from.copy())
         # Columns the outer query never reads are still checked by the binder: a derived
         # table naming an unknown column or a refused function is an error, used or not.
         unused = [e for name, e in columns.items() if name not in used]
