@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpsql.engine.duckdb_engine import QueryHandle
+from dpsql.engine.api import QueryHandle
 from dpsql.errors import (
     BudgetWarning,
     DatabaseError,

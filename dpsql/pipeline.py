@@ -21,8 +21,8 @@ from typing import Any, ClassVar, cast
 from sqlglot import exp
 
 from dpsql.boundary import charged_boundary, post_processing_boundary
+from dpsql.engine.api import EngineResult, QueryHandle
 from dpsql.engine.base import open_engine
-from dpsql.engine.duckdb_engine import EngineResult, QueryHandle
 from dpsql.engine.scratch import (
     NotPlain,
     Scratch,

@@ -63,7 +63,7 @@ import dpsql.privacy.release as release_module
 import dpsql.service.composite as composite
 import dpsql.sql.compile as compile_module
 from dpsql.dbapi import connect_service
-from dpsql.engine.duckdb_engine import EngineResult
+from dpsql.engine.api import EngineResult
 from dpsql.privacy.audit import AuditReport, BufferedNoise, Event, audit, threshold_events
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.mechanisms import Laplace

@@ -44,7 +44,7 @@ from scipy import stats
 
 import dpsql.privacy.release as release_module
 from dpsql.dbapi import connect_service
-from dpsql.engine.duckdb_engine import EngineResult
+from dpsql.engine.api import EngineResult
 from dpsql.pipeline import Service
 from dpsql.privacy.audit import (
     AuditReport,

@@ -12,7 +12,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from dpsql.engine.duckdb_engine import DuckDBEngine, EngineResult, QueryHandle
+from dpsql.engine.api import EngineResult, QueryHandle
+from dpsql.engine.duckdb_engine import DuckDBEngine
 from dpsql.errors import ProgrammingError
 from dpsql.policy import Policy
 from dpsql.sql.compile import CompiledQuery

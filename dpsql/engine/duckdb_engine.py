@@ -9,48 +9,19 @@ After loading, the connection is sealed: only the policy's own files stay readab
 from __future__ import annotations
 
 import hashlib
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import numpy as np
 
+from dpsql.engine.api import EngineResult, QueryHandle
 from dpsql.errors import OperationalError, PolicyError
 from dpsql.policy import Policy, TablePolicy
 from dpsql.sql.compile import KEYED_HASH, CompiledQuery
 from dpsql.sql.domains import SQL_TYPES
 from dpsql.sql.identifiers import quote_ident as _q
-
-
-@dataclass(frozen=True)
-class EngineResult:
-    """Exact bounded aggregates: one row per present group."""
-
-    key_rows: list[tuple[Any, ...]]
-    measures: list[list[int]]  # per measure, per row (Python ints: exact)
-    key_types: tuple[str, ...]
-
-
-class QueryHandle:
-    """Lets another thread interrupt the engine query currently running for a connection."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._cursor: duckdb.DuckDBPyConnection | None = None
-        self.interrupted = False
-
-    def attach(self, cursor: duckdb.DuckDBPyConnection | None) -> None:
-        with self._lock:
-            self._cursor = cursor
-
-    def interrupt(self) -> None:
-        with self._lock:
-            self.interrupted = True
-            if self._cursor is not None:
-                self._cursor.interrupt()
 
 
 def _sql_string(value: str) -> str:

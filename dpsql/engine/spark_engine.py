@@ -35,7 +35,8 @@ import numpy as np
 import sqlglot
 from sqlglot import exp
 
-from dpsql.engine.duckdb_engine import EngineResult, QueryHandle, _file_digest
+from dpsql.engine.api import EngineResult, QueryHandle
+from dpsql.engine.duckdb_engine import _file_digest
 from dpsql.errors import OperationalError, PolicyError
 from dpsql.policy import FILE_SUFFIXES, Policy, TablePolicy
 from dpsql.sql.compile import CompiledQuery, render

@@ -16,7 +16,7 @@ from typing import Any, cast
 import numpy as np
 
 from dpsql.aggregates import Sum, kind_of
-from dpsql.engine.duckdb_engine import EngineResult
+from dpsql.engine.api import EngineResult
 from dpsql.errors import PrivacyError
 from dpsql.privacy.mechanisms import Gaussian, Mechanism
 from dpsql.privacy.samplers import NoiseSource

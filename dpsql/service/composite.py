@@ -33,7 +33,7 @@ from dpsql.sql.plan import KeyPlan, Plan, build_plan
 from dpsql.sql.typecheck import canonical_key_value, type_query
 
 if TYPE_CHECKING:
-    from dpsql.engine.duckdb_engine import QueryHandle
+    from dpsql.engine.api import QueryHandle
     from dpsql.pipeline import Result, Service, Settings
 
 

@@ -1,0 +1,43 @@
+"""The engine contract's data: what an engine returns and how a query is interrupted.
+
+Engines (dpsql.engine.duckdb_engine, dpsql.engine.spark_engine) and the service both depend
+on this module; the Engine protocol itself is in dpsql.engine.base.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class Interruptible(Protocol):
+    def interrupt(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class EngineResult:
+    """Exact bounded aggregates: one row per present group."""
+
+    key_rows: list[tuple[Any, ...]]
+    measures: list[list[int]]  # per measure, per row (Python ints: exact)
+    key_types: tuple[str, ...]
+
+
+class QueryHandle:
+    """Lets another thread interrupt the engine query currently running for a connection."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cursor: Interruptible | None = None
+        self.interrupted = False
+
+    def attach(self, cursor: Interruptible | None) -> None:
+        with self._lock:
+            self._cursor = cursor
+
+    def interrupt(self) -> None:
+        with self._lock:
+            self.interrupted = True
+            if self._cursor is not None:
+                self._cursor.interrupt()
