@@ -46,7 +46,7 @@ class _CheckedSet:
 
 class _Prepared:
     """What one statement text reuses across executions: its checked plan and fingerprint,
-    and (from its second execution on) its engine SQL as a template for fresh secrets.
+    and its compiled engine query (one tree, rendered once; each run prints its own secret).
 
     Never reused: the keyed-hash secret, the budget check and charge, the noise.
     """
@@ -59,7 +59,7 @@ class _Prepared:
         self.template: _SecretTemplate | None = None
         self.post: _PostPlan | None = None  # how its post-processing runs (first use)
         self.post_checked = False  # the free dry run of its post-processing has passed
-        self.runs = 0  # engine runs so far (the template is built for the second)
+        self.runs = 0  # engine runs so far (the template is built by the first)
 
 
 @dataclass(frozen=True)
