@@ -512,13 +512,23 @@ class Service:
                 if cache_key is not None:
                     self.ledger.remember(analyst, dataset, cache_key, answer)
             cost = plan.cost
+        result, data = self.table_function_result(call, answer, cost, COLUMNS)
+        if plan.model is not None and "model" in data:
+            self.store_model(plan, "rule_list", analyst, call.text, data["model"], result)
+        return result
+
+    def table_function_result(
+        self, call: RuleListCall, answer: str, cost: Any, columns: Sequence[tuple[str, str]]
+    ) -> tuple[Result, dict]:
+        """A DP table function's released rows (the cached JSON ``answer``) through the outer
+        query's post-processing: the Result, and the decoded answer (notes, model)."""
         with post_processing_boundary():
             data = json.loads(answer)
             rows = [tuple(r) for r in data["rows"]]
             description, out_rows = self.scratch.post_process(
                 call.post.sql(dialect=DIALECT),
-                [c for c, _ in COLUMNS],
-                [t for _, t in COLUMNS],
+                [c for c, _ in columns],
+                [t for _, t in columns],
                 rows,
             )
         result = Result(
@@ -529,13 +539,17 @@ class Service:
             cached=cost is None,
         )
         result.notes = list(data["notes"])
-        if plan.model is not None and "model" in data:
-            from dpsql.models.store import ModelStore, rule_list_record
+        return result, data
 
-            record = rule_list_record(plan, analyst, dataset, call.text, data["model"])
-            ModelStore.for_ledger(self.ledger).put(record)
-            result.notes.append(f"stored as model {plan.model!r}: dp_predict('{plan.model}')")
-        return result
+    def store_model(
+        self, plan: Any, kind: str, analyst: str, query: str, payload: dict, result: Result
+    ) -> None:
+        """Keep a released model under ``plan.model`` (post-processing: it costs nothing)."""
+        from dpsql.models.store import ModelStore, model_record
+
+        record = model_record(plan, kind, analyst, self.policy.dataset, query, payload)
+        ModelStore.for_ledger(self.ledger).put(record)
+        result.notes.append(f"stored as model {plan.model!r}: dp_predict('{plan.model}')")
 
     def explain_rule_list(self, plan) -> Result:
         result = Result(EXPLAIN_COLUMNS, plan.explain_rows(), status="EXPLAIN")

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dpsql.boundary import charged_boundary, post_processing_boundary
+from dpsql.boundary import charged_boundary
 from dpsql.errors import PrivacyError, ProgrammingError, UndefinedColumnError
 from dpsql.models import dpsgd
 from dpsql.models import sufficient_stats as ss
@@ -455,7 +455,7 @@ def run_regression(
 ) -> Result:
     """``Service.run_rule_list``'s order, for the regression table functions."""
     from dpsql.engine.scratch import check_post
-    from dpsql.pipeline import DIALECT, Result, _convert, _not_cancelled, type_code
+    from dpsql.pipeline import DIALECT, _not_cancelled
 
     plan = _plan_call(service, call, settings)
     check_post(call.post.sql(dialect=DIALECT), call.post)
@@ -477,45 +477,10 @@ def run_regression(
             if cache_key is not None:
                 service.ledger.remember(analyst, dataset, cache_key, answer)
         cost = plan.cost
-    with post_processing_boundary():
-        data = json.loads(answer)
-        rows = [tuple(r) for r in data["rows"]]
-        description, out_rows = service.scratch.post_process(
-            call.post.sql(dialect=DIALECT), [c for c, _ in COLUMNS], [t for _, t in COLUMNS], rows
-        )
-    result = Result(
-        [(n, type_code(t)) for n, t in description],
-        [tuple(_convert(v) for v in r) for r in out_rows],
-        intervals=[tuple(None for _ in description) for _ in out_rows],
-        cost=cost,
-        cached=cost is None,
-    )
-    result.notes = list(data["notes"])
+    result, data = service.table_function_result(call, answer, cost, COLUMNS)
     if plan.model is not None:
-        _store(service, plan, analyst, call.text, data["model"])
-        result.notes.append(f"stored as model {plan.model!r}: dp_predict('{plan.model}')")
+        service.store_model(plan, plan.kind, analyst, call.text, data["model"], result)
     return result
-
-
-def _store(service: Service, plan: RegressionPlan, analyst: str, query: str, model: dict) -> None:
-    """Keep the released model under its name (post-processing: it costs nothing more)."""
-    from dpsql.models.store import ModelStore, StoredModel, now
-
-    c = plan.cost
-    record = StoredModel(
-        name=plan.model,  # type: ignore[arg-type]
-        kind=plan.kind,
-        analyst=analyst,
-        dataset=service.policy.dataset,
-        table=plan.table,
-        created=now(),
-        epsilon=float(c.epsilon),
-        delta=float(c.delta),
-        rho=float(c.rho),
-        query=query,
-        model_json=json.dumps(model),
-    )
-    ModelStore.for_ledger(service.ledger).put(record)
 
 
 def explain_rows(plan: RegressionPlan) -> list[tuple[Any, ...]]:

@@ -171,16 +171,17 @@ _STORES: weakref.WeakKeyDictionary[Any, ModelStore] = weakref.WeakKeyDictionary(
 _STORES_LOCK = threading.Lock()
 
 
-def rule_list_record(
-    plan: Any, analyst: str, dataset: str, query: str, payload: dict[str, Any]
+def model_record(
+    plan: Any, kind: str, analyst: str, dataset: str, query: str, payload: dict[str, Any]
 ) -> StoredModel:
-    """The :class:`StoredModel` of a ``dp_rule_list(..., model => name)`` call."""
+    """The :class:`StoredModel` of a table function called with ``model => name`` (its plan
+    has ``model``, ``table`` and ``cost``)."""
     import json
 
     c = plan.cost
     return StoredModel(
         name=plan.model,
-        kind="rule_list",
+        kind=kind,
         analyst=analyst,
         dataset=dataset,
         table=plan.table,
