@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dpsql.errors import PrivacyError, ProgrammingError, UndefinedColumnError
+from dpsql.frontend.logic import transform_clauses
 from dpsql.policy import Policy
 from dpsql.sql.positions import position_of, snippet
 
@@ -243,14 +244,7 @@ class _Flattener:
                 continue
             items.append(item)
         result.set("expressions", items)
-        for arg in ("expressions", "where", "group", "having", "order"):
-            value = result.args.get(arg)
-            if value is None:
-                continue
-            if isinstance(value, list):
-                result.set(arg, [v.transform(substitute, copy=False) for v in value])
-            else:
-                result.set(arg, value.transform(substitute, copy=False))
+        transform_clauses(result, substitute)
         inner_from = inner.args.get("from_") or inner.args.get("from")
         if inner_from is None:
             raise self.refuse(

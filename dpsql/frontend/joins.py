@@ -36,6 +36,7 @@ import duckdb
 from sqlglot import exp
 
 from dpsql.errors import PrivacyError, ProgrammingError, UndefinedColumnError, UndefinedTableError
+from dpsql.frontend.logic import transform_clauses
 from dpsql.policy import Policy, TablePolicy
 from dpsql.sql.positions import position_of, snippet
 
@@ -519,14 +520,7 @@ class _Joiner:
                 return node
             return lookup(node, dim, node.find_ancestor(exp.AggFunc) is not None)
 
-        for arg in ("expressions", "where", "group", "having", "order"):
-            value = result.args.get(arg)
-            if value is None:
-                continue
-            if isinstance(value, list):
-                result.set(arg, [v.transform(substitute, copy=False) for v in value])
-            else:
-                result.set(arg, value.transform(substitute, copy=False))
+        transform_clauses(result, substitute)
         if public_groups and result.args.get("expressions"):
             for count in result.find_all(exp.Count):
                 if count.this is None or isinstance(count.this, exp.Literal | exp.Boolean):

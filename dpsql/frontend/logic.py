@@ -1,7 +1,10 @@
-"""Boolean structure of conditions, shared by the binder, the WHERE safety check and the
-DP-subquery filter (one definition, no import cycle)."""
+"""Tree helpers shared by the binder, the WHERE safety check and the frontend rewrites
+(one definition each, no import cycle)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 from sqlglot import exp
 
@@ -13,3 +16,19 @@ def conjuncts(node: exp.Expression) -> list[exp.Expression]:
     if isinstance(node, exp.And):
         return conjuncts(node.this) + conjuncts(node.expression)
     return [node]
+
+
+CLAUSES = ("expressions", "where", "group", "having", "order")
+
+
+def transform_clauses(select: exp.Select, fn: Callable[[Any], exp.Expr]) -> None:
+    """Apply ``fn`` (a sqlglot transform) in place to every clause that names columns: the
+    select list, WHERE, GROUP BY, HAVING and ORDER BY (not FROM: that is the caller's)."""
+    for arg in CLAUSES:
+        value = select.args.get(arg)
+        if value is None:
+            continue
+        if isinstance(value, list):
+            select.set(arg, [v.transform(fn, copy=False) for v in value])
+        else:
+            select.set(arg, value.transform(fn, copy=False))
