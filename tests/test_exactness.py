@@ -27,6 +27,8 @@ from conftest import (
     write_csv,
 )
 
+import dpsql
+
 GROUPS = ["a", "b", "c", "d"]
 NAMES = ["alpha", "beta"]
 
@@ -63,9 +65,10 @@ def _clean_rows(seed: int = 7) -> list[tuple]:
     return rows
 
 
-@pytest.fixture(scope="module")
-def clean(tmp_path_factory):
-    path = write_csv(tmp_path_factory.mktemp("clean") / "t.csv", HEADER, _clean_rows())
+def clean_pair(directory: Path) -> tuple[dpsql.Connection, duckdb.DuckDBPyConnection]:
+    """The clean data (no unit exceeds R = G = 3) behind a noise-off connection, and the same
+    CSV as a plain DuckDB table ``t`` with the clamp macro, for hand-written references."""
+    path = write_csv(directory / "t.csv", HEADER, _clean_rows())
     conn = exact_connect(table_policy(path, COLUMNS, unit="uid", rows=3, groups=3))
     ref = duckdb.connect()
     ref.execute(
@@ -74,6 +77,12 @@ def clean(tmp_path_factory):
         f"FROM read_csv('{path}', header = true, all_varchar = true)"
     )
     ref.execute(CLAMP_MACRO)
+    return conn, ref
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    conn, ref = clean_pair(tmp_path_factory.mktemp("clean"))
     yield conn, ref
     conn.close()
     ref.close()

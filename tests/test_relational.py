@@ -11,10 +11,8 @@ from __future__ import annotations
 import datetime as dt
 import math
 
-import duckdb
 import pytest
 from conftest import (
-    CLAMP_MACRO,
     EngineSpy,
     assert_same_rows,
     exact_connect,
@@ -23,7 +21,7 @@ from conftest import (
     write_csv,
 )
 from sqlglot import exp, parse_one
-from test_exactness import COLUMNS, HEADER, _clean_rows
+from test_exactness import COLUMNS, HEADER, _clean_rows, clean_pair
 
 from dpsql.errors import DataError, PrivacyError, ProgrammingError
 from dpsql.frontend.intervals import NotNumeric, value_range
@@ -34,15 +32,7 @@ from dpsql.policy import load_policy
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory):
     """The data of test_exactness (no unit exceeds R = G = 3) and its DuckDB reference."""
-    path = write_csv(tmp_path_factory.mktemp("rel") / "t.csv", HEADER, _clean_rows())
-    conn = exact_connect(table_policy(path, COLUMNS, unit="uid", rows=3, groups=3))
-    ref = duckdb.connect()
-    ref.execute(
-        "CREATE TABLE t AS SELECT CAST(uid AS BIGINT) uid, grp, CAST(age AS BIGINT) age, "
-        'CAST(score AS DOUBLE) score, CAST(flag AS BOOLEAN) flag, name, CAST(day AS DATE) AS "day" '
-        f"FROM read_csv('{path}', header = true, all_varchar = true)"
-    )
-    ref.execute(CLAMP_MACRO)
+    conn, ref = clean_pair(tmp_path_factory.mktemp("rel"))
     yield conn, ref
     conn.close()
     ref.close()
