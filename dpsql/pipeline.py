@@ -785,14 +785,19 @@ class Service:
         engine_sql = compile_plan(plan, 0).render(self.engine.dialect)
         rows.append(("engine_sql", engine_sql, None, None, None, None, None, None, None, None))
         result = Result(EXPLAIN_COLUMNS, rows, status="EXPLAIN")
-        if analyst is not None:
-            try:  # a read of the analyst's own budget: free, like SHOW budget
-                self.ledger.check(analyst, self.policy.dataset, plan.cost, budget)
-            except BudgetExhaustedError as exc:
-                result.notes.append(
-                    f"running this query would be refused: {exc.message}; nothing was spent"
-                )
+        result.notes = self.budget_notes(plan, analyst)
         return result
+
+    def budget_notes(self, plan: Plan, analyst: str | None) -> list[str]:
+        """EXPLAIN's warning when running ``plan`` now would be refused for budget (a read of
+        the analyst's own budget: free, like SHOW budget)."""
+        if analyst is None:
+            return []
+        try:
+            self.ledger.check(analyst, self.policy.dataset, plan.cost, self.policy.budget)
+        except BudgetExhaustedError as exc:
+            return [f"running this query would be refused: {exc.message}; nothing was spent"]
+        return []
 
 
 EXPLAIN_COLUMNS = [

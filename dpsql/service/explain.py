@@ -135,8 +135,7 @@ def explain_lines(service: Service, plan: Plan, analyst: str | None) -> list[str
 def explain_text(service: Service, plan: Plan, analyst: str | None) -> Result:
     from dpsql.pipeline import Result
 
-    tabular = service.explain(plan, analyst)  # the budget note, if the query would be refused
     rows = [(line,) for line in explain_lines(service, plan, analyst)]
     result = Result([("QUERY PLAN", "VARCHAR")], rows, status="EXPLAIN")
-    result.notes = list(tabular.notes)
+    result.notes = service.budget_notes(plan, analyst)
     return result
