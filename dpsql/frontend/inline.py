@@ -157,7 +157,7 @@ class _Flattener:
             # Post-processing over post-processing: the outer reads the wrapper's result.
             return Wrapped(
                 inner_resolved.inner,
-                _over_placeholder(select, _as_subquery(inner_resolved), alias),
+                _over_placeholder(select, inner_resolved.outer, alias),
                 alias,
             )
         if is_aggregate(inner_resolved):
@@ -319,10 +319,6 @@ class _Scoped:
 def _from_source(select: exp.Select) -> exp.Expression | None:
     from_ = select.args.get("from_") or select.args.get("from")
     return from_.this if from_ is not None else None
-
-
-def _as_subquery(wrapped: Wrapped) -> exp.Select:
-    return wrapped.outer
 
 
 def _over_placeholder(outer: exp.Select, inner_outer: exp.Select | None, alias: str) -> exp.Select:
