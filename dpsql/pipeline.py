@@ -300,7 +300,7 @@ class Service:
         confidence: float = 0.95,
     ) -> Result:
         plan = prepared.plan
-        if not plan.measures and plan.threshold is None:
+        if not plan.measures and not plan.quantiles and plan.threshold is None:
             # Public keys only, nothing measured (SELECT DISTINCT dept, GROUP BY dept without
             # an aggregate): the answer is the policy's domain. Nothing is read or charged.
             # a plan that measures nothing has a declared domain for every key
@@ -729,6 +729,23 @@ class Service:
     def explain(self, plan: Plan, analyst: str | None = None) -> Result:
         rows: list[tuple[Any, ...]] = []
         for o in plan.outputs:
+            if not o.measures:  # a quantile (EXPLAIN (FORMAT TEXT) explains its guarantee)
+                qm = plan.quantile_of(o)
+                n = len(qm.parts) * qm.groups
+                rows.append(
+                    (
+                        o.call.label,
+                        f"quantiles({qm.column}) on {qm.grid.bins} bins",
+                        "exponential_mechanism",
+                        float(qm.max_values),
+                        None,
+                        None,
+                        qm.part_epsilon * n,
+                        0.0,
+                        0.0,
+                        None,
+                    )
+                )
             for name in o.measures:
                 m = plan.measure(name)
                 g = m.granularity

@@ -76,6 +76,10 @@ _COLUMN_KEYS = {
     "values": "the public list of values (a categorical domain)",
     "nullable": "whether NULL may occur (default true)",
     "granularity": "fixed-point step for sums of this column (float columns)",
+    "quantile_grid": 'the public grid of MEDIAN/PERCENTILE/MIN/MAX: "linear" (default) or "log" '
+    "(constant relative resolution, for skewed columns such as income)",
+    "quantile_bins": "how many grid bins (default 4096; integer columns with a smaller range "
+    "get one bin per value)",
 }
 
 
@@ -92,6 +96,8 @@ class ColumnPolicy:
     # the table's stored columns, and the range derived from their declared bounds. None for
     # a column stored in the source.
     expr: str | None = None
+    quantile_grid: str = "linear"  # the public grid of its quantiles (dpsql.privacy.quantiles)
+    quantile_bins: int = 4096
 
     @property
     def bounded(self) -> bool:
@@ -612,6 +618,24 @@ def _column(rep: _Reporter, key: str, name: str, spec: Any) -> ColumnPolicy:
                 f"{key}.granularity", "only float columns take a granularity", "remove it"
             )
         granularity = _number(rep, f"{key}.granularity", granularity, positive=True)
+    quantile_grid = spec.get("quantile_grid", "linear")
+    if quantile_grid not in ("linear", "log"):
+        raise rep.fail(
+            f"{key}.quantile_grid", f"unknown grid {quantile_grid!r}", 'use "linear" or "log"'
+        )
+    quantile_bins = spec.get("quantile_bins", 4096)
+    if (
+        not isinstance(quantile_bins, int)
+        or isinstance(quantile_bins, bool)
+        or not 2 <= quantile_bins <= 1 << 17
+    ):
+        raise rep.fail(
+            f"{key}.quantile_bins",
+            "must be an integer from 2 to 131072",
+            "e.g. quantile_bins = 4096",
+        )
+    if ("quantile_grid" in spec or "quantile_bins" in spec) and lower is None:
+        raise rep.fail(key, "a quantile grid needs declared lower and upper", "add the bounds")
     return ColumnPolicy(
         name=name.lower(),
         type=col_type,
@@ -620,6 +644,8 @@ def _column(rep: _Reporter, key: str, name: str, spec: Any) -> ColumnPolicy:
         values=values,
         nullable=nullable,
         granularity=granularity,
+        quantile_grid=quantile_grid,
+        quantile_bins=quantile_bins,
     )
 
 

@@ -191,6 +191,45 @@ class Variance(AggregateKind):
         return (squares.mechanism,), np.ones(len(value))[:, None]
 
 
+@dataclass(frozen=True)
+class Quantile(AggregateKind):
+    """MEDIAN / PERCENTILE_CONT / PERCENTILE_DISC / MIN / MAX: one rank target of the column's
+    quantile measure (dpsql.sql.plan.QuantileMeasure), released per group by the exponential
+    mechanism on the column's public grid. Not a formula over noisy sums: ``measures`` is empty
+    and the value is read from the quantile release. Its interval is in ranks (EXPLAIN states
+    it), not in values: a value interval would need the data's quantile function, so the
+    released table's interval columns are NULL for it."""
+
+    name: ClassVar[str] = "quantile"
+
+    def measures(self, column):
+        return []
+
+    def target(self, call) -> tuple[str, float | None]:
+        """The rank target of a call: ("min", None), ("max", None) or ("quantile", q)."""
+        if call.kind in ("min", "max"):
+            return call.kind, None
+        q = 0.5 if call.kind == "median" else float(call.level)
+        if q <= 0:
+            return "min", None
+        if q >= 1:
+            return "max", None
+        return "quantile", q
+
+    def evaluate(self, output, plan, values):
+        quantiles = plan.quantile_of(output)
+        index = quantiles.targets.index(self.target(output.call))
+        return values[quantiles.name][:, index]
+
+    def released_type(self, column):
+        return "DOUBLE"
+
+    def output_bounds(self, column):
+        if column is None:
+            return None, None
+        return column.lower, column.upper
+
+
 KINDS: dict[str, AggregateKind] = {
     "count": Count(),
     "count_units": CountUnits(),
@@ -200,6 +239,11 @@ KINDS: dict[str, AggregateKind] = {
     "var_pop": Variance(sample=False),
     "stddev_samp": Variance(sample=True, root=True),
     "stddev_pop": Variance(sample=False, root=True),
+    "median": Quantile(),
+    "percentile_cont": Quantile(),
+    "percentile_disc": Quantile(),
+    "min": Quantile(),
+    "max": Quantile(),
 }
 
 

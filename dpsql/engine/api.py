@@ -22,6 +22,8 @@ class EngineResult:
     key_rows: list[tuple[Any, ...]]
     measures: list[list[int]]  # per measure, per row (Python ints: exact)
     key_types: tuple[str, ...]
+    # per quantile measure: its bin counts, one row per present (group keys..., bin)
+    histograms: tuple[EngineResult, ...] = ()
 
 
 class QueryHandle:

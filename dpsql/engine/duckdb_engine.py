@@ -170,7 +170,14 @@ class DuckDBEngine:
         measures = [
             [int(r[nk + j] or 0) for r in rows] for j in range(len(compiled.measure_columns))
         ]
-        return EngineResult(key_rows, measures, types[:nk])
+        main = EngineResult(key_rows, measures, types[:nk])
+        if not compiled.histograms:
+            return main
+        # the quantiles' bin counts: same secret, so the same bounded rows
+        extra = tuple(
+            self.execute(h.with_secret(compiled.secret), handle) for h in compiled.histograms
+        )
+        return EngineResult(main.key_rows, main.measures, main.key_types, extra)
 
     def fetch_matrix(self, sql: str, handle: QueryHandle | None = None) -> np.ndarray:
         """Rows of a generated integer query (dp_rule_list pattern counts) as an int64 matrix.

@@ -483,7 +483,14 @@ class SparkEngine:
         ]
         # Key types come from the policy's typing (the pipeline's scratch DuckDB), so both
         # engines describe results identically.
-        return EngineResult(key_rows, measures, ())
+        main = EngineResult(key_rows, measures, ())
+        if not compiled.histograms:
+            return main
+        # the quantiles' bin counts: same secret, so the same bounded rows
+        extra = tuple(
+            self.execute(h.with_secret(compiled.secret), handle) for h in compiled.histograms
+        )
+        return EngineResult(main.key_rows, main.measures, main.key_types, extra)
 
     def fetch_matrix(self, sql: str, handle: QueryHandle | None = None) -> np.ndarray:
         """Rows of a generated DuckDB-dialect integer query (dp_rule_list pattern counts)."""

@@ -50,6 +50,12 @@ def normalise(tree: exp.Expression, *, today: dt.date | None = None) -> exp.Expr
     def visit(node: exp.Expr) -> exp.Expr:
         if isinstance(node, exp.Filter) and isinstance(node.this, exp.AggFunc):
             return _filtered_aggregate(node)
+        if isinstance(node, exp.WithinGroup) and isinstance(
+            node.this, exp.PercentileCont | exp.PercentileDisc
+        ):
+            return _within_group(node)
+        if isinstance(node, exp.Quantile):  # DuckDB's QUANTILE(x, q) is QUANTILE_DISC
+            return exp.PercentileDisc(this=node.this, expression=node.args.get("quantile"))
         if isinstance(node, exp.Anonymous):
             name = node.name.lower()
             spelled = _AGGREGATE_SPELLINGS.get(name)
@@ -64,6 +70,44 @@ def normalise(tree: exp.Expression, *, today: dt.date | None = None) -> exp.Expr
         return node
 
     return tree.transform(visit, copy=False)
+
+
+def _within_group(node: exp.WithinGroup) -> exp.Expression:
+    """``PERCENTILE_CONT(q) WITHIN GROUP (ORDER BY x)`` = ``QUANTILE_CONT(x, q)``; ``ORDER BY x
+    DESC`` reads levels from the top, i.e. level 1 − q (exact decimal arithmetic). Anything
+    else (no ORDER BY, several sort keys, a non-literal level) is left for the binder to
+    refuse with a reason."""
+    order = node.expression
+    keys = order.expressions if isinstance(order, exp.Order) else []
+    level = node.this.this
+    if len(keys) != 1 or node.this.args.get("expression") is not None:
+        return node
+    if keys[0].args.get("desc"):
+        flipped = _flip_levels(level)
+        if flipped is None:
+            return node
+        level = flipped
+    return type(node.this)(this=keys[0].this.copy(), expression=level.copy())
+
+
+def _flip_levels(level: exp.Expression) -> exp.Expression | None:
+    """1 − q for a numeric literal level (or an array of them); None for anything else."""
+    from decimal import Decimal, InvalidOperation
+
+    def flip(lit: exp.Expression) -> exp.Expression | None:
+        if not (isinstance(lit, exp.Literal) and not lit.is_string):
+            return None
+        try:
+            return exp.Literal.number(format(Decimal(1) - Decimal(lit.this), "f"))
+        except InvalidOperation:
+            return None
+
+    if isinstance(level, exp.Array):
+        items = [flip(e) for e in level.expressions]
+        if any(i is None for i in items):
+            return None
+        return exp.Array(expressions=items)
+    return flip(level)
 
 
 def _filtered_aggregate(node: exp.Filter) -> exp.Expression:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from dpsql.ir.measures import Measurement, PostProcess, Release, Threshold
+from dpsql.ir.measures import (
+    Measurement,
+    PostProcess,
+    QuantileMeasurement,
+    Release,
+    Threshold,
+)
 from dpsql.ir.relational import (
     Aggregate,
     AggregateMeasure,
@@ -13,7 +19,7 @@ from dpsql.ir.relational import (
     PublicJoin,
     Scan,
 )
-from dpsql.sql.plan import Measure, Plan
+from dpsql.sql.plan import Measure, OutputAggregate, Plan
 
 
 def plan_tree(plan: Plan) -> PostProcess:
@@ -54,13 +60,34 @@ def plan_tree(plan: Plan) -> PostProcess:
     threshold = None
     if plan.threshold is not None:
         threshold = Threshold(plan.threshold.measure, plan.threshold.tau, plan.threshold.delta)
+    quantiles = tuple(
+        QuantileMeasurement(
+            q.name,
+            q.column,
+            q.part_epsilon,
+            len(q.parts),
+            q.max_values,
+            bound.max_rows,
+            bound.max_groups,
+            q.grid.bins,
+        )
+        for q in plan.quantiles
+    )
     release = Release(
         aggregate,
         tuple(measurements),
         threshold,
-        tuple(f"{o.call.label} = f({', '.join(o.measures)})" for o in plan.outputs),
+        tuple(
+            f"{o.call.label} = f({', '.join(o.measures or _quantile_names(plan, o))})"
+            for o in plan.outputs
+        ),
+        quantiles,
     )
     return PostProcess(release, query.post)
+
+
+def _quantile_names(plan: Plan, output: OutputAggregate) -> tuple[str, ...]:
+    return (plan.quantile_of(output).name,)
 
 
 def tree_lines(root: object) -> list[str]:
@@ -75,6 +102,9 @@ def tree_lines(root: object) -> list[str]:
             for m in node.measurements:
                 cost = m.privacy_map()
                 lines.append(f"{pad}  {m.describe()}: eps {cost.epsilon:.6g}, rho {cost.rho:.6g}")
+            for q in node.quantiles:
+                cost = q.privacy_map()
+                lines.append(f"{pad}  {q.describe()}: eps {cost.epsilon:.6g}")
             if node.threshold is not None:
                 lines.append(f"{pad}  {node.threshold.describe()}")
         for child in node.children():  # type: ignore[attr-defined]

@@ -31,6 +31,14 @@ def check_plan(plan: Plan) -> None:
                 construct=measure.kind,
                 hint="this is a dpsql bug; nothing was spent",
             )
+    for qm, quantiles in zip(release.quantiles, plan.quantiles, strict=True):
+        if qm.calibrated_values < qm.max_values or quantiles.groups < qm.groups:
+            raise InternalError(
+                f"quantiles {quantiles.name}: calibrated for fewer values or groups per unit "
+                "than the plan's nodes allow",
+                construct=quantiles.column,
+                hint="this is a dpsql bug; nothing was spent",
+            )
     mapped = release.cost()
     charged = plan.cost
     for part in ("epsilon", "delta", "rho"):

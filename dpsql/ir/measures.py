@@ -70,6 +70,37 @@ class Threshold:
 
 
 @dataclass(frozen=True)
+class QuantileMeasurement:
+    """Per group, ``parts`` exponential mechanisms of ε ``part_epsilon`` each on a column's
+    bin counts, calibrated for ``calibrated_values`` values per unit and group. The bound node
+    lets a unit put <= ``max_values`` values in each of <= ``groups`` groups; an EM's privacy
+    loss grows linearly with the utility change, so the map is
+    parts · groups · part_epsilon · max(1, max_values / calibrated_values)."""
+
+    measure: str
+    column: str
+    part_epsilon: float
+    parts: int
+    calibrated_values: int
+    max_values: int  # from the Bound node
+    groups: int  # from the Bound node
+    bins: int
+
+    def privacy_map(self) -> Cost:
+        scale = max(Fraction(1), Fraction(self.max_values, self.calibrated_values))
+        n = self.parts * self.groups
+        e = Fraction(self.part_epsilon) * scale
+        return Cost(epsilon=e * n, zrho=n * e * e / 2)
+
+    def describe(self) -> str:
+        return (
+            f"Quantiles {self.measure} of {self.column}: exponential mechanism on {self.bins} "
+            f"public bins, {self.parts} release(s) per group of eps {self.part_epsilon:.6g}, "
+            f"utility sensitivity <= {self.calibrated_values} x max(q, 1 - q)"
+        )
+
+
+@dataclass(frozen=True)
 class Release:
     """Noisy measures -> the released table (keys, values, intervals): post-processing."""
 
@@ -77,6 +108,7 @@ class Release:
     measurements: tuple[Measurement, ...]
     threshold: Threshold | None
     outputs: tuple[str, ...]  # AVG(x) = m0 / m1 ...
+    quantiles: tuple[QuantileMeasurement, ...] = ()
 
     def children(self) -> tuple:
         return (self.input,)
@@ -91,6 +123,8 @@ class Release:
         total = self.threshold.privacy_map() if self.threshold is not None else Cost()
         for m in self.measurements:
             total = total + m.privacy_map()
+        for q in self.quantiles:
+            total = total + q.privacy_map()
         return total
 
 

@@ -19,8 +19,9 @@ from dpsql.aggregates import Sum, kind_of
 from dpsql.engine.api import EngineResult
 from dpsql.errors import PrivacyError
 from dpsql.privacy.mechanisms import Gaussian, Mechanism
+from dpsql.privacy.quantiles import ExponentialQuantile, JointQuantiles, target
 from dpsql.privacy.samplers import NoiseSource
-from dpsql.sql.plan import OutputAggregate, Plan
+from dpsql.sql.plan import OutputAggregate, Plan, QuantileMeasure
 from dpsql.sql.typecheck import canonical_key_value, key_sort_value
 
 INTERVAL_DRAWS = 2000
@@ -105,12 +106,46 @@ def release(plan: Plan, result: EngineResult, source: NoiseSource) -> Released:
         (sim,) = _simulated_noise(0, (mech,), INTERVAL_DRAWS)
         suppressed = np.array([float(np.mean(u + sim < plan.threshold.tau)) for u in units[keep]])
     kept = {k: v[keep] for k, v in noisy.items()}
+    key_values = [g for g, k in zip(groups, keep, strict=True) if k]
+    for qm, bins in zip(plan.quantiles, result.histograms, strict=True):
+        kept[qm.name] = _release_quantiles(qm, _bin_counts(qm, bins, key_values), source)
     outputs = [_evaluate(o, plan, kept) for o in plan.outputs]
     intervals = [
         _interval(o, plan, kept, value) for o, value in zip(plan.outputs, outputs, strict=True)
     ]
-    key_values = [g for g, k in zip(groups, keep, strict=True) if k]
     return Released(key_values, outputs, intervals, suppressed)
+
+
+def _bin_counts(qm: QuantileMeasure, bins: EngineResult, groups: list[tuple]) -> np.ndarray:
+    """Per released group (in release order), the count of its bounded values in each bin;
+    groups without a value have all-zero counts (their release is uniform on the grid)."""
+    position = {g: i for i, g in enumerate(groups)}
+    counts = np.zeros((len(groups), qm.grid.bins), dtype=np.int64)
+    for row, c in zip(bins.key_rows, bins.measures[0], strict=True):
+        i = position.get(tuple(canonical_key_value(v) for v in row[:-1]))
+        if i is not None:  # a suppressed group, or a key outside its public domain
+            counts[i, int(row[-1])] += int(c)
+    return counts
+
+
+def _release_quantiles(qm: QuantileMeasure, counts: np.ndarray, source: NoiseSource) -> np.ndarray:
+    """Each group's targets (in ``qm.targets`` order) from its bin counts: MIN and MAX one
+    EM each, the levels in (0, 1) one joint release, each of ε ``qm.part_epsilon``."""
+    out = np.zeros((len(counts), len(qm.targets)))
+    single = ExponentialQuantile(qm.grid, qm.part_epsilon, max_values=qm.max_values)
+    joint = JointQuantiles(qm.grid, qm.part_epsilon, max_values=qm.max_values)
+    for i, row in enumerate(counts):
+        for part in qm.parts:
+            kind = part[0][0]
+            if kind in ("min", "max"):
+                values = [single.release(row, target(kind), source).value]
+            else:
+                values = [
+                    r.value for r in joint.release(row, [float(q or 0) for _, q in part], source)
+                ]
+            for t, v in zip(part, values, strict=True):
+                out[i, qm.targets.index(t)] = v
+    return out
 
 
 def _interval(
@@ -124,6 +159,8 @@ def _interval(
     n = len(value)
     if n == 0:
         return np.zeros((0, 2))
+    if not output.measures:  # a quantile: its guarantee is in ranks (EXPLAIN), not values
+        return np.full((n, 2), np.nan)
     first = plan.measure(output.measures[0])
     kind = kind_of(output)
     if kind.single_measure(first):
@@ -220,8 +257,8 @@ def _output_at(
     spans: list[list[float]],
     confidence: float,
 ) -> list[list[float]]:
-    if not values:
-        return []
+    if not values or not output.measures:  # quantiles: no value interval
+        return spans
     value = np.asarray(values, dtype=float)
     first = plan.measure(output.measures[0])
     kind = kind_of(output)

@@ -20,7 +20,7 @@ from dpsql.sql.compile import compile_plan
 
 if TYPE_CHECKING:
     from dpsql.pipeline import Result, Service
-    from dpsql.sql.plan import Measure, Plan
+    from dpsql.sql.plan import Measure, OutputAggregate, Plan
 
 WHAT = {
     "rows": "count of rows",
@@ -38,6 +38,11 @@ FORMULA = {
     "var_pop": "from noisy sum, count and sum of squares (population variance)",
     "stddev_samp": "square root of the sample variance from noisy sums",
     "stddev_pop": "square root of the population variance from noisy sums",
+    "median": "exponential mechanism on a public grid (the 0.5 quantile)",
+    "percentile_cont": "exponential mechanism on a public grid",
+    "percentile_disc": "exponential mechanism on a public grid",
+    "min": "exponential mechanism on a public grid (the smallest value's bin)",
+    "max": "exponential mechanism on a public grid (the largest value's bin)",
 }
 
 
@@ -76,6 +81,9 @@ def explain_lines(service: Service, plan: Plan, analyst: str | None) -> list[str
     for output in plan.outputs:
         label = output.call.label
         lines.append(f"  {label}: {FORMULA.get(output.call.kind, output.call.kind)}")
+        if not output.measures:
+            lines.extend(_quantile_lines(plan, output))
+            continue
         for name in output.measures:
             lines.append(_measure_line(plan, plan.measure(name)))
         first = plan.measure(output.measures[0])
@@ -123,13 +131,44 @@ def explain_lines(service: Service, plan: Plan, analyst: str | None) -> list[str
     lines.append("Plan tree (each node's stability; each measurement's privacy map)")
     lines.extend("  " + line for line in tree_lines(plan_tree(plan)))
     lines.append(f"Engine SQL ({service.engine.dialect}; the secret is drawn per query)")
-    sql = compile_plan(plan, 0).render(service.engine.dialect)
-    try:
-        pretty = sqlglot.transpile(sql, read=service.engine.dialect, pretty=True)[0]
-    except sqlglot.errors.SqlglotError:
-        pretty = sql
-    lines.extend("  " + line for line in pretty.splitlines())
+    compiled = compile_plan(plan, 0)
+    for i, query in enumerate((compiled, *compiled.histograms)):
+        if i:
+            lines.append(f"  -- bin counts of {plan.quantiles[i - 1].column} (same bounded rows)")
+        sql = query.render(service.engine.dialect)
+        try:
+            pretty = sqlglot.transpile(sql, read=service.engine.dialect, pretty=True)[0]
+        except sqlglot.errors.SqlglotError:
+            pretty = sql
+        lines.extend("  " + line for line in pretty.splitlines())
     return lines
+
+
+def _quantile_lines(plan: Plan, output: OutputAggregate) -> list[str]:
+    """A quantile's mechanism, grid, ε and its public 95% guarantee, which is in ranks."""
+    from dpsql.aggregates import KINDS
+    from dpsql.privacy.quantiles import ExponentialQuantile, target
+
+    qm = plan.quantile_of(output)
+    kind, q = KINDS[output.call.kind].target(output.call)  # type: ignore[attr-defined]
+    grid = qm.grid
+    tgt = target(kind, q)
+    h = ExponentialQuantile(grid, qm.part_epsilon, max_values=qm.max_values).rank_halfwidth(tgt)
+    spacing = "one bin per value" if grid.integer else f"{grid.scale} bins"
+    where = {"min": "the smallest value", "max": "the largest value"}.get(kind) or (
+        f"the {q:g} quantile"
+    )
+    share = len(qm.parts) * qm.groups
+    return [
+        f"    {grid.bins} public bins on [{_n(grid.lower)}, {_n(grid.upper)}] ({spacing}); "
+        f"each group's {len(qm.parts)} release(s) of {qm.column} take ε {_n(qm.part_epsilon)} "
+        f"each (x {qm.groups} groups per unit: ε {_n(qm.part_epsilon * share)}); utility "
+        f"sensitivity {qm.max_values} x max(q, 1 − q) (<= {qm.max_values} values per unit)",
+        f"    95%: the released value lies between the values ranked {_n(h)} below and above "
+        f"{where} of the bounded data, to the bin (a group of n values: ± {_n(h)} / n in level)",
+        "    no value interval is released for it (x_low, x_high are NULL): it would depend "
+        "on the data",
+    ]
 
 
 def explain_text(service: Service, plan: Plan, analyst: str | None) -> Result:

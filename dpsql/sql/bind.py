@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import logging
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -130,7 +131,14 @@ AGGREGATE_KINDS: dict[type[exp.Expr], str] = {
     exp.Stddev: "stddev_samp",
     exp.StddevSamp: "stddev_samp",
     exp.StddevPop: "stddev_pop",
+    exp.Median: "median",
+    exp.PercentileCont: "percentile_cont",
+    exp.PercentileDisc: "percentile_disc",
+    exp.Min: "min",
+    exp.Max: "max",
 }
+# Released by the exponential mechanism on a public grid (dpsql.privacy.quantiles).
+QUANTILE_KINDS = ("median", "percentile_cont", "percentile_disc", "min", "max")
 
 REFUSED_STATEMENTS: dict[type[exp.Expression], str] = {
     exp.Insert: "INSERT",
@@ -176,14 +184,20 @@ class AggregateCall:
     for an expression (SUM(a * b)) it names a computed column of the bound table, and
     ``shown`` is the expression as the analyst wrote it."""
 
-    kind: str  # count | count_units | sum | avg | var_samp | var_pop | stddev_samp | stddev_pop
+    # count | count_units | sum | avg | var_samp | var_pop | stddev_samp | stddev_pop
+    # | median | percentile_cont | percentile_disc | min | max
+    kind: str
     column: str | None
     shown: str | None = field(default=None, compare=False)
+    level: float | None = None  # PERCENTILE_CONT/DISC: the quantile level in [0, 1]
 
     @property
     def label(self) -> str:
         if self.kind == "count_units":
             return f"COUNT(DISTINCT {self.shown or self.column})"
+        if self.level is not None:
+            shown = self.shown or self.column
+            return f"{self.kind.upper()}({self.level:g}) WITHIN GROUP (ORDER BY {shown})"
         return f"{self.kind.upper()}({self.shown or self.column or '*'})"
 
 
@@ -1254,9 +1268,12 @@ class _Binder:
             raise self.refuse(
                 f"aggregate {name} is not supported",
                 node,
-                "use COUNT, SUM, AVG, VARIANCE or STDDEV (MIN/MAX/MEDIAN have unbounded "
-                "sensitivity)",
+                "use COUNT, SUM, AVG, VARIANCE, STDDEV, MEDIAN, PERCENTILE_CONT/DISC, "
+                "QUANTILE_CONT/DISC, MIN or MAX",
             )
+        level = None
+        if kind in ("percentile_cont", "percentile_disc"):
+            level = self._quantile_level(node)
         arg = node.this
         distinct = isinstance(arg, exp.Distinct)
         if distinct:
@@ -1272,7 +1289,7 @@ class _Binder:
             if distinct:
                 raise self.refuse("COUNT(DISTINCT *) is not supported", node, "COUNT(*)")
             return AggregateCall("count", None)
-        if len(node.expressions) > 0:
+        if len(node.expressions) > 0 or (kind in ("min", "max") and node.args.get("count")):
             raise self.refuse(
                 f"{kind.upper()} takes one argument",
                 node,
@@ -1283,7 +1300,7 @@ class _Binder:
                 raise self.refuse(
                     "DISTINCT takes one column", node, "COUNT(DISTINCT <privacy unit>)"
                 )
-            return self._expression_aggregate(kind, node, arg)
+            return self._expression_aggregate(kind, node, arg, level)
         column = self._column_name(arg)
         spec = self.table.columns[column]
         if distinct:
@@ -1316,10 +1333,40 @@ class _Binder:
                 f"declare lower and upper for {column} in the policy "
                 f"([tables.{self.table.name}.columns.{column}])",
             )
-        return AggregateCall(kind, column)
+        return AggregateCall(kind, column, level=level)
+
+    def _quantile_level(self, node: exp.AggFunc) -> float:
+        """The level of PERCENTILE_CONT/DISC or QUANTILE_CONT/DISC: a literal number in [0, 1]
+        (public, from the query text). Several levels are an array (see _build_post)."""
+        name = "PERCENTILE_CONT" if isinstance(node, exp.PercentileCont) else "PERCENTILE_DISC"
+        level = node.args.get("expression")
+        if level is None:
+            raise self.refuse(
+                f"{name}(q) needs the column it orders",
+                node,
+                f"{name}(0.5) WITHIN GROUP (ORDER BY column), or QUANTILE_CONT(column, 0.5)",
+            )
+        if isinstance(level, exp.Array):
+            raise self.refuse(
+                f"{name} with an array of levels is not supported",
+                node,
+                f"write one {name} per level: the levels of a column are released jointly",
+            )
+        text = level.this if isinstance(level, exp.Literal) and not level.is_string else None
+        try:
+            value = float(text) if text is not None else math.nan
+        except ValueError:
+            value = math.nan
+        if not 0 <= value <= 1:
+            raise self.refuse(
+                f"{name}: the level must be a number from 0 to 1",
+                level,
+                f"e.g. {name}(0.9) WITHIN GROUP (ORDER BY column)",
+            )
+        return value
 
     def _expression_aggregate(
-        self, kind: str, node: exp.AggFunc, arg: exp.Expression
+        self, kind: str, node: exp.AggFunc, arg: exp.Expression, level: float | None = None
     ) -> AggregateCall:
         """SUM(a * b), AVG(LEAST(GREATEST(x, 50), 100)), COUNT(CASE WHEN ... END): an
         aggregate of a computed column whose range comes from interval arithmetic over the
@@ -1353,7 +1400,7 @@ class _Binder:
                 "declare lower and upper for the columns it uses in the policy, or clamp "
                 "per query: LEAST(GREATEST(expr, low), high)",
             )
-        return AggregateCall(kind, self._computed_column(expr, found).name, shown)
+        return AggregateCall(kind, self._computed_column(expr, found).name, shown, level)
 
     def _computed_column(self, expr: exp.Expression, found: Range | None) -> ColumnPolicy:
         """The computed column for ``expr`` (one per distinct expression in the query)."""
@@ -1617,5 +1664,6 @@ def _default_name(node: exp.Expression, index: int) -> str:
     if isinstance(node, exp.Column):
         return node.name.lower()
     if isinstance(node, exp.AggFunc):
-        return type(node).__name__.lower() if not isinstance(node, exp.Count) else "count"
+        kind = AGGREGATE_KINDS.get(type(node))
+        return kind if kind in QUANTILE_KINDS else type(node).__name__.lower()
     return f"col{index + 1}"

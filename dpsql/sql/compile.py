@@ -46,7 +46,7 @@ from sqlglot.generators.spark import SparkGenerator
 from dpsql.policy import ColumnPolicy, TablePolicy
 from dpsql.sql.bind import GroupKey, to_literal
 from dpsql.sql.domains import SQL_TYPES
-from dpsql.sql.plan import Measure, Plan
+from dpsql.sql.plan import Measure, Plan, QuantileMeasure
 from dpsql.sql.safety import guarded_conditions
 from dpsql.sql.typecheck import _DECIMAL, _WIDE_INTEGERS
 
@@ -148,6 +148,8 @@ class CompiledQuery:
     key_columns: tuple[str, ...]
     measure_columns: tuple[str, ...]
     secret: int = 0
+    # one more query per quantile measure (plan.quantiles, in order): keys, bin b, count c
+    histograms: tuple[CompiledQuery, ...] = ()
     # dialect -> rendered text split at the secret; shared by with_secret() copies
     _pieces: dict[str, tuple[str, ...]] = field(default_factory=dict, compare=False, repr=False)
 
@@ -158,7 +160,9 @@ class CompiledQuery:
 
     def with_secret(self, secret: int) -> CompiledQuery:
         """The same tree (and its renderings) with another run's secret."""
-        return replace(self, secret=secret)
+        return replace(
+            self, secret=secret, histograms=tuple(h.with_secret(secret) for h in self.histograms)
+        )
 
     def render(self, dialect: str = "duckdb") -> str:
         """Engine text in ``dialect``: the tree is rendered once per dialect, each run's secret
@@ -674,11 +678,118 @@ def compile_plan(plan: Plan, secret: int) -> CompiledQuery:
     only (later runs reuse the tree with :meth:`CompiledQuery.with_secret`)."""
     keys = tuple(f"k{i}" for i in range(len(plan.keys)))
     measure_cols = tuple(m.name for m in plan.measures)
-    if plan.query.table.privacy_unit is None:
-        tree: exp.Expression = _row_level(plan, keys)
+    if not plan.measures:
+        # quantiles only (no threshold, so the groups are public): nothing else to read
+        tree: exp.Expression = exp.Select(expressions=[_alias(_number(0), "__none")])
+        keys, measure_cols = (), ()
+    elif plan.query.table.privacy_unit is None:
+        tree = _row_level(plan, keys)
     else:
         tree = _bounded(plan)
-    return CompiledQuery(tree, keys, measure_cols, secret)
+    keys = tuple(f"k{i}" for i in range(len(plan.keys)))
+    histograms = tuple(
+        CompiledQuery(_histogram(plan, qm), (*keys, "b"), ("c",), secret) for qm in plan.quantiles
+    )
+    main_keys = keys if plan.measures else ()
+    return CompiledQuery(tree, main_keys, measure_cols, secret, histograms)
+
+
+# -- quantiles: bin counts of bounded values ---------------------------------------------------
+
+
+def bin_expr(qm: QuantileMeasure, col: ColumnPolicy) -> exp.Expression:
+    """A row's bin on the measure's public grid, in [0, B) (NULL for NULL): the value is
+    clamped to the declared range first (NaN to the upper bound, as everywhere), so the cast
+    to BIGINT can never fail on any row."""
+    grid = qm.grid
+    x = _cast(_clamp(_col(col), col.lower, col.upper), "DOUBLE")  # type: ignore[arg-type]
+    shifted: exp.Expression = exp.Paren(this=exp.Sub(this=x, expression=_number(grid.lower)))
+    if grid.scale == "log":
+        shifted = exp.Ln(this=exp.Add(this=_number(1), expression=shifted))
+        per_unit = grid.bins / math.log1p(grid.upper - grid.lower)
+    else:
+        per_unit = grid.bins / (grid.upper - grid.lower)
+    raw = _cast(exp.Floor(this=exp.Mul(this=shifted, expression=_number(per_unit))), "BIGINT")
+    inside = exp.Greatest(this=_number(0), expressions=[raw], ignore_nulls=True)
+    return exp.Least(this=_number(grid.bins - 1), expressions=[inside], ignore_nulls=True)
+
+
+def _histogram(plan: Plan, qm: QuantileMeasure) -> exp.Select:
+    """``SELECT keys, bin AS b, COUNT(*) AS c`` over the rows the main query aggregates: the
+    same scan conditions and, with a privacy unit, the same bounding (the R rows of smallest
+    keyed hash per (unit, group), then the G groups of smallest keyed hash per unit, with the
+    run's secret), so the quantiles are of the very values the sums are of. NULLs have no
+    bin and are not counted."""
+    table = plan.query.table
+    col = table.columns[qm.column]
+    keys = [lowered_key(kp.key) for kp in plan.keys]
+    not_null = exp.Not(this=exp.Is(this=_col(col), expression=exp.Null()))
+    if table.privacy_unit is None:
+        items: list[exp.Expression] = [_alias(k, f"k{i}") for i, k in enumerate(keys)]
+        items += [_alias(bin_expr(qm, col), "b"), _alias(_count_star(), "c")]
+        group: list[exp.Expression] = [exp.Literal.number(i + 1) for i in range(len(keys) + 1)]
+        return _select(
+            items,
+            _table(table.name, quoted=True),
+            where=[*_conditions(plan), not_null],
+            group=group,
+        )
+    ks = [f"__k{i}" for i in range(len(plan.keys))]
+    gc = ["__u", *ks]
+    stored = [_quoted(c) for c, spec in table.columns.items() if spec.expr is None]
+    items = [_alias(_quoted(table.privacy_unit), "__u")]  # type: ignore[arg-type]
+    items += [_alias(k, name) for k, name in zip(keys, ks, strict=True)]
+    value_bin = exp.Case(ifs=[exp.If(this=not_null, true=bin_expr(qm, col))])
+    items.append(_alias(value_bin, "__b"))
+    # the main query filters bare-column keys to their domain on its pairs, before bounding
+    domain = [
+        _domain_condition(table.columns[kp.key.columns[0]], k)
+        for kp, k in zip(plan.keys, ks, strict=True)
+        if kp.domain is not None and isinstance(kp.key.expr, exp.Column)
+    ]
+    # the same row order as _sampled: the keyed hash of the table's stored columns
+    order = KeyedHash(expressions=[*stored, Secret()])
+    ranked_items: list[exp.Expression] = [_name(c) for c in [*gc, "__b"]]
+    ranked_items.append(_alias(_row_number([_name(c) for c in gc], [order]), "__r"))
+    raw_rows = _select([_star(), *items], _table(table.name, quoted=True), where=_conditions(plan))
+    if domain:
+        raw_rows = _select([_star()], _subquery(raw_rows, "p"), where=domain)
+    numbered = _select(ranked_items, _subquery(raw_rows, "b"))
+    kept = _select(
+        [_name(c) for c in [*gc, "__b"]],
+        _table("numbered"),
+        where=[exp.LTE(this=_name("__r"), expression=_number(plan.max_rows))],
+    )
+    ctes = [_cte("numbered", numbered), _cte("kept", kept)]
+    G = plan.max_groups
+    sizes = [len(kp.domain) for kp in plan.keys if kp.domain is not None]
+    bins = math.prod(sizes) if len(sizes) == len(plan.keys) else None
+    final_where: list[exp.Expression] = [
+        exp.Not(this=exp.Is(this=_name("__b"), expression=exp.Null()))
+    ]
+    joins = None
+    if ks and (bins is None or bins > G):
+        pairs = _select([_name(c) for c in gc], _table("kept"))
+        pairs.set("distinct", exp.Distinct())
+        ctes += [
+            _cte("bounded", pairs),
+            _cte("crowded", _crowded(G)),
+            _cte("ranked", _ranked(ks, G)),
+        ]
+        match = [_same("v", "g", "__u", nulls_match=True)]
+        match += [_same("v", "g", k, nulls_match=True) for k in ks]
+        joins = [_join(_table("ranked", "g"), "SEMI", _and(match))]
+    out: list[exp.Expression] = [_alias(_name(k), f"k{i}") for i, k in enumerate(ks)]
+    out += [_alias(_name("__b"), "b"), _alias(_count_star(), "c")]
+    final = _select(
+        out,
+        _table("kept", "v"),
+        where=final_where,
+        joins=joins,
+        group=[_name(c) for c in [*ks, "__b"]],
+    )
+    final.set("with_", exp.With(expressions=ctes))
+    return final
 
 
 def _row_level(plan: Plan, keys: tuple[str, ...]) -> exp.Select:

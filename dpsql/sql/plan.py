@@ -22,7 +22,8 @@ from dpsql.aggregates import KINDS
 from dpsql.errors import NotSupportedError, PrivacyError
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.mechanisms import Gaussian, Laplace, Mechanism
-from dpsql.sql.bind import AggregateCall, BoundQuery, GroupKey
+from dpsql.privacy.quantiles import Grid
+from dpsql.sql.bind import QUANTILE_KINDS, AggregateCall, BoundQuery, GroupKey
 
 # Measure kinds and the value one row contributes (before summing):
 #   rows   - 1 for every row                       (COUNT(*))
@@ -50,6 +51,74 @@ class Measure:
     epsilon: float  # share of the query's ε
     delta: float  # share of the query's δ (Gaussian only)
     mechanism: Mechanism
+
+
+QuantileTarget = tuple[str, float | None]  # ("min", None), ("quantile", q), ("max", None)
+
+
+@dataclass(frozen=True)
+class QuantileMeasure:
+    """The quantiles of one bounded column, per group: the engine counts the values in each
+    bin of a public grid after bounding (<= R values per unit per group, <= G groups per unit);
+    each group's targets are released from those counts by the exponential mechanism
+    (dpsql.privacy.quantiles): MIN and MAX one EM each, the levels in (0, 1) one joint release
+    by recursive splitting. Each such part is ``part_epsilon``-DP in one group for R values
+    per unit (its utility sensitivity is R·max(q, 1 − q)); a unit reaches <= G groups, so the
+    measure costs parts · G · part_epsilon (basic composition, pure ε)."""
+
+    name: str
+    column: str
+    grid: Grid
+    targets: tuple[QuantileTarget, ...]  # MIN first, levels ascending, MAX last
+    max_values: int  # R
+    groups: int  # G
+    part_epsilon: float
+    epsilon: float  # the share of the query's ε it was given (>= its cost)
+
+    @property
+    def parts(self) -> tuple[tuple[QuantileTarget, ...], ...]:
+        """The releases per group: MIN alone, the levels in (0, 1) jointly, MAX alone."""
+        inner = tuple(t for t in self.targets if t[0] == "quantile")
+        out = [tuple(t for t in self.targets if t[0] == "min")]
+        out += [inner, tuple(t for t in self.targets if t[0] == "max")]
+        return tuple(p for p in out if p)
+
+    @property
+    def cost(self) -> Cost:
+        """ε = n·e for its n = parts·G releases of e each; in zCDP each is e²/2, so n·e²/2
+        (zCDP composes by addition: less than (n·e)²/2 under the zCDP filter)."""
+        n = len(self.parts) * self.groups
+        e = Fraction(self.part_epsilon)
+        return Cost(epsilon=e * n, zrho=n * e * e / 2)
+
+
+def quantile_target_order(target: QuantileTarget) -> tuple[float, float]:
+    kind, q = target
+    return (0.0, 0.0) if kind == "min" else (2.0, 0.0) if kind == "max" else (1.0, float(q or 0.0))
+
+
+def quantile_grid(col) -> Grid:  # type: ignore[no-untyped-def]
+    """The column's public grid: unit bins for a small integer range, else its declared
+    ``quantile_bins`` bins (linear or log)."""
+    lower, upper = float(col.lower), float(col.upper)
+    integer = col.type == "int"
+    if not integer and not upper > lower:
+        raise NotSupportedError(
+            f"{col.name}: its declared range is a single value; its quantiles are that value",
+            construct=col.name,
+            hint=f"declare a wider range for {col.name}, or select the constant",
+        )
+    return Grid.for_column(
+        lower, upper, integer=integer, bins=col.quantile_bins, scale=col.quantile_grid
+    )
+
+
+def _part_epsilon(share: float, parts: int, groups: int) -> float:
+    """The largest float e with parts · groups · e <= share, exactly."""
+    e = share / (parts * groups)
+    while Fraction(e) * parts * groups > Fraction(share):
+        e = math.nextafter(e, 0.0)
+    return e
 
 
 @dataclass(frozen=True)
@@ -89,10 +158,14 @@ class Plan:
     max_groups: int  # G (effective)
     cost: Cost
     data_version: str = ""
+    quantiles: tuple[QuantileMeasure, ...] = ()
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def measure(self, name: str) -> Measure:
         return next(m for m in self.measures if m.name == name)
+
+    def quantile_of(self, output: OutputAggregate) -> QuantileMeasure:
+        return next(q for q in self.quantiles if q.column == output.call.column)
 
     @property
     def bounded_by_unit(self) -> bool:
@@ -114,6 +187,7 @@ class Plan:
             # the cached answer stores one array per output, so outputs are part of the key
             "|".join(f"{o.call.label}:{','.join(o.measures)}" for o in self.outputs),
             repr(self.threshold),
+            repr(self.quantiles),
             f"{self.max_rows}:{self.max_groups}:{self.mechanism}:{self.epsilon!r}:{self.delta!r}",
             self.data_version,
         ]
@@ -194,14 +268,19 @@ def build_plan(
         G = min(G, bins)
 
     specs, output_specs = _measure_specs(query, thresholded)
+    quantile_targets: dict[str, set[QuantileTarget]] = {}
+    for call in query.aggregates:
+        if call.kind in QUANTILE_KINDS:
+            target = KINDS[call.kind].target(call)  # type: ignore[attr-defined]
+            quantile_targets.setdefault(call.column, set()).add(target)  # type: ignore[arg-type]
     # k = 0: only public keys are asked for (SELECT grp ... GROUP BY grp): nothing to noise.
-    k = max(len(specs), 1)
+    k = max(len(specs) + len(quantile_targets), 1)
     measure_delta = 0.0
     threshold_delta = 0.0
     if thresholded:
         threshold_delta = delta if mechanism == "laplace" else delta / 2
-    if mechanism == "gaussian":
-        measure_delta = (delta - threshold_delta) / k
+    if mechanism == "gaussian" and specs:
+        measure_delta = (delta - threshold_delta) / len(specs)
     eps_share = epsilon / k
 
     # Centre sums on the midpoint when a count of the same column is released anyway.
@@ -279,9 +358,30 @@ def build_plan(
         tau = units.mechanism.threshold(threshold_delta, G)
         threshold = Threshold(measure=units.name, tau=tau, delta=threshold_delta)
 
+    quantiles = []
+    for i, (column, found) in enumerate(quantile_targets.items()):
+        targets = tuple(sorted(found, key=quantile_target_order))
+        n_parts = sum(
+            1 for kind in ("min", "quantile", "max") if any(t[0] == kind for t in targets)
+        )
+        quantiles.append(
+            QuantileMeasure(
+                name=f"q{i}",
+                column=column,
+                grid=quantile_grid(table.columns[column]),
+                targets=targets,
+                max_values=R,
+                groups=G,
+                part_epsilon=_part_epsilon(eps_share, n_parts, G),
+                epsilon=eps_share,
+            )
+        )
+
     cost = Cost(delta=threshold_delta)
     for m in measures:
         cost = cost + m.mechanism.cost
+    for qm in quantiles:
+        cost = cost + qm.cost
     plan = Plan(
         query=query,
         keys=tuple(KeyPlan(key, d) for key, d in zip(query.keys, domains, strict=True)),
@@ -295,6 +395,7 @@ def build_plan(
         max_groups=G,
         cost=cost,
         data_version=data_version,
+        quantiles=tuple(quantiles),
     )
     from dpsql.ir.check import check_plan
 

@@ -1,0 +1,316 @@
+"""MEDIAN, PERCENTILE_CONT/DISC, QUANTILE_CONT/DISC, MIN and MAX in SQL.
+
+The engine counts bounded values per bin of a public grid (dpsql.sql.compile._histogram) and
+the exponential mechanism releases each group's targets (dpsql.privacy.quantiles, whose
+mechanism-level audits are in tests/test_quantiles.py). Here: the bin counts are of the very
+rows the sums are of (same bounding, same secret), noise-off answers are the data's quantiles,
+noisy answers are accurate at large ε and charged exactly, the plan tree's privacy map
+matches the charge, and a miscalibrated plan is caught before anything runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+from conftest import (
+    exact_connect,
+    fixture_policy,
+    heavy_policy,
+    rows_of,
+    table_policy,
+    write_csv,
+)
+
+import dpsql
+from dpsql.errors import InternalError, PrivacyError
+from dpsql.ir.check import check_plan
+from dpsql.pipeline import Settings
+from dpsql.privacy.accounting import Cost
+from dpsql.privacy.ledger import MemoryLedger
+from dpsql.privacy.samplers import SeededNoise
+from dpsql.sql.bind import parse_statement
+from dpsql.sql.compile import compile_plan
+
+
+def _plan(service, sql, **settings):
+    s = Settings.from_policy(service.policy)
+    s.delta = 1e-6
+    for k, v in settings.items():
+        setattr(s, k, v)
+    return service.plan(parse_statement(sql, service.policy), s)
+
+
+def _per_group(result, nk):
+    return {tuple(r): [m[i] for m in result.measures] for i, r in enumerate(result.key_rows)}
+
+
+def _bins_per_group(hist, nk):
+    out: dict[tuple, dict[int, int]] = {}
+    for row, c in zip(hist.key_rows, hist.measures[0], strict=True):
+        out.setdefault(tuple(row[:nk]), {})[int(row[nk])] = int(c)
+    return out
+
+
+BOUNDED_QUERIES = [
+    "SELECT grp, COUNT(val), SUM(val), MEDIAN(val) FROM t GROUP BY grp",
+    "SELECT COUNT(val), SUM(val), MAX(val) FROM t",
+    "SELECT grp, COUNT(val), SUM(val), MIN(val) FROM t WHERE i < 3 GROUP BY grp",
+]
+
+
+@pytest.mark.parametrize("sql", BOUNDED_QUERIES)
+@pytest.mark.parametrize("secret", [0, 1, 99, 2**61 + 3])
+def test_bin_counts_are_of_the_rows_the_sums_are_of(tmp_path: Path, sql: str, secret: int):
+    """R = 2 and G = 3 both bind (heavy_policy): per group, the histogram holds exactly the
+    COUNT(val) values the main query kept, and (unit bins of an int column) their sum."""
+    policy, _ = heavy_policy(tmp_path)
+    service = dpsql.Service(policy, ledger=MemoryLedger())
+    try:
+        plan = _plan(service, sql)
+        compiled = compile_plan(plan, secret)
+        result = service.engine.execute(compiled)
+        nk = len(plan.keys)
+        main = _per_group(result, nk)
+        (hist,) = result.histograms
+        bins = _bins_per_group(hist, nk)
+        count, total = plan.measures[0], plan.measures[1]
+        assert count.kind == "values" and total.kind == "sum"
+        grid = plan.quantiles[0].grid
+        assert grid.integer and grid.lower == 0
+        for key, (n, s) in main.items():
+            got = bins.get(key, {})
+            assert sum(got.values()) == n
+            assert sum((b - total.center) * c for b, c in got.items()) == s
+        assert set(bins) <= set(main)
+    finally:
+        service.close()
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT department, COUNT(age), SUM(age), MEDIAN(age) FROM visits GROUP BY department",
+        "SELECT diagnosis, COUNT(age), SUM(age), MAX(age) FROM visits GROUP BY diagnosis",
+        "SELECT COUNT(age), SUM(age), PERCENTILE_DISC(0.9) WITHIN GROUP (ORDER BY age) "
+        "FROM visits WHERE smoker",
+    ],
+)
+@pytest.mark.parametrize("unit", [True, False])
+def test_fixture_bin_counts_match_the_main_query(sql: str, unit: bool):
+    policy = fixture_policy()
+    if not unit:
+        for key in ("privacy_unit", "max_rows_per_unit", "max_groups_per_unit"):
+            policy["tables"]["visits"].pop(key)
+    service = dpsql.Service(policy, ledger=MemoryLedger())
+    try:
+        plan = _plan(service, sql)
+        result = service.engine.execute(compile_plan(plan, 4242))
+        nk = len(plan.keys)
+        main = _per_group(result, nk)
+        bins = _bins_per_group(result.histograms[0], nk)
+        center = plan.measures[1].center
+        for key, measures in main.items():
+            n, s = measures[0], measures[1]
+            got = bins.get(key, {})
+            assert sum(got.values()) == n
+            assert sum((b - center) * c for b, c in got.items()) == s
+    finally:
+        service.close()
+
+
+def _clean(tmp_path: Path):
+    rng = np.random.default_rng(11)
+    rows = []
+    for uid in range(1, 301):
+        grp = ["a", "b", "c"][uid % 3]
+        for _ in range(int(rng.integers(1, 3))):  # <= R = 2 rows per unit: bounds never bind
+            rows.append((uid, grp, int(rng.integers(0, 91)), round(float(rng.gamma(2, 20)), 2)))
+    path = write_csv(tmp_path / "c.csv", ["uid", "grp", "age", "score"], rows)
+    cols = {
+        "uid": {"type": "int", "nullable": False},
+        "grp": {"type": "text", "values": ["a", "b", "c"], "nullable": False},
+        "age": {"type": "int", "lower": 0, "upper": 90},
+        "score": {"type": "float", "lower": 0.0, "upper": 400.0, "quantile_bins": 4000},
+    }
+    policy = table_policy(path, cols, unit="uid", rows=2, groups=1)
+    ref = duckdb.connect()
+    ref.execute(
+        "CREATE TABLE t AS SELECT * FROM read_csv(?, header = true, "
+        "columns = {'uid': 'BIGINT', 'grp': 'TEXT', 'age': 'BIGINT', 'score': 'DOUBLE'})",
+        [str(path)],
+    )
+    return policy, ref
+
+
+def test_noise_off_answers_are_the_datas_quantiles(tmp_path: Path):
+    """With noise off the EM releases its best bin: MIN/MAX are the data's, a quantile lies
+    between the data's quantile_disc at q ∓ 1/n (the bin boundary convention), to the bin."""
+    policy, ref = _clean(tmp_path)
+    conn = exact_connect(policy)
+    got = rows_of(
+        conn,
+        "SELECT grp, MIN(age), MAX(age), MEDIAN(age), PERCENTILE_CONT(0.9) WITHIN GROUP "
+        "(ORDER BY age), QUANTILE_DISC(score, 0.25) FROM t GROUP BY grp ORDER BY grp",
+    )
+    assert [g for g, *_ in got] == ["a", "b", "c"]
+    for grp, lo, hi, med, p90, q25 in got:
+        n, true_lo, true_hi = ref.execute(
+            "SELECT COUNT(*), MIN(age), MAX(age) FROM t WHERE grp = ?", [grp]
+        ).fetchone()
+        assert (lo, hi) == (true_lo, true_hi)
+        for q, value, column, width in [(0.5, med, "age", 0), (0.9, p90, "age", 0)]:
+            low, high = ref.execute(
+                f"SELECT quantile_disc({column}, ?), quantile_disc({column}, ?) FROM t "
+                "WHERE grp = ?",
+                [max(q - 1 / n, 0), min(q + 1 / n, 1), grp],
+            ).fetchone()
+            assert low - width <= value <= high + width
+        low, high = ref.execute(
+            "SELECT quantile_disc(score, ?), quantile_disc(score, ?) FROM t WHERE grp = ?",
+            [0.25 - 1 / n, 0.25 + 1 / n, grp],
+        ).fetchone()
+        assert low - 0.1 <= q25 <= high + 0.1  # bin width 0.1: the midpoint of its bin
+    conn.close()
+
+
+def test_noisy_quantiles_are_accurate_and_charged(tmp_path: Path):
+    """At ε = 50 the rank error is a few values; the charge is exactly the query's ε, and
+    the interval columns are NULL (the guarantee is in ranks)."""
+    policy, ref = _clean(tmp_path)
+    ledger = MemoryLedger()
+    conn = dpsql.connect(policy=policy, ledger=ledger, noise=SeededNoise(5), cache=False)
+    cur = conn.cursor()
+    cur.execute("SET epsilon = 50")
+    cur.execute("SELECT MEDIAN(age), MEDIAN(age) AS again, MAX(score), COUNT(*) FROM t")
+    med, again, top, count = cur.fetchone()
+    true_med, third = ref.execute(
+        "SELECT median(age), (SELECT score FROM t ORDER BY score DESC LIMIT 1 OFFSET 2) FROM t"
+    ).fetchone()
+    assert med == again
+    assert abs(med - true_med) <= 3
+    # MAX's guarantee is in ranks: every bin above the maximum is as near in rank (n), so
+    # the release lands near or above the top values, never well inside the data
+    assert third - 0.1 <= top <= 400
+    assert abs(count - 450) < 50
+    spent = ledger.spent(conn.analyst, conn.service.policy.dataset)
+    # the query's ε, split in three (the Laplace share rounds as it always has: ~1e-15)
+    assert float(spent.exact_epsilon) == pytest.approx(50, rel=1e-12)
+    conn.close()
+
+
+def test_quantile_intervals_are_null(tmp_path: Path):
+    policy, _ = _clean(tmp_path)
+    conn = dpsql.connect(policy=policy, ledger=MemoryLedger(), noise=SeededNoise(1))
+    cur = conn.cursor()
+    cur.execute("SELECT MEDIAN(age), COUNT(*) FROM t")
+    frame = cur.fetch_df()
+    assert frame["median_low"].isna().all() and frame["median_high"].isna().all()
+    assert not frame["count_low"].isna().any()
+    cur.execute("SET confidence = 0.5")
+    cur.execute("SELECT MEDIAN(age), COUNT(*) FROM t")
+    assert cur.fetch_df()["median_low"].isna().all()
+    conn.close()
+
+
+def test_explain_states_the_mechanism_grid_and_rank_guarantee():
+    conn = dpsql.connect(policy=fixture_policy(), ledger=MemoryLedger())
+    text = "\n".join(
+        r[0]
+        for r in rows_of(
+            conn,
+            "EXPLAIN (FORMAT TEXT) SELECT department, MEDIAN(cost), MAX(age) FROM visits "
+            "GROUP BY department",
+        )
+    )
+    assert "4096 public bins on [0, 5,000]" in text
+    assert "101 public bins on [0, 101] (one bin per value)" in text
+    assert "utility sensitivity 5 x max(q, 1 − q)" in text
+    assert "Quantiles q0 of cost: exponential mechanism" in text
+    assert "bin counts of cost (same bounded rows)" in text
+    assert conn.service.ledger.spent(conn.analyst, "visits") == Cost()
+    conn.close()
+
+
+def test_several_levels_of_a_column_share_one_measure():
+    service = dpsql.Service(fixture_policy(), ledger=MemoryLedger())
+    plan = _plan(
+        service,
+        "SELECT MEDIAN(age), PERCENTILE_CONT(0.25) WITHIN GROUP (ORDER BY age), "
+        "QUANTILE_CONT(age, 0.75), MIN(age), MAX(age), PERCENTILE_DISC(1) WITHIN GROUP "
+        "(ORDER BY age), PERCENTILE_CONT(0.1) WITHIN GROUP (ORDER BY age DESC) FROM visits",
+    )
+    (qm,) = plan.quantiles
+    assert qm.targets == (
+        ("min", None),
+        ("quantile", 0.25),
+        ("quantile", 0.5),
+        ("quantile", 0.75),
+        ("quantile", 0.9),
+        ("max", None),
+    )
+    assert len(qm.parts) == 3  # MIN, the joint levels, MAX
+    assert float(plan.cost.epsilon) == pytest.approx(1.0)
+    assert plan.cost.exact_epsilon <= Cost(epsilon=1.0).exact_epsilon
+    service.close()
+
+
+def test_miscalibrated_quantiles_are_caught_before_running():
+    """A deliberately broken plan (calibrated for 1 value per unit where R = 5) fails the IR
+    check: the bound node lets a unit move each count by 5."""
+    service = dpsql.Service(fixture_policy(), ledger=MemoryLedger())
+    plan = _plan(service, "SELECT MEDIAN(age) FROM visits")
+    broken = dataclasses.replace(
+        plan, quantiles=(dataclasses.replace(plan.quantiles[0], max_values=1),)
+    )
+    with pytest.raises(InternalError, match="calibrated for fewer values"):
+        check_plan(broken)
+    under_charged = dataclasses.replace(
+        plan,
+        quantiles=(dataclasses.replace(plan.quantiles[0], groups=1, max_values=5),),
+    )
+    check_plan(under_charged)  # G = 1 without GROUP BY: fine
+    service.close()
+
+
+REFUSED = [
+    ("SELECT MEDIAN(diagnosis) FROM visits", "not a number", "MEDIAN(diagnosis)"),
+    ("SELECT MAX(patient_id) FROM visits", "privacy unit", "MAX(patient_id)"),
+    (
+        "SELECT PERCENTILE_CONT(1.5) WITHIN GROUP (ORDER BY age) FROM visits",
+        "level must be a number from 0 to 1",
+        "1.5",
+    ),
+    ("SELECT PERCENTILE_CONT(0.5) FROM visits", "needs the column it orders", "PERCENTILE"),
+    ("SELECT MEDIAN(DISTINCT age) FROM visits", "DISTINCT", "MEDIAN"),
+    ("SELECT MIN(age, 3) FROM visits", "takes one argument", "MIN"),
+    ("SELECT QUANTILE_CONT(age, 0.5 + 0.1) FROM visits", "level must be a number", "0.5"),
+]
+
+
+@pytest.mark.parametrize("sql, message, at", REFUSED)
+def test_refusals_read_nothing_and_spend_nothing(sql: str, message: str, at: str):
+    conn = dpsql.connect(policy=fixture_policy(), ledger=MemoryLedger())
+    calls = []
+    engine = conn.service.engine
+    original = engine.execute
+    engine.execute = lambda *a, **k: calls.append(a) or original(*a, **k)
+    with pytest.raises(PrivacyError) as info:
+        rows_of(conn, sql)
+    assert message in info.value.message
+    assert info.value.position is not None
+    assert info.value.position.column == sql.index(at) + 1
+    assert calls == []
+    assert conn.service.ledger.spent(conn.analyst, "visits") == Cost()
+    conn.close()
+
+
+def test_unbounded_column_is_refused(tmp_path: Path):
+    path = write_csv(tmp_path / "u.csv", ["x"], [(1,), (2,)])
+    conn = exact_connect(table_policy(path, {"x": {"type": "int"}}))
+    with pytest.raises(PrivacyError, match="needs declared bounds"):
+        rows_of(conn, "SELECT MEDIAN(x) FROM t")
+    conn.close()
