@@ -314,3 +314,61 @@ def test_unbounded_column_is_refused(tmp_path: Path):
     with pytest.raises(PrivacyError, match="needs declared bounds"):
         rows_of(conn, "SELECT MEDIAN(x) FROM t")
     conn.close()
+
+
+@pytest.mark.parametrize("removed", [1, 7, 23])
+@pytest.mark.parametrize(
+    "sql, target_of, power",
+    [
+        ("SELECT grp, MEDIAN(val) FROM t GROUP BY grp", ("quantile", 0.5), True),
+        # many units share the extreme values here: removing one barely moves MIN/MAX
+        ("SELECT grp, MAX(val) FROM t GROUP BY grp", ("max", None), False),
+        ("SELECT MIN(val) FROM t", ("min", None), False),
+    ],
+)
+def test_neighbours_output_distributions_are_within_the_charge(
+    tmp_path: Path, removed: int, sql: str, target_of, power: bool
+):
+    """End to end on neighbouring datasets (one unit, with all its rows, removed): the engine's
+    bin counts on each, then the EM's exact output distribution per group. The log-ratio,
+    summed over the groups (a unit reaches <= G of them), stays within the charged ε; a plan
+    calibrated for 1 value per unit (R = 2 here) exceeds it: the check has power."""
+    from dpsql.privacy.quantiles import em_probabilities, target
+
+    policy, _ = heavy_policy(tmp_path)
+    service = dpsql.Service(policy, ledger=MemoryLedger())
+    csv = Path(policy["tables"]["t"]["source"])
+    lines = csv.read_text().splitlines()
+    neighbour = tmp_path / "n.csv"
+    neighbour.write_text(
+        "\n".join([lines[0], *[r for r in lines[1:] if r.split(",")[0] != str(removed)]]) + "\n"
+    )
+    policy2 = {**policy, "tables": {"t": {**policy["tables"]["t"], "source": str(neighbour)}}}
+    other = dpsql.Service(policy2, ledger=MemoryLedger())
+    try:
+        plan = _plan(service, sql)
+        (qm,) = plan.quantiles
+        tgt = target(*target_of)
+
+        def distributions(svc, values_per_unit):
+            hist = svc.engine.execute(compile_plan(_plan(svc, sql), 5)).histograms[0]
+            nk = len(plan.keys)
+            per = _bins_per_group(hist, nk)
+            out = {}
+            for key in set(per) | {(g,) for g in ["g1", "g2", "g3", "g4", "g5"]}:
+                if nk == 0 and key != ():
+                    continue
+                counts = np.zeros(qm.grid.bins, dtype=np.int64)
+                for b, c in per.get(key, {}).items():
+                    counts[b] = c
+                out[key] = em_probabilities(counts, tgt, qm.part_epsilon, values_per_unit)
+            return out
+
+        for calibrated, within in [(qm.max_values, True), (1, False)][: 1 + power]:
+            p, q = distributions(service, calibrated), distributions(other, calibrated)
+            loss = sum(float(np.max(np.abs(np.log(p[k] / q[k])))) for k in p)
+            charged = float(qm.cost.epsilon)
+            assert (loss <= charged * (1 + 1e-9)) == within, (calibrated, loss, charged)
+    finally:
+        service.close()
+        other.close()
