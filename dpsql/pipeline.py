@@ -15,9 +15,11 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
+import numpy as np
 from sqlglot import exp
 
 from dpsql.boundary import charged_boundary, post_processing_boundary
@@ -32,6 +34,7 @@ from dpsql.errors import (
     BudgetExhaustedError,
     DataError,
     Error,
+    InternalError,
     OperationalError,
     ProgrammingError,
 )
@@ -66,9 +69,9 @@ from dpsql.sql.bind import (
     TransactionStatement,
     parse_statement,
 )
-from dpsql.sql.compile import CompiledQuery, compile_plan
+from dpsql.sql.compile import CompiledQuery, compile_clip_histograms, compile_plan
 from dpsql.sql.domains import key_domain
-from dpsql.sql.plan import Plan, build_plan
+from dpsql.sql.plan import Plan, build_plan, with_clip_ranges
 from dpsql.sql.positions import position_of
 from dpsql.sql.rows import pattern_counts_sql
 from dpsql.sql.typecheck import (
@@ -331,9 +334,15 @@ class Service:
         compiled = self._compiled(prepared)
         _not_cancelled(handle)
         self._reserve(analyst, plan.cost, plan.query.text, fingerprint)
+        clip_notes: list[str] = []
         with charged_boundary():
+            run_plan = plan
+            if plan.clips:
+                # automatic clipping: release the ranges, then run the plan planned with them
+                run_plan, clip_notes = self._clip(plan, compiled.secret, handle)
+                compiled = compile_plan(run_plan, compiled.secret)
             result: EngineResult = self.engine.execute(compiled, handle)
-            released = release(plan, result, self.noise)
+            released = release(run_plan, result, self.noise)
             key_types = self._key_types(plan)  # from the plan: the same on every dataset
             encoded = _encode(released, key_types)
             # Decode what is stored, so a fresh answer and its cached replay look the same.
@@ -341,8 +350,42 @@ class Service:
             if cache_key is not None:
                 self.ledger.remember(analyst, dataset, cache_key, encoded)
         with post_processing_boundary():
-            answer = at_confidence(plan, answer, confidence)  # the cache keeps the 95% ones
-            return self._finish(plan, answer, cost=plan.cost, cached=False, prepared=prepared)
+            answer = at_confidence(run_plan, answer, confidence)  # the cache keeps the 95% ones
+            out = self._finish(plan, answer, cost=plan.cost, cached=False, prepared=prepared)
+            out.notes.extend(clip_notes)
+            return out
+
+    def _clip(self, plan: Plan, secret: int, handle: QueryHandle | None) -> tuple[Plan, list[str]]:
+        """Release each auto-clipped column's range (its histogram of |x|, noised: ε_b) and
+        plan the query again with those ranges as bounds. Runs after the reserve: the whole
+        query's cost, clipping included, is already charged."""
+        ranges: dict[str, tuple[float, float]] = {}
+        notes = []
+        for clip, query in zip(plan.clips, compile_clip_histograms(plan, secret), strict=True):
+            bins = self.engine.execute(query, handle)
+            counts = np.zeros(clip.histogram.bins, dtype=np.int64)
+            for row, c in zip(bins.key_rows, bins.measures[0], strict=True):
+                counts[int(row[-1])] += int(c)
+            col = plan.query.table.columns[clip.column]
+            got = clip.mechanism.release(counts, self.noise, col.lower, col.upper)  # type: ignore[arg-type]
+            ranges[clip.column] = (got.lower, got.upper)
+            bias = got.bias()
+            notes.append(
+                f"{col.expr or clip.column}: clamped to the DP range [{got.lower:g}, "
+                f"{got.upper:g}] (ε {clip.epsilon:.3g} of the query's, declared "
+                f"[{col.lower:g}, {col.upper:g}]); about {bias.clipped_share:.1%} of its values "
+                f"lie beyond it, so SUM/AVG are biased towards zero by about "
+                f"{bias.sum_bias:.3g} in total"
+            )
+        run = with_clip_ranges(plan, ranges)
+        spent = run.cost
+        for clip in plan.clips:
+            spent = spent + clip.cost
+        if spent.exact_epsilon > plan.cost.exact_epsilon * (1 + Fraction(1, 10**9)) or (
+            spent.exact_rho > plan.cost.exact_rho * (1 + Fraction(1, 10**9))
+        ):
+            raise InternalError("the clipped plan costs more than was charged", construct="clip")
+        return run, notes
 
     def _check_drawable(self, plan: Plan) -> None:
         """A noise scale the exact sampler cannot draw is refused before any data is read."""
@@ -763,6 +806,21 @@ class Service:
                         float(m.mechanism.interval_halfwidth() * g),
                     )
                 )
+        for clip in plan.clips:
+            rows.append(
+                (
+                    f"clip({clip.column})",
+                    f"|{clip.column}| on {clip.histogram.bins} log bins",
+                    "laplace",
+                    float(clip.max_values),
+                    None,
+                    float(clip.mechanism.mechanism.scale),
+                    clip.epsilon,
+                    0.0,
+                    0.0,
+                    None,
+                )
+            )
         if plan.threshold is not None:
             m = plan.measure(plan.threshold.measure)
             rows.append(

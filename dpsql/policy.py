@@ -78,6 +78,9 @@ _COLUMN_KEYS = {
     "granularity": "fixed-point step for sums of this column (float columns)",
     "quantile_grid": 'the public grid of MEDIAN/PERCENTILE/MIN/MAX: "linear" (default) or "log" '
     "(constant relative resolution, for skewed columns such as income)",
+    "clip": '"declared" (default: SUM/AVG/VAR clamp to lower/upper) or "auto": each query spends '
+    "clip_share of its ε on a DP estimate of a tighter range inside them, then clamps to it",
+    "clip_share": "the share of a query's ε spent on the automatic range (default 0.1)",
     "quantile_bins": "how many grid bins (default 4096; integer columns with a smaller range "
     "get one bin per value)",
 }
@@ -98,6 +101,8 @@ class ColumnPolicy:
     expr: str | None = None
     quantile_grid: str = "linear"  # the public grid of its quantiles (dpsql.privacy.quantiles)
     quantile_bins: int = 4096
+    clip: str = "declared"  # "auto": a DP clipping range per query (dpsql.privacy.clipping)
+    clip_share: float = 0.1
 
     @property
     def bounded(self) -> bool:
@@ -634,6 +639,24 @@ def _column(rep: _Reporter, key: str, name: str, spec: Any) -> ColumnPolicy:
             "must be an integer from 2 to 131072",
             "e.g. quantile_bins = 4096",
         )
+    clip = spec.get("clip", "declared")
+    if clip not in ("declared", "auto"):
+        raise rep.fail(f"{key}.clip", f"unknown clip {clip!r}", 'use "declared" or "auto"')
+    clip_share = spec.get("clip_share", 0.1)
+    if (
+        not isinstance(clip_share, int | float)
+        or isinstance(clip_share, bool)
+        or not 0 < clip_share < 1
+    ):
+        raise rep.fail(f"{key}.clip_share", "must be a number in (0, 1)", "e.g. clip_share = 0.1")
+    if (clip == "auto" or "clip_share" in spec) and (
+        lower is None or col_type not in ("int", "float")
+    ):
+        raise rep.fail(
+            key,
+            "automatic clipping needs a number column with lower and upper",
+            "declare the bounds it clips inside",
+        )
     if ("quantile_grid" in spec or "quantile_bins" in spec) and lower is None:
         raise rep.fail(key, "a quantile grid needs declared lower and upper", "add the bounds")
     return ColumnPolicy(
@@ -646,6 +669,8 @@ def _column(rep: _Reporter, key: str, name: str, spec: Any) -> ColumnPolicy:
         granularity=granularity,
         quantile_grid=quantile_grid,
         quantile_bins=quantile_bins,
+        clip=clip,
+        clip_share=float(clip_share),
     )
 
 

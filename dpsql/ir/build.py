@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dpsql.ir.measures import (
+    ClipMeasurement,
     Measurement,
     PostProcess,
     QuantileMeasurement,
@@ -73,6 +74,16 @@ def plan_tree(plan: Plan) -> PostProcess:
         )
         for q in plan.quantiles
     )
+    clips = tuple(
+        ClipMeasurement(
+            c.column,
+            c.mechanism.mechanism.scale,
+            bound.max_rows,
+            bound.max_groups,
+            c.histogram.bins,
+        )
+        for c in plan.clips
+    )
     release = Release(
         aggregate,
         tuple(measurements),
@@ -82,6 +93,7 @@ def plan_tree(plan: Plan) -> PostProcess:
             for o in plan.outputs
         ),
         quantiles,
+        clips,
     )
     return PostProcess(release, query.post)
 
@@ -105,6 +117,9 @@ def tree_lines(root: object) -> list[str]:
             for q in node.quantiles:
                 cost = q.privacy_map()
                 lines.append(f"{pad}  {q.describe()}: eps {cost.epsilon:.6g}")
+            for c in node.clips:
+                cost = c.privacy_map()
+                lines.append(f"{pad}  {c.describe()}: eps {cost.epsilon:.6g}")
             if node.threshold is not None:
                 lines.append(f"{pad}  {node.threshold.describe()}")
         for child in node.children():  # type: ignore[attr-defined]

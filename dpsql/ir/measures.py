@@ -101,6 +101,28 @@ class QuantileMeasurement:
 
 
 @dataclass(frozen=True)
+class ClipMeasurement:
+    """Laplace noise of ``scale`` on each bin of a histogram of |x| (automatic clipping). The
+    bound node lets a unit have <= max_rows values in each of <= groups groups, each value in
+    one bin: L1 = max_rows · groups, so ε = L1 / scale."""
+
+    column: str
+    scale: float
+    max_rows: int  # from the Bound node
+    groups: int  # from the Bound node
+    bins: int
+
+    def privacy_map(self) -> Cost:
+        return Cost(epsilon=Fraction(self.max_rows * self.groups) / Fraction(self.scale))
+
+    def describe(self) -> str:
+        return (
+            f"Clipping range of {self.column}: laplace noise of scale {self.scale:.6g} on "
+            f"{self.bins} log bins of |{self.column}| (L1 {self.max_rows * self.groups})"
+        )
+
+
+@dataclass(frozen=True)
 class Release:
     """Noisy measures -> the released table (keys, values, intervals): post-processing."""
 
@@ -109,6 +131,7 @@ class Release:
     threshold: Threshold | None
     outputs: tuple[str, ...]  # AVG(x) = m0 / m1 ...
     quantiles: tuple[QuantileMeasurement, ...] = ()
+    clips: tuple[ClipMeasurement, ...] = ()
 
     def children(self) -> tuple:
         return (self.input,)
@@ -125,6 +148,8 @@ class Release:
             total = total + m.privacy_map()
         for q in self.quantiles:
             total = total + q.privacy_map()
+        for c in self.clips:
+            total = total + c.privacy_map()
         return total
 
 

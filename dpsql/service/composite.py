@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 from sqlglot import exp
 
 from dpsql.boundary import charged_boundary, post_processing_boundary
+from dpsql.errors import NotSupportedError
 from dpsql.privacy.release import at_confidence, release
 from dpsql.sql.bind import CompositeQuery, to_literal
 from dpsql.sql.compile import compile_plan
@@ -60,6 +61,15 @@ def plan_composite(
         mechanism=settings.mechanism,
         data_version=service.engine.versions.get(outer_query.table.name, ""),
     )
+    for plan in (inner, outer):
+        if plan.clips:
+            column = plan.clips[0].column
+            raise NotSupportedError(
+                f"{column}: automatic clipping is not supported inside a query filtered by "
+                "a DP subquery",
+                construct=column,
+                hint='run the two queries separately, or declare clip = "declared" for it',
+            )
     return inner, outer
 
 

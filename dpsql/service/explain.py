@@ -120,6 +120,20 @@ def explain_lines(service: Service, plan: Plan, analyst: str | None) -> list[str
             f"  each {unit} keeps at most {plan.max_rows} rows per group and "
             f"{plan.max_groups} groups (chosen by keyed hash, in the engine)"
         )
+    if plan.clips:
+        lines.append("Automatic clipping")
+    for clip in plan.clips:
+        col = plan.query.table.columns[clip.column]
+        lines.append(
+            f"  {_shown_column(plan, clip.column)}: ε {_n(clip.epsilon)} buys a noisy histogram "
+            f"of its |values| on {clip.histogram.bins} log bins (Laplace, scale "
+            f"{_n(clip.mechanism.mechanism.scale)}); the bound minimising the estimated bias + "
+            f"noise of its SUM replaces the declared [{_n(col.lower)}, {_n(col.upper)}]"  # type: ignore[arg-type]
+        )
+        lines.append(
+            "    the sums' noise above is at the declared bounds (at most); the run states "
+            "the range it used and the estimated bias towards zero"
+        )
     c = plan.cost
     lines.append("Cost")
     lines.append(f"  ε {_n(c.epsilon)}, δ {_n(c.delta)}" + (f", ρ {_n(c.rho)}" if c.rho else ""))

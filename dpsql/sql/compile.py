@@ -46,7 +46,7 @@ from sqlglot.generators.spark import SparkGenerator
 from dpsql.policy import ColumnPolicy, TablePolicy
 from dpsql.sql.bind import GroupKey, to_literal
 from dpsql.sql.domains import SQL_TYPES
-from dpsql.sql.plan import Measure, Plan, QuantileMeasure
+from dpsql.sql.plan import ClipEstimate, Measure, Plan, QuantileMeasure
 from dpsql.sql.safety import guarded_conditions
 from dpsql.sql.typecheck import _DECIMAL, _WIDE_INTEGERS
 
@@ -688,13 +688,51 @@ def compile_plan(plan: Plan, secret: int) -> CompiledQuery:
         tree = _bounded(plan)
     keys = tuple(f"k{i}" for i in range(len(plan.keys)))
     histograms = tuple(
-        CompiledQuery(_histogram(plan, qm), (*keys, "b"), ("c",), secret) for qm in plan.quantiles
+        CompiledQuery(_histogram(plan, qm.column, _grid_bin(qm)), (*keys, "b"), ("c",), secret)
+        for qm in plan.quantiles
     )
     main_keys = keys if plan.measures else ()
     return CompiledQuery(tree, main_keys, measure_cols, secret, histograms)
 
 
 # -- quantiles: bin counts of bounded values ---------------------------------------------------
+
+
+def compile_clip_histograms(plan: Plan, secret: int) -> tuple[CompiledQuery, ...]:
+    """Per auto-clipped column (plan.clips), the counts of |x| per public log bin and group,
+    over the rows the main query bounds (run before it: their release sets its bounds)."""
+    keys = tuple(f"k{i}" for i in range(len(plan.keys)))
+    return tuple(
+        CompiledQuery(_histogram(plan, c.column, _log_bin(c)), (*keys, "b"), ("c",), secret)
+        for c in plan.clips
+    )
+
+
+def _grid_bin(qm: QuantileMeasure) -> Callable[[ColumnPolicy], exp.Expression]:
+    return lambda col: bin_expr(qm, col)
+
+
+def _log_bin(clip: ClipEstimate) -> Callable[[ColumnPolicy], exp.Expression]:
+    """|clamp(x)| in the clipping histogram's bins: 0 below s, else ⌊ln(|x|/s)/ln r⌋ + 1,
+    capped at the last bin (as LogHistogram.bin_of)."""
+    hist = clip.histogram
+
+    def build(col: ColumnPolicy) -> exp.Expression:
+        x = _cast(_clamp(_col(col), col.lower, col.upper), "DOUBLE")  # type: ignore[arg-type]
+        a = exp.Least(this=exp.Abs(this=x), expressions=[_number(hist.maximum)], ignore_nulls=True)
+        ratio = exp.Div(this=a, expression=_number(hist.smallest), typed=False, safe=False)
+        steps = exp.Div(
+            this=exp.Ln(this=ratio),
+            expression=_number(math.log(hist.ratio)),
+            typed=False,
+            safe=False,
+        )
+        raw = exp.Add(this=_cast(exp.Floor(this=steps), "BIGINT"), expression=_number(1))
+        top = exp.Least(this=_number(hist.bins - 1), expressions=[raw], ignore_nulls=True)
+        below = exp.LT(this=a.copy(), expression=_number(hist.smallest))
+        return exp.Case(ifs=[exp.If(this=below, true=_number(0))], default=top)
+
+    return build
 
 
 def bin_expr(qm: QuantileMeasure, col: ColumnPolicy) -> exp.Expression:
@@ -714,19 +752,21 @@ def bin_expr(qm: QuantileMeasure, col: ColumnPolicy) -> exp.Expression:
     return exp.Least(this=_number(grid.bins - 1), expressions=[inside], ignore_nulls=True)
 
 
-def _histogram(plan: Plan, qm: QuantileMeasure) -> exp.Select:
+def _histogram(
+    plan: Plan, column: str, bins: Callable[[ColumnPolicy], exp.Expression]
+) -> exp.Select:
     """``SELECT keys, bin AS b, COUNT(*) AS c`` over the rows the main query aggregates: the
     same scan conditions and, with a privacy unit, the same bounding (the R rows of smallest
     keyed hash per (unit, group), then the G groups of smallest keyed hash per unit, with the
     run's secret), so the quantiles are of the very values the sums are of. NULLs have no
     bin and are not counted."""
     table = plan.query.table
-    col = table.columns[qm.column]
+    col = table.columns[column]
     keys = [lowered_key(kp.key) for kp in plan.keys]
     not_null = exp.Not(this=exp.Is(this=_col(col), expression=exp.Null()))
     if table.privacy_unit is None:
         items: list[exp.Expression] = [_alias(k, f"k{i}") for i, k in enumerate(keys)]
-        items += [_alias(bin_expr(qm, col), "b"), _alias(_count_star(), "c")]
+        items += [_alias(bins(col), "b"), _alias(_count_star(), "c")]
         group: list[exp.Expression] = [exp.Literal.number(i + 1) for i in range(len(keys) + 1)]
         return _select(
             items,
@@ -739,7 +779,7 @@ def _histogram(plan: Plan, qm: QuantileMeasure) -> exp.Select:
     stored = [_quoted(c) for c, spec in table.columns.items() if spec.expr is None]
     items = [_alias(_quoted(table.privacy_unit), "__u")]  # type: ignore[arg-type]
     items += [_alias(k, name) for k, name in zip(keys, ks, strict=True)]
-    value_bin = exp.Case(ifs=[exp.If(this=not_null, true=bin_expr(qm, col))])
+    value_bin = exp.Case(ifs=[exp.If(this=not_null, true=bins(col))])
     items.append(_alias(value_bin, "__b"))
     # the main query filters bare-column keys to their domain on its pairs, before bounding
     domain = [
@@ -763,12 +803,12 @@ def _histogram(plan: Plan, qm: QuantileMeasure) -> exp.Select:
     ctes = [_cte("numbered", numbered), _cte("kept", kept)]
     G = plan.max_groups
     sizes = [len(kp.domain) for kp in plan.keys if kp.domain is not None]
-    bins = math.prod(sizes) if len(sizes) == len(plan.keys) else None
+    n_bins = math.prod(sizes) if len(sizes) == len(plan.keys) else None
     final_where: list[exp.Expression] = [
         exp.Not(this=exp.Is(this=_name("__b"), expression=exp.Null()))
     ]
     joins = None
-    if ks and (bins is None or bins > G):
+    if ks and (n_bins is None or n_bins > G):
         pairs = _select([_name(c) for c in gc], _table("kept"))
         pairs.set("distinct", exp.Distinct())
         ctes += [

@@ -17,10 +17,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import cast
 
 from dpsql.aggregates import KINDS
 from dpsql.errors import NotSupportedError, PrivacyError
 from dpsql.privacy.accounting import Cost
+from dpsql.privacy.clipping import ApproxBounds, LogHistogram
 from dpsql.privacy.mechanisms import Gaussian, Laplace, Mechanism
 from dpsql.privacy.quantiles import Grid
 from dpsql.sql.bind import QUANTILE_KINDS, AggregateCall, BoundQuery, GroupKey
@@ -92,6 +94,38 @@ class QuantileMeasure:
         return Cost(epsilon=e * n, zrho=n * e * e / 2)
 
 
+@dataclass(frozen=True)
+class ClipEstimate:
+    """Automatic clipping of one column (policy ``clip = "auto"``): before the sums run, the
+    engine counts |x| in public log bins over the query's bounded rows (every group: a unit
+    has <= R·G values), Laplace noise of scale R·G/ε_b per bin makes the histogram ε_b-DP
+    (each value is in one bin), and the range [lo, hi] inside the declared bounds is chosen
+    from it by post-processing (ApproxBounds, method "sum": the bound minimising the estimated
+    bias + noise of a SUM at ``sum_epsilon``). The plan's sums then run with that range as
+    the column's bounds: their sensitivity is the released range's, a public value."""
+
+    column: str
+    histogram: LogHistogram
+    epsilon: float  # ε_b
+    max_values: int  # R·G
+    sum_epsilon: float
+    method: str = "sum"
+
+    @property
+    def mechanism(self) -> ApproxBounds:
+        return ApproxBounds(
+            self.histogram,
+            self.epsilon,
+            max_values=self.max_values,
+            method=self.method,
+            sum_epsilon=self.sum_epsilon,
+        )
+
+    @property
+    def cost(self) -> Cost:
+        return self.mechanism.cost
+
+
 def quantile_target_order(target: QuantileTarget) -> tuple[float, float]:
     kind, q = target
     return (0.0, 0.0) if kind == "min" else (2.0, 0.0) if kind == "max" else (1.0, float(q or 0.0))
@@ -159,6 +193,7 @@ class Plan:
     cost: Cost
     data_version: str = ""
     quantiles: tuple[QuantileMeasure, ...] = ()
+    clips: tuple[ClipEstimate, ...] = ()
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def measure(self, name: str) -> Measure:
@@ -188,6 +223,7 @@ class Plan:
             "|".join(f"{o.call.label}:{','.join(o.measures)}" for o in self.outputs),
             repr(self.threshold),
             repr(self.quantiles),
+            repr(self.clips),
             f"{self.max_rows}:{self.max_groups}:{self.mechanism}:{self.epsilon!r}:{self.delta!r}",
             self.data_version,
         ]
@@ -275,13 +311,27 @@ def build_plan(
             quantile_targets.setdefault(call.column, set()).add(target)  # type: ignore[arg-type]
     # k = 0: only public keys are asked for (SELECT grp ... GROUP BY grp): nothing to noise.
     k = max(len(specs) + len(quantile_targets), 1)
+    auto: list[str] = list(
+        dict.fromkeys(
+            c
+            for kind, c in specs
+            if c is not None and kind in ("sum", "sumsq") and table.columns[c].clip == "auto"
+        )
+    )
+    clip_epsilon = 0.0
+    if auto:
+        # the largest share any of them asks for, split equally between them
+        clip_epsilon = epsilon * max(table.columns[c].clip_share for c in auto)
+        epsilon_main = epsilon - clip_epsilon
+    else:
+        epsilon_main = epsilon
     measure_delta = 0.0
     threshold_delta = 0.0
     if thresholded:
         threshold_delta = delta if mechanism == "laplace" else delta / 2
     if mechanism == "gaussian" and specs:
         measure_delta = (delta - threshold_delta) / len(specs)
-    eps_share = epsilon / k
+    eps_share = epsilon_main / k
 
     # Centre sums on the midpoint when a count of the same column is released anyway.
     counted = {c for kind, c in specs if kind == "values"}
@@ -377,11 +427,31 @@ def build_plan(
             )
         )
 
+    clips = []
+    for column in auto:
+        col = table.columns[column]
+        clips.append(
+            ClipEstimate(
+                column=column,
+                histogram=LogHistogram.for_bounds(
+                    col.lower,  # type: ignore[arg-type]
+                    col.upper,  # type: ignore[arg-type]
+                    resolution=col.granularity,
+                    ratio=2**0.25,
+                ),
+                epsilon=clip_epsilon / len(auto),
+                max_values=R * G,
+                sum_epsilon=eps_share,
+            )
+        )
+
     cost = Cost(delta=threshold_delta)
     for m in measures:
         cost = cost + m.mechanism.cost
     for qm in quantiles:
         cost = cost + qm.cost
+    for clip in clips:
+        cost = cost + clip.cost
     plan = Plan(
         query=query,
         keys=tuple(KeyPlan(key, d) for key, d in zip(query.keys, domains, strict=True)),
@@ -396,8 +466,36 @@ def build_plan(
         cost=cost,
         data_version=data_version,
         quantiles=tuple(quantiles),
+        clips=tuple(clips),
+        extra={"measured_epsilon": epsilon_main},
     )
     from dpsql.ir.check import check_plan
 
     check_plan(plan)  # charged cost == the sum of the plan tree's privacy maps
     return plan
+
+
+def with_clip_ranges(plan: Plan, ranges: dict[str, tuple[float, float]]) -> Plan:
+    """The plan the engine runs once its clipping ranges are released: the same query with
+    each auto-clipped column's bounds replaced by its (public, DP) range, planned again at the
+    ε left after the clipping share (so its cost is the original's minus the clipping's)."""
+    import dataclasses
+
+    table = plan.query.table
+    columns = dict(table.columns)
+    for name, (lo, hi) in ranges.items():
+        col = columns[name]
+        if col.type == "int":
+            lo, hi = math.floor(lo), math.ceil(hi)
+        lo = max(lo, cast(float, col.lower))
+        hi = min(hi, cast(float, col.upper))
+        columns[name] = dataclasses.replace(col, lower=lo, upper=hi, clip="declared")
+    query = dataclasses.replace(plan.query, table=dataclasses.replace(table, columns=columns))
+    return build_plan(
+        query,
+        [kp.domain for kp in plan.keys],
+        epsilon=plan.extra["measured_epsilon"],
+        delta=plan.delta,
+        mechanism=plan.mechanism,
+        data_version=plan.data_version,
+    )
