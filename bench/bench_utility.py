@@ -86,6 +86,11 @@ def policy(csv: Path, epsilon: float) -> dict:
         "educ": {"type": "int", "nullable": False},
     }
     declared = dict(columns, educ={"type": "int", "values": list(range(1, 17)), "nullable": False})
+    clipped = {**columns, "income": {**columns["income"], "clip": "auto"}}
+    declared_clipped = {
+        **declared,
+        "income": {**clipped["income"], "clip_method": "quantile", "clip_quantile": 0.9},
+    }
     return {
         "privacy": {
             "epsilon": epsilon,
@@ -96,6 +101,8 @@ def policy(csv: Path, epsilon: float) -> dict:
         "tables": {
             "pums": {"source": str(csv), "privacy_unit": "pid", "columns": columns},
             "pumsd": {"source": str(csv), "privacy_unit": "pid", "columns": declared},
+            "pumsc": {"source": str(csv), "privacy_unit": "pid", "columns": clipped},
+            "pumsdc": {"source": str(csv), "privacy_unit": "pid", "columns": declared_clipped},
         },
     }
 
@@ -153,6 +160,18 @@ SQL_QUERIES = [
         True,
     ),
     (
+        "SUM(income), auto clip (10% of ε)",
+        "SELECT 0, SUM(income) FROM pumsc",
+        "SELECT 0, SUM(income) FROM t",
+        False,
+    ),
+    (
+        "AVG(income) BY educ (declared domain), auto clip q = 0.9 (10% of ε)",
+        "SELECT educ, AVG(income) FROM pumsdc GROUP BY educ",
+        "SELECT educ, AVG(income) FROM t GROUP BY educ",
+        False,
+    ),
+    (
         "MEDIAN(income)",
         "SELECT 0, MEDIAN(income) FROM pums",
         "SELECT 0, MEDIAN(income) FROM t",
@@ -190,6 +209,8 @@ def sql_rows(csv: Path, con, reps: int) -> list[Row]:
                 method = "today (Laplace, τ-threshold)" if grouped else "today (Laplace)"
                 if "MEDIAN" in dp_sql or "PERCENTILE" in dp_sql:
                     method = "EM on a public grid (SQL)"
+                if "auto clip" in name:
+                    method = "auto clip (SQL)"
                 out.append(summarise(name, eps, method, SQL, samples, reps, grouped))
     return out
 

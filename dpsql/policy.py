@@ -81,6 +81,9 @@ _COLUMN_KEYS = {
     "clip": '"declared" (default: SUM/AVG/VAR clamp to lower/upper) or "auto": each query spends '
     "clip_share of its ε on a DP estimate of a tighter range inside them, then clamps to it",
     "clip_share": "the share of a query's ε spent on the automatic range (default 0.1)",
+    "clip_method": '"sum" (default: the bound minimising the estimated error of a SUM), '
+    '"quantile" (the clip_quantile of |x|, default 0.99) or "threshold" (ApproxBounds)',
+    "clip_quantile": "the level of |x| that method quantile clips at (default 0.99)",
     "quantile_bins": "how many grid bins (default 4096; integer columns with a smaller range "
     "get one bin per value)",
 }
@@ -103,6 +106,8 @@ class ColumnPolicy:
     quantile_bins: int = 4096
     clip: str = "declared"  # "auto": a DP clipping range per query (dpsql.privacy.clipping)
     clip_share: float = 0.1
+    clip_method: str = "sum"
+    clip_quantile: float = 0.99
 
     @property
     def bounded(self) -> bool:
@@ -649,6 +654,22 @@ def _column(rep: _Reporter, key: str, name: str, spec: Any) -> ColumnPolicy:
         or not 0 < clip_share < 1
     ):
         raise rep.fail(f"{key}.clip_share", "must be a number in (0, 1)", "e.g. clip_share = 0.1")
+    clip_method = spec.get("clip_method", "sum")
+    if clip_method not in ("sum", "quantile", "threshold"):
+        raise rep.fail(
+            f"{key}.clip_method",
+            f"unknown method {clip_method!r}",
+            'use "sum", "quantile" or "threshold"',
+        )
+    clip_quantile = spec.get("clip_quantile", 0.99)
+    if (
+        not isinstance(clip_quantile, int | float)
+        or isinstance(clip_quantile, bool)
+        or not 0 < clip_quantile < 1
+    ):
+        raise rep.fail(
+            f"{key}.clip_quantile", "must be a number in (0, 1)", "e.g. clip_quantile = 0.99"
+        )
     if (clip == "auto" or "clip_share" in spec) and (
         lower is None or col_type not in ("int", "float")
     ):
@@ -671,6 +692,8 @@ def _column(rep: _Reporter, key: str, name: str, spec: Any) -> ColumnPolicy:
         quantile_bins=quantile_bins,
         clip=clip,
         clip_share=float(clip_share),
+        clip_method=clip_method,
+        clip_quantile=float(clip_quantile),
     )
 
 

@@ -372,3 +372,84 @@ def test_neighbours_output_distributions_are_within_the_charge(
     finally:
         service.close()
         other.close()
+
+
+# --- automatic clipping -------------------------------------------------------------------------
+
+
+def _auto(policy: dict, column: str = "cost", **extra) -> dict:
+    policy["tables"]["visits"]["columns"][column].update(clip="auto", **extra)
+    return policy
+
+
+def test_auto_clip_sums_clamp_to_the_released_range(tmp_path: Path):
+    """Noise off, bounds that never bind: the histogram is exact, the range is chosen from it
+    (well inside [0, 400] for this skewed column), and SUM/AVG are of the values clamped to
+    that range; the answer's note states the range and the estimated bias."""
+    import re
+
+    policy, ref = _clean(tmp_path)
+    policy["tables"]["t"]["columns"]["score"]["clip"] = "auto"
+    conn = exact_connect(policy)
+    cur = conn.cursor()
+    cur.execute("SELECT SUM(score), COUNT(score), AVG(score) FROM t")
+    total, count, mean = cur.fetchone()
+    note = next(text for _, text in cur.messages if "DP range" in text)
+    lo, hi = (float(x) for x in re.search(r"range \[([^,]+), ([^\]]+)\]", note).groups())
+    assert lo == 0 and 0 < hi < 400
+    g = conn.service.policy.tables["t"].columns["score"].granularity
+    ref_sum, n = ref.execute("SELECT SUM(LEAST(score, ?)), COUNT(*) FROM t", [hi]).fetchone()
+    assert count == n
+    assert abs(total - ref_sum) <= n * g / 2 + 1e-6
+    assert abs(mean - total / count) < 1e-9 * max(1.0, abs(mean))
+    assert "biased towards zero" in note
+    conn.close()
+
+
+def test_auto_clip_charges_the_query_epsilon_and_explains_itself():
+    ledger = MemoryLedger()
+    conn = dpsql.connect(policy=_auto(fixture_policy()), ledger=ledger, noise=SeededNoise(3))
+    rows = rows_of(conn, "EXPLAIN (FORMAT TEXT) SELECT SUM(cost) FROM visits")
+    text = "\n".join(r[0] for r in rows)
+    assert "Automatic clipping" in text and "ε 0.1 buys a noisy histogram" in text
+    assert "Clipping range of cost: laplace noise of scale 50" in text  # R·G = 5 / 0.1
+    assert ledger.spent(conn.analyst, "visits") == Cost()
+    rows_of(conn, "SELECT department, SUM(cost), AVG(cost) FROM visits GROUP BY department")
+    spent = ledger.spent(conn.analyst, "visits")
+    assert float(spent.epsilon) == pytest.approx(1.0, rel=1e-12)
+    conn.close()
+
+
+def test_auto_clip_plan_costs_add_up_and_a_miscalibrated_clip_is_caught():
+    service = dpsql.Service(_auto(fixture_policy()), ledger=MemoryLedger())
+    plan = _plan(service, "SELECT department, AVG(cost) FROM visits GROUP BY department")
+    (clip,) = plan.clips
+    assert clip.max_values == plan.max_rows * plan.max_groups == 15
+    assert float(clip.epsilon) == pytest.approx(0.1)
+    from dpsql.sql.plan import with_clip_ranges
+
+    run = with_clip_ranges(plan, {"cost": (0.0, 812.5)})
+    assert run.query.table.columns["cost"].upper == 812.5 and not run.clips
+    assert float((run.cost + clip.cost).epsilon) == pytest.approx(float(plan.cost.epsilon))
+    broken = dataclasses.replace(plan, clips=(dataclasses.replace(clip, max_values=5),))
+    with pytest.raises(InternalError):
+        check_plan(broken)
+    service.close()
+
+
+def test_auto_clip_policy_errors_and_composite_refusal(tmp_path: Path):
+    bad = _auto(fixture_policy(), "diagnosis")
+    with pytest.raises(dpsql.Error, match="automatic clipping needs a number column"):
+        dpsql.connect(policy=bad, ledger=MemoryLedger())
+    bad = _auto(fixture_policy(), clip_share=1.5)
+    with pytest.raises(dpsql.Error, match="clip_share"):
+        dpsql.connect(policy=bad, ledger=MemoryLedger())
+    conn = dpsql.connect(policy=_auto(fixture_policy()), ledger=MemoryLedger())
+    with pytest.raises(dpsql.Error, match="automatic clipping is not supported"):
+        rows_of(
+            conn,
+            "SELECT department, SUM(cost) FROM visits WHERE department IN (SELECT department "
+            "FROM visits GROUP BY department ORDER BY COUNT(*) DESC LIMIT 2) GROUP BY department",
+        )
+    assert conn.service.ledger.spent(conn.analyst, "visits") == Cost()
+    conn.close()

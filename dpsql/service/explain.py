@@ -46,6 +46,13 @@ FORMULA = {
 }
 
 
+_CLIP_CHOICE = {
+    "sum": "the bound minimising the estimated bias + noise of its SUM",
+    "quantile": "the bound at the noisy {q:g} quantile of |values|",
+    "threshold": "the top of the highest bin passing a noise threshold (ApproxBounds)",
+}
+
+
 def _n(x: float) -> str:
     if x == 0:
         return "0"
@@ -127,8 +134,8 @@ def explain_lines(service: Service, plan: Plan, analyst: str | None) -> list[str
         lines.append(
             f"  {_shown_column(plan, clip.column)}: ε {_n(clip.epsilon)} buys a noisy histogram "
             f"of its |values| on {clip.histogram.bins} log bins (Laplace, scale "
-            f"{_n(clip.mechanism.mechanism.scale)}); the bound minimising the estimated bias + "
-            f"noise of its SUM replaces the declared [{_n(col.lower)}, {_n(col.upper)}]"  # type: ignore[arg-type]
+            f"{_n(clip.mechanism.mechanism.scale)}); {_CLIP_CHOICE[clip.method].format(q=clip.q)} "
+            f"replaces the declared [{_n(col.lower)}, {_n(col.upper)}]"  # type: ignore[arg-type]
         )
         lines.append(
             "    the sums' noise above is at the declared bounds (at most); the run states "

@@ -110,6 +110,7 @@ class ClipEstimate:
     max_values: int  # R·G
     sum_epsilon: float
     method: str = "sum"
+    q: float = 0.99  # method "quantile"
 
     @property
     def mechanism(self) -> ApproxBounds:
@@ -118,6 +119,7 @@ class ClipEstimate:
             self.epsilon,
             max_values=self.max_values,
             method=self.method,
+            q=self.q,
             sum_epsilon=self.sum_epsilon,
         )
 
@@ -442,6 +444,8 @@ def build_plan(
                 epsilon=clip_epsilon / len(auto),
                 max_values=R * G,
                 sum_epsilon=eps_share,
+                method=col.clip_method,
+                q=col.clip_quantile,
             )
         )
 
