@@ -75,7 +75,7 @@ def test_bin_counts_are_of_the_rows_the_sums_are_of(tmp_path: Path, sql: str, se
         result = service.engine.execute(compiled)
         nk = len(plan.keys)
         main = _per_group(result, nk)
-        (hist,) = result.histograms
+        (hist,) = result.extras
         bins = _bins_per_group(hist, nk)
         count, total = plan.measures[0], plan.measures[1]
         assert count.kind == "values" and total.kind == "sum"
@@ -111,7 +111,7 @@ def test_fixture_bin_counts_match_the_main_query(sql: str, unit: bool):
         result = service.engine.execute(compile_plan(plan, 4242))
         nk = len(plan.keys)
         main = _per_group(result, nk)
-        bins = _bins_per_group(result.histograms[0], nk)
+        bins = _bins_per_group(result.extras[0], nk)
         center = plan.measures[1].center
         for key, measures in main.items():
             n, s = measures[0], measures[1]
@@ -351,7 +351,7 @@ def test_neighbours_output_distributions_are_within_the_charge(
         tgt = target(*target_of)
 
         def distributions(svc, values_per_unit):
-            hist = svc.engine.execute(compile_plan(_plan(svc, sql), 5)).histograms[0]
+            hist = svc.engine.execute(compile_plan(_plan(svc, sql), 5)).extras[0]
             nk = len(plan.keys)
             per = _bins_per_group(hist, nk)
             out = {}
@@ -453,3 +453,68 @@ def test_auto_clip_policy_errors_and_composite_refusal(tmp_path: Path):
         )
     assert conn.service.ledger.spent(conn.analyst, "visits") == Cost()
     conn.close()
+
+
+# --- COUNT(DISTINCT col) of a column other than the unit ----------------------------------------
+
+
+@pytest.mark.parametrize("secret", [0, 7, 2**60 + 1])
+def test_count_distinct_is_of_the_bounded_rows(tmp_path: Path, secret: int):
+    """R = 2, G = 3 bind: per group, COUNT(DISTINCT i) is the number of distinct values among
+    the rows the other measures keep (the bins of MEDIAN(i): unit bins, no clamping)."""
+    policy, _ = heavy_policy(tmp_path)
+    service = dpsql.Service(policy, ledger=MemoryLedger())
+    try:
+        plan = _plan(service, "SELECT grp, COUNT(DISTINCT i), MEDIAN(i) FROM t GROUP BY grp")
+        assert [m.kind for m in plan.measures] == ["distinct"]
+        result = service.engine.execute(compile_plan(plan, secret))
+        from dpsql.privacy.release import group_index
+
+        groups, exact = group_index(plan, result)
+        bins = _bins_per_group(result.extras[0], 1)
+        for g, row in zip(groups, exact, strict=True):
+            assert row[0] == len(bins.get(g, {}))
+    finally:
+        service.close()
+
+
+def test_count_distinct_matches_the_data_when_bounds_do_not_bind(tmp_path: Path):
+    policy, ref = _clean(tmp_path)
+    conn = exact_connect(policy)
+    got = rows_of(
+        conn, "SELECT grp, COUNT(DISTINCT age), COUNT(DISTINCT score) FROM t GROUP BY grp"
+    )
+    want = ref.execute(
+        "SELECT grp, COUNT(DISTINCT age), COUNT(DISTINCT score) FROM t GROUP BY grp ORDER BY grp"
+    ).fetchall()
+    assert sorted(got) == want
+    conn.close()
+
+
+@pytest.mark.parametrize("removed", [2, 13, 40])
+def test_count_distinct_moves_by_at_most_r_per_group_on_neighbours(tmp_path: Path, removed: int):
+    """Same secret on D and D' (one unit removed): each group's exact distinct count moves by
+    <= R and the total by <= R·G, the sensitivity it is noised for (L1 = G·R)."""
+    policy, _ = heavy_policy(tmp_path)
+    csv = Path(policy["tables"]["t"]["source"])
+    lines = csv.read_text().splitlines()
+    neighbour = tmp_path / "n.csv"
+    neighbour.write_text(
+        "\n".join([lines[0], *[r for r in lines[1:] if r.split(",")[0] != str(removed)]]) + "\n"
+    )
+    policy2 = {**policy, "tables": {"t": {**policy["tables"]["t"], "source": str(neighbour)}}}
+    from dpsql.privacy.release import group_index
+
+    sql = "SELECT grp, COUNT(DISTINCT i) FROM t GROUP BY grp"
+    values = []
+    for p in (policy, policy2):
+        service = dpsql.Service(p, ledger=MemoryLedger())
+        plan = _plan(service, sql)
+        groups, exact = group_index(plan, service.engine.execute(compile_plan(plan, 99)))
+        values.append(dict(zip(groups, (int(r[0]) for r in exact), strict=True)))
+        service.close()
+    (m,) = plan.measures
+    assert m.l1 == plan.max_groups * plan.max_rows
+    diffs = [abs(values[0][g] - values[1].get(g, 0)) for g in values[0]]
+    assert max(diffs) <= plan.max_rows
+    assert sum(diffs) <= plan.max_rows * plan.max_groups

@@ -395,3 +395,21 @@ def test_wire_server_on_spark(clean, tmp_path):
         thread.stop()
     expected = rows_of(duck, "SELECT grp, COUNT(*) FROM t GROUP BY grp ORDER BY grp NULLS LAST")
     assert reply.text_rows() == [[g, str(n)] for g, n in expected]
+
+
+QUANTILE_SHAPES = [
+    "SELECT grp, MIN(age), MAX(age), MEDIAN(age) FROM t GROUP BY grp",
+    "SELECT PERCENTILE_CONT(0.9) WITHIN GROUP (ORDER BY score), QUANTILE_DISC(age, 0.25) FROM t",
+    "SELECT grp, COUNT(DISTINCT age), COUNT(DISTINCT name) FROM t GROUP BY grp",
+]
+
+
+@pytest.mark.parametrize("sql", QUANTILE_SHAPES)
+def test_quantiles_and_distinct_counts_match_duckdb(clean, sql):
+    """Noise off, the EM releases its best bin: the same bin counts on both engines."""
+    _same(clean, sql)
+
+
+def test_binding_quantiles_and_distinct_counts_match_duckdb(heavy):
+    pair, _ = heavy
+    _same(pair, "SELECT COUNT(DISTINCT i), COUNT(i), MAX(val), MIN(i) FROM t")

@@ -95,6 +95,17 @@ class CountUnits(Count):
 
 
 @dataclass(frozen=True)
+class CountDistinct(Count):
+    """COUNT(DISTINCT col) of a column other than the unit: its distinct non-NULL values over
+    the bounded rows; a unit's <= R rows per group add <= R of them (sensitivity as COUNT)."""
+
+    name: ClassVar[str] = "count_distinct"
+
+    def measures(self, column):
+        return [("distinct", column)]
+
+
+@dataclass(frozen=True)
 class Sum(AggregateKind):
     """SUM(x): the fixed-point sum, centred on the range's midpoint when a count of x is
     measured anyway (SUM(x - c) + c * COUNT(x): half the per-row range)."""
@@ -233,6 +244,7 @@ class Quantile(AggregateKind):
 KINDS: dict[str, AggregateKind] = {
     "count": Count(),
     "count_units": CountUnits(),
+    "count_distinct": CountDistinct(),
     "sum": Sum(),
     "avg": Mean(),
     "var_samp": Variance(sample=True),

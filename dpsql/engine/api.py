@@ -22,8 +22,9 @@ class EngineResult:
     key_rows: list[tuple[Any, ...]]
     measures: list[list[int]]  # per measure, per row (Python ints: exact)
     key_types: tuple[str, ...]
-    # per quantile measure: its bin counts, one row per present (group keys..., bin)
-    histograms: tuple[EngineResult, ...] = ()
+    # the plan's extra queries (CompiledQuery.extras): per quantile measure its bin counts, one
+    # row per present (group keys..., bin), then per distinct-count measure (keys..., count)
+    extras: tuple[EngineResult, ...] = ()
 
 
 class QueryHandle:

@@ -171,12 +171,10 @@ class DuckDBEngine:
             [int(r[nk + j] or 0) for r in rows] for j in range(len(compiled.measure_columns))
         ]
         main = EngineResult(key_rows, measures, types[:nk])
-        if not compiled.histograms:
+        if not compiled.extras:
             return main
         # the quantiles' bin counts: same secret, so the same bounded rows
-        extra = tuple(
-            self.execute(h.with_secret(compiled.secret), handle) for h in compiled.histograms
-        )
+        extra = tuple(self.execute(h.with_secret(compiled.secret), handle) for h in compiled.extras)
         return EngineResult(main.key_rows, main.measures, main.key_types, extra)
 
     def fetch_matrix(self, sql: str, handle: QueryHandle | None = None) -> np.ndarray:

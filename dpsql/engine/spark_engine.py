@@ -484,12 +484,10 @@ class SparkEngine:
         # Key types come from the policy's typing (the pipeline's scratch DuckDB), so both
         # engines describe results identically.
         main = EngineResult(key_rows, measures, ())
-        if not compiled.histograms:
+        if not compiled.extras:
             return main
         # the quantiles' bin counts: same secret, so the same bounded rows
-        extra = tuple(
-            self.execute(h.with_secret(compiled.secret), handle) for h in compiled.histograms
-        )
+        extra = tuple(self.execute(h.with_secret(compiled.secret), handle) for h in compiled.extras)
         return EngineResult(main.key_rows, main.measures, main.key_types, extra)
 
     def fetch_matrix(self, sql: str, handle: QueryHandle | None = None) -> np.ndarray:

@@ -131,7 +131,7 @@ def tree_lines(root: object) -> list[str]:
 
 def _row_bound(m: Measure) -> int:
     """The largest |value| one row adds to a measure, from its fixed-point range alone."""
-    if m.kind in ("rows", "values", "units"):
+    if m.kind in ("rows", "values", "units", "distinct"):
         return 1
     centred = max(abs(m.lo - m.center), abs(m.hi - m.center))
     if m.kind == "sum":

@@ -52,6 +52,7 @@ def group_index(plan: Plan, result: EngineResult) -> tuple[list[tuple], np.ndarr
         exact = np.array([[m[0] if m else 0 for m in result.measures]], dtype=object).reshape(
             1, n_measures
         )
+        _fill_distinct(plan, result, {(): 0}, exact)
         return [()], exact
     if plan.threshold is None:
         # without a threshold the groups are the declared domains: every key has one
@@ -80,7 +81,24 @@ def group_index(plan: Plan, result: EngineResult) -> tuple[list[tuple], np.ndarr
             continue
         for j in range(n_measures):
             exact[i, j] += result.measures[j][row]
+    _fill_distinct(plan, result, position, exact)
     return groups, exact
+
+
+def _fill_distinct(
+    plan: Plan, result: EngineResult, position: dict[tuple, int], exact: np.ndarray
+) -> None:
+    """COUNT(DISTINCT col) of a bounded plan: from its own query over the bounded rows (the
+    main query holds 0 for it), after the quantiles' bin counts in ``result.extras``."""
+    extras = result.extras[len(plan.quantiles) :]
+    if not extras:
+        return
+    distinct = [j for j, m in enumerate(plan.measures) if m.kind == "distinct"]
+    for j, counts in zip(distinct, extras, strict=True):
+        for row, c in zip(counts.key_rows, counts.measures[0], strict=True):
+            i = position.get(tuple(canonical_key_value(v) for v in row))
+            if i is not None:
+                exact[i, j] += int(c)
 
 
 def _evaluate(output: OutputAggregate, plan: Plan, values: dict[str, np.ndarray]) -> np.ndarray:
@@ -107,7 +125,7 @@ def release(plan: Plan, result: EngineResult, source: NoiseSource) -> Released:
         suppressed = np.array([float(np.mean(u + sim < plan.threshold.tau)) for u in units[keep]])
     kept = {k: v[keep] for k, v in noisy.items()}
     key_values = [g for g, k in zip(groups, keep, strict=True) if k]
-    for qm, bins in zip(plan.quantiles, result.histograms, strict=True):
+    for qm, bins in zip(plan.quantiles, result.extras[: len(plan.quantiles)], strict=True):
         kept[qm.name] = _release_quantiles(qm, _bin_counts(qm, bins, key_values), source)
     outputs = [_evaluate(o, plan, kept) for o in plan.outputs]
     intervals = [

@@ -26,12 +26,14 @@ WHAT = {
     "rows": "count of rows",
     "values": "count of non-NULL {column}",
     "units": "count of distinct units",
+    "distinct": "count of distinct non-NULL {column} over the bounded rows",
     "sum": "sum of {column}",
     "sumsq": "sum of squares of {column}",
 }
 FORMULA = {
     "count": "the noisy count, clamped at 0",
     "count_units": "the noisy count of units, clamped at 0",
+    "count_distinct": "the noisy count of distinct values, clamped at 0",
     "sum": "the noisy sum",
     "avg": "noisy sum / noisy count, clamped to the column's range",
     "var_samp": "from noisy sum, count and sum of squares (sample variance)",
@@ -153,7 +155,7 @@ def explain_lines(service: Service, plan: Plan, analyst: str | None) -> list[str
     lines.extend("  " + line for line in tree_lines(plan_tree(plan)))
     lines.append(f"Engine SQL ({service.engine.dialect}; the secret is drawn per query)")
     compiled = compile_plan(plan, 0)
-    for i, query in enumerate((compiled, *compiled.histograms)):
+    for i, query in enumerate((compiled, *compiled.extras)):
         if i:
             lines.append(f"  -- bin counts of {plan.quantiles[i - 1].column} (same bounded rows)")
         sql = query.render(service.engine.dialect)

@@ -186,14 +186,14 @@ class AggregateCall:
 
     # count | count_units | sum | avg | var_samp | var_pop | stddev_samp | stddev_pop
     # | median | percentile_cont | percentile_disc | min | max
-    kind: str
+    kind: str  # | count_distinct (COUNT(DISTINCT col), col not the unit)
     column: str | None
     shown: str | None = field(default=None, compare=False)
     level: float | None = None  # PERCENTILE_CONT/DISC: the quantile level in [0, 1]
 
     @property
     def label(self) -> str:
-        if self.kind == "count_units":
+        if self.kind in ("count_units", "count_distinct"):
             return f"COUNT(DISTINCT {self.shown or self.column})"
         if self.level is not None:
             shown = self.shown or self.column
@@ -1304,14 +1304,15 @@ class _Binder:
         column = self._column_name(arg)
         spec = self.table.columns[column]
         if distinct:
-            if kind != "count" or column != self.table.privacy_unit:
+            if kind != "count":
                 raise self.refuse(
-                    f"{snippet(node)}: DISTINCT is only supported as COUNT(DISTINCT "
-                    f"{self.table.privacy_unit or '<privacy unit>'})",
+                    f"{snippet(node)}: DISTINCT is only supported in COUNT(DISTINCT column)",
                     node,
-                    "count distinct privacy units, or use COUNT(col)",
+                    f"{kind.upper()}({column}), or COUNT(DISTINCT {column})",
                 )
-            return AggregateCall("count_units", column)
+            if column == self.table.privacy_unit:
+                return AggregateCall("count_units", column)
+            return AggregateCall("count_distinct", column)
         if kind == "count":
             return AggregateCall("count", column)
         if column == self.table.privacy_unit:

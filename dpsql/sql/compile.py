@@ -148,8 +148,9 @@ class CompiledQuery:
     key_columns: tuple[str, ...]
     measure_columns: tuple[str, ...]
     secret: int = 0
-    # one more query per quantile measure (plan.quantiles, in order): keys, bin b, count c
-    histograms: tuple[CompiledQuery, ...] = ()
+    # more queries over the same bounded rows: per quantile measure (plan.quantiles, in order)
+    # keys, bin b, count c; then per distinct-count measure (plan order) keys, count c
+    extras: tuple[CompiledQuery, ...] = ()
     # dialect -> rendered text split at the secret; shared by with_secret() copies
     _pieces: dict[str, tuple[str, ...]] = field(default_factory=dict, compare=False, repr=False)
 
@@ -161,7 +162,7 @@ class CompiledQuery:
     def with_secret(self, secret: int) -> CompiledQuery:
         """The same tree (and its renderings) with another run's secret."""
         return replace(
-            self, secret=secret, histograms=tuple(h.with_secret(secret) for h in self.histograms)
+            self, secret=secret, extras=tuple(h.with_secret(secret) for h in self.extras)
         )
 
     def render(self, dialect: str = "duckdb") -> str:
@@ -396,6 +397,11 @@ def _count_star() -> exp.Count:
     return exp.Count(this=exp.Star())
 
 
+def _count_distinct(value: exp.Expression) -> exp.Count:
+    """``COUNT(DISTINCT value)`` (NULLs are not counted)."""
+    return exp.Count(this=exp.Distinct(expressions=[value]))
+
+
 def _row_number(partition: list[exp.Expression], order: list[exp.Expression]) -> exp.Window:
     """``ROW_NUMBER() OVER (PARTITION BY ... ORDER BY ...)``, NULLs last as in DuckDB (so
     Spark, whose NULLs sort first, is told explicitly)."""
@@ -518,6 +524,8 @@ def measure_aggregate_expr(m: Measure, table: TablePolicy) -> exp.Expression:
     col = table.columns[m.column]  # type: ignore[index]
     if m.kind == "values":
         return exp.Count(this=_col(col))
+    if m.kind == "distinct":  # row-level plans only (bounded ones count it in CompiledQuery.extras)
+        return _count_distinct(_col(col))
     return exp.Sum(this=_centred(m, col) if m.kind == "sum" else _squared(m, col))
 
 
@@ -687,12 +695,17 @@ def compile_plan(plan: Plan, secret: int) -> CompiledQuery:
     else:
         tree = _bounded(plan)
     keys = tuple(f"k{i}" for i in range(len(plan.keys)))
-    histograms = tuple(
+    extras = tuple(
         CompiledQuery(_histogram(plan, qm.column, _grid_bin(qm)), (*keys, "b"), ("c",), secret)
         for qm in plan.quantiles
     )
+    extras += tuple(
+        CompiledQuery(_histogram(plan, m.column, None), keys, ("c",), secret)  # type: ignore[arg-type]
+        for m in plan.measures
+        if m.kind == "distinct" and plan.query.table.privacy_unit is not None
+    )
     main_keys = keys if plan.measures else ()
-    return CompiledQuery(tree, main_keys, measure_cols, secret, histograms)
+    return CompiledQuery(tree, main_keys, measure_cols, secret, extras)
 
 
 # -- quantiles: bin counts of bounded values ---------------------------------------------------
@@ -753,21 +766,26 @@ def bin_expr(qm: QuantileMeasure, col: ColumnPolicy) -> exp.Expression:
 
 
 def _histogram(
-    plan: Plan, column: str, bins: Callable[[ColumnPolicy], exp.Expression]
+    plan: Plan, column: str, bins: Callable[[ColumnPolicy], exp.Expression] | None
 ) -> exp.Select:
     """``SELECT keys, bin AS b, COUNT(*) AS c`` over the rows the main query aggregates: the
     same scan conditions and, with a privacy unit, the same bounding (the R rows of smallest
     keyed hash per (unit, group), then the G groups of smallest keyed hash per unit, with the
     run's secret), so the quantiles are of the very values the sums are of. NULLs have no
-    bin and are not counted."""
+    bin and are not counted. ``bins`` None: ``SELECT keys, COUNT(DISTINCT column) AS c`` over
+    those rows instead (COUNT(DISTINCT col): a unit's <= R rows per group add <= R values)."""
     table = plan.query.table
     col = table.columns[column]
     keys = [lowered_key(kp.key) for kp in plan.keys]
     not_null = exp.Not(this=exp.Is(this=_col(col), expression=exp.Null()))
     if table.privacy_unit is None:
         items: list[exp.Expression] = [_alias(k, f"k{i}") for i, k in enumerate(keys)]
-        items += [_alias(bins(col), "b"), _alias(_count_star(), "c")]
-        group: list[exp.Expression] = [exp.Literal.number(i + 1) for i in range(len(keys) + 1)]
+        if bins is None:
+            items.append(_alias(_count_distinct(_col(col)), "c"))
+        else:
+            items += [_alias(bins(col), "b"), _alias(_count_star(), "c")]
+        n_group = len(keys) + (bins is not None)
+        group: list[exp.Expression] = [exp.Literal.number(i + 1) for i in range(n_group)]
         return _select(
             items,
             _table(table.name, quoted=True),
@@ -779,7 +797,7 @@ def _histogram(
     stored = [_quoted(c) for c, spec in table.columns.items() if spec.expr is None]
     items = [_alias(_quoted(table.privacy_unit), "__u")]  # type: ignore[arg-type]
     items += [_alias(k, name) for k, name in zip(keys, ks, strict=True)]
-    value_bin = exp.Case(ifs=[exp.If(this=not_null, true=bins(col))])
+    value_bin = _col(col) if bins is None else exp.Case(ifs=[exp.If(this=not_null, true=bins(col))])
     items.append(_alias(value_bin, "__b"))
     # the main query filters bare-column keys to their domain on its pairs, before bounding
     domain = [
@@ -820,13 +838,16 @@ def _histogram(
         match += [_same("v", "g", k, nulls_match=True) for k in ks]
         joins = [_join(_table("ranked", "g"), "SEMI", _and(match))]
     out: list[exp.Expression] = [_alias(_name(k), f"k{i}") for i, k in enumerate(ks)]
-    out += [_alias(_name("__b"), "b"), _alias(_count_star(), "c")]
+    if bins is None:
+        out.append(_alias(_count_distinct(_name("__b")), "c"))
+    else:
+        out += [_alias(_name("__b"), "b"), _alias(_count_star(), "c")]
     final = _select(
         out,
         _table("kept", "v"),
         where=final_where,
         joins=joins,
-        group=[_name(c) for c in [*ks, "__b"]],
+        group=[_name(c) for c in [*ks, *(["__b"] if bins is not None else [])]] or None,
     )
     final.set("with_", exp.With(expressions=ctes))
     return final
@@ -869,7 +890,7 @@ def _pairs(plan: Plan, ks: list[str]) -> exp.Select:
 
 def _value_measures(plan: Plan) -> list[Measure]:
     """Measures summed from row values (not counted per row or unit): those need sampling."""
-    return [m for m in plan.measures if m.kind not in ("rows", "units")]
+    return [m for m in plan.measures if m.kind not in ("rows", "units", "distinct")]
 
 
 def _cte(name: str, query: exp.Expression) -> exp.CTE:
@@ -957,6 +978,8 @@ def _finish_bounded(plan: Plan, ctes: list[exp.CTE], ks: list[str]) -> exp.Selec
             total: exp.Expression = exp.Sum(this=_name("__n"))
         elif m.kind == "units":
             total = _count_star()
+        elif m.kind == "distinct":
+            total = _number(0)  # from its own query over the bounded rows (CompiledQuery.extras)
         else:
             total = exp.Sum(this=_name(f"v_{m.name}"))
         items.append(_alias(total, m.name))

@@ -31,9 +31,11 @@ from dpsql.sql.bind import QUANTILE_KINDS, AggregateCall, BoundQuery, GroupKey
 #   rows   - 1 for every row                       (COUNT(*))
 #   values - 1 if the column is not NULL           (COUNT(col), denominators)
 #   units  - 1 per (unit, group)                   (COUNT(DISTINCT unit), thresholding)
+#   distinct - distinct non-NULL values of a column over the bounded rows (COUNT(DISTINCT col)):
+#            a unit's <= R rows in a group add at most R values to it, so its bound is R
 #   sum    - round(clamp(x)/g) - center, 0 if NULL (SUM, AVG, VAR)
 #   sumsq  - (round(clamp(x)/g) - center)^2 - center2, 0 if NULL (VAR, STDDEV)
-MEASURE_KINDS = ("rows", "values", "units", "sum", "sumsq")
+MEASURE_KINDS = ("rows", "values", "units", "distinct", "sum", "sumsq")
 
 
 @dataclass(frozen=True)
@@ -344,7 +346,7 @@ def build_plan(
         names[(kind, column)] = name
         g = 1.0
         lo = hi = center = center2 = 0
-        if kind in ("rows", "values") or kind == "units":
+        if kind in ("rows", "values", "units", "distinct"):
             row_bound = 1
         else:
             col = table.columns[column]  # type: ignore[index]
