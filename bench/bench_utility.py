@@ -212,6 +212,19 @@ def sql_rows(csv: Path, con, reps: int) -> list[Row]:
                 if "auto clip" in name:
                     method = "auto clip (SQL)"
                 out.append(summarise(name, eps, method, SQL, samples, reps, grouped))
+            # the other quantile mechanisms, through SET quantile_method
+            true = truth(con, "SELECT 0, MEDIAN(income) FROM t")
+            for quantile_method, label in (
+                ("pf", "permute-and-flip (SQL)"),
+                ("smooth", "smooth sensitivity, Cauchy (SQL)"),
+            ):
+                cur.execute(f"SET quantile_method = '{quantile_method}'")
+                samples = []
+                for _ in range(reps):
+                    cur.execute("SELECT 0, MEDIAN(income) FROM pums")
+                    samples.append(errors({r[0]: float(r[1]) for r in cur.fetchall()}, true))
+                out.append(summarise("MEDIAN(income)", eps, label, SQL, samples, reps))
+            cur.execute("RESET quantile_method")
     return out
 
 

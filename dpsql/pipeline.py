@@ -212,6 +212,7 @@ class Service:
             delta=settings.delta,
             mechanism=settings.mechanism,
             data_version=self.engine.versions.get(query.table.name, ""),
+            quantile_method=settings.quantile_method,
         )
 
     # -- execution ---------------------------------------------------------------------------

@@ -518,3 +518,38 @@ def test_count_distinct_moves_by_at_most_r_per_group_on_neighbours(tmp_path: Pat
     diffs = [abs(values[0][g] - values[1].get(g, 0)) for g in values[0]]
     assert max(diffs) <= plan.max_rows
     assert sum(diffs) <= plan.max_rows * plan.max_groups
+
+
+def test_quantile_method_setting(tmp_path: Path):
+    """SET quantile_method: 'pf' and 'smooth' answer at the same charge; smooth is MEDIAN only
+    (refused, free, otherwise); unknown methods are a 22023; the setting is part of the plan."""
+    policy, ref = _clean(tmp_path)
+    ledger = MemoryLedger()
+    conn = dpsql.connect(policy=policy, ledger=ledger, noise=SeededNoise(9), cache=False)
+    cur = conn.cursor()
+    cur.execute("SET epsilon = 20")
+    true_med = ref.execute("SELECT median(age) FROM t").fetchone()[0]
+    for method in ("em", "pf", "smooth"):
+        cur.execute(f"SET quantile_method = '{method}'")
+        cur.execute("SHOW quantile_method")
+        assert cur.fetchone() == (method,)
+        cur.execute("SELECT MEDIAN(age) FROM t")
+        (med,) = cur.fetchone()
+        assert abs(med - true_med) <= 5, method
+    assert float(ledger.spent(conn.analyst, "default").epsilon) == pytest.approx(60)
+    with pytest.raises(dpsql.Error, match="smooth-sensitivity mechanism releases MEDIAN only"):
+        cur.execute("SELECT MAX(age) FROM t")
+    assert float(ledger.spent(conn.analyst, "default").epsilon) == pytest.approx(60)
+    with pytest.raises(dpsql.Error, match="unknown quantile method") as info:
+        cur.execute("SET quantile_method = 'magic'")
+    assert info.value.sqlstate == "22023"
+    cur.execute("RESET quantile_method")
+    cur.execute("SHOW quantile_method")
+    assert cur.fetchone() == ("em",)
+    service = conn.service
+    s = Settings.from_policy(service.policy)
+    s.quantile_method = "pf"
+    pf = service.plan(parse_statement("SELECT MEDIAN(age) FROM t", service.policy), s)
+    em = _plan(service, "SELECT MEDIAN(age) FROM t")
+    assert pf.fingerprint() != em.fingerprint() and pf.cost == em.cost
+    conn.close()

@@ -19,7 +19,7 @@ from dpsql.aggregates import Sum, kind_of
 from dpsql.engine.api import EngineResult
 from dpsql.errors import PrivacyError
 from dpsql.privacy.mechanisms import Gaussian, Mechanism
-from dpsql.privacy.quantiles import ExponentialQuantile, JointQuantiles, target
+from dpsql.privacy.quantiles import ExponentialQuantile, JointQuantiles, SmoothMedian, target
 from dpsql.privacy.samplers import NoiseSource
 from dpsql.sql.plan import OutputAggregate, Plan, QuantileMeasure
 from dpsql.sql.typecheck import canonical_key_value, key_sort_value
@@ -150,13 +150,19 @@ def _release_quantiles(qm: QuantileMeasure, counts: np.ndarray, source: NoiseSou
     """Each group's targets (in ``qm.targets`` order) from its bin counts: MIN and MAX one
     EM each, the levels in (0, 1) one joint release, each of ε ``qm.part_epsilon``."""
     out = np.zeros((len(counts), len(qm.targets)))
-    single = ExponentialQuantile(qm.grid, qm.part_epsilon, max_values=qm.max_values)
+    if qm.method == "smooth":  # MEDIAN alone (the planner refuses anything else)
+        smooth = SmoothMedian(qm.grid, qm.part_epsilon, max_values=qm.max_values)
+        out[:, 0] = [smooth.release(row, source) for row in counts]
+        return out
+    method = "pf" if qm.method == "pf" else "em"
+    single = ExponentialQuantile(qm.grid, qm.part_epsilon, max_values=qm.max_values, method=method)
     joint = JointQuantiles(qm.grid, qm.part_epsilon, max_values=qm.max_values)
     for i, row in enumerate(counts):
         for part in qm.parts:
             kind = part[0][0]
-            if kind in ("min", "max"):
-                values = [single.release(row, target(kind), source).value]
+            if kind in ("min", "max") or (method == "pf" and len(part) == 1):
+                tgt = target(kind, part[0][1])
+                values = [single.release(row, tgt, source).value]
             else:
                 values = [
                     r.value for r in joint.release(row, [float(q or 0) for _, q in part], source)

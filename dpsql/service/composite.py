@@ -60,6 +60,7 @@ def plan_composite(
         delta=settings.delta,
         mechanism=settings.mechanism,
         data_version=service.engine.versions.get(outer_query.table.name, ""),
+        quantile_method=settings.quantile_method,
     )
     for plan in (inner, outer):
         if plan.clips:

@@ -182,7 +182,15 @@ def _quantile_lines(plan: Plan, output: OutputAggregate) -> list[str]:
         f"the {q:g} quantile"
     )
     share = len(qm.parts) * qm.groups
-    return [
+    if qm.method == "smooth":
+        return [
+            f"    smooth-sensitivity median (Cauchy noise, pure ε {_n(qm.part_epsilon)} per group, "
+            f"x {qm.groups} groups per unit) on {grid.bins} public bins, snapped to its bin",
+            "    its noise scale depends on the data (smooth sensitivity): no interval is "
+            "released for it (x_low, x_high are NULL)",
+        ]
+    how = "permute-and-flip" if qm.method == "pf" else "exponential mechanism"
+    lines = [
         f"    {grid.bins} public bins on [{_n(grid.lower)}, {_n(grid.upper)}] ({spacing}); "
         f"each group's {len(qm.parts)} release(s) of {qm.column} take ε {_n(qm.part_epsilon)} "
         f"each (x {qm.groups} groups per unit: ε {_n(qm.part_epsilon * share)}); utility "
@@ -192,6 +200,9 @@ def _quantile_lines(plan: Plan, output: OutputAggregate) -> list[str]:
         "    no value interval is released for it (x_low, x_high are NULL): it would depend "
         "on the data",
     ]
+    if qm.method == "pf":
+        lines.insert(0, f"    sampled by {how} (same ε, never less accurate in expectation)")
+    return lines
 
 
 def explain_text(service: Service, plan: Plan, analyst: str | None) -> Result:

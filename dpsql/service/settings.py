@@ -15,6 +15,8 @@ from dpsql.sql.bind import (
     SettingStatement,
 )
 
+QUANTILE_METHODS = ("em", "pf", "smooth")
+
 
 @dataclass
 class Settings:
@@ -24,6 +26,9 @@ class Settings:
     delta: float
     mechanism: str
     confidence: float = 0.95  # level of the reported noise intervals: post-processing only
+    # MEDIAN/PERCENTILE/MIN/MAX: "em" (exponential mechanism), "pf" (permute-and-flip, same
+    # ε, never worse in expectation) or "smooth" (MEDIAN only: smooth sensitivity + Cauchy)
+    quantile_method: str = "em"
 
     @classmethod
     def from_policy(cls, policy: Policy) -> Settings:
@@ -35,7 +40,12 @@ class Settings:
 
     def shown(self) -> dict[str, Any]:
         """Every session setting (SET/SHOW/RESET): the privacy ones and the interval level."""
-        return {**self.as_dict(), "confidence": self.confidence}
+        # quantile_method is part of a quantile plan (its fingerprint), not of other answers
+        return {
+            **self.as_dict(),
+            "quantile_method": self.quantile_method,
+            "confidence": self.confidence,
+        }
 
 
 def apply_setting(statement: SettingStatement, settings: Settings) -> Result:
@@ -63,6 +73,15 @@ def apply_setting(statement: SettingStatement, settings: Settings) -> Result:
                 hint="SET mechanism = 'laplace' or 'gaussian'",
             )
         settings.mechanism = str(value).lower()
+    elif name == "quantile_method":
+        if str(value).lower() not in QUANTILE_METHODS:
+            raise ProgrammingError(
+                f"unknown quantile method {value!r}",
+                sqlstate="22023",
+                construct="quantile_method",
+                hint="SET quantile_method = 'em', 'pf' or 'smooth' (MEDIAN only)",
+            )
+        settings.quantile_method = str(value).lower()
     else:
         try:
             number = float(value)

@@ -78,6 +78,7 @@ class QuantileMeasure:
     groups: int  # G
     part_epsilon: float
     epsilon: float  # the share of the query's ε it was given (>= its cost)
+    method: str = "em"  # "em", "pf" (permute-and-flip) or "smooth" (MEDIAN alone)
 
     @property
     def parts(self) -> tuple[tuple[QuantileTarget, ...], ...]:
@@ -280,6 +281,7 @@ def build_plan(
     delta: float,
     mechanism: str,
     data_version: str = "",
+    quantile_method: str = "em",
 ) -> Plan:
     """Annotate a bound query with bounds, sensitivities, mechanisms and the budget split."""
     table = query.table
@@ -418,6 +420,15 @@ def build_plan(
         n_parts = sum(
             1 for kind in ("min", "quantile", "max") if any(t[0] == kind for t in targets)
         )
+        if quantile_method == "smooth" and targets != (("quantile", 0.5),):
+            call = next(
+                c for c in query.aggregates if c.column == column and c.kind in QUANTILE_KINDS
+            )
+            raise NotSupportedError(
+                f"{call.label}: the smooth-sensitivity mechanism releases MEDIAN only",
+                construct=call.label,
+                hint="SET quantile_method = 'em' (or 'pf') for other quantiles, MIN and MAX",
+            )
         quantiles.append(
             QuantileMeasure(
                 name=f"q{i}",
@@ -428,6 +439,7 @@ def build_plan(
                 groups=G,
                 part_epsilon=_part_epsilon(eps_share, n_parts, G),
                 epsilon=eps_share,
+                method=quantile_method,
             )
         )
 
@@ -504,4 +516,5 @@ def with_clip_ranges(plan: Plan, ranges: dict[str, tuple[float, float]]) -> Plan
         delta=plan.delta,
         mechanism=plan.mechanism,
         data_version=plan.data_version,
+        quantile_method=plan.quantiles[0].method if plan.quantiles else "em",
     )
