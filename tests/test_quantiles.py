@@ -31,7 +31,14 @@ from dpsql.privacy.quantiles import (
 from dpsql.privacy.samplers import SeededNoise, ZeroNoise, _ByteStream
 from dpsql.privacy.smooth import SmoothCauchy
 
-TARGETS = [target("quantile", 0.5), target("quantile", 0.9), target("min"), target("max")]
+TARGETS = [
+    target("quantile", 0.5),
+    target("quantile", 0.9),
+    target("min"),
+    target("max"),
+    target("quantile", 0.5, score="cdf"),
+    target("quantile", 0.9, score="cdf"),
+]
 
 
 def _data(seed: int = 0, n: int = 1000) -> tuple[np.ndarray, np.ndarray]:
@@ -159,7 +166,7 @@ def _pf_distribution(gammas: np.ndarray) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("tgt", TARGETS, ids=["median", "p90", "min", "max"])
+@pytest.mark.parametrize("tgt", TARGETS, ids=["median", "p90", "min", "max", "cdf50", "cdf90"])
 @pytest.mark.parametrize("r", [1, 3])
 def test_exact_output_distributions_of_neighbours_are_within_e_eps(tgt: Target, r: int) -> None:
     """max over outputs and both directions of |ln P_D(b) − ln P_D'(b)| <= ε, exactly
@@ -334,3 +341,24 @@ def test_smooth_median_release() -> None:
     assert np.median(np.abs(out - truth)) / truth < 0.5  # heavy-tailed: the median error
     lower_median = np.sort(income)[(income.size + 1) // 2 - 1]
     assert sm.release(g.counts(income), ZeroNoise()) == pytest.approx(lower_median, rel=0.003)
+
+
+def test_cdf_score_bounds_the_rank_distance_and_separates_ties() -> None:
+    """s_b >= d_b on every bin (so a score guarantee is a rank guarantee), and on tie-heavy unit
+    bins the bin holding the 0.9 quantile wins by far more under the CDF score."""
+    from dpsql.privacy.quantiles import cdf_distances
+
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        counts = rng.integers(0, 30, 12)
+        q = Fraction(int(rng.integers(1, 20)), 20)
+        s, den_s = cdf_distances(counts, q)
+        d, den_d = distances(counts, q * int(counts.sum()))
+        assert np.all(s * den_d >= d * den_s)
+    counts = np.zeros(101, dtype=np.int64)
+    counts[60:72] = 72  # 864 values below 72
+    counts[72] = 38  # 902 values <= 72: the 0.9 quantile of 1,002 is 72
+    counts[73:80] = [20, 20, 20, 10, 10, 10, 10]
+    rank = em_probabilities(counts, target("quantile", 0.9), 1.0)
+    cdf = em_probabilities(counts, target("quantile", 0.9, score="cdf"), 1.0)
+    assert rank[72] < 0.6 < 0.95 < cdf[72]

@@ -166,6 +166,11 @@ class Target:
 
     q: Fraction
     offset: Fraction = Fraction(0)
+    # "rank": d_b = max(A_b − τ, τ − B_b, 0), the rank distance of τ from the bin;
+    # "cdf": s_b = |(1 − q)·A_b − q·(n − B_b)| (the CDF score OpenDP uses): it also counts the
+    # values inside a bin on the far side of τ, so on tie-heavy data (ages on unit bins) the bin
+    # holding τ stands out from its neighbours. Same sensitivity max(q, 1 − q); s_b >= d_b.
+    score: str = "rank"
 
     def rank(self, n: int) -> Fraction:
         return self.q * n + self.offset
@@ -177,7 +182,7 @@ class Target:
         return max(self.q, 1 - self.q)
 
 
-def target(kind: str, q: float | None = None) -> Target:
+def target(kind: str, q: float | None = None, score: str = "rank") -> Target:
     """The rank point of an aggregate.
 
     - ``quantile`` q ∈ (0, 1) (MEDIAN is q = 1/2; PERCENTILE_CONT/DISC and QUANTILE_* alike):
@@ -194,7 +199,9 @@ def target(kind: str, q: float | None = None) -> Target:
         raise ValueError(f"unknown quantile target {kind!r}")
     if q is None or not 0 < q < 1:
         raise ValueError("a quantile level must be in (0, 1)")
-    return Target(exact(q))
+    if score not in ("rank", "cdf"):
+        raise ValueError("a quantile score is 'rank' or 'cdf'")
+    return Target(exact(q), score=score)
 
 
 # --- the exponential mechanism ---------------------------------------------------------------
@@ -242,9 +249,26 @@ class _Scores:
         return self.steps.astype(np.float64) * (self.num / self.den)
 
 
+def cdf_distances(counts: np.ndarray, q: Fraction) -> tuple[np.ndarray, int]:
+    """(D·s_b, D): s_b = |(1 − q)·A_b − q·(n − B_b)| as int64 numerators over q's denominator
+    (exact). One added value moves A_b (value below b) or n − B_b (above) by 1, or neither
+    (inside): s_b moves by at most max(q, 1 − q)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    if counts.size and counts.min() < 0:
+        raise ValueError("bin counts must be >= 0")
+    a, den = q.numerator, q.denominator
+    upper = np.cumsum(counts)
+    lower = upper - counts
+    above = int(counts.sum()) - upper
+    return np.abs((den - a) * lower - a * above), den
+
+
 def _scores(counts: np.ndarray, tgt: Target, epsilon: Fraction, max_values: int) -> _Scores:
     n = int(np.asarray(counts, dtype=np.int64).sum())
-    d, den = distances(counts, tgt.rank(n))
+    if tgt.score == "cdf":
+        d, den = cdf_distances(counts, tgt.q)
+    else:
+        d, den = distances(counts, tgt.rank(n))
     sens = tgt.sensitivity * max_values
     # γ = ε'·(d − min)/(2·sens) with d = steps/den
     scale = epsilon / (2 * sens * den)
@@ -435,6 +459,7 @@ class JointQuantiles:
     epsilon: float
     max_values: int = 1
     confidence: float = 0.95
+    score: str = "rank"  # each level's EM score (see Target)
 
     name = "recursive_quantiles"
 
@@ -467,7 +492,7 @@ class JointQuantiles:
         index, q = items[mid]
         local = (exact(q) - exact(q_lo)) / (exact(q_hi) - exact(q_lo))
         local = min(max(local, Fraction(0)), Fraction(1))
-        tgt = Target(local)
+        tgt = Target(local, score=self.score if 0 < local < 1 else "rank")
         scores = _scores(counts[lo:hi], tgt, _epsilon_below(eps), self.max_values)
         b = lo + _sample(scores, source)
         sensitivity = float(tgt.sensitivity) * self.max_values

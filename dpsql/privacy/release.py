@@ -156,12 +156,12 @@ def _release_quantiles(qm: QuantileMeasure, counts: np.ndarray, source: NoiseSou
         return out
     method = "pf" if qm.method == "pf" else "em"
     single = ExponentialQuantile(qm.grid, qm.part_epsilon, max_values=qm.max_values, method=method)
-    joint = JointQuantiles(qm.grid, qm.part_epsilon, max_values=qm.max_values)
+    joint = JointQuantiles(qm.grid, qm.part_epsilon, max_values=qm.max_values, score="cdf")
     for i, row in enumerate(counts):
         for part in qm.parts:
             kind = part[0][0]
             if kind in ("min", "max") or (method == "pf" and len(part) == 1):
-                tgt = target(kind, part[0][1])
+                tgt = target(kind, part[0][1], score="cdf" if kind == "quantile" else "rank")
                 values = [single.release(row, tgt, source).value]
             else:
                 values = [

@@ -195,8 +195,16 @@ def _quantile_lines(plan: Plan, output: OutputAggregate) -> list[str]:
         f"each group's {len(qm.parts)} release(s) of {qm.column} take ε {_n(qm.part_epsilon)} "
         f"each (x {qm.groups} groups per unit: ε {_n(qm.part_epsilon * share)}); utility "
         f"sensitivity {qm.max_values} x max(q, 1 − q) (<= {qm.max_values} values per unit)",
-        f"    95%: the released value lies between the values ranked {_n(h)} below and above "
-        f"{where} of the bounded data, to the bin (a group of n values: ± {_n(h)} / n in level)",
+        (
+            f"    95%: the released value lies between the values ranked {_n(h)} below and "
+            f"above {where} of the bounded data, to the bin (a group of n values: ± {_n(h)} / n "
+            "in level)"
+            if kind != "quantile"
+            else f"    95%: the released bin's score |(1 − q)·#below − q·#above| is within "
+            f"{_n(h)} of the best bin's; the score is at least the bin's distance in ranks from "
+            f"{where}, so without ties the released value is within about {_n(h)} ranks of it "
+            f"(± {_n(h)} / n in level for a group of n values)"
+        ),
         "    no value interval is released for it (x_low, x_high are NULL): it would depend "
         "on the data",
     ]
