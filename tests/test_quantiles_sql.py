@@ -348,7 +348,8 @@ def test_neighbours_output_distributions_are_within_the_charge(
     try:
         plan = _plan(service, sql)
         (qm,) = plan.quantiles
-        tgt = target(*target_of)
+        kind, q = target_of  # the score SQL uses: CDF for levels, rank for MIN/MAX
+        tgt = target(kind, q, score="cdf" if kind == "quantile" else "rank")
 
         def distributions(svc, values_per_unit):
             hist = svc.engine.execute(compile_plan(_plan(svc, sql), 5)).extras[0]
