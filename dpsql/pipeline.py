@@ -7,14 +7,11 @@ the ledger is written. The budget is checked before the engine runs and charged 
 
 from __future__ import annotations
 
-import inspect
 import itertools
-import json
 import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, ClassVar, cast
@@ -28,7 +25,6 @@ from dpsql.engine.base import open_engine
 from dpsql.engine.scratch import (
     NotPlain,
     Scratch,
-    check_post,
 )
 from dpsql.errors import (
     BudgetExhaustedError,
@@ -73,11 +69,9 @@ from dpsql.sql.compile import CompiledQuery, compile_clip_histograms, compile_pl
 from dpsql.sql.domains import key_domain
 from dpsql.sql.plan import Plan, build_plan, with_clip_ranges
 from dpsql.sql.positions import position_of
-from dpsql.sql.rows import pattern_counts_sql
 from dpsql.sql.typecheck import (
     BOOLEAN_TYPES,
     ShadowTypes,
-    check_binds,
     lower_key,
     released_key_type,
     type_query,
@@ -245,7 +239,9 @@ class Service:
                     from dpsql.models.regression_function import explain_regression
 
                     return explain_regression(self, statement.query, settings)
-                return self.explain_rule_list(self._plan_rule_list(statement.query, settings))
+                from dpsql.rulelist.sql_run import explain_rule_list
+
+                return explain_rule_list(self, statement.query, settings)
             if isinstance(statement.query, CompositeQuery):
                 from dpsql.service.composite import explain_composite
 
@@ -470,135 +466,32 @@ class Service:
         )
         return Result(columns, [row], status="SHOW")
 
-    # -- dp_rule_list ---------------------------------------------------------------------
-    def _plan_rule_list(self, call: RuleListCall, settings: Settings):
-        from dpsql.rulelist.table_function import plan_rule_list
-
-        arguments = dict(call.arguments)
-        arguments.setdefault("epsilon", settings.epsilon)
-        if "delta" not in arguments and settings.delta > 0:
-            arguments["delta"] = settings.delta
-        if isinstance(arguments.get("features"), str):
-            arguments["features"] = [
-                f.strip() for f in arguments["features"].split(",") if f.strip()
-            ]
-        known = set(inspect.signature(plan_rule_list).parameters) - {"table"}
-        for name in arguments:
-            if name not in known:
-                raise ProgrammingError(
-                    f"dp_rule_list has no argument {name!r}",
-                    sqlstate="42883",
-                    construct=name,
-                    hint="arguments: " + ", ".join(sorted(known)),
-                )
-        plan = plan_rule_list(call.table, **arguments)
-        if "delta" not in call.arguments and plan.cost.delta > 0:
-            plan = replace(
-                plan,
-                notes=(
-                    f"delta => not given: the session's delta = {plan.cost.delta:.3g} is the "
-                    "total delta of the list (SET delta = ... or pass delta => ...)",
-                ),
-            )
-        # Generated from the policy and typed arguments; bound here on the empty shadow too,
-        # so that a type error is a free refusal and never an engine error after the reserve.
-        check_binds(self.shadow, call.table.name, [*plan.feature_sql, plan.label_sql])
-        return plan
-
+    # -- table functions (dp_rule_list: dpsql.rulelist.sql_run; regressions:
+    # dpsql.models.regression_function; their shared release: dpsql.service.table_results) --
     def run_rule_list(
         self, call: RuleListCall, settings: Settings, analyst: str, handle: QueryHandle | None
     ) -> Result:
-        import hashlib
-
-        from dpsql.rulelist.table_function import COLUMNS, release_rule_list
-
         if call.function != "dp_rule_list":
             from dpsql.models.regression_function import run_regression
 
             return run_regression(self, call, settings, analyst, handle)
-        plan = self._plan_rule_list(call, settings)
-        # The post-processing's functions are checked before the charge: a refusal is free.
-        check_post(call.post.sql(dialect=DIALECT), call.post)
-        dataset = self.policy.dataset
-        fingerprint = hashlib.sha256(
-            repr(
-                (
-                    call.table.name,
-                    sorted(call.arguments.items()),
-                    settings.as_dict(),
-                    self.engine.versions.get(call.table.name, ""),
-                )
-            ).encode()
-        ).hexdigest()
-        cache_key = "rulelist:" + fingerprint if self.cache else None
-        answer = self.ledger.cached(analyst, dataset, cache_key) if cache_key else None
-        cost = None
-        if answer is None:
-            self.ledger.check(analyst, dataset, plan.cost, self.policy.budget)
-            columns = [f"f{i}" for i in range(len(plan.feature_sql))] + ["y"]
-            sql = pattern_counts_sql(call.table, plan.select_list(), columns, secrets.randbits(62))
-            _not_cancelled(handle)
-            self._reserve(analyst, plan.cost, call.text, fingerprint)
-            with charged_boundary():
-                counted = self.engine.fetch_matrix(sql, handle)
-                # One row per distinct (features, label) pattern with its count: the learner
-                # works on these weights, never on one row per sample.
-                released = release_rule_list(
-                    plan, counted[:, :-2], counted[:, -2], self.noise, weights=counted[:, -1]
-                )
-                answer = json.dumps(
-                    {
-                        "rows": [list(r) for r in released.rows],
-                        "notes": list(released.notes),
-                        "model": plan.model_payload(released.rule_list),
-                    }
-                )
-                if cache_key is not None:
-                    self.ledger.remember(analyst, dataset, cache_key, answer)
-            cost = plan.cost
-        result, data = self.table_function_result(call, answer, cost, COLUMNS)
-        if plan.model is not None and "model" in data:
-            self.store_model(plan, "rule_list", analyst, call.text, data["model"], result)
-        return result
+        from dpsql.rulelist.sql_run import run_rule_list
+
+        return run_rule_list(self, call, settings, analyst, handle)
 
     def table_function_result(
         self, call: RuleListCall, answer: str, cost: Any, columns: Sequence[tuple[str, str]]
     ) -> tuple[Result, dict]:
-        """A DP table function's released rows (the cached JSON ``answer``) through the outer
-        query's post-processing: the Result, and the decoded answer (notes, model)."""
-        with post_processing_boundary():
-            data = json.loads(answer)
-            rows = [tuple(r) for r in data["rows"]]
-            description, out_rows = self.scratch.post_process(
-                call.post.sql(dialect=DIALECT),
-                [c for c, _ in columns],
-                [t for _, t in columns],
-                rows,
-            )
-        result = Result(
-            [(n, type_code(t)) for n, t in description],
-            [tuple(_convert(v) for v in r) for r in out_rows],
-            intervals=[tuple(None for _ in description) for _ in out_rows],
-            cost=cost,
-            cached=cost is None,
-        )
-        result.notes = list(data["notes"])
-        return result, data
+        from dpsql.service.table_results import table_function_result
+
+        return table_function_result(self, call, answer, cost, columns)
 
     def store_model(
         self, plan: Any, kind: str, analyst: str, query: str, payload: dict, result: Result
     ) -> None:
-        """Keep a released model under ``plan.model`` (post-processing: it costs nothing)."""
-        from dpsql.models.store import ModelStore, model_record
+        from dpsql.service.table_results import store_model
 
-        record = model_record(plan, kind, analyst, self.policy.dataset, query, payload)
-        ModelStore.for_ledger(self.ledger).put(record)
-        result.notes.append(f"stored as model {plan.model!r}: dp_predict('{plan.model}')")
-
-    def explain_rule_list(self, plan) -> Result:
-        result = Result(EXPLAIN_COLUMNS, plan.explain_rows(), status="EXPLAIN")
-        result.notes = list(plan.notes)
-        return result
+        store_model(self, plan, kind, analyst, query, payload, result)
 
     def _key_types(self, plan: Plan) -> list[str]:
         """DB-API type codes of the released keys (as :func:`lower_key` casts them)."""

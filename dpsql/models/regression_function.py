@@ -2,10 +2,11 @@
 
 :func:`plan_regression` validates the call against the table's policy and fixes everything
 the cost depends on, reading no data (refusals are free); :func:`run_regression` follows
-``Service.run_rule_list`` step by step: plan, ledger check, engine SQL built from the policy
-(never the analyst's text), reserve, fetch and fit inside :func:`charged_boundary`, cache by
-fingerprint, post-process in :func:`post_processing_boundary`. :func:`explain_regression`
-shows the calibrated mechanism and spends nothing. See docs/regression.md.
+the rule-list runner (dpsql.rulelist.sql_run) step by step: plan, ledger check, engine SQL
+built from the policy (never the analyst's text), reserve, fetch and fit inside
+:func:`charged_boundary`, cache by fingerprint, post-process in
+:func:`post_processing_boundary`. :func:`explain_regression` shows the calibrated mechanism
+and spends nothing. See docs/regression.md.
 """
 
 from __future__ import annotations
@@ -453,7 +454,7 @@ def _check_budget_delta(service: Service, plan: RegressionPlan, analyst: str) ->
 def run_regression(
     service: Service, call: Any, settings: Settings, analyst: str, handle: Any
 ) -> Result:
-    """``Service.run_rule_list``'s order, for the regression table functions."""
+    """dpsql.rulelist.sql_run.run_rule_list's order, for the regression table functions."""
     from dpsql.engine.scratch import check_post
     from dpsql.pipeline import DIALECT, _not_cancelled
 
