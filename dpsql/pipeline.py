@@ -209,6 +209,7 @@ class Service:
             delta=settings.delta,
             mechanism=settings.mechanism,
             data_version=self.engine.versions.get(query.table.name, ""),
+            partition_selection=settings.partition_selection,
         )
 
     # -- execution ---------------------------------------------------------------------------

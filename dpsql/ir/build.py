@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dpsql.ir.measures import Measurement, PostProcess, Release, Threshold
+from dpsql.ir.measures import Measurement, PostProcess, Release, Selection, Threshold
 from dpsql.ir.relational import (
     Aggregate,
     AggregateMeasure,
@@ -54,11 +54,17 @@ def plan_tree(plan: Plan) -> PostProcess:
     threshold = None
     if plan.threshold is not None:
         threshold = Threshold(plan.threshold.measure, plan.threshold.tau, plan.threshold.delta)
+    selection = None
+    if plan.selection is not None and plan.selection.mechanism is not None:
+        spec = next(s for s in measures if s.name == plan.selection.measure)
+        _, l1, _ = bound.unit_change(spec.row_bound, per_unit=spec.per_unit)
+        selection = Selection(spec.name, plan.selection.mechanism, l1)
     release = Release(
         aggregate,
         tuple(measurements),
         threshold,
         tuple(f"{o.call.label} = f({', '.join(o.measures)})" for o in plan.outputs),
+        selection,
     )
     return PostProcess(release, query.post)
 
@@ -77,6 +83,12 @@ def tree_lines(root: object) -> list[str]:
                 lines.append(f"{pad}  {m.describe()}: eps {cost.epsilon:.6g}, rho {cost.rho:.6g}")
             if node.threshold is not None:
                 lines.append(f"{pad}  {node.threshold.describe()}")
+            if node.selection is not None:
+                cost = node.selection.privacy_map()
+                lines.append(
+                    f"{pad}  {node.selection.describe()}: eps {cost.epsilon:.6g}, "
+                    f"delta {cost.delta:.6g}"
+                )
         for child in node.children():  # type: ignore[attr-defined]
             visit(child, depth + 1)
 

@@ -52,7 +52,7 @@ def group_index(plan: Plan, result: EngineResult) -> tuple[list[tuple], np.ndarr
             1, n_measures
         )
         return [()], exact
-    if plan.threshold is None:
+    if plan.threshold is None and plan.selection is None:
         # without a threshold the groups are the declared domains: every key has one
         domains = [cast(tuple, kp.domain) for kp in plan.keys]
         size = math.prod([len(d) for d in domains])
@@ -104,6 +104,9 @@ def release(plan: Plan, result: EngineResult, source: NoiseSource) -> Released:
         mech = plan.measure(plan.threshold.measure).mechanism
         (sim,) = _simulated_noise(0, (mech,), INTERVAL_DRAWS)
         suppressed = np.array([float(np.mean(u + sim < plan.threshold.tau)) for u in units[keep]])
+    selection = plan.selection
+    if selection is not None and selection.mechanism is not None:
+        keep, suppressed = _select(plan, exact, noisy, source)
     kept = {k: v[keep] for k, v in noisy.items()}
     outputs = [_evaluate(o, plan, kept) for o in plan.outputs]
     intervals = [
@@ -111,6 +114,34 @@ def release(plan: Plan, result: EngineResult, source: NoiseSource) -> Released:
     ]
     key_values = [g for g, k in zip(groups, keep, strict=True) if k]
     return Released(key_values, outputs, intervals, suppressed)
+
+
+def _select(
+    plan: Plan, exact: np.ndarray, noisy: dict[str, np.ndarray], source: NoiseSource
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Optimal partition selection on the exact unit counts (which then leave ``noisy``:
+    nothing may read them). Groups come sorted by key (group_index), so neither the keep
+    draws nor the released order depend on the engine's row order.
+
+    A released group's suppression probability is 1 − π(n̂) at a *noisy* unit count n̂ the
+    query releases anyway (post-processing); without one it is not given (NULL).
+    """
+    selection = plan.selection
+    assert selection is not None and selection.mechanism is not None and selection.measure
+    j = next(i for i, m in enumerate(plan.measures) if m.name == selection.measure)
+    counts = np.array([int(v) for v in exact[:, j]], dtype=np.int64)
+    del noisy[selection.measure]
+    keep = selection.mechanism.keep(counts, source)
+    noisy_units = next(
+        (noisy[m.name] for m in plan.measures if m.kind == "units" and m.name in noisy), None
+    )
+    if noisy_units is None:
+        return keep, None
+    sel = selection.mechanism
+    suppressed = np.array(
+        [sel.suppression_probability(max(1, round(float(u)))) for u in noisy_units[keep]]
+    )
+    return keep, suppressed
 
 
 def _interval(

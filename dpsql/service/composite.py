@@ -59,6 +59,7 @@ def plan_composite(
         delta=settings.delta,
         mechanism=settings.mechanism,
         data_version=service.engine.versions.get(outer_query.table.name, ""),
+        partition_selection=settings.partition_selection,
     )
     return inner, outer
 

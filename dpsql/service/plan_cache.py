@@ -148,6 +148,7 @@ class _PlanCache:
             repr(settings.epsilon),
             repr(settings.delta),
             settings.mechanism,
+            settings.partition_selection,
         )
 
     def get(self, key: tuple) -> _Prepared | None:

@@ -24,6 +24,8 @@ class Settings:
     delta: float
     mechanism: str
     confidence: float = 0.95  # level of the reported noise intervals: post-processing only
+    # non-public GROUP BY keys: optimal selection, τ-threshold, or whichever keeps more
+    partition_selection: str = "auto"
 
     @classmethod
     def from_policy(cls, policy: Policy) -> Settings:
@@ -35,7 +37,11 @@ class Settings:
 
     def shown(self) -> dict[str, Any]:
         """Every session setting (SET/SHOW/RESET): the privacy ones and the interval level."""
-        return {**self.as_dict(), "confidence": self.confidence}
+        return {
+            **self.as_dict(),
+            "partition_selection": self.partition_selection,
+            "confidence": self.confidence,
+        }
 
 
 def apply_setting(statement: SettingStatement, settings: Settings) -> Result:
@@ -63,6 +69,17 @@ def apply_setting(statement: SettingStatement, settings: Settings) -> Result:
                 hint="SET mechanism = 'laplace' or 'gaussian'",
             )
         settings.mechanism = str(value).lower()
+    elif name == "partition_selection":
+        from dpsql.sql.sharing import SELECTION_MODES
+
+        if str(value).lower() not in SELECTION_MODES:
+            raise ProgrammingError(
+                f"unknown partition_selection {value!r}",
+                sqlstate="22023",
+                construct="partition_selection",
+                hint="SET partition_selection = 'auto', 'optimal' or 'threshold'",
+            )
+        settings.partition_selection = str(value).lower()
     else:
         try:
             number = float(value)

@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 from dpsql.aggregates import KINDS
 from dpsql.errors import NotSupportedError, PrivacyError
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.mechanisms import Gaussian, Laplace, Mechanism
+from dpsql.privacy.partition import OptimalSelection, Unreleased
+from dpsql.sql import sharing
 from dpsql.sql.bind import AggregateCall, BoundQuery, GroupKey
 
 # Measure kinds and the value one row contributes (before summing):
@@ -49,7 +51,8 @@ class Measure:
     l2: float  # per-unit L2 sensitivity across all groups
     epsilon: float  # share of the query's ε
     delta: float  # share of the query's δ (Gaussian only)
-    mechanism: Mechanism
+    mechanism: Mechanism | Unreleased  # Unreleased: exact, read by the selection only
+    count: str | None = None  # sum/sumsq centred: the count measure the centre multiplies
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,25 @@ class Threshold:
 
 
 @dataclass(frozen=True)
+class Selection:
+    """How the non-public keys are released, and why (EXPLAIN shows both).
+
+    ``mode`` "optimal": the optimal partition selection (``mechanism``) reads the exact unit
+    count ``measure`` (never released) and charges ``mechanism.cost``; "threshold": the noisy
+    unit count of :class:`Threshold`, reused by the outputs that count units. ``n_half``: the
+    unit count at which a key is kept with probability >= 1/2, for each candidate compared.
+    """
+
+    mode: str
+    requested: str  # the partition_selection setting: auto | optimal | threshold
+    measure: str | None = None
+    mechanism: OptimalSelection | None = None
+    epsilon: float = 0.0
+    delta: float = 0.0
+    n_half: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
 class Plan:
     query: BoundQuery
     keys: tuple[KeyPlan, ...]
@@ -89,6 +111,7 @@ class Plan:
     max_groups: int  # G (effective)
     cost: Cost
     data_version: str = ""
+    selection: Selection | None = None
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def measure(self, name: str) -> Measure:
@@ -117,6 +140,8 @@ class Plan:
             f"{self.max_rows}:{self.max_groups}:{self.mechanism}:{self.epsilon!r}:{self.delta!r}",
             self.data_version,
         ]
+        if self.selection is not None:
+            parts.append(repr(self.selection))
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
@@ -137,13 +162,15 @@ def fixed_point_bounds(lower: float, upper: float, g: float) -> tuple[int, int]:
 
 
 def _measure_specs(
-    query: BoundQuery, thresholded: bool
+    query: BoundQuery,
+    thresholded: bool,
+    share: Callable[[tuple[str, str | None]], tuple[str, str | None]] | None = None,
 ) -> tuple[list[tuple[str, str | None]], list[tuple[AggregateCall, list[tuple[str, str | None]]]]]:
     """The (kind, column) measures the query needs, and each output's measures in order."""
     needed: list[tuple[str, str | None]] = []
 
     def need(kind: str, column: str | None) -> tuple[str, str | None]:
-        spec = (kind, column)
+        spec = (kind, column) if share is None else share((kind, column))
         if spec not in needed:
             needed.append(spec)
         return spec
@@ -166,6 +193,7 @@ def build_plan(
     delta: float,
     mechanism: str,
     data_version: str = "",
+    partition_selection: str = "auto",
 ) -> Plan:
     """Annotate a bound query with bounds, sensitivities, mechanisms and the budget split."""
     table = query.table
@@ -193,24 +221,28 @@ def build_plan(
         bins = math.prod(len(d) for d in domains if d is not None)
         G = min(G, bins)
 
-    specs, output_specs = _measure_specs(query, thresholded)
-    # k = 0: only public keys are asked for (SELECT grp ... GROUP BY grp): nothing to noise.
-    k = max(len(specs), 1)
-    measure_delta = 0.0
     threshold_delta = 0.0
     if thresholded:
         threshold_delta = delta if mechanism == "laplace" else delta / 2
+    layout = _choose_layout(
+        query, thresholded, partition_selection, epsilon, delta, threshold_delta, mechanism, R, G
+    )
+    specs, output_specs, eps_shares, selection = layout
+    # k = 0: only public keys are asked for (SELECT grp ... GROUP BY grp): nothing to noise.
+    k = max(len(specs), 1)
+    measure_delta = 0.0
     if mechanism == "gaussian":
         measure_delta = (delta - threshold_delta) / k
-    eps_share = epsilon / k
 
     # Centre sums on the midpoint when a count of the same column is released anyway.
-    counted = {c for kind, c in specs if kind == "values"}
+    count_of = _count_specs(query, specs, R)
+    counted = set(count_of)
     measures: list[Measure] = []
-    names: dict[tuple[str, str | None], str] = {}
+    names: dict[tuple[str, str | None], str] = {spec: f"m{i}" for i, spec in enumerate(specs)}
     for i, (kind, column) in enumerate(specs):
         name = f"m{i}"
         names[(kind, column)] = name
+        eps_share = eps_shares[i]
         g = 1.0
         lo = hi = center = center2 = 0
         if kind in ("rows", "values") or kind == "units":
@@ -262,6 +294,7 @@ def build_plan(
                 epsilon=eps_share,
                 delta=measure_delta,
                 mechanism=mech,
+                count=names[count_of[column]] if center and column in count_of else None,
             )
         )
 
@@ -274,14 +307,20 @@ def build_plan(
         )
 
     threshold = None
-    if thresholded:
+    if selection is not None and selection.mode == "threshold":
         units = measures[specs.index(("units", None))]
-        tau = units.mechanism.threshold(threshold_delta, G)
+        tau = units.mechanism.threshold(threshold_delta, G)  # type: ignore[union-attr]
         threshold = Threshold(measure=units.name, tau=tau, delta=threshold_delta)
 
-    cost = Cost(delta=threshold_delta)
+    cost = Cost(delta=threshold_delta if threshold is not None else 0.0)
     for m in measures:
         cost = cost + m.mechanism.cost
+    if selection is not None and selection.mechanism is not None:
+        # the selection reads an exact unit count: one more measure, never noised or released
+        exact = f"m{len(measures)}"
+        measures.append(_exact_units(exact, G))
+        selection = replace(selection, measure=exact)
+        cost = cost + selection.mechanism.cost
     plan = Plan(
         query=query,
         keys=tuple(KeyPlan(key, d) for key, d in zip(query.keys, domains, strict=True)),
@@ -295,8 +334,165 @@ def build_plan(
         max_groups=G,
         cost=cost,
         data_version=data_version,
+        selection=selection,
     )
     from dpsql.ir.check import check_plan
 
     check_plan(plan)  # charged cost == the sum of the plan tree's privacy maps
     return plan
+
+
+# -- shared measures, the ε split and partition selection (dpsql.sql.sharing) ------------------
+
+
+def _count_specs(
+    query: BoundQuery, specs: list[tuple[str, str | None]], R: int
+) -> dict[str, tuple[str, str | None]]:
+    """Per summed column, the measure counting its values, when the query measures it anyway
+    (the sum is then centred on its range's midpoint and the count adds centre × it back)."""
+    units = ("units", None) in specs
+    out = {}
+    for kind, column in specs:
+        if kind == "sum" and column is not None:
+            spec = sharing.count_spec(query.table, column, units, R)
+            if spec in specs:
+                out[column] = spec
+    return out
+
+
+def _sum_scale(query: BoundQuery, column: str, centred: bool) -> tuple[float, float, float]:
+    """(h, c, M) of a column's fixed-point range: per-row bound after centring, the centre,
+    the largest |value| (as the measure loop computes them)."""
+    col = query.table.columns[column]
+    lo, hi = fixed_point_bounds(col.lower, col.upper, col.granularity)  # type: ignore[arg-type]
+    center = (lo + hi) // 2 if centred else 0
+    h = max(abs(lo - center), abs(hi - center))
+    return float(h), float(center), float(max(abs(lo), abs(hi), 1))
+
+
+def _split_weights(
+    query: BoundQuery,
+    specs: list[tuple[str, str | None]],
+    output_specs: list[tuple[AggregateCall, list[tuple[str, str | None]]]],
+    R: int,
+    threshold_on_units: bool,
+) -> list[float]:
+    """C_i per spec: the sum over outputs of (weight of its noise × its per-row bound)²."""
+    count_of = _count_specs(query, specs, R)
+    weights = dict.fromkeys(specs, 0.0)
+    for call, parts in output_specs:
+        parts = list(parts)
+        if call.kind == "sum" and call.column in count_of:
+            parts.append(count_of[call.column])
+
+        def scale(spec: tuple[str, str | None]) -> tuple[float, float, float]:
+            return _sum_scale(query, spec[1], spec[1] in count_of)  # type: ignore[arg-type]
+
+        for spec, coefficient in sharing.output_coefficients(call.kind, parts, scale).items():
+            bound = 1 if spec[0] == "units" else R
+            weights[spec] += (coefficient * bound) ** 2
+    if threshold_on_units:
+        weights[("units", None)] += 1.0  # the selection counts as one more COUNT
+    return [weights[s] for s in specs]
+
+
+def _choose_layout(
+    query: BoundQuery,
+    thresholded: bool,
+    requested: str,
+    epsilon: float,
+    delta: float,
+    threshold_delta: float,
+    mechanism: str,
+    R: int,
+    G: int,
+) -> tuple[
+    list[tuple[str, str | None]],
+    list[tuple[AggregateCall, list[tuple[str, str | None]]]],
+    list[float],
+    Selection | None,
+]:
+    """The measures, each one's ε, and the partition selection (optimal or threshold,
+    whichever keeps a key at the smaller unit count; see dpsql.sql.sharing)."""
+    if requested not in sharing.SELECTION_MODES:
+        raise PrivacyError(
+            f"unknown partition_selection {requested!r}",
+            construct="partition_selection",
+            hint="SET partition_selection = 'auto', 'optimal' or 'threshold'",
+        )
+    units_measured = thresholded or any(c.kind == "count_units" for c in query.aggregates)
+
+    def share(spec: tuple[str, str | None]) -> tuple[str, str | None]:
+        return sharing.canonical(query.table, spec, units_measured, R)
+
+    if not thresholded:
+        specs, output_specs = _measure_specs(query, False, share)
+        weights = _split_weights(query, specs, output_specs, R, False)
+        return specs, output_specs, sharing.split(epsilon, weights), None
+    candidates = []
+    modes = ("threshold", "optimal") if requested == "auto" else (requested,)
+    for mode in modes:
+        specs, output_specs = _measure_specs(query, mode == "threshold", share)
+        weights = _split_weights(query, specs, output_specs, R, mode == "threshold")
+        if mode == "threshold":
+            shares = sharing.split(epsilon, weights)
+            eps_u = shares[specs.index(("units", None))]
+            k = max(len(specs), 1)
+            units: Mechanism
+            if mechanism == "laplace":
+                units = Laplace(l1=float(G), epsilon=eps_u)
+            else:
+                units = Gaussian(l2=math.sqrt(G), epsilon=eps_u, delta=(delta - threshold_delta) / k)
+            tau = units.threshold(threshold_delta, G)
+            n_half = sharing.half_keep(lambda n: 1.0 - units._tail(math.ceil(tau - n)))
+            candidates.append((n_half, 1, specs, output_specs, shares, None))
+        else:
+            *shares, eps_sel = sharing.split(epsilon, [*weights, 1.0])
+            try:
+                sel = OptimalSelection(eps_sel, threshold_delta, max_groups=G)
+                n_half = sharing.half_keep(sel.suppression_probability)
+            except ValueError:
+                if requested == "optimal":
+                    raise PrivacyError(
+                        "optimal partition selection at this epsilon needs too many units per "
+                        "group before a key is released",
+                        construct="partition_selection",
+                        hint="raise epsilon, or SET partition_selection = 'threshold'",
+                    ) from None
+                continue
+            candidates.append((n_half, 0, specs, output_specs, shares, sel))
+    n_half, _, specs, output_specs, shares, sel = min(candidates, key=lambda c: (c[0], c[1]))
+    compared = tuple(
+        ("threshold" if c[5] is None else "optimal", c[0]) for c in candidates
+    )
+    selection = Selection(
+        mode="threshold" if sel is None else "optimal",
+        requested=requested,
+        mechanism=sel,
+        epsilon=sel.epsilon if sel is not None else 0.0,
+        delta=threshold_delta,
+        n_half=compared,
+    )
+    return specs, output_specs, shares, selection
+
+
+def _exact_units(name: str, G: int) -> Measure:
+    """The exact unit count an optimal selection reads (one per (unit, group), G groups)."""
+    l1, l2 = float(G), math.sqrt(G)
+    return Measure(
+        name=name,
+        kind="units",
+        column=None,
+        granularity=1.0,
+        center=0,
+        lo=0,
+        hi=0,
+        center2=0,
+        row_bound=1,
+        per_group_bound=1,
+        l1=l1,
+        l2=l2,
+        epsilon=0.0,
+        delta=0.0,
+        mechanism=Unreleased(l1=l1, l2=l2),
+    )
