@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import json
+import math
 import secrets
 import threading
 from collections import OrderedDict
@@ -761,6 +762,23 @@ class Service:
                     m.delta + plan.threshold.delta,
                     float(m.mechanism.cost.rho),
                     float(m.mechanism.interval_halfwidth()),
+                )
+            )
+        selection = plan.selection
+        if selection is not None and selection.mechanism is not None:
+            sel = selection.mechanism
+            rows.append(
+                (
+                    "GROUP BY " + ", ".join(k.key.sql for k in plan.keys),
+                    f"optimal partition selection, kept always from n = {sel.saturation}",
+                    sel.name,
+                    float(sel.max_groups),
+                    float(math.sqrt(sel.max_groups)),
+                    None,
+                    sel.epsilon,
+                    sel.delta,
+                    0.0,
+                    None,
                 )
             )
         from dpsql.ir.build import plan_tree, tree_lines

@@ -392,8 +392,15 @@ def _split_weights(
             bound = 1 if spec[0] == "units" else R
             weights[spec] += (coefficient * bound) ** 2
     if threshold_on_units:
-        weights[("units", None)] += 1.0  # the selection counts as one more COUNT
+        weights[("units", None)] += _selection_weight(list(weights.values()))
     return [weights[s] for s in specs]
+
+
+def _selection_weight(weights: list[float]) -> float:
+    """The selection's weight in the split: that of the query's heaviest measure (at least a
+    COUNT's): suppressing a group loses every value of it, so the selection is never starved
+    to feed one value's precision."""
+    return max([1.0, *weights])
 
 
 def _choose_layout(
@@ -447,7 +454,7 @@ def _choose_layout(
             n_half = sharing.half_keep(lambda n: 1.0 - units._tail(math.ceil(tau - n)))
             candidates.append((n_half, 1, specs, output_specs, shares, None))
         else:
-            *shares, eps_sel = sharing.split(epsilon, [*weights, 1.0])
+            *shares, eps_sel = sharing.split(epsilon, [*weights, _selection_weight(weights)])
             try:
                 sel = OptimalSelection(eps_sel, threshold_delta, max_groups=G)
                 n_half = sharing.half_keep(sel.suppression_probability)
