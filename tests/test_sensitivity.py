@@ -51,9 +51,7 @@ def service(tmp_path_factory):
     svc.close()
 
 
-def plan_of(
-    service, sql, epsilon=1.0, delta=1e-6, mechanism="laplace", selection="auto"
-) -> Plan:
+def plan_of(service, sql, epsilon=1.0, delta=1e-6, mechanism="laplace", selection="auto") -> Plan:
     settings = Settings(epsilon, delta, mechanism, partition_selection=selection)
     return service.plan(parse_statement(sql, service.policy), settings)
 
@@ -227,7 +225,9 @@ def test_gaussian_splits_delta_and_uses_the_analytic_sigma(service):
 
 
 def test_laplace_threshold_takes_delta_and_keeps_g(service):
-    plan = plan_of(service, "SELECT name, COUNT(*) FROM t GROUP BY name", 1.0, 1e-6, "laplace", "threshold")
+    plan = plan_of(
+        service, "SELECT name, COUNT(*) FROM t GROUP BY name", 1.0, 1e-6, "laplace", "threshold"
+    )
     assert plan.max_groups == G  # no public domain to cap G
     units = only(plan, "units")  # added for the threshold though not asked for
     assert [m.kind for m in plan.measures] == ["rows", "units"]

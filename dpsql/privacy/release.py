@@ -19,6 +19,7 @@ from dpsql.aggregates import Sum, kind_of
 from dpsql.engine.api import EngineResult
 from dpsql.errors import PrivacyError
 from dpsql.privacy.mechanisms import Gaussian, Mechanism
+from dpsql.privacy.partition import Unreleased
 from dpsql.privacy.samplers import NoiseSource
 from dpsql.sql.plan import OutputAggregate, Plan
 from dpsql.sql.typecheck import canonical_key_value, key_sort_value
@@ -101,7 +102,7 @@ def release(plan: Plan, result: EngineResult, source: NoiseSource) -> Released:
     if plan.threshold is not None:
         units = noisy[plan.threshold.measure]
         keep = units >= plan.threshold.tau
-        mech = plan.measure(plan.threshold.measure).mechanism
+        mech = _noised(plan, plan.threshold.measure)
         (sim,) = _simulated_noise(0, (mech,), INTERVAL_DRAWS)
         suppressed = np.array([float(np.mean(u + sim < plan.threshold.tau)) for u in units[keep]])
     selection = plan.selection
@@ -114,6 +115,13 @@ def release(plan: Plan, result: EngineResult, source: NoiseSource) -> Released:
     ]
     key_values = [g for g, k in zip(groups, keep, strict=True) if k]
     return Released(key_values, outputs, intervals, suppressed)
+
+
+def _noised(plan: Plan, name: str) -> Mechanism:
+    """A measure's noise (never the selection's exact count: dpsql.ir.check)."""
+    mechanism = plan.measure(name).mechanism
+    assert not isinstance(mechanism, Unreleased)
+    return mechanism
 
 
 def _select(
@@ -167,7 +175,7 @@ def _interval(
     names = kind.interval_measures(output, plan)
     draws = min(INTERVAL_DRAWS, max(200, 200_000 // max(n, 1)))
     order = list(names)
-    noises = _simulated_noise(12345, tuple(plan.measure(k).mechanism for k in order), draws * n)
+    noises = _simulated_noise(12345, tuple(_noised(plan, k) for k in order), draws * n)
     sims = {
         name: noisy[name][None, :] + noise.reshape(draws, n)
         for name, noise in zip(order, noises, strict=True)

@@ -319,8 +319,8 @@ def build_plan(
         # the selection reads an exact unit count: one more measure, never noised or released
         exact = f"m{len(measures)}"
         measures.append(_exact_units(exact, G))
-        selection = replace(selection, measure=exact)
         cost = cost + selection.mechanism.cost
+        selection = replace(selection, measure=exact)
     plan = Plan(
         query=query,
         keys=tuple(KeyPlan(key, d) for key, d in zip(query.keys, domains, strict=True)),
@@ -436,7 +436,7 @@ def _choose_layout(
         specs, output_specs = _measure_specs(query, False, share)
         weights = _split_weights(query, specs, output_specs, R, False)
         return specs, output_specs, sharing.split(epsilon, weights), None
-    candidates = []
+    candidates: list[tuple[int, int, list, list, list[float], OptimalSelection | None]] = []
     modes = ("threshold", "optimal") if requested == "auto" else (requested,)
     for mode in modes:
         specs, output_specs = _measure_specs(query, mode == "threshold", share)
@@ -449,9 +449,11 @@ def _choose_layout(
             if mechanism == "laplace":
                 units = Laplace(l1=float(G), epsilon=eps_u)
             else:
-                units = Gaussian(l2=math.sqrt(G), epsilon=eps_u, delta=(delta - threshold_delta) / k)
+                units = Gaussian(
+                    l2=math.sqrt(G), epsilon=eps_u, delta=(delta - threshold_delta) / k
+                )
             tau = units.threshold(threshold_delta, G)
-            n_half = sharing.half_keep(lambda n: 1.0 - units._tail(math.ceil(tau - n)))
+            n_half = sharing.half_keep(sharing.threshold_suppression(units, tau))
             candidates.append((n_half, 1, specs, output_specs, shares, None))
         else:
             *shares, eps_sel = sharing.split(epsilon, [*weights, _selection_weight(weights)])
@@ -468,15 +470,13 @@ def _choose_layout(
                     ) from None
                 continue
             candidates.append((n_half, 0, specs, output_specs, shares, sel))
-    n_half, _, specs, output_specs, shares, sel = min(candidates, key=lambda c: (c[0], c[1]))
-    compared = tuple(
-        ("threshold" if c[5] is None else "optimal", c[0]) for c in candidates
-    )
+    n_half, _, specs, output_specs, shares, chosen = min(candidates, key=lambda c: (c[0], c[1]))
+    compared = tuple(("threshold" if c[5] is None else "optimal", c[0]) for c in candidates)
     selection = Selection(
-        mode="threshold" if sel is None else "optimal",
+        mode="threshold" if chosen is None else "optimal",
         requested=requested,
-        mechanism=sel,
-        epsilon=sel.epsilon if sel is not None else 0.0,
+        mechanism=chosen,
+        epsilon=chosen.epsilon if chosen is not None else 0.0,
         delta=threshold_delta,
         n_half=compared,
     )

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from fractions import Fraction
 
 from dpsql.policy import TablePolicy
+from dpsql.privacy.mechanisms import Mechanism
 
 Spec = tuple[str, str | None]
 
@@ -105,3 +106,12 @@ def half_keep(suppression: Callable[[int], float], start: int = 1, limit: int = 
         else:
             hi = mid
     return lo
+
+
+def threshold_suppression(units: Mechanism, tau: float) -> Callable[[int], float]:
+    """n ↦ P(n + X < τ): a key with n units is suppressed by the τ-threshold (exact pmf)."""
+
+    def suppression(n: int) -> float:
+        return 1.0 - units._tail(math.ceil(tau - n))
+
+    return suppression
