@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import random
 
-import numpy as np
 import pytest
 from conftest import table_policy, write_csv
 
@@ -106,13 +105,14 @@ def test_auto_keeps_keys_at_a_smaller_count_than_the_threshold(sized):
     assert counted.outputs[0].measures == (counted.threshold.measure,)
 
 
+@pytest.mark.filterwarnings("ignore::dpsql.errors.BudgetWarning")
 def test_neighbouring_datasets_empirical_privacy_loss(tmp_path):
     """D has a key held by 6 units, D' the same key with a 7th unit. Over REPS fresh runs
     each, P(released) must satisfy both (ε, δ) inequalities, within 4 standard errors."""
     reps, delta = 800, 0.001  # 800 runs of δ = 0.001 fit the δ budget; π(6) ≈ 0.23, π(7) ≈ 0.64
     base = {"x": 6} | {f"f{i}": 30 for i in range(3)}
     d = write_csv(tmp_path / "d.csv", ["uid", "name"], _rows(base))
-    d2 = write_csv(tmp_path / "d2.csv", ["uid", "name"], _rows(base) + [(10_000, "x")])
+    d2 = write_csv(tmp_path / "d2.csv", ["uid", "name"], [*_rows(base), (10_000, "x")])
     rates = []
     for path, seed in ((d, 100), (d2, 200)):
         conn = _connect(path, seed=seed, delta=delta)
