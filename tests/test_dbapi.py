@@ -232,7 +232,13 @@ def test_parameter_errors(conn):
 
 # -- settings -------------------------------------------------------------------------------
 
-DEFAULT_SETTINGS = {"epsilon": 1.0, "delta": 1e-6, "mechanism": "laplace", "confidence": 0.95}
+DEFAULT_SETTINGS = {
+    "epsilon": 1.0,
+    "delta": 1e-6,
+    "mechanism": "laplace",
+    "partition_selection": "auto",  # issue 17: optimal selection / τ-threshold / auto
+    "confidence": 0.95,
+}
 
 
 def test_set_show_reset(conn):
@@ -245,6 +251,7 @@ def test_set_show_reset(conn):
         "epsilon": 0.25,
         "delta": 1e-7,
         "mechanism": "gaussian",
+        "partition_selection": "auto",
         "confidence": 0.95,
     }
     assert rows_of(conn, "SHOW mechanism") == [("gaussian",)]

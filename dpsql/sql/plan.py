@@ -460,11 +460,11 @@ def _choose_layout(
             try:
                 sel = OptimalSelection(eps_sel, threshold_delta, max_groups=G)
                 n_half = sharing.half_keep(sel.suppression_probability)
-            except ValueError:
+            except (ValueError, OverflowError):
                 if requested == "optimal":
                     raise PrivacyError(
                         "optimal partition selection at this epsilon needs too many units per "
-                        "group before a key is released",
+                        "group before a key is released, or e^epsilon overflows",
                         construct="partition_selection",
                         hint="raise epsilon, or SET partition_selection = 'threshold'",
                     ) from None

@@ -85,9 +85,16 @@ def split(epsilon: float, weights: Sequence[float]) -> list[float]:
     if len(set(roots)) <= 1 or not all(r > 0 for r in roots):
         return [epsilon / k] * k
     total = sum(roots)
-    shares = [epsilon * r / total for r in roots]
-    while sum(Fraction(s) for s in shares) > Fraction(epsilon):
-        shares = [math.nextafter(s, 0.0) for s in shares]
+    # Shares on the grid q = 2^(e − 40) (ε = m·2^e), the last one ε minus the others: every
+    # part is a multiple of ε's own ulp below ε, so each is an exact float and their exact
+    # (Fraction) sum is ε itself, as the ledger charges it.
+    q = math.ldexp(1.0, math.frexp(epsilon)[1] - 40)
+    shares = [round(epsilon * r / total / q) * q for r in roots[:-1]]
+    last = Fraction(epsilon) - sum(Fraction(x) for x in shares)
+    if last <= 0 or min(shares) <= 0:
+        return [epsilon / k] * k
+    shares.append(float(last))
+    assert sum(Fraction(x) for x in shares) == Fraction(epsilon)
     return shares
 
 
