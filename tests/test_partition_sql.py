@@ -259,3 +259,18 @@ def test_an_optimal_table_too_long_is_refused_free(sized, monkeypatch):
         cur.execute("SELECT name FROM t GROUP BY name")
     assert conn._service.ledger.spent(conn.analyst, conn._service.policy.dataset).epsilon == 0
     assert _plan(conn, "SELECT name FROM t GROUP BY name").selection.mode == "threshold"
+
+
+def test_auto_breaks_a_tie_by_the_released_values_error(sized):
+    conn = _connect(sized)
+    for epsilon in (0.3, 1.0, 10.0, 30.0):  # ties at 10 (keys only) and 30 (COUNT)
+        for sql in (
+            "SELECT name FROM t GROUP BY name",
+            "SELECT name, COUNT(*) FROM t GROUP BY name",
+        ):
+            plan = _plan(conn, sql, epsilon=epsilon, delta=1e-6)
+            compared = dict(plan.selection.n_half)
+            assert compared[plan.selection.mode] == min(compared.values())
+            if len(set(compared.values())) == 1:  # a tie: a reused count decides
+                reused = bool(plan.outputs)
+                assert plan.selection.mode == ("threshold" if reused else "optimal")

@@ -436,7 +436,7 @@ def _choose_layout(
         specs, output_specs = _measure_specs(query, False, share)
         weights = _split_weights(query, specs, output_specs, R, False)
         return specs, output_specs, sharing.split(epsilon, weights), None
-    candidates: list[tuple[int, int, list, list, list[float], OptimalSelection | None]] = []
+    candidates: list[tuple[int, float, list, list, list[float], OptimalSelection | None]] = []
     modes = ("threshold", "optimal") if requested == "auto" else (requested,)
     for mode in modes:
         specs, output_specs = _measure_specs(query, mode == "threshold", share)
@@ -454,7 +454,8 @@ def _choose_layout(
                 )
             tau = units.threshold(threshold_delta, G)
             n_half = sharing.half_keep(sharing.threshold_suppression(units, tau))
-            candidates.append((n_half, 1, specs, output_specs, shares, None))
+            error = _output_error(query, specs, output_specs, R, shares)
+            candidates.append((n_half, error, specs, output_specs, shares, None))
         else:
             *shares, eps_sel = sharing.split(epsilon, [*weights, _selection_weight(weights)])
             try:
@@ -469,8 +470,12 @@ def _choose_layout(
                         hint="raise epsilon, or SET partition_selection = 'threshold'",
                     ) from None
                 continue
-            candidates.append((n_half, 0, specs, output_specs, shares, sel))
-    n_half, _, specs, output_specs, shares, chosen = min(candidates, key=lambda c: (c[0], c[1]))
+            error = _output_error(query, specs, output_specs, R, shares)
+            candidates.append((n_half, error, specs, output_specs, shares, sel))
+    # fewer lost groups first, then the released values' error, then the optimal (steeper) one
+    n_half, _, specs, output_specs, shares, chosen = min(
+        candidates, key=lambda c: (c[0], c[1], c[5] is None)
+    )
     compared = tuple(("threshold" if c[5] is None else "optimal", c[0]) for c in candidates)
     selection = Selection(
         mode="threshold" if chosen is None else "optimal",
@@ -481,6 +486,19 @@ def _choose_layout(
         n_half=compared,
     )
     return specs, output_specs, shares, selection
+
+
+def _output_error(
+    query: BoundQuery,
+    specs: list[tuple[str, str | None]],
+    output_specs: list[tuple[AggregateCall, list[tuple[str, str | None]]]],
+    R: int,
+    shares: list[float],
+) -> float:
+    """Σ_i C_i / ε_i² of the released values only (the split's objective without the
+    selection's weight): breaks a tie in n½ between the two selections."""
+    weights = _split_weights(query, specs, output_specs, R, False)
+    return sum(c / e**2 for c, e in zip(weights, shares, strict=True) if c)
 
 
 def _exact_units(name: str, G: int) -> Measure:
