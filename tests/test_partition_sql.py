@@ -166,17 +166,24 @@ def test_budget_charged_equals_the_plan_cost(sized):
     conn = _connect(sized)
     sql = "SELECT name, COUNT(DISTINCT uid) FROM t GROUP BY name"
     for mode in ("optimal", "threshold"):
-        ledger = MemoryLedger()
-        conn = dpsql.connect(
-            policy=conn._service.policy, ledger=ledger, noise=SeededNoise(3), cache=False
-        )
-        cur = conn.cursor()
-        cur.execute(f"SET partition_selection = '{mode}'")
-        plan = _plan(conn, sql, mode)
-        cur.execute(sql)
-        spent = ledger.spent(conn.analyst, conn._service.policy.dataset)
-        assert spent == plan.cost
-        assert plan.cost.epsilon == pytest.approx(EPS) and plan.cost.delta == pytest.approx(DELTA)
+        for mechanism in ("laplace", "gaussian"):
+            ledger = MemoryLedger()
+            conn = dpsql.connect(
+                policy=conn._service.policy, ledger=ledger, noise=SeededNoise(3), cache=False
+            )
+            cur = conn.cursor()
+            cur.execute(f"SET partition_selection = '{mode}'")
+            cur.execute(f"SET mechanism = '{mechanism}'")
+            service = conn._service
+            settings = Settings(EPS, DELTA, mechanism, partition_selection=mode)
+            plan = service.plan(parse_statement(sql, service.policy), settings)
+            assert plan.selection.mode == mode
+            cur.execute(sql)
+            assert ledger.spent(conn.analyst, service.policy.dataset) == plan.cost
+            if mechanism == "laplace":
+                assert plan.cost.epsilon == EPS and plan.cost.delta == pytest.approx(DELTA)
+            else:  # δ/2 to the selection, δ/2 to the Gaussian count; ρ for the count
+                assert plan.cost.delta == pytest.approx(DELTA / 2) and plan.cost.rho > 0
 
 
 def test_optimal_plan_reads_the_exact_count_only_in_the_selection(sized):

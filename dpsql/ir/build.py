@@ -43,8 +43,11 @@ def plan_tree(plan: Plan) -> PostProcess:
         AggregateMeasure(m.name, m.kind, m.column, _row_bound(m), per_unit=m.kind == "units")
         for m in plan.measures
     )
+    hidden = "thresholded"
+    if plan.selection is not None and plan.selection.mechanism is not None:
+        hidden = "optimal selection"
     domains = tuple(
-        "thresholded" if kp.domain is None else f"public: {len(kp.domain)} bins" for kp in plan.keys
+        hidden if kp.domain is None else f"public: {len(kp.domain)} bins" for kp in plan.keys
     )
     aggregate = Aggregate(bound, tuple(kp.key.sql for kp in plan.keys), domains, measures)
     measurements = []
