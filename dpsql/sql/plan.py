@@ -498,7 +498,7 @@ def _output_error(
     """Σ_i C_i / ε_i² of the released values only (the split's objective without the
     selection's weight): breaks a tie in n½ between the two selections."""
     weights = _split_weights(query, specs, output_specs, R, False)
-    return sum(c / e**2 for c, e in zip(weights, shares, strict=True) if c)
+    return sum(c / e / e if e > 0 else math.inf for c, e in zip(weights, shares, strict=True) if c)
 
 
 def _exact_units(name: str, G: int) -> Measure:
