@@ -15,6 +15,12 @@ share of true groups suppressed.
 
     python bench/bench_utility.py --reps 200               # the figures in docs/mechanisms.md
     python bench/bench_utility.py --data /path/to/pums     # PUMS_pid.csv in that directory
+    python bench/bench_utility.py --reps 200 --sql-only --match educ --epsilons 1
+                                   # suppression and AVG by educ through SQL, each selection
+
+Non-public GROUP BY rows run once per ``partition_selection`` (auto, threshold, optimal);
+``--baseline`` runs the SQL rows without that setting (for a tree before it existed: copy
+this file into that tree and run it there, to measure "before").
 """
 
 from __future__ import annotations
@@ -71,7 +77,7 @@ class Row:
     reps: int
 
 
-def policy(csv: Path, epsilon: float) -> dict:
+def policy(csv: Path, epsilon: float, delta: float = DELTA) -> dict:
     columns = {
         "pid": {"type": "int", "nullable": False},
         "age": {"type": "int", "lower": 0, "upper": 100, "nullable": False},
@@ -94,7 +100,7 @@ def policy(csv: Path, epsilon: float) -> dict:
     return {
         "privacy": {
             "epsilon": epsilon,
-            "delta": DELTA,
+            "delta": delta,
             "budget_epsilon": 1e12,
             "budget_delta": 0.5,
         },
@@ -183,16 +189,37 @@ SQL_QUERIES = [
         "SELECT 0, quantile_cont(age, 0.9) FROM t",
         False,
     ),
+    (
+        "AVG(income) BY educ (no domain)",
+        "SELECT educ, AVG(income) FROM pums GROUP BY educ",
+        "SELECT educ, AVG(income) FROM t GROUP BY educ",
+        True,
+    ),
+    (
+        "educ keys only (no domain)",
+        "SELECT educ, 1 FROM pums GROUP BY educ",
+        "SELECT educ, 1 FROM t GROUP BY educ",
+        True,
+    ),
 ]
+SELECTIONS = ("auto", "threshold", "optimal")
 
 
-def sql_rows(csv: Path, con, reps: int) -> list[Row]:
+def sql_rows(
+    csv: Path,
+    con,
+    reps: int,
+    epsilons=EPSILONS,
+    match: str = "",
+    baseline: bool = False,
+    delta: float = DELTA,
+) -> list[Row]:
     out = []
-    for eps in EPSILONS:
+    for eps in epsilons:
         with (
             warnings.catch_warnings(),
             dpsql.connect(
-                policy=policy(csv, eps),
+                policy=policy(csv, eps, delta),
                 ledger=MemoryLedger(),
                 cache=False,
                 noise=SeededNoise(int(eps * 1000)),
@@ -201,22 +228,32 @@ def sql_rows(csv: Path, con, reps: int) -> list[Row]:
             warnings.simplefilter("ignore")
             cur = conn.cursor()
             for name, dp_sql, true_sql, grouped in SQL_QUERIES:
+                if match not in name:
+                    continue
                 true = truth(con, true_sql)
-                samples = []
-                for _ in range(reps):
-                    cur.execute(dp_sql)
-                    samples.append(errors({r[0]: float(r[1]) for r in cur.fetchall()}, true))
-                method = "today (Laplace, τ-threshold)" if grouped else "today (Laplace)"
-                if "MEDIAN" in dp_sql or "PERCENTILE" in dp_sql:
-                    method = "EM on a public grid (SQL)"
-                if "auto clip" in name:
-                    method = "auto clip (SQL)"
-                out.append(summarise(name, eps, method, SQL, samples, reps, grouped))
+                modes = SELECTIONS if grouped and not baseline else (None,)
+                for mode in modes:
+                    if mode is not None:
+                        cur.execute(f"SET partition_selection = '{mode}'")
+                    samples = []
+                    for _ in range(reps):
+                        cur.execute(dp_sql)
+                        samples.append(errors({r[0]: float(r[1]) for r in cur.fetchall()}, true))
+                    method = "before (main)" if baseline else "Laplace"
+                    if "MEDIAN" in dp_sql or "PERCENTILE" in dp_sql:
+                        method = "EM on a public grid, CDF score"
+                    if "auto clip" in name:
+                        method = "auto clip"
+                    if mode is not None:
+                        method += f", partition_selection = {mode}"
+                    out.append(summarise(name, eps, method, SQL, samples, reps, grouped))
             # the other quantile mechanisms, through SET quantile_method
+            if match and match not in "MEDIAN(income)":
+                continue
             true = truth(con, "SELECT 0, MEDIAN(income) FROM t")
             for quantile_method, label in (
-                ("pf", "permute-and-flip (SQL)"),
-                ("smooth", "smooth sensitivity, Cauchy (SQL)"),
+                ("pf", "permute-and-flip"),
+                ("smooth", "smooth sensitivity, Cauchy"),
             ):
                 cur.execute(f"SET quantile_method = '{quantile_method}'")
                 samples = []
@@ -418,13 +455,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
     parser.add_argument("--skip-sql", action="store_true", help="mechanism rows only")
     parser.add_argument("--sql-only", action="store_true", help="SQL rows only")
+    parser.add_argument("--match", default="", help="SQL rows whose name contains this")
+    parser.add_argument("--epsilons", type=float, nargs="+", default=list(EPSILONS))
+    parser.add_argument("--delta", type=float, default=DELTA, help="the policy's δ")
+    parser.add_argument(
+        "--baseline", action="store_true", help="no partition_selection setting (before)"
+    )
     args = parser.parse_args(argv)
     csv = args.data / "PUMS_pid.csv"
     con = duckdb.connect()
     con.execute(f"CREATE TABLE t AS SELECT * FROM read_csv_auto('{csv}')")
     load = os.getloadavg()
     start = time.perf_counter()
-    rows = [] if args.skip_sql else sql_rows(csv, con, args.reps)
+    rows = (
+        []
+        if args.skip_sql
+        else sql_rows(csv, con, args.reps, args.epsilons, args.match, args.baseline, args.delta)
+    )
     if not args.sql_only:
         rows += (
             quantile_rows(con, args.reps)

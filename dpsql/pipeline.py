@@ -8,6 +8,7 @@ the ledger is written. The budget is checked before the engine runs and charged 
 from __future__ import annotations
 
 import itertools
+import math
 import secrets
 import threading
 from collections import OrderedDict
@@ -207,6 +208,7 @@ class Service:
             mechanism=settings.mechanism,
             data_version=self.engine.versions.get(query.table.name, ""),
             quantile_method=settings.quantile_method,
+            partition_selection=settings.partition_selection,
         )
 
     # -- execution ---------------------------------------------------------------------------
@@ -729,6 +731,23 @@ class Service:
                     m.delta + plan.threshold.delta,
                     float(m.mechanism.cost.rho),
                     float(m.mechanism.interval_halfwidth()),
+                )
+            )
+        selection = plan.selection
+        if selection is not None and selection.mechanism is not None:
+            sel = selection.mechanism
+            rows.append(
+                (
+                    "GROUP BY " + ", ".join(k.key.sql for k in plan.keys),
+                    f"optimal partition selection, kept always from n = {sel.saturation}",
+                    sel.name,
+                    float(sel.max_groups),
+                    float(math.sqrt(sel.max_groups)),
+                    None,
+                    sel.epsilon,
+                    sel.delta,
+                    0.0,
+                    None,
                 )
             )
         from dpsql.ir.build import plan_tree, tree_lines

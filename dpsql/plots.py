@@ -107,9 +107,9 @@ def _halfwidths(
             out.append((f"{o.call.label} at {rows_per_group:g} rows per group", float(half)))
             continue
         if o.call.kind == "sum" and parts[0].center:
-            count = next(
-                m for m in plan.measures if m.kind == "values" and m.column == o.call.column
-            )
+            from dpsql.aggregates import _values_measure  # COUNT(col) or the shared count
+
+            count = _values_measure(plan, parts[0])
             out.append((o.call.label, _centred_sum_halfwidth(parts[0], count, confidence)))
             continue
         for m in parts:

@@ -237,6 +237,7 @@ DEFAULT_SETTINGS = {
     "delta": 1e-6,
     "mechanism": "laplace",
     "quantile_method": "em",
+    "partition_selection": "auto",  # issue 17: optimal selection / τ-threshold / auto
     "confidence": 0.95,
 }
 
@@ -252,6 +253,7 @@ def test_set_show_reset(conn):
         "delta": 1e-7,
         "mechanism": "gaussian",
         "quantile_method": "em",
+        "partition_selection": "auto",
         "confidence": 0.95,
     }
     assert rows_of(conn, "SHOW mechanism") == [("gaussian",)]

@@ -250,6 +250,7 @@ def test_thresholded_group_by_releases_groups_above_tau(clean):
     conn, ref = clean
     cur = conn.cursor()
     cur.execute("SET epsilon = 10")
+    cur.execute("SET partition_selection = 'threshold'")  # this test is about the τ-threshold
     cur.execute("EXPLAIN SELECT name, COUNT(*) FROM t GROUP BY name")
     tau_row = next(r for r in cur.fetchall() if str(r[1]).startswith("units >= tau"))
     tau = float(tau_row[1].split("=")[-1])
@@ -409,6 +410,7 @@ def test_fixture_thresholded_diagnosis(loose, visits_ref):
     """GROUP BY the non-public diagnosis: exactly the codes held by >= tau patients, exact."""
     cur = loose.cursor()
     cur.execute("SET epsilon = 100")  # tau ~ 37 units: among the rare codes (30-45 units)
+    cur.execute("SET partition_selection = 'threshold'")  # this test is about the τ-threshold
     try:
         cur.execute("EXPLAIN SELECT diagnosis, COUNT(*) FROM visits GROUP BY diagnosis")
         tau_row = next(r for r in cur.fetchall() if str(r[1]).startswith("units >= tau"))
@@ -416,6 +418,7 @@ def test_fixture_thresholded_diagnosis(loose, visits_ref):
         got = rows_of(loose, "SELECT diagnosis, COUNT(*) FROM visits GROUP BY diagnosis")
     finally:
         cur.execute("RESET epsilon")
+        cur.execute("RESET partition_selection")
     units = dict(
         visits_ref.execute(
             "SELECT diagnosis, COUNT(DISTINCT patient_id) FROM visits GROUP BY 1"

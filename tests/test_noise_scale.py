@@ -119,6 +119,7 @@ def test_threshold_releases_a_single_unit_group_with_probability_at_most_delta(t
     policy = table_policy(path, {"name": {"type": "text"}}, privacy={"delta": delta})
     conn = dpsql.connect(policy=policy, ledger=MemoryLedger(), noise=SeededNoise(7), cache=False)
     cur = conn.cursor()
+    cur.execute("SET partition_selection = 'threshold'")  # the τ-threshold (auto: optimal here)
     cur.execute("EXPLAIN SELECT name, COUNT(*) FROM t GROUP BY name")
     rows = cur.fetchall()
     assert rows[1][1].startswith("units >= tau")  # the threshold row: the units measure

@@ -68,6 +68,7 @@ def test_error_curves_come_from_the_plan_and_spend_nothing(service, monkeypatch)
 def test_error_curves_with_a_group_size_and_a_threshold(service):
     settings = Settings.from_policy(service.policy)
     settings.confidence = 0.5
+    settings.partition_selection = "threshold"  # the curve of the τ-threshold's unit count
     curves = error_curves(
         service,
         "SELECT diagnosis, AVG(cost) AS a FROM visits GROUP BY diagnosis",

@@ -51,8 +51,9 @@ def service(tmp_path_factory):
     svc.close()
 
 
-def plan_of(service, sql, epsilon=1.0, delta=1e-6, mechanism="laplace") -> Plan:
-    return service.plan(parse_statement(sql, service.policy), Settings(epsilon, delta, mechanism))
+def plan_of(service, sql, epsilon=1.0, delta=1e-6, mechanism="laplace", selection="auto") -> Plan:
+    settings = Settings(epsilon, delta, mechanism, partition_selection=selection)
+    return service.plan(parse_statement(sql, service.policy), settings)
 
 
 def only(plan: Plan, kind: str, column: str | None = None):
@@ -171,15 +172,24 @@ def test_variance_uses_sum_of_centred_squares(service):
 # -- budget split and mechanisms ------------------------------------------------------------
 
 
-def test_epsilon_is_split_equally_across_measures(service):
+def test_epsilon_is_split_to_minimise_the_error(service):
+    # Issue 17: ε_i ∝ C_i^(1/3) (dpsql.sql.sharing.split) instead of ε/k for every measure
+    # (this test pinned the equal split before). Sum and count of AVG(n) weigh the same (the
+    # minimax weights: equal shares); COUNT(*) and the uncentred SUM(cost) weigh 1 each
+    # (count: X/N; SUM over [0, M]: X·M/(N·M)).
     plan = plan_of(service, "SELECT COUNT(*), SUM(cost), AVG(n) FROM t", epsilon=2.0)
     assert [m.kind for m in plan.measures] == ["rows", "sum", "sum", "values"]
-    assert all(m.epsilon == pytest.approx(0.5) for m in plan.measures)
+    rows, cost_sum, n_sum, n_count = (m.epsilon for m in plan.measures)
+    assert rows == pytest.approx(cost_sum) and n_sum == pytest.approx(n_count)
+    h, m = 8, 10  # n in [-5, 10], centred on 2: per-row bound 8, scale 10
+    assert n_sum / rows == pytest.approx(((h / m) ** 2) ** (1 / 3))
+    assert sum(m.epsilon for m in plan.measures) <= 2.0
     assert plan.cost == Cost(epsilon=pytest.approx(2.0))
     # a measure shared by two outputs is drawn once and charged once
     shared = plan_of(service, "SELECT AVG(cost), COUNT(cost), SUM(cost) FROM t")
     assert len(shared.measures) == 2
-    assert all(m.epsilon == pytest.approx(0.5) for m in shared.measures)
+    total, count = shared.measures  # the count serves AVG, COUNT and the centred SUM
+    assert count.epsilon > total.epsilon and total.epsilon + count.epsilon == pytest.approx(1)
 
 
 def test_laplace_scale_is_l1_over_epsilon_share(service):
@@ -201,24 +211,29 @@ def test_gaussian_splits_delta_and_uses_the_analytic_sigma(service):
     rho = 0.0
     for m in plan.measures:
         assert isinstance(m.mechanism, Gaussian)
-        assert (m.epsilon, m.delta) == (pytest.approx(0.3), pytest.approx(1e-6))
-        sigma = analytic_gaussian_sigma(m.l2, 0.3, 1e-6)
+        assert m.delta == pytest.approx(1e-6)  # δ is split equally, ε by dpsql.sql.sharing
+        sigma = analytic_gaussian_sigma(m.l2, m.epsilon, 1e-6)
         assert m.mechanism.scale == pytest.approx(sigma)
         assert m.mechanism.cost.rho == pytest.approx(m.l2**2 / (2 * sigma**2))
         rho += m.mechanism.cost.rho
     assert plan.cost.epsilon == 0 and plan.cost.delta == 0
     assert plan.cost.rho == pytest.approx(rho)
+    assert sum(m.epsilon for m in plan.measures) == pytest.approx(0.9)
 
 
 # -- thresholding ---------------------------------------------------------------------------
 
 
 def test_laplace_threshold_takes_delta_and_keeps_g(service):
-    plan = plan_of(service, "SELECT name, COUNT(*) FROM t GROUP BY name", 1.0, 1e-6)
+    plan = plan_of(
+        service, "SELECT name, COUNT(*) FROM t GROUP BY name", 1.0, 1e-6, "laplace", "threshold"
+    )
     assert plan.max_groups == G  # no public domain to cap G
     units = only(plan, "units")  # added for the threshold though not asked for
     assert [m.kind for m in plan.measures] == ["rows", "units"]
-    assert units.l1 == G and units.epsilon == 0.5
+    assert units.l1 == G
+    rows = only(plan, "rows")  # R > 1: the row count is not the unit count
+    assert units.epsilon + rows.epsilon == pytest.approx(1.0)
     th = plan.threshold
     assert th.measure == units.name and th.delta == 1e-6
     assert th.tau == units.mechanism.threshold(1e-6, G)
@@ -229,7 +244,9 @@ def test_laplace_threshold_takes_delta_and_keeps_g(service):
 
 
 def test_gaussian_threshold_takes_half_of_delta(service):
-    plan = plan_of(service, "SELECT name, COUNT(*) FROM t GROUP BY name", 1.0, 4e-6, "gaussian")
+    plan = plan_of(
+        service, "SELECT name, COUNT(*) FROM t GROUP BY name", 1.0, 4e-6, "gaussian", "threshold"
+    )
     th = plan.threshold
     assert th.delta == pytest.approx(2e-6)
     assert all(m.delta == pytest.approx(1e-6) for m in plan.measures)  # (4e-6 / 2) / 2
@@ -240,7 +257,11 @@ def test_gaussian_threshold_takes_half_of_delta(service):
 
 def test_public_and_non_public_keys_together_are_thresholded(service):
     plan = plan_of(service, "SELECT grp, name, COUNT(*) FROM t GROUP BY grp, name")
-    assert plan.threshold is not None and plan.max_groups == G
+    assert plan.selection is not None and plan.max_groups == G  # auto: optimal here
+    threshold = plan_of(
+        service, "SELECT grp, name, COUNT(*) FROM t GROUP BY grp, name", selection="threshold"
+    )
+    assert threshold.threshold is not None and threshold.max_groups == G
     assert [k.domain is None for k in plan.keys] == [False, True]
 
 
@@ -249,10 +270,11 @@ def test_public_and_non_public_keys_together_are_thresholded(service):
 
 def test_explain_rows_match_the_plan(service):
     sql = "SELECT name, COUNT(*), AVG(cost) FROM t GROUP BY name"
-    plan = plan_of(service, sql, 0.6, 1e-6)
+    plan = plan_of(service, sql, 0.6, 1e-6, "laplace", "threshold")
     conn = connect_service(service, "explainer")
     cur = conn.cursor()
     cur.execute("SET epsilon = 0.6")
+    cur.execute("SET partition_selection = 'threshold'")
     cur.execute("EXPLAIN " + sql)
     rows = cur.fetchall()
     measures = [plan.measure(name) for o in plan.outputs for name in o.measures]

@@ -106,6 +106,7 @@ def test_thresholded_keys_match_duckdb(clean):
     """GROUP BY a non-public key: the same groups pass tau (zero noise), with the same values."""
     for conn in clean:
         conn.cursor().execute("SET epsilon = 10")
+        conn.cursor().execute("SET partition_selection = 'threshold'")  # τ, not π(n)
     got = _same(clean, "SELECT name, COUNT(*), AVG(score) FROM t GROUP BY name")
     assert {r[0] for r in got} == {"alpha", "beta"}  # 'zeta' (one unit) stays below tau
 

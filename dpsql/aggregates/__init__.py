@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 
 
 def _values_measure(plan: Plan, sum_measure: Measure) -> Measure:
+    """The count a centred sum adds centre × back: COUNT(col), or the shared COUNT(*) /
+    unit count of a non-null column (dpsql.sql.sharing)."""
+    if sum_measure.count is not None:
+        return plan.measure(sum_measure.count)
     return next(m for m in plan.measures if m.kind == "values" and m.column == sum_measure.column)
 
 

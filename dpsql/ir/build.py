@@ -8,6 +8,7 @@ from dpsql.ir.measures import (
     PostProcess,
     QuantileMeasurement,
     Release,
+    Selection,
     Threshold,
 )
 from dpsql.ir.relational import (
@@ -50,8 +51,11 @@ def plan_tree(plan: Plan) -> PostProcess:
         AggregateMeasure(m.name, m.kind, m.column, _row_bound(m), per_unit=m.kind == "units")
         for m in plan.measures
     )
+    hidden = "thresholded"
+    if plan.selection is not None and plan.selection.mechanism is not None:
+        hidden = "optimal selection"
     domains = tuple(
-        "thresholded" if kp.domain is None else f"public: {len(kp.domain)} bins" for kp in plan.keys
+        hidden if kp.domain is None else f"public: {len(kp.domain)} bins" for kp in plan.keys
     )
     aggregate = Aggregate(bound, tuple(kp.key.sql for kp in plan.keys), domains, measures)
     measurements = []
@@ -84,6 +88,11 @@ def plan_tree(plan: Plan) -> PostProcess:
         )
         for c in plan.clips
     )
+    selection = None
+    if plan.selection is not None and plan.selection.mechanism is not None:
+        spec = next(s for s in measures if s.name == plan.selection.measure)
+        _, l1, _ = bound.unit_change(spec.row_bound, per_unit=spec.per_unit)
+        selection = Selection(spec.name, plan.selection.mechanism, l1)
     release = Release(
         aggregate,
         tuple(measurements),
@@ -94,6 +103,7 @@ def plan_tree(plan: Plan) -> PostProcess:
         ),
         quantiles,
         clips,
+        selection,
     )
     return PostProcess(release, query.post)
 
@@ -122,6 +132,12 @@ def tree_lines(root: object) -> list[str]:
                 lines.append(f"{pad}  {c.describe()}: eps {cost.epsilon:.6g}")
             if node.threshold is not None:
                 lines.append(f"{pad}  {node.threshold.describe()}")
+            if node.selection is not None:
+                cost = node.selection.privacy_map()
+                lines.append(
+                    f"{pad}  {node.selection.describe()}: eps {cost.epsilon:.6g}, "
+                    f"delta {cost.delta:.6g}"
+                )
         for child in node.children():  # type: ignore[attr-defined]
             visit(child, depth + 1)
 

@@ -19,7 +19,9 @@ RELATIVE = 1e-9  # floating-point calibration (b = Δ1 / ε) round trip
 
 
 def check_plan(plan: Plan) -> None:
-    """Raise InternalError unless charged cost == sum of the tree's privacy maps."""
+    """Raise InternalError unless charged cost == sum of the tree's privacy maps, and unless
+    every exact (un-noised) measure is the selection's input and read by no output."""
+    _check_exact(plan)
     release = plan_tree(plan).input
     for measurement, measure in zip(release.measurements, plan.measures, strict=True):
         if measurement.l1 > measure.l1 * (1 + RELATIVE) or measurement.l2 > measure.l2 * (
@@ -49,3 +51,23 @@ def check_plan(plan: Plan) -> None:
                 construct="plan",
                 hint="this is a dpsql bug; nothing was spent",
             )
+
+
+def _check_exact(plan: Plan) -> None:
+    from dpsql.aggregates import kind_of
+    from dpsql.privacy.partition import Unreleased
+
+    selection = plan.selection
+    allowed = selection.measure if selection is not None and selection.mechanism else None
+    exact = {m.name for m in plan.measures if isinstance(m.mechanism, Unreleased)}
+    read = set()
+    for output in plan.outputs:
+        read |= set(output.measures) | kind_of(output).interval_measures(output, plan)
+    if plan.threshold is not None:
+        read.add(plan.threshold.measure)
+    if exact - {allowed} or exact & read:
+        raise InternalError(
+            "an exact measure would be released or is not the partition selection's input",
+            construct="plan",
+            hint="this is a dpsql bug; nothing was spent",
+        )

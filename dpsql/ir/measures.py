@@ -8,7 +8,9 @@ sensitivity (derived by the relational nodes, not by the planner) to a cost:
 - discrete Gaussian of σ on an integer query of L2 sensitivity Δ2: ρ = Δ2² / (2σ²)
   (Canonne, Kamath & Steinke 2020, Thm 4).
 
-Thresholding (non-public GROUP BY keys) costs the δ it is calibrated to. Release (the formula
+Thresholding (non-public GROUP BY keys) costs the δ it is calibrated to. Optimal partition
+selection (Desfontaines et al. 2022) reads an exact unit count that is never released (its
+measurement's map is zero) and costs its own (ε, δ) (:class:`Selection`). Release (the formula
 AVG = SUM / COUNT, clamps) and post-processing (HAVING, ORDER BY, LIMIT on released values)
 read released values only: they cost nothing.
 """
@@ -23,18 +25,23 @@ from sqlglot import exp
 from dpsql.ir.relational import Aggregate
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.mechanisms import Gaussian, Laplace, Mechanism
+from dpsql.privacy.partition import OptimalSelection, Unreleased
 
 
 @dataclass(frozen=True)
 class Measurement:
     measure: str
-    mechanism: Mechanism
+    mechanism: Mechanism | Unreleased
     l1: float  # the sensitivity the relational nodes derive
     l2: float
 
     def privacy_map(self) -> Cost:
         """The cost of this noise scale at this sensitivity (independent of the planner's
         calibration: computed from the scale the sampler will use)."""
+        if isinstance(self.mechanism, Unreleased):
+            # exact, read by the selection only (dpsql.ir.check: no output reads it); the
+            # Selection node charges what deciding on it costs
+            return Cost()
         if self.l1 == 0 and self.l2 == 0:
             # a constant needs no noise; the planner still charges its share (an over-charge)
             return self.mechanism.cost
@@ -123,6 +130,29 @@ class ClipMeasurement:
 
 
 @dataclass(frozen=True)
+class Selection:
+    """Optimal partition selection on the exact unit count ``measure``: G independent
+    (ε/G, δ/G)-DP keep decisions per unit, (ε, δ)-DP by basic composition."""
+
+    measure: str
+    mechanism: OptimalSelection
+    l1: float  # the unit count's sensitivity the nodes derive: G groups, 1 each
+
+    def privacy_map(self) -> Cost:
+        if self.l1 > self.mechanism.max_groups:
+            raise ValueError("the selection is calibrated to fewer groups than a unit changes")
+        return self.mechanism.cost
+
+    def describe(self) -> str:
+        sel = self.mechanism
+        return (
+            f"Selection: optimal partition selection on exact {self.measure}, eps "
+            f"{sel.epsilon:.6g}, delta {sel.delta:g}, G {sel.max_groups} (a key with n units "
+            f"is kept with probability pi(n); always from n = {sel.saturation})"
+        )
+
+
+@dataclass(frozen=True)
 class Release:
     """Noisy measures -> the released table (keys, values, intervals): post-processing."""
 
@@ -132,6 +162,7 @@ class Release:
     outputs: tuple[str, ...]  # AVG(x) = m0 / m1 ...
     quantiles: tuple[QuantileMeasurement, ...] = ()
     clips: tuple[ClipMeasurement, ...] = ()
+    selection: Selection | None = None
 
     def children(self) -> tuple:
         return (self.input,)
@@ -144,6 +175,8 @@ class Release:
 
     def cost(self) -> Cost:
         total = self.threshold.privacy_map() if self.threshold is not None else Cost()
+        if self.selection is not None:
+            total = total + self.selection.privacy_map()
         for m in self.measurements:
             total = total + m.privacy_map()
         for q in self.quantiles:

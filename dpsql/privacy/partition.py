@@ -243,3 +243,30 @@ def suppression_lower_bound(epsilon: float, delta: float, unit_counts: np.ndarra
     """The smallest expected suppression ANY (ε, δ)-DP selection (one group per unit) can
     achieve on these counts: the optimal mechanism's, by Desfontaines et al.'s Theorem 1."""
     return expected_suppression(OptimalSelection(epsilon, delta), unit_counts)
+
+
+@dataclass(frozen=True)
+class Unreleased:
+    """The "mechanism" of an exact measure that only a partition selection reads.
+
+    :class:`OptimalSelection` decides on the *exact* unit count of each group, so the engine
+    computes it like any measure; it is never noised and never released. Its own privacy map
+    is zero: the selection node charges the selection's cost, and dpsql.ir.check refuses a
+    plan in which any output (or interval) reads such a measure.
+    """
+
+    l1: float = 1.0
+    l2: float = 1.0
+
+    name = "none (exact, read by the partition selection only)"
+    scale = 0.0
+
+    @property
+    def cost(self) -> Cost:
+        return Cost()
+
+    def sample(self, source: NoiseSource, size: int) -> np.ndarray:
+        return np.zeros(size, dtype=np.int64)
+
+    def interval_halfwidth(self, confidence: float = 0.95) -> float:
+        return 0.0

@@ -19,6 +19,7 @@ from dpsql.aggregates import Sum, kind_of
 from dpsql.engine.api import EngineResult
 from dpsql.errors import PrivacyError
 from dpsql.privacy.mechanisms import Gaussian, Mechanism
+from dpsql.privacy.partition import Unreleased
 from dpsql.privacy.quantiles import ExponentialQuantile, JointQuantiles, SmoothMedian, target
 from dpsql.privacy.samplers import NoiseSource
 from dpsql.sql.plan import OutputAggregate, Plan, QuantileMeasure
@@ -54,7 +55,7 @@ def group_index(plan: Plan, result: EngineResult) -> tuple[list[tuple], np.ndarr
         )
         _fill_distinct(plan, result, {(): 0}, exact)
         return [()], exact
-    if plan.threshold is None:
+    if plan.threshold is None and plan.selection is None:
         # without a threshold the groups are the declared domains: every key has one
         domains = [cast(tuple, kp.domain) for kp in plan.keys]
         size = math.prod([len(d) for d in domains])
@@ -120,9 +121,12 @@ def release(plan: Plan, result: EngineResult, source: NoiseSource) -> Released:
     if plan.threshold is not None:
         units = noisy[plan.threshold.measure]
         keep = units >= plan.threshold.tau
-        mech = plan.measure(plan.threshold.measure).mechanism
+        mech = _noised(plan, plan.threshold.measure)
         (sim,) = _simulated_noise(0, (mech,), INTERVAL_DRAWS)
         suppressed = np.array([float(np.mean(u + sim < plan.threshold.tau)) for u in units[keep]])
+    selection = plan.selection
+    if selection is not None and selection.mechanism is not None:
+        keep, suppressed = _select(plan, exact, noisy, source)
     kept = {k: v[keep] for k, v in noisy.items()}
     key_values = [g for g, k in zip(groups, keep, strict=True) if k]
     for qm, bins in zip(plan.quantiles, result.extras[: len(plan.quantiles)], strict=True):
@@ -172,6 +176,41 @@ def _release_quantiles(qm: QuantileMeasure, counts: np.ndarray, source: NoiseSou
     return out
 
 
+def _noised(plan: Plan, name: str) -> Mechanism:
+    """A measure's noise (never the selection's exact count: dpsql.ir.check)."""
+    mechanism = plan.measure(name).mechanism
+    assert not isinstance(mechanism, Unreleased)
+    return mechanism
+
+
+def _select(
+    plan: Plan, exact: np.ndarray, noisy: dict[str, np.ndarray], source: NoiseSource
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Optimal partition selection on the exact unit counts (which then leave ``noisy``:
+    nothing may read them). Groups come sorted by key (group_index), so neither the keep
+    draws nor the released order depend on the engine's row order.
+
+    A released group's suppression probability is 1 − π(n̂) at a *noisy* unit count n̂ the
+    query releases anyway (post-processing); without one it is not given (NULL).
+    """
+    selection = plan.selection
+    assert selection is not None and selection.mechanism is not None and selection.measure
+    j = next(i for i, m in enumerate(plan.measures) if m.name == selection.measure)
+    counts = np.array([int(v) for v in exact[:, j]], dtype=np.int64)
+    del noisy[selection.measure]
+    keep = selection.mechanism.keep(counts, source)
+    noisy_units = next(
+        (noisy[m.name] for m in plan.measures if m.kind == "units" and m.name in noisy), None
+    )
+    if noisy_units is None:
+        return keep, None
+    sel = selection.mechanism
+    suppressed = np.array(
+        [sel.suppression_probability(max(1, round(float(u)))) for u in noisy_units[keep]]
+    )
+    return keep, suppressed
+
+
 def _interval(
     output: OutputAggregate, plan: Plan, noisy: dict[str, np.ndarray], value: np.ndarray
 ) -> np.ndarray:
@@ -197,7 +236,7 @@ def _interval(
     names = kind.interval_measures(output, plan)
     draws = min(INTERVAL_DRAWS, max(200, 200_000 // max(n, 1)))
     order = list(names)
-    noises = _simulated_noise(12345, tuple(plan.measure(k).mechanism for k in order), draws * n)
+    noises = _simulated_noise(12345, tuple(_noised(plan, k) for k in order), draws * n)
     sims = {
         name: noisy[name][None, :] + noise.reshape(draws, n)
         for name, noise in zip(order, noises, strict=True)

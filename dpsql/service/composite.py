@@ -61,6 +61,7 @@ def plan_composite(
         mechanism=settings.mechanism,
         data_version=service.engine.versions.get(outer_query.table.name, ""),
         quantile_method=settings.quantile_method,
+        partition_selection=settings.partition_selection,
     )
     for plan in (inner, outer):
         if plan.clips:

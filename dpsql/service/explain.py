@@ -114,12 +114,16 @@ def explain_lines(service: Service, plan: Plan, analyst: str | None) -> list[str
                 "released (empty ones too)"
             )
         else:
-            lines.append(f"  {kp.key.sql}: not public, released by thresholding")
+            how = "thresholding"
+            if plan.selection is not None and plan.selection.mode == "optimal":
+                how = "optimal partition selection"
+            lines.append(f"  {kp.key.sql}: not public, released by {how}")
     if plan.threshold is not None:
         lines.append(
             f"  a group is released when its noisy unit count reaches {_n(plan.threshold.tau)} "
             f"(δ {_n(plan.threshold.delta)})"
         )
+    lines.extend(_selection_lines(plan))
     unit = plan.query.table.privacy_unit
     lines.append("Contribution bounds")
     if unit is None:
@@ -143,6 +147,7 @@ def explain_lines(service: Service, plan: Plan, analyst: str | None) -> list[str
             "    the sums' noise above is at the declared bounds (at most); the run states "
             "the range it used and the estimated bias towards zero"
         )
+    lines.extend(_split_lines(plan))
     c = plan.cost
     lines.append("Cost")
     lines.append(f"  ε {_n(c.epsilon)}, δ {_n(c.delta)}" + (f", ρ {_n(c.rho)}" if c.rho else ""))
@@ -220,3 +225,53 @@ def explain_text(service: Service, plan: Plan, analyst: str | None) -> Result:
     result = Result([("QUERY PLAN", "VARCHAR")], rows, status="EXPLAIN")
     result.notes = service.budget_notes(plan, analyst)
     return result
+
+
+def _selection_lines(plan: Plan) -> list[str]:
+    """How the non-public keys are selected, the chance a key of n units is dropped, and
+    the candidate the planner compared it with (partition_selection = 'auto')."""
+    selection = plan.selection
+    if selection is None:
+        return []
+    lines = []
+    sel = selection.mechanism
+    if sel is not None:
+        lines.append(
+            f"  optimal partition selection (Desfontaines et al. 2022) on the exact unit count, "
+            f"ε {_n(sel.epsilon)}, δ {_n(sel.delta)}: a group of n units is kept with "
+            "probability π(n), the largest any (ε, δ)-DP selection allows; the count is never "
+            "released"
+        )
+        points = sorted({1, 5, 10, 20, 50, 100, sel.saturation})
+        lines.append(
+            "  P(a group of n units is suppressed): "
+            + ", ".join(f"n = {n}: {sel.suppression_probability(n):.3g}" for n in points)
+        )
+    else:
+        units = plan.measure(plan.threshold.measure) if plan.threshold is not None else None
+        if units is not None:
+            reused = [o.call.label for o in plan.outputs if units.name in o.measures]
+            if reused:
+                lines.append(f"  its noisy unit count is reused by: {', '.join(reused)}")
+    compared = ", ".join(f"{mode} from n = {n}" for mode, n in selection.n_half)
+    lines.append(
+        f"  partition_selection = '{selection.requested}': {selection.mode} (a group is kept "
+        f"with probability >= 1/2: {compared})"
+    )
+    return lines
+
+
+def _split_lines(plan: Plan) -> list[str]:
+    """The ε split over the noisy measures (and the selection), and the rule behind it."""
+    shares = [
+        f"{m.name} {_n(m.epsilon)}" for m in plan.measures if m.epsilon > 0 and m.mechanism.scale
+    ]
+    if plan.selection is not None and plan.selection.mechanism is not None:
+        shares.append(f"selection {_n(plan.selection.epsilon)}")
+    if len(shares) < 2:
+        return []
+    return [
+        "ε split",
+        "  " + ", ".join(shares) + " (ε_i ∝ C_i^(1/3): minimises the summed relative noise "
+        "variance of the released values; shared measures count once)",
+    ]

@@ -149,6 +149,7 @@ class _PlanCache:
             repr(settings.delta),
             settings.mechanism,
             settings.quantile_method,
+            settings.partition_selection,
         )
 
     def get(self, key: tuple) -> _Prepared | None:

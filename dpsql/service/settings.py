@@ -29,6 +29,8 @@ class Settings:
     # MEDIAN/PERCENTILE/MIN/MAX: "em" (exponential mechanism), "pf" (permute-and-flip, same
     # ε, never worse in expectation) or "smooth" (MEDIAN only: smooth sensitivity + Cauchy)
     quantile_method: str = "em"
+    # non-public GROUP BY keys: optimal selection, τ-threshold, or whichever keeps more
+    partition_selection: str = "auto"
 
     @classmethod
     def from_policy(cls, policy: Policy) -> Settings:
@@ -40,10 +42,12 @@ class Settings:
 
     def shown(self) -> dict[str, Any]:
         """Every session setting (SET/SHOW/RESET): the privacy ones and the interval level."""
-        # quantile_method is part of a quantile plan (its fingerprint), not of other answers
+        # quantile_method / partition_selection are part of the plans they change (their
+        # fingerprints), not of other answers
         return {
             **self.as_dict(),
             "quantile_method": self.quantile_method,
+            "partition_selection": self.partition_selection,
             "confidence": self.confidence,
         }
 
@@ -82,6 +86,17 @@ def apply_setting(statement: SettingStatement, settings: Settings) -> Result:
                 hint="SET quantile_method = 'em', 'pf' or 'smooth' (MEDIAN only)",
             )
         settings.quantile_method = str(value).lower()
+    elif name == "partition_selection":
+        from dpsql.sql.sharing import SELECTION_MODES
+
+        if str(value).lower() not in SELECTION_MODES:
+            raise ProgrammingError(
+                f"unknown partition_selection {value!r}",
+                sqlstate="22023",
+                construct="partition_selection",
+                hint="SET partition_selection = 'auto', 'optimal' or 'threshold'",
+            )
+        settings.partition_selection = str(value).lower()
     else:
         try:
             number = float(value)

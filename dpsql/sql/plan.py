@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import cast
 
@@ -24,7 +24,9 @@ from dpsql.errors import NotSupportedError, PrivacyError
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.clipping import ApproxBounds, LogHistogram
 from dpsql.privacy.mechanisms import Gaussian, Laplace, Mechanism
+from dpsql.privacy.partition import OptimalSelection, Unreleased
 from dpsql.privacy.quantiles import Grid
+from dpsql.sql import sharing
 from dpsql.sql.bind import QUANTILE_KINDS, AggregateCall, BoundQuery, GroupKey
 
 # Measure kinds and the value one row contributes (before summing):
@@ -54,9 +56,12 @@ class Measure:
     l2: float  # per-unit L2 sensitivity across all groups
     epsilon: float  # share of the query's ε
     delta: float  # share of the query's δ (Gaussian only)
-    mechanism: Mechanism
+    mechanism: Mechanism | Unreleased  # Unreleased: exact, read by the selection only
+    count: str | None = None  # sum/sumsq centred: the count measure the centre multiplies
 
 
+# aggregates that sum a column's values (automatic clipping applies to them)
+SUMMED_KINDS = ("sum", "avg", "var_samp", "var_pop", "stddev_samp", "stddev_pop")
 QuantileTarget = tuple[str, float | None]  # ("min", None), ("quantile", q), ("max", None)
 
 
@@ -184,6 +189,25 @@ class Threshold:
 
 
 @dataclass(frozen=True)
+class Selection:
+    """How the non-public keys are released, and why (EXPLAIN shows both).
+
+    ``mode`` "optimal": the optimal partition selection (``mechanism``) reads the exact unit
+    count ``measure`` (never released) and charges ``mechanism.cost``; "threshold": the noisy
+    unit count of :class:`Threshold`, reused by the outputs that count units. ``n_half``: the
+    unit count at which a key is kept with probability >= 1/2, for each candidate compared.
+    """
+
+    mode: str
+    requested: str  # the partition_selection setting: auto | optimal | threshold
+    measure: str | None = None
+    mechanism: OptimalSelection | None = None
+    epsilon: float = 0.0
+    delta: float = 0.0
+    n_half: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
 class Plan:
     query: BoundQuery
     keys: tuple[KeyPlan, ...]
@@ -199,6 +223,7 @@ class Plan:
     data_version: str = ""
     quantiles: tuple[QuantileMeasure, ...] = ()
     clips: tuple[ClipEstimate, ...] = ()
+    selection: Selection | None = None
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def measure(self, name: str) -> Measure:
@@ -232,6 +257,8 @@ class Plan:
             f"{self.max_rows}:{self.max_groups}:{self.mechanism}:{self.epsilon!r}:{self.delta!r}",
             self.data_version,
         ]
+        if self.selection is not None:
+            parts.append(repr(self.selection))
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
@@ -252,13 +279,15 @@ def fixed_point_bounds(lower: float, upper: float, g: float) -> tuple[int, int]:
 
 
 def _measure_specs(
-    query: BoundQuery, thresholded: bool
+    query: BoundQuery,
+    thresholded: bool,
+    share: Callable[[tuple[str, str | None]], tuple[str, str | None]] | None = None,
 ) -> tuple[list[tuple[str, str | None]], list[tuple[AggregateCall, list[tuple[str, str | None]]]]]:
     """The (kind, column) measures the query needs, and each output's measures in order."""
     needed: list[tuple[str, str | None]] = []
 
     def need(kind: str, column: str | None) -> tuple[str, str | None]:
-        spec = (kind, column)
+        spec = (kind, column) if share is None else share((kind, column))
         if spec not in needed:
             needed.append(spec)
         return spec
@@ -282,6 +311,7 @@ def build_plan(
     mechanism: str,
     data_version: str = "",
     quantile_method: str = "em",
+    partition_selection: str = "auto",
 ) -> Plan:
     """Annotate a bound query with bounds, sensitivities, mechanisms and the budget split."""
     table = query.table
@@ -309,43 +339,61 @@ def build_plan(
         bins = math.prod(len(d) for d in domains if d is not None)
         G = min(G, bins)
 
-    specs, output_specs = _measure_specs(query, thresholded)
     quantile_targets: dict[str, set[QuantileTarget]] = {}
     for call in query.aggregates:
         if call.kind in QUANTILE_KINDS:
             target = KINDS[call.kind].target(call)  # type: ignore[attr-defined]
             quantile_targets.setdefault(call.column, set()).add(target)  # type: ignore[arg-type]
-    # k = 0: only public keys are asked for (SELECT grp ... GROUP BY grp): nothing to noise.
-    k = max(len(specs) + len(quantile_targets), 1)
     auto: list[str] = list(
         dict.fromkeys(
-            c
-            for kind, c in specs
-            if c is not None and kind in ("sum", "sumsq") and table.columns[c].clip == "auto"
+            call.column
+            for call in query.aggregates
+            if call.kind in SUMMED_KINDS
+            and call.column is not None
+            and table.columns[call.column].clip == "auto"
         )
     )
-    clip_epsilon = 0.0
-    if auto:
-        # the largest share any of them asks for, split equally between them
-        clip_epsilon = epsilon * max(table.columns[c].clip_share for c in auto)
-        epsilon_main = epsilon - clip_epsilon
-    else:
-        epsilon_main = epsilon
-    measure_delta = 0.0
+    # Off the top: the clipping share (the largest any auto-clipped column asks for), then
+    # one share per quantile column, equal to a measure's average share; the rest is split
+    # over the measures (and the selection) by dpsql.sql.sharing.
+    clip_epsilon = epsilon * max(table.columns[c].clip_share for c in auto) if auto else 0.0
+    epsilon_rest = epsilon - clip_epsilon
     threshold_delta = 0.0
     if thresholded:
         threshold_delta = delta if mechanism == "laplace" else delta / 2
+
+    def choose(eps: float):  # type: ignore[no-untyped-def]
+        return _choose_layout(
+            query, thresholded, partition_selection, eps, delta, threshold_delta, mechanism, R, G
+        )
+
+    layout = choose(epsilon_rest)
+    quantile_epsilon = 0.0
+    epsilon_main = epsilon_rest
+    if quantile_targets:
+        slots = len(layout[0]) + (
+            1 if layout[3] is not None and layout[3].mechanism is not None else 0
+        )
+        quantile_epsilon = epsilon_rest / (slots + len(quantile_targets))
+        if slots:
+            epsilon_main = epsilon_rest - quantile_epsilon * len(quantile_targets)
+            layout = choose(epsilon_main)
+    specs, output_specs, eps_shares, selection = layout
+    # k = 0: only public keys are asked for (SELECT grp ... GROUP BY grp): nothing to noise.
+    k = max(len(specs), 1)
+    measure_delta = 0.0
     if mechanism == "gaussian" and specs:
-        measure_delta = (delta - threshold_delta) / len(specs)
-    eps_share = epsilon_main / k
+        measure_delta = (delta - threshold_delta) / k
 
     # Centre sums on the midpoint when a count of the same column is released anyway.
-    counted = {c for kind, c in specs if kind == "values"}
+    count_of = _count_specs(query, specs, R)
+    counted = set(count_of)
     measures: list[Measure] = []
-    names: dict[tuple[str, str | None], str] = {}
+    names: dict[tuple[str, str | None], str] = {spec: f"m{i}" for i, spec in enumerate(specs)}
     for i, (kind, column) in enumerate(specs):
         name = f"m{i}"
         names[(kind, column)] = name
+        eps_share = eps_shares[i]
         g = 1.0
         lo = hi = center = center2 = 0
         if kind in ("rows", "values", "units", "distinct"):
@@ -397,6 +445,7 @@ def build_plan(
                 epsilon=eps_share,
                 delta=measure_delta,
                 mechanism=mech,
+                count=names[count_of[column]] if center and column in count_of else None,
             )
         )
 
@@ -409,9 +458,9 @@ def build_plan(
         )
 
     threshold = None
-    if thresholded:
+    if selection is not None and selection.mode == "threshold":
         units = measures[specs.index(("units", None))]
-        tau = units.mechanism.threshold(threshold_delta, G)
+        tau = units.mechanism.threshold(threshold_delta, G)  # type: ignore[union-attr]
         threshold = Threshold(measure=units.name, tau=tau, delta=threshold_delta)
 
     quantiles = []
@@ -437,8 +486,8 @@ def build_plan(
                 targets=targets,
                 max_values=R,
                 groups=G,
-                part_epsilon=_part_epsilon(eps_share, n_parts, G),
-                epsilon=eps_share,
+                part_epsilon=_part_epsilon(quantile_epsilon, n_parts, G),
+                epsilon=quantile_epsilon,
                 method=quantile_method,
             )
         )
@@ -446,6 +495,7 @@ def build_plan(
     clips = []
     for column in auto:
         col = table.columns[column]
+        sum_share = [e for s, e in zip(specs, eps_shares, strict=True) if s == ("sum", column)]
         clips.append(
             ClipEstimate(
                 column=column,
@@ -457,15 +507,21 @@ def build_plan(
                 ),
                 epsilon=clip_epsilon / len(auto),
                 max_values=R * G,
-                sum_epsilon=eps_share,
+                sum_epsilon=sum_share[0] if sum_share else max(eps_shares, default=epsilon),
                 method=col.clip_method,
                 q=col.clip_quantile,
             )
         )
 
-    cost = Cost(delta=threshold_delta)
+    cost = Cost(delta=threshold_delta if threshold is not None else 0.0)
     for m in measures:
         cost = cost + m.mechanism.cost
+    if selection is not None and selection.mechanism is not None:
+        # the selection reads an exact unit count: one more measure, never noised or released
+        exact = f"m{len(measures)}"
+        measures.append(_exact_units(exact, G))
+        cost = cost + selection.mechanism.cost
+        selection = replace(selection, measure=exact)
     for qm in quantiles:
         cost = cost + qm.cost
     for clip in clips:
@@ -486,6 +542,7 @@ def build_plan(
         quantiles=tuple(quantiles),
         clips=tuple(clips),
         extra={"measured_epsilon": epsilon_main},
+        selection=selection,
     )
     from dpsql.ir.check import check_plan
 
@@ -517,4 +574,186 @@ def with_clip_ranges(plan: Plan, ranges: dict[str, tuple[float, float]]) -> Plan
         mechanism=plan.mechanism,
         data_version=plan.data_version,
         quantile_method=plan.quantiles[0].method if plan.quantiles else "em",
+        partition_selection=plan.selection.requested if plan.selection else "auto",
+    )
+
+
+# -- shared measures, the ε split and partition selection (dpsql.sql.sharing) ------------------
+
+
+def _count_specs(
+    query: BoundQuery, specs: list[tuple[str, str | None]], R: int
+) -> dict[str, tuple[str, str | None]]:
+    """Per summed column, the measure counting its values, when the query measures it anyway
+    (the sum is then centred on its range's midpoint and the count adds centre × it back)."""
+    units = ("units", None) in specs
+    out = {}
+    for kind, column in specs:
+        if kind == "sum" and column is not None:
+            spec = sharing.count_spec(query.table, column, units, R)
+            if spec in specs:
+                out[column] = spec
+    return out
+
+
+def _sum_scale(query: BoundQuery, column: str, centred: bool) -> tuple[float, float, float]:
+    """(h, c, M) of a column's fixed-point range: per-row bound after centring, the centre,
+    the largest |value| (as the measure loop computes them)."""
+    col = query.table.columns[column]
+    lo, hi = fixed_point_bounds(col.lower, col.upper, col.granularity)  # type: ignore[arg-type]
+    center = (lo + hi) // 2 if centred else 0
+    h = max(abs(lo - center), abs(hi - center))
+    return float(h), float(center), float(max(abs(lo), abs(hi), 1))
+
+
+def _split_weights(
+    query: BoundQuery,
+    specs: list[tuple[str, str | None]],
+    output_specs: list[tuple[AggregateCall, list[tuple[str, str | None]]]],
+    R: int,
+    threshold_on_units: bool,
+) -> list[float]:
+    """C_i per spec: the sum over outputs of (weight of its noise × its per-row bound)²."""
+    count_of = _count_specs(query, specs, R)
+    weights = dict.fromkeys(specs, 0.0)
+    for call, parts in output_specs:
+        parts = list(parts)
+        if call.kind == "sum" and call.column in count_of:
+            parts.append(count_of[call.column])
+
+        def scale(spec: tuple[str, str | None]) -> tuple[float, float, float]:
+            return _sum_scale(query, spec[1], spec[1] in count_of)  # type: ignore[arg-type]
+
+        for spec, coefficient in sharing.output_coefficients(call.kind, parts, scale).items():
+            bound = 1 if spec[0] == "units" else R
+            weights[spec] += (coefficient * bound) ** 2
+    if threshold_on_units:
+        weights[("units", None)] += _selection_weight(list(weights.values()))
+    return [weights[s] for s in specs]
+
+
+def _selection_weight(weights: list[float]) -> float:
+    """The selection's weight in the split: that of the query's heaviest measure (at least a
+    COUNT's): suppressing a group loses every value of it, so the selection is never starved
+    to feed one value's precision."""
+    return max([1.0, *weights])
+
+
+def _choose_layout(
+    query: BoundQuery,
+    thresholded: bool,
+    requested: str,
+    epsilon: float,
+    delta: float,
+    threshold_delta: float,
+    mechanism: str,
+    R: int,
+    G: int,
+) -> tuple[
+    list[tuple[str, str | None]],
+    list[tuple[AggregateCall, list[tuple[str, str | None]]]],
+    list[float],
+    Selection | None,
+]:
+    """The measures, each one's ε, and the partition selection (optimal or threshold,
+    whichever keeps a key at the smaller unit count; see dpsql.sql.sharing)."""
+    if requested not in sharing.SELECTION_MODES:
+        raise PrivacyError(
+            f"unknown partition_selection {requested!r}",
+            construct="partition_selection",
+            hint="SET partition_selection = 'auto', 'optimal' or 'threshold'",
+        )
+    units_measured = thresholded or any(c.kind == "count_units" for c in query.aggregates)
+
+    def share(spec: tuple[str, str | None]) -> tuple[str, str | None]:
+        return sharing.canonical(query.table, spec, units_measured, R)
+
+    if not thresholded:
+        specs, output_specs = _measure_specs(query, False, share)
+        weights = _split_weights(query, specs, output_specs, R, False)
+        return specs, output_specs, sharing.split(epsilon, weights), None
+    candidates: list[tuple[int, float, list, list, list[float], OptimalSelection | None]] = []
+    modes = ("threshold", "optimal") if requested == "auto" else (requested,)
+    for mode in modes:
+        specs, output_specs = _measure_specs(query, mode == "threshold", share)
+        weights = _split_weights(query, specs, output_specs, R, mode == "threshold")
+        if mode == "threshold":
+            shares = sharing.split(epsilon, weights)
+            eps_u = shares[specs.index(("units", None))]
+            k = max(len(specs), 1)
+            units: Mechanism
+            if mechanism == "laplace":
+                units = Laplace(l1=float(G), epsilon=eps_u)
+            else:
+                units = Gaussian(
+                    l2=math.sqrt(G), epsilon=eps_u, delta=(delta - threshold_delta) / k
+                )
+            tau = units.threshold(threshold_delta, G)
+            n_half = sharing.half_keep(sharing.threshold_suppression(units, tau))
+            error = _output_error(query, specs, output_specs, R, shares)
+            candidates.append((n_half, error, specs, output_specs, shares, None))
+        else:
+            *shares, eps_sel = sharing.split(epsilon, [*weights, _selection_weight(weights)])
+            try:
+                sel = OptimalSelection(eps_sel, threshold_delta, max_groups=G)
+                n_half = sharing.half_keep(sel.suppression_probability)
+            except (ValueError, OverflowError):
+                if requested == "optimal":
+                    raise PrivacyError(
+                        "optimal partition selection at this epsilon needs too many units per "
+                        "group before a key is released, or e^epsilon overflows",
+                        construct="partition_selection",
+                        hint="raise epsilon, or SET partition_selection = 'threshold'",
+                    ) from None
+                continue
+            error = _output_error(query, specs, output_specs, R, shares)
+            candidates.append((n_half, error, specs, output_specs, shares, sel))
+    # fewer lost groups first, then the released values' error, then the optimal (steeper) one
+    n_half, _, specs, output_specs, shares, chosen = min(
+        candidates, key=lambda c: (c[0], c[1], c[5] is None)
+    )
+    compared = tuple(("threshold" if c[5] is None else "optimal", c[0]) for c in candidates)
+    selection = Selection(
+        mode="threshold" if chosen is None else "optimal",
+        requested=requested,
+        mechanism=chosen,
+        epsilon=chosen.epsilon if chosen is not None else 0.0,
+        delta=threshold_delta,
+        n_half=compared,
+    )
+    return specs, output_specs, shares, selection
+
+
+def _output_error(
+    query: BoundQuery,
+    specs: list[tuple[str, str | None]],
+    output_specs: list[tuple[AggregateCall, list[tuple[str, str | None]]]],
+    R: int,
+    shares: list[float],
+) -> float:
+    """Σ_i C_i / ε_i² of the released values only (the split's objective without the
+    selection's weight): breaks a tie in n½ between the two selections."""
+    weights = _split_weights(query, specs, output_specs, R, False)
+    return sum(c / e / e if e > 0 else math.inf for c, e in zip(weights, shares, strict=True) if c)
+
+
+def _exact_units(name: str, G: int) -> Measure:
+    """The exact unit count an optimal selection reads (one per (unit, group), G groups)."""
+    l1, l2 = float(G), math.sqrt(G)
+    return Measure(
+        name=name,
+        kind="units",
+        column=None,
+        granularity=1.0,
+        center=0,
+        lo=0,
+        hi=0,
+        center2=0,
+        row_bound=1,
+        per_group_bound=1,
+        l1=l1,
+        l2=l2,
+        epsilon=0.0,
+        delta=0.0,
+        mechanism=Unreleased(l1=l1, l2=l2),
     )
