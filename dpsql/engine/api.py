@@ -10,6 +10,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
 
 class Interruptible(Protocol):
     def interrupt(self) -> Any: ...
@@ -25,6 +27,15 @@ class EngineResult:
     # the plan's extra queries (CompiledQuery.extras): per quantile measure its bin counts, one
     # row per present (group keys..., bin), then per distinct-count measure (keys..., count)
     extras: tuple[EngineResult, ...] = ()
+
+
+def canonical_rows(matrix: np.ndarray) -> np.ndarray:
+    """The rows of an integer result in lexicographic order: the engine's (hash-table, thread-
+    scheduled) row order depends on the data and the run, so nothing downstream (a learner's
+    tie-breaks, the order of noise draws) may see it."""
+    if matrix.ndim != 2 or len(matrix) < 2:
+        return matrix
+    return matrix[np.lexsort(matrix.T[::-1])]
 
 
 class QueryHandle:

@@ -16,7 +16,7 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from dpsql.engine.api import EngineResult, QueryHandle
+from dpsql.engine.api import EngineResult, QueryHandle, canonical_rows
 from dpsql.errors import OperationalError, PolicyError
 from dpsql.policy import Policy, TablePolicy
 from dpsql.sql.compile import KEYED_HASH, CompiledQuery
@@ -186,7 +186,7 @@ class DuckDBEngine:
         arrays = [np.asarray(columns[name], dtype=np.int64) for name in columns]
         if not arrays:
             return np.zeros((0, 0), dtype=np.int64)
-        return np.column_stack(arrays)
+        return canonical_rows(np.column_stack(arrays))
 
     def close(self) -> None:
         self._con.close()

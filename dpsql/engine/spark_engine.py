@@ -35,7 +35,7 @@ import numpy as np
 import sqlglot
 from sqlglot import exp
 
-from dpsql.engine.api import EngineResult, QueryHandle
+from dpsql.engine.api import EngineResult, QueryHandle, canonical_rows
 from dpsql.engine.duckdb_engine import _file_digest
 from dpsql.errors import OperationalError, PolicyError
 from dpsql.policy import FILE_SUFFIXES, Policy, TablePolicy
@@ -497,7 +497,7 @@ class SparkEngine:
         if not rows:
             width = len(sqlglot.parse_one(sql, read="duckdb").expressions)
             return np.zeros((0, width), dtype=np.int64)
-        return np.array([tuple(r) for r in rows], dtype=np.int64)
+        return canonical_rows(np.array([tuple(r) for r in rows], dtype=np.int64))
 
     def close(self) -> None:
         spark = getattr(self, "_spark", None)
