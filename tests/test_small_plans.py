@@ -212,3 +212,14 @@ def test_small_eager_tables_run_on_one_duckdb_thread_unless_set() -> None:
     two = Service(policy, ledger=MemoryLedger(), cache=False)
     threads = two.engine._con.execute("SELECT current_setting('threads')").fetchone()
     assert threads is not None and int(threads[0]) == 2
+
+
+def test_a_replaced_policy_object_misses() -> None:
+    service = _service()
+    settings = Settings.from_policy(service.policy)
+    for a, _ in VALUES[:2]:
+        _via_cache(service, SHAPES[0].format(a=a), settings)
+    statement = parse_statement(SHAPES[0].format(a=77), service.policy)
+    assert service._shapes.lookup(service, statement, settings, "a") is not None
+    service.policy = replace(service.policy)
+    assert service._shapes.lookup(service, statement, settings, "a") is None

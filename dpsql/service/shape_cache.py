@@ -91,7 +91,7 @@ def _sentinel(cls: str) -> str:
 class _Shape:
     """One verified shape: its plan, the bound parts compared by value, its SQL template."""
 
-    __slots__ = ("compiled", "plan", "sentinels", "statement", "version")
+    __slots__ = ("compiled", "plan", "policy", "sentinels", "statement", "version")
 
     def __init__(
         self, plan: Plan, statement: BoundQuery, compiled: CompiledQuery, sentinels: list[str]
@@ -101,6 +101,7 @@ class _Shape:
         self.compiled = compiled  # the tree with sentinel numbers, rendered in _DIALECTS
         self.sentinels = sentinels
         self.version = plan.data_version
+        self.policy: object = None  # the Service policy it was verified under
 
     def matches(self, statement: BoundQuery) -> bool:
         old = self.statement
@@ -151,6 +152,8 @@ class ShapeCache:
         """The shape key of ``statement`` and its slot literals' texts, or None (no slot)."""
         if self._limit <= 0 or statement.where is None or service.engine.dialect != "duckdb":
             return None
+        if "dp_predict" in statement.text.lower():  # a stored model the name can replace
+            return None
         slots = _slots(statement.where)
         if not slots:
             return None
@@ -180,7 +183,9 @@ class ShapeCache:
                 self._items.move_to_end(key)
         if shape is None:
             return None
-        if shape.version != service.engine.versions.get(statement.table.name, ""):
+        if shape.policy is not service.policy or shape.version != service.engine.versions.get(
+            statement.table.name, ""
+        ):
             self.discard(key)
             return None
         if not shape.matches(statement):
@@ -256,7 +261,11 @@ class ShapeCache:
             )
         except Exception:  # the sentinel statement was refused or failed: no template
             return None
-        return _Shape(plan, statement, template, sentinels) if same else None
+        if not same:
+            return None
+        shape = _Shape(plan, statement, template, sentinels)
+        shape.policy = service.policy
+        return shape
 
     def discard(self, key: tuple) -> None:
         with self._lock:
