@@ -89,7 +89,8 @@ def bench_planning(reps: int) -> dict[str, dict[str, float]]:
     try:
         for template in TEMPLATES:
             for svc in (cached, cold):  # warm the domain caches (policy only) and the shape
-                _plan_cpu(svc, _text(template, 0), settings)
+                _plan_cpu(svc, _text(template, 0), settings)  # the shape is seen
+                _plan_cpu(svc, _text(template, 0) + "  ", settings)  # ... and verified
             repeat = [_plan_cpu(cached, _text(template, 0), settings) for _ in range(reps)]
             # new numbers each time (k % 90; past 90 a trailing space keeps the text new)
             texts = [_text(template, k) + (" " * (k // 90)) for k in range(1, reps + 1)]

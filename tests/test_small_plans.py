@@ -223,3 +223,21 @@ def test_a_replaced_policy_object_misses() -> None:
     assert service._shapes.lookup(service, statement, settings, "a") is not None
     service.policy = replace(service.policy)
     assert service._shapes.lookup(service, statement, settings, "a") is None
+
+
+def test_a_shape_is_verified_on_its_second_statement_and_used_from_its_third() -> None:
+    class Counting(Service):
+        calls = 0
+
+        def plan(self, query: Any, settings: Settings, analyst: str = "") -> Any:
+            self.calls += 1
+            return super().plan(query, settings, analyst)
+
+    service = Counting(FIXTURE, ledger=MemoryLedger(), cache=False)
+    settings = Settings.from_policy(service.policy)
+    counts = []
+    for a, _ in VALUES:
+        before = service.calls
+        _via_cache(service, SHAPES[1].format(a=a), settings)
+        counts.append(service.calls - before)
+    assert counts == [1, 2, 0, 0]  # seen once: planned; again: planned and verified; then hits

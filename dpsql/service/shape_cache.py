@@ -11,11 +11,11 @@ binder takes from a literal value (a key restricted by ``WHERE key IN (...)``, t
 on a key's columns, computed columns, HAVING/LIMIT) is compared as a value: the entry is used
 only if the fresh bound table, keys, aggregates and post-processing equal the cached ones and
 its WHERE equals the cached WHERE with only slot values changed. What a slot's value may still
-reach is typing, planning and compiling; a shape enters the cache only after it is planned and
-compiled a second time with *other* numbers of the same class (random 15-digit sentinels),
-and the plan (cost, measures, keys, threshold) and the rendered SQL come out equal, with the
-sentinels swapped for the statement's own literal texts. A shape that fails that check is
-planned fresh every time.
+reach is typing, planning and compiling; so when a shape comes a second time it is planned
+and compiled once more with *other* numbers of the same class (random 15-digit sentinels),
+and enters the cache only if the plan (cost, measures, keys, threshold) and the rendered SQL
+come out equal, the sentinels swapped for the statement's own literal texts. A shape that
+fails that check is planned fresh every time.
 
 Never reused: the keyed-hash secret, the budget check and charge, the noise. Keyed, like the
 plan cache, by the analyst (a hit is faster than a miss), the settings and the data version.
@@ -46,6 +46,7 @@ _SLOT_PARENTS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Between,
 # Renderings a template keeps (the DuckDB engine's and the neutral one of logs and tests).
 _DIALECTS = ("duckdb", NEUTRAL)
 _RANDOM = random.SystemRandom()
+_SEEN, _ABSENT = object(), object()
 
 
 def _slot_class(node: exp.Expr) -> str | None:
@@ -137,8 +138,10 @@ class ShapeCache:
     """Bounded LRU of verified shapes (0: off)."""
 
     def __init__(self, limit: int) -> None:
-        # None: a shape whose numbers reach the bound query or the plan (planned fresh)
-        self._items: OrderedDict[tuple, _Shape | None] = OrderedDict()
+        # None: a shape whose numbers reach the bound query or the plan (planned fresh);
+        # _SEEN: met once (a shape is verified when it comes again, so that statements seen
+        # only once never pay for the second planning)
+        self._items: OrderedDict[tuple, _Shape | object | None] = OrderedDict()
         self._limit = limit
         self._lock = threading.Lock()
 
@@ -181,7 +184,7 @@ class ShapeCache:
             shape = self._items.get(key)
             if key in self._items:
                 self._items.move_to_end(key)
-        if shape is None:
+        if not isinstance(shape, _Shape):
             return None
         if shape.policy is not service.policy or shape.version != service.engine.versions.get(
             statement.table.name, ""
@@ -193,7 +196,7 @@ class ShapeCache:
             return None
         return shape.prepared(statement, literals)
 
-    def _put(self, key: tuple, shape: _Shape | None) -> None:
+    def _put(self, key: tuple, shape: _Shape | object | None) -> None:
         with self._lock:
             self._items[key] = shape
             self._items.move_to_end(key)
@@ -218,8 +221,12 @@ class ShapeCache:
             return
         key, literals = found
         with self._lock:
-            if key in self._items and self._items[key] is None:
-                return  # known not to hold
+            known = self._items.get(key, _ABSENT)
+        if known is None:
+            return  # known not to hold
+        if known is _ABSENT:
+            self._put(key, _SEEN)
+            return
         shape = self._verified(service, prepared, statement, settings, analyst, key, literals)
         self._put(key, shape)
 
@@ -272,7 +279,9 @@ class ShapeCache:
             self._items.pop(key, None)
 
     def __len__(self) -> int:
-        return len(self._items)
+        """How many shapes are verified (tests)."""
+        with self._lock:
+            return sum(isinstance(v, _Shape) for v in self._items.values())
 
 
 def shape_of(prepared: _Prepared) -> Any:
