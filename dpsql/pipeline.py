@@ -55,6 +55,7 @@ from dpsql.service.results import (
     type_code,
 )
 from dpsql.service.settings import Settings, _ResetRequest, apply_setting, reset_setting
+from dpsql.service.shape_cache import ShapeCache
 from dpsql.sql.bind import (
     DIALECT,
     BoundQuery,
@@ -142,6 +143,8 @@ class Service:
         self._lock = threading.Lock()
         # plan_cache: how many statement texts keep their checked plan (0: none).
         self._plans = _PlanCache(plan_cache)
+        # the same bound shape with other WHERE numbers: its verified plan and SQL template
+        self._shapes = ShapeCache(plan_cache)
 
     def _default_ledger(self) -> Ledger:
         if self.policy.ledger_path is None:
@@ -279,7 +282,10 @@ class Service:
         self, key: tuple | None, statement: BoundQuery, settings: Settings, analyst: str
     ) -> _Prepared:
         """Plan a bound query (refusals raise here, before anything is stored) and cache it."""
-        prepared = _Prepared(self.plan(statement, settings, analyst))
+        prepared = self._shapes.lookup(self, statement, settings, analyst)
+        if prepared is None:
+            prepared = _Prepared(self.plan(statement, settings, analyst))
+            self._shapes.learn(self, prepared, statement, settings, analyst)
         if key is not None:
             self._plans.put(key, prepared)
         return prepared

@@ -36,6 +36,10 @@ def _file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
+# Eager (CSV) tables up to this many rows run each query on one DuckDB thread by default.
+SMALL_ROWS = 200_000
+
+
 class DuckDBEngine:
     name = "duckdb"
     dialect = "duckdb"
@@ -44,6 +48,8 @@ class DuckDBEngine:
         self.policy = policy
         self._con = duckdb.connect(":memory:")
         self.versions: dict[str, str] = {}
+        # every source an eager table of at most SMALL_ROWS rows (threads = 1 unless set)
+        self._small = bool(policy.tables)
         allowed: list[str] = []
         attached = False
         if database not in (":memory:", "", None):
@@ -61,8 +67,13 @@ class DuckDBEngine:
             "SET allowed_paths = [" + ", ".join(_sql_string(p) for p in allowed) + "]"
         )
         self._con.execute(f"SET perfect_ht_threshold = {int(policy.engine.perfect_hash_bits)}")
-        if policy.engine.threads is not None:
-            self._con.execute(f"SET threads = {int(policy.engine.threads)}")
+        threads = policy.engine.threads
+        if threads is None and self._small:
+            # Small in-memory tables: one thread per query costs ~20% less CPU and the same
+            # wall time (a 20k-row plan is mostly DuckDB's per-operator fixed costs).
+            threads = 1
+        if threads is not None:
+            self._con.execute(f"SET threads = {int(threads)}")
         self._con.execute("SET enable_external_access = false")
         self._con.execute("SET lock_configuration = true")
 
@@ -105,11 +116,13 @@ class DuckDBEngine:
             relation = f"src.{_q(table.source)}"
             self.versions[table.name] = table.version or ""
             kind = "VIEW"
+            self._small = False
         elif path.name.lower().endswith(".parquet"):
             relation = f"read_parquet({_sql_string(str(path))})"
             allowed.append(str(path))
             self.versions[table.name] = table.version or _file_digest(path)
             kind = "VIEW"
+            self._small = False
         else:
             relation = (
                 f"read_csv({_sql_string(str(path))}, header = true, all_varchar = true, "
@@ -124,6 +137,10 @@ class DuckDBEngine:
                 f"FROM {relation}"
             )
             self._con.execute(f"SELECT * FROM {_q(table.name)} LIMIT 0").fetchall()
+            if kind == "TABLE" and self._small:
+                # The operator's load-time configuration; no analyst sees this count.
+                count = self._con.execute(f"SELECT count(*) FROM {_q(table.name)}").fetchone()
+                self._small = count is not None and count[0] <= SMALL_ROWS
         except duckdb.Error as exc:
             raise PolicyError(
                 f"{where}: cannot load {table.source!r} with the declared columns: "

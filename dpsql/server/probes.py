@@ -53,7 +53,18 @@ def may_be_probe(sql: str) -> bool:
 
 
 def is_zero_row_probe(sql: str) -> bool:
-    return may_be_probe(sql) and (parsed_probe(sql) or column_probe(sql))
+    # one parse for both decisions (each used to parse the text again)
+    if not may_be_probe(sql):
+        return False
+    tree = _parse(sql)
+    return tree is not None and (_probe_tree(tree) or _column_probe_tree(tree))
+
+
+def _parse(sql: str) -> exp.Expr | None:
+    try:
+        return sqlglot.parse_one(sql, read="postgres")
+    except (sqlglot.errors.ParseError, sqlglot.errors.TokenError):
+        return None
 
 
 COLUMN_PROBE_NOTICE = (
@@ -67,10 +78,16 @@ def column_probe(sql: str) -> bool:
     columns when it saves one): a tool reading the columns. dpsql never
     releases rows, so the server answers with the columns, no rows and a NOTICE saying so;
     in process the same query is refused."""
-    try:
-        tree = sqlglot.parse_one(sql, read="postgres")
-    except (sqlglot.errors.ParseError, sqlglot.errors.TokenError):
+    if _LIMIT_1.search(sql) is None and "--" not in sql and "/*" not in sql:  # cheap
         return False
+    tree = _parse(sql)
+    return tree is not None and _column_probe_tree(tree)
+
+
+_LIMIT_1 = re.compile(r"limit\s+1\b", re.IGNORECASE)
+
+
+def _column_probe_tree(tree: exp.Expr) -> bool:
     limit = tree.args.get("limit") if isinstance(tree, exp.Select) else None
     value = limit.expression if isinstance(limit, exp.Limit) else None
     if not (isinstance(value, exp.Literal) and value.this == "1"):
@@ -86,10 +103,11 @@ def column_probe(sql: str) -> bool:
 
 def parsed_probe(sql: str) -> bool:
     """The decision itself, on sqlglot's parse tree."""
-    try:
-        tree = sqlglot.parse_one(sql, read="postgres")
-    except (sqlglot.errors.ParseError, sqlglot.errors.TokenError):
-        return False
+    tree = _parse(sql)
+    return tree is not None and _probe_tree(tree)
+
+
+def _probe_tree(tree: exp.Expr) -> bool:
     if not isinstance(tree, exp.Select):
         return False
     limit = tree.args.get("limit")

@@ -153,6 +153,9 @@ class CompiledQuery:
     extras: tuple[CompiledQuery, ...] = ()
     # dialect -> rendered text split at the secret; shared by with_secret() copies
     _pieces: dict[str, tuple[str, ...]] = field(default_factory=dict, compare=False, repr=False)
+    # (sentinel, literal) text pairs: the tree holds sentinel numbers where this query's own
+    # literals go (a shape template, dpsql.service.shape_cache); every rendering swaps them
+    swaps: tuple[tuple[str, str], ...] = ()
 
     @property
     def sql(self) -> str:
@@ -165,19 +168,34 @@ class CompiledQuery:
             self, secret=secret, extras=tuple(h.with_secret(secret) for h in self.extras)
         )
 
+    def with_literals(self, swaps: tuple[tuple[str, str], ...]) -> CompiledQuery:
+        """This template (its tree holding sentinel numbers) with another statement's literals:
+        the renderings done so far are reused, each sentinel swapped for its literal's text."""
+        pieces = {d: tuple(_swap(p, swaps) for p in ps) for d, ps in self._pieces.items() if ps}
+        extras = tuple(h.with_literals(swaps) for h in self.extras)  # same WHERE, same numbers
+        return replace(self, _pieces=pieces, swaps=swaps, secret=0, extras=extras)
+
     def render(self, dialect: str = "duckdb") -> str:
         """Engine text in ``dialect``: the tree is rendered once per dialect, each run's secret
         printed where the Secret nodes stand."""
         pieces = self._pieces.get(dialect)
         if pieces is None:
             pieces = _rendered_pieces(self.expression, dialect)
+            pieces = tuple(_swap(p, self.swaps) for p in pieces)
             self._pieces[dialect] = pieces
         if not pieces:  # the marker also occurs elsewhere: print the secret as a literal
             tree = self.expression.transform(
                 lambda node: exp.Literal.number(self.secret) if isinstance(node, Secret) else node
             )
-            return _generate(tree, dialect)[0]
+            return _swap(_generate(tree, dialect)[0], self.swaps)
         return str(int(self.secret)).join(pieces)
+
+
+def _swap(text: str, swaps: tuple[tuple[str, str], ...]) -> str:
+    """``text`` with each sentinel replaced by its literal (sentinels are unique digit runs)."""
+    for sentinel, literal in swaps:
+        text = text.replace(sentinel, literal)
+    return text
 
 
 def _generate(tree: exp.Expression, dialect: str) -> tuple[str, int]:

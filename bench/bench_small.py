@@ -1,0 +1,225 @@
+"""Small plans on the shipped fixture (20k rows): planning CPU, DB-API DP/plain latency and
+``dpsql serve`` throughput, side by side in one run, with the machine's load.
+
+1. ``planning``: thread CPU from a statement's text to its engine SQL, through the service's
+   own path (plan cache, shape cache, parse, bind, type, plan, compile, render), for the
+   fixture's typical queries in three modes: ``repeat`` (a text seen before: the plan cache),
+   ``shape`` (the same shape with other WHERE numbers: the shape cache) and ``cold`` (a new
+   shape every time: both caches off).
+2. ``dbapi``: median wall latency of the DP queries through ``dpsql.connect`` (answer cache
+   off, new literals each time as in bench_server.py) against the same SQL through DuckDB's
+   own DB-API on the same table (``duckdb.connect``, CSV loaded with the declared types).
+3. ``server``: DP queries/s over N connections to ``dpsql serve --workers W`` (the queries of
+   bench/bench_server.py), and its ``engine`` ceiling (the compiled SQL alone, N threads).
+
+    python bench/bench_small.py                       # ~1 min
+    python bench/bench_small.py --seconds 10 --workers 2 --connections 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import duckdb
+from bench_server import (
+    DP_QUERIES,
+    EPSILON,
+    PASSWORD,
+    run_engine,
+    run_server,
+    start_server,
+)
+
+import dpsql
+from dpsql.policy import load_policy
+from dpsql.privacy.ledger import MemoryLedger
+from dpsql.server.users import UserStore, users_path
+from dpsql.service.settings import Settings
+from dpsql.sql.bind import parse_statement
+from dpsql.sql.domains import SQL_TYPES
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = ROOT / "fixtures" / "visits.toml"
+
+# The fixture's typical DP queries: bench_server.py's four, and the planning mix of
+# bench_core.py with a number in each WHERE ({i}: a new value each time).
+TEMPLATES = [
+    *DP_QUERIES,
+    "SELECT department, smoker, SUM(cost) AS s FROM visits WHERE age BETWEEN {i} AND 60 "
+    "GROUP BY 1, 2 ORDER BY s DESC LIMIT 5",
+    "SELECT FLOOR(age / 10) * 10 AS decade, COUNT(DISTINCT patient_id), STDDEV(cost) "
+    "FROM visits WHERE age > {i} GROUP BY decade HAVING COUNT(*) > 10",
+    "SELECT diagnosis, COUNT(*) FROM visits WHERE department IN ('oncology', 'neurology') "
+    "AND age >= {i} GROUP BY diagnosis",
+    "SELECT AVG(age), SUM(cost) FROM visits WHERE smoker AND cost > {j}",
+]
+
+
+def _text(template: str, k: int) -> str:
+    return template.format(i=k % 90, j=10 + k % 90)
+
+
+def _plan_cpu(service: dpsql.Service, text: str, settings: Settings) -> float:
+    """Thread CPU seconds from text to engine SQL, as Service.execute plans it."""
+    start = time.thread_time()
+    key = service._plans.key(text, None, settings, "bench")
+    prepared = service._lookup(key)
+    if prepared is None:
+        statement = parse_statement(text, service.policy)
+        prepared = service._prepare(key, statement, settings, "bench")  # type: ignore[arg-type]
+    service._compiled(prepared).render("duckdb")
+    return time.thread_time() - start
+
+
+def bench_planning(reps: int) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    cached = dpsql.Service(FIXTURE, ledger=MemoryLedger(), cache=False)
+    cold = dpsql.Service(FIXTURE, ledger=MemoryLedger(), cache=False, plan_cache=0)
+    settings = Settings.from_policy(cached.policy)
+    try:
+        for template in TEMPLATES:
+            for svc in (cached, cold):  # warm the domain caches (policy only) and the shape
+                _plan_cpu(svc, _text(template, 0), settings)  # the shape is seen
+                _plan_cpu(svc, _text(template, 0) + "  ", settings)  # ... and verified
+            repeat = [_plan_cpu(cached, _text(template, 0), settings) for _ in range(reps)]
+            # new numbers each time (k % 90; past 90 a trailing space keeps the text new)
+            texts = [_text(template, k) + (" " * (k // 90)) for k in range(1, reps + 1)]
+            shape = [_plan_cpu(cached, text, settings) for text in texts]
+            fresh = [_plan_cpu(cold, text, settings) for text in texts]
+            out[template] = {
+                "repeat": statistics.median(repeat) * 1e3,
+                "shape": statistics.median(shape) * 1e3,
+                "cold": statistics.median(fresh) * 1e3,
+            }
+    finally:
+        cached.close()
+        cold.close()
+    return out
+
+
+def _plain_connection() -> duckdb.DuckDBPyConnection:
+    policy = load_policy(FIXTURE)
+    con = duckdb.connect()
+    for table in policy.tables.values():
+        cols = ", ".join(
+            f'CAST("{c.name}" AS {SQL_TYPES[c.type]}) AS "{c.name}"' for c in table.columns.values()
+        )
+        con.execute(
+            f"CREATE TABLE \"{table.name}\" AS SELECT {cols} FROM read_csv('{table.source_path}', "
+            "header = true, all_varchar = true)"
+        )
+    return con
+
+
+def bench_dbapi(reps: int) -> dict[str, tuple[float, float, float, float]]:
+    conn = dpsql.connect(policy=FIXTURE, ledger=MemoryLedger(), cache=False)
+    cur = conn.cursor()
+    cur.execute(f"SET epsilon = {EPSILON}")
+    plain = _plain_connection()
+    out = {}
+    try:
+        for template in DP_QUERIES:
+            dp, pl, dp_cpu, pl_cpu = [], [], [], []
+            for k in range(reps):
+                text = _text(template, k)
+                start, cpu = time.perf_counter(), time.process_time()
+                cur.execute(text).fetchall()
+                dp.append(time.perf_counter() - start)
+                dp_cpu.append(time.process_time() - cpu)
+                start, cpu = time.perf_counter(), time.process_time()
+                plain.execute(text).fetchall()
+                pl.append(time.perf_counter() - start)
+                pl_cpu.append(time.process_time() - cpu)
+            out[template] = tuple(  # type: ignore[assignment]
+                statistics.median(x) * 1e3 for x in (dp, pl, dp_cpu, pl_cpu)
+            )
+    finally:
+        conn.close()
+        plain.close()
+    return out
+
+
+def bench_server(connections: int, seconds: float, workers: int) -> tuple[float, float]:
+    with tempfile.TemporaryDirectory(prefix="dpsql-small-") as tmp:
+        policy = Path(tmp) / FIXTURE.name
+        shutil.copy(FIXTURE, policy)
+        for table in load_policy(FIXTURE).tables.values():
+            if table.source_path is not None:
+                shutil.copy(table.source_path, Path(tmp) / table.source_path.name)
+        users = UserStore(users_path(policy))
+        for i in range(connections):
+            users.add(f"bench{i}", PASSWORD)
+        engine = run_engine(policy, connections, seconds)
+        server = start_server(policy, workers)
+        try:
+            rate = run_server(server, connections, seconds, None, f"server w{workers}")
+        finally:
+            server[0].terminate()
+            server[0].wait(30)
+    return engine, rate
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=60, help="statements per query and mode")
+    ap.add_argument("--connections", type=int, default=16)
+    ap.add_argument("--seconds", type=float, default=5.0, help="server run length")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--skip-server", action="store_true")
+    args = ap.parse_args()
+    print(f"dpsql small-plan bench: fixture, duckdb {duckdb.__version__}, load {_load()}")
+
+    planning = bench_planning(args.reps)
+    print("planning, thread CPU ms per statement (text -> engine SQL), median:")
+    print("  repeat   shape    cold   query")
+    for template, row in planning.items():
+        shown = template.format(i="i", j="j")
+        print(f"  {row['repeat']:6.3f}  {row['shape']:6.3f}  {row['cold']:6.3f}   {shown[:70]}")
+    medians = {m: statistics.median(r[m] for r in planning.values()) for m in ("repeat", "shape")}
+    medians["cold"] = statistics.median(r["cold"] for r in planning.values())
+    print(
+        f"  median over the queries: repeat {medians['repeat']:.3f}  shape {medians['shape']:.3f}"
+        f"  cold {medians['cold']:.3f} ms (target <= 1 ms)"
+    )
+
+    dbapi = bench_dbapi(args.reps)
+    print("dbapi, ms per query, median (dpsql.connect DP vs duckdb.connect plain), wall | CPU:")
+    ratios, cpu_ratios = [], []
+    for template, (dp, plain, dp_cpu, plain_cpu) in dbapi.items():
+        ratios.append(dp / plain)
+        cpu_ratios.append(dp_cpu / plain_cpu)
+        print(
+            f"  DP {dp:6.2f}  plain {plain:5.2f}  x{dp / plain:5.1f} | DP {dp_cpu:6.2f}  "
+            f"plain {plain_cpu:5.2f}  x{dp_cpu / plain_cpu:5.1f}   {template}"
+        )
+    print(
+        f"  median DP/plain ratio wall x{statistics.median(ratios):.1f}, CPU "
+        f"x{statistics.median(cpu_ratios):.1f} (target <= 3)"
+    )
+
+    if not args.skip_server:
+        engine, rate = bench_server(args.connections, args.seconds, args.workers)
+        print(
+            f"server: {rate:.0f} DP q/s over {args.connections} connections, --workers "
+            f"{args.workers} (engine ceiling {engine:.0f} q/s; target 300)"
+        )
+    print(f"load {_load()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
