@@ -382,7 +382,7 @@ def _engine(rep: _Reporter, spec: Any) -> EngineConfig:
         )
     prepared_dir = spec.get("prepared_dir")
     if prepared_dir is not None and (not isinstance(prepared_dir, str) or not prepared_dir):
-        raise rep.fail("engine.prepared_dir", "must be a directory path", "e.g. \"store/\"")
+        raise rep.fail("engine.prepared_dir", "must be a directory path", 'e.g. "store/"')
     for key in ("perfect_hash_bits", "threads", "prepared", "prepared_dir"):
         if name != "duckdb" and key in spec:
             raise rep.fail(f"engine.{key}", "only the DuckDB engine takes it", "remove it")

@@ -239,7 +239,7 @@ def test_tampered_store_is_rebuilt(tmp_path, gen_csv):
     path = Path(svc.engine.stores[0].path)
     svc.close()
     con = duckdb.connect(str(path))
-    con.execute("UPDATE meta SET info = '{\"key\": \"other\", \"hashed\": true}'")
+    con.execute('UPDATE meta SET info = \'{"key": "other", "hashed": true}\'')
     con.execute("DELETE FROM store WHERE uid = 2")
     con.close()
     svc = _service(_disk_policy(gen_csv, store_dir, "v1"))

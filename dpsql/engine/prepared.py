@@ -121,9 +121,7 @@ def stored_columns(table: TablePolicy) -> list[ColumnPolicy]:
 
 def _pair_column(col: ColumnPolicy) -> bool:
     """Columns whose (unit, value) row counts are kept: a small public domain, keyed as is."""
-    return col.type in ("text", "bool", "int") and (
-        col.values is not None or col.type == "bool"
-    )
+    return col.type in ("text", "bool", "int") and (col.values is not None or col.type == "bool")
 
 
 # -- build ---------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ def _fixed(m: Measure, table: TablePolicy, store: StoreInfo) -> exp.Expression |
 
 
 def _times(node: exp.Expression, factor: int) -> exp.Expression:
-    """``CAST(node AS INT128) * factor`` (DuckDB HUGEINT): a count times a centre cannot overflow."""
+    """``CAST(node AS INT128) * factor`` (HUGEINT): a count times a centre cannot overflow."""
     return exp.Mul(this=c._cast(node, "INT128"), expression=c._number(factor))
 
 
@@ -113,7 +113,11 @@ def _safe(plan: Plan, store: StoreInfo) -> exp.Expression:
     ]
     bound: exp.Expression = unit_rows
     if pair:
-        bound = pair[0] if len(pair) == 1 else exp.Least(this=pair[0], expressions=pair[1:], ignore_nulls=True)
+        bound = (
+            pair[0]
+            if len(pair) == 1
+            else exp.Least(this=pair[0], expressions=pair[1:], ignore_nulls=True)
+        )
     rows_ok: exp.Expression = exp.LTE(this=bound, expression=c._number(plan.max_rows))
     if not _needs_ranking(plan):
         return rows_ok
@@ -150,9 +154,7 @@ def _grouped(
         items.append(c._alias(c._quoted(table.privacy_unit), "__u"))  # type: ignore[arg-type]
     items += [c._alias(c.lowered_key(kp.key), k) for kp, k in zip(plan.keys, ks, strict=True)]
     items.append(c._alias(c._count_star(), "__n"))
-    items += [
-        c._alias(aggregate(m, table, store), f"v_{m.name}") for m in c._value_measures(plan)
-    ]
+    items += [c._alias(aggregate(m, table, store), f"v_{m.name}") for m in c._value_measures(plan)]
     group = [c._name(n) for n in (["__u", *ks] if by_unit else ks)]
     query = c._select(
         items, _source(store), where=[*c._conditions(plan), condition], group=group or None
@@ -192,9 +194,7 @@ def _sampled(plan: Plan, store: StoreInfo, ks: list[str], unsafe: exp.Expression
         joins=[c._join(c._subquery(over_r, "o"), "SEMI", c._and(match))],
     )
     items: list[exp.Expression] = [c._name(n) for n in gc] + [c._alias(c._count_star(), "__n")]
-    items += [
-        c._alias(aggregate(m, table, store), f"v_{m.name}") for m in c._value_measures(plan)
-    ]
+    items += [c._alias(aggregate(m, table, store), f"v_{m.name}") for m in c._value_measures(plan)]
     return c._select(
         items,
         c._subquery(ranked, "s"),
@@ -244,8 +244,6 @@ def _two_phase(plan: Plan, store: StoreInfo) -> exp.Select:
     for m in plan.measures:
         name = "__n" if m.kind == "rows" else f"v_{m.name}"
         items.append(c._alias(exp.Sum(this=c._name(name)), m.name))
-    final = c._select(
-        items, c._subquery(both, "f"), group=[c._name(k) for k in ks] or None
-    )
+    final = c._select(items, c._subquery(both, "f"), group=[c._name(k) for k in ks] or None)
     final.set("with_", exp.With(expressions=ctes))
     return final
