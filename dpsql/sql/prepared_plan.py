@@ -102,9 +102,9 @@ def _needs_ranking(plan: Plan) -> bool:
     return bool(plan.keys) and (bins is None or bins > plan.max_groups)
 
 
-def _safe(plan: Plan, store: StoreInfo) -> exp.Expression:
-    """A row's pair is within R rows, and (if groups are ranked) its unit within G groups,
-    whatever the query's filter: from the store's statistics, on the row itself."""
+def _within(plan: Plan, store: StoreInfo) -> tuple[exp.Expression, exp.Expression | None]:
+    """Whatever the query's filter, from the store's statistics on the row itself: is the row's
+    (unit, group) pair within R rows, and (None: groups are not ranked) its unit within G?"""
     unit_rows = c._name(store.unit_rows)  # type: ignore[arg-type]
     pair = [
         c._name(store.pair_rows[kp.key.columns[0]])
@@ -113,14 +113,10 @@ def _safe(plan: Plan, store: StoreInfo) -> exp.Expression:
     ]
     bound: exp.Expression = unit_rows
     if pair:
-        bound = (
-            pair[0]
-            if len(pair) == 1
-            else exp.Least(this=pair[0], expressions=pair[1:], ignore_nulls=True)
-        )
+        bound = pair[0] if len(pair) == 1 else exp.Least(this=pair[0], expressions=pair[1:])
     rows_ok: exp.Expression = exp.LTE(this=bound, expression=c._number(plan.max_rows))
     if not _needs_ranking(plan):
-        return rows_ok
+        return rows_ok, None
     G = c._number(plan.max_groups)
     groups_ok: exp.Expression = exp.LTE(this=unit_rows.copy(), expression=G)
     columns = sorted({name for kp in plan.keys for name in kp.key.columns})
@@ -131,7 +127,11 @@ def _safe(plan: Plan, store: StoreInfo) -> exp.Expression:
         groups_ok = exp.Paren(
             this=exp.Or(this=groups_ok, expression=exp.LTE(this=product, expression=G.copy()))
         )
-    return exp.And(this=rows_ok, expression=groups_ok)
+    return rows_ok, groups_ok
+
+
+def _not(condition: exp.Expression) -> exp.Expression:
+    return exp.Not(this=exp.Paren(this=condition.copy()))
 
 
 def _pair_filters(plan: Plan, ks: list[str]) -> list[exp.Expression]:
@@ -165,21 +165,16 @@ def _grouped(
     return query
 
 
-def _sampled(plan: Plan, store: StoreInfo, ks: list[str], unsafe: exp.Expression) -> exp.Select:
-    """dpsql.sql.compile._sampled over the store's unsafe rows, the hash from the stored mix."""
+def _sampled(plan: Plan, store: StoreInfo, ks: list[str], heavy: exp.Expression) -> exp.Select:
+    """Rows whose pair may hold more than R rows: each pair keeps the R of smallest keyed hash
+    (as dpsql.sql.compile._sampled), the hash from the stored mix. A pair the filter left
+    within R keeps all its rows, as it would without a store; no pair count is needed first."""
     table = plan.query.table
     R = plan.max_rows
     gc = ["__u", *ks]
     rows_items: list[exp.Expression] = [c._star(), c._alias(c._quoted(table.privacy_unit), "__u")]  # type: ignore[arg-type]
     rows_items += [c._alias(c.lowered_key(kp.key), k) for kp, k in zip(plan.keys, ks, strict=True)]
-    rows = c._select(rows_items, _source(store), where=[*c._conditions(plan), unsafe])
-    over_r = c._select(
-        [c._name(n) for n in gc],
-        c._table("base"),
-        where=[exp.GT(this=c._name("__n"), expression=c._number(R))],
-    )
-    match = [c._same("b", "o", "__u", nulls_match=False)]
-    match += [c._same("b", "o", k, nulls_match=True) for k in ks]
+    rows = c._select(rows_items, _source(store), where=[*c._conditions(plan), heavy])
     order: exp.Expression
     if store.hash_mix is not None:
         order = exp.BitwiseXor(
@@ -191,45 +186,49 @@ def _sampled(plan: Plan, store: StoreInfo, ks: list[str], unsafe: exp.Expression
     ranked = c._select(
         [c._star("b"), c._alias(c._row_number([c._name(n, "b") for n in gc], [order]), "__r")],
         c._subquery(rows, "b"),
-        joins=[c._join(c._subquery(over_r, "o"), "SEMI", c._and(match))],
     )
     items: list[exp.Expression] = [c._name(n) for n in gc] + [c._alias(c._count_star(), "__n")]
     items += [c._alias(aggregate(m, table, store), f"v_{m.name}") for m in c._value_measures(plan)]
-    return c._select(
+    sampled = c._select(
         items,
         c._subquery(ranked, "s"),
         where=[exp.LTE(this=c._name("__r"), expression=c._number(R))],
         group=[c._name(n) for n in gc],
     )
+    filters = _pair_filters(plan, ks)
+    if filters:
+        sampled = c._select([c._star()], c._subquery(sampled, "p"), where=filters)
+    return sampled
 
 
 def _two_phase(plan: Plan, store: StoreInfo) -> exp.Select:
+    """direct (pair within R, unit within G) + light (pair within R, unit maybe over G: its
+    pairs as they are) + sampled (pair maybe over R), the last two ranked as before."""
     ks = [f"__k{i}" for i in range(len(plan.keys))]
     gc = ["__u", *ks]
     R = plan.max_rows
-    safe = _safe(plan, store)
-    unsafe = exp.Not(this=exp.Paren(this=safe.copy()))
-    base = _grouped(plan, store, ks, unsafe, by_unit=True)
+    rows_ok, groups_ok = _within(plan, store)
+    safe = rows_ok.copy()
+    if groups_ok is not None:
+        safe = exp.And(this=safe, expression=groups_ok.copy())
     if not c._value_measures(plan):
+        # counts only: any R of a pair's n rows count min(n, R), no row is sampled
+        base = _grouped(plan, store, ks, _not(safe), by_unit=True)
         capped = exp.Least(this=c._name("__n"), expressions=[c._number(R)], ignore_nulls=True)
         items: list[exp.Expression] = [c._name(n) for n in gc] + [c._alias(capped, "__n")]
         ctes = [c._cte("bounded", c._select(items, c._subquery(base, "p")))]
     else:
-        within = c._select(
-            [c._star()],
-            c._table("base"),
-            where=[exp.LTE(this=c._name("__n"), expression=c._number(R))],
-        )
-        bounded = exp.Union(
-            this=within, expression=c._select([c._star()], c._table("sampled")), distinct=False
-        )
-        ctes = [
-            c._cte("base", base),
-            c._cte("sampled", _sampled(plan, store, ks, unsafe.copy())),
-            c._cte("bounded", bounded),
-        ]
+        bounded: exp.Expression = c._select([c._star()], c._table("sampled"))
+        ctes = [c._cte("sampled", _sampled(plan, store, ks, _not(rows_ok)))]
+        if groups_ok is not None:
+            light = exp.And(this=rows_ok.copy(), expression=_not(groups_ok))
+            ctes.append(c._cte("light", _grouped(plan, store, ks, light, by_unit=True)))
+            bounded = exp.Union(
+                this=c._select([c._star()], c._table("light")), expression=bounded, distinct=False
+            )
+        ctes.append(c._cte("bounded", bounded))
     source = "bounded"
-    if _needs_ranking(plan):
+    if groups_ok is not None:
         G = plan.max_groups
         ctes += [c._cte("crowded", c._crowded(G)), c._cte("ranked", c._ranked(ks, G))]
         source = "ranked"
