@@ -326,6 +326,7 @@ def _build_file(
         con.execute(f"CREATE TABLE {build}.meta AS SELECT ? AS info", [info])
     finally:
         con.execute(f"DETACH {build}")
+    os.chmod(tmp, 0o600)  # a copy of the private rows: readable by the operator only
     os.replace(tmp, path)
 
 

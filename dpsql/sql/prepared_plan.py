@@ -172,9 +172,7 @@ def _sampled(plan: Plan, store: StoreInfo, ks: list[str], heavy: exp.Expression)
     table = plan.query.table
     R = plan.max_rows
     gc = ["__u", *ks]
-    rows_items: list[exp.Expression] = [c._star(), c._alias(c._quoted(table.privacy_unit), "__u")]  # type: ignore[arg-type]
-    rows_items += [c._alias(c.lowered_key(kp.key), k) for kp, k in zip(plan.keys, ks, strict=True)]
-    rows = c._select(rows_items, _source(store), where=[*c._conditions(plan), heavy])
+    partials = [aggregate(m, table, store) for m in c._value_measures(plan)]
     order: exp.Expression
     if store.hash_mix is not None:
         order = exp.BitwiseXor(
@@ -183,6 +181,12 @@ def _sampled(plan: Plan, store: StoreInfo, ks: list[str], heavy: exp.Expression)
     else:
         stored = [c._quoted(n) for n, spec in table.columns.items() if spec.expr is None]
         order = c.KeyedHash(expressions=[*stored, c.Secret()])
+    # only the columns the partials and the order read go through the window (not the row)
+    needed = {col.name: col for p in [*partials, order] for col in p.find_all(exp.Column)}
+    rows_items: list[exp.Expression] = [col.copy() for col in needed.values()]
+    rows_items.append(c._alias(c._quoted(table.privacy_unit), "__u"))  # type: ignore[arg-type]
+    rows_items += [c._alias(c.lowered_key(kp.key), k) for kp, k in zip(plan.keys, ks, strict=True)]
+    rows = c._select(rows_items, _source(store), where=[*c._conditions(plan), heavy])
     ranked = c._select(
         [c._star("b"), c._alias(c._row_number([c._name(n, "b") for n in gc], [order]), "__r")],
         c._subquery(rows, "b"),
