@@ -293,3 +293,20 @@ def test_all_secrets_and_queries_cover_two_phases():
     """Sanity of the suite itself: the secrets include edge values of the 62-bit range."""
     assert any(s > 2**61 for s in SECRETS) and 0 in SECRETS
     assert len(list(itertools.product(GEN_QUERIES, SECRETS))) >= 40
+
+
+def test_dpsql_prepare_builds_then_reuses(tmp_path, gen_csv, capsys):
+    from dpsql.cli import main
+
+    policy = tmp_path / "p.toml"
+    policy.write_text(
+        f'[privacy]\nepsilon = 1.0\n\n[tables.t]\nsource = "{gen_csv}"\nprivacy_unit = "uid"\n'
+        'max_rows_per_unit = 2\n\n[tables.t.columns.uid]\ntype = "int"\n\n'
+        '[tables.t.columns.dept]\ntype = "text"\nvalues = ["a", "b"]\n'
+    )
+    assert main(["prepare", "--policy", str(policy)]) == 0
+    first = capsys.readouterr()
+    assert "\tbuilt\t" in first.out and "building the prepared store" in first.err
+    assert main(["prepare", "--policy", str(policy)]) == 0
+    assert "\treused\t" in capsys.readouterr().out
+    assert list((tmp_path / "dpsql-store").glob("t-*.duckdb"))
