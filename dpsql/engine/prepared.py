@@ -237,10 +237,12 @@ def prepare_table(
     key = store_key(table, version)
     layout = _layout(table)
     started = time.perf_counter()
+    # a row-level table samples nothing: no hash mix
+    sampled = table.privacy_unit is not None
     if directory is None:
         catalog, relation = None, f"{PREFIX}store_{table.name}"
         dest = _q(relation)
-        hashed = _hash_combines_as_expected(con, table)
+        hashed = sampled and _hash_combines_as_expected(con, table)
         say(f"{table.name}: building the prepared store in memory")
         before = _memory_bytes(con)
         con.execute(_build_sql(table, layout, dest, hashed))
@@ -251,7 +253,7 @@ def prepare_table(
         catalog, relation = f"{PREFIX}p_{table.name}", "store"
         reused = path_.is_file() and _valid(con, path_, key)
         if not reused:
-            hashed = _hash_combines_as_expected(con, table)
+            hashed = sampled and _hash_combines_as_expected(con, table)
             say(f"{table.name}: building the prepared store {path_}")
             _build_file(con, table, layout, path_, key, version, hashed)
             _remove_stale(directory, table.name, path_)

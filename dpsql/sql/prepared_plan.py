@@ -52,7 +52,9 @@ def _source(store: StoreInfo, alias: str | None = None) -> exp.Table:
 def _fixed(m: Measure, table: TablePolicy, store: StoreInfo) -> exp.Expression | None:
     """The stored fixed-point column of m's column, if it has the plan's very range."""
     spec = store.fixed.get(m.column or "")
-    if spec is None or table.columns[m.column].expr is not None or spec[:2] != (m.lo, m.hi):  # type: ignore[index]
+    if spec is None or table.columns[m.column].expr is not None:  # type: ignore[index]
+        return None
+    if m.kind != "values" and spec[:2] != (m.lo, m.hi):
         return None
     return c._name(spec[2])
 
@@ -64,9 +66,11 @@ def _times(node: exp.Expression, factor: int) -> exp.Expression:
 
 def aggregate(m: Measure, table: TablePolicy, store: StoreInfo) -> exp.Expression:
     """m aggregated over store rows: the stored fixed point, centred after summing."""
-    fp = _fixed(m, table, store) if m.kind in ("sum", "sumsq") else None
+    fp = _fixed(m, table, store) if m.kind in ("sum", "sumsq", "values") else None
     if fp is None:
         return c.measure_aggregate_expr(m, table)
+    if m.kind == "values":  # the fixed point is NULL exactly where the column is
+        return exp.Count(this=fp)
     if m.kind == "sum":
         total: exp.Expression = exp.Sum(this=fp)
         if m.center:
