@@ -159,7 +159,7 @@ def _grouped(
     items += [c._alias(c.lowered_key(kp.key), k) for kp, k in zip(plan.keys, ks, strict=True)]
     items.append(c._alias(c._count_star(), "__n"))
     items += [c._alias(aggregate(m, table, store), f"v_{m.name}") for m in c._value_measures(plan)]
-    group = [c._name(n) for n in (["__u", *ks] if by_unit else ks)]
+    group: list[exp.Expression] = [c._name(n) for n in (["__u", *ks] if by_unit else ks)]
     query = c._select(
         items, _source(store), where=[*c._conditions(plan), condition], group=group or None
     )
