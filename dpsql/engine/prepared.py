@@ -14,9 +14,11 @@ Built once in DuckDB when a source is loaded (``[engine] prepared = "memory"`` o
   with HASH(s) as ``((h ^ h >> 32) * K) ^ HASH(s)``; the store keeps ``(h ^ h >> 32) * K`` mod
   2^64, checked at build on the rows themselves (no column if DuckDB combines otherwise);
 
-rows clustered by unit. A store is keyed by the data version and the table's policy: another
-version or policy never reads it (``STORES`` maps (table, version) to the one built for it), and
-a disk store's file name and metadata carry that key.
+rows clustered by unit, ordered by the unit's row count (a unit's rows stay together, and a
+scan of the units over R skips, by DuckDB's zone maps, the row groups of the small ones). A
+store is keyed by the data version and the table's policy: another version or policy never
+reads it (``STORES`` maps (table, version) to the one built for it), and a disk store's file
+name and metadata carry that key.
 
 Nothing in the store is ever released: it only lets the compiler (dpsql.sql.prepared_plan)
 send units whose statistics prove they are within R and G straight to the final aggregate, with
@@ -41,7 +43,7 @@ import duckdb
 from dpsql.policy import ColumnPolicy, Policy, TablePolicy
 from dpsql.sql.identifiers import quote_ident as _q
 
-FORMAT = 1  # bump when the layout changes: old files are then never matched
+FORMAT = 2  # bump when the layout changes: old files are then never matched
 # DuckDB's CombineHash multiplier (src/include/duckdb/common/types/hash.hpp); verified at build
 HASH_MULTIPLIER = 0xD6E8FEB86659FD93
 PREFIX = "__dp_"
@@ -187,7 +189,7 @@ def _build_sql(table: TablePolicy, layout: dict[str, Any], dest: str, hashed: bo
         items.append(f"COALESCE(p{j}.{pr}, 0) AS {pr}")
     return (
         f"CREATE TABLE {dest} AS WITH {', '.join(ctes)} SELECT {', '.join(items)} "
-        f"FROM {src} AS r {' '.join(joins)} ORDER BY r.{u}"
+        f"FROM {src} AS r {' '.join(joins)} ORDER BY {PREFIX}un, r.{u}"
     )
 
 

@@ -135,6 +135,10 @@ def _within(plan: Plan, store: StoreInfo) -> tuple[exp.Expression, exp.Expressio
 
 
 def _not(condition: exp.Expression) -> exp.Expression:
+    """NOT condition; ``a > b`` for ``a <= b`` (statistics are never NULL), which DuckDB can
+    check against a row group's min/max and skip the group."""
+    if isinstance(condition, exp.LTE):
+        return exp.GT(this=condition.this.copy(), expression=condition.expression.copy())
     return exp.Not(this=exp.Paren(this=condition.copy()))
 
 
