@@ -31,10 +31,16 @@ from dpsql.policy import TablePolicy
 from dpsql.sql import compile as c
 from dpsql.sql.plan import Measure, Plan
 
+_KINDS = frozenset({"rows", "values", "units", "sum", "sumsq"})
+
 
 def store_tree(plan: Plan, keys: tuple[str, ...], store: StoreInfo) -> exp.Expression | None:
     """The plan's engine query over ``store``; None when the store cannot serve it (COUNT of
-    distinct units per group, which needs the pairs of every unit)."""
+    distinct units per group, which needs the pairs of every unit; measure kinds it does not
+    know)."""
+    # only the measure kinds this module knows (a kind added later keeps the plain plan)
+    if not plan.measures or any(m.kind not in _KINDS for m in plan.measures):
+        return None
     if plan.query.table.privacy_unit is None:
         return _row_level(plan, keys, store)
     if any(m.kind == "units" for m in plan.measures) or store.unit_rows is None:
