@@ -147,9 +147,18 @@ def generate(path: Path, rows: int, hot: float) -> None:
     tmp.rename(path)
 
 
-def policy(max_rows: int, max_groups: int, perfect_hash_bits: int = 12) -> dict[str, Any]:
+def policy(
+    max_rows: int, max_groups: int, perfect_hash_bits: int = 12, store: Path | None = None
+) -> dict[str, Any]:
+    """The bench policy; with ``store`` (a directory), a disk prepared store per table
+    (dpsql.engine.prepared), keyed by the data file's name as its version."""
+    engine: dict[str, Any] = {"perfect_hash_bits": perfect_hash_bits}
+    version: dict[str, str] = {}
+    if store is not None:
+        engine.update(prepared="disk", prepared_dir=str(store))
+        version = {"version": store.name}
     return {
-        "engine": {"perfect_hash_bits": perfect_hash_bits},
+        "engine": engine,
         "privacy": {
             "epsilon": 1.0,
             "delta": 1e-6,
@@ -158,9 +167,10 @@ def policy(max_rows: int, max_groups: int, perfect_hash_bits: int = 12) -> dict[
             "dataset": "bench",
         },
         "tables": {
-            "visits_rows": {"source": "visits", "columns": COLUMNS},
+            "visits_rows": {"source": "visits", "columns": COLUMNS, **version},
             "visits": {
                 "source": "visits",
+                **version,
                 "privacy_unit": "patient_id",
                 "max_rows_per_unit": max_rows,
                 "max_groups_per_unit": max_groups,
@@ -330,7 +340,28 @@ def check_unit_level(exact: Service) -> None:
         print(f"  check: unit-level {name} equals the reference plan ({len(got)} groups)")
 
 
-def bench_scale(svc: Service, reps: int, tables: list[str]) -> list[dict[str, Any]]:
+def check_store(exact_store: Service) -> None:
+    """Same secret: the store-backed plan's exact measures equal the plan without a store."""
+    settings = Settings.from_policy(exact_store.policy)
+    settings.delta = 1e-6
+    con = exact_store.engine._con
+    for name, q in QUERIES.items():
+        for table in ("visits_rows", "visits"):
+            plan = exact_store.plan(
+                parse_statement(q.format(t=table), exact_store.policy), settings
+            )
+            new = compile_plan(plan, 4242)
+            assert "__dp_p_" in new.sql, (name, table)  # the store is used
+            got = con.execute(new.render("duckdb")).fetchall()
+            ref = con.execute(compile_plan(plan, 4242, store=False).render("duckdb")).fetchall()
+            nk = len(plan.keys)
+            assert _norm(got, nk) == _norm(ref, nk), (name, table)
+        print(f"  check: store plans of {name} equal the plans without a store (same secret)")
+
+
+def bench_scale(
+    svc: Service, reps: int, tables: list[str], store: Service | None = None
+) -> list[dict[str, Any]]:
     settings = Settings.from_policy(svc.policy)
     con = svc.engine._con
     out = []
@@ -341,14 +372,19 @@ def bench_scale(svc: Service, reps: int, tables: list[str]) -> list[dict[str, An
             plan = svc.plan(parse_statement(dp_sql, svc.policy), settings)
             engine_sql = compile_plan(plan, 99).render("duckdb")
             floor_sql = FLOORS[(name, table)]
-            keys = ("pw", "pc", "dw", "dc", "ew", "ec", "fw", "fc")
-            rec: dict[str, list[float]] = {k: [] for k in keys}
             runs = {
                 "p": lambda s=plain_sql: con.execute(s).fetchall(),
                 "d": lambda s=dp_sql: svc.execute(s, None, settings, "bench"),
                 "e": lambda s=engine_sql: con.execute(s).fetchall(),
                 "f": lambda s=floor_sql: con.execute(s).fetchall(),
             }
+            if store is not None:  # the same query through the prepared store, side by side
+                store_plan = store.plan(parse_statement(dp_sql, store.policy), settings)
+                store_sql = compile_plan(store_plan, 99).render("duckdb")
+                scon = store.engine._con
+                runs["s"] = lambda s=dp_sql: store.execute(s, None, settings, "bench")
+                runs["t"] = lambda s=store_sql, c=scon: c.execute(s).fetchall()
+            rec: dict[str, list[float]] = {k + x: [] for k in runs for x in "wc"}
             for _ in range(reps):
                 for key, fn in runs.items():
                     w, c = timed(fn)
@@ -368,7 +404,21 @@ def bench_scale(svc: Service, reps: int, tables: list[str]) -> list[dict[str, An
                 "floor_ratio_wall": m["fw"] / m["pw"],
                 "floor_ratio_cpu": m["fc"] / m["pc"],
             }
+            if store is not None:
+                row.update(
+                    store_dp_ms=m["sw"] * 1e3,
+                    store_ratio_wall=m["sw"] / m["pw"],
+                    store_ratio_cpu=m["sc"] / m["pc"],
+                    store_engine_ratio_cpu=m["tc"] / m["pc"],
+                )
             out.append(row)
+            if store is not None:
+                print(
+                    f"  {name:10s} {table:12s} STORE DP {row['store_dp_ms']:8.1f} ms  "
+                    f"x{row['store_ratio_wall']:5.2f} wall  x{row['store_ratio_cpu']:5.2f} cpu   "
+                    f"(store engine SQL alone x{row['store_engine_ratio_cpu']:5.2f} cpu)",
+                    flush=True,
+                )
             print(
                 f"  {name:10s} {table:12s} plain {row['plain_ms']:8.1f} ms  DP {row['dp_ms']:8.1f}"
                 f" ms  x{row['ratio_wall']:5.2f} wall  x{row['ratio_cpu']:5.2f} cpu   "
@@ -404,15 +454,17 @@ def memory_child(db: str, pol: str, kind: str, query: str, table: str) -> None:
     print(json.dumps({"before_kib": before, "peak_kib": peak}))
 
 
-def bench_memory(db: Path, pol: dict, queries: list[str], tables: list[str]) -> list[dict]:
-    def child(kind: str, query: str, table: str) -> dict:
+def bench_memory(
+    db: Path, pol: dict, queries: list[str], tables: list[str], store_pol: dict | None = None
+) -> list[dict]:
+    def child(kind: str, query: str, table: str, p: dict = pol) -> dict:
         out = subprocess.run(
             [
                 sys.executable,
                 __file__,
                 "--memory-child",
                 str(db),
-                json.dumps(pol),
+                json.dumps(p),
                 kind,
                 query,
                 table,
@@ -429,6 +481,7 @@ def bench_memory(db: Path, pol: dict, queries: list[str], tables: list[str]) -> 
         for table in tables:
             dp = child("dp", query, table)
             floor = child("floor", query, table)
+            st = child("dp", query, table, store_pol) if store_pol is not None else None
             row = {
                 "query": query,
                 "table": table,
@@ -440,6 +493,14 @@ def bench_memory(db: Path, pol: dict, queries: list[str], tables: list[str]) -> 
                 "floor_peak_mib": floor["peak_kib"] / 1024,
                 "floor_ratio_peak": floor["peak_kib"] / plain["peak_kib"],
             }
+            if st is not None:
+                row["store_peak_mib"] = st["peak_kib"] / 1024
+                row["store_ratio_peak"] = st["peak_kib"] / plain["peak_kib"]
+                print(
+                    f"  {query:10s} {table:12s} peak RSS STORE DP {row['store_peak_mib']:7.1f} "
+                    f"MiB  x{row['store_ratio_peak']:4.2f}",
+                    flush=True,
+                )
             rows.append(row)
             print(
                 f"  {query:10s} {table:12s} peak RSS plain {row['plain_peak_mib']:7.1f} MiB  DP "
@@ -480,6 +541,12 @@ def main(argv: list[str] | None = None) -> int:
         "(default: on with --quick; ~60 s per query at 10M rows)",
     )
     ap.add_argument("--skip-memory", action="store_true")
+    ap.add_argument(
+        "--store",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time the prepared-store plans side by side (built once under --data-dir)",
+    )
     ap.add_argument("--only", choices=["planning", "fixture", "scale", "memory"], default=None)
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     ap.add_argument("--memory-child", nargs=5, help=argparse.SUPPRESS)
@@ -516,10 +583,30 @@ def main(argv: list[str] | None = None) -> int:
     db = args.data_dir / f"core_{rows}_hot{round(args.hot * 100)}.duckdb"
     pol = policy(args.max_rows_per_unit, args.max_groups_per_unit, args.perfect_hash_bits)
     tables = ["visits_rows", "visits"]
+    store_pol = None
     if args.only in (None, "scale", "memory"):
         t = time.perf_counter()
         generate(db, rows, args.hot)
         print(f"data: {db} ({time.perf_counter() - t:.1f} s to generate or find)", flush=True)
+        if args.store:
+            store_pol = policy(
+                args.max_rows_per_unit,
+                args.max_groups_per_unit,
+                args.perfect_hash_bits,
+                store=args.data_dir / f"store_{db.stem}",
+            )
+            store_svc = service(db, store_pol)
+            for info in store_svc.engine.stores:
+                print(
+                    f"  store {info.table}: {'reused' if info.reused else 'built'} in "
+                    f"{info.build_seconds:.1f} s, {info.bytes / 2**20:.0f} MiB on disk",
+                    flush=True,
+                )
+            results["store"] = [
+                {"table": i.table, "seconds": i.build_seconds, "bytes": i.bytes, "reused": i.reused}
+                for i in store_svc.engine.stores
+            ]
+            store_svc.close()
     if args.only in (None, "scale"):
         svc = service(db, pol)
         exact = service(db, pol, noise=ZeroNoise())
@@ -528,16 +615,24 @@ def main(argv: list[str] | None = None) -> int:
         if check:
             check_unit_level(exact)
         exact.close()
+        store = None
+        if store_pol is not None:
+            exact_store = service(db, store_pol, noise=ZeroNoise())
+            check_store(exact_store)
+            exact_store.close()
+            store = service(db, store_pol)
         print(
             f"plain vs DP, medians of {reps} interleaved runs (visits = privacy unit "
             f"patient_id, R={args.max_rows_per_unit}, G={args.max_groups_per_unit}, "
             f"perfect_hash_bits={args.perfect_hash_bits}):"
         )
-        results["scale"] = bench_scale(svc, reps, tables)
+        results["scale"] = bench_scale(svc, reps, tables, store)
         svc.close()
+        if store is not None:
+            store.close()
     if args.only in (None, "memory") and not args.skip_memory:
         print("peak memory (fresh process per query, peak RSS = VmHWM):")
-        results["memory"] = bench_memory(db, pol, ["group_by", "no_group"], tables)
+        results["memory"] = bench_memory(db, pol, ["group_by", "no_group"], tables, store_pol)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0

@@ -34,6 +34,9 @@ _ENGINE_KEYS = {
     "concurrent queries (dpsql serve)",
     "perfect_hash_bits": "DuckDB: group keys of up to this many bits (integer columns with a "
     "known range) aggregate in a perfect hash table (default 12)",
+    "prepared": 'DuckDB: a prepared store per data version (dpsql.engine.prepared): "off" '
+    '(default), "memory", or "disk" (a file next to the ledger, reused across processes)',
+    "prepared_dir": "DuckDB: where disk stores go (default: the ledger's directory)",
 }
 
 _PRIVACY_KEYS = {
@@ -154,6 +157,10 @@ class EngineConfig:
     # DuckDB's threads; None = one per core. With many small concurrent queries (the wire
     # server) 1 avoids the cost of splitting each query across a shared pool.
     threads: int | None = None
+    # DuckDB: the prepared store (dpsql.engine.prepared): "off", "memory" or "disk", and
+    # where disk stores go (None: the ledger's directory).
+    prepared: str = "off"
+    prepared_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -384,7 +391,15 @@ def _engine(rep: _Reporter, spec: Any) -> EngineConfig:
         threads = _integer(
             rep, "engine.threads", threads, highest=1024, hint="e.g. threads = 1, or remove it"
         )
-    for key in ("perfect_hash_bits", "threads"):
+    prepared = spec.get("prepared", "off")
+    if prepared not in ("off", "memory", "disk"):
+        raise rep.fail(
+            "engine.prepared", f"unknown mode {prepared!r}", 'use "off", "memory" or "disk"'
+        )
+    prepared_dir = spec.get("prepared_dir")
+    if prepared_dir is not None and (not isinstance(prepared_dir, str) or not prepared_dir):
+        raise rep.fail("engine.prepared_dir", "must be a directory path", 'e.g. "store/"')
+    for key in ("perfect_hash_bits", "threads", "prepared", "prepared_dir"):
         if name != "duckdb" and key in spec:
             raise rep.fail(f"engine.{key}", "only the DuckDB engine takes it", "remove it")
     if name != "spark" and (master is not None or conf):
@@ -393,7 +408,7 @@ def _engine(rep: _Reporter, spec: Any) -> EngineConfig:
             "only the Spark engine takes a master or conf",
             'set name = "spark", or remove them',
         )
-    return EngineConfig(name, master, dict(conf), bits, threads)
+    return EngineConfig(name, master, dict(conf), bits, threads, prepared, prepared_dir)
 
 
 def _table(

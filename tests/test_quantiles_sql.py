@@ -579,3 +579,27 @@ def test_extreme_values_never_fail_the_bin_queries(tmp_path: Path):
     conn = exact_connect(table_policy(path, cols, unit="uid", rows=1, groups=1))
     assert len(rows_of(conn, "SELECT MEDIAN(x), SUM(x) FROM t")) == 1
     conn.close()
+
+
+@pytest.mark.parametrize("secret", [3, 2**62 - 1])
+def test_bin_counts_match_a_store_backed_main_query(tmp_path: Path, secret: int):
+    """With the prepared store on, the main query runs over the store (dpsql.sql.prepared_plan)
+    and the bin counts over the table: both bound the same rows for the same secret."""
+    from test_prepared_store import _with_store
+
+    policy, _ = heavy_policy(tmp_path)
+    service = dpsql.Service(_with_store(policy), ledger=MemoryLedger())
+    try:
+        plan = _plan(service, "SELECT grp, COUNT(val), SUM(val), MEDIAN(val) FROM t GROUP BY grp")
+        compiled = compile_plan(plan, secret)
+        assert "__dp_store_t" in compiled.render()  # the main query reads the store
+        result = service.engine.execute(compiled)
+        main = _per_group(result, 1)
+        bins = _bins_per_group(result.extras[0], 1)
+        center = plan.measures[1].center
+        for key, (n, s) in main.items():
+            got = bins.get(key, {})
+            assert sum(got.values()) == n
+            assert sum((b - center) * c for b, c in got.items()) == s
+    finally:
+        service.close()

@@ -16,6 +16,7 @@ from typing import Any
 import duckdb
 import numpy as np
 
+from dpsql.engine import prepared
 from dpsql.engine.api import EngineResult, QueryHandle, canonical_rows
 from dpsql.errors import OperationalError, PolicyError
 from dpsql.policy import Policy, TablePolicy
@@ -44,12 +45,19 @@ class DuckDBEngine:
     name = "duckdb"
     dialect = "duckdb"
 
-    def __init__(self, policy: Policy, database: str = ":memory:") -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        database: str = ":memory:",
+        *,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
         self.policy = policy
         self._con = duckdb.connect(":memory:")
         self.versions: dict[str, str] = {}
         # every source an eager table of at most SMALL_ROWS rows (threads = 1 unless set)
         self._small = bool(policy.tables)
+        self.stores: list[prepared.StoreInfo] = []
         allowed: list[str] = []
         attached = False
         if database not in (":memory:", "", None):
@@ -63,6 +71,8 @@ class DuckDBEngine:
             attached = True
         for table in policy.tables.values():
             self._load(table, attached, database, allowed)
+        if policy.engine.prepared != "off":
+            self._prepare(allowed, progress)
         self._con.execute(
             "SET allowed_paths = [" + ", ".join(_sql_string(p) for p in allowed) + "]"
         )
@@ -76,6 +86,35 @@ class DuckDBEngine:
             self._con.execute(f"SET threads = {int(threads)}")
         self._con.execute("SET enable_external_access = false")
         self._con.execute("SET lock_configuration = true")
+
+    def _prepare(self, allowed: list[str], progress: Callable[[str], None] | None) -> None:
+        """Build or reuse each table's prepared store (dpsql.engine.prepared) before the
+        connection is sealed; the compiler finds them through ``prepared.STORES``."""
+        directory = (
+            prepared.store_directory(self.policy) if self.policy.engine.prepared == "disk" else None
+        )
+        for table in self.policy.tables.values():
+            try:
+                info = prepared.prepare_table(
+                    self._con,
+                    table,
+                    self.versions.get(table.name, ""),
+                    directory=directory,
+                    progress=progress,
+                )
+            except duckdb.Error as exc:
+                raise PolicyError(
+                    f"tables.{table.name}: cannot build its prepared store: "
+                    f"{_describe_load_error(exc)}",
+                    construct=f"tables.{table.name}",
+                    hint='set [engine] prepared = "off", or fix the source',
+                ) from None
+            if info is None:
+                continue
+            if info.path is not None:
+                allowed.append(info.path)
+            prepared.register(info)
+            self.stores.append(info)
 
     def _select_list(self, table: TablePolicy, *, lazy: bool) -> str:
         """The declared columns in their declared types.
@@ -206,6 +245,9 @@ class DuckDBEngine:
         return canonical_rows(np.column_stack(arrays))
 
     def close(self) -> None:
+        for info in self.stores:
+            prepared.unregister(info)
+        self.stores = []
         self._con.close()
 
 

@@ -699,14 +699,29 @@ def _conditions(plan: Plan) -> list[exp.Expression]:
     return conditions
 
 
-def compile_plan(plan: Plan, secret: int) -> CompiledQuery:
+def compile_plan(plan: Plan, secret: int, *, store: object = None) -> CompiledQuery:
     """The engine query for ``plan``; ``secret`` keys row and group selection for this run
-    only (later runs reuse the tree with :meth:`CompiledQuery.with_secret`)."""
+    only (later runs reuse the tree with :meth:`CompiledQuery.with_secret`).
+
+    ``store``: None finds the prepared store of the plan's table and data version
+    (dpsql.engine.prepared), False compiles without one; the measures are the same either way.
+    """
     keys = tuple(f"k{i}" for i in range(len(plan.keys)))
     measure_cols = tuple(m.name for m in plan.measures)
-    if not plan.measures:
+    tree: exp.Expression | None = None
+    if store is not False and plan.measures:
+        from dpsql.engine import prepared
+
+        info = store or prepared.lookup(plan.query.table, plan.data_version)
+        if isinstance(info, prepared.StoreInfo):
+            from dpsql.sql.prepared_plan import store_tree
+
+            tree = store_tree(plan, keys, info)
+    if tree is not None:
+        pass
+    elif not plan.measures:
         # quantiles only (no threshold, so the groups are public): nothing else to read
-        tree: exp.Expression = exp.Select(expressions=[_alias(_number(0), "__none")])
+        tree = exp.Select(expressions=[_alias(_number(0), "__none")])
         keys, measure_cols = (), ()
     elif plan.query.table.privacy_unit is None:
         tree = _row_level(plan, keys)

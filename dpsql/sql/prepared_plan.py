@@ -1,0 +1,266 @@
+"""Plans over a prepared store (dpsql.engine.prepared): same exact measures, less work.
+
+Row-level: one scan of the store, the fixed-point columns read as they are (no per-row clamp,
+division or rounding), centred after aggregating (``SUM(fp) - c * COUNT(fp)``: exact in integer
+arithmetic, so the same total).
+
+Privacy unit, two phases:
+
+1. ``direct``  rows whose statistics prove their (unit, group) pair holds at most R rows and their
+               unit at most G groups go straight to a GROUP BY on the keys. A filter only removes
+               rows, so the proof holds under any WHERE and domain filter, and the plan without a
+               store would have kept every such row and pair as it is: same sums.
+2. the others run the plan of dpsql.sql.compile (pairs, keyed-hash sampling of pairs over R,
+               G groups per crowded unit) on the store's rows, the row hash read from the stored
+               mix (``XOR(mix, HASH(secret))`` equals ``HASH(columns..., secret)`` bit for bit,
+               checked when the store is built).
+
+Bounding is per unit (samples within a pair, groups within a unit), so splitting the units
+between the phases changes nothing: each unit keeps exactly the rows and groups it kept before.
+The tree's shape depends on the policy and the store's layout only, never on the statistics.
+"""
+
+from __future__ import annotations
+
+import math
+
+from sqlglot import exp
+
+from dpsql.engine.prepared import StoreInfo
+from dpsql.policy import TablePolicy
+from dpsql.sql import compile as c
+from dpsql.sql.plan import Measure, Plan
+
+_KINDS = frozenset({"rows", "values", "units", "sum", "sumsq"})
+
+
+def store_tree(plan: Plan, keys: tuple[str, ...], store: StoreInfo) -> exp.Expression | None:
+    """The plan's engine query over ``store``; None when the store cannot serve it (COUNT of
+    distinct units per group, which needs the pairs of every unit; measure kinds it does not
+    know)."""
+    # only the measure kinds this module knows (a kind added later keeps the plain plan)
+    if not plan.measures or any(m.kind not in _KINDS for m in plan.measures):
+        return None
+    if plan.query.table.privacy_unit is None:
+        return _row_level(plan, keys, store)
+    if any(m.kind == "units" for m in plan.measures) or store.unit_rows is None:
+        return None
+    return _two_phase(plan, store)
+
+
+def _source(store: StoreInfo, alias: str | None = None) -> exp.Table:
+    table = c._table(store.relation, alias)
+    if store.catalog is not None:
+        table.set("db", c._ident(store.catalog))
+    return table
+
+
+def _fixed(m: Measure, table: TablePolicy, store: StoreInfo) -> exp.Expression | None:
+    """The stored fixed-point column of m's column, if it has the plan's very range."""
+    spec = store.fixed.get(m.column or "")
+    if spec is None or table.columns[m.column].expr is not None:  # type: ignore[index]
+        return None
+    if m.kind != "values" and spec[:2] != (m.lo, m.hi):
+        return None
+    return c._name(spec[2])
+
+
+def _times(node: exp.Expression, factor: int) -> exp.Expression:
+    """``CAST(node AS INT128) * factor`` (HUGEINT): a count times a centre cannot overflow."""
+    return exp.Mul(this=c._cast(node, "INT128"), expression=c._number(factor))
+
+
+def aggregate(m: Measure, table: TablePolicy, store: StoreInfo) -> exp.Expression:
+    """m aggregated over store rows: the stored fixed point, centred after summing."""
+    fp = _fixed(m, table, store) if m.kind in ("sum", "sumsq", "values") else None
+    if fp is None:
+        return c.measure_aggregate_expr(m, table)
+    if m.kind == "values":  # the fixed point is NULL exactly where the column is
+        return exp.Count(this=fp)
+    if m.kind == "sum":
+        total: exp.Expression = exp.Sum(this=fp)
+        if m.center:
+            total = exp.Sub(this=total, expression=_times(exp.Count(this=fp.copy()), m.center))
+        return total
+    # sum of (fp - c)^2 - c2 = SUM(fp^2) - 2c SUM(fp) + (c^2 - c2) COUNT(fp)
+    total = exp.Sum(this=exp.Mul(this=fp, expression=fp.copy()))
+    if m.center:
+        total = exp.Sub(this=total, expression=_times(exp.Sum(this=fp.copy()), 2 * m.center))
+    constant = m.center * m.center - m.center2
+    if constant:
+        total = exp.Add(this=total, expression=_times(exp.Count(this=fp.copy()), constant))
+    return total
+
+
+def _row_level(plan: Plan, keys: tuple[str, ...], store: StoreInfo) -> exp.Select:
+    table = plan.query.table
+    items: list[exp.Expression] = [
+        c._alias(c.lowered_key(kp.key), k) for kp, k in zip(plan.keys, keys, strict=True)
+    ]
+    items += [c._alias(aggregate(m, table, store), m.name) for m in plan.measures]
+    group: list[exp.Expression] = [exp.Literal.number(i + 1) for i in range(len(keys))]
+    return c._select(items, _source(store), where=c._conditions(plan), group=group or None)
+
+
+# -- privacy unit ---------------------------------------------------------------------------
+
+
+def _needs_ranking(plan: Plan) -> bool:
+    """As dpsql.sql.compile._finish_bounded decides: keys, and G below the public bins."""
+    sizes = [len(kp.domain) for kp in plan.keys if kp.domain is not None]
+    bins = math.prod(sizes) if len(sizes) == len(plan.keys) else None
+    return bool(plan.keys) and (bins is None or bins > plan.max_groups)
+
+
+def _within(plan: Plan, store: StoreInfo) -> tuple[exp.Expression, exp.Expression | None]:
+    """Whatever the query's filter, from the store's statistics on the row itself: is the row's
+    (unit, group) pair within R rows, and (None: groups are not ranked) its unit within G?"""
+    unit_rows = c._name(store.unit_rows)  # type: ignore[arg-type]
+    pair = [
+        c._name(store.pair_rows[kp.key.columns[0]])
+        for kp in plan.keys
+        if isinstance(kp.key.expr, exp.Column) and kp.key.columns[0] in store.pair_rows
+    ]
+    bound: exp.Expression = unit_rows
+    if pair:
+        bound = pair[0] if len(pair) == 1 else exp.Least(this=pair[0], expressions=pair[1:])
+    rows_ok: exp.Expression = exp.LTE(this=bound, expression=c._number(plan.max_rows))
+    if not _needs_ranking(plan):
+        return rows_ok, None
+    G = c._number(plan.max_groups)
+    groups_ok: exp.Expression = exp.LTE(this=unit_rows.copy(), expression=G)
+    columns = sorted({name for kp in plan.keys for name in kp.key.columns})
+    if columns and all(name in store.unit_keys for name in columns):
+        product: exp.Expression = c._name(store.unit_keys[columns[0]])
+        for name in columns[1:]:
+            product = exp.Mul(this=product, expression=c._name(store.unit_keys[name]))
+        groups_ok = exp.Paren(
+            this=exp.Or(this=groups_ok, expression=exp.LTE(this=product, expression=G.copy()))
+        )
+    return rows_ok, groups_ok
+
+
+def _not(condition: exp.Expression) -> exp.Expression:
+    """NOT condition; ``a > b`` for ``a <= b`` (statistics are never NULL), which DuckDB can
+    check against a row group's min/max and skip the group."""
+    if isinstance(condition, exp.LTE):
+        return exp.GT(this=condition.this.copy(), expression=condition.expression.copy())
+    return exp.Not(this=exp.Paren(this=condition.copy()))
+
+
+def _pair_filters(plan: Plan, ks: list[str]) -> list[exp.Expression]:
+    """Bare-column keys in their public domain, on the aggregated keys (as in _pairs)."""
+    table = plan.query.table
+    return [
+        c._domain_condition(table.columns[kp.key.columns[0]], k)
+        for kp, k in zip(plan.keys, ks, strict=True)
+        if kp.domain is not None and isinstance(kp.key.expr, exp.Column)
+    ]
+
+
+def _grouped(
+    plan: Plan, store: StoreInfo, ks: list[str], condition: exp.Expression, *, by_unit: bool
+) -> exp.Select:
+    """Rows meeting ``condition`` grouped by (unit,) keys: row count and partial measures."""
+    table = plan.query.table
+    items: list[exp.Expression] = []
+    if by_unit:
+        items.append(c._alias(c._quoted(table.privacy_unit), "__u"))  # type: ignore[arg-type]
+    items += [c._alias(c.lowered_key(kp.key), k) for kp, k in zip(plan.keys, ks, strict=True)]
+    items.append(c._alias(c._count_star(), "__n"))
+    items += [c._alias(aggregate(m, table, store), f"v_{m.name}") for m in c._value_measures(plan)]
+    group: list[exp.Expression] = [c._name(n) for n in (["__u", *ks] if by_unit else ks)]
+    query = c._select(
+        items, _source(store), where=[*c._conditions(plan), condition], group=group or None
+    )
+    filters = _pair_filters(plan, ks)
+    if filters:
+        query = c._select([c._star()], c._subquery(query, "p"), where=filters)
+    return query
+
+
+def _sampled(plan: Plan, store: StoreInfo, ks: list[str], heavy: exp.Expression) -> exp.Select:
+    """Rows whose pair may hold more than R rows: each pair keeps the R of smallest keyed hash
+    (as dpsql.sql.compile._sampled), the hash from the stored mix. A pair the filter left
+    within R keeps all its rows, as it would without a store; no pair count is needed first."""
+    table = plan.query.table
+    R = plan.max_rows
+    gc = ["__u", *ks]
+    partials = [aggregate(m, table, store) for m in c._value_measures(plan)]
+    order: exp.Expression
+    if store.hash_mix is not None:
+        order = exp.BitwiseXor(
+            this=c._name(store.hash_mix), expression=c.KeyedHash(expressions=[c.Secret()])
+        )
+    else:
+        stored = [c._quoted(n) for n, spec in table.columns.items() if spec.expr is None]
+        order = c.KeyedHash(expressions=[*stored, c.Secret()])
+    # only the columns the partials and the order read go through the window (not the row)
+    needed = {col.name: col for p in [*partials, order] for col in p.find_all(exp.Column)}
+    rows_items: list[exp.Expression] = [col.copy() for col in needed.values()]
+    rows_items.append(c._alias(c._quoted(table.privacy_unit), "__u"))  # type: ignore[arg-type]
+    rows_items += [c._alias(c.lowered_key(kp.key), k) for kp, k in zip(plan.keys, ks, strict=True)]
+    rows = c._select(rows_items, _source(store), where=[*c._conditions(plan), heavy])
+    ranked = c._select(
+        [c._star("b"), c._alias(c._row_number([c._name(n, "b") for n in gc], [order]), "__r")],
+        c._subquery(rows, "b"),
+    )
+    items: list[exp.Expression] = [c._name(n) for n in gc] + [c._alias(c._count_star(), "__n")]
+    items += [c._alias(aggregate(m, table, store), f"v_{m.name}") for m in c._value_measures(plan)]
+    sampled = c._select(
+        items,
+        c._subquery(ranked, "s"),
+        where=[exp.LTE(this=c._name("__r"), expression=c._number(R))],
+        group=[c._name(n) for n in gc],
+    )
+    filters = _pair_filters(plan, ks)
+    if filters:
+        sampled = c._select([c._star()], c._subquery(sampled, "p"), where=filters)
+    return sampled
+
+
+def _two_phase(plan: Plan, store: StoreInfo) -> exp.Select:
+    """direct (pair within R, unit within G) + light (pair within R, unit maybe over G: its
+    pairs as they are) + sampled (pair maybe over R), the last two ranked as before."""
+    ks = [f"__k{i}" for i in range(len(plan.keys))]
+    gc = ["__u", *ks]
+    R = plan.max_rows
+    rows_ok, groups_ok = _within(plan, store)
+    safe = rows_ok.copy()
+    if groups_ok is not None:
+        safe = exp.And(this=safe, expression=groups_ok.copy())
+    if not c._value_measures(plan):
+        # counts only: any R of a pair's n rows count min(n, R), no row is sampled
+        base = _grouped(plan, store, ks, _not(safe), by_unit=True)
+        capped = exp.Least(this=c._name("__n"), expressions=[c._number(R)], ignore_nulls=True)
+        items: list[exp.Expression] = [c._name(n) for n in gc] + [c._alias(capped, "__n")]
+        ctes = [c._cte("bounded", c._select(items, c._subquery(base, "p")))]
+    else:
+        bounded: exp.Expression = c._select([c._star()], c._table("sampled"))
+        ctes = [c._cte("sampled", _sampled(plan, store, ks, _not(rows_ok)))]
+        if groups_ok is not None:
+            light = exp.And(this=rows_ok.copy(), expression=_not(groups_ok))
+            ctes.append(c._cte("light", _grouped(plan, store, ks, light, by_unit=True)))
+            bounded = exp.Union(
+                this=c._select([c._star()], c._table("light")), expression=bounded, distinct=False
+            )
+        ctes.append(c._cte("bounded", bounded))
+    source = "bounded"
+    if groups_ok is not None:
+        G = plan.max_groups
+        ctes += [c._cte("crowded", c._crowded(G)), c._cte("ranked", c._ranked(ks, G))]
+        source = "ranked"
+    ctes.append(c._cte("direct", _grouped(plan, store, ks, safe, by_unit=False)))
+    parts = [*ks, "__n", *[f"v_{m.name}" for m in c._value_measures(plan)]]
+    both = exp.Union(
+        this=c._select([c._name(n) for n in parts], c._table(source)),
+        expression=c._select([c._name(n) for n in parts], c._table("direct")),
+        distinct=False,
+    )
+    items = [c._alias(c._name(k), f"k{i}") for i, k in enumerate(ks)]
+    for m in plan.measures:
+        name = "__n" if m.kind == "rows" else f"v_{m.name}"
+        items.append(c._alias(exp.Sum(this=c._name(name)), m.name))
+    final = c._select(items, c._subquery(both, "f"), group=[c._name(k) for k in ks] or None)
+    final.set("with_", exp.With(expressions=ctes))
+    return final
