@@ -616,7 +616,7 @@ def _resolve_unit_paths(rep: _Reporter, tables: dict[str, TablePolicy]) -> dict[
                 f"the table has a column {unit!r}, the name of the privacy unit it reaches",
                 f'declare privacy_unit = "{unit}" instead of unit_path, or rename the column',
             )
-        outputs = tuple((c, "j0", c) for c in table.columns) + ((unit, steps[-1].alias, unit),)
+        outputs = (*((c, "j0", c) for c in table.columns), (unit, steps[-1].alias, unit))
         path = " -> ".join(f"{s.table.name}" for s in steps)
         joined = JoinedSource(tuple(steps), outputs, f"{path} (unit_path, unique keys)")
         out[name] = replace(table, privacy_unit=unit, joined=joined)

@@ -143,6 +143,7 @@ class _Lowering:
     def run(self) -> tuple[exp.Select, Policy]:
         from_ = self.tree.args.get("from_") or self.tree.args.get("from")
         joins: list[exp.Join] = self.tree.args["joins"]
+        assert from_ is not None  # resolve_private_joins checked
         first = from_.this
         first_table = self.policy.table(first.name)
         assert first_table is not None
@@ -198,9 +199,7 @@ class _Lowering:
         return "LEFT" if side == "LEFT" else "INNER"
 
     # -- the ON condition ----------------------------------------------------------------
-    def _check_on(
-        self, join: exp.Join, side: _Side, before: list[_Side], driver: _Side
-    ) -> _Side:
+    def _check_on(self, join: exp.Join, side: _Side, before: list[_Side], driver: _Side) -> _Side:
         """Refuse unless ON matches rows of one unit; the side whose multiplicity the
         joined relation has (its R and G bound it) after this join."""
         on = join.args["on"]
@@ -244,7 +243,12 @@ class _Lowering:
 
     def _check_unit(self, on: exp.Expression, a: _Side, a_col: str, b: _Side, b_col: str) -> None:
         unit_a, unit_b = a.table.privacy_unit, b.table.privacy_unit
-        direct = a_col == unit_a and b_col == unit_b and not a.table.unit_path
+        direct = (
+            unit_a is not None
+            and unit_a == unit_b
+            and (a_col, b_col) == (unit_a, unit_b)
+            and not a.table.unit_path
+        )
         if direct and not b.table.unit_path:
             return
         for x, x_col, y, y_col in ((a, a_col, b, b_col), (b, b_col, a, a_col)):
@@ -344,9 +348,7 @@ class _Lowering:
                 while name in columns or (name != c and name in counts):
                     name += "_"
                 names[(s.alias, c)] = name
-                columns[name] = replace(
-                    spec, name=name, nullable=spec.nullable or s.kind == "LEFT"
-                )
+                columns[name] = replace(spec, name=name, nullable=spec.nullable or s.kind == "LEFT")
                 outputs.append((name, s.internal, c))
         steps = tuple(
             JoinStep(s.table, s.internal, s.kind, self._on.get(s.internal, ())) for s in private
@@ -388,6 +390,8 @@ class _Lowering:
         def fix(node: exp.Expression) -> exp.Expression:
             if not isinstance(node, exp.Column) or isinstance(node.this, exp.Star):
                 return node
+            if node.find_ancestor(exp.Select) is not result:
+                return node  # a subquery's own column (IN (SELECT ... FROM departments))
             name = node.name.lower()
             if node.table:
                 side = by_alias.get(node.table.lower())

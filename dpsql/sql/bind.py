@@ -34,8 +34,8 @@ from dpsql.frontend.compose import ReleasedFilter, split_released_filter
 from dpsql.frontend.inline import Wrapped, compose_post, flatten
 from dpsql.frontend.intervals import NotNumeric, Range, value_range
 from dpsql.frontend.joins import JOINED, PUBLIC_VALUES, resolve_joins
-from dpsql.frontend.private_joins import resolve_private_joins
 from dpsql.frontend.logic import conjuncts
+from dpsql.frontend.private_joins import resolve_private_joins
 from dpsql.frontend.rewrite import normalise, timestamp_literals
 from dpsql.policy import ColumnPolicy, Policy, TablePolicy, default_granularity
 from dpsql.sql.positions import _tokens, forget_tokens, offset_position, position_of, snippet

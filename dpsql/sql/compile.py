@@ -700,9 +700,7 @@ def _row_level(plan: Plan, keys: tuple[str, ...]) -> exp.Select:
     ]
     items += [_alias(measure_aggregate_expr(m, table), m.name) for m in plan.measures]
     group: list[exp.Expression] = [exp.Literal.number(i + 1) for i in range(len(keys))]
-    return _select(
-        items, _source(table), where=_conditions(plan), group=group or None
-    )
+    return _select(items, _source(table), where=_conditions(plan), group=group or None)
 
 
 def _pairs(plan: Plan, ks: list[str]) -> exp.Select:
