@@ -7,11 +7,10 @@ rows (~10 per patient), a private ``patients`` table (one row per patient), a pu
 Then, interleaved ``--reps`` times, medians of wall and process-CPU time of the whole DP
 pipeline (bind, plan, engine, noise) for each pair:
 
-- public: ``visits v JOIN departments d`` (lowered to a lookup CASE on v.dept_id, with
-  ``dept_id IN (keys)``) vs ``visits_wide``;
-- public, engine SQL only: the compiled lookup-CASE query vs the same bounded plan with its
-  source a real ``visits JOIN departments`` (the pre-joined query's engine SQL with its FROM
-  replaced: what a real-JOIN lowering of public dimensions would run) vs the pre-joined one;
+- public: ``visits v JOIN departments d`` (a real JOIN with the public rows as VALUES) vs
+  ``visits_wide``;
+- the same public joins in the first design, a lookup CASE per public column (and
+  ``dept_id IN (keys)``) instead of a JOIN (``REAL_PUBLIC_JOINS = False``);
 - private: ``visits v JOIN patients p ON v.patient_id = p.patient_id`` (a real JOIN in the
   engine, bounded after it) vs ``visits_wide``.
 
@@ -37,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 import duckdb  # noqa: E402
 
+from dpsql.frontend import private_joins  # noqa: E402
 from dpsql.pipeline import Service, Settings  # noqa: E402
 from dpsql.privacy.ledger import MemoryLedger  # noqa: E402
 from dpsql.privacy.samplers import ZeroNoise  # noqa: E402
@@ -164,7 +164,7 @@ def _answer(svc: Service, sql: str, settings: Settings) -> list[tuple]:
     )
 
 
-def run(rows: int, dims: int, reps: int) -> list[dict[str, Any]]:
+def run(rows: int, dims: int, reps: int, lookup_max: int) -> list[dict[str, Any]]:
     db, dim = generate(ROOT / "bench" / "data", rows, dims)
     pol = policy(dim, dims)
     import dpsql.pipeline
@@ -176,16 +176,25 @@ def run(rows: int, dims: int, reps: int) -> list[dict[str, Any]]:
     wide_bounds = policy(dim, dims, r=1000, g=10)
     exact = Service(wide_bounds, str(db), ledger=MemoryLedger(), noise=ZeroNoise(), cache=False)
     settings = Settings.from_policy(exact.policy)
-    for label, joined, wide in QUERIES:
-        got, want = _answer(exact, joined, settings), _answer(exact, wide, settings)
-        if got != want:
-            raise SystemExit(f"{label}: answers differ\n  join: {got}\n  wide: {want}")
+    for lookup in (False, True) if dims <= lookup_max else (False,):
+        private_joins.REAL_PUBLIC_JOINS = not lookup
+        for label, joined, wide in QUERIES:
+            got, want = _answer(exact, joined, settings), _answer(exact, wide, settings)
+            if got != want:
+                raise SystemExit(f"{label}: answers differ\n  join: {got}\n  wide: {want}")
     exact.close()
     dpsql.pipeline.secrets.randbits = original
     svc = Service(pol, str(db), ledger=MemoryLedger(), cache=False)
     settings = Settings.from_policy(svc.policy)
     out = []
-    for label, joined, wide in QUERIES:
+    variants = [(label, joined, wide, False) for label, joined, wide in QUERIES]
+    variants += [
+        (label.replace("public:", "public, lookup CASE:"), joined, wide, True)
+        for label, joined, wide in QUERIES
+        if label.startswith("public") and dims <= lookup_max
+    ]
+    for label, joined, wide, lookup in variants:
+        private_joins.REAL_PUBLIC_JOINS = not lookup
         times: dict[str, list[tuple[float, float]]] = {"join": [], "wide": []}
         timed(lambda s=joined: svc.execute(s, None, settings, "bench"))  # warm
         timed(lambda s=wide: svc.execute(s, None, settings, "bench"))
@@ -205,44 +214,9 @@ def run(rows: int, dims: int, reps: int) -> list[dict[str, Any]]:
                 "ratio_cpu": med["join"][1] / med["wide"][1],
             }
         )
-    out.append(engine_only(svc, dims, reps))
+    private_joins.REAL_PUBLIC_JOINS = True
     svc.close()
     return out
-
-
-def engine_only(svc: Service, dims: int, reps: int) -> dict[str, Any]:
-    """The first query's engine SQL: lookup CASE vs a real JOIN source vs pre-joined."""
-    from dpsql.sql.bind import parse_statement
-    from dpsql.sql.compile import compile_plan
-
-    settings = Settings.from_policy(svc.policy)
-    _, joined, wide = QUERIES[0]
-
-    def sql(text: str) -> str:
-        plan = svc.plan(parse_statement(text, svc.policy), settings)
-        return compile_plan(plan, 4242).render("duckdb")
-
-    case_sql, wide_sql = sql(joined), sql(wide)
-    source = (
-        '(SELECT v.*, d.region, NULL::VARCHAR AS sex FROM "visits" v '
-        "JOIN src.departments d ON v.dept_id = d.id)"
-    )
-    join_sql = wide_sql.replace('"visits_wide"', source)
-    assert join_sql != wide_sql
-    con = svc.engine._con  # type: ignore[attr-defined]
-    variants = {"case": case_sql, "join": join_sql, "wide": wide_sql}
-    counts = {k: sorted(r[:2] for r in con.execute(v).fetchall()) for k, v in variants.items()}
-    assert counts["case"] == counts["join"] == counts["wide"], counts  # counts: any R rows
-    times: dict[str, list[tuple[float, float]]] = {k: [] for k in variants}
-    for _ in range(reps):
-        for k, v in variants.items():
-            times[k].append(timed(lambda v=v: con.execute(v).fetchall()))
-    med = {k: [statistics.median(x[i] for x in t) for i in (0, 1)] for k, t in times.items()}
-    return {
-        "query": "engine SQL only: lookup CASE | real JOIN | pre-joined",
-        "dims": dims,
-        **{f"{k}_{m}_s": med[k][i] for k in variants for i, m in enumerate(("wall", "cpu"))},
-    }
 
 
 def main() -> None:
@@ -250,22 +224,24 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--dims", type=int, nargs="+", default=[100, 10_000])
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument(
+        "--lookup-max-dims",
+        type=int,
+        default=1000,
+        help="measure the lookup-CASE lowering only up to this many dimension rows (it "
+        "evaluates one CASE branch per row: ~10x the JOIN at 1000)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    results = [r for dims in args.dims for r in run(args.rows, dims, args.reps)]
+    results = [
+        r for dims in args.dims for r in run(args.rows, dims, args.reps, args.lookup_max_dims)
+    ]
     if args.json:
         print(json.dumps(results, indent=2))
         return
     print(f"{args.rows:,} fact rows; medians of {args.reps} (wall s / CPU s)")
     print(f"{'query':48} {'dims':>6} {'join':>13} {'pre-joined':>13} {'ratio':>11}")
     for r in results:
-        if "case_wall_s" in r:
-            print(
-                f"{r['query']:48} {r['dims']:>6} case {r['case_wall_s']:.2f}/{r['case_cpu_s']:.2f}"
-                f"  join {r['join_wall_s']:.2f}/{r['join_cpu_s']:.2f}"
-                f"  pre-joined {r['wide_wall_s']:.2f}/{r['wide_cpu_s']:.2f}"
-            )
-            continue
         print(
             f"{r['query']:48} {r['dims']:>6} {r['join_wall_s']:6.2f}/{r['join_cpu_s']:5.2f} "
             f"{r['wide_wall_s']:6.2f}/{r['wide_cpu_s']:5.2f} "

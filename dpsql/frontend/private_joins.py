@@ -28,6 +28,7 @@ cross joins, RIGHT/FULL joins and ON conditions other than one equality of colum
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from sqlglot import exp
 
@@ -35,6 +36,13 @@ from dpsql.errors import PrivacyError, ProgrammingError, UndefinedColumnError, U
 from dpsql.frontend.logic import transform_clauses
 from dpsql.policy import ColumnPolicy, JoinedSource, JoinStep, Policy, TablePolicy
 from dpsql.sql.positions import position_of, snippet
+
+if TYPE_CHECKING:
+    from dpsql.frontend.joins import _Joiner
+    from dpsql.frontend.joins import _Side as PublicSide
+
+    # a dimension: its side, its unique key, the private column joined on, LEFT or not
+    Dimension = tuple[PublicSide, str, exp.Column, bool]
 
 _HINT = (
     "join private tables ON their privacy unit (FROM visits v JOIN patients p ON "
@@ -63,6 +71,8 @@ def joined_source(table: TablePolicy) -> exp.Expression:
 
 def _source(table: TablePolicy, alias: str | None) -> exp.Expression:
     ident = exp.Identifier(this=alias, quoted=False) if alias else None
+    if table.public and table.rows is not None:
+        return _public_values(table, ident)
     if table.joined is None:
         node = exp.Table(this=exp.Identifier(this=table.name, quoted=True))
         if ident is not None:
@@ -86,6 +96,36 @@ def _source(table: TablePolicy, alias: str | None) -> exp.Expression:
         from_=exp.From(this=_source(first.table, first.alias)),
         joins=joins,
     )
+    return exp.Subquery(this=select, alias=exp.TableAlias(this=ident))
+
+
+def _public_values(table: TablePolicy, ident: exp.Identifier | None) -> exp.Subquery:
+    """A public table as the rows read and checked at connect (its unique keys held there),
+    a VALUES list typed as declared: the engine joins exactly those public facts."""
+    from dpsql.sql.bind import to_literal
+    from dpsql.sql.domains import SQL_TYPES
+
+    names = list(table.columns)
+    inner = [exp.Identifier(this=f"c{i}", quoted=False) for i in range(len(names))]
+    items = [
+        exp.Alias(
+            this=exp.Cast(
+                this=exp.Column(this=inner[i].copy()),
+                to=exp.DataType.build(SQL_TYPES[table.columns[n].type]),
+            ),
+            alias=exp.Identifier(this=n, quoted=True),
+        )
+        for i, n in enumerate(names)
+    ]
+    rows = list(table.rows or ())
+    where = None
+    if not rows:  # VALUES needs a row: one of NULLs, never kept
+        rows, where = [(None,) * len(names)], exp.Where(this=exp.false())
+    values = exp.Values(
+        expressions=[exp.Tuple(expressions=[to_literal(v) for v in r]) for r in rows],
+        alias=exp.TableAlias(this=exp.Identifier(this="v", quoted=False), columns=inner),
+    )
+    select = exp.Select(expressions=items, from_=exp.From(this=values), where=where)
     return exp.Subquery(this=select, alias=exp.TableAlias(this=ident))
 
 
@@ -120,9 +160,11 @@ def resolve_private_joins(tree: exp.Select, text: str, policy: Policy) -> tuple[
     if not all(isinstance(n, exp.Table) and isinstance(n.this, exp.Identifier) for n in nodes):
         return tree, policy  # derived tables and CTEs: dpsql.frontend.joins decides
     tables = [policy.table(n.name) for n in nodes]
-    if any(t is None for t in tables) or sum(not t.public for t in tables if t) < 2:
+    if any(t is None for t in tables):
         return tree, policy
-    return _Lowering(tree, text, policy).run()
+    if sum(not t.public for t in tables if t) >= 2:
+        tree, policy = _Lowering(tree, text, policy).run()
+    return _lower_public(tree, text, policy)
 
 
 class _Lowering:
@@ -425,3 +467,185 @@ class _Lowering:
                 kept.append(join.transform(fix, copy=False))
         result.set("joins", kept or None)
         return result
+
+
+# -- public dimensions as a real JOIN ---------------------------------------------------------
+
+# False: joins with public tables keep the lookup lowering (dpsql.frontend.joins) -- for
+# bench/bench_joins.py, which measures both (docs/performance.md, "Joins").
+REAL_PUBLIC_JOINS = True
+
+
+def _lower_public(tree: exp.Select, text: str, policy: Policy) -> tuple[exp.Select, Policy]:
+    """``FROM private JOIN public ON private.fk = public.key`` (INNER or LEFT, one or more
+    dimensions) as one virtual table whose source is a real JOIN with the public rows.
+
+    The checks are dpsql.frontend.joins' (a declared unique key, one equality, no cross or
+    FULL join), and so is the stability: each private row meets at most one public row, so
+    the relation is 1-stable and bounding (after the join) sees each private row once. A
+    public column's values are public: its domain is the public table's values (NULL too for
+    a LEFT JOIN), released without thresholding like the lookup lowering's. Public groups
+    (FROM public LEFT JOIN private) stay with the lookup lowering.
+    """
+    from dpsql.frontend.joins import JOINED, _Joiner
+
+    joins = tree.args.get("joins") or []
+    if not REAL_PUBLIC_JOINS:
+        return tree, policy
+    from_ = tree.args.get("from_") or tree.args.get("from")
+    if not joins or from_ is None:
+        return tree, policy
+    nodes = [from_.this, *(j.this for j in joins)]
+    if not all(isinstance(n, exp.Table) and isinstance(n.this, exp.Identifier) for n in nodes):
+        return tree, policy
+    joiner = _Joiner(tree, text, policy)
+    fact, *dims = [joiner.side(n) for n in nodes]
+    aliases = [s.alias for s in (fact, *dims)]
+    if fact.table is None or fact.public or not all(d.public for d in dims):
+        return tree, policy
+    if len(set(aliases)) != len(aliases):
+        return tree, policy  # dpsql.frontend.joins refuses it
+    lowered: list[Dimension] = []
+    for join, dim in zip(joins, dims, strict=True):
+        kind = joiner._kind(join, dim, fact, False, len(joins))
+        if kind == "groups":
+            return tree, policy
+        key, foreign = joiner._on(join, dim, fact)
+        if foreign.name.lower() not in fact.table.columns:
+            raise joiner._no_column(foreign, fact)
+        lowered.append((dim, key, foreign, kind == "left"))
+    return _public_virtual(tree, policy, joiner, fact, lowered, JOINED)
+
+
+def _public_virtual(
+    tree: exp.Select,
+    policy: Policy,
+    joiner: _Joiner,
+    fact: PublicSide,
+    lowered: list[Dimension],
+    joined_meta: str,
+) -> tuple[exp.Select, Policy]:
+    fact_table = _table_of(fact)
+    columns: dict[str, ColumnPolicy] = dict(fact_table.columns)
+    outputs = [(c, "j0", c) for c in fact_table.columns]
+    if fact_table.privacy_unit is not None and fact_table.privacy_unit not in columns:
+        outputs.append((fact_table.privacy_unit, "j0", fact_table.privacy_unit))
+    names: dict[tuple[str, str], str] = {}
+    seen: dict[str, int] = {}
+    for dim, *_ in lowered:
+        for c in _table_of(dim).columns:
+            seen[c] = seen.get(c, 0) + 1
+    steps = [JoinStep(fact_table, "j0")]
+    for i, (dim, key, foreign, left) in enumerate(lowered, start=1):
+        table = _table_of(dim)
+        rows = [r for r in table.rows or () if r[list(table.columns).index(key)] is not None]
+        for position, (c, spec) in enumerate(table.columns.items()):
+            name = c if c not in fact_table.columns and seen[c] == 1 else f"{table.name}_{c}"
+            while name in columns:
+                name += "_"
+            values = {r[position] for r in rows}
+            columns[name] = _public_column(spec, name, values, left)
+            names[(dim.alias, c)] = name
+            outputs.append((name, f"j{i}", c))
+        kind = "LEFT" if left else "INNER"
+        fk = foreign.name.lower()
+        if not left:  # an INNER join keeps the rows whose key is a public key: its domain
+            keys = {r[list(table.columns).index(key)] for r in rows}
+            spec = columns[fk]
+            if spec.values is not None:
+                keys &= set(spec.values)
+            columns[fk] = replace(spec, values=tuple(sorted(keys)), nullable=False)
+        on = (("j0", fk, f"j{i}", key),)
+        steps.append(JoinStep(replace(table, rows=tuple(rows)), f"j{i}", kind, on))
+    description = " ".join(
+        [fact_table.name]
+        + [f"{'LEFT' if left else 'INNER'} JOIN {_table_of(d).name}" for d, *_, left in lowered]
+    )
+    virtual = replace(
+        fact_table,
+        name=description,
+        source="",
+        source_path=None,
+        columns=columns,
+        unique_keys=(),
+        unit_path=(),
+        joined=JoinedSource(tuple(steps), tuple(outputs), description + " (public, unique keys)"),
+    )
+    result = _rename_public(tree, joiner, fact, lowered, names, virtual)
+    result.meta[joined_meta] = tuple(
+        f"{'LEFT' if left else 'INNER'} JOIN public {_table_of(d).name} ON {foreign.sql()} = "
+        f"{d.alias}.{key} (unique key, a real JOIN)"
+        for d, key, foreign, left in lowered
+    )
+    tables = {**policy.tables, virtual.name.lower(): virtual}
+    return result, replace(policy, tables=tables)
+
+
+def _table_of(side: PublicSide) -> TablePolicy:
+    assert side.table is not None  # _lower_public lowers policy tables only
+    return side.table
+
+
+def _public_column(spec: ColumnPolicy, name: str, values: set[Any], left: bool) -> ColumnPolicy:
+    """A public column of the join: its public values are its domain (NULL: a LEFT JOIN's
+    unmatched rows, or a NULL in the public table); numbers get their range from them."""
+    present = sorted(v for v in values if v is not None)
+    nullable = left or None in values
+    lower, upper = spec.lower, spec.upper
+    if spec.numeric and not spec.bounded and present:
+        lower, upper = float(min(present)), float(max(present))
+    return replace(
+        spec, name=name, values=tuple(present), nullable=nullable, lower=lower, upper=upper
+    )
+
+
+def _rename_public(
+    tree: exp.Select,
+    joiner: _Joiner,
+    fact: PublicSide,
+    lowered: list[Dimension],
+    names: dict[tuple[str, str], str],
+    virtual: TablePolicy,
+) -> exp.Select:
+    by_alias = {d.alias: d for d, *_ in lowered}
+    fact_table = _table_of(fact)
+
+    def fix(node: exp.Expression) -> exp.Expression:
+        if not isinstance(node, exp.Column) or isinstance(node.this, exp.Star):
+            return node
+        if node.find_ancestor(exp.Select) is not result:
+            return node
+        name = node.name.lower()
+        if node.table:
+            qualifier = node.table.lower()
+            if qualifier == fact.alias:
+                return exp.column(name)
+            dim = by_alias.get(qualifier)
+            if dim is None:
+                return node  # the binder names the unknown qualifier
+            if name not in _table_of(dim).columns:
+                raise joiner._no_column(node, dim)
+            return exp.column(names[(dim.alias, name)])
+        owners = [d for d, *_ in lowered if name in _table_of(d).columns]
+        in_fact = name in fact_table.columns
+        if owners and (in_fact or len(owners) > 1):
+            raise joiner._ambiguous(
+                node, ([fact.alias] if in_fact else []) + [d.alias for d in owners]
+            )
+        if owners:
+            return exp.column(names[(owners[0].alias, name)])
+        return exp.column(name) if in_fact else node
+
+    result = tree.copy()
+    items = []
+    for item in result.expressions:
+        if isinstance(item, exp.Column) and not isinstance(item.this, exp.Star):
+            item = exp.alias_(item, item.name, quoted=item.this.args.get("quoted", False))
+        items.append(item)
+    result.set("expressions", items)
+    transform_clauses(result, fix)
+    result.set(
+        "from_", exp.From(this=exp.Table(this=exp.Identifier(this=virtual.name, quoted=True)))
+    )
+    result.set("joins", None)
+    return result
