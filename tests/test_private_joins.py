@@ -16,6 +16,7 @@ import tomllib
 import duckdb
 import pytest
 from conftest import ROOT, EngineSpy, assert_same_rows, exact_connect, rows_of
+from test_joins import CASES as PUBLIC_CASES
 
 from dpsql.errors import PolicyError, PrivacyError, ProgrammingError
 from dpsql.policy import load_policy
@@ -504,3 +505,34 @@ def spark_session():
     session = local_spark()
     yield session
     session.stop()
+
+
+# -- public dimensions: a real JOIN, and the lookup lowering it replaced ----------------------
+
+
+def test_a_public_join_runs_as_a_real_join_of_the_public_rows(star):
+    conn, _ = star
+    spy = EngineSpy(conn.service)
+    try:
+        rows_of(
+            conn,
+            "SELECT d.name, SUM(v.cost) FROM visits v JOIN departments d ON v.dept_id = d.id "
+            "GROUP BY d.name",
+        )
+    finally:
+        conn.service.engine.execute = spy.original
+    (sql,) = spy.sql
+    assert "JOIN (SELECT CAST(c0 AS BIGINT)" in sql and "VALUES (1, 'cardiology'" in sql
+    assert "CASE WHEN" not in sql.split("base AS")[1].split("FROM")[0]
+
+
+@pytest.mark.parametrize("sql", [c[0] for c in PUBLIC_CASES], ids=[c[0][:70] for c in PUBLIC_CASES])
+def test_both_public_lowerings_answer_alike(star, monkeypatch, sql):
+    """The real JOIN answers every public-join shape of tests/test_joins.py as the lookup
+    lowering does (noise off, bounds that do not bind)."""
+    from dpsql.frontend import private_joins
+
+    conn, _ = star
+    joined = rows_of(conn, sql)
+    monkeypatch.setattr(private_joins, "REAL_PUBLIC_JOINS", False)
+    assert_same_rows(joined, rows_of(conn, sql))
