@@ -536,3 +536,26 @@ def test_both_public_lowerings_answer_alike(star, monkeypatch, sql):
     joined = rows_of(conn, sql)
     monkeypatch.setattr(private_joins, "REAL_PUBLIC_JOINS", False)
     assert_same_rows(joined, rows_of(conn, sql))
+
+
+def test_a_table_function_reads_a_unit_path_table_through_its_path(star):
+    """dp_rule_list over prescriptions bounds rows per patient, reached through visits."""
+    conn, _ = star
+    engine = conn.service.engine
+    original = engine.fetch_matrix
+    seen: list[str] = []
+
+    def spy(sql, handle=None):
+        seen.append(sql)
+        return original(sql, handle)
+
+    engine.fetch_matrix = spy
+    try:
+        rows = rows_of(
+            conn,
+            "SELECT * FROM dp_rule_list('prescriptions', label => 'drug', positive => 'insulin')",
+        )
+    finally:
+        engine.fetch_matrix = original
+    assert rows and seen
+    assert all('JOIN "visits"' in sql and 'PARTITION BY "patient_id"' in sql for sql in seen)
