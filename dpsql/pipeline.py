@@ -35,7 +35,7 @@ from dpsql.errors import (
     OperationalError,
     ProgrammingError,
 )
-from dpsql.policy import Policy, load_policy
+from dpsql.policy import Policy, TablePolicy, load_policy
 from dpsql.privacy.ledger import Ledger, MemoryLedger
 from dpsql.privacy.release import Released, at_confidence, release
 from dpsql.privacy.samplers import NoiseSource, default_source
@@ -209,7 +209,7 @@ class Service:
             epsilon=settings.epsilon,
             delta=settings.delta,
             mechanism=settings.mechanism,
-            data_version=self.engine.versions.get(query.table.name, ""),
+            data_version=self.data_version(query.table),
             quantile_method=settings.quantile_method,
             partition_selection=settings.partition_selection,
         )
@@ -267,13 +267,22 @@ class Service:
         prepared = self._prepare(key, statement, settings, analyst)
         return self._run(prepared, analyst, handle, settings.confidence)
 
+    def data_version(self, table: TablePolicy) -> str:
+        """The version of the data a query over ``table`` reads: a policy table's own, or for
+        a private join (or a unit_path table, read through its path) every joined table's, so
+        a cached plan or answer is dropped when any of them changes."""
+        if table.joined is None:
+            return self.engine.versions.get(table.name, "")
+        parts = sorted({step.table.name for step in table.joined.steps} | {table.name})
+        return "+".join(f"{name}={self.engine.versions.get(name, '')}" for name in parts)
+
     def _lookup(self, key: tuple | None) -> _Prepared | None:
         """The cached statement for ``key``, unless its table's data version changed."""
         prepared = self._plans.get(key) if key is not None else None
         if prepared is None:
             return None
         plan = prepared.plan
-        if plan.data_version == self.engine.versions.get(plan.query.table.name, ""):
+        if plan.data_version == self.data_version(plan.query.table):
             return prepared
         self._plans.discard(key)  # type: ignore[arg-type]
         return None

@@ -67,6 +67,9 @@ _TABLE_KEYS = {
     "primary_key": "a column whose values are unique and not NULL (checked at connect for a "
     "public table)",
     "unique": 'columns whose non-NULL values are unique, e.g. unique = ["code"]',
+    "unit_path": "for a private table without the unit column: the foreign keys leading to "
+    'the table that declares privacy_unit, e.g. unit_path = ["encounter_id -> '
+    'encounters.encounter_id"] (each step ON a declared primary_key/unique of the next table)',
 }
 
 # A public table is read whole at connect (joins inline its rows as lookups): at most this
@@ -122,6 +125,29 @@ class ColumnPolicy:
 
 
 @dataclass(frozen=True)
+class JoinStep:
+    """One source of a private join (dpsql.frontend.private_joins): a policy table under an
+    internal alias, joined (``kind`` INNER or LEFT; "" for the first) ON equalities
+    ``(alias, column, alias, column)`` with the steps before it."""
+
+    table: TablePolicy
+    alias: str
+    kind: str = ""
+    on: tuple[tuple[str, str, str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class JoinedSource:
+    """A relation of private tables joined so that every output row belongs to one unit: on
+    the privacy unit, or along declared foreign keys (unit_path). ``outputs`` names its
+    columns: (name, alias, column). Compiled as a real JOIN in the engine's FROM."""
+
+    steps: tuple[JoinStep, ...]
+    outputs: tuple[tuple[str, str, str], ...]
+    description: str
+
+
+@dataclass(frozen=True)
 class TablePolicy:
     name: str
     source: str
@@ -136,6 +162,12 @@ class TablePolicy:
     public: bool = False
     unique_keys: tuple[str, ...] = ()  # declared primary_key / unique columns
     rows: tuple[tuple[Any, ...], ...] | None = field(default=None, compare=False, repr=False)
+    # unit_path: (column, target table, target key) steps to the table owning the unit; such a
+    # table's privacy_unit is the owner's unit column, read through ``joined``.
+    unit_path: tuple[tuple[str, str, str], ...] = ()
+    # Not None: the table is a private join (a unit_path table, or a query's join of private
+    # tables on the unit), rendered as a JOIN in the engine (dpsql.frontend.private_joins).
+    joined: JoinedSource | None = field(default=None, repr=False)
 
     @property
     def row_level(self) -> bool:
@@ -343,6 +375,7 @@ def _build(data: dict[str, Any], path: Path | None) -> Policy:
         name.lower(): _table(rep, name, spec, base, engine.name, max_bins)
         for name, spec in tables_raw.items()
     }
+    tables = _resolve_unit_paths(rep, tables)
     return Policy(
         path=path,
         tables=tables,
@@ -458,7 +491,14 @@ def _table(
         unit = unit.lower()
     rows = _integer(rep, f"{key}.max_rows_per_unit", spec.get("max_rows_per_unit", 1))
     groups = _integer(rep, f"{key}.max_groups_per_unit", spec.get("max_groups_per_unit", 1))
-    if unit is None and (rows != 1 or groups != 1):
+    unit_path = _unit_path(rep, key, spec.get("unit_path"), columns)
+    if unit_path and unit is not None:
+        raise rep.fail(
+            f"{key}.unit_path",
+            "a table declares either its own privacy_unit or a unit_path to it, not both",
+            "remove unit_path (the table holds the unit column), or remove privacy_unit",
+        )
+    if unit is None and not unit_path and (rows != 1 or groups != 1):
         raise rep.fail(
             f"{key}.max_rows_per_unit" if rows != 1 else f"{key}.max_groups_per_unit",
             "without a privacy_unit every row is its own unit, so the bounds must be 1",
@@ -470,6 +510,12 @@ def _table(
     public = spec.get("public", False)
     if not isinstance(public, bool):
         raise rep.fail(f"{key}.public", "must be true or false", "write public = true")
+    if public and unit_path:
+        raise rep.fail(
+            f"{key}.unit_path",
+            "a public table has no privacy unit",
+            "remove unit_path (the table is public), or remove public = true",
+        )
     if public and unit is not None:
         raise rep.fail(
             f"{key}.public",
@@ -488,10 +534,124 @@ def _table(
         version=version,
         public=public,
         unique_keys=unique_keys,
+        unit_path=unit_path,
     )
     if public:
         table = replace(table, rows=_public_rows(rep, key, table, spec, max(max_bins, PUBLIC_ROWS)))
     return table
+
+
+def _unit_path(
+    rep: _Reporter, key: str, raw: Any, columns: Mapping[str, ColumnPolicy]
+) -> tuple[tuple[str, str, str], ...]:
+    """``unit_path = ["fk -> table.key", ...]`` as (column, table, key) steps (their targets
+    are checked once every table is read: :func:`_resolve_unit_paths`)."""
+    if raw is None:
+        return ()
+    example = 'unit_path = ["encounter_id -> encounters.encounter_id"]'
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not raw or not all(isinstance(s, str) for s in raw):
+        raise rep.fail(f"{key}.unit_path", "must be a list of foreign-key steps", example)
+    steps = []
+    for step in raw:
+        left, arrow, right = step.partition("->")
+        target, dot, target_key = right.strip().partition(".")
+        if not arrow or not dot or not left.strip() or not target or not target_key:
+            raise rep.fail(
+                f"{key}.unit_path",
+                f"{step!r} is not a step 'column -> table.key'",
+                example,
+            )
+        steps.append((left.strip().lower(), target.strip().lower(), target_key.strip().lower()))
+    if steps[0][0] not in columns:
+        raise rep.fail(
+            f"{key}.unit_path",
+            f"{steps[0][0]!r} is not a declared column",
+            f"declare it under [{key}.columns.{steps[0][0]}] or fix the name",
+        )
+    return tuple(steps)
+
+
+def _resolve_unit_paths(rep: _Reporter, tables: dict[str, TablePolicy]) -> dict[str, TablePolicy]:
+    """Each unit_path table as the INNER JOIN of its path, its privacy unit the owner's unit
+    column.
+
+    Stability: every step joins ON a declared unique key of the next table, so each row meets
+    at most one row there and, at the end, one owner row: the row belongs to exactly one unit
+    (a row whose path breaks has no unit and is never used). Removing a unit from all tables
+    removes exactly the rows that reach it, as for a table holding the unit column; bounding
+    then runs on the joined rows (R rows per group, G groups per unit). The declared keys of
+    private tables are facts the policy asserts (like privacy_unit), not checked on the data:
+    checking them would be a data-dependent error.
+    """
+    out = dict(tables)
+    for name, table in tables.items():
+        if not table.unit_path:
+            continue
+        key = f"tables.{name}.unit_path"
+        steps = [JoinStep(table, "j0")]
+        current = table
+        for i, (column, target_name, target_key) in enumerate(table.unit_path):
+            where = f"step {i + 1} ({column} -> {target_name}.{target_key})"
+            if column not in current.columns:
+                raise rep.fail(
+                    key,
+                    f"{where}: {column!r} is not a declared column of {current.name!r}",
+                    f"each step starts from a column of the table the previous step reached "
+                    f"(declared: {', '.join(current.columns)})",
+                )
+            target = tables.get(target_name)
+            if target is None or target is table:
+                raise rep.fail(
+                    key,
+                    f"{where}: {target_name!r} is not another declared table",
+                    "name a [tables.NAME] of this policy on the way to the privacy unit",
+                )
+            if target.public or target.unit_path:
+                raise rep.fail(
+                    key,
+                    f"{where}: {target_name!r} "
+                    + ("is public" if target.public else "has a unit_path of its own"),
+                    "spell out the whole path, through private tables, to the table that "
+                    "declares privacy_unit",
+                )
+            if target_key not in target.columns or target_key not in target.unique_keys:
+                raise rep.fail(
+                    key,
+                    f"{where}: {target_name}.{target_key} is not a declared unique key",
+                    f'declare primary_key = "{target_key}" (or unique = ["{target_key}"]) in '
+                    f"[tables.{target_name}] if its values are unique: each row must reach "
+                    "one row of the next table",
+                )
+            if current.columns[column].type != target.columns[target_key].type:
+                raise rep.fail(
+                    key,
+                    f"{where}: {current.name}.{column} and {target_name}.{target_key} have "
+                    "different types",
+                    "declare both columns with the same type",
+                )
+            on = ((f"j{i}", column, f"j{i + 1}", target_key),)
+            steps.append(JoinStep(target, f"j{i + 1}", "INNER", on))
+            current = target
+        unit = current.privacy_unit
+        if unit is None:
+            raise rep.fail(
+                key,
+                f"the path ends at {current.name!r}, which declares no privacy_unit",
+                "continue the path to the table that declares privacy_unit",
+            )
+        if unit in table.columns:
+            raise rep.fail(
+                key,
+                f"the table has a column {unit!r}, the name of the privacy unit it reaches",
+                f'declare privacy_unit = "{unit}" instead of unit_path, or rename the column',
+            )
+        outputs = (*((c, "j0", c) for c in table.columns), (unit, steps[-1].alias, unit))
+        path = " -> ".join(f"{s.table.name}" for s in steps)
+        joined = JoinedSource(tuple(steps), outputs, f"{path} (unit_path, unique keys)")
+        out[name] = replace(table, privacy_unit=unit, joined=joined)
+    return out
 
 
 def _unique_keys(

@@ -1135,6 +1135,72 @@ def series_limit_queries(draw: st.DrawFn) -> Query:
     return Query(sql, grouped=True, rows_vary=True)
 
 
+#: Private tables joined with visits (tests/test_differential_fuzz.py writes them): ``people``,
+#: one row per patient (primary_key patient_id), and ``labs``, whose unit is reached along
+#: ``unit_path = ["patient_ref -> people.patient_id"]``.
+PEOPLE_COLUMNS = {"patient_id": "int", "sex": "text", "score": "float", "region": "text"}
+LABS_COLUMNS = {"lab_id": "int", "patient_ref": "int", "value": "float"}
+#: (FROM clause, aggregates, keys with a public domain, thresholded keys, probes) per join;
+#: the last ones are refused whatever the data.
+JOIN_SOURCES = (
+    (
+        "visits v JOIN people p ON v.patient_id = p.patient_id",
+        ("COUNT(*)", "SUM(v.cost)", "AVG(p.score)", "COUNT(DISTINCT v.patient_id)", "SUM(age)"),
+        ("p.sex", "v.department", "smoker"),
+        ("p.region", "diagnosis"),
+        (f"p.patient_id = {EXTRA_UNIT}", "p.score > 1e300", "p.region = 'q999\u2603'"),
+    ),
+    (
+        "people p LEFT JOIN visits v ON v.patient_id = p.patient_id",
+        ("COUNT(*)", "COUNT(v.cost)", "SUM(p.score)", "AVG(v.age)"),
+        ("p.sex", "v.department"),
+        ("p.region",),
+        (f"p.patient_id = {EXTRA_UNIT}", "v.cost IS NULL", "p.sex NOT IN ('f', 'm')"),
+    ),
+    (
+        "labs l JOIN people p ON l.patient_ref = p.patient_id",
+        ("COUNT(*)", "SUM(l.value)", "AVG(p.score)", "COUNT(DISTINCT p.patient_id)"),
+        ("p.sex",),
+        ("p.region",),
+        (f"l.patient_ref = {EXTRA_UNIT}", "l.value > 9", "l.value IS NULL"),
+    ),
+    (
+        "labs",
+        ("COUNT(*)", "SUM(value)", "AVG(value)", "VARIANCE(value)"),
+        ("value > 5",),
+        ("lab_id",),
+        (f"patient_ref = {EXTRA_UNIT}", "value > 9", "lab_id > 100000"),
+    ),
+    (
+        "visits v JOIN people p ON v.patient_id = p.patient_id JOIN labs l "
+        "ON l.patient_ref = p.patient_id",
+        ("COUNT(*)", "SUM(l.value)", "SUM(v.cost)"),
+        ("p.sex",),
+        (),
+        (f"v.patient_id = {EXTRA_UNIT}",),
+    ),
+    ("visits v JOIN people p ON v.age = p.patient_id", ("COUNT(*)",), ("p.sex",), (), ()),
+    ("visits v JOIN labs l ON v.patient_id = l.patient_ref", ("COUNT(*)",), (), (), ()),
+    ("visits a JOIN visits b ON a.patient_id = b.patient_id", ("COUNT(*)",), (), (), ()),
+    ("visits v CROSS JOIN people p", ("COUNT(*)",), ("p.sex",), (), ()),
+    ("visits v RIGHT JOIN people p ON v.patient_id = p.patient_id", ("COUNT(*)",), (), (), ()),
+)
+
+
+@st.composite
+def join_queries(draw: st.DrawFn) -> Query:
+    """``SELECT [key,] <aggregates> FROM <private join> [WHERE probe] [GROUP BY key]``: joins
+    on the unit, along a unit_path, and refused ones (off the unit, cross, RIGHT)."""
+    source, aggs, public_keys, thresholded, probes = draw(st.sampled_from(JOIN_SOURCES))
+    chosen = draw(st.lists(st.sampled_from(aggs), min_size=1, max_size=2, unique=True))
+    where = draw(st.sampled_from(("", *(f" WHERE {p}" for p in probes))))
+    keys = draw(st.sampled_from(((), *((k,) for k in public_keys + thresholded))))
+    if not keys:
+        return Query(f"SELECT {', '.join(chosen)} FROM {source}{where}")
+    sql = f"SELECT {keys[0]} AS k0, {', '.join(chosen)} FROM {source}{where} GROUP BY 1"
+    return Query(sql, keys=1, grouped=True)
+
+
 def lone_surrogate(text: str) -> bool:
     """Whether ``text`` is not valid Unicode (holds an unpaired surrogate)."""
     try:
@@ -1149,6 +1215,7 @@ __all__: Sequence[str] = (
     "Query",
     "aggregate_queries",
     "commented",
+    "join_queries",
     "key_queries",
     "lone_surrogate",
     "rule_list_queries",

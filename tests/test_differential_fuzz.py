@@ -252,6 +252,50 @@ def _neighbour_csv(path: Path) -> Path:
     return path
 
 
+def _joined_tables(directory: Path, units: Sequence[int], prime: bool) -> dict[str, Any]:
+    """``people`` (one row per patient) and ``labs`` (unit reached along unit_path) for the
+    join queries; in D′ the extra unit has a person and two labs with extreme values."""
+    people = [(u, "fm"[u % 2], (u * 7) % 101, f"r{u % 3}") for u in units]
+    labs = [(i, u, (i * 3) % 11) for i, u in enumerate(units * 2)]
+    labs.append((len(labs), 10**9, 1.0))  # a lab of nobody: its path breaks
+    if prime:
+        people.append((g.EXTRA_UNIT, "x\u200b", "1e308", "q999\u2603"))
+        labs += [(10**6, g.EXTRA_UNIT, "nan"), (10**6 + 1, g.EXTRA_UNIT, "-1e308")]
+    suffix = "_prime" if prime else ""
+    for name, header, rows in (
+        ("people", g.PEOPLE_COLUMNS, people),
+        ("labs", g.LABS_COLUMNS, labs),
+    ):
+        with (directory / f"{name}{suffix}.csv").open("w", newline="") as fh:
+            writer = csv.writer(fh, lineterminator="\n")
+            writer.writerow(header)
+            writer.writerows(rows)
+    return {
+        "people": {
+            "source": str(directory / f"people{suffix}.csv"),
+            "privacy_unit": "patient_id",
+            "primary_key": "patient_id",
+            "columns": {
+                "patient_id": {"type": "int"},
+                "sex": {"type": "text", "values": ["f", "m"]},
+                "score": {"type": "float", "lower": 0.0, "upper": 100.0},
+                "region": {"type": "text"},
+            },
+        },
+        "labs": {
+            "source": str(directory / f"labs{suffix}.csv"),
+            "unit_path": ["patient_ref -> people.patient_id"],
+            "max_rows_per_unit": 2,
+            "max_groups_per_unit": 2,
+            "columns": {
+                "lab_id": {"type": "int"},
+                "patient_ref": {"type": "int"},
+                "value": {"type": "float", "lower": 0.0, "upper": 10.0},
+            },
+        },
+    }
+
+
 def _pair(directory: Path, ledger: Callable[[str], Any]) -> Pair:
     extreme = {"budget_epsilon": 1e9, "budget_delta": 0.5}
     policy = fixture_policy(privacy=extreme)
@@ -259,7 +303,10 @@ def _pair(directory: Path, ledger: Callable[[str], Any]) -> Pair:
     csv_prime = _neighbour_csv(directory / "visits_prime.csv")
     policy_prime["tables"]["visits"]["source"] = str(csv_prime)
     with FIXTURE_CSV.open() as fh:
-        units = len({row["patient_id"] for row in csv.DictReader(fh)})
+        ids = sorted({int(row["patient_id"]) for row in csv.DictReader(fh)})
+    units = len(ids)
+    policy["tables"].update(_joined_tables(directory, ids, prime=False))
+    policy_prime["tables"].update(_joined_tables(directory, ids, prime=True))
     return Pair(
         Side("d", policy, ledger("d")), Side("d_prime", policy_prime, ledger("d_prime")), units
     )
@@ -524,6 +571,14 @@ def test_series_limits(pair: Pair, query: g.Query) -> None:
     assert_boundary_holds(pair, query)
 
 
+@settings(FUZZ, max_examples=50)
+@given(query=g.join_queries())
+def test_private_joins(pair: Pair, query: g.Query) -> None:
+    """Joins on the unit and along a unit_path (the extra unit in every table of D′), and
+    refused joins: the same fate on both sides, each charged its plan's cost."""
+    assert_boundary_holds(pair, query)
+
+
 @settings(FUZZ, max_examples=40)
 @given(query=g.commented(g.simple_queries()))
 def test_comments_in_the_text(pair: Pair, query: g.Query) -> None:
@@ -560,6 +615,10 @@ FRONTEND_SHAPES: dict[str, tuple[Callable[[], Any], str]] = {
         r"JOIN \(SELECT .* LIMIT \d+\) AS series_limit",
     ),
     "IN (DP subquery)": (g.series_limit_queries, r" IN \(SELECT "),
+    "a join on the unit": (g.join_queries, r"JOIN people p ON v\.patient_id = p\.patient_id"),
+    "a unit_path join": (g.join_queries, r"JOIN people p ON l\.patient_ref = p\.patient_id"),
+    "a unit_path table alone": (g.join_queries, r"FROM labs(?! l)"),
+    "a join off the unit": (g.join_queries, r"ON v\.age = p\.patient_id"),
 }
 
 

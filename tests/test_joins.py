@@ -244,8 +244,8 @@ REFUSED = [
         "not a declared unique key",
     ),
     (
-        "SELECT COUNT(*) FROM visits v JOIN patients p ON v.patient_id = p.patient_id",
-        "two private tables",
+        "SELECT COUNT(*) FROM visits v JOIN patients p ON v.dept_id = p.age",
+        "not on the privacy unit",
     ),
     ("SELECT COUNT(*) FROM visits a JOIN visits b ON a.visit_id = b.visit_id", "self-join"),
     ("SELECT COUNT(*) FROM visits v CROSS JOIN departments d", "cross join"),

@@ -145,8 +145,15 @@ REFUSALS = [
     ),
     ("SELECT COUNT(*) FROM 't.csv'", U, "42P01", "unknown table", "'t.csv'", "t"),
     # JOINs, subqueries, CTEs, set operations
-    ("SELECT COUNT(*) FROM t JOIN t AS u ON t.uid = u.uid", P, S, "JOIN", "JOIN", "one table"),
-    ("SELECT COUNT(*) FROM t, t AS u", P, S, "JOIN", ", t AS u", "one table"),
+    (
+        "SELECT COUNT(*) FROM t JOIN t AS u ON t.uid = u.uid",
+        P,
+        S,
+        "many-to-many within a unit",
+        "t.uid = u.uid",
+        "primary_key",
+    ),
+    ("SELECT COUNT(*) FROM t, t AS u", P, S, "cross joins", ", t AS u", "privacy unit"),
     ("SELECT COUNT(*) FROM (SELECT * FROM t LIMIT 5)", P, S, "LIMIT inside", "LIMIT", "outer"),
     ("SELECT COUNT(*) FROM (SELECT DISTINCT x FROM t) AS d", P, S, "DISTINCT", "DISTINCT", "keep"),
     ("SELECT COUNT(*) FROM t WHERE x > (SELECT 1)", P, S, "subquer", "(SELECT", "one"),

@@ -20,9 +20,13 @@ A semi join ``col IN (SELECT key FROM public_table WHERE ...)`` reads public dat
 evaluated here and becomes ``col IN (<its values>)``, a public key set.
 
 Everything else is refused with the reason: a join on a public column that is not a declared
-unique key (rows could multiply), joins of two private tables or of a table with itself,
-cross joins, FULL joins, ON conditions other than one equality of columns. Nothing here reads
-private data.
+unique key (rows could multiply), joins of two private tables or of a table with itself (those
+on the privacy unit were lowered before, by dpsql.frontend.private_joins), cross joins, FULL
+joins, ON conditions other than one equality of columns. Nothing here reads private data.
+
+A private *table* joined to public tables (not public groups) is lowered before, too, as a real
+JOIN with the public rows (dpsql.frontend.private_joins): the lookups here serve public groups
+and derived tables or CTEs on the private side.
 """
 
 from __future__ import annotations

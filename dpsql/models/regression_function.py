@@ -434,7 +434,7 @@ def _fingerprint(service: Service, call: Any, settings: Settings) -> str:
                 # model => only names where the release is kept: naming it re-uses the fit
                 sorted((k, v) for k, v in call.arguments.items() if k != "model"),
                 settings.as_dict(),
-                service.engine.versions.get(call.table.name, ""),
+                service.data_version(call.table),
             )
         ).encode()
     ).hexdigest()

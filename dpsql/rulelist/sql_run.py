@@ -84,7 +84,7 @@ def run_rule_list(
                 call.table.name,
                 sorted(call.arguments.items()),
                 settings.as_dict(),
-                service.engine.versions.get(call.table.name, ""),
+                service.data_version(call.table),
             )
         ).encode()
     ).hexdigest()

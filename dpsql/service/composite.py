@@ -59,7 +59,7 @@ def plan_composite(
         epsilon=settings.epsilon,
         delta=settings.delta,
         mechanism=settings.mechanism,
-        data_version=service.engine.versions.get(outer_query.table.name, ""),
+        data_version=service.data_version(outer_query.table),
         quantile_method=settings.quantile_method,
         partition_selection=settings.partition_selection,
     )

@@ -186,8 +186,8 @@ class ShapeCache:
                 self._items.move_to_end(key)
         if not isinstance(shape, _Shape):
             return None
-        if shape.policy is not service.policy or shape.version != service.engine.versions.get(
-            statement.table.name, ""
+        if shape.policy is not service.policy or shape.version != service.data_version(
+            statement.table
         ):
             self.discard(key)
             return None

@@ -36,6 +36,7 @@ from dpsql.frontend.inline import Wrapped, compose_post, flatten
 from dpsql.frontend.intervals import NotNumeric, Range, value_range
 from dpsql.frontend.joins import JOINED, PUBLIC_VALUES, resolve_joins
 from dpsql.frontend.logic import conjuncts
+from dpsql.frontend.private_joins import resolve_private_joins
 from dpsql.frontend.rewrite import normalise, timestamp_literals
 from dpsql.policy import ColumnPolicy, Policy, TablePolicy, default_granularity
 from dpsql.sql.positions import _tokens, forget_tokens, offset_position, position_of, snippet
@@ -587,6 +588,7 @@ def bind_tree(tree: exp.Expr, text: str, policy: Policy) -> Statement:
         )
     tree = normalise(tree)
     assert isinstance(tree, exp.Select)  # normalise keeps the root: a Select stays a Select
+    tree, policy = resolve_private_joins(tree, text, policy)
     tree = resolve_joins(tree, text, policy)
     split = split_released_filter(tree, text)
     if split is not None:

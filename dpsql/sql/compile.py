@@ -370,6 +370,17 @@ def _table(name: str, alias: str | None = None, *, quoted: bool = False) -> exp.
     return table
 
 
+def _source(table: TablePolicy) -> exp.Expression:
+    """The plan's FROM: the policy table, or for a join of private tables on the unit (or a
+    unit_path table) that JOIN as a derived table (dpsql.frontend.private_joins); bounding
+    runs on its rows, after the join."""
+    if table.joined is None:
+        return _table(table.name, quoted=True)
+    from dpsql.frontend.private_joins import joined_source
+
+    return joined_source(table)
+
+
 def _subquery(query: exp.Expression, alias: str) -> exp.Subquery:
     """``(query) AS alias``: DuckDB and Spark both need a derived table to be named."""
     return exp.Subquery(
@@ -821,7 +832,7 @@ def _histogram(
         group: list[exp.Expression] = [exp.Literal.number(i + 1) for i in range(n_group)]
         return _select(
             items,
-            _table(table.name, quoted=True),
+            _source(table),
             where=[*_conditions(plan), not_null],
             group=group,
         )
@@ -842,7 +853,7 @@ def _histogram(
     order = KeyedHash(expressions=[*stored, Secret()])
     ranked_items: list[exp.Expression] = [_name(c) for c in [*gc, "__b"]]
     ranked_items.append(_alias(_row_number([_name(c) for c in gc], [order]), "__r"))
-    raw_rows = _select([_star(), *items], _table(table.name, quoted=True), where=_conditions(plan))
+    raw_rows = _select([_star(), *items], _source(table), where=_conditions(plan))
     if domain:
         raw_rows = _select([_star()], _subquery(raw_rows, "p"), where=domain)
     numbered = _select(ranked_items, _subquery(raw_rows, "b"))
@@ -894,9 +905,7 @@ def _row_level(plan: Plan, keys: tuple[str, ...]) -> exp.Select:
     ]
     items += [_alias(measure_aggregate_expr(m, table), m.name) for m in plan.measures]
     group: list[exp.Expression] = [exp.Literal.number(i + 1) for i in range(len(keys))]
-    return _select(
-        items, _table(table.name, quoted=True), where=_conditions(plan), group=group or None
-    )
+    return _select(items, _source(table), where=_conditions(plan), group=group or None)
 
 
 def _pairs(plan: Plan, ks: list[str]) -> exp.Select:
@@ -910,7 +919,7 @@ def _pairs(plan: Plan, ks: list[str]) -> exp.Select:
         _alias(measure_aggregate_expr(m, table), f"v_{m.name}") for m in _value_measures(plan)
     ]
     group: list[exp.Expression] = [_name(c) for c in ["__u", *ks]]
-    pairs = _select(items, _table(table.name, quoted=True), where=_conditions(plan), group=group)
+    pairs = _select(items, _source(table), where=_conditions(plan), group=group)
     pair_filters = [
         _domain_condition(table.columns[kp.key.columns[0]], k)
         for kp, k in zip(plan.keys, ks, strict=True)
@@ -967,7 +976,7 @@ def _sampled(plan: Plan, ks: list[str]) -> exp.Select:
     stored = [_quoted(c) for c, spec in table.columns.items() if spec.expr is None]
     rows_items: list[exp.Expression] = [_star(), _alias(_quoted(table.privacy_unit), "__u")]  # type: ignore[arg-type]
     rows_items += [_alias(lowered_key(kp.key), k) for kp, k in zip(plan.keys, ks, strict=True)]
-    rows = _select(rows_items, _table(table.name, quoted=True), where=_conditions(plan))
+    rows = _select(rows_items, _source(table), where=_conditions(plan))
     over_r = _select(
         [_name(c) for c in gc],
         _table("base"),

@@ -15,11 +15,16 @@ from dpsql.sql.identifiers import quote_ident as _q
 def bounded_rows_sql(table: TablePolicy, select_list: str, secret: int) -> str:
     """``SELECT select_list`` over the table, at most R rows per privacy unit."""
     source = _q(table.name)
+    relation = source
+    if table.joined is not None:  # a unit_path table: its path joined (private_joins)
+        from dpsql.frontend.private_joins import joined_source
+
+        relation = joined_source(table).sql(dialect="duckdb")
     if table.privacy_unit is None:
-        return f"SELECT {select_list} FROM {source}"
+        return f"SELECT {select_list} FROM {relation}"
     columns = ", ".join(_q(c) for c in table.columns)
     return (
-        f"SELECT {select_list} FROM (SELECT * FROM {source} "
+        f"SELECT {select_list} FROM (SELECT * FROM {relation} "
         f"WHERE {_q(table.privacy_unit)} IS NOT NULL QUALIFY ROW_NUMBER() OVER "
         f"(PARTITION BY {_q(table.privacy_unit)} ORDER BY {KEYED_HASH}({columns}, {secret})) "
         f"<= {table.max_rows_per_unit}) AS {source}"

@@ -34,7 +34,7 @@ import duckdb
 from sqlglot import exp
 
 from dpsql.errors import DataError, ProgrammingError
-from dpsql.policy import Policy
+from dpsql.policy import Policy, TablePolicy
 from dpsql.sql.bind import DIALECT, BoundQuery, GroupKey
 from dpsql.sql.domains import SQL_TYPES
 from dpsql.sql.identifiers import quote_ident
@@ -152,6 +152,15 @@ class ShadowTypes:
             description = self._con.execute(sql).description
             return [str(d[1]) for d in description]
 
+    def declare(self, table: TablePolicy) -> None:
+        """An empty table for a virtual one (a join of private tables, named by its tables
+        and join kinds, so a name always has the same columns), created on first use."""
+        cols = ", ".join(
+            f"{quote_ident(c.name)} {SQL_TYPES[c.type]}" for c in table.columns.values()
+        )
+        with self._lock:
+            self._con.execute(f"CREATE TABLE IF NOT EXISTS {quote_ident(table.name)} ({cols})")
+
     def close(self) -> None:
         self._con.close()
 
@@ -159,6 +168,8 @@ class ShadowTypes:
 def type_query(query: BoundQuery, shadow: ShadowTypes) -> BoundQuery:
     """``query`` with every key's type known, or a refusal (free: text and schema only)."""
     table = query.table.name
+    if query.table.joined is not None:
+        shadow.declare(query.table)
     keys = [k.sql for k in query.keys]
     where = [query.where.sql(dialect=DIALECT)] if query.where is not None else []
     contexts = list(_boolean_contexts(query.where)) if query.where is not None else []
