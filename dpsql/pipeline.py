@@ -199,10 +199,10 @@ class Service:
     def plan(self, query: BoundQuery, settings: Settings, analyst: str = "") -> Plan:
         """Type the query (refusals are free: schema only), find its domains, plan it.
 
-        Typing runs on every planning, never from a shared cache, so it takes the same time
-        whoever asked the same shape before.
+        Typing reuses only this analyst's own earlier typings of the same expressions (never
+        another's), so it takes the same time whoever else asked the same shape before.
         """
-        query = type_query(query, self.shadow)
+        query = type_query(query, self.shadow, analyst)
         return build_plan(
             query,
             self._domains(query, analyst),

@@ -43,7 +43,7 @@ def plan_composite(
 ) -> tuple[Plan, Plan]:
     """The inner plan and the outer plan as charged (the linked key's domain an upper bound)."""
     inner = service.plan(query.inner, settings, analyst)
-    outer_query = type_query(query.outer, service.shadow)
+    outer_query = type_query(query.outer, service.shadow, analyst)
     domains = service._domains(outer_query, analyst)
     n = _limit(query.inner)
     for i, key in enumerate(outer_query.keys):

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from decimal import Decimal
@@ -142,15 +143,31 @@ class ShadowTypes:
         self._con.execute("SET enable_external_access = false")
         self._con.execute("SET lock_configuration = true")
         self._lock = threading.Lock()
+        # (owner, table, expressions) -> types: a pure function of the schema. Kept per owner
+        # (the analyst): a hit is faster than a binder call, so a shared entry would tell one
+        # analyst, by timing, which expressions another typed. Failures are never kept.
+        self._known: OrderedDict[tuple, list[str]] = OrderedDict()
 
-    def types(self, table: str, expressions: Sequence[str]) -> list[str]:
-        """DuckDB types of ``expressions`` over the empty ``table``; raises duckdb.Error."""
+    _KNOWN_LIMIT = 4096
+
+    def types(self, table: str, expressions: Sequence[str], owner: str | None = None) -> list[str]:
+        """DuckDB types of ``expressions`` over the empty ``table``; raises duckdb.Error.
+        ``owner`` (an analyst) keeps the answer for that owner's later calls."""
         if not expressions:
             return []
+        key = (owner, table, tuple(expressions)) if owner is not None else None
         sql = f"SELECT {', '.join(f'({e})' for e in expressions)} FROM {quote_ident(table)} LIMIT 0"
         with self._lock:  # one connection, no cursor per call (a cursor costs ~0.2 ms)
+            if key is not None and key in self._known:
+                self._known.move_to_end(key)
+                return list(self._known[key])
             description = self._con.execute(sql).description
-            return [str(d[1]) for d in description]
+            out = [str(d[1]) for d in description]
+            if key is not None:
+                self._known[key] = out
+                while len(self._known) > self._KNOWN_LIMIT:
+                    self._known.popitem(last=False)
+            return list(out)
 
     def declare(self, table: TablePolicy) -> None:
         """An empty table for a virtual one (a join of private tables, named by its tables
@@ -165,8 +182,9 @@ class ShadowTypes:
         self._con.close()
 
 
-def type_query(query: BoundQuery, shadow: ShadowTypes) -> BoundQuery:
-    """``query`` with every key's type known, or a refusal (free: text and schema only)."""
+def type_query(query: BoundQuery, shadow: ShadowTypes, owner: str | None = None) -> BoundQuery:
+    """``query`` with every key's type known, or a refusal (free: text and schema only).
+    ``owner``: the analyst whose earlier typings of the same expressions may be reused."""
     table = query.table.name
     if query.table.joined is not None:
         shadow.declare(query.table)
@@ -175,7 +193,7 @@ def type_query(query: BoundQuery, shadow: ShadowTypes) -> BoundQuery:
     contexts = list(_boolean_contexts(query.where)) if query.where is not None else []
     sqls = keys + [node.sql(dialect=DIALECT) for node, _ in contexts]
     try:  # one binder call in the common case: the keys and every condition together
-        types: list[str | None] = list(shadow.types(table, keys + where + sqls[len(keys) :]))
+        types: list[str | None] = list(shadow.types(table, keys + where + sqls[len(keys) :], owner))
         del types[len(keys) : len(keys) + len(where)]
     except duckdb.Error:
         check_binds(shadow, table, keys + where)  # raises the refusal for the whole query
