@@ -22,7 +22,11 @@ and estimator: D, D′ = D + one worst-case unit, Laplace at ε = 1, Clopper–P
   keys, the histogram over rows with those keys; 2ε in all, audited on the key set and the
   released counts, with the composite's own steps (planned outer, ``bind_released``, the
   engine per key set), tied to the DB-API end to end; and the same with the top 2 ranked by
-  exact counts, which the audit must flag.
+  exact counts, which the audit must flag;
+- **joins** (fixtures/star, one patient removed from every table, R and G binding): every
+  exact measure of a unit join, a LEFT join, a unit_path table, a public dimension, public
+  groups and a path + unit + public join moves by at most its declared bounds; the unit
+  join's release passes the loss audit; a plan whose bounds are divided by R fails both.
 
 Print the measured bounds with ``python -m pytest tests/test_frontend_audit.py -q -s``.
 """
@@ -656,3 +660,219 @@ def test_audit_catches_a_series_limit_ranking_exact_counts(series: dict[str, Com
     report = series_audit(series, RUNS_BROKEN, exact_selection=True)
     print(f"\n[audit] series limit   exact ranking: {report}")
     assert report.violated, str(report)
+
+
+# --- joins (fixtures/star): one patient removed from every table ---------------------------
+#
+# D is the star fixture, D′ the same with patient 50 removed from every table (their 9 visits
+# in 6 departments, their patient row, the 17 prescriptions of their visits in 4 drugs), with
+# R = 3 and G = 2, so both bounds bind for that patient. The keyed-hash secret is fixed, so the
+# other patients keep the same rows on both sides. Each exact measure the engine returns may
+# move by at most what the plan declares: per group its per_group_bound, over all groups its
+# l1 (and l2). Then an empirical privacy-loss audit of a join's release (Laplace, ε = 1), and a
+# broken plan (bounds taken as if the join kept one row per patient) that both checks catch.
+
+JOIN_DROPPED = 50
+JOIN_R, JOIN_G = 3, 2
+JOIN_QUERIES = {
+    "unit-join": "SELECT p.sex, COUNT(*), SUM(v.cost), AVG(p.age) FROM visits v "
+    "JOIN patients p ON v.patient_id = p.patient_id GROUP BY p.sex",
+    "unit-join-total": "SELECT COUNT(*) FROM visits v JOIN patients p "
+    "ON v.patient_id = p.patient_id",
+    "left-join": "SELECT p.sex, COUNT(*), COUNT(v.visit_id), SUM(v.cost) FROM patients p "
+    "LEFT JOIN visits v ON v.patient_id = p.patient_id GROUP BY p.sex",
+    "unit-path": "SELECT drug, COUNT(*), SUM(dose) FROM prescriptions GROUP BY drug",
+    "public-dimension": "SELECT d.region, COUNT(*), SUM(v.cost) FROM visits v "
+    "JOIN departments d ON v.dept_id = d.id GROUP BY d.region",
+    "public-groups": "SELECT d.name, COUNT(v.visit_id), SUM(v.cost) FROM departments d "
+    "LEFT JOIN visits v ON v.dept_id = d.id GROUP BY d.name",
+    "path-unit-public": "SELECT d.name, COUNT(*), SUM(r.dose) FROM prescriptions r "
+    "JOIN visits v ON r.visit_id = v.visit_id JOIN patients p ON v.patient_id = p.patient_id "
+    "JOIN departments d ON v.dept_id = d.id WHERE p.sex = 'f' GROUP BY d.name",
+}
+#: where the dropped patient meets the declared L1 of the first COUNT: the total moves by
+#: exactly R; per drug, R in each of G = 2 of their 4 drugs (they have >= 3 prescriptions of
+#: two). Per department they have at most 2 visits in each, so there it is not met.
+JOIN_TIGHT = {
+    "unit-join-total": JOIN_R,
+    "unit-path": JOIN_G * JOIN_R,
+    "path-unit-public": JOIN_G * JOIN_R,
+}
+
+
+def star_audit_policy(tmp: Path | None) -> dict[str, Any]:
+    from test_private_joins import star_policy
+
+    drop = None if tmp is None else JOIN_DROPPED
+    doc = star_policy(rows=JOIN_R, groups=JOIN_G, drop_patient=drop, tmp=tmp)
+    doc["privacy"].update(epsilon=EPSILON, mechanism="laplace", budget_epsilon=1e12)
+    return doc
+
+
+class ShrunkJoinService(RecordingService):
+    """Broken on purpose: every measure's bound divided by R, as if the join kept one row per
+    patient (the bounds of patients, primary_key patient_id, instead of visits'); the noise is
+    calibrated to that, the engine still keeps R rows per patient."""
+
+    def plan(self, query: Any, settings: Any, analyst: str = "") -> Plan:
+        plan = super().plan(query, settings, analyst)
+        r = plan.max_rows
+        measures = tuple(
+            replace(
+                m,
+                per_group_bound=m.per_group_bound // r,
+                l1=m.l1 / r,
+                l2=m.l2 / r,
+                mechanism=Laplace(l1=m.l1 / r, epsilon=m.epsilon),
+            )
+            for m in plan.measures
+        )
+        self.plans[-1] = replace(plan, measures=measures)
+        return self.plans[-1]
+
+
+def run_star(
+    doc: dict[str, Any], seed: int, service: type[RecordingService] = RecordingService
+) -> dict[str, Recorded]:
+    """One run of each join query through the DB-API, with its plan and exact result."""
+    svc = service(doc, ledger=MemoryLedger(), noise=SeededNoise(seed), cache=False, plan_cache=0)
+    cursor = connect_service(svc, "auditor").cursor()
+    rows = [cursor.execute(sql).fetchall() for sql in JOIN_QUERIES.values()]
+    assert len(svc.plans) == len(svc.results) == len(JOIN_QUERIES)
+    out = {
+        name: Recorded(name, seed, plan, result, got)
+        for name, plan, result, got in zip(JOIN_QUERIES, svc.plans, svc.results, rows, strict=True)
+    }
+    svc.close()
+    return out
+
+
+def star_runs(
+    tmp: Path, service: type[RecordingService] = RecordingService
+) -> dict[str, dict[str, Recorded]]:
+    import dpsql.pipeline
+
+    with mock.patch.object(dpsql.pipeline.secrets, "randbits", lambda bits: 12345):
+        return {
+            "D": run_star(star_audit_policy(None), 81, service),
+            "D′": run_star(star_audit_policy(tmp), 82, service),
+        }
+
+
+@pytest.fixture(scope="module")
+def star_pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Recorded]]:
+    return star_runs(tmp_path_factory.mktemp("star-neighbour"))
+
+
+@dataclass(frozen=True)
+class Moved:
+    """How far one exact measure moved between D and D′, against what the plan declares."""
+
+    name: str
+    per_group: int
+    l1: int
+    l2: float
+    per_group_bound: int
+    declared_l1: float
+    declared_l2: float
+
+    @property
+    def within(self) -> bool:
+        return (
+            self.per_group <= self.per_group_bound
+            and self.l1 <= self.declared_l1 + 1e-9
+            and self.l2 <= self.declared_l2 + 1e-9
+        )
+
+
+def measure_moves(d: Recorded, d2: Recorded) -> list[Moved]:
+    """Per measure of the plan: the change of its exact engine value, per group and summed."""
+    assert _measures(d.plan) == _measures(d2.plan), "a plan reads nothing private"
+    out = []
+    for i, m in enumerate(d.plan.measures):
+        a = dict(zip(d.result.key_rows, d.result.measures[i], strict=True))
+        b = dict(zip(d2.result.key_rows, d2.result.measures[i], strict=True))
+        diffs = [abs(a.get(k, 0) - b.get(k, 0)) for k in set(a) | set(b)]
+        out.append(
+            Moved(
+                m.name,
+                max(diffs, default=0),
+                sum(diffs),
+                math.sqrt(sum(x * x for x in diffs)),
+                m.per_group_bound,
+                m.l1,
+                m.l2,
+            )
+        )
+    return out
+
+
+def test_the_dropped_patient_exceeds_both_bounds() -> None:
+    """Patient 50 has 9 visits (> R) in 6 departments (> G) and 17 prescriptions in 4 drugs."""
+    import duckdb
+    from test_private_joins import STAR
+
+    con = duckdb.connect()
+    visits, depts = con.execute(
+        f"SELECT COUNT(*), COUNT(DISTINCT dept_id) FROM read_csv('{STAR / 'visits.csv'}') "
+        f"WHERE patient_id = {JOIN_DROPPED}"
+    ).fetchone()
+    assert visits > JOIN_R and depts > JOIN_G
+    con.close()
+
+
+@pytest.mark.parametrize("name", list(JOIN_QUERIES))
+def test_join_measures_move_within_their_declared_sensitivity(
+    name: str, star_pair: dict[str, dict[str, Recorded]]
+) -> None:
+    """Every exact measure of each join kind moves by at most its declared bounds."""
+    d, d2 = star_pair["D"][name], star_pair["D′"][name]
+    moves = measure_moves(d, d2)
+    shown = "; ".join(f"{m.name}: {m.l1}/{m.declared_l1:g}" for m in moves)
+    print(f"\n[audit] {name:16s} {shown}")
+    assert all(m.within for m in moves), moves
+    assert any(m.l1 > 0 for m in moves), "the dropped patient is seen"
+    if name in JOIN_TIGHT:  # the bound binds, and is met: it is not a loose one
+        count = moves[0]
+        assert count.l1 == JOIN_TIGHT[name] == count.declared_l1, count
+
+
+def join_count_audit(d: Recorded, d2: Recorded, seed: int, n: int) -> AuditReport:
+    """The released total count of the unit join, released − exact on D, on a grid fixed from
+    the plan's own (public) sensitivity and scale on both sides of it."""
+    exact = first_value(exact_values(d.plan, d.result))
+    shift, scale = shift_and_scale(d.plan)
+    grid = np.linspace(-shift - 2 * scale, 2 * scale, 21)
+    report, _ = scalar_audit(d, d2, lambda o: first_value(o) - exact, grid, seed, n)
+    return report
+
+
+@pytest.mark.slow
+def test_unit_join_release_audit_finds_no_violation(
+    star_pair: dict[str, dict[str, Recorded]],
+) -> None:
+    """COUNT(*) of visits ⋈ patients: the dropped patient moves it by R = 3 against a Laplace
+    scale of R/ε: no violation, and most of ε seen (Laplace tails)."""
+    d, d2 = star_pair["D"]["unit-join-total"], star_pair["D′"]["unit-join-total"]
+    report = join_count_audit(d, d2, 600, RUNS)
+    print(f"\n[audit] unit join      correct: {report}")
+    assert not report.violated, str(report)
+    assert report.epsilon_lower >= 0.5 * report.epsilon, str(report)
+
+
+@pytest.mark.slow
+def test_audit_catches_join_bounds_taken_from_the_one_row_table(tmp_path: Path) -> None:
+    """Broken on purpose (ShrunkJoinService): the plans declare a third of the bounds. The
+    sensitivity check sees measures move beyond them, and the release audit a loss above ε."""
+    broken = star_runs(tmp_path, ShrunkJoinService)
+    caught = [
+        name
+        for name in JOIN_QUERIES
+        if not all(m.within for m in measure_moves(broken["D"][name], broken["D′"][name]))
+    ]
+    assert set(JOIN_TIGHT) <= set(caught), caught
+    d, d2 = broken["D"]["unit-join-total"], broken["D′"]["unit-join-total"]
+    report = join_count_audit(d, d2, 610, RUNS_BROKEN)
+    print(f"\n[audit] unit join      bounds / R: {report}")
+    assert report.violated, str(report)
+    assert report.epsilon_lower > 1.5 * EPSILON, str(report)

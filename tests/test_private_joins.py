@@ -612,3 +612,107 @@ def test_a_joined_tables_new_data_version_drops_cached_plans_and_answers(tmp_pat
     assert service.data_version(table) != old
     assert service._lookup(next(iter(service._plans._items))) is None
     conn.close()
+
+
+# -- joins inside a derived table or a CTE: lowered in place, then inlined (or wrapped) -------
+
+NESTED_CASES = [
+    (
+        "SELECT sex, COUNT(*), SUM(cost) FROM (SELECT p.sex, v.cost FROM visits v "
+        "JOIN patients p ON v.patient_id = p.patient_id) AS x GROUP BY sex",
+        CASES[0][0].replace(", AVG(p.age)", ""),
+    ),
+    (
+        "WITH x AS (SELECT p.sex, p.age, v.cost FROM visits v JOIN patients p "
+        "ON v.patient_id = p.patient_id WHERE p.age > 30) "
+        "SELECT sex, AVG(age), SUM(cost) FROM x WHERE cost > 100 GROUP BY sex",
+        "SELECT p.sex, AVG(p.age), SUM(v.cost) FROM visits v JOIN patients p "
+        "ON v.patient_id = p.patient_id WHERE p.age > 30 AND v.cost > 100 GROUP BY p.sex",
+    ),
+    (
+        "SELECT drug, COUNT(*) FROM (SELECT r.drug FROM prescriptions r "
+        "JOIN visits v ON r.visit_id = v.visit_id) x GROUP BY drug",
+        "SELECT r.drug, COUNT(*) FROM prescriptions r JOIN visits v "
+        "ON r.visit_id = v.visit_id GROUP BY r.drug",
+    ),
+    (
+        "WITH a AS (SELECT v.cost, p.sex FROM visits v JOIN patients p "
+        "ON v.patient_id = p.patient_id), b AS (SELECT cost FROM a WHERE sex = 'f') "
+        "SELECT SUM(cost) FROM b",
+        "SELECT SUM(v.cost) FROM visits v JOIN patients p ON v.patient_id = p.patient_id "
+        "WHERE p.sex = 'f'",
+    ),
+    # a public dimension inside, and a DP aggregate inside with post-processing outside
+    (
+        "SELECT name, COUNT(*) FROM (SELECT d.name FROM visits v JOIN departments d "
+        "ON v.dept_id = d.id) AS x GROUP BY name",
+        PUBLIC_CASES[0][1],
+    ),
+    (
+        "SELECT n FROM (SELECT p.sex, COUNT(*) AS n FROM visits v JOIN patients p "
+        "ON v.patient_id = p.patient_id GROUP BY p.sex) s",
+        "SELECT COUNT(*) FROM visits v JOIN patients p ON v.patient_id = p.patient_id "
+        "GROUP BY p.sex",
+    ),
+]
+
+
+@pytest.mark.parametrize("sql,expected", NESTED_CASES, ids=[c[0][:80] for c in NESTED_CASES])
+def test_a_join_inside_a_derived_table_or_cte_answers_as_the_flat_join(star, sql, expected):
+    conn, ref = star
+    assert_same_rows(rows_of(conn, sql), ref.execute(expected).fetchall())
+
+
+def test_a_nested_join_plans_the_flat_joins_measurement(star):
+    conn, _ = star
+    service, settings = conn.service, conn._settings
+
+    def plan(sql):
+        return service.plan(parse_statement(sql, service.policy), settings)
+
+    flat = plan(
+        "SELECT p.sex, SUM(v.cost) FROM visits v JOIN patients p "
+        "ON v.patient_id = p.patient_id GROUP BY p.sex"
+    )
+    nested = plan(
+        "WITH x AS (SELECT p.sex, v.cost FROM visits v JOIN patients p "
+        "ON v.patient_id = p.patient_id) SELECT sex, SUM(cost) FROM x GROUP BY sex"
+    )
+    assert nested.query.table.name == flat.query.table.name
+    assert (nested.max_rows, nested.max_groups, nested.cost) == (
+        flat.max_rows,
+        flat.max_groups,
+        flat.cost,
+    )
+    assert [(m.kind, m.l1, m.per_group_bound) for m in nested.measures] == [
+        (m.kind, m.l1, m.per_group_bound) for m in flat.measures
+    ]
+
+
+NESTED_REFUSED = [
+    (
+        "SELECT COUNT(*) FROM (SELECT v.cost FROM visits v JOIN patients p ON v.dept_id = p.age) x",
+        "not on the privacy unit",
+    ),
+    (
+        "WITH x AS (SELECT a.cost FROM visits a JOIN visits b ON a.patient_id = b.patient_id) "
+        "SELECT SUM(cost) FROM x",
+        "many-to-many within a unit",
+    ),
+    ("SELECT COUNT(*) FROM (SELECT v.cost FROM visits v CROSS JOIN patients p) x", "cross join"),
+    (
+        "SELECT COUNT(*) FROM (SELECT v.cost FROM visits v JOIN departments d "
+        "ON v.dept_id = d.beds) x",
+        "not a declared unique key",
+    ),
+    (
+        "SELECT pid, COUNT(*) FROM (SELECT v.patient_id AS pid FROM visits v "
+        "JOIN patients p ON v.patient_id = p.patient_id) x GROUP BY pid",
+        "privacy unit",
+    ),
+]
+
+
+@pytest.mark.parametrize("sql,message", NESTED_REFUSED, ids=[r[0][:70] for r in NESTED_REFUSED])
+def test_a_nested_join_is_refused_as_the_flat_one(star, sql, message):
+    test_refusals_are_free(star, sql, message)

@@ -152,6 +152,7 @@ def resolve_private_joins(tree: exp.Select, text: str, policy: Policy) -> tuple[
     """``tree`` over one virtual table if its FROM joins two or more private tables (and the
     policy with that table); otherwise both unchanged. Refusals are decided from the text and
     the policy alone: nothing is read."""
+    tree, policy = _resolve_nested(tree, text, policy)
     joins = tree.args.get("joins") or []
     from_ = tree.args.get("from_") or tree.args.get("from")
     if not joins or from_ is None:
@@ -165,6 +166,40 @@ def resolve_private_joins(tree: exp.Select, text: str, policy: Policy) -> tuple[
     if sum(not t.public for t in tables if t) >= 2:
         tree, policy = _Lowering(tree, text, policy).run()
     return _lower_public(tree, text, policy)
+
+
+def _resolve_nested(tree: exp.Select, text: str, policy: Policy) -> tuple[exp.Select, Policy]:
+    """The joins inside the FROM's derived table and inside each CTE, lowered in place (their
+    bodies then read one virtual table, which dpsql.frontend.inline inlines or wraps like any
+    other): ``FROM (SELECT p.sex, v.cost FROM visits v JOIN patients p ON ...) AS x`` is
+    admitted or refused exactly as the flat join is."""
+    from dpsql.frontend.joins import resolve_joins
+
+    def lowered(body: exp.Select) -> exp.Select | None:
+        nonlocal policy
+        new, policy = resolve_private_joins(body, text, policy)
+        new = resolve_joins(new, text, policy)
+        return None if new is body else new
+
+    def arg(select: exp.Select, *names: str) -> Any:
+        return next((select.args[n] for n in names if select.args.get(n) is not None), None)
+
+    out = tree
+    with_ = arg(tree, "with_", "with")
+    for i, cte in enumerate(with_.expressions if with_ is not None else []):
+        if isinstance(cte.this, exp.Select) and (new := lowered(cte.this)) is not None:
+            out = tree.copy() if out is tree else out
+            arg(out, "with_", "with").expressions[i].set("this", new)
+    from_ = arg(tree, "from_", "from")
+    source = from_.this if from_ is not None else None
+    if (
+        isinstance(source, exp.Subquery)
+        and isinstance(source.this, exp.Select)
+        and (new := lowered(source.this)) is not None
+    ):
+        out = tree.copy() if out is tree else out
+        arg(out, "from_", "from").this.set("this", new)
+    return out, policy
 
 
 class _Lowering:
