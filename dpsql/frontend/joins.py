@@ -308,13 +308,25 @@ class _Joiner:
                 "join a public table to a private one, or query the public table in your tool",
             )
         if len(private) > 1:
-            same = private[0].table is not None and private[0].table is private[1].table
+            derived = next((s for s in private if s.table is None), None)
+            if derived is not None:
+                # private joins of policy tables were lowered before (dpsql.frontend.
+                # private_joins); a derived table or CTE as a member is not
+                raise self.refuse(
+                    "a derived table or CTE cannot be a member of a join with another table",
+                    derived.node,
+                    "join the policy tables themselves (inside the derived table if needed: "
+                    "FROM (SELECT ... FROM visits v JOIN patients p ON v.patient_id = "
+                    "p.patient_id) AS x); a public table is joined by its own name",
+                )
+            same = private[0].table is private[1].table
             raise self.refuse(
                 ("a self-join of a private table" if same else "a join of two private tables")
-                + " is not supported (yet): rows of one unit could combine with another's",
+                + " that is not on their privacy unit is not supported: rows of one unit "
+                "could combine with another's",
                 private[1].node,
-                "join private tables only with public tables (declared public = true); "
-                "aggregate each private table in its own query",
+                "join private tables ON their privacy unit (or along a declared unit_path), "
+                "or join them only with public tables (declared public = true)",
             )
         aliases = [s.alias for s in sides]
         duplicate = next((a for a in aliases if aliases.count(a) > 1), None)
