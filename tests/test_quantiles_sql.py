@@ -541,7 +541,7 @@ def test_quantile_method_setting(tmp_path: Path):
     with pytest.raises(dpsql.Error, match="smooth-sensitivity mechanism releases MEDIAN only"):
         cur.execute("SELECT MAX(age) FROM t")
     assert float(ledger.spent(conn.analyst, "default").epsilon) == pytest.approx(60)
-    with pytest.raises(dpsql.Error, match="unknown quantile method") as info:
+    with pytest.raises(dpsql.Error, match="unknown quantile_method") as info:
         cur.execute("SET quantile_method = 'magic'")
     assert info.value.sqlstate == "22023"
     cur.execute("RESET quantile_method")

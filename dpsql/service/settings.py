@@ -68,35 +68,17 @@ def apply_setting(statement: SettingStatement, settings: Settings) -> Result:
         # RESET goes back to the policy default, which the caller keeps in settings.defaults.
         raise _ResetRequest(name)
     value = statement.value
-    if name == "mechanism":
-        if str(value).lower() not in MECHANISMS:
+    choices = _choices()
+    if name in choices:
+        allowed, hint = choices[name]
+        if str(value).lower() not in allowed:
             raise ProgrammingError(
-                f"unknown mechanism {value!r}",
+                f"unknown {name} {value!r}",
                 sqlstate="22023",
-                construct="mechanism",
-                hint="SET mechanism = 'laplace' or 'gaussian'",
+                construct=name,
+                hint=hint,
             )
-        settings.mechanism = str(value).lower()
-    elif name == "quantile_method":
-        if str(value).lower() not in QUANTILE_METHODS:
-            raise ProgrammingError(
-                f"unknown quantile method {value!r}",
-                sqlstate="22023",
-                construct="quantile_method",
-                hint="SET quantile_method = 'em', 'pf' or 'smooth' (MEDIAN only)",
-            )
-        settings.quantile_method = str(value).lower()
-    elif name == "partition_selection":
-        from dpsql.sql.sharing import SELECTION_MODES
-
-        if str(value).lower() not in SELECTION_MODES:
-            raise ProgrammingError(
-                f"unknown partition_selection {value!r}",
-                sqlstate="22023",
-                construct="partition_selection",
-                hint="SET partition_selection = 'auto', 'optimal' or 'threshold'",
-            )
-        settings.partition_selection = str(value).lower()
+        setattr(settings, name, str(value).lower())
     else:
         try:
             number = float(value)
@@ -117,6 +99,23 @@ def apply_setting(statement: SettingStatement, settings: Settings) -> Result:
             )
         setattr(settings, name, number)
     return Result(status="SET")
+
+
+def _choices() -> dict[str, tuple[tuple[str, ...], str]]:
+    """The settings that take one of a few words: what they allow and the hint."""
+    from dpsql.sql.sharing import SELECTION_MODES
+
+    return {
+        "mechanism": (tuple(MECHANISMS), "SET mechanism = 'laplace' or 'gaussian'"),
+        "quantile_method": (
+            QUANTILE_METHODS,
+            "SET quantile_method = 'em', 'pf' or 'smooth' (MEDIAN only)",
+        ),
+        "partition_selection": (
+            SELECTION_MODES,
+            "SET partition_selection = 'auto', 'optimal' or 'threshold'",
+        ),
+    }
 
 
 class _ResetRequest(Exception):
