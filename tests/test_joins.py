@@ -249,14 +249,15 @@ REFUSED = [
     ),
     ("SELECT COUNT(*) FROM visits a JOIN visits b ON a.visit_id = b.visit_id", "self-join"),
     ("SELECT COUNT(*) FROM visits v CROSS JOIN departments d", "cross join"),
-    ("SELECT COUNT(*) FROM visits v, departments d WHERE v.dept_id = d.id", "cross join"),
+    ("SELECT COUNT(*) FROM visits v, departments d WHERE v.cost > d.beds", "cross join"),
     ("SELECT COUNT(*) FROM visits v FULL JOIN departments d ON v.dept_id = d.id", "FULL"),
     ("SELECT COUNT(*) FROM visits v JOIN departments d ON v.dept_id > d.id", "ON private"),
     (
         "SELECT COUNT(*) FROM visits v JOIN departments d ON v.dept_id = d.id AND d.beds > 3",
         "ON private",
     ),
-    ("SELECT COUNT(*) FROM visits v JOIN departments d USING (id)", "USING"),
+    # USING (k) is ON v.k = d.k: visits has no id
+    ("SELECT COUNT(*) FROM visits v JOIN departments d USING (id)", "unknown column 'id'"),
     (
         "SELECT d.name, COUNT(*) FROM departments d LEFT JOIN visits v ON v.dept_id = d.id "
         "GROUP BY d.name",

@@ -18,6 +18,8 @@ import pytest
 from conftest import ROOT, EngineSpy, assert_same_rows, exact_connect, rows_of
 from test_joins import CASES as PUBLIC_CASES
 
+import dpsql
+import dpsql.pipeline
 from dpsql.errors import PolicyError, PrivacyError, ProgrammingError
 from dpsql.policy import load_policy
 from dpsql.sql.bind import parse_statement
@@ -285,7 +287,7 @@ REFUSED = [
         "many-to-many",
     ),
     ("SELECT COUNT(*) FROM visits v CROSS JOIN patients p", "cross join"),
-    ("SELECT COUNT(*) FROM visits v, patients p WHERE v.patient_id = p.patient_id", "cross join"),
+    ("SELECT COUNT(*) FROM visits v, patients p WHERE v.cost > p.age", "cross join"),
     (
         "SELECT COUNT(*) FROM visits v RIGHT JOIN patients p ON v.patient_id = p.patient_id",
         "RIGHT JOIN",
@@ -294,7 +296,7 @@ REFUSED = [
         "SELECT COUNT(*) FROM visits v FULL JOIN patients p ON v.patient_id = p.patient_id",
         "FULL",
     ),
-    ("SELECT COUNT(*) FROM visits v JOIN patients p USING (patient_id)", "USING"),
+    ("SELECT COUNT(*) FROM visits v JOIN patients p USING (patient_id, visit_id)", "USING"),
     (
         "SELECT COUNT(*) FROM visits v JOIN patients p ON v.patient_id = p.patient_id "
         "AND p.age > 3",
@@ -716,3 +718,33 @@ NESTED_REFUSED = [
 @pytest.mark.parametrize("sql,message", NESTED_REFUSED, ids=[r[0][:70] for r in NESTED_REFUSED])
 def test_a_nested_join_is_refused_as_the_flat_one(star, sql, message):
     test_refusals_are_free(star, sql, message)
+
+
+@pytest.mark.parametrize(
+    "spelled, on",
+    [
+        (
+            "SELECT p.sex, COUNT(*) FROM visits v JOIN patients p USING (patient_id) GROUP BY 1",
+            "SELECT p.sex, COUNT(*) FROM visits v JOIN patients p "
+            "ON v.patient_id = p.patient_id GROUP BY 1",
+        ),
+        (
+            "SELECT p.sex, COUNT(*) FROM visits v, patients p "
+            "WHERE v.patient_id = p.patient_id AND v.cost > 100 GROUP BY 1",
+            "SELECT p.sex, COUNT(*) FROM visits v JOIN patients p "
+            "ON v.patient_id = p.patient_id WHERE v.cost > 100 GROUP BY 1",
+        ),
+        (
+            "SELECT COUNT(*) FROM visits, departments WHERE visits.dept_id = departments.id",
+            "SELECT COUNT(*) FROM visits JOIN departments ON visits.dept_id = departments.id",
+        ),
+    ],
+)
+def test_using_and_comma_joins_are_the_join_on_spelled_out(star, spelled, on):
+    """USING (k) and FROM a, b WHERE a.k = b.k are planned exactly as JOIN … ON a.k = b.k."""
+    conn, _ = star
+    service = conn.service
+    settings = dpsql.pipeline.Settings.from_policy(service.policy)
+    a = service.plan(parse_statement(spelled, service.policy), settings)
+    b = service.plan(parse_statement(on, service.policy), settings)
+    assert a.fingerprint() == b.fingerprint() and a.cost == b.cost

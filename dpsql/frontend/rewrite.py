@@ -14,6 +14,7 @@ import re
 from sqlglot import exp
 
 from dpsql.errors import DataError
+from dpsql.frontend.logic import conjuncts
 from dpsql.policy import TablePolicy
 
 # Aggregate spellings of SQL Server, MySQL, Tableau and Power BI.
@@ -67,6 +68,8 @@ def normalise(tree: exp.Expression, *, today: dt.date | None = None) -> exp.Expr
             return exp.cast(exp.Literal.string(today.isoformat()), exp.DataType.build("DATE"))
         if isinstance(node, exp.UnixToTime | exp.StrToTime | exp.StrToDate):
             return _to_timestamp(node)
+        if isinstance(node, exp.Select) and node.args.get("joins"):
+            _join_spellings(node)
         return node
 
     return tree.transform(visit, copy=False)
@@ -276,3 +279,59 @@ def timestamp_literals(tree: exp.Expression, table: TablePolicy) -> exp.Expressi
                 if new is not None:
                     node.set(side, new)
     return tree
+
+
+def _join_spellings(select: exp.Select) -> None:
+    """Two spellings of an inner join on an equality, written as ``JOIN … ON a.k = b.k`` (in
+    place) so the join lowerings see one form; every other join is left as written:
+
+    - ``FROM a x JOIN b y USING (k)`` (the first join, one column): ``ON x.k = y.k``. With an
+      inner or left join the two columns are equal wherever both exist, so the merged column
+      USING would expose is either side's.
+    - ``FROM a, b WHERE a.k = b.k AND …``: a comma join whose top-level WHERE holds an equality
+      of a column of ``b`` with one of a table before it (both qualified): that conjunct moves
+      into ``ON``. A comma join without one stays a cross join (and is refused as one).
+    """
+    from_ = select.args.get("from_") or select.args.get("from")
+    if from_ is None:
+        return
+    names = [from_.this.alias_or_name.lower()]
+    for i, join in enumerate(select.args["joins"]):
+        right = join.this.alias_or_name.lower()
+        using = join.args.get("using")
+        if using and i == 0 and len(using) == 1 and join.args.get("on") is None:
+            column = using[0].name
+            join.set("using", None)
+            join.set(
+                "on",
+                exp.EQ(this=exp.column(column, names[0]), expression=exp.column(column, right)),
+            )
+        elif _is_comma_join(join):
+            where = select.args.get("where")
+            found = None
+            if where is not None:
+                for part in conjuncts(where.this):
+                    if _links(part, set(names), right):
+                        found = part
+                        break
+            if where is not None and found is not None:
+                rest = [c for c in conjuncts(where.this) if c is not found]
+                join.set("on", found.copy())
+                select.set("where", exp.Where(this=exp.and_(*rest)) if rest else None)
+        names.append(right)
+
+
+def _is_comma_join(join: exp.Join) -> bool:
+    return not any(join.args.get(k) for k in ("kind", "side", "on", "using", "method"))
+
+
+def _links(node: exp.Expression, before: set[str], right: str) -> bool:
+    """``before_table.col = right.col`` (either order), both columns qualified."""
+    if not (
+        isinstance(node, exp.EQ)
+        and isinstance(node.this, exp.Column)
+        and isinstance(node.expression, exp.Column)
+    ):
+        return False
+    tables = {node.this.table.lower(), node.expression.table.lower()}
+    return right in tables and bool(tables & before) and "" not in tables and len(tables) == 2
