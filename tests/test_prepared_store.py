@@ -310,3 +310,36 @@ def test_dpsql_prepare_builds_then_reuses(tmp_path, gen_csv, capsys):
     assert main(["prepare", "--policy", str(policy)]) == 0
     assert "\treused\t" in capsys.readouterr().out
     assert list((tmp_path / "dpsql-store").glob("t-*.duckdb"))
+
+
+def test_joins_and_unit_path_tables_keep_the_plain_plan():
+    """A unit_path table's unit is not among its own columns (it is read through its path), and
+    a join reads its joined source: no store for them; the star policy still connects with the
+    store on, and their exact measures equal the store-off ones for the same secret."""
+    from test_private_joins import star_policy
+
+    from dpsql.sql.compile import compile_plan
+
+    queries = [
+        "SELECT drug, COUNT(*) FROM prescriptions GROUP BY drug",
+        "SELECT p.sex, COUNT(*), SUM(v.cost) FROM visits v JOIN patients p "
+        "ON v.patient_id = p.patient_id GROUP BY p.sex",
+    ]
+    on, off = (
+        _service(_with_store(star_policy(rows=3, groups=2))),
+        _service(star_policy(rows=3, groups=2)),
+    )
+    try:
+        assert {i.table for i in on.engine.stores} == {"visits", "patients"}
+        settings = Settings.from_policy(on.policy)
+        for sql in queries:
+            plans = [s.plan(parse_statement(sql, s.policy), settings) for s in (on, off)]
+            compiled = [compile_plan(p, 11) for p in plans]
+            assert "__dp_store" not in compiled[0].render()
+            got, want = (s.engine.execute(q) for s, q in zip((on, off), compiled, strict=True))
+            assert sorted(zip(got.key_rows, *got.measures, strict=True)) == sorted(
+                zip(want.key_rows, *want.measures, strict=True)
+            )
+    finally:
+        on.close()
+        off.close()

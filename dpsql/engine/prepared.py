@@ -230,8 +230,11 @@ def prepare_table(
 ) -> StoreInfo | None:
     """Build (or, on disk, reuse) the store of ``table`` at ``version`` on ``con``, before the
     connection is sealed. ``directory`` None: in memory. None when no store can be kept (a
-    name clash with the internal columns, or a disk store without a data version)."""
+    name clash with the internal columns, or a disk store without a data version, or a
+    unit_path table: it is read through its path, its unit is not among its own columns)."""
     if any(name.startswith(PREFIX) for name in table.columns) or table.public:
+        return None
+    if table.joined is not None:
         return None
     if directory is not None and not version:
         return None  # nothing would tell a later process that the data changed
