@@ -728,17 +728,14 @@ def compile_plan(plan: Plan, secret: int, *, store: object = None) -> CompiledQu
             from dpsql.sql.prepared_plan import store_tree
 
             tree = store_tree(plan, keys, info)
-    if tree is not None:
-        pass
-    elif not plan.measures:
-        # quantiles only (no threshold, so the groups are public): nothing else to read
-        tree = exp.Select(expressions=[_alias(_number(0), "__none")])
-        keys, measure_cols = (), ()
-    elif plan.query.table.privacy_unit is None:
-        tree = _row_level(plan, keys)
-    else:
-        tree = _bounded(plan)
-    keys = tuple(f"k{i}" for i in range(len(plan.keys)))
+    if tree is None:
+        if not plan.measures:
+            # quantiles only (no threshold, so the groups are public): nothing else to read
+            tree = exp.Select(expressions=[_alias(_number(0), "__none")])
+        elif plan.query.table.privacy_unit is None:
+            tree = _row_level(plan, keys)
+        else:
+            tree = _bounded(plan)
     extras = tuple(
         CompiledQuery(_histogram(plan, qm.column, _grid_bin(qm)), (*keys, "b"), ("c",), secret)
         for qm in plan.quantiles
@@ -775,7 +772,7 @@ def _log_bin(clip: ClipEstimate) -> Callable[[ColumnPolicy], exp.Expression]:
     hist = clip.histogram
 
     def build(col: ColumnPolicy) -> exp.Expression:
-        x = _cast(_clamp(_col(col), col.lower, col.upper), "DOUBLE")  # type: ignore[arg-type]
+        x = _clamped_double(col)
         a = exp.Least(this=exp.Abs(this=x), expressions=[_number(hist.maximum)], ignore_nulls=True)
         ratio = exp.Div(this=a, expression=_number(hist.smallest), typed=False, safe=False)
         steps = exp.Div(
@@ -792,12 +789,17 @@ def _log_bin(clip: ClipEstimate) -> Callable[[ColumnPolicy], exp.Expression]:
     return build
 
 
+def _clamped_double(col: ColumnPolicy) -> exp.Expression:
+    """The column's value clamped to its declared range, as DOUBLE: finite on every row."""
+    return _cast(_clamp(_col(col), col.lower, col.upper), "DOUBLE")  # type: ignore[arg-type]
+
+
 def bin_expr(qm: QuantileMeasure, col: ColumnPolicy) -> exp.Expression:
     """A row's bin on the measure's public grid, in [0, B) (NULL for NULL): the value is
     clamped to the declared range first (NaN to the upper bound, as everywhere), so the cast
     to BIGINT can never fail on any row."""
     grid = qm.grid
-    x = _cast(_clamp(_col(col), col.lower, col.upper), "DOUBLE")  # type: ignore[arg-type]
+    x = _clamped_double(col)
     shifted: exp.Expression = exp.Paren(this=exp.Sub(this=x, expression=_number(grid.lower)))
     if grid.scale == "log":
         shifted = exp.Ln(this=exp.Add(this=_number(1), expression=shifted))
@@ -838,21 +840,14 @@ def _histogram(
         )
     ks = [f"__k{i}" for i in range(len(plan.keys))]
     gc = ["__u", *ks]
-    stored = [_quoted(c) for c, spec in table.columns.items() if spec.expr is None]
     items = [_alias(_quoted(table.privacy_unit), "__u")]  # type: ignore[arg-type]
     items += [_alias(k, name) for k, name in zip(keys, ks, strict=True)]
     value_bin = _col(col) if bins is None else exp.Case(ifs=[exp.If(this=not_null, true=bins(col))])
     items.append(_alias(value_bin, "__b"))
     # the main query filters bare-column keys to their domain on its pairs, before bounding
-    domain = [
-        _domain_condition(table.columns[kp.key.columns[0]], k)
-        for kp, k in zip(plan.keys, ks, strict=True)
-        if kp.domain is not None and isinstance(kp.key.expr, exp.Column)
-    ]
-    # the same row order as _sampled: the keyed hash of the table's stored columns
-    order = KeyedHash(expressions=[*stored, Secret()])
+    domain = _column_key_domains(plan, ks)
     ranked_items: list[exp.Expression] = [_name(c) for c in [*gc, "__b"]]
-    ranked_items.append(_alias(_row_number([_name(c) for c in gc], [order]), "__r"))
+    ranked_items.append(_alias(_row_number([_name(c) for c in gc], [_row_order(table)]), "__r"))
     raw_rows = _select([_star(), *items], _source(table), where=_conditions(plan))
     if domain:
         raw_rows = _select([_star()], _subquery(raw_rows, "p"), where=domain)
@@ -864,13 +859,11 @@ def _histogram(
     )
     ctes = [_cte("numbered", numbered), _cte("kept", kept)]
     G = plan.max_groups
-    sizes = [len(kp.domain) for kp in plan.keys if kp.domain is not None]
-    n_bins = math.prod(sizes) if len(sizes) == len(plan.keys) else None
     final_where: list[exp.Expression] = [
         exp.Not(this=exp.Is(this=_name("__b"), expression=exp.Null()))
     ]
     joins = None
-    if ks and (n_bins is None or n_bins > G):
+    if _bounds_groups(plan):
         pairs = _select([_name(c) for c in gc], _table("kept"))
         pairs.set("distinct", exp.Distinct())
         ctes += [
@@ -920,14 +913,36 @@ def _pairs(plan: Plan, ks: list[str]) -> exp.Select:
     ]
     group: list[exp.Expression] = [_name(c) for c in ["__u", *ks]]
     pairs = _select(items, _source(table), where=_conditions(plan), group=group)
-    pair_filters = [
+    pair_filters = _column_key_domains(plan, ks)
+    if pair_filters:
+        pairs = _select([_star()], _subquery(pairs, "p"), where=pair_filters)
+    return pairs
+
+
+def _column_key_domains(plan: Plan, ks: list[str]) -> list[exp.Expression]:
+    """Each bare-column key (named ``ks[i]``) in its public domain: bounding then counts a
+    unit's groups among the released ones only."""
+    table = plan.query.table
+    return [
         _domain_condition(table.columns[kp.key.columns[0]], k)
         for kp, k in zip(plan.keys, ks, strict=True)
         if kp.domain is not None and isinstance(kp.key.expr, exp.Column)
     ]
-    if pair_filters:
-        pairs = _select([_star()], _subquery(pairs, "p"), where=pair_filters)
-    return pairs
+
+
+def _row_order(table: TablePolicy) -> KeyedHash:
+    """The order in which a (unit, group)'s rows are kept: the keyed hash of the table's stored
+    columns and the run's secret."""
+    stored = [_quoted(c) for c, spec in table.columns.items() if spec.expr is None]
+    return KeyedHash(expressions=[*stored, Secret()])
+
+
+def _bounds_groups(plan: Plan) -> bool:
+    """Whether a unit can be in more than G groups, so that its groups must be ranked: there
+    are keys, and not all public with at most G bins in all."""
+    sizes = [len(kp.domain) for kp in plan.keys if kp.domain is not None]
+    bins = math.prod(sizes) if len(sizes) == len(plan.keys) else None
+    return bool(plan.keys) and (bins is None or bins > plan.max_groups)
 
 
 def _value_measures(plan: Plan) -> list[Measure]:
@@ -973,7 +988,6 @@ def _sampled(plan: Plan, ks: list[str]) -> exp.Select:
     table = plan.query.table
     R = plan.max_rows
     gc = ["__u", *ks]
-    stored = [_quoted(c) for c, spec in table.columns.items() if spec.expr is None]
     rows_items: list[exp.Expression] = [_star(), _alias(_quoted(table.privacy_unit), "__u")]  # type: ignore[arg-type]
     rows_items += [_alias(lowered_key(kp.key), k) for kp, k in zip(plan.keys, ks, strict=True)]
     rows = _select(rows_items, _source(table), where=_conditions(plan))
@@ -984,9 +998,8 @@ def _sampled(plan: Plan, ks: list[str]) -> exp.Select:
     )
     match = [_same("b", "o", "__u", nulls_match=False)]
     match += [_same("b", "o", k, nulls_match=True) for k in ks]
-    order = KeyedHash(expressions=[*stored, Secret()])
     ranked = _select(
-        [_star("b"), _alias(_row_number([_name(c, "b") for c in gc], [order]), "__r")],
+        [_star("b"), _alias(_row_number([_name(c, "b") for c in gc], [_row_order(table)]), "__r")],
         _subquery(rows, "b"),
         joins=[_join(_subquery(over_r, "o"), "SEMI", _and(match))],
     )
@@ -1006,10 +1019,7 @@ def _finish_bounded(plan: Plan, ctes: list[exp.CTE], ks: list[str]) -> exp.Selec
     """At most G groups per unit, then the final GROUP BY over the bounded pairs."""
     G = plan.max_groups
     final_source = "bounded"
-    domains = [kp.domain for kp in plan.keys]
-    sizes = [len(d) for d in domains if d is not None]
-    bins = math.prod(sizes) if len(sizes) == len(domains) else None
-    if ks and (bins is None or bins > G):
+    if _bounds_groups(plan):
         # At most G groups per unit, by keyed hash of (unit, key): each unit drops its own
         # groups, not the same groups for everyone. Only units over G are ranked.
         ctes += [_cte("crowded", _crowded(G)), _cte("ranked", _ranked(ks, G))]

@@ -22,8 +22,6 @@ The tree's shape depends on the policy and the store's layout only, never on the
 
 from __future__ import annotations
 
-import math
-
 from sqlglot import exp
 
 from dpsql.engine.prepared import StoreInfo
@@ -38,8 +36,11 @@ def store_tree(plan: Plan, keys: tuple[str, ...], store: StoreInfo) -> exp.Expre
     """The plan's engine query over ``store``; None when the store cannot serve it (COUNT of
     distinct units per group, which needs the pairs of every unit; measure kinds it does not
     know)."""
-    # only the measure kinds this module knows (a kind added later keeps the plain plan)
+    # only the measure kinds this module knows (a kind added later keeps the plain plan); a
+    # join (or a unit_path table) reads its joined source, not one table's store
     if not plan.measures or any(m.kind not in _KINDS for m in plan.measures):
+        return None
+    if plan.query.table.joined is not None:
         return None
     if plan.query.table.privacy_unit is None:
         return _row_level(plan, keys, store)
@@ -105,13 +106,6 @@ def _row_level(plan: Plan, keys: tuple[str, ...], store: StoreInfo) -> exp.Selec
 # -- privacy unit ---------------------------------------------------------------------------
 
 
-def _needs_ranking(plan: Plan) -> bool:
-    """As dpsql.sql.compile._finish_bounded decides: keys, and G below the public bins."""
-    sizes = [len(kp.domain) for kp in plan.keys if kp.domain is not None]
-    bins = math.prod(sizes) if len(sizes) == len(plan.keys) else None
-    return bool(plan.keys) and (bins is None or bins > plan.max_groups)
-
-
 def _within(plan: Plan, store: StoreInfo) -> tuple[exp.Expression, exp.Expression | None]:
     """Whatever the query's filter, from the store's statistics on the row itself: is the row's
     (unit, group) pair within R rows, and (None: groups are not ranked) its unit within G?"""
@@ -125,7 +119,7 @@ def _within(plan: Plan, store: StoreInfo) -> tuple[exp.Expression, exp.Expressio
     if pair:
         bound = pair[0] if len(pair) == 1 else exp.Least(this=pair[0], expressions=pair[1:])
     rows_ok: exp.Expression = exp.LTE(this=bound, expression=c._number(plan.max_rows))
-    if not _needs_ranking(plan):
+    if not c._bounds_groups(plan):
         return rows_ok, None
     G = c._number(plan.max_groups)
     groups_ok: exp.Expression = exp.LTE(this=unit_rows.copy(), expression=G)
@@ -148,16 +142,6 @@ def _not(condition: exp.Expression) -> exp.Expression:
     return exp.Not(this=exp.Paren(this=condition.copy()))
 
 
-def _pair_filters(plan: Plan, ks: list[str]) -> list[exp.Expression]:
-    """Bare-column keys in their public domain, on the aggregated keys (as in _pairs)."""
-    table = plan.query.table
-    return [
-        c._domain_condition(table.columns[kp.key.columns[0]], k)
-        for kp, k in zip(plan.keys, ks, strict=True)
-        if kp.domain is not None and isinstance(kp.key.expr, exp.Column)
-    ]
-
-
 def _grouped(
     plan: Plan, store: StoreInfo, ks: list[str], condition: exp.Expression, *, by_unit: bool
 ) -> exp.Select:
@@ -173,7 +157,7 @@ def _grouped(
     query = c._select(
         items, _source(store), where=[*c._conditions(plan), condition], group=group or None
     )
-    filters = _pair_filters(plan, ks)
+    filters = c._column_key_domains(plan, ks)
     if filters:
         query = c._select([c._star()], c._subquery(query, "p"), where=filters)
     return query
@@ -213,7 +197,7 @@ def _sampled(plan: Plan, store: StoreInfo, ks: list[str], heavy: exp.Expression)
         where=[exp.LTE(this=c._name("__r"), expression=c._number(R))],
         group=[c._name(n) for n in gc],
     )
-    filters = _pair_filters(plan, ks)
+    filters = c._column_key_domains(plan, ks)
     if filters:
         sampled = c._select([c._star()], c._subquery(sampled, "p"), where=filters)
     return sampled
