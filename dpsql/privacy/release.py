@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, cast
@@ -96,10 +97,20 @@ def _fill_distinct(
         return
     distinct = [j for j, m in enumerate(plan.measures) if m.kind == "distinct"]
     for j, counts in zip(distinct, extras, strict=True):
-        for row, c in zip(counts.key_rows, counts.measures[0], strict=True):
-            i = position.get(tuple(canonical_key_value(v) for v in row))
-            if i is not None:
-                exact[i, j] += int(c)
+        for i, _, c in _released_rows(counts, position, len(plan.keys)):
+            exact[i, j] += c
+
+
+def _released_rows(
+    extra: EngineResult, position: dict[tuple, int], n_keys: int
+) -> Iterator[tuple[int, tuple, int]]:
+    """An extra query's rows (keys, then more columns, then a count) of the released groups:
+    (the group's index, the columns after its keys, the count). Rows of a suppressed group or
+    of a key outside its public domain are skipped."""
+    for row, count in zip(extra.key_rows, extra.measures[0], strict=True):
+        i = position.get(tuple(canonical_key_value(v) for v in row[:n_keys]))
+        if i is not None:
+            yield i, tuple(row[n_keys:]), int(count)
 
 
 def _evaluate(output: OutputAggregate, plan: Plan, values: dict[str, np.ndarray]) -> np.ndarray:
@@ -130,7 +141,9 @@ def release(plan: Plan, result: EngineResult, source: NoiseSource) -> Released:
     kept = {k: v[keep] for k, v in noisy.items()}
     key_values = [g for g, k in zip(groups, keep, strict=True) if k]
     for qm, bins in zip(plan.quantiles, result.extras[: len(plan.quantiles)], strict=True):
-        kept[qm.name] = _release_quantiles(qm, _bin_counts(qm, bins, key_values), source)
+        kept[qm.name] = _release_quantiles(
+            qm, _bin_counts(qm, bins, key_values, len(plan.keys)), source
+        )
     outputs = [_evaluate(o, plan, kept) for o in plan.outputs]
     intervals = [
         _interval(o, plan, kept, value) for o, value in zip(plan.outputs, outputs, strict=True)
@@ -138,15 +151,15 @@ def release(plan: Plan, result: EngineResult, source: NoiseSource) -> Released:
     return Released(key_values, outputs, intervals, suppressed)
 
 
-def _bin_counts(qm: QuantileMeasure, bins: EngineResult, groups: list[tuple]) -> np.ndarray:
+def _bin_counts(
+    qm: QuantileMeasure, bins: EngineResult, groups: list[tuple], n_keys: int
+) -> np.ndarray:
     """Per released group (in release order), the count of its bounded values in each bin;
     groups without a value have all-zero counts (their release is uniform on the grid)."""
     position = {g: i for i, g in enumerate(groups)}
     counts = np.zeros((len(groups), qm.grid.bins), dtype=np.int64)
-    for row, c in zip(bins.key_rows, bins.measures[0], strict=True):
-        i = position.get(tuple(canonical_key_value(v) for v in row[:-1]))
-        if i is not None:  # a suppressed group, or a key outside its public domain
-            counts[i, int(row[-1])] += int(c)
+    for i, (b,), c in _released_rows(bins, position, n_keys):
+        counts[i, int(b)] += c
     return counts
 
 
