@@ -25,6 +25,7 @@ import numpy as np
 if TYPE_CHECKING:
     from dpsql.policy import ColumnPolicy
     from dpsql.privacy.mechanisms import Mechanism
+    from dpsql.sql.bind import AggregateCall
     from dpsql.sql.plan import Measure, OutputAggregate, Plan
 
 
@@ -206,6 +207,19 @@ class Variance(AggregateKind):
         return (squares.mechanism,), np.ones(len(value))[:, None]
 
 
+def quantile_target(call: AggregateCall) -> tuple[str, float | None]:
+    """The rank target of a quantile call: ("min", None), ("max", None) or ("quantile", q)
+    (PERCENTILE at level 0 or 1 is MIN or MAX)."""
+    if call.kind in ("min", "max"):
+        return call.kind, None
+    q = 0.5 if call.kind == "median" else float(call.level)  # type: ignore[arg-type]
+    if q <= 0:
+        return "min", None
+    if q >= 1:
+        return "max", None
+    return "quantile", q
+
+
 @dataclass(frozen=True)
 class Quantile(AggregateKind):
     """MEDIAN / PERCENTILE_CONT / PERCENTILE_DISC / MIN / MAX: one rank target of the column's
@@ -220,20 +234,9 @@ class Quantile(AggregateKind):
     def measures(self, column):
         return []
 
-    def target(self, call) -> tuple[str, float | None]:
-        """The rank target of a call: ("min", None), ("max", None) or ("quantile", q)."""
-        if call.kind in ("min", "max"):
-            return call.kind, None
-        q = 0.5 if call.kind == "median" else float(call.level)
-        if q <= 0:
-            return "min", None
-        if q >= 1:
-            return "max", None
-        return "quantile", q
-
     def evaluate(self, output, plan, values):
         quantiles = plan.quantile_of(output)
-        index = quantiles.targets.index(self.target(output.call))
+        index = quantiles.targets.index(quantile_target(output.call))
         return values[quantiles.name][:, index]
 
     def released_type(self, column):

@@ -174,11 +174,11 @@ def explain_lines(service: Service, plan: Plan, analyst: str | None) -> list[str
 
 def _quantile_lines(plan: Plan, output: OutputAggregate) -> list[str]:
     """A quantile's mechanism, grid, ε and its public 95% guarantee, which is in ranks."""
-    from dpsql.aggregates import KINDS
+    from dpsql.aggregates import quantile_target
     from dpsql.privacy.quantiles import ExponentialQuantile, target
 
     qm = plan.quantile_of(output)
-    kind, q = KINDS[output.call.kind].target(output.call)  # type: ignore[attr-defined]
+    kind, q = quantile_target(output.call)
     grid = qm.grid
     tgt = target(kind, q)
     h = ExponentialQuantile(grid, qm.part_epsilon, max_values=qm.max_values).rank_halfwidth(tgt)

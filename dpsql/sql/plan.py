@@ -19,8 +19,9 @@ from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import cast
 
-from dpsql.aggregates import KINDS
+from dpsql.aggregates import KINDS, quantile_target
 from dpsql.errors import NotSupportedError, PrivacyError
+from dpsql.policy import ColumnPolicy
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.clipping import ApproxBounds, LogHistogram
 from dpsql.privacy.mechanisms import Gaussian, Laplace, Mechanism
@@ -141,10 +142,10 @@ def quantile_target_order(target: QuantileTarget) -> tuple[float, float]:
     return (0.0, 0.0) if kind == "min" else (2.0, 0.0) if kind == "max" else (1.0, float(q or 0.0))
 
 
-def quantile_grid(col) -> Grid:  # type: ignore[no-untyped-def]
+def quantile_grid(col: ColumnPolicy) -> Grid:
     """The column's public grid: unit bins for a small integer range, else its declared
     ``quantile_bins`` bins (linear or log)."""
-    lower, upper = float(col.lower), float(col.upper)
+    lower, upper = float(col.lower), float(col.upper)  # type: ignore[arg-type]
     integer = col.type == "int"
     if not integer and not upper > lower:
         raise NotSupportedError(
@@ -342,8 +343,7 @@ def build_plan(
     quantile_targets: dict[str, set[QuantileTarget]] = {}
     for call in query.aggregates:
         if call.kind in QUANTILE_KINDS:
-            target = KINDS[call.kind].target(call)  # type: ignore[attr-defined]
-            quantile_targets.setdefault(call.column, set()).add(target)  # type: ignore[arg-type]
+            quantile_targets.setdefault(call.column, set()).add(quantile_target(call))  # type: ignore[arg-type]
     auto: list[str] = list(
         dict.fromkeys(
             call.column
@@ -362,7 +362,7 @@ def build_plan(
     if thresholded:
         threshold_delta = delta if mechanism == "laplace" else delta / 2
 
-    def choose(eps: float):  # type: ignore[no-untyped-def]
+    def choose(eps: float) -> Layout:
         return _choose_layout(
             query, thresholded, partition_selection, eps, delta, threshold_delta, mechanism, R, G
         )
@@ -639,6 +639,15 @@ def _selection_weight(weights: list[float]) -> float:
     return max([1.0, *weights])
 
 
+# a query's measures, its outputs' measures, each measure's ε and its partition selection
+Layout = tuple[
+    list[tuple[str, str | None]],
+    list[tuple[AggregateCall, list[tuple[str, str | None]]]],
+    list[float],
+    "Selection | None",
+]
+
+
 def _choose_layout(
     query: BoundQuery,
     thresholded: bool,
@@ -649,12 +658,7 @@ def _choose_layout(
     mechanism: str,
     R: int,
     G: int,
-) -> tuple[
-    list[tuple[str, str | None]],
-    list[tuple[AggregateCall, list[tuple[str, str | None]]]],
-    list[float],
-    Selection | None,
-]:
+) -> Layout:
     """The measures, each one's ε, and the partition selection (optimal or threshold,
     whichever keeps a key at the smaller unit count; see dpsql.sql.sharing)."""
     if requested not in sharing.SELECTION_MODES:
