@@ -40,7 +40,7 @@ import duckdb
 from sqlglot import exp
 
 from dpsql.errors import PrivacyError, ProgrammingError, UndefinedColumnError, UndefinedTableError
-from dpsql.frontend.logic import transform_clauses
+from dpsql.frontend.logic import column_equality, transform_clauses
 from dpsql.policy import Policy, TablePolicy
 from dpsql.sql.positions import position_of, snippet
 
@@ -383,15 +383,9 @@ class _Joiner:
         return "left" if join_side == "LEFT" else "inner"
 
     def _on(self, join: exp.Join, dim: _Side, fact: _Side) -> tuple[str, exp.Column]:
-        on = join.args["on"]
-        while isinstance(on, exp.Paren):
-            on = on.this
         assert dim.table is not None
-        if not (
-            isinstance(on, exp.EQ)
-            and isinstance(on.this, exp.Column)
-            and isinstance(on.expression, exp.Column)
-        ):
+        on = column_equality(join.args["on"])
+        if on is None:
             raise self.refuse(
                 "a join with a public table needs ON private_column = public_key",
                 join.args["on"],

@@ -32,3 +32,17 @@ def transform_clauses(select: exp.Select, fn: Callable[[Any], exp.Expr]) -> None
             select.set(arg, [v.transform(fn, copy=False) for v in value])
         else:
             select.set(arg, value.transform(fn, copy=False))
+
+
+def column_equality(node: exp.Expression | None) -> exp.EQ | None:
+    """``node`` (parentheses aside) when it is ``a = b`` of two columns, else None: the one
+    join condition the join lowerings accept."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if (
+        isinstance(node, exp.EQ)
+        and isinstance(node.this, exp.Column)
+        and isinstance(node.expression, exp.Column)
+    ):
+        return node
+    return None

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from sqlglot import exp
 
 from dpsql.errors import PrivacyError, ProgrammingError, UndefinedColumnError, UndefinedTableError
-from dpsql.frontend.logic import transform_clauses
+from dpsql.frontend.logic import column_equality, transform_clauses
 from dpsql.policy import ColumnPolicy, JoinedSource, JoinStep, Policy, TablePolicy
 from dpsql.sql.positions import position_of, snippet
 
@@ -279,14 +279,8 @@ class _Lowering:
     def _check_on(self, join: exp.Join, side: _Side, before: list[_Side], driver: _Side) -> _Side:
         """Refuse unless ON matches rows of one unit; the side whose multiplicity the
         joined relation has (its R and G bound it) after this join."""
-        on = join.args["on"]
-        while isinstance(on, exp.Paren):
-            on = on.this
-        if not (
-            isinstance(on, exp.EQ)
-            and isinstance(on.this, exp.Column)
-            and isinstance(on.expression, exp.Column)
-        ):
+        on = column_equality(join.args["on"])
+        if on is None:
             raise self.refuse(
                 "a join of private tables needs ON one equality of columns",
                 join.args["on"],

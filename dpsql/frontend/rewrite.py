@@ -14,7 +14,7 @@ import re
 from sqlglot import exp
 
 from dpsql.errors import DataError
-from dpsql.frontend.logic import conjuncts
+from dpsql.frontend.logic import column_equality, conjuncts
 from dpsql.policy import TablePolicy
 
 # Aggregate spellings of SQL Server, MySQL, Tableau and Power BI.
@@ -327,11 +327,8 @@ def _is_comma_join(join: exp.Join) -> bool:
 
 def _links(node: exp.Expression, before: set[str], right: str) -> bool:
     """``before_table.col = right.col`` (either order), both columns qualified."""
-    if not (
-        isinstance(node, exp.EQ)
-        and isinstance(node.this, exp.Column)
-        and isinstance(node.expression, exp.Column)
-    ):
+    eq = column_equality(node)
+    if eq is None:
         return False
-    tables = {node.this.table.lower(), node.expression.table.lower()}
+    tables = {eq.this.table.lower(), eq.expression.table.lower()}
     return right in tables and bool(tables & before) and "" not in tables and len(tables) == 2
