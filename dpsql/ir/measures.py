@@ -174,15 +174,13 @@ class Release:
         return "post-processing of the measurements: free"
 
     def cost(self) -> Cost:
-        total = self.threshold.privacy_map() if self.threshold is not None else Cost()
-        if self.selection is not None:
-            total = total + self.selection.privacy_map()
-        for m in self.measurements:
-            total = total + m.privacy_map()
-        for q in self.quantiles:
-            total = total + q.privacy_map()
-        for c in self.clips:
-            total = total + c.privacy_map()
+        """The sum of every part's privacy map (threshold, selection, noisy measures,
+        quantiles, clipping ranges)."""
+        parts = [self.threshold, self.selection, *self.measurements, *self.quantiles, *self.clips]
+        total = Cost()
+        for part in parts:
+            if part is not None:
+                total = total + part.privacy_map()
         return total
 
 
