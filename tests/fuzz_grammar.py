@@ -617,8 +617,44 @@ AGG_FUNCTIONS = (
     "STDDEV",
     "STDDEV_POP",
     "MIN",
+    "MAX",
     "MEDIAN",
 )
+
+QUANTILE_LEVELS = ("0", "0.1", "0.5", "0.9", "1", "1.5", "-0.2")
+
+
+@st.composite
+def quantile_queries(draw: st.DrawFn) -> Query:
+    """Quantiles (every spelling, levels in and out of [0, 1]), MIN/MAX and COUNT(DISTINCT
+    col), with or without a GROUP BY (public or thresholded keys) and a WHERE."""
+    arg = draw(
+        st.one_of(
+            st.sampled_from(list(COLUMNS)),
+            st.sampled_from(("int", "float")).flatmap(lambda t: FULL.expr(t, 1)),
+        )
+    )
+    level = draw(st.sampled_from(QUANTILE_LEVELS))
+    desc = draw(st.sampled_from(("", " DESC")))
+    calls = st.sampled_from(
+        (
+            f"MEDIAN({arg})",
+            f"MIN({arg})",
+            f"MAX({arg})",
+            f"PERCENTILE_CONT({level}) WITHIN GROUP (ORDER BY {arg}{desc})",
+            f"PERCENTILE_DISC({level}) WITHIN GROUP (ORDER BY {arg}{desc})",
+            f"QUANTILE_CONT({arg}, {level})",
+            f"COUNT(DISTINCT {arg})",
+            "COUNT(*)",
+            "AVG(cost)",
+        )
+    )
+    items = ", ".join(draw(st.lists(calls, min_size=1, max_size=3)))
+    where = draw(where_clause())
+    key = draw(st.sampled_from(("", "department", "diagnosis", "smoker")))
+    if not key:
+        return Query(f"SELECT {items} FROM {TABLE}{where}")
+    return Query(f"SELECT {key}, {items} FROM {TABLE}{where} GROUP BY {key}", keys=1, grouped=True)
 
 
 def aggregate_queries() -> Strategy[Query]:

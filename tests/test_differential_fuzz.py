@@ -40,6 +40,7 @@ import fuzz_grammar as g
 import pytest
 from conftest import FIXTURE_CSV, fixture_policy
 from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 import dpsql
 from dpsql.engine.base import Engine
@@ -296,10 +297,13 @@ def _joined_tables(directory: Path, units: Sequence[int], prime: bool) -> dict[s
     }
 
 
-def _pair(directory: Path, ledger: Callable[[str], Any]) -> Pair:
+def _pair(directory: Path, ledger: Callable[[str], Any], *, clip: bool = False) -> Pair:
     extreme = {"budget_epsilon": 1e9, "budget_delta": 0.5}
     policy = fixture_policy(privacy=extreme)
     policy_prime = fixture_policy(privacy=extreme)
+    if clip:  # automatic clipping of cost: a released range, then the query planned with it
+        for p in (policy, policy_prime):
+            p["tables"]["visits"]["columns"]["cost"]["clip"] = "auto"
     csv_prime = _neighbour_csv(directory / "visits_prime.csv")
     policy_prime["tables"]["visits"]["source"] = str(csv_prime)
     with FIXTURE_CSV.open() as fh:
@@ -329,6 +333,15 @@ def _one_blas_thread() -> Iterable[None]:
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterable[Pair]:
     """D and D′, each with a fresh in-memory ledger."""
     both = _pair(tmp_path_factory.mktemp("fuzz"), lambda _: MemoryLedger())
+    yield both
+    both.d.close()
+    both.d_prime.close()
+
+
+@pytest.fixture(scope="module")
+def clip_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterable[Pair]:
+    """D and D′ with ``clip = "auto"`` on cost."""
+    both = _pair(tmp_path_factory.mktemp("fuzz-clip"), lambda _: MemoryLedger(), clip=True)
     yield both
     both.d.close()
     both.d_prime.close()
@@ -571,6 +584,22 @@ def test_series_limits(pair: Pair, query: g.Query) -> None:
     assert_boundary_holds(pair, query)
 
 
+@settings(FUZZ, max_examples=60)
+@given(query=g.quantile_queries())
+def test_quantiles_and_distinct_counts(pair: Pair, query: g.Query) -> None:
+    """MEDIAN/PERCENTILE/QUANTILE/MIN/MAX and COUNT(DISTINCT col): their extra engine queries
+    over the bounded rows fail, refuse or answer alike on D and D′, each charged."""
+    assert_boundary_holds(pair, query)
+
+
+@settings(FUZZ, max_examples=40)
+@given(query=st.one_of(g.aggregate_queries(), g.quantile_queries(), g.key_queries()))
+def test_automatic_clipping(clip_pair: Pair, query: g.Query) -> None:
+    """With cost clipped automatically (its histogram released first, then the query planned
+    with the range): the same fate on D and D′, the whole cost charged."""
+    assert_boundary_holds(clip_pair, query)
+
+
 @settings(FUZZ, max_examples=50)
 @given(query=g.join_queries())
 def test_private_joins(pair: Pair, query: g.Query) -> None:
@@ -619,6 +648,10 @@ FRONTEND_SHAPES: dict[str, tuple[Callable[[], Any], str]] = {
     "a unit_path join": (g.join_queries, r"JOIN people p ON l\.patient_ref = p\.patient_id"),
     "a unit_path table alone": (g.join_queries, r"FROM labs(?! l)"),
     "a join off the unit": (g.join_queries, r"ON v\.age = p\.patient_id"),
+    "a percentile": (g.quantile_queries, r"PERCENTILE_(CONT|DISC)\([\d.-]+\) WITHIN GROUP"),
+    "QUANTILE_CONT": (g.quantile_queries, r"QUANTILE_CONT\("),
+    "a quantile by a thresholded key": (g.quantile_queries, r"GROUP BY diagnosis"),
+    "COUNT(DISTINCT col)": (g.quantile_queries, r"COUNT\(DISTINCT "),
 }
 
 
