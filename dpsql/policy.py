@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -268,6 +268,22 @@ def _number(rep: _Reporter, key: str, value: Any, *, positive: bool = False) -> 
     return float(value)
 
 
+def _choice(rep: _Reporter, key: str, value: Any, allowed: Sequence[str], what: str) -> str:
+    """``value`` if it is one of ``allowed``; else the failure naming it and the choices."""
+    if value not in allowed:
+        shown = [f'"{a}"' for a in allowed]
+        hint = "use " + ", ".join(shown[:-1]) + " or " + shown[-1]
+        raise rep.fail(key, f"unknown {what} {value!r}", hint)
+    return value
+
+
+def _share(rep: _Reporter, key: str, value: Any, example: str) -> float:
+    """A number strictly between 0 and 1 (a share of ε, a quantile level)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
+        raise rep.fail(key, "must be a number in (0, 1)", f"e.g. {example}")
+    return float(value)
+
+
 def _no_duplicates(rep: _Reporter, section: str, given: Mapping[str, Any]) -> None:
     """Names are case-insensitive (SQL identifiers): two differing only in case would clash."""
     seen: dict[str, str] = {}
@@ -314,11 +330,9 @@ def _build(data: dict[str, Any], path: Path | None) -> Policy:
     delta = _number(rep, "privacy.delta", privacy.get("delta", 0.0))
     if not 0 <= delta < 1:
         raise rep.fail("privacy.delta", f"must be in [0, 1), got {delta}", "e.g. delta = 1e-6")
-    mechanism = privacy.get("mechanism", "laplace")
-    if mechanism not in MECHANISMS:
-        raise rep.fail(
-            "privacy.mechanism", f"unknown mechanism {mechanism!r}", 'use "laplace" or "gaussian"'
-        )
+    mechanism = _choice(
+        rep, "privacy.mechanism", privacy.get("mechanism", "laplace"), MECHANISMS, "mechanism"
+    )
     if mechanism == "gaussian" and delta <= 0:
         raise rep.fail(
             "privacy.delta", "the Gaussian mechanism needs delta > 0", "set e.g. delta = 1e-6"
@@ -396,9 +410,7 @@ def _engine(rep: _Reporter, spec: Any) -> EngineConfig:
     if not isinstance(spec, dict):
         raise rep.fail("engine", "must be a table", 'write an [engine] section with name = "spark"')
     rep.unknown_keys("engine", spec, _ENGINE_KEYS)
-    name = spec.get("name", "duckdb")
-    if name not in ENGINE_NAMES:
-        raise rep.fail("engine.name", f"unknown engine {name!r}", 'use "duckdb" or "spark"')
+    name = _choice(rep, "engine.name", spec.get("name", "duckdb"), ENGINE_NAMES, "engine")
     master = spec.get("master")
     if master is not None and (not isinstance(master, str) or not master):
         raise rep.fail("engine.master", "must be a string", 'e.g. master = "local[*]"')
@@ -424,11 +436,9 @@ def _engine(rep: _Reporter, spec: Any) -> EngineConfig:
         threads = _integer(
             rep, "engine.threads", threads, highest=1024, hint="e.g. threads = 1, or remove it"
         )
-    prepared = spec.get("prepared", "off")
-    if prepared not in ("off", "memory", "disk"):
-        raise rep.fail(
-            "engine.prepared", f"unknown mode {prepared!r}", 'use "off", "memory" or "disk"'
-        )
+    prepared = _choice(
+        rep, "engine.prepared", spec.get("prepared", "off"), ("off", "memory", "disk"), "mode"
+    )
     prepared_dir = spec.get("prepared_dir")
     if prepared_dir is not None and (not isinstance(prepared_dir, str) or not prepared_dir):
         raise rep.fail("engine.prepared_dir", "must be a directory path", 'e.g. "store/"')
@@ -803,48 +813,29 @@ def _column(rep: _Reporter, key: str, name: str, spec: Any) -> ColumnPolicy:
                 f"{key}.granularity", "only float columns take a granularity", "remove it"
             )
         granularity = _number(rep, f"{key}.granularity", granularity, positive=True)
-    quantile_grid = spec.get("quantile_grid", "linear")
-    if quantile_grid not in ("linear", "log"):
-        raise rep.fail(
-            f"{key}.quantile_grid", f"unknown grid {quantile_grid!r}", 'use "linear" or "log"'
-        )
-    quantile_bins = spec.get("quantile_bins", 4096)
-    if (
-        not isinstance(quantile_bins, int)
-        or isinstance(quantile_bins, bool)
-        or not 2 <= quantile_bins <= 1 << 17
-    ):
-        raise rep.fail(
-            f"{key}.quantile_bins",
-            "must be an integer from 2 to 131072",
-            "e.g. quantile_bins = 4096",
-        )
-    clip = spec.get("clip", "declared")
-    if clip not in ("declared", "auto"):
-        raise rep.fail(f"{key}.clip", f"unknown clip {clip!r}", 'use "declared" or "auto"')
-    clip_share = spec.get("clip_share", 0.1)
-    if (
-        not isinstance(clip_share, int | float)
-        or isinstance(clip_share, bool)
-        or not 0 < clip_share < 1
-    ):
-        raise rep.fail(f"{key}.clip_share", "must be a number in (0, 1)", "e.g. clip_share = 0.1")
-    clip_method = spec.get("clip_method", "sum")
-    if clip_method not in ("sum", "quantile", "threshold"):
-        raise rep.fail(
-            f"{key}.clip_method",
-            f"unknown method {clip_method!r}",
-            'use "sum", "quantile" or "threshold"',
-        )
-    clip_quantile = spec.get("clip_quantile", 0.99)
-    if (
-        not isinstance(clip_quantile, int | float)
-        or isinstance(clip_quantile, bool)
-        or not 0 < clip_quantile < 1
-    ):
-        raise rep.fail(
-            f"{key}.clip_quantile", "must be a number in (0, 1)", "e.g. clip_quantile = 0.99"
-        )
+    quantile_grid = _choice(
+        rep, f"{key}.quantile_grid", spec.get("quantile_grid", "linear"), ("linear", "log"), "grid"
+    )
+    quantile_bins = _integer(
+        rep,
+        f"{key}.quantile_bins",
+        spec.get("quantile_bins", 4096),
+        lowest=2,
+        highest=1 << 17,
+        hint="e.g. quantile_bins = 4096",
+    )
+    clip = _choice(rep, f"{key}.clip", spec.get("clip", "declared"), ("declared", "auto"), "clip")
+    clip_share = _share(rep, f"{key}.clip_share", spec.get("clip_share", 0.1), "clip_share = 0.1")
+    clip_method = _choice(
+        rep,
+        f"{key}.clip_method",
+        spec.get("clip_method", "sum"),
+        ("sum", "quantile", "threshold"),
+        "method",
+    )
+    clip_quantile = _share(
+        rep, f"{key}.clip_quantile", spec.get("clip_quantile", 0.99), "clip_quantile = 0.99"
+    )
     if (clip == "auto" or "clip_share" in spec) and (
         lower is None or col_type not in ("int", "float")
     ):
@@ -866,9 +857,9 @@ def _column(rep: _Reporter, key: str, name: str, spec: Any) -> ColumnPolicy:
         quantile_grid=quantile_grid,
         quantile_bins=quantile_bins,
         clip=clip,
-        clip_share=float(clip_share),
+        clip_share=clip_share,
         clip_method=clip_method,
-        clip_quantile=float(clip_quantile),
+        clip_quantile=clip_quantile,
     )
 
 
