@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from decimal import Decimal, InvalidOperation
 
 from sqlglot import exp
 
@@ -95,7 +96,6 @@ def _within_group(node: exp.WithinGroup) -> exp.Expression:
 
 def _flip_levels(level: exp.Expression) -> exp.Expression | None:
     """1 − q for a numeric literal level (or an array of them); None for anything else."""
-    from decimal import Decimal, InvalidOperation
 
     def flip(lit: exp.Expression) -> exp.Expression | None:
         if not (isinstance(lit, exp.Literal) and not lit.is_string):
