@@ -185,9 +185,10 @@ class AggregateCall:
     for an expression (SUM(a * b)) it names a computed column of the bound table, and
     ``shown`` is the expression as the analyst wrote it."""
 
-    # count | count_units | sum | avg | var_samp | var_pop | stddev_samp | stddev_pop
+    # count | count_units | count_distinct (COUNT(DISTINCT col), col not the unit) | sum | avg
+    # | var_samp | var_pop | stddev_samp | stddev_pop
     # | median | percentile_cont | percentile_disc | min | max
-    kind: str  # | count_distinct (COUNT(DISTINCT col), col not the unit)
+    kind: str
     column: str | None
     shown: str | None = field(default=None, compare=False)
     level: float | None = None  # PERCENTILE_CONT/DISC: the quantile level in [0, 1]
@@ -1340,7 +1341,7 @@ class _Binder:
 
     def _quantile_level(self, node: exp.AggFunc) -> float:
         """The level of PERCENTILE_CONT/DISC or QUANTILE_CONT/DISC: a literal number in [0, 1]
-        (public, from the query text). Several levels are an array (see _build_post)."""
+        (public, from the query text); an array of levels is refused (one call per level)."""
         name = "PERCENTILE_CONT" if isinstance(node, exp.PercentileCont) else "PERCENTILE_DISC"
         level = node.args.get("expression")
         if level is None:
