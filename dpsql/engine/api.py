@@ -7,7 +7,8 @@ on this module; the Engine protocol itself is in dpsql.engine.base.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -27,6 +28,17 @@ class EngineResult:
     # the plan's extra queries (CompiledQuery.extras): per quantile measure its bin counts, one
     # row per present (group keys..., bin), then per distinct-count measure (keys..., count)
     extras: tuple[EngineResult, ...] = ()
+
+
+def with_extras(
+    main: EngineResult, extras: tuple[Any, ...], execute: Callable[[Any], EngineResult]
+) -> EngineResult:
+    """``main`` with the results of the compiled query's extra queries (quantile bin counts,
+    distinct counts), each run by ``execute``; they hold the main query's secret already
+    (CompiledQuery.with_secret), so they bound the very same rows."""
+    if not extras:
+        return main
+    return replace(main, extras=tuple(execute(query) for query in extras))
 
 
 def canonical_rows(matrix: np.ndarray) -> np.ndarray:

@@ -17,7 +17,7 @@ import duckdb
 import numpy as np
 
 from dpsql.engine import prepared
-from dpsql.engine.api import EngineResult, QueryHandle, canonical_rows
+from dpsql.engine.api import EngineResult, QueryHandle, canonical_rows, with_extras
 from dpsql.errors import OperationalError, PolicyError
 from dpsql.policy import Policy, TablePolicy
 from dpsql.sql.compile import KEYED_HASH, CompiledQuery
@@ -227,11 +227,7 @@ class DuckDBEngine:
             [int(r[nk + j] or 0) for r in rows] for j in range(len(compiled.measure_columns))
         ]
         main = EngineResult(key_rows, measures, types[:nk])
-        if not compiled.extras:
-            return main
-        # the quantiles' bin counts: same secret, so the same bounded rows
-        extra = tuple(self.execute(h.with_secret(compiled.secret), handle) for h in compiled.extras)
-        return EngineResult(main.key_rows, main.measures, main.key_types, extra)
+        return with_extras(main, compiled.extras, lambda query: self.execute(query, handle))
 
     def fetch_matrix(self, sql: str, handle: QueryHandle | None = None) -> np.ndarray:
         """Rows of a generated integer query (dp_rule_list pattern counts) as an int64 matrix.

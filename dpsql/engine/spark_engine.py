@@ -35,7 +35,7 @@ import numpy as np
 import sqlglot
 from sqlglot import exp
 
-from dpsql.engine.api import EngineResult, QueryHandle, canonical_rows
+from dpsql.engine.api import EngineResult, QueryHandle, canonical_rows, with_extras
 from dpsql.engine.duckdb_engine import _file_digest
 from dpsql.errors import OperationalError, PolicyError
 from dpsql.policy import FILE_SUFFIXES, Policy, TablePolicy
@@ -484,11 +484,7 @@ class SparkEngine:
         # Key types come from the policy's typing (the pipeline's scratch DuckDB), so both
         # engines describe results identically.
         main = EngineResult(key_rows, measures, ())
-        if not compiled.extras:
-            return main
-        # the quantiles' bin counts: same secret, so the same bounded rows
-        extra = tuple(self.execute(h.with_secret(compiled.secret), handle) for h in compiled.extras)
-        return EngineResult(main.key_rows, main.measures, main.key_types, extra)
+        return with_extras(main, compiled.extras, lambda query: self.execute(query, handle))
 
     def fetch_matrix(self, sql: str, handle: QueryHandle | None = None) -> np.ndarray:
         """Rows of a generated DuckDB-dialect integer query (dp_rule_list pattern counts)."""
