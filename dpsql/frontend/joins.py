@@ -55,6 +55,17 @@ _JOIN_HINT = (
 )
 
 
+def ambiguous_column(col: exp.Column, aliases: Sequence[str], text: str) -> ProgrammingError:
+    """42702 for an unqualified column that two joined tables hold, naming the qualifiers."""
+    return ProgrammingError(
+        f"column reference {col.name!r} is ambiguous",
+        sqlstate="42702",
+        construct=snippet(col),
+        position=position_of(col, text),
+        hint="qualify it: " + " or ".join(f"{a}.{col.name}" for a in aliases),
+    )
+
+
 @dataclass(frozen=True)
 class _Side:
     """One FROM/JOIN source: a policy table (or a derived table / CTE) and its alias."""
@@ -438,13 +449,7 @@ class _Joiner:
         return in_dim
 
     def _ambiguous(self, col: exp.Column, aliases: Sequence[str]) -> ProgrammingError:
-        return ProgrammingError(
-            f"column reference {col.name!r} is ambiguous",
-            sqlstate="42702",
-            construct=snippet(col),
-            position=position_of(col, self.text),
-            hint="qualify it: " + " or ".join(f"{a}.{col.name}" for a in aliases),
-        )
+        return ambiguous_column(col, aliases, self.text)
 
     def _no_column(self, col: exp.Column, dim: _Side) -> ProgrammingError:
         assert dim.table is not None

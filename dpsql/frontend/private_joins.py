@@ -27,6 +27,7 @@ cross joins, RIGHT/FULL joins and ON conditions other than one equality of colum
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -383,13 +384,9 @@ class _Lowering:
         )
 
     def _ambiguous(self, col: exp.Column, aliases: list[str]) -> ProgrammingError:
-        return ProgrammingError(
-            f"column reference {col.name!r} is ambiguous",
-            sqlstate="42702",
-            construct=snippet(col),
-            position=position_of(col, self.text),
-            hint="qualify it: " + " or ".join(f"{a}.{col.name}" for a in aliases),
-        )
+        from dpsql.frontend.joins import ambiguous_column
+
+        return ambiguous_column(col, aliases, self.text)
 
     # -- the virtual table ---------------------------------------------------------------
     def _rewrite(
@@ -480,16 +477,8 @@ class _Lowering:
                 raise self._ambiguous(node, [owners[0].alias, *sorted(public)])
             return exp.column(names[(owners[0].alias, name)])
 
-        result = self.tree.copy()
-        items = []
-        for item in result.expressions:
-            if isinstance(item, exp.Column) and not isinstance(item.this, exp.Star):
-                item = exp.alias_(item, item.name, quoted=item.this.args.get("quoted", False))
-            items.append(item)
-        result.set("expressions", items)
-        transform_clauses(result, fix)
-        source = exp.Table(this=exp.Identifier(this=virtual.name, quoted=True))
-        result.set("from_", exp.From(this=source))
+        result = _aliased_copy(self.tree)
+        _read_virtual(result, virtual, fix)
         kept = []
         for join in result.args.get("joins") or []:
             if join.this.alias_or_name.lower() in public:
@@ -665,6 +654,15 @@ def _rename_public(
             return exp.column(names[(owners[0].alias, name)])
         return exp.column(name) if in_fact else node
 
+    result = _aliased_copy(tree)
+    _read_virtual(result, virtual, fix)
+    result.set("joins", None)
+    return result
+
+
+def _aliased_copy(tree: exp.Select) -> exp.Select:
+    """A copy of ``tree`` whose bare select-list columns are aliased to their own names: the
+    released columns keep the names the analyst wrote once the columns are renamed."""
     result = tree.copy()
     items = []
     for item in result.expressions:
@@ -672,9 +670,13 @@ def _rename_public(
             item = exp.alias_(item, item.name, quoted=item.this.args.get("quoted", False))
         items.append(item)
     result.set("expressions", items)
-    transform_clauses(result, fix)
-    result.set(
-        "from_", exp.From(this=exp.Table(this=exp.Identifier(this=virtual.name, quoted=True)))
-    )
-    result.set("joins", None)
     return result
+
+
+def _read_virtual(
+    result: exp.Select, virtual: TablePolicy, fix: Callable[[exp.Expression], exp.Expression]
+) -> None:
+    """``result``'s clauses with every column renamed by ``fix``, reading FROM ``virtual``."""
+    transform_clauses(result, fix)
+    source = exp.Table(this=exp.Identifier(this=virtual.name, quoted=True))
+    result.set("from_", exp.From(this=source))
