@@ -225,11 +225,18 @@ def test_neighbouring_datasets_change_within_the_declared_sensitivity(tmp_path, 
     """Remove patient 50 (9 visits, beyond R): the exact bounded answers move by at most the
     L1 sensitivity the plan declares, as for the same query without a join. One keyed-hash
     secret for both runs, so the other units keep the same rows."""
+    a = exact_connect(star_policy(rows=3, groups=2))
+    b = exact_connect(star_policy(rows=3, groups=2, drop_patient=50, tmp=tmp_path))
+    assert_moves_within_sensitivity(a, b, sql, monkeypatch)
+
+
+def assert_moves_within_sensitivity(a, b, sql: str, monkeypatch) -> None:
+    """On the connections ``a`` (D) and ``b`` (D′, one unit removed), with one keyed-hash secret
+    for both runs: the exact answers move (in total) by more than 0 and at most the largest L1
+    sensitivity the plan declares."""
     import dpsql.pipeline
 
     monkeypatch.setattr(dpsql.pipeline.secrets, "randbits", lambda bits: 12345)
-    a = exact_connect(star_policy(rows=3, groups=2))
-    b = exact_connect(star_policy(rows=3, groups=2, drop_patient=50, tmp=tmp_path))
     plan = a.service.plan(parse_statement(sql, a.service.policy), a._settings)
     bound = max(m.l1 * m.granularity for m in plan.measures)
     got_a = {r[:-1]: float(r[-1] or 0) for r in rows_of(a, sql)}

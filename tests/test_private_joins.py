@@ -17,6 +17,7 @@ import duckdb
 import pytest
 from conftest import ROOT, EngineSpy, assert_same_rows, exact_connect, rows_of
 from test_joins import CASES as PUBLIC_CASES
+from test_joins import assert_moves_within_sensitivity
 
 import dpsql
 import dpsql.pipeline
@@ -243,17 +244,9 @@ def test_neighbouring_datasets_change_within_the_declared_sensitivity(tmp_path, 
     """Remove patient 50 (9 visits and their prescriptions: beyond R) from every table: the
     exact bounded answers move by at most the L1 sensitivity the plan declares. One keyed-hash
     secret for both runs, so the other units keep the same rows."""
-    import dpsql.pipeline
-
-    monkeypatch.setattr(dpsql.pipeline.secrets, "randbits", lambda bits: 12345)
     a = exact_connect(star_policy(rows=3, groups=2))
     b = exact_connect(star_policy(rows=3, groups=2, drop_patient=50, tmp=tmp_path))
-    plan = a.service.plan(parse_statement(sql, a.service.policy), a._settings)
-    bound = max(m.l1 * m.granularity for m in plan.measures)
-    got_a = {r[:-1]: float(r[-1] or 0) for r in rows_of(a, sql)}
-    got_b = {r[:-1]: float(r[-1] or 0) for r in rows_of(b, sql)}
-    change = sum(abs(got_a.get(k, 0) - got_b.get(k, 0)) for k in set(got_a) | set(got_b))
-    assert 0 < change <= bound + 1e-6, (change, bound)
+    assert_moves_within_sensitivity(a, b, sql, monkeypatch)
 
 
 REFUSED = [
