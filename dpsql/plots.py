@@ -103,7 +103,7 @@ def _halfwidths(
         parts = [plan.measure(name) for name in o.measures]
         if o.call.kind == "avg" and rows_per_group:
             m = parts[0]
-            half = m.mechanism.interval_halfwidth(confidence) * m.granularity / rows_per_group
+            half = m.mechanism.interval_halfwidth(confidence) * m.unit / rows_per_group
             out.append((f"{o.call.label} at {rows_per_group:g} rows per group", float(half)))
             continue
         if o.call.kind == "sum" and parts[0].center:
@@ -114,7 +114,7 @@ def _halfwidths(
             continue
         for m in parts:
             label = o.call.label if len(parts) == 1 else f"{o.call.label}: {_words(m)}"
-            out.append((label, float(m.mechanism.interval_halfwidth(confidence) * m.granularity)))
+            out.append((label, float(m.mechanism.interval_halfwidth(confidence) * m.unit)))
     if plan.threshold is not None:
         m = plan.measure(plan.threshold.measure)
         label = "GROUP BY " + ", ".join(k.key.sql for k in plan.keys) + ": its unit count (τ)"
@@ -130,7 +130,7 @@ def _centred_sum_halfwidth(total: Any, count: Any, confidence: float) -> float:
     from dpsql.privacy.release import _simulated_noise
 
     e_sum, e_count = _simulated_noise(12345, (total.mechanism, count.mechanism), 20_000)
-    error = total.granularity * (e_sum + total.center * e_count)
+    error = total.granularity * (e_sum / total.scale + total.center * e_count / count.scale)
     return float(np.quantile(np.abs(error), confidence))
 
 

@@ -61,6 +61,8 @@ _TABLE_KEYS = {
     "max_rows_per_unit": "rows one unit may contribute to each group (default 1)",
     "max_groups_per_unit": "groups one unit may contribute to (default 1)",
     "version": "a data version string; changing it invalidates cached answers",
+    "bounding": '"scale" (default: a (unit, group) over max_rows_per_unit rows counts R/n of '
+    'each of its n rows) or "sample" (it keeps R rows chosen by a keyed hash)',
     "columns": "a [tables.NAME.columns.COL] table per column",
     "public": "true for a public table (a dimension such as departments): no privacy unit, "
     "never charged, read at connect (a CSV/Parquet file); its values are public domains",
@@ -71,6 +73,9 @@ _TABLE_KEYS = {
     'the table that declares privacy_unit, e.g. unit_path = ["encounter_id -> '
     'encounters.encounter_id"] (each step ON a declared primary_key/unique of the next table)',
 }
+
+BOUNDINGS = ("scale", "sample")
+BOUNDING_DEFAULT = "sample"
 
 # A public table is read whole at connect (joins inline its rows as lookups): at most this
 # many rows, or privacy.max_bins if larger.
@@ -157,6 +162,9 @@ class TablePolicy:
     max_rows_per_unit: int = 1
     max_groups_per_unit: int = 1
     version: str | None = None
+    # how a (unit, group) over R rows is bounded: "scale" (R/n of every row) or "sample"
+    # (R rows by keyed hash); dpsql.sql.plan's docstring states both
+    bounding: str = BOUNDING_DEFAULT
     # A public table: no privacy unit, never charged; its rows (typed, in file order) are
     # public facts read at connect, like declared values (dpsql.frontend.joins).
     public: bool = False
@@ -517,6 +525,9 @@ def _table(
     version = spec.get("version")
     if version is not None:
         version = str(version)
+    bounding = _choice(
+        rep, f"{key}.bounding", spec.get("bounding", BOUNDING_DEFAULT), BOUNDINGS, "bounding"
+    )
     public = spec.get("public", False)
     if not isinstance(public, bool):
         raise rep.fail(f"{key}.public", "must be true or false", "write public = true")
@@ -542,6 +553,7 @@ def _table(
         max_rows_per_unit=rows,
         max_groups_per_unit=groups,
         version=version,
+        bounding=bounding,
         public=public,
         unique_keys=unique_keys,
         unit_path=unit_path,

@@ -141,7 +141,9 @@ class Sum(AggregateKind):
         first = plan.measure(output.measures[0])
         count = _values_measure(plan, first)
         ones = np.ones(len(value))
-        return (first.mechanism, count.mechanism), np.stack([ones, first.center * ones], axis=1)
+        # each weight per unit of its mechanism's noise (a rescaled measure's fine grid)
+        weights = [ones / first.scale, first.center * ones / count.scale]
+        return (first.mechanism, count.mechanism), np.stack(weights, axis=1)
 
     def released_type(self, column):
         return "BIGINT" if column is not None and column.type == "int" else "DOUBLE"
@@ -168,7 +170,8 @@ class Mean(AggregateKind):
         count = plan.measure(output.measures[1])
         mean = value / first.granularity - first.center
         ones = np.ones(len(value))
-        return (first.mechanism, count.mechanism), np.stack([ones, -mean], axis=1)
+        weights = [ones / first.scale, -mean / count.scale]
+        return (first.mechanism, count.mechanism), np.stack(weights, axis=1)
 
     def output_bounds(self, column):
         if column is None:
@@ -204,7 +207,7 @@ class Variance(AggregateKind):
 
     def error_terms(self, output, plan, value):
         squares = plan.measure(output.measures[2])
-        return (squares.mechanism,), np.ones(len(value))[:, None]
+        return (squares.mechanism,), np.ones(len(value))[:, None] / squares.scale
 
 
 def quantile_target(call: AggregateCall) -> tuple[str, float | None]:

@@ -46,9 +46,11 @@ def plan_tree(plan: Plan) -> PostProcess:
     )
     if computed:
         node = Project(node, computed)
-    bound = Bound(node, table.privacy_unit, plan.max_rows, plan.max_groups)
+    bound = Bound(node, table.privacy_unit, plan.max_rows, plan.max_groups, plan.bounding)
     measures = tuple(
-        AggregateMeasure(m.name, m.kind, m.column, _row_bound(m), per_unit=m.kind == "units")
+        AggregateMeasure(
+            m.name, m.kind, m.column, _row_bound(m) * m.scale, per_unit=m.kind == "units"
+        )
         for m in plan.measures
     )
     hidden = "thresholded"

@@ -106,13 +106,17 @@ class Project:
 
 @dataclass(frozen=True)
 class Bound:
-    """Contribution bounding in the engine (keyed hash): after it each unit keeps at most
-    ``max_rows`` rows in each group and at most ``max_groups`` groups."""
+    """Contribution bounding in the engine: after it each unit adds at most ``max_rows`` rows'
+    worth to each group and reaches at most ``max_groups`` groups. ``sample``: a pair over R
+    keeps its R rows of smallest keyed hash; ``scale``: it keeps every row at weight R/n
+    (truncated toward zero), so a sum over it is at most R·row_bound in magnitude all the same
+    (the measures of a rescaled plan give ``row_bound`` in their fine units)."""
 
     input: Scan | PublicJoin | Filter | Project
     unit: str | None
     max_rows: int  # R
     max_groups: int  # G (effective)
+    method: str = "sample"  # "sample" or "scale"
 
     def children(self) -> tuple:
         return (self.input,)
@@ -120,8 +124,10 @@ class Bound:
     def describe(self) -> str:
         if self.unit is None:
             return f"Bound: one row per unit, {self.max_groups} group(s)"
+        how = ", over-R groups rescaled to R rows" if self.method == "scale" else ""
         return (
-            f"Bound per {self.unit}: <= {self.max_rows} rows per group, <= {self.max_groups} groups"
+            f"Bound per {self.unit}: <= {self.max_rows} rows per group, <= {self.max_groups} "
+            f"groups{how}"
         )
 
     def stability(self) -> str:

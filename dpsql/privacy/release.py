@@ -127,6 +127,8 @@ def release(plan: Plan, result: EngineResult, source: NoiseSource) -> Released:
         column = np.array([int(v) for v in exact[:, j]], dtype=object)
         noise = m.mechanism.sample(source, n)
         noisy[m.name] = (column + np.array([int(x) for x in noise], dtype=object)).astype(float)
+        if m.scale != 1:  # a rescaled measure's fine grid (dpsql.sql.plan): post-processing
+            noisy[m.name] = noisy[m.name] / m.scale
     keep = np.ones(n, dtype=bool)
     suppressed = None
     if plan.threshold is not None:
@@ -241,7 +243,7 @@ def _interval(
     kind = kind_of(output)
     if kind.single_measure(first):
         # One measure, no formula: the exact half-width of the discrete noise itself.
-        half = first.mechanism.interval_halfwidth() * first.granularity
+        half = first.mechanism.interval_halfwidth() * first.granularity / first.scale
         low = value - half
         if kind.floor_zero:
             low = np.maximum(low, 0.0)  # counts are released clamped at zero
@@ -251,7 +253,7 @@ def _interval(
     order = list(names)
     noises = _simulated_noise(12345, tuple(_noised(plan, k) for k in order), draws * n)
     sims = {
-        name: noisy[name][None, :] + noise.reshape(draws, n)
+        name: noisy[name][None, :] + noise.reshape(draws, n) / plan.measure(name).scale
         for name, noise in zip(order, noises, strict=True)
     }
     simulated = _evaluate(output, plan, sims)
@@ -339,7 +341,7 @@ def _output_at(
     first = plan.measure(output.measures[0])
     kind = kind_of(output)
     if kind.single_measure(first):
-        half = first.mechanism.interval_halfwidth(confidence) * first.granularity
+        half = first.mechanism.interval_halfwidth(confidence) * first.granularity / first.scale
         low = value - half
         if kind.floor_zero:
             low = np.maximum(low, 0.0)

@@ -73,7 +73,7 @@ def _shown_column(plan: Plan, column: str | None) -> str:
 
 
 def _measure_line(plan: Plan, m: Measure) -> str:
-    g = m.granularity
+    g = m.unit
     what = WHAT[m.kind].format(column=_shown_column(plan, m.column))
     cost = m.mechanism.cost
     share = f"ε {_n(m.epsilon)}" if cost.rho == 0 else f"ρ {_n(float(cost.rho))}"
@@ -97,7 +97,7 @@ def explain_lines(service: Service, plan: Plan, analyst: str | None) -> list[str
             lines.append(_measure_line(plan, plan.measure(name)))
         first = plan.measure(output.measures[0])
         if output.call.kind == "avg":
-            half = first.mechanism.interval_halfwidth() * first.granularity
+            half = first.mechanism.interval_halfwidth() * first.unit
             lines.append(
                 f"    the average of a group of n rows is within about ±{_n(half)} / n "
                 f"(±{_n(half / 1000)} at n = 1,000), plus the count's share"
@@ -129,9 +129,15 @@ def explain_lines(service: Service, plan: Plan, analyst: str | None) -> list[str
     if unit is None:
         lines.append("  each row is its own privacy unit")
     else:
+        how = "rows and groups chosen by keyed hash, in the engine"
+        if plan.bounding == "scale":
+            how = (
+                "a group with n > R of its rows counts R/n of each; groups chosen by keyed "
+                "hash, in the engine"
+            )
         lines.append(
             f"  each {unit} keeps at most {plan.max_rows} rows per group and "
-            f"{plan.max_groups} groups (chosen by keyed hash, in the engine)"
+            f"{plan.max_groups} groups ({how})"
         )
     if plan.clips:
         lines.append("Automatic clipping")

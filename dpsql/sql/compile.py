@@ -13,13 +13,15 @@ Bounding with a privacy unit (R rows per group, G groups per unit):
 1. ``base``     one row per (unit, group): its row count and partial aggregates over all its
                 rows, straight from the table (no per-row CTE: no hash, no copy of the rows);
                 bare-column keys are filtered to their public domain here, on the pairs;
-2. ``sampled``  only (unit, group) pairs over R rows re-read their rows (a semi join on the
-                pair, NULL keys matching NULL) and keep the R of smallest keyed hash of the
-                whole row -- the hash and the row_number() window run on those rows only;
-3. ``bounded``  base where within R, plus the sampled pairs;
-4. ``crowded``/``ranked`` (GROUP BY only, and only when G is below the number of public bins)
-                units over G groups keep G, by keyed hash of the key; the other units' pairs
-                bypass the window through an anti join;
+2. ``sampled``  (bounding = "sample") only (unit, group) pairs over R rows re-read their rows
+                (a semi join on the pair, NULL keys matching NULL) and keep the R of smallest
+                keyed hash of the whole row -- the hash and the row_number() window run on
+                those rows only;
+3. ``bounded``  base where within R, plus the sampled pairs; with bounding = "scale" every
+                pair of ``base`` rescaled to R rows instead (:func:`rescaled`: no row is
+                re-read, no window over rows);
+4. ``ranked``   (GROUP BY only, and only when G is below the number of public bins) each unit
+                keeps its G pairs of smallest keyed hash of the key (one window over the pairs);
 5. the final GROUP BY keys summing the bounded partials.
 
 A row_number() window over every row costs ~50x the plain query at 10 rows per unit; see
@@ -260,6 +262,9 @@ def _spark_safe(expression: exp.Expression) -> exp.Expression:
             columns = _output_columns(select, ctes)
             if columns:
                 select.set("expressions", [exp.column(c) for c in columns])
+    for cast in list(expression.find_all(exp.Cast)):
+        if cast.to.this == exp.DataType.Type.INT128:  # Spark has no 128-bit integer
+            cast.set("to", _decimal(38, 0))
     outer = expression if isinstance(expression, exp.Select) else None
     if outer is not None:
         for total in [s for item in outer.expressions for s in item.find_all(exp.Sum)]:
@@ -866,11 +871,7 @@ def _histogram(
     if _bounds_groups(plan):
         pairs = _select([_name(c) for c in gc], _table("kept"))
         pairs.set("distinct", exp.Distinct())
-        ctes += [
-            _cte("bounded", pairs),
-            _cte("crowded", _crowded(G)),
-            _cte("ranked", _ranked(ks, G)),
-        ]
+        ctes += [_cte("bounded", pairs), _cte("ranked", _ranked(ks, G))]
         match = [_same("v", "g", "__u", nulls_match=True)]
         match += [_same("v", "g", k, nulls_match=True) for k in ks]
         joins = [_join(_table("ranked", "g"), "SEMI", _and(match))]
@@ -968,6 +969,9 @@ def _bounded(plan: Plan) -> exp.Select:
         return _finish_bounded(
             plan, [_cte("bounded", _select(items, _subquery(_pairs(plan, ks), "p")))], ks
         )
+    if plan.bounding == "scale":
+        ctes = [_cte("base", _pairs(plan, ks)), _cte("bounded", rescaled(plan, ks, "base"))]
+        return _finish_bounded(plan, ctes, ks)
     base_within = _select(
         [_star()], _table("base"), where=[exp.LTE(this=_name("__n"), expression=_number(R))]
     )
@@ -980,6 +984,43 @@ def _bounded(plan: Plan) -> exp.Select:
         _cte("bounded", bounded),
     ]
     return _finish_bounded(plan, ctes, ks)
+
+
+def wide(node: exp.Expression) -> exp.Cast:
+    """``CAST(node AS INT128)`` (DuckDB's HUGEINT; DECIMAL(38, 0) on Spark): a partial sum times
+    a scale cannot overflow."""
+    return _cast(node, "INT128")
+
+
+def scaled_partial(m: Measure, R: int, n: exp.Expression) -> exp.Expression:
+    """A pair's partial ``v_m`` at R/n of its n rows, in m's fine grid (m.scale units per
+    integer): ``(v · scale · LEAST(n, R)) // n``, truncated toward zero, so its magnitude is at
+    most scale · R · row_bound (n rows of at most row_bound each) — sampling's bound."""
+    capped = exp.Least(this=n.copy(), expressions=[_number(R)], ignore_nulls=True)
+    factor = exp.Paren(this=exp.Mul(this=_number(m.scale), expression=capped))
+    v = _name(f"v_{m.name}")
+    # in 64 bits where |v| * scale * R cannot overflow (every real pair: 128-bit division is
+    # ~5x slower), else in 128
+    fits = exp.LTE(this=exp.Abs(this=v), expression=_number((2**63 - 1) // (m.scale * R)))
+    narrow = exp.Mul(this=_cast(v.copy(), "BIGINT"), expression=factor)
+    wide_ = exp.Mul(this=wide(v.copy()), expression=factor.copy())
+    return exp.Case(
+        ifs=[exp.If(this=fits, true=exp.IntDiv(this=narrow, expression=n.copy()))],
+        default=exp.IntDiv(this=wide_, expression=n.copy()),
+    )
+
+
+def rescaled(plan: Plan, ks: list[str], pairs: str) -> exp.Select:
+    """The pairs of ``pairs`` bounded by rescaling (dpsql.sql.plan): a row count capped at R,
+    every partial at R/n of the pair (a pair within R unchanged, in fine units)."""
+    items: list[exp.Expression] = [_name(c) for c in ["__u", *ks]]
+    n = _name("__n")
+    capped = exp.Least(this=n, expressions=[_number(plan.max_rows)], ignore_nulls=True)
+    items.append(_alias(capped, "__n"))
+    items += [
+        _alias(scaled_partial(m, plan.max_rows, n), f"v_{m.name}") for m in _value_measures(plan)
+    ]
+    return _select(items, _table(pairs))
 
 
 def _sampled(plan: Plan, ks: list[str]) -> exp.Select:
@@ -1022,7 +1063,7 @@ def _finish_bounded(plan: Plan, ctes: list[exp.CTE], ks: list[str]) -> exp.Selec
     if _bounds_groups(plan):
         # At most G groups per unit, by keyed hash of (unit, key): each unit drops its own
         # groups, not the same groups for everyone. Only units over G are ranked.
-        ctes += [_cte("crowded", _crowded(G)), _cte("ranked", _ranked(ks, G))]
+        ctes.append(_cte("ranked", _ranked(ks, G)))
         final_source = "ranked"
     items: list[exp.Expression] = [_alias(_name(k), f"k{i}") for i, k in enumerate(ks)]
     for m in plan.measures:
@@ -1040,38 +1081,15 @@ def _finish_bounded(plan: Plan, ctes: list[exp.CTE], ks: list[str]) -> exp.Selec
     return final
 
 
-def _crowded(G: int) -> exp.Select:
-    """Units with more than G groups: only they are ranked."""
-    return _select(
-        [_name("__u")],
-        _table("bounded"),
-        group=[_name("__u")],
-        having=exp.GT(this=_count_star(), expression=_number(G)),
-    )
-
-
-def _ranked(ks: list[str], G: int) -> exp.Union:
-    """Uncrowded units' pairs as they are, plus each crowded unit's G pairs of smallest keyed
-    hash of (unit, key), the key breaking ties."""
-
-    def same_unit() -> exp.Expression:
-        return _same("b", "c", "__u", nulls_match=True)
-
-    kept = _select(
-        [_star("b")],
-        _table("bounded", "b"),
-        joins=[_join(_table("crowded", "c"), "ANTI", same_unit())],
-    )
-    crowded = _select(
-        [_star("b")],
-        _table("bounded", "b"),
-        joins=[_join(_table("crowded", "c"), "SEMI", same_unit())],
-    )
+def _ranked(ks: list[str], G: int) -> exp.Select:
+    """Each unit's G pairs of smallest keyed hash of (unit, key), the key breaking ties: one
+    window over every bounded pair (a unit with <= G pairs keeps them all). At 10M rows this
+    costs half of ranking only the units over G (found by a GROUP BY, then an anti and a semi
+    join back to the pairs)."""
     key_hash = KeyedHash(expressions=[_name("__u"), *[_name(k) for k in ks], Secret()])
     window = _row_number([_name("__u")], [key_hash, *[_name(k) for k in ks]])
-    top = _select(
+    return _select(
         [_star()],
-        _subquery(crowded, "x"),
+        _table("bounded"),
         qualify=exp.LTE(this=window, expression=_number(G)),
     )
-    return exp.Union(this=kept, expression=top, distinct=False)

@@ -8,6 +8,18 @@ L2 sensitivity, its mechanism (scale, cost) and its share of the query's ε/δ. 
 Neighbouring relation: add or remove one privacy unit with all of its rows. After bounding, a
 unit keeps at most R = max_rows_per_unit rows in each of at most G = max_groups_per_unit groups
 (G = 1 without GROUP BY; G = min(G, number of public bins) for a public domain).
+
+How a unit's pair over R is brought down to R rows (the table's ``bounding``):
+
+- ``sample``: the R rows of smallest keyed hash are kept (the secret is fresh per query);
+- ``scale``:  all its rows are kept, their partial sums multiplied by R/n (n = the pair's rows
+              after the WHERE), truncated toward zero on a finer grid of ``scale`` units per
+              integer (:func:`rescale_factor`). A pair's |contribution| is then
+              <= (R/n)·n·row_bound = R·row_bound, the bound sampling gives, so every
+              sensitivity below holds unchanged (in fine units: times ``scale``). Its
+              expectation equals sampling's (E[a uniform R-of-n sample's sum] = R/n of the
+              pair's sum) with no sampling variance. Groups beyond G are still dropped by keyed
+              hash (a dropped pair contributes 0, a kept one <= R·row_bound).
 """
 
 from __future__ import annotations
@@ -21,7 +33,7 @@ from typing import cast
 
 from dpsql.aggregates import KINDS, quantile_target
 from dpsql.errors import NotSupportedError, PrivacyError
-from dpsql.policy import ColumnPolicy
+from dpsql.policy import ColumnPolicy, TablePolicy
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.clipping import ApproxBounds, LogHistogram
 from dpsql.privacy.mechanisms import Gaussian, Laplace, Mechanism
@@ -59,6 +71,16 @@ class Measure:
     delta: float  # share of the query's δ (Gaussian only)
     mechanism: Mechanism | Unreleased  # Unreleased: exact, read by the selection only
     count: str | None = None  # sum/sumsq centred: the count measure the centre multiplies
+    # engine units per released unit: 1, or the fine grid of a rescaled bounding (the engine
+    # returns the measure times ``scale``; l1, l2, per_group_bound and the mechanism are in
+    # those fine units, the release divides the noisy integer by ``scale``)
+    scale: int = 1
+
+    @property
+    def unit(self) -> float:
+        """The released value of one engine unit: noise, sensitivities and intervals in
+        engine units times this are in the answer's units."""
+        return self.granularity / self.scale
 
 
 # aggregates that sum a column's values (automatic clipping applies to them)
@@ -225,6 +247,7 @@ class Plan:
     quantiles: tuple[QuantileMeasure, ...] = ()
     clips: tuple[ClipEstimate, ...] = ()
     selection: Selection | None = None
+    bounding: str = "sample"  # how pairs over R are bounded: "sample" or "scale" (see above)
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def measure(self, name: str) -> Measure:
@@ -247,7 +270,7 @@ class Plan:
             "|".join(k.key.sql + repr(k.domain) for k in self.keys),
             "|".join(
                 f"{m.name}:{m.kind}:{m.column}:{m.granularity!r}:{m.center}:{m.center2}:"
-                f"{m.lo}:{m.hi}:{m.mechanism!r}"
+                f"{m.lo}:{m.hi}:{m.scale}:{m.mechanism!r}"
                 for m in self.measures
             ),
             # the cached answer stores one array per output, so outputs are part of the key
@@ -256,11 +279,41 @@ class Plan:
             repr(self.quantiles),
             repr(self.clips),
             f"{self.max_rows}:{self.max_groups}:{self.mechanism}:{self.epsilon!r}:{self.delta!r}",
+            self.bounding,
             self.data_version,
         ]
         if self.selection is not None:
             parts.append(repr(self.selection))
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+# measure kinds summed from row values: the ones a rescaled bounding multiplies by R/n (a row
+# count is min(n, R) exactly, a unit count is not bounded by R)
+RESCALED_KINDS = ("values", "sum", "sumsq")
+# the fine grid of a rescaled measure holds a row's largest value in >= 2^20 units: the
+# truncation of a pair's R/n share loses < 1 unit, <= 2^-20 of a row, per pair
+RESCALE_UNITS = 1 << 20
+
+
+def rescale_factor(row_bound: int) -> int:
+    """The fine grid (a power of two) of a rescaled measure whose rows are at most
+    ``row_bound`` in magnitude: the smallest M with M·row_bound >= 2^20 (1 when the row range
+    is already that fine), so a pair's scaled total M·R/n·v is exact to within one unit."""
+    scale = 1
+    while scale * max(row_bound, 1) < RESCALE_UNITS:
+        scale *= 2
+    return scale
+
+
+def effective_bounding(table: TablePolicy, kinds: Sequence[str], quantiles: bool) -> str:
+    """The bounding a plan uses: the table's, except that sampling stays where a measure
+    needs the bounded rows themselves (quantile bins, COUNT(DISTINCT col): their extra
+    queries count values of the kept rows) or the table is row-level (nothing to bound)."""
+    if table.privacy_unit is None or table.bounding != "scale":
+        return "sample"
+    if quantiles or "distinct" in kinds:
+        return "sample"
+    return "scale"
 
 
 def fixed_point_bounds(lower: float, upper: float, g: float) -> tuple[int, int]:
@@ -385,6 +438,7 @@ def build_plan(
     if mechanism == "gaussian" and specs:
         measure_delta = (delta - threshold_delta) / k
 
+    bounding = effective_bounding(table, [kind for kind, _ in specs], bool(quantile_targets))
     # Centre sums on the midpoint when a count of the same column is released anyway.
     count_of = _count_specs(query, specs, R)
     counted = set(count_of)
@@ -421,7 +475,10 @@ def build_plan(
                 center2 = span // 2
                 row_bound = max(center2, span - center2)
                 g = g * g
-        per_group = row_bound if kind == "units" else R * row_bound
+        scale = 1
+        if bounding == "scale" and kind in RESCALED_KINDS:
+            scale = rescale_factor(row_bound)
+        per_group = row_bound if kind == "units" else R * row_bound * scale
         l1 = float(G * per_group)
         l2 = math.sqrt(G) * per_group
         if mechanism == "laplace":
@@ -446,6 +503,7 @@ def build_plan(
                 delta=measure_delta,
                 mechanism=mech,
                 count=names[count_of[column]] if center and column in count_of else None,
+                scale=scale,
             )
         )
 
@@ -543,6 +601,7 @@ def build_plan(
         clips=tuple(clips),
         extra={"measured_epsilon": epsilon_main},
         selection=selection,
+        bounding=bounding,
     )
     from dpsql.ir.check import check_plan
 

@@ -18,6 +18,10 @@ Privacy unit, two phases:
 Bounding is per unit (samples within a pair, groups within a unit), so splitting the units
 between the phases changes nothing: each unit keeps exactly the rows and groups it kept before.
 The tree's shape depends on the policy and the store's layout only, never on the statistics.
+
+With ``bounding = "scale"`` (dpsql.sql.plan) phase 2 is one aggregate per pair, rescaled to R
+rows (no window, no hash); a direct pair is within R, so its partial times the scale is exactly
+what the rescaling gives it: the same measures as the plan without a store.
 """
 
 from __future__ import annotations
@@ -219,6 +223,12 @@ def _two_phase(plan: Plan, store: StoreInfo) -> exp.Select:
         capped = exp.Least(this=c._name("__n"), expressions=[c._number(R)], ignore_nulls=True)
         items: list[exp.Expression] = [c._name(n) for n in gc] + [c._alias(capped, "__n")]
         ctes = [c._cte("bounded", c._select(items, c._subquery(base, "p")))]
+    elif plan.bounding == "scale":
+        # every pair not proven within R and G: aggregated as it is, then rescaled to R rows
+        ctes = [
+            c._cte("pairs", _grouped(plan, store, ks, _not(safe), by_unit=True)),
+            c._cte("bounded", c.rescaled(plan, ks, "pairs")),
+        ]
     else:
         bounded: exp.Expression = c._select([c._star()], c._table("sampled"))
         ctes = [c._cte("sampled", _sampled(plan, store, ks, _not(rows_ok)))]
@@ -232,13 +242,19 @@ def _two_phase(plan: Plan, store: StoreInfo) -> exp.Select:
     source = "bounded"
     if groups_ok is not None:
         G = plan.max_groups
-        ctes += [c._cte("crowded", c._crowded(G)), c._cte("ranked", c._ranked(ks, G))]
+        ctes.append(c._cte("ranked", c._ranked(ks, G)))
         source = "ranked"
     ctes.append(c._cte("direct", _grouped(plan, store, ks, safe, by_unit=False)))
     parts = [*ks, "__n", *[f"v_{m.name}" for m in c._value_measures(plan)]]
+    direct: list[exp.Expression] = [c._name(n) for n in [*ks, "__n"]]
+    for m in c._value_measures(plan):  # a direct pair is within R: its partial times the scale
+        v: exp.Expression = c._name(f"v_{m.name}")
+        if plan.bounding == "scale":
+            v = c._alias(exp.Mul(this=c.wide(v), expression=c._number(m.scale)), f"v_{m.name}")
+        direct.append(v)
     both = exp.Union(
         this=c._select([c._name(n) for n in parts], c._table(source)),
-        expression=c._select([c._name(n) for n in parts], c._table("direct")),
+        expression=c._select(direct, c._table("direct")),
         distinct=False,
     )
     items = [c._alias(c._name(k), f"k{i}") for i, k in enumerate(ks)]
