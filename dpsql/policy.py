@@ -75,7 +75,7 @@ _TABLE_KEYS = {
 }
 
 BOUNDINGS = ("scale", "sample")
-BOUNDING_DEFAULT = "sample"
+BOUNDING_DEFAULT = "scale"
 
 # A public table is read whole at connect (joins inline its rows as lookups): at most this
 # many rows, or privacy.max_bins if larger.

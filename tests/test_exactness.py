@@ -334,9 +334,11 @@ def test_fixture_group_by_patient_constant_key(visits, visits_ref):
 # -- bounds that bind -----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def heavy(tmp_path_factory):
+@pytest.fixture(scope="module", params=["sample", "scale"])
+def heavy(request, tmp_path_factory):
+    """Both boundings: every figure below holds for R sampled rows and for R/n of n rows."""
     policy, groups_of = heavy_policy(tmp_path_factory.mktemp("heavy"))
+    policy["tables"]["t"]["bounding"] = request.param
     conn = exact_connect(policy)
     yield conn, groups_of
     conn.close()
@@ -366,13 +368,15 @@ def test_each_unit_contributes_r_rows_to_at_most_g_groups(heavy):
 
 
 def test_kept_rows_change_with_a_fresh_secret_per_query(heavy):
-    """Which R rows a unit keeps is a keyed hash with a new secret each query (not fixed)."""
+    """Which R rows a unit keeps is a keyed hash with a new secret each query (not fixed);
+    rescaled, every row counts R/n: the same exact sum every time."""
     conn, _ = heavy
     spy = EngineSpy(conn.service)
     sums = {rows_of(conn, "SELECT SUM(i) FROM t")[0][0] for _ in range(12)}
-    assert len(sums) > 1
+    assert len(sums) == 1 if conn.service.policy.tables["t"].bounding == "scale" else len(sums) > 1
     assert all("random" not in sql.lower() for sql in spy.sql)
-    assert len({sql for sql in spy.sql}) == len(spy.sql)  # the secret differs every time
+    if conn.service.policy.tables["t"].bounding == "sample":
+        assert len({sql for sql in spy.sql}) == len(spy.sql)  # the secret differs every time
 
 
 def test_row_level_table_needs_no_bounding(tmp_path: Path):

@@ -147,9 +147,11 @@ def gen_csv(tmp_path_factory) -> Path:
     return write_csv(path, list(GEN_COLUMNS), _gen_rows())
 
 
+@pytest.mark.parametrize("bounding", ["scale", "sample"])
 @pytest.mark.parametrize(("R", "G"), [(1, 1), (2, 3), (5, 2), (10, 6)])
-def test_generated_store_plans_are_exact(gen_csv, R, G):
+def test_generated_store_plans_are_exact(gen_csv, R, G, bounding):
     policy = table_policy(gen_csv, GEN_COLUMNS, unit="uid", rows=R, groups=G)
+    policy["tables"]["t"]["bounding"] = bounding
     svc = _service(_with_store(policy))
     try:
         assert _compare(svc, GEN_QUERIES) == len(GEN_QUERIES)

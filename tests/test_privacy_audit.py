@@ -391,7 +391,7 @@ def exact_values(plan: Plan, result: EngineResult) -> dict[tuple, float]:
 def shift_and_scale(plan: Plan) -> tuple[float, float]:
     """Per-group sensitivity and noise scale of the first output, in released units."""
     m = plan.measure(plan.outputs[0].measures[0])
-    return m.per_group_bound * m.granularity, m.mechanism.scale * m.granularity
+    return m.per_group_bound * m.unit, m.mechanism.scale * m.unit
 
 
 def statistics(

@@ -294,11 +294,11 @@ def test_computed_column_sensitivity_follows_its_range(clean):
         _bound(service, "SELECT SUM(CASE WHEN flag THEN 1 ELSE 0 END) FROM t"), _s(conn)
     )
     (m,) = plan.measures
-    assert (m.lo, m.hi) == (0, 1) and m.l1 == 3 * 1  # R = 3 rows, one group
+    assert (m.lo, m.hi) == (0, 1) and m.l1 == 3 * 1 * m.scale  # R = 3 rows, one group
     plan = service.plan(_bound(service, "SELECT SUM(age * score) FROM t"), _s(conn))
     (m,) = plan.measures
     assert (m.lo, m.hi) == (-90000, 90000)  # [-900, 900] at granularity 0.01
-    assert m.l1 == 3 * 90000
+    assert m.l1 == 3 * 90000 * m.scale
 
 
 def test_neighbouring_datasets_change_computed_sums_within_the_sensitivity(tmp_path):
@@ -318,7 +318,7 @@ def test_neighbouring_datasets_change_computed_sums_within_the_sensitivity(tmp_p
     b = exact_connect(table_policy(less, COLUMNS, unit="uid", rows=3, groups=3))
     for sql in queries:
         plan = a.service.plan(_bound(a.service, sql), _s(a))
-        bound = max(m.l1 * m.granularity for m in plan.measures)
+        bound = max(m.l1 * m.unit for m in plan.measures)
         got_a, got_b = dict(_keyed(rows_of(a, sql))), dict(_keyed(rows_of(b, sql)))
         change = sum(abs(got_a.get(k, 0) - got_b.get(k, 0)) for k in set(got_a) | set(got_b))
         assert change <= bound + 1e-6, (sql, change, bound)

@@ -102,8 +102,9 @@ def test_groups_capped_by_number_of_public_bins(service, keys, bins):
 def test_count_column_has_the_count_sensitivity(service):
     plan = plan_of(service, "SELECT grp, COUNT(cost) FROM t GROUP BY grp")
     m = only(plan, "values", "cost")
-    assert (m.row_bound, m.l1) == (1, G * R)
-    assert m.l2 == pytest.approx(math.sqrt(G) * R)
+    # bounding = "scale": the engine counts in a finer grid of m.scale units (1 if "sample")
+    assert (m.row_bound, m.l1) == (1, G * R * m.scale)
+    assert m.l2 == pytest.approx(math.sqrt(G) * R * m.scale)
 
 
 def test_count_distinct_units(service):
@@ -129,10 +130,10 @@ def test_sum_alone_is_uncentred(service):
     m = only(plan_of(service, "SELECT SUM(cost) FROM t"), "sum")
     assert (m.center, m.lo, m.hi, m.granularity) == (0, lo, hi, g)
     assert m.row_bound == max(abs(lo), abs(hi))
-    assert m.l1 == R * max(abs(lo), abs(hi))
+    assert m.l1 == R * max(abs(lo), abs(hi)) * m.scale
     m = only(plan_of(service, "SELECT grp, SUM(n) FROM t GROUP BY grp"), "sum")
-    assert m.row_bound == 10 and m.l1 == G * R * 10
-    assert m.l2 == pytest.approx(math.sqrt(G) * R * 10)
+    assert m.row_bound == 10 and m.l1 == G * R * 10 * m.scale
+    assert m.l2 == pytest.approx(math.sqrt(G) * R * 10 * m.scale)
     # COUNT(*) counts rows, not the column: the sum stays uncentred
     assert only(plan_of(service, "SELECT SUM(n), COUNT(*) FROM t"), "sum").center == 0
 
@@ -142,17 +143,17 @@ def test_sum_is_centred_when_its_count_is_released(service):
     m = only(plan_of(service, "SELECT SUM(cost), COUNT(cost) FROM t"), "sum")
     assert m.center == (lo + hi) // 2
     assert m.row_bound == max(m.center - lo, hi - m.center)
-    assert m.l1 == R * m.row_bound < R * max(abs(lo), abs(hi))
+    assert m.l1 == R * m.row_bound * m.scale < R * max(abs(lo), abs(hi)) * m.scale
     m = only(plan_of(service, "SELECT SUM(n), COUNT(n) FROM t"), "sum")
-    assert (m.center, m.row_bound, m.l1) == (2, 8, R * 8)  # c = (-5 + 10) // 2
+    assert (m.center, m.row_bound, m.l1) == (2, 8, R * 8 * m.scale)  # c = (-5 + 10) // 2
 
 
 def test_avg_is_a_centred_sum_over_a_count(service):
     plan = plan_of(service, "SELECT grp, AVG(cost) FROM t GROUP BY grp", epsilon=0.8)
     s, n = only(plan, "sum", "cost"), only(plan, "values", "cost")
     lo, hi, _ = fixed(service, "cost")
-    assert s.center == (lo + hi) // 2 and s.l1 == G * R * s.row_bound
-    assert n.l1 == G * R
+    assert s.center == (lo + hi) // 2 and s.l1 == G * R * s.row_bound * s.scale
+    assert n.l1 == G * R * n.scale
     assert s.epsilon == n.epsilon == pytest.approx(0.4)
     (out,) = plan.outputs
     assert out.measures == (s.name, n.name) and (out.lower, out.upper) == (0.0, 5000.0)
@@ -165,7 +166,7 @@ def test_variance_uses_sum_of_centred_squares(service):
     span = s.row_bound**2  # centred values lie in [-8, 8]: squares in [0, 64]
     assert (span, q.center2) == (64, 32)
     assert q.row_bound == max(q.center2, span - q.center2) == 32
-    assert q.l1 == R * 32
+    assert q.l1 == R * 32 * q.scale
     assert q.granularity == s.granularity**2
 
 
@@ -326,3 +327,46 @@ def test_ranges_that_overflow_64_bit_squares_are_refused(tmp_path):
         assert conn.cursor().execute("SELECT SUM(x), SUM(y) FROM t").fetchall() == [
             (999999.0, 10**10)
         ]
+
+
+def test_rescaled_measures_count_in_a_fine_grid_of_at_least_2_to_20_units_per_row():
+    """bounding = "scale": a measure summed from row values is computed in m.scale units per
+    integer, the smallest power of two putting a row's largest value at >= 2^20 units (the
+    truncation of a pair's R/n share then loses < 2^-20 of a row); row counts stay exact."""
+    from dpsql.sql.plan import rescale_factor
+
+    assert [rescale_factor(b) for b in (1, 2, 3, 1 << 20, (1 << 20) + 1, 1 << 40)] == [
+        1 << 20,
+        1 << 19,
+        1 << 19,
+        1,
+        1,
+        1,
+    ]
+    for bound in range(1, 5000, 7):
+        scale = rescale_factor(bound)
+        assert scale * bound >= 1 << 20 and (scale == 1 or scale * bound < 1 << 21)
+
+
+def test_sampled_and_rescaled_plans_have_the_same_sensitivity_in_released_units(service):
+    sql = "SELECT grp, COUNT(*), SUM(cost), AVG(n), VAR_POP(n) FROM t GROUP BY grp"
+    scaled = plan_of(service, sql)
+    policy = service.policy
+    table = policy.tables["t"]
+    import dataclasses
+
+    sampled_policy = dataclasses.replace(
+        policy, tables={**policy.tables, "t": dataclasses.replace(table, bounding="sample")}
+    )
+    sampled_service = dpsql.Service(sampled_policy, ledger=MemoryLedger())
+    try:
+        sampled = plan_of(sampled_service, sql)
+    finally:
+        sampled_service.close()
+    assert (scaled.bounding, sampled.bounding) == ("scale", "sample")
+    for a, b in zip(scaled.measures, sampled.measures, strict=True):
+        assert b.scale == 1 and a.scale == (1 if a.kind == "rows" else a.scale)
+        assert a.l1 / a.scale == b.l1 and a.l2 / a.scale == pytest.approx(b.l2)
+        assert a.per_group_bound == b.per_group_bound * a.scale
+        assert a.mechanism.scale / a.scale == pytest.approx(b.mechanism.scale)
+    assert scaled.cost == sampled.cost
