@@ -98,11 +98,13 @@ def unregister(info: StoreInfo) -> None:
             _USERS[key] = left
 
 
-def lookup(table: TablePolicy, version: str) -> StoreInfo | None:
-    """The store built for this table policy and data version, if any (a stale one never)."""
-    info = STORES.get((table.name, version))
+def lookup(table: TablePolicy, version: str, engine: str | None = None) -> StoreInfo | None:
+    """The store built for this table policy and data version, if any (a stale one never).
+    ``engine`` ("duckdb", "spark"): that engine's stores only; None: DuckDB's, else Spark's
+    (a process running both engines on one table and version should pass it)."""
+    info = STORES.get((table.name, version)) if engine in (None, "duckdb") else None
     if info is None or info.key != store_key(table, version):
-        return _spark_lookup(table, version)
+        return _spark_lookup(table, version) if engine in (None, "spark") else None
     return info
 
 
