@@ -36,6 +36,7 @@ import numpy as np
 import sqlglot
 from sqlglot import exp
 
+from dpsql.engine import prepared
 from dpsql.engine.api import EngineResult, QueryHandle, canonical_rows, with_extras
 from dpsql.engine.duckdb_engine import _file_digest
 from dpsql.errors import OperationalError, PolicyError
@@ -528,7 +529,7 @@ class SparkEngine:
     def _render(self, compiled: CompiledQuery) -> str:
         """Spark SQL of ``compiled``; a prepared-store plan through spark_store.spark_tree
         (rewritten once per tree and literals, then rendered per secret like any other)."""
-        if not self.stores:
+        if not self.stores and not prepared.STORES:
             return compiled.render(self.dialect)
         from dpsql.engine import spark_store
 
@@ -536,7 +537,10 @@ class SparkEngine:
         hit = self._store_plans.get(key)
         if hit is None or hit[0] is not compiled.expression:
             tree = compiled.expression
-            fixed = spark_store.spark_tree(tree) if spark_store.reads_store(tree) else None
+            names = spark_store.store_tables(tree)
+            for name in names - {info.table for info in self.stores}:
+                self._lazy_store(self.policy.tables[name])
+            fixed = spark_store.spark_tree(tree, self.policy.tables) if names else None
             variant = None if fixed is None else replace(compiled, expression=fixed, _pieces={})
             if len(self._store_plans) >= 256:
                 self._store_plans.clear()
@@ -544,6 +548,19 @@ class SparkEngine:
         if hit[1] is None:
             return compiled.render(self.dialect)
         return replace(hit[1], secret=compiled.secret).render(self.dialect)
+
+    def _lazy_store(self, table: TablePolicy) -> None:
+        """A DuckDB store's plan reached this engine, which keeps no store of ``table``: its
+        derived rows as a plain view (computed per query, the same values)."""
+        from dpsql.engine import spark_store
+
+        view = spark_store.view_name(table)
+        if view not in self._views:
+            layout = prepared._layout(table)
+            self._spark.sql(
+                spark_store.build_sql(table, layout, table.name)
+            ).createOrReplaceTempView(view)
+            self._views.append(view)
 
     def fetch_matrix(self, sql: str, handle: QueryHandle | None = None) -> np.ndarray:
         """Rows of a generated DuckDB-dialect integer query (dp_rule_list pattern counts)."""

@@ -28,7 +28,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -251,19 +251,28 @@ def _cached_bytes(df: Any) -> int:
 # -- rendering a store plan for Spark ------------------------------------------------------
 
 
-def reads_store(tree: Any) -> bool:
-    """Does the compiled tree read a prepared store (this engine's view, or a DuckDB file)?"""
+def store_tables(tree: Any) -> set[str]:
+    """The tables whose prepared store the compiled tree reads (this engine's view of it, or a
+    DuckDB store: in memory the same name, on disk the catalog ``__dp_p_<table>``)."""
     from sqlglot import exp
 
-    return any(
-        t.name.startswith(f"{PREFIX}store_") or t.db.startswith(f"{PREFIX}p_")
-        for t in tree.find_all(exp.Table)
-    )
+    names = set()
+    for t in tree.find_all(exp.Table):
+        if t.name.startswith(f"{PREFIX}store_") and not t.db:
+            names.add(t.name[len(f"{PREFIX}store_") :])
+        elif t.db.startswith(f"{PREFIX}p_"):
+            names.add(t.db[len(f"{PREFIX}p_") :])
+    return names
 
 
-def spark_tree(tree: Any) -> Any:
+def spark_tree(tree: Any, tables: Mapping[str, TablePolicy]) -> Any:
     """A copy of a store plan's tree that Spark runs with DuckDB's integer semantics.
 
+    - A tree compiled against a DuckDB store (``compile_plan``'s lookup is engine-blind: one
+      process may run both engines on one table and version) reads this engine's view, and
+      its hash mix ``XOR(__dp_h, HASH(secret))`` -- a DuckDB identity -- becomes the keyed
+      hash of the stored columns, as the plan without a store orders rows (the columns pass
+      through the window where the mix did).
     - ``CAST(x AS INT128)`` (DuckDB's HUGEINT, a count times a centre) is ``DECIMAL(38, 0)``:
       Spark has no 128-bit integer type.
     - The ``direct`` phase sums every row of a group, not at most R per pair: its sums take
@@ -281,6 +290,8 @@ def spark_tree(tree: Any) -> Any:
         return node
 
     tree = tree.transform(widen)
+    for name in store_tables(tree):
+        _own_store(tree, tables[name])
     for cte in tree.find_all(exp.CTE):
         if cte.alias != "direct":
             continue
@@ -289,3 +300,29 @@ def spark_tree(tree: Any) -> Any:
             if not (isinstance(inner, exp.Cast) and inner.to.this == exp.DataType.Type.DECIMAL):
                 total.set("this", exp.Cast(this=inner, to=_decimal(38, 0)))
     return tree
+
+
+def _own_store(tree: Any, table: TablePolicy) -> None:
+    """Point a DuckDB store plan of ``table`` at this engine's view, without the hash mix."""
+    from sqlglot import exp
+
+    from dpsql.sql import compile as c
+
+    for t in list(tree.find_all(exp.Table)):
+        if t.db == f"{PREFIX}p_{table.name}":
+            t.set("db", None)
+            t.set("this", exp.to_identifier(view_name(table)))
+    mix = f"{PREFIX}h"
+    stored = [n for n in table.columns if table.columns[n].expr is None]
+    for xor in list(tree.find_all(exp.BitwiseXor)):
+        if isinstance(xor.this, exp.Column) and xor.this.name == mix:
+            secret = xor.expression.expressions[-1].copy()
+            xor.replace(c.KeyedHash(expressions=[*(c._quoted(n) for n in stored), secret]))
+    for select in list(tree.find_all(exp.Select)):
+        items = select.expressions
+        if not any(isinstance(i, exp.Column) and i.name == mix for i in items):
+            continue
+        have = {i.alias_or_name for i in items}
+        fresh = [c._quoted(n) for n in stored if n not in have]
+        kept = [i for i in items if not (isinstance(i, exp.Column) and i.name == mix)]
+        select.set("expressions", [*kept, *fresh])
