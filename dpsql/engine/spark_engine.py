@@ -556,10 +556,13 @@ class SparkEngine:
 
         view = spark_store.view_name(table)
         if view not in self._views:
-            layout = prepared._layout(table)
-            self._spark.sql(
-                spark_store.build_sql(table, layout, table.name)
-            ).createOrReplaceTempView(view)
+            sql = spark_store.build_sql(table, prepared._layout(table), table.name)
+            try:
+                self._spark.sql(sql).createOrReplaceTempView(view)
+            except Exception as exc:  # analysis only, no row read: the class is enough
+                raise OperationalError(
+                    f"engine error: {_spark_condition(exc)}", hint="please report this query"
+                ) from None
             self._views.append(view)
 
     def fetch_matrix(self, sql: str, handle: QueryHandle | None = None) -> np.ndarray:

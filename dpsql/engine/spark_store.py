@@ -216,6 +216,8 @@ def _write(spark: Any, sql: str, path: Path, key: str, version: str) -> None:
         meta = {"key": key, "version": version, "format": FORMAT, "engine": "spark"}
         (tmp / META).write_text(json.dumps(meta))
         _owner_only(tmp)
+        if _valid(path, key):  # another process finished the same store first: keep it
+            return
         if path.exists():  # a stale or tampered store under this name: never read
             shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
