@@ -34,9 +34,9 @@ _ENGINE_KEYS = {
     "concurrent queries (dpsql serve)",
     "perfect_hash_bits": "DuckDB: group keys of up to this many bits (integer columns with a "
     "known range) aggregate in a perfect hash table (default 12)",
-    "prepared": 'DuckDB: a prepared store per data version (dpsql.engine.prepared): "off" '
+    "prepared": 'a prepared store per data version (dpsql.engine.prepared, spark_store): "off" '
     '(default), "memory", or "disk" (a file next to the ledger, reused across processes)',
-    "prepared_dir": "DuckDB: where disk stores go (default: the ledger's directory)",
+    "prepared_dir": "where disk stores go (default: the ledger's directory)",
 }
 
 _PRIVACY_KEYS = {
@@ -450,7 +450,7 @@ def _engine(rep: _Reporter, spec: Any) -> EngineConfig:
     prepared_dir = spec.get("prepared_dir")
     if prepared_dir is not None and (not isinstance(prepared_dir, str) or not prepared_dir):
         raise rep.fail("engine.prepared_dir", "must be a directory path", 'e.g. "store/"')
-    for key in ("perfect_hash_bits", "threads", "prepared", "prepared_dir"):
+    for key in ("perfect_hash_bits", "threads"):  # the Spark engine has a store too
         if name != "duckdb" and key in spec:
             raise rep.fail(f"engine.{key}", "only the DuckDB engine takes it", "remove it")
     if name != "spark" and (master is not None or conf):

@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -97,12 +98,20 @@ def unregister(info: StoreInfo) -> None:
             _USERS[key] = left
 
 
-def lookup(table: TablePolicy, version: str) -> StoreInfo | None:
-    """The store built for this table policy and data version, if any (a stale one never)."""
-    info = STORES.get((table.name, version))
+def lookup(table: TablePolicy, version: str, engine: str | None = None) -> StoreInfo | None:
+    """The store built for this table policy and data version, if any (a stale one never).
+    ``engine`` ("duckdb", "spark"): that engine's stores only; None: DuckDB's, else Spark's
+    (a process running both engines on one table and version should pass it)."""
+    info = STORES.get((table.name, version)) if engine in (None, "duckdb") else None
     if info is None or info.key != store_key(table, version):
-        return None
+        return _spark_lookup(table, version) if engine in (None, "spark") else None
     return info
+
+
+def _spark_lookup(table: TablePolicy, version: str) -> StoreInfo | None:
+    """A Spark engine's store (dpsql.engine.spark_store), if that module is in use at all."""
+    spark_store = sys.modules.get("dpsql.engine.spark_store")
+    return None if spark_store is None else spark_store.lookup(table, version)
 
 
 def store_key(table: TablePolicy, version: str) -> str:

@@ -27,6 +27,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
@@ -35,6 +36,7 @@ import numpy as np
 import sqlglot
 from sqlglot import exp
 
+from dpsql.engine import prepared
 from dpsql.engine.api import EngineResult, QueryHandle, canonical_rows, with_extras
 from dpsql.engine.duckdb_engine import _file_digest
 from dpsql.errors import OperationalError, PolicyError
@@ -284,8 +286,13 @@ class SparkEngine:
             self._spark.conf.set("spark.sql.ansi.enabled", "false")
             self._views: list[str] = []
             self._persisted: list[Any] = []
+            self.stores: list[Any] = []
+            # id(tree), literals -> (tree, its Spark store variant or None): see _render
+            self._store_plans: dict[tuple[int, Any], tuple[Any, Any]] = {}
             for table in policy.tables.values():
                 self._load(table)
+            if getattr(config, "prepared", "off") != "off":
+                self._prepare()
         except BaseException:
             self.close()
             raise
@@ -361,6 +368,39 @@ class SparkEngine:
         )
         selected.createOrReplaceTempView(table.name)
         self._views.append(table.name)
+
+    def _prepare(self) -> None:
+        """Build or reuse each table's prepared store (dpsql.engine.spark_store); the compiler
+        finds them through ``prepared.lookup``."""
+        from dpsql.engine import prepared, spark_store
+
+        mode = self.policy.engine.prepared
+        directory = prepared.store_directory(self.policy) if mode == "disk" else None
+        for table in self.policy.tables.values():
+            try:
+                made = spark_store.prepare_table(
+                    self._spark,
+                    table,
+                    self.versions.get(table.name, ""),
+                    directory=directory,
+                    source=table.name,
+                    storage_level=self._storage_level(),
+                )
+            except Exception as exc:
+                raise PolicyError(
+                    f"tables.{table.name}: cannot build its prepared store "
+                    f"({_spark_condition(exc)})",
+                    construct=f"tables.{table.name}",
+                    hint='set [engine] prepared = "off", or fix the source',
+                ) from None
+            if made is None:
+                continue
+            info, cached = made
+            self._views.append(info.relation)
+            if cached is not None:
+                self._persisted.append(cached)
+            spark_store.register(info)
+            self.stores.append(info)
 
     def _storage_level(self) -> Any:
         from pyspark import StorageLevel
@@ -475,7 +515,7 @@ class SparkEngine:
                     df.unpersist()
 
     def execute(self, compiled: CompiledQuery, handle: QueryHandle | None = None) -> EngineResult:
-        rows = self._run(compiled.render(self.dialect), handle, lambda df: df.collect())
+        rows = self._run(self._render(compiled), handle, lambda df: df.collect())
         nk = len(compiled.key_columns)
         key_rows = [tuple(_python_key(v) for v in r[:nk]) for r in rows]
         measures = [
@@ -485,6 +525,45 @@ class SparkEngine:
         # engines describe results identically.
         main = EngineResult(key_rows, measures, ())
         return with_extras(main, compiled.extras, lambda query: self.execute(query, handle))
+
+    def _render(self, compiled: CompiledQuery) -> str:
+        """Spark SQL of ``compiled``; a prepared-store plan through spark_store.spark_tree
+        (rewritten once per tree and literals, then rendered per secret like any other)."""
+        if not self.stores and not prepared.STORES:
+            return compiled.render(self.dialect)
+        from dpsql.engine import spark_store
+
+        key = (id(compiled.expression), compiled.swaps)
+        hit = self._store_plans.get(key)
+        if hit is None or hit[0] is not compiled.expression:
+            tree = compiled.expression
+            names = spark_store.store_tables(tree)
+            for name in names - {info.table for info in self.stores}:
+                self._lazy_store(self.policy.tables[name])
+            fixed = spark_store.spark_tree(tree, self.policy.tables) if names else None
+            variant = None if fixed is None else replace(compiled, expression=fixed, _pieces={})
+            if len(self._store_plans) >= 256:
+                self._store_plans.clear()
+            hit = self._store_plans[key] = (tree, variant)
+        if hit[1] is None:
+            return compiled.render(self.dialect)
+        return replace(hit[1], secret=compiled.secret).render(self.dialect)
+
+    def _lazy_store(self, table: TablePolicy) -> None:
+        """A DuckDB store's plan reached this engine, which keeps no store of ``table``: its
+        derived rows as a plain view (computed per query, the same values)."""
+        from dpsql.engine import spark_store
+
+        view = spark_store.view_name(table)
+        if view not in self._views:
+            sql = spark_store.build_sql(table, prepared._layout(table), table.name)
+            try:
+                self._spark.sql(sql).createOrReplaceTempView(view)
+            except Exception as exc:  # analysis only, no row read: the class is enough
+                raise OperationalError(
+                    f"engine error: {_spark_condition(exc)}", hint="please report this query"
+                ) from None
+            self._views.append(view)
 
     def fetch_matrix(self, sql: str, handle: QueryHandle | None = None) -> np.ndarray:
         """Rows of a generated DuckDB-dialect integer query (dp_rule_list pattern counts)."""
@@ -496,6 +575,12 @@ class SparkEngine:
         return canonical_rows(np.array([tuple(r) for r in rows], dtype=np.int64))
 
     def close(self) -> None:
+        if getattr(self, "stores", None):
+            from dpsql.engine import spark_store
+
+            for info in self.stores:
+                spark_store.unregister(info)
+            self.stores = []
         spark = getattr(self, "_spark", None)
         if spark is not None:
             for view in getattr(self, "_views", []):

@@ -1,0 +1,330 @@
+"""The prepared store on Spark: the DuckDB store's layout (dpsql.engine.prepared), as Parquet.
+
+Per table and data version the Spark engine derives the same rows the DuckDB store holds --
+every declared column, ``__dp_un`` (rows of the unit), ``__dp_pr<i>`` (rows of the (unit, value)
+pair), ``__dp_g<i>`` (distinct values of column i in the unit, NULL counted) and ``__dp_fp<i>``
+(the fixed-point integer, :func:`dpsql.sql.compile.fixed_point_expr` rendered in Spark SQL, so
+the very value the plan without a store computes per query) -- ordered by (unit rows, unit):
+a unit's rows stay together and Parquet's row-group statistics on ``__dp_un`` let a scan of the
+units over R skip the small ones. No hash mix: ``XOR(mix, HASH(s)) = HASH(cols, s)`` is a
+property of DuckDB's HASH, not of Spark's xxhash64, so the store plan hashes the stored columns
+as the plain plan does (dpsql.sql.prepared_plan falls back when ``hash_mix`` is None).
+
+``[engine] prepared = "memory"`` caches the derived rows in the engine's session (memory, then
+disk); ``"disk"`` writes ``<table>-<key>.spark.parquet`` (a Parquet directory, owner-only) under
+the store directory, through a temporary directory renamed into place, and reuses it while its
+metadata file carries this very key (format, Spark's version, data version, every column
+declaration). Either way the rows are a temporary view named like the DuckDB in-memory store,
+registered here (``STORES``) and found by ``compile_plan`` through ``prepared.lookup``. Nothing
+of it is ever released: it only changes how the same exact measures are computed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from dpsql.engine import prepared
+from dpsql.engine.prepared import PREFIX, StoreInfo
+from dpsql.policy import TablePolicy
+
+FORMAT = 1  # bump when the Spark layout changes: old directories are then never matched
+META = "_dpsql_store.json"  # a leading underscore: Spark's Parquet reader skips the file
+
+# (table name, data version) -> the Spark store built for it; a refcount per entry
+STORES: dict[tuple[str, str], StoreInfo] = {}
+_USERS: dict[tuple[str, str], int] = {}
+_LOCK = threading.Lock()
+
+
+def register(info: StoreInfo) -> None:
+    with _LOCK:
+        key = (info.table, info.version)
+        STORES[key] = info
+        _USERS[key] = _USERS.get(key, 0) + 1
+
+
+def unregister(info: StoreInfo) -> None:
+    with _LOCK:
+        key = (info.table, info.version)
+        left = _USERS.get(key, 0) - 1
+        if left > 0:
+            _USERS[key] = left
+            return
+        _USERS.pop(key, None)
+        if key in STORES and STORES[key].key == info.key:
+            STORES.pop(key, None)
+
+
+def lookup(table: TablePolicy, version: str) -> StoreInfo | None:
+    """The Spark store of this table policy and data version, if any (a stale one never)."""
+    info = STORES.get((table.name, version))
+    if info is None or info.key != store_key(table, version):
+        return None
+    return info
+
+
+def store_key(table: TablePolicy, version: str) -> str:
+    """What a Spark store depends on: its format, Spark's version (its rounding and casts),
+    the data version and every column declaration of the table."""
+    import pyspark
+
+    cols = [
+        (c.name, c.type, c.lower, c.upper, c.values, c.nullable, c.granularity)
+        for c in prepared.stored_columns(table)
+    ]
+    text = repr(
+        ("spark", FORMAT, pyspark.__version__, table.name, version, table.privacy_unit, cols)
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def view_name(table: TablePolicy) -> str:
+    """The store's temporary view: the name the DuckDB in-memory store has."""
+    return f"{PREFIX}store_{table.name}"
+
+
+def _q(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def build_sql(table: TablePolicy, layout: dict[str, Any], source: str) -> str:
+    """Spark SQL of the derived rows: the typed rows of ``source`` (the engine's view of the
+    table), their fixed-point columns and their unit's statistics, ordered by (unit rows, unit)."""
+    from dpsql.sql.compile import fixed_point_expr, render
+
+    src = _q(source)
+    fixed = [
+        f"{render(fixed_point_expr(table.columns[name], lo, hi), 'spark')} AS {fp}"
+        for name, (lo, hi, fp) in layout["fixed"].items()
+    ]
+    rows = f"SELECT {', '.join(['*', *fixed])} FROM {src}"
+    unit = table.privacy_unit
+    if unit is None:
+        return rows
+    u = _q(unit)
+    per_unit = [f"COUNT(*) AS {PREFIX}un"]
+    for name, g in layout["keys"].items():
+        c = _q(name)
+        per_unit.append(
+            f"COUNT(DISTINCT {c}) + MAX(CASE WHEN {c} IS NULL THEN 1 ELSE 0 END) AS {g}"
+        )
+    ctes = [f"r AS ({rows})", f"u AS (SELECT {u}, {', '.join(per_unit)} FROM {src} GROUP BY {u})"]
+    joins = [f"LEFT JOIN u ON r.{u} <=> u.{u}"]
+    items = ["r.*", f"COALESCE(u.{PREFIX}un, 0) AS {PREFIX}un"]
+    items += [f"COALESCE(u.{g}, 0) AS {g}" for g in layout["keys"].values()]
+    for j, (name, pr) in enumerate(layout["pair"].items()):
+        c = _q(name)
+        ctes.append(f"p{j} AS (SELECT {u}, {c}, COUNT(*) AS {pr} FROM {src} GROUP BY {u}, {c})")
+        joins.append(f"LEFT JOIN p{j} ON r.{u} <=> p{j}.{u} AND r.{c} <=> p{j}.{c}")
+        items.append(f"COALESCE(p{j}.{pr}, 0) AS {pr}")
+    return (
+        f"WITH {', '.join(ctes)} SELECT {', '.join(items)} FROM r {' '.join(joins)} "
+        f"ORDER BY {PREFIX}un, r.{u}"
+    )
+
+
+def prepare_table(
+    spark: Any,
+    table: TablePolicy,
+    version: str,
+    *,
+    directory: Path | None,
+    source: str,
+    storage_level: Any,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[StoreInfo, Any] | None:
+    """Build (or, on disk, reuse) the store of ``table`` at ``version`` in ``spark`` and make
+    it the view :func:`view_name`; also returns the cached DataFrame (the engine unpersists it
+    on close). None where the DuckDB store would keep none (an internal name clash, a public or
+    unit_path table, a disk store without a data version)."""
+    if any(name.startswith(PREFIX) for name in table.columns) or table.public:
+        return None
+    if table.joined is not None or (directory is not None and not version):
+        return None
+    say = progress or (lambda _text: None)
+    key = store_key(table, version)
+    layout = prepared._layout(table)
+    started = time.perf_counter()
+    sql = build_sql(table, layout, source)
+    path: Path | None = None
+    reused = False
+    if directory is None:
+        say(f"{table.name}: building the Spark prepared store in memory")
+        df = spark.sql(sql).persist(storage_level)
+    else:
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{table.name}-{key[:24]}.spark.parquet"
+        reused = _valid(path, key)
+        if not reused:
+            say(f"{table.name}: building the Spark prepared store {path}")
+            _write(spark, sql, path, key, version)
+            _remove_stale(directory, table.name, path)
+        df = spark.read.parquet(str(path))
+    rows = int(df.count())  # a cached store is computed here, once
+    df.createOrReplaceTempView(view_name(table))
+    size = _dir_bytes(path) if path is not None else _cached_bytes(df)
+    seconds = time.perf_counter() - started
+    info = StoreInfo(
+        table=table.name,
+        version=version,
+        key=key,
+        catalog=None,
+        relation=view_name(table),
+        unit_rows=f"{PREFIX}un" if table.privacy_unit is not None else None,
+        pair_rows=dict(layout["pair"]),
+        unit_keys=dict(layout["keys"]),
+        fixed=dict(layout["fixed"]),
+        hash_mix=None,
+        rows=rows,
+        build_seconds=seconds,
+        bytes=size,
+        path=str(path) if path is not None else None,
+        reused=reused,
+    )
+    say(
+        f"{table.name}: Spark store {'reused' if reused else 'built'} in {seconds:.1f} s, "
+        f"{rows:,} rows, {size / 2**20:.1f} MiB"
+    )
+    return info, (df if directory is None else None)
+
+
+def _valid(path: Path, key: str) -> bool:
+    """An existing directory is used only if its metadata file carries this very key."""
+    try:
+        meta = json.loads((path / META).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("key") == key
+
+
+def _write(spark: Any, sql: str, path: Path, key: str, version: str) -> None:
+    """Write the Parquet directory beside its final name, then rename it into place: a reader
+    sees no directory or a whole one (its metadata file is written last)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        spark.sql(sql).write.mode("overwrite").parquet(str(tmp))
+        meta = {"key": key, "version": version, "format": FORMAT, "engine": "spark"}
+        (tmp / META).write_text(json.dumps(meta))
+        _owner_only(tmp)
+        if _valid(path, key):  # another process finished the same store first: keep it
+            return
+        if path.exists():  # a stale or tampered store under this name: never read
+            shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _owner_only(directory: Path) -> None:
+    """A copy of the private rows: readable by the operator only."""
+    os.chmod(directory, 0o700)
+    for item in directory.rglob("*"):
+        os.chmod(item, 0o700 if item.is_dir() else 0o600)
+
+
+def _remove_stale(directory: Path, table: str, keep: Path) -> None:
+    """Spark stores of this table for another version or policy: never read again."""
+    for old in directory.glob(f"{table}-*.spark.parquet"):
+        if old != keep:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _cached_bytes(df: Any) -> int:
+    """The optimizer's size of the cached relation (the operator's report only)."""
+    with contextlib.suppress(Exception):
+        return int(str(df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()))
+    return 0
+
+
+# -- rendering a store plan for Spark ------------------------------------------------------
+
+
+def store_tables(tree: Any) -> set[str]:
+    """The tables whose prepared store the compiled tree reads (this engine's view of it, or a
+    DuckDB store: in memory the same name, on disk the catalog ``__dp_p_<table>``)."""
+    from sqlglot import exp
+
+    names = set()
+    for t in tree.find_all(exp.Table):
+        if t.name.startswith(f"{PREFIX}store_") and not t.db:
+            names.add(t.name[len(f"{PREFIX}store_") :])
+        elif t.db.startswith(f"{PREFIX}p_"):
+            names.add(t.db[len(f"{PREFIX}p_") :])
+    return names
+
+
+def spark_tree(tree: Any, tables: Mapping[str, TablePolicy]) -> Any:
+    """A copy of a store plan's tree that Spark runs with DuckDB's integer semantics.
+
+    - A tree compiled against a DuckDB store (``compile_plan``'s lookup is engine-blind: one
+      process may run both engines on one table and version) reads this engine's view, and
+      its hash mix ``XOR(__dp_h, HASH(secret))`` -- a DuckDB identity -- becomes the keyed
+      hash of the stored columns, as the plan without a store orders rows (the columns pass
+      through the window where the mix did).
+    - ``CAST(x AS INT128)`` (DuckDB's HUGEINT, a count times a centre) is ``DECIMAL(38, 0)``:
+      Spark has no 128-bit integer type.
+    - The ``direct`` phase sums every row of a group, not at most R per pair: its sums take
+      DECIMAL(38, 0) arguments, since Spark's SUM(BIGINT) wraps around silently past 2^63
+      where DuckDB's widens (the uncentred sums of squares of the store plan reach it within
+      ~10^8 rows). A row-level plan's outer sums are already widened by the renderer.
+    """
+    from sqlglot import exp
+
+    from dpsql.sql.compile import _decimal
+
+    def widen(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.DataType) and node.this == exp.DataType.Type.INT128:
+            return _decimal(38, 0)
+        return node
+
+    tree = tree.transform(widen)
+    for name in store_tables(tree):
+        _own_store(tree, tables[name])
+    for cte in tree.find_all(exp.CTE):
+        if cte.alias != "direct":
+            continue
+        for total in list(cte.this.find_all(exp.Sum)):
+            inner = total.this
+            if not (isinstance(inner, exp.Cast) and inner.to.this == exp.DataType.Type.DECIMAL):
+                total.set("this", exp.Cast(this=inner, to=_decimal(38, 0)))
+    return tree
+
+
+def _own_store(tree: Any, table: TablePolicy) -> None:
+    """Point a DuckDB store plan of ``table`` at this engine's view, without the hash mix."""
+    from sqlglot import exp
+
+    from dpsql.sql import compile as c
+
+    for t in list(tree.find_all(exp.Table)):
+        if t.db == f"{PREFIX}p_{table.name}":
+            t.set("db", None)
+            t.set("this", exp.to_identifier(view_name(table)))
+    mix = f"{PREFIX}h"
+    stored = [n for n in table.columns if table.columns[n].expr is None]
+    for xor in list(tree.find_all(exp.BitwiseXor)):
+        if isinstance(xor.this, exp.Column) and xor.this.name == mix:
+            secret = xor.expression.expressions[-1].copy()
+            xor.replace(c.KeyedHash(expressions=[*(c._quoted(n) for n in stored), secret]))
+    for select in list(tree.find_all(exp.Select)):
+        items = select.expressions
+        if not any(isinstance(i, exp.Column) and i.name == mix for i in items):
+            continue
+        have = {i.alias_or_name for i in items}
+        fresh = [c._quoted(n) for n in stored if n not in have]
+        kept = [i for i in items if not (isinstance(i, exp.Column) and i.name == mix)]
+        select.set("expressions", [*kept, *fresh])
