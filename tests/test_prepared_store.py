@@ -345,3 +345,42 @@ def test_joins_and_unit_path_tables_keep_the_plain_plan():
     finally:
         on.close()
         off.close()
+
+
+def test_unfiltered_plans_read_the_stored_pair_partials(gen_csv):
+    """No WHERE, no key or one small-domain key: the pairs come from the stored partials (no
+    row is read; exactness is the generated test above); a WHERE, two keys, an expression key or
+    sampling read the rows."""
+    policy = table_policy(gen_csv, GEN_COLUMNS, unit="uid", rows=2, groups=2)
+    svc = _service(_with_store(policy))
+    sampled_policy = table_policy(gen_csv, GEN_COLUMNS, unit="uid", rows=2, groups=2)
+    sampled_policy["tables"]["t"]["bounding"] = "sample"
+    sampled = _service(_with_store(sampled_policy))
+    try:
+        settings = Settings.from_policy(svc.policy)
+
+        def sql_of(service, q):
+            return compile_plan(service.plan(parse_statement(q, service.policy), settings), 1).sql
+
+        partial = {
+            "SELECT dept, COUNT(*), SUM(score), AVG(score) FROM t GROUP BY dept": "_pairs",
+            "SELECT COUNT(*), SUM(amount), VARIANCE(score) FROM t": "_units",
+            "SELECT flag, COUNT(*) FROM t GROUP BY flag": "_pairs",
+        }
+        for q, relation in partial.items():
+            text = sql_of(svc, q)
+            assert f"__dp_store_t{relation}" in text and "__dp_store_t " not in text, q
+        rows = [
+            "SELECT dept, SUM(score) FROM t WHERE age > 3 GROUP BY dept",
+            "SELECT dept, flag, SUM(score) FROM t GROUP BY dept, flag",
+            "SELECT FLOOR(age / 10), SUM(score) FROM t GROUP BY 1",
+            "SELECT dept, SUM(score * 2) FROM t GROUP BY dept",  # a computed value
+        ]
+        for q in rows:
+            assert "__dp_store_t_" not in sql_of(svc, q), q
+        # sampling keeps rows: only its counts-only plans may read the partials
+        assert "__dp_store_t_" not in sql_of(sampled, "SELECT SUM(score) FROM t")
+        assert "__dp_store_t_units" in sql_of(sampled, "SELECT COUNT(*) FROM t")
+    finally:
+        svc.close()
+        sampled.close()

@@ -72,21 +72,33 @@ def _trunc_div(a: int, b: int) -> int:
 
 
 def _reference(rows: list[tuple], plan, where=lambda r: True) -> dict[tuple, list[int]]:
-    """Per dept: Σ_pairs min(n, R), Σ_pairs trunc(v·M·min(n, R)/n) per value measure."""
+    """Per dept: Σ_pairs min(n, R) and Σ_pairs trunc(v·M·min(n, R)/n) per value measure; with
+    plan.group_scaling (G below the 3 depts) each of a unit's k > G pairs times min(k, G)/k,
+    truncated again (counts: trunc(min(n, R)·M·min(k, G)/k))."""
     pairs: dict[tuple, list[tuple]] = defaultdict(list)
     for r in rows:
         if where(r):
             pairs[(r[0], r[1])].append(r)
+    k_of: dict[int, int] = defaultdict(int)
+    for uid, _ in pairs:
+        k_of[uid] += 1
+    G = plan.max_groups
     out: dict[tuple, list[int]] = defaultdict(lambda: [0] * len(plan.measures))
-    for (_, dept), members in pairs.items():
-        n = len(members)
+    for (uid, dept), members in pairs.items():
+        n, k = len(members), k_of[uid]
         for j, m in enumerate(plan.measures):
             if m.kind == "rows":
-                out[(dept,)][j] += min(n, R)
+                value = min(n, R)
+                if plan.group_scaling:
+                    value = _trunc_div(value * m.scale * min(k, G), k)
+                out[(dept,)][j] += value
                 continue
             ages = [min(max(r[2], 0), 90) for r in members if r[2] is not None]
             v = len(ages) if m.kind == "values" else sum(a - m.center for a in ages)
-            out[(dept,)][j] += _trunc_div(v * m.scale * min(n, R), n)
+            value = _trunc_div(v * m.scale * min(n, R), n)
+            if plan.group_scaling:
+                value = _trunc_div(value * min(k, G), k)
+            out[(dept,)][j] += value
     return dict(out)
 
 
@@ -108,6 +120,24 @@ def test_the_engine_computes_the_rescaled_sums_exactly(data):
         plan, got = _exact(conn, sql.replace("GROUP BY", "WHERE day <= 10 GROUP BY"))
         # n is the pair's rows after the WHERE: a pair the filter leaves within R is whole
         assert got == _reference(rows, plan, where=lambda r: r[3] <= 10)
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("where", [None, "day <= 10"])
+def test_units_over_g_groups_keep_all_of_them_at_g_over_k(data, where):
+    """G = 2 below the 3 public depts: every pair counts, times min(k, G)/k (k = the unit's
+    pairs after the WHERE); row counts in a fine grid too (a Python reference)."""
+    path, rows = data
+    conn = exact_connect(_policy(path, groups=2))
+    try:
+        sql = "SELECT dept, COUNT(*), SUM(age), COUNT(age) FROM t GROUP BY dept"
+        if where:
+            sql = sql.replace("GROUP BY", f"WHERE {where} GROUP BY")
+        plan, got = _exact(conn, sql)
+        assert plan.group_scaling and [m.scale for m in plan.measures] == [2**20, 2**15, 2**20]
+        keep = (lambda r: r[3] <= 10) if where else (lambda r: True)
+        assert got == _reference(rows, plan, where=keep)
     finally:
         conn.close()
 
@@ -208,13 +238,18 @@ def test_one_unit_moves_each_measure_within_its_sensitivity(tmp_path, sql):
     _check_neighbours(tmp_path, _worst_rows(), sql, groups=2)
 
 
-def test_the_worst_case_unit_reaches_the_bound(tmp_path):
-    """Unit 999 has 20 rows at the bound in each dept (uncentred SUM: its bound is 90): removing
-    it moves SUM(age) by exactly R · 90 in each of the G groups it keeps (in fine units)."""
+@pytest.mark.parametrize("bounding", ["scale", "sample"])
+def test_the_worst_case_unit_reaches_the_bound(tmp_path, bounding):
+    """Unit 999 has 20 rows at the bound in each of its 3 depts (uncentred SUM: its bound is
+    90), G = 2. Sampled, removing it moves SUM(age) by exactly R · 90 in the 2 groups it keeps;
+    rescaled, by 2/3 of that in each of its 3 groups: the same L1, G · R · 90 (fine units)."""
     rows = _worst_rows()
-    full = exact_connect(_policy(write_csv(tmp_path / "f.csv", list(COLUMNS), rows), 2))
+    less_rows = [r for r in rows if r[0] != 999]
+    full = exact_connect(
+        _policy(write_csv(tmp_path / "f.csv", list(COLUMNS), rows), 2, bounding=bounding)
+    )
     less = exact_connect(
-        _policy(write_csv(tmp_path / "l.csv", list(COLUMNS), [r for r in rows if r[0] != 999]), 2)
+        _policy(write_csv(tmp_path / "l.csv", list(COLUMNS), less_rows), 2, bounding=bounding)
     )
     try:
         sql = "SELECT dept, SUM(age) FROM t GROUP BY dept"
@@ -222,8 +257,12 @@ def test_the_worst_case_unit_reaches_the_bound(tmp_path):
         _, b = _exact(less, sql)
         (m,) = plan.measures
         moves = sorted(abs(a[k][0] - b.get(k, [0])[0]) for k in a)
-        assert moves == [0, m.per_group_bound, m.per_group_bound]  # G = 2 of its 3 groups
-        assert m.per_group_bound == R * 90 * m.scale and sum(moves) == m.l1
+        bound = m.per_group_bound
+        assert bound == R * 90 * m.scale and sum(moves) == m.l1
+        if bounding == "sample":
+            assert moves == [0, bound, bound]  # G = 2 of its 3 groups, chosen by keyed hash
+        else:
+            assert plan.group_scaling and moves == [bound * 2 // 3] * 3  # all 3, at G/k = 2/3
     finally:
         full.close()
         less.close()

@@ -82,8 +82,11 @@ def test_count_group_by_public_key(service):
     plan = plan_of(service, "SELECT grp, COUNT(*) FROM t GROUP BY grp")  # 6 bins >= G
     m = only(plan, "rows")
     assert plan.max_groups == G
-    assert m.l1 == G * R
-    assert m.l2 == pytest.approx(math.sqrt(G) * R)
+    # more bins than G (public keys, rescaled): a unit's k groups count G/k each, so the count
+    # is in a fine grid of m.scale units per row (1 when G groups are chosen by hash)
+    assert plan.group_scaling and m.scale == 2**20
+    assert m.l1 == G * R * m.scale
+    assert m.l2 == pytest.approx(math.sqrt(G) * R * m.scale)
 
 
 @pytest.mark.parametrize(
@@ -95,8 +98,9 @@ def test_groups_capped_by_number_of_public_bins(service, keys, bins):
     assert plan.threshold is None
     assert plan.max_groups == min(G, bins)
     m = only(plan, "rows")
-    assert m.l1 == min(G, bins) * R
-    assert m.l2 == pytest.approx(math.sqrt(min(G, bins)) * R)
+    assert plan.group_scaling == (bins > G) and m.scale == (2**20 if bins > G else 1)
+    assert m.l1 == min(G, bins) * R * m.scale
+    assert m.l2 == pytest.approx(math.sqrt(min(G, bins)) * R * m.scale)
 
 
 def test_count_column_has_the_count_sensitivity(service):
@@ -111,8 +115,8 @@ def test_count_distinct_units(service):
     m = only(plan_of(service, "SELECT COUNT(DISTINCT uid) FROM t"), "units")
     assert (m.per_group_bound, m.l1, m.l2) == (1, 1, 1)
     m = only(plan_of(service, "SELECT grp, COUNT(DISTINCT uid) FROM t GROUP BY grp"), "units")
-    assert (m.per_group_bound, m.l1) == (1, G)
-    assert m.l2 == pytest.approx(math.sqrt(G))
+    assert (m.per_group_bound, m.l1) == (m.scale, G * m.scale)  # G/k per group: fine grid
+    assert m.l2 == pytest.approx(math.sqrt(G) * m.scale)
 
 
 def test_row_level_table_has_r_and_g_of_one(service):
@@ -365,7 +369,7 @@ def test_sampled_and_rescaled_plans_have_the_same_sensitivity_in_released_units(
         sampled_service.close()
     assert (scaled.bounding, sampled.bounding) == ("scale", "sample")
     for a, b in zip(scaled.measures, sampled.measures, strict=True):
-        assert b.scale == 1 and a.scale == (1 if a.kind == "rows" else a.scale)
+        assert b.scale == 1 and a.scale >= 1
         assert a.l1 / a.scale == b.l1 and a.l2 / a.scale == pytest.approx(b.l2)
         assert a.per_group_bound == b.per_group_bound * a.scale
         assert a.mechanism.scale / a.scale == pytest.approx(b.mechanism.scale)

@@ -14,8 +14,12 @@ Built once in DuckDB when a source is loaded (``[engine] prepared = "memory"`` o
   with HASH(s) as ``((h ^ h >> 32) * K) ^ HASH(s)``; the store keeps ``(h ^ h >> 32) * K`` mod
   2^64, checked at build on the rows themselves (no column if DuckDB combines otherwise);
 
-rows clustered by unit, ordered by the unit's row count (a unit's rows stay together, and a
-scan of the units over R skips, by DuckDB's zone maps, the row groups of the small ones). A
+and, beside it, per privacy unit and per (unit, value) of each small-domain column, the row count
+and each fixed-point column's sum, sum of squares and count (``partials``): a query with no
+filter and no key or one such key reads its (unit, group) pairs there instead of aggregating
+the rows. Rows are clustered by unit, ordered by the unit's row count (a unit's rows stay
+together, and a scan of the units over R skips, by DuckDB's zone maps, the row groups of the
+small ones). A
 store is keyed by the data version and the table's policy: another version or policy never
 reads it (``STORES`` maps (table, version) to the one built for it), and a disk store's file
 name and metadata carry that key.
@@ -44,7 +48,7 @@ import duckdb
 from dpsql.policy import ColumnPolicy, Policy, TablePolicy
 from dpsql.sql.identifiers import quote_ident as _q
 
-FORMAT = 2  # bump when the layout changes: old files are then never matched
+FORMAT = 4  # bump when the layout changes: old files are then never matched
 # DuckDB's CombineHash multiplier (src/include/duckdb/common/types/hash.hpp); verified at build
 HASH_MULTIPLIER = 0xD6E8FEB86659FD93
 PREFIX = "__dp_"
@@ -64,6 +68,10 @@ class StoreInfo:
     unit_keys: Mapping[str, str]  # column -> distinct values in the unit
     fixed: Mapping[str, tuple[int, int, str]]  # column -> (lo, hi, fixed-point column)
     hash_mix: str | None
+    # "" (per unit) or a pair column -> relation of per-(unit[, value]) partials: __u, [__k,]
+    # __n and, per fixed-point column, (sum, sum of squares, count) named in partial_columns
+    partials: Mapping[str, str] = field(default_factory=dict)
+    partial_columns: Mapping[str, tuple[str, str, str]] = field(default_factory=dict)
     # operator-facing only (dpsql prepare): never read by a plan
     rows: int = 0
     build_seconds: float = 0.0
@@ -155,7 +163,56 @@ def _layout(table: TablePolicy) -> dict[str, Any]:
         if c.numeric and c.bounded:
             lo, hi = fixed_point_bounds(c.lower, c.upper, c.granularity)  # type: ignore[arg-type]
             layout["fixed"][c.name] = (lo, hi, f"{PREFIX}fp{i}")
+    if unit is not None:
+        layout["partials"] = {"": "units", **{c: f"pairs{i}" for c, i in _pair_indexes(table)}}
+        layout["partial_columns"] = {
+            name: (f"{PREFIX}s{index[name]}", f"{PREFIX}q{index[name]}", f"{PREFIX}c{index[name]}")
+            for name in layout["fixed"]
+        }
     return layout
+
+
+def _pair_indexes(table: TablePolicy) -> list[tuple[str, int]]:
+    index = {c.name: i for i, c in enumerate(table.columns.values())}
+    return [
+        (c.name, index[c.name])
+        for c in stored_columns(table)
+        if c.name != table.privacy_unit and _pair_column(c)
+    ]
+
+
+def _partials_sql(
+    table: TablePolicy, layout: dict[str, Any], rows: str, name: Callable[[str], str]
+) -> list[str]:
+    """CREATE TABLEs of the partials: per unit, and per (unit, value) of each pair column, the
+    row count and each fixed-point column's SUM, SUM of squares (128-bit) and COUNT, over the
+    rows with a unit (the plans never use the others). None for a row-level table."""
+    if table.privacy_unit is None:
+        return []
+    u = _q(table.privacy_unit)
+    sums = []
+    for column, (_, _, fp) in layout["fixed"].items():
+        s, q, c = layout["partial_columns"][column]
+        sums += [
+            f"SUM({fp}) AS {s}",
+            f"SUM(CAST({fp} AS HUGEINT) * {fp}) AS {q}",
+            f"COUNT({fp}) AS {c}",
+        ]
+    from dpsql.sql.compile import _domain_condition
+
+    out = []
+    for column, relation in layout["partials"].items():
+        key = [f"{_q(column)} AS __k"] if column else []
+        items = ", ".join([f"{u} AS __u", *key, "COUNT(*) AS __n", *sums])
+        group = "__u, __k" if column else "__u"
+        grouped = f"SELECT {items} FROM {rows} WHERE {u} IS NOT NULL GROUP BY {group}"
+        if column:
+            # __g: the unit's pairs whose key is in the public domain (the plans' pair filter)
+            inside = _domain_condition(table.columns[column], "__k").sql(dialect="duckdb")
+            counted = f"COUNT(*) FILTER (WHERE {inside}) OVER (PARTITION BY __u) AS __g"
+            grouped = f"SELECT *, {counted} FROM ({grouped})"
+        out.append(f"CREATE TABLE {name(relation)} AS {grouped} ORDER BY __u")
+    return out
 
 
 def _build_sql(table: TablePolicy, layout: dict[str, Any], dest: str, hashed: bool) -> str:
@@ -260,6 +317,8 @@ def prepare_table(
         say(f"{table.name}: building the prepared store in memory")
         before = _memory_bytes(con)
         con.execute(_build_sql(table, layout, dest, hashed))
+        for statement in _partials_sql(table, layout, dest, lambda r: _q(f"{relation}_{r}")):
+            con.execute(statement)
         path, reused, size = None, False, max(_memory_bytes(con) - before, 0)
     else:
         directory.mkdir(parents=True, exist_ok=True)
@@ -289,6 +348,11 @@ def prepare_table(
         unit_keys=dict(layout["keys"]),
         fixed=dict(layout["fixed"]),
         hash_mix=f"{PREFIX}h" if hashed else None,
+        partials={
+            column: relation if catalog is not None else f"{PREFIX}store_{table.name}_{relation}"
+            for column, relation in layout.get("partials", {}).items()
+        },
+        partial_columns=dict(layout.get("partial_columns", {})),
         rows=rows,
         build_seconds=seconds,
         bytes=size,
@@ -338,6 +402,8 @@ def _build_file(
     con.execute(f"ATTACH '{_escape(str(tmp))}' AS {build}")
     try:
         con.execute(_build_sql(table, layout, f"{build}.store", hashed))
+        for statement in _partials_sql(table, layout, f"{build}.store", lambda r: f"{build}.{r}"):
+            con.execute(statement)
         info = json.dumps({"key": key, "version": version, "format": FORMAT, "hashed": hashed})
         con.execute(f"CREATE TABLE {build}.meta AS SELECT ? AS info", [info])
     finally:

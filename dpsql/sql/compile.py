@@ -997,23 +997,62 @@ def scaled_partial(m: Measure, R: int, n: exp.Expression) -> exp.Expression:
     integer): ``(v · scale · LEAST(n, R)) // n``, truncated toward zero, so its magnitude is at
     most scale · R · row_bound (n rows of at most row_bound each) — sampling's bound."""
     capped = exp.Least(this=n.copy(), expressions=[_number(R)], ignore_nulls=True)
-    factor = exp.Paren(this=exp.Mul(this=_number(m.scale), expression=capped))
-    v = _name(f"v_{m.name}")
-    # in 64 bits where |v| * scale * R cannot overflow (every real pair: 128-bit division is
-    # ~5x slower), else in 128
-    fits = exp.LTE(this=exp.Abs(this=v), expression=_number((2**63 - 1) // (m.scale * R)))
-    narrow = exp.Mul(this=_cast(v.copy(), "BIGINT"), expression=factor)
-    wide_ = exp.Mul(this=wide(v.copy()), expression=factor.copy())
+    factor = exp.Mul(this=_number(m.scale), expression=capped)
+    return _fraction(_name(f"v_{m.name}"), factor, m.scale * R, n)
+
+
+def _fraction(
+    v: exp.Expression, factor: exp.Expression, most: int, n: exp.Expression
+) -> exp.Expression:
+    """``(v * factor) // n`` exactly, truncated toward zero, for 0 <= factor <= most: in 64
+    bits where |v| * most cannot overflow (every real pair: 128-bit division is ~5x slower),
+    else in 128."""
+    fits = exp.LTE(this=exp.Abs(this=v), expression=_number((2**63 - 1) // max(most, 1)))
+    narrow = exp.Mul(this=_cast(v.copy(), "BIGINT"), expression=exp.Paren(this=factor))
+    wide_ = exp.Mul(this=wide(v.copy()), expression=exp.Paren(this=factor.copy()))
     return exp.Case(
         ifs=[exp.If(this=fits, true=exp.IntDiv(this=narrow, expression=n.copy()))],
         default=exp.IntDiv(this=wide_, expression=n.copy()),
     )
 
 
-def rescaled(plan: Plan, ks: list[str], pairs: str) -> exp.Select:
-    """The pairs of ``pairs`` bounded by rescaling (dpsql.sql.plan): a row count capped at R,
-    every partial at R/n of the pair (a pair within R unchanged, in fine units)."""
+def group_scaled(plan: Plan, ks: list[str], source: str, groups: str | None = None) -> exp.Select:
+    """The bounded pairs of ``source`` with every unit over G groups kept whole at G/k
+    (plan.group_scaling; k = the unit's pairs, counted by a window unless ``groups`` names a
+    column holding it): row and unit counts in their fine grid, each partial times
+    min(k, G)/k, truncated toward zero. A unit within G keeps its pairs as they are."""
+    G = plan.max_groups
+    src: exp.Expression = _table(source)
+    k = _name(groups or "__g")
+    if groups is None:
+        counted = exp.Window(this=_count_star(), partition_by=[_name("__u")])
+        src = _subquery(_select([_star(), _alias(counted, "__g")], src), "w")
+    capped = exp.Least(this=k.copy(), expressions=[_number(G)], ignore_nulls=True)
     items: list[exp.Expression] = [_name(c) for c in ["__u", *ks]]
+    rows_factor = exp.Mul(this=_name("__n"), expression=_number(count_scale(plan)))
+    items.append(_alias(_fraction(rows_factor, capped.copy(), G, k), "__n"))
+    units = exp.IntDiv(
+        this=exp.Mul(this=_number(count_scale(plan)), expression=exp.Paren(this=capped.copy())),
+        expression=k.copy(),
+    )
+    items.append(_alias(units, "__units"))
+    for m in _value_measures(plan):
+        items.append(_alias(_fraction(_name(f"v_{m.name}"), capped.copy(), G, k), f"v_{m.name}"))
+    return _select(items, src)
+
+
+def count_scale(plan: Plan) -> int:
+    """The fine grid of the plan's row and unit counts (all share it: row bound 1)."""
+    from dpsql.sql.plan import rescale_factor
+
+    return next((m.scale for m in plan.measures if m.kind in ("rows", "units")), rescale_factor(1))
+
+
+def rescaled(plan: Plan, ks: list[str], pairs: str, keep: tuple[str, ...] = ()) -> exp.Select:
+    """The pairs of ``pairs`` bounded by rescaling (dpsql.sql.plan): a row count capped at R,
+    every partial at R/n of the pair (a pair within R unchanged, in fine units); the columns
+    ``keep`` carried as they are."""
+    items: list[exp.Expression] = [_name(c) for c in ["__u", *ks, *keep]]
     n = _name("__n")
     capped = exp.Least(this=n, expressions=[_number(plan.max_rows)], ignore_nulls=True)
     items.append(_alias(capped, "__n"))
@@ -1056,11 +1095,18 @@ def _sampled(plan: Plan, ks: list[str]) -> exp.Select:
     )
 
 
-def _finish_bounded(plan: Plan, ctes: list[exp.CTE], ks: list[str]) -> exp.Select:
-    """At most G groups per unit, then the final GROUP BY over the bounded pairs."""
+def _finish_bounded(
+    plan: Plan, ctes: list[exp.CTE], ks: list[str], groups: str | None = None
+) -> exp.Select:
+    """At most G groups per unit, then the final GROUP BY over the bounded pairs (``groups``:
+    a column of the bounded pairs holding each unit's pair count, else a window counts it)."""
     G = plan.max_groups
     final_source = "bounded"
-    if _bounds_groups(plan):
+    if plan.group_scaling:
+        # public keys: a unit over G groups keeps all k of them at G/k (dpsql.sql.plan)
+        ctes.append(_cte("ranked", group_scaled(plan, ks, "bounded", groups)))
+        final_source = "ranked"
+    elif _bounds_groups(plan):
         # At most G groups per unit, by keyed hash of (unit, key): each unit drops its own
         # groups, not the same groups for everyone. Only units over G are ranked.
         ctes.append(_cte("ranked", _ranked(ks, G)))
@@ -1070,7 +1116,7 @@ def _finish_bounded(plan: Plan, ctes: list[exp.CTE], ks: list[str]) -> exp.Selec
         if m.kind == "rows":
             total: exp.Expression = exp.Sum(this=_name("__n"))
         elif m.kind == "units":
-            total = _count_star()
+            total = exp.Sum(this=_name("__units")) if plan.group_scaling else _count_star()
         elif m.kind == "distinct":
             total = _number(0)  # from its own query over the bounded rows (CompiledQuery.extras)
         else:

@@ -18,8 +18,15 @@ How a unit's pair over R is brought down to R rows (the table's ``bounding``):
               <= (R/n)·n·row_bound = R·row_bound, the bound sampling gives, so every
               sensitivity below holds unchanged (in fine units: times ``scale``). Its
               expectation equals sampling's (E[a uniform R-of-n sample's sum] = R/n of the
-              pair's sum) with no sampling variance. Groups beyond G are still dropped by keyed
-              hash (a dropped pair contributes 0, a kept one <= R·row_bound).
+              pair's sum) with no sampling variance.
+
+              Groups beyond G: with public keys (every bin released, no threshold) a unit in
+              k > G groups keeps all of them, each pair's scaled partial times G/k (again
+              truncated toward zero; row and unit counts then in a fine grid too): per group
+              <= R·row_bound·G/k, over its k groups L1 <= G·R·row_bound and
+              L2 <= sqrt(k)·R·row_bound·G/k <= sqrt(G)·R·row_bound — the bounds of keeping G
+              groups. With thresholded keys a group's presence is released, so G groups are
+              kept by keyed hash of (unit, key), as with sampling.
 """
 
 from __future__ import annotations
@@ -248,6 +255,9 @@ class Plan:
     clips: tuple[ClipEstimate, ...] = ()
     selection: Selection | None = None
     bounding: str = "sample"  # how pairs over R are bounded: "sample" or "scale" (see above)
+    # bounding "scale" with public keys and more bins than G: a unit's k > G groups all count,
+    # at G/k each, instead of G of them chosen by keyed hash (see above)
+    group_scaling: bool = False
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def measure(self, name: str) -> Measure:
@@ -279,7 +289,7 @@ class Plan:
             repr(self.quantiles),
             repr(self.clips),
             f"{self.max_rows}:{self.max_groups}:{self.mechanism}:{self.epsilon!r}:{self.delta!r}",
-            self.bounding,
+            f"{self.bounding}:{self.group_scaling}",
             self.data_version,
         ]
         if self.selection is not None:
@@ -389,8 +399,11 @@ def build_plan(
     R = table.max_rows_per_unit
     # A row-level table's unit is one row, which lies in exactly one group.
     G = table.max_groups_per_unit if (query.keys and table.privacy_unit) else 1
+    # bounding = "scale" with public keys: a unit over G groups keeps all k of them at G/k
+    groups_over = False
     if query.keys and not thresholded:
         bins = math.prod(len(d) for d in domains if d is not None)
+        groups_over = bool(table.privacy_unit) and bins > G
         G = min(G, bins)
 
     quantile_targets: dict[str, set[QuantileTarget]] = {}
@@ -439,6 +452,7 @@ def build_plan(
         measure_delta = (delta - threshold_delta) / k
 
     bounding = effective_bounding(table, [kind for kind, _ in specs], bool(quantile_targets))
+    group_scaling = bounding == "scale" and groups_over
     # Centre sums on the midpoint when a count of the same column is released anyway.
     count_of = _count_specs(query, specs, R)
     counted = set(count_of)
@@ -476,9 +490,11 @@ def build_plan(
                 row_bound = max(center2, span - center2)
                 g = g * g
         scale = 1
-        if bounding == "scale" and kind in RESCALED_KINDS:
+        if (bounding == "scale" and kind in RESCALED_KINDS) or (
+            group_scaling and kind in ("rows", "units")
+        ):
             scale = rescale_factor(row_bound)
-        per_group = row_bound if kind == "units" else R * row_bound * scale
+        per_group = (row_bound if kind == "units" else R * row_bound) * scale
         l1 = float(G * per_group)
         l2 = math.sqrt(G) * per_group
         if mechanism == "laplace":
@@ -602,6 +618,7 @@ def build_plan(
         extra={"measured_epsilon": epsilon_main},
         selection=selection,
         bounding=bounding,
+        group_scaling=group_scaling,
     )
     from dpsql.ir.check import check_plan
 

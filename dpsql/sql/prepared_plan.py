@@ -50,7 +50,85 @@ def store_tree(plan: Plan, keys: tuple[str, ...], store: StoreInfo) -> exp.Expre
         return _row_level(plan, keys, store)
     if any(m.kind == "units" for m in plan.measures) or store.unit_rows is None:
         return None
+    partials = _partials(plan, store)
+    if partials is not None:
+        return _from_partials(plan, store, partials)
     return _two_phase(plan, store)
+
+
+def _partials(plan: Plan, store: StoreInfo) -> str | None:
+    """The partials relation that holds this plan's (unit, group) pairs exactly, if any: no
+    filter but the unit's (the analyst's WHERE would change them), no key or one bare column
+    key with partials, and every summed measure over a stored fixed point of the plan's range.
+    Sampling needs the rows themselves, so only rescaled plans and counts-only plans use it."""
+    if plan.query.where is not None or len(c._conditions(plan)) != 1:
+        return None
+    if plan.bounding != "scale" and c._value_measures(plan):
+        return None
+    if len(plan.keys) > 1:
+        return None
+    column = ""
+    if plan.keys:
+        key = plan.keys[0].key
+        if not isinstance(key.expr, exp.Column) or c.lowered_key(key) != key.expr:
+            return None
+        column = key.columns[0]
+    table = plan.query.table
+    for m in c._value_measures(plan):
+        if m.column not in store.partial_columns or _fixed(m, table, store) is None:
+            return None
+    return store.partials.get(column)
+
+
+def _partial_value(m: Measure, store: StoreInfo) -> exp.Expression:
+    """A pair's partial of m from the stored sums (the same integer as aggregating its rows):
+    COUNT(col) = c; SUM(fp - k) = s - k c; SUM((fp - k)^2 - k2) = q - 2k s + (k^2 - k2) c."""
+    s, q, n = (c._name(name) for name in store.partial_columns[m.column])  # type: ignore[index]
+    if m.kind == "values":
+        return n
+    if m.kind == "sum":
+        if not m.center:
+            return s
+        return exp.Sub(this=s, expression=_times(n, m.center))
+    total: exp.Expression = q
+    if m.center:
+        total = exp.Sub(this=total, expression=_times(s, 2 * m.center))
+    constant = m.center * m.center - m.center2
+    if constant:
+        total = exp.Add(this=total, expression=_times(n, constant))
+    return total
+
+
+def _from_partials(plan: Plan, store: StoreInfo, relation: str) -> exp.Select:
+    """The bounded plan over the stored (unit, group) partials: no row is read. The pairs are
+    those of dpsql.sql.compile's ``base`` (same unit, key, row count and partial sums), so the
+    bounding after them is the plan without a store, step for step."""
+    ks = [f"__k{i}" for i in range(len(plan.keys))]
+    items: list[exp.Expression] = [c._name("__u")]
+    items += [c._alias(c._name("__k"), k) for k in ks]
+    items.append(c._name("__n"))
+    items += [c._alias(_partial_value(m, store), f"v_{m.name}") for m in c._value_measures(plan)]
+    if plan.group_scaling:  # the unit's pairs in the domain, counted when the store was built
+        items.append(c._name("__g"))
+    source = c._table(relation)
+    if store.catalog is not None:
+        source.set("db", c._ident(store.catalog))
+    pairs = c._select(items, source)
+    filters = c._column_key_domains(plan, ks)
+    if filters:
+        pairs = c._select([c._star()], c._subquery(pairs, "p"), where=filters)
+    keep = ("__g",) if plan.group_scaling else ()
+    ctes = [c._cte("base", pairs)]
+    if c._value_measures(plan):
+        ctes.append(c._cte("bounded", c.rescaled(plan, ks, "base", keep)))
+    else:
+        capped = exp.Least(this=c._name("__n"), expressions=[c._number(plan.max_rows)])
+        capped.set("ignore_nulls", True)
+        kept: list[exp.Expression] = [c._name(n) for n in ["__u", *ks, *keep]]
+        ctes.append(
+            c._cte("bounded", c._select([*kept, c._alias(capped, "__n")], c._table("base")))
+        )
+    return c._finish_bounded(plan, ctes, ks, groups=keep[0] if keep else None)
 
 
 def _source(store: StoreInfo, alias: str | None = None) -> exp.Table:
@@ -240,13 +318,20 @@ def _two_phase(plan: Plan, store: StoreInfo) -> exp.Select:
             )
         ctes.append(c._cte("bounded", bounded))
     source = "bounded"
-    if groups_ok is not None:
+    if plan.group_scaling:  # a unit over G keeps its k pairs at G/k; all its rows are here
+        ctes.append(c._cte("ranked", c.group_scaled(plan, ks, "bounded")))
+        source = "ranked"
+    elif groups_ok is not None:
         G = plan.max_groups
         ctes.append(c._cte("ranked", c._ranked(ks, G)))
         source = "ranked"
     ctes.append(c._cte("direct", _grouped(plan, store, ks, safe, by_unit=False)))
     parts = [*ks, "__n", *[f"v_{m.name}" for m in c._value_measures(plan)]]
-    direct: list[exp.Expression] = [c._name(n) for n in [*ks, "__n"]]
+    direct: list[exp.Expression] = [c._name(n) for n in ks]
+    rows: exp.Expression = c._name("__n")
+    if plan.group_scaling:  # a direct pair's unit is within G: its row count in the fine grid
+        rows = c._alias(exp.Mul(this=rows, expression=c._number(c.count_scale(plan))), "__n")
+    direct.append(rows)
     for m in c._value_measures(plan):  # a direct pair is within R: its partial times the scale
         v: exp.Expression = c._name(f"v_{m.name}")
         if plan.bounding == "scale":
