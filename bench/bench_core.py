@@ -317,7 +317,17 @@ def reference_unit_sql(plan: Any, secret: int) -> str:
             f"GROUP BY {gc})"
         )
     src = "bounded"
-    if keys:
+    if plan.group_scaling:  # public keys, scale: a unit's k > G groups all kept at G/k
+        g = plan.max_groups
+        rows_scale = next(m.scale for m in plan.measures if m.kind in ("rows", "units"))
+        parts = "".join(f", (v_{m.name} * LEAST(__g, {g})) // __g AS v_{m.name}" for m in vm)
+        sql += (
+            f", ranked AS (SELECT {', '.join(keys)}, (__n * {rows_scale} * LEAST(__g, {g})) "
+            f"// __g AS __n{parts} FROM (SELECT *, COUNT(*) OVER (PARTITION BY __u) AS __g "
+            "FROM bounded))"
+        )
+        src = "ranked"
+    elif keys:
         sql += (
             f", ranked AS (SELECT * FROM bounded QUALIFY ROW_NUMBER() OVER (PARTITION BY __u "
             # the compiler ranks a unit's groups by HASH(unit, keys, secret): each unit drops

@@ -212,6 +212,7 @@ class Service:
             data_version=self.data_version(query.table),
             quantile_method=settings.quantile_method,
             partition_selection=settings.partition_selection,
+            engine=self.policy.engine.name,
         )
 
     # -- execution ---------------------------------------------------------------------------

@@ -200,6 +200,7 @@ def test_a_duckdb_store_plan_runs_exactly_on_spark(spark, gen_csv):
     (its hash mix, its file), and the Spark engine -- with its own store or none -- runs that
     tree on its view, the mix replaced by the keyed hash: the measures of its plain plan."""
     policy = table_policy(gen_csv, GEN_COLUMNS, unit="uid", rows=2, groups=2)
+    policy["tables"]["t"]["bounding"] = "sample"  # the hash mix is a sampling plan's
     duck = _service(_with_store(policy))
     engines = [_service(_with_store(policy), spark), _service(load_policy(policy), spark)]
     settings = Settings.from_policy(duck.policy)

@@ -728,7 +728,8 @@ def compile_plan(plan: Plan, secret: int, *, store: object = None) -> CompiledQu
     if store is not False and plan.measures:
         from dpsql.engine import prepared
 
-        info = store or prepared.lookup(plan.query.table, plan.data_version)
+        engine = plan.engine or None
+        info = store or prepared.lookup(plan.query.table, plan.data_version, engine)
         if isinstance(info, prepared.StoreInfo):
             from dpsql.sql.prepared_plan import store_tree
 

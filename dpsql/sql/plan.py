@@ -258,6 +258,8 @@ class Plan:
     # bounding "scale" with public keys and more bins than G: a unit's k > G groups all count,
     # at G/k each, instead of G of them chosen by keyed hash (see above)
     group_scaling: bool = False
+    # the engine that runs it ("duckdb", "spark"; "" unknown): whose prepared store it may read
+    engine: str = ""
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def measure(self, name: str) -> Measure:
@@ -376,6 +378,7 @@ def build_plan(
     data_version: str = "",
     quantile_method: str = "em",
     partition_selection: str = "auto",
+    engine: str = "",
 ) -> Plan:
     """Annotate a bound query with bounds, sensitivities, mechanisms and the budget split."""
     table = query.table
@@ -619,6 +622,7 @@ def build_plan(
         selection=selection,
         bounding=bounding,
         group_scaling=group_scaling,
+        engine=engine,
     )
     from dpsql.ir.check import check_plan
 
