@@ -51,7 +51,7 @@ class _Prepared:
     Never reused: the keyed-hash secret, the budget check and charge, the noise.
     """
 
-    __slots__ = ("fingerprint", "plan", "post", "post_checked", "runs", "template")
+    __slots__ = ("fingerprint", "plan", "post", "post_checked", "runs", "shape_key", "template")
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
@@ -60,6 +60,7 @@ class _Prepared:
         self.post: _PostPlan | None = None  # how its post-processing runs (first use)
         self.post_checked = False  # the free dry run of its post-processing has passed
         self.runs = 0  # engine runs so far (the template is built by the first)
+        self.shape_key: tuple | None = None  # the shape cache entry it came from, if any
 
 
 @dataclass(frozen=True)

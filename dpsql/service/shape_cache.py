@@ -169,6 +169,8 @@ class ShapeCache:
             repr(settings.epsilon),
             repr(settings.delta),
             settings.mechanism,
+            settings.quantile_method,  # both reach the plan (MEDIAN's mechanism, selection)
+            settings.partition_selection,
         )
         return key, [str(node.this) for node, _ in slots]
 
@@ -194,7 +196,23 @@ class ShapeCache:
         if not shape.matches(statement):
             self._put(key, None)  # e.g. WHERE age > 5 GROUP BY age: the key holds the number
             return None
-        return shape.prepared(statement, literals)
+        prepared = shape.prepared(statement, literals)
+        prepared.shape_key = key
+        return prepared
+
+    def verified(self, service: Service, key: tuple, table: Any) -> _Shape | None:
+        """The live verified shape under ``key`` (dpsql.service.text_shapes), if its policy
+        and data version are still the service's; None otherwise."""
+        with self._lock:
+            shape = self._items.get(key)
+            if isinstance(shape, _Shape):
+                self._items.move_to_end(key)
+        if not isinstance(shape, _Shape):
+            return None
+        if shape.policy is not service.policy or shape.version != service.data_version(table):
+            self.discard(key)
+            return None
+        return shape
 
     def _put(self, key: tuple, shape: _Shape | object | None) -> None:
         with self._lock:
