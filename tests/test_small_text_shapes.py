@@ -125,6 +125,7 @@ def test_fixed_numbers_classes_and_unscanned_text_take_the_full_path() -> None:
         shape.format(a=30, b=40).replace("AS s", 'AS "s"'),  # a quote: not scanned
         shape.format(a=30, b=40) + " -- note",  # a comment
         shape.format(a=30, b=40).replace("BETWEEN", "between"),  # another skeleton
+        shape.format(a=30, b=40).replace(" AND", "AND"),  # another skeleton
     ]
     for text in others:
         before = service.parsed
@@ -133,6 +134,21 @@ def test_fixed_numbers_classes_and_unscanned_text_take_the_full_path() -> None:
         got = service._plans.get(service._plans.key(text, None, settings, "a"))  # type: ignore[arg-type]
         assert got is not None
         _same(got, _fresh(service, text, settings))
+
+
+def test_blanks_do_not_make_a_new_skeleton() -> None:
+    service = _service()
+    settings = _settings(service)
+    shape = SHAPES[4]
+    for a, b in VALUES[:3]:
+        _run(service, shape.format(a=a, b=b), settings)
+    text = "  " + shape.format(a=30, b=40).replace(" ", "\n  ") + " \t"
+    before = service.parsed
+    _run(service, text, settings)
+    assert service.parsed == before
+    got = service._plans.get(service._plans.key(text, None, settings, "a"))  # type: ignore[arg-type]
+    assert got is not None
+    _same(got, _fresh(service, text, settings))
 
 
 def test_settings_analysts_and_data_versions_key_their_own_text_shapes() -> None:
@@ -203,5 +219,6 @@ def test_the_scanner_marks_only_free_standing_numbers() -> None:
         [(text.index(n), n) for n in ("12.5", "3", "7")],
     )
     assert scan("SELECT 1e5, x.5, 1_0 FROM t")[1] == []  # type: ignore[index]
+    assert scan(" SELECT\n a  FROM t WHERE b > 1  ")[0] == "SELECT a FROM t WHERE b > \x00"  # type: ignore[index]
     for text in ('SELECT "a" FROM t', "SELECT a FROM t -- c", "SELECT 'é'", "SELECT $1"):
         assert scan(text) is None

@@ -92,7 +92,7 @@ def _sentinel(cls: str) -> str:
 class _Shape:
     """One verified shape: its plan, the bound parts compared by value, its SQL template."""
 
-    __slots__ = ("compiled", "plan", "policy", "sentinels", "statement", "version")
+    __slots__ = ("compiled", "plan", "policy", "sentinels", "served", "statement", "version")
 
     def __init__(
         self, plan: Plan, statement: BoundQuery, compiled: CompiledQuery, sentinels: list[str]
@@ -103,6 +103,9 @@ class _Shape:
         self.sentinels = sentinels
         self.version = plan.data_version
         self.policy: object = None  # the Service policy it was verified under
+        # the first statement served from it: its post-processing (equal for every statement
+        # of the shape, see matches) is planned and dry-run once, then shared
+        self.served: _Prepared | None = None
 
     def matches(self, statement: BoundQuery) -> bool:
         old = self.statement
@@ -131,6 +134,12 @@ class _Shape:
         prepared = _Prepared(plan)
         swaps = tuple(zip(self.sentinels, literals, strict=True))
         prepared.template = _SecretTemplate(self.compiled.with_literals(swaps))
+        served = self.served
+        if served is None:
+            self.served = prepared
+        else:
+            prepared.post = served.post
+            prepared.post_checked = served.post_checked
         return prepared
 
 

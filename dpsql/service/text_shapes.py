@@ -5,9 +5,10 @@ bind too (~0.5-0.9 ms of a ~1 ms fixed cost on the fixture).
 The text is cut by a conservative scanner into words, single-quoted strings, punctuation and
 *number tokens* (``\\d+(\\.\\d+)?`` with no word character or dot on either side); any other
 character (a double quote, a backtick, ``$``, ``\\``, a comment, non-ASCII) and the text is
-planned the usual way. Its *skeleton* is the text with every number token replaced by a mark.
-Two texts with the same skeleton tokenize alike, token for token, and differ only in the
-digits of number tokens, so they parse to the same tree but for those literals' values.
+planned the usual way. Its *skeleton* is the text with every number token replaced by a mark
+and every run of blanks by one space (none at either end). Two texts with the same skeleton
+tokenize alike, token for token, and differ only in the digits of number tokens, so they
+parse to the same tree but for those literals' values.
 
 An entry is learned from a statement the shape cache has just served and run: each slot
 literal of its bound WHERE (the shape cache's slots) is found at its own number token (the
@@ -66,10 +67,12 @@ def scan(text: str) -> tuple[str, list[tuple[int, str]]] | None:
         if m.lastgroup == "num":
             numbers.append((pos, m.group()))
             pieces.append(_MARK)
+        elif m.lastgroup == "ws":
+            pieces.append(" ")  # any run of blanks separates tokens alike
         else:
             pieces.append(m.group())
         pos = m.end()
-    return "".join(pieces), numbers
+    return "".join(pieces).strip(" "), numbers
 
 
 def _class(literal: str) -> str | None:
