@@ -133,10 +133,10 @@ def identifiers(sql: str) -> set[str]:
     if _plain(sql):
         # the loop below, without quotes to skip: a word preceded by a word character lies
         # inside a longer word, as do the positions after it that the loop would try
-        for m in _WORD.finditer(sql):
-            i = m.start()
-            if i == 0 or not (sql[i - 1].isalnum() or sql[i - 1] in "_$"):
-                found.add(m.group(0).lower())
+        for word in _WORD.finditer(sql):
+            at = word.start()
+            if at == 0 or not (sql[at - 1].isalnum() or sql[at - 1] in "_$"):
+                found.add(word.group(0).lower())
         return found
     i, n = 0, len(sql)
     while i < n:
