@@ -54,3 +54,41 @@ def test_standing_recomputes_a_legacy_zcdp_sum_like_spent(tmp_path: Path) -> Non
     assert got[1].exact_zrho > 0
     ledger.charge("a", "d", Cost(0.01, 0, 0), DEFAULT, query_text="q", plan_hash="h")
     assert ledger.standing("a", "d", DEFAULT) == _apart(ledger, "a")
+
+
+def test_a_charge_waits_for_another_writer_then_commits(tmp_path: Path) -> None:
+    """BEGIN IMMEDIATE is polled (not SQLite's 1-100 ms sleeps): a charge waits while another
+    process's writer holds the lock, commits once it is released, and gives up with the
+    ledger's own "stayed busy" error after its timeout."""
+    import threading
+
+    from dpsql.errors import OperationalError
+
+    path = tmp_path / "l.sqlite"
+    ledger = SQLiteLedger(path, timeout=5.0)
+    ledger.charge("a", "d", Cost(2.0**-10, 0, 0), DEFAULT, query_text="q", plan_hash="h")
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    released = threading.Event()
+
+    def commit() -> None:
+        released.set()
+        other.execute("COMMIT")
+
+    release = threading.Timer(0.3, commit)
+    release.start()
+    ledger.charge("a", "d", Cost(2.0**-10, 0, 0), DEFAULT, query_text="q", plan_hash="h")
+    assert released.is_set()  # it could only begin once the other writer let go
+    release.join()
+    assert ledger.spent("a", "d") == Cost(2.0**-9, 0, 0)
+    impatient = SQLiteLedger(path, timeout=0.2)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(OperationalError, match="stayed busy"):
+            impatient.charge("a", "d", Cost(1.0, 0, 0), DEFAULT, query_text="q", plan_hash="h")
+    finally:
+        other.execute("COMMIT")
+    assert ledger.spent("a", "d") == Cost(2.0**-9, 0, 0)  # the refused charge wrote nothing
+    impatient.charge("a", "d", Cost(2.0**-10, 0, 0), DEFAULT, query_text="q", plan_hash="h")
+    assert impatient._conn().execute("PRAGMA busy_timeout").fetchone()[0] == 200
+    other.close()
