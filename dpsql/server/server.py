@@ -36,8 +36,16 @@ SWITCH_INTERVAL = 0.0005
 
 def tune_interpreter() -> None:
     """Set the server process's GIL switch interval (a process-wide knob: ``dpsql serve`` and
-    its workers call it; an embedding application keeps its own)."""
-    sys.setswitchinterval(SWITCH_INTERVAL)
+    its workers call it; an embedding application keeps its own). The environment variable
+    ``DPSQL_SWITCH_INTERVAL`` (seconds) overrides it, e.g. to compare with Python's 0.005."""
+    value = os.environ.get("DPSQL_SWITCH_INTERVAL")
+    try:
+        interval = float(value) if value else SWITCH_INTERVAL
+    except ValueError:
+        interval = SWITCH_INTERVAL
+    if not 1e-6 <= interval <= 1.0:
+        interval = SWITCH_INTERVAL
+    sys.setswitchinterval(interval)
 
 
 def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
