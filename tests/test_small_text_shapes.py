@@ -222,3 +222,32 @@ def test_the_scanner_marks_only_free_standing_numbers() -> None:
     assert scan(" SELECT\n a  FROM t WHERE b > 1  ")[0] == "SELECT a FROM t WHERE b > \x00"  # type: ignore[index]
     for text in ('SELECT "a" FROM t', "SELECT a FROM t -- c", "SELECT 'é'", "SELECT $1"):
         assert scan(text) is None
+
+
+def test_the_date_of_today_is_bound_again_each_day(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TODAY() is CURRENT_DATE, fixed at bind: neither a text shape nor the plan cache may
+    serve yesterday's date."""
+    import datetime as dt
+
+    import dpsql.frontend.rewrite as rewrite
+    import dpsql.service.plan_cache as plan_cache
+
+    service = _service()
+    settings = _settings(service)
+    shape = "SELECT COUNT(*) FROM visits WHERE visit_date < TODAY() AND age > {a}"
+    for a, _ in VALUES[:4]:
+        _run(service, shape.format(a=a), settings)
+    assert len(service._texts) == 0
+
+    class Tomorrow(dt.datetime):
+        @classmethod
+        def now(cls, tz=None):  # type: ignore[override]
+            return dt.datetime(2099, 1, 2, tzinfo=tz)
+
+    fake = type("dt", (), {"datetime": Tomorrow, "UTC": dt.UTC, "date": dt.date})
+    monkeypatch.setattr(rewrite, "dt", fake)
+    monkeypatch.setattr(plan_cache, "dt", fake)
+    for text in (shape.format(a=VALUES[3][0]), shape.format(a=88)):
+        _run(service, text, settings)
+        got = service._plans.get(service._plans.key(text, None, settings, "a"))  # type: ignore[arg-type]
+        assert got is not None and "2099-01-02" in got.plan.query.where.sql()  # type: ignore[union-attr]

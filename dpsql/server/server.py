@@ -28,9 +28,9 @@ log = logging.getLogger("dpsql.server")
 # How often (seconds) CPython makes a thread running Python hand the GIL to one waiting for it;
 # 5 ms by default. A server process has 16 query threads and the event loop: a thread coming
 # back from DuckDB or SQLite (which run without the GIL), or the loop woken by a socket, waits
-# up to one interval for each hand-over, and the ledger's writer makes six of them (BEGIN, two
-# reads, two writes, COMMIT) while it holds the write lock every charge queues on: ~20 ms a
-# charge under load, which capped a process at ~50 charges/s. 0.5 ms keeps those waits short.
+# up to one interval for each hand-over, and the ledger's writer makes one per statement of
+# its transaction while it holds the write lock every charge queues on (~20 ms a charge was
+# seen under load). 0.5 ms keeps those waits short (docs/performance.md, "Small plans").
 SWITCH_INTERVAL = 0.0005
 
 

@@ -141,6 +141,7 @@ class TextShapes:
             service.engine.dialect == "duckdb"
             and "dp_predict" not in lowered
             and "current" not in lowered
+            and "today" not in lowered  # TODAY() is CURRENT_DATE
             and "now" not in lowered
         )
 
