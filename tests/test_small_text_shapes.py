@@ -178,18 +178,21 @@ def test_settings_analysts_and_data_versions_key_their_own_text_shapes() -> None
 
 
 def test_a_shape_setting_change_is_not_served_from_the_old_plan() -> None:
-    """quantile_method reaches the plan: the shape cache keys on it too."""
+    """partition_selection (and quantile_method) reach the plan: the shape cache keys on them
+    too (before, this GROUP BY of a key without a public domain was served the plan of the
+    setting it was learned under)."""
     service = _service()
-    em = _settings(service)
-    pf = Settings(em.epsilon, em.delta, em.mechanism, quantile_method="pf")
-    shape = "SELECT MEDIAN(age) FROM visits WHERE cost > {a}"
+    auto = _settings(service)
+    threshold = Settings(auto.epsilon, auto.delta, auto.mechanism, partition_selection="threshold")
+    shape = "SELECT diagnosis, COUNT(*) FROM visits WHERE age > {a} GROUP BY diagnosis"
     for a, _ in VALUES[:3]:
-        _run(service, shape.format(a=a), em)
+        _run(service, shape.format(a=a), auto)
+    assert len(service._shapes) == 1
     text = shape.format(a=90)
-    _run(service, text, pf)
-    got = service._plans.get(service._plans.key(text, None, pf, "a"))  # type: ignore[arg-type]
+    _run(service, text, threshold)
+    got = service._plans.get(service._plans.key(text, None, threshold, "a"))  # type: ignore[arg-type]
     assert got is not None
-    _same(got, _fresh(service, text, pf))
+    _same(got, _fresh(service, text, threshold))
 
 
 def test_answers_and_charges_equal_a_cache_free_service(monkeypatch: pytest.MonkeyPatch) -> None:
