@@ -2,10 +2,10 @@
 ``dpsql serve`` throughput, side by side in one run, with the machine's load.
 
 1. ``planning``: thread CPU from a statement's text to its engine SQL, through the service's
-   own path (plan cache, shape cache, parse, bind, type, plan, compile, render), for the
-   fixture's typical queries in three modes: ``repeat`` (a text seen before: the plan cache),
-   ``shape`` (the same shape with other WHERE numbers: the shape cache) and ``cold`` (a new
-   shape every time: both caches off).
+   own path (plan cache, text shapes, shape cache, parse, bind, type, plan, compile, render),
+   for the fixture's typical queries in three modes: ``repeat`` (a text seen before: the plan
+   cache), ``shape`` (the same shape with other WHERE numbers: the text shapes and the shape
+   cache) and ``cold`` (a new shape every time: all caches off).
 2. ``dbapi``: median wall latency of the DP queries through ``dpsql.connect`` (answer cache
    off, new literals each time as in bench_server.py) against the same SQL through DuckDB's
    own DB-API on the same table (``duckdb.connect``, CSV loaded with the declared types).
@@ -75,8 +75,12 @@ def _plan_cpu(service: dpsql.Service, text: str, settings: Settings) -> float:
     key = service._plans.key(text, None, settings, "bench")
     prepared = service._lookup(key)
     if prepared is None:
+        prepared = service._from_text(key, text, None, settings, "bench")
+    if prepared is None:
         statement = parse_statement(text, service.policy)
         prepared = service._prepare(key, statement, settings, "bench")  # type: ignore[arg-type]
+        if prepared.shape_key is not None:  # as Service.execute does once the statement ran
+            service._texts.learn(service, text, statement, settings, "bench", prepared.shape_key)  # type: ignore[arg-type]
     service._compiled(prepared).render("duckdb")
     return time.thread_time() - start
 

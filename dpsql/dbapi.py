@@ -205,8 +205,16 @@ class Connection:
         """What the analyst has left now (read after a charge: SHOW budget's figures)."""
         service = self._service
         dataset = service.policy.dataset
-        budget = service.ledger.budget(self.analyst, dataset, service.policy.budget)
-        left_eps, left_delta = budget.remaining(service.ledger.spent(self.analyst, dataset))
+        ledger, default = service.ledger, service.policy.budget
+        standing = getattr(ledger, "standing", None)  # both at once, where the ledger can
+        if standing is not None:
+            budget, spent = standing(self.analyst, dataset, default)
+        else:
+            budget, spent = (
+                ledger.budget(self.analyst, dataset, default),
+                ledger.spent(self.analyst, dataset),
+            )
+        left_eps, left_delta = budget.remaining(spent)
         return Remaining(left_eps, left_delta, budget.epsilon, budget.delta)
 
     def __enter__(self) -> Connection:

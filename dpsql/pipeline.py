@@ -56,6 +56,7 @@ from dpsql.service.results import (
 )
 from dpsql.service.settings import Settings, _ResetRequest, apply_setting, reset_setting
 from dpsql.service.shape_cache import ShapeCache
+from dpsql.service.text_shapes import TextShapes
 from dpsql.sql.bind import (
     DIALECT,
     BoundQuery,
@@ -145,6 +146,8 @@ class Service:
         self._plans = _PlanCache(plan_cache)
         # the same bound shape with other WHERE numbers: its verified plan and SQL template
         self._shapes = ShapeCache(plan_cache)
+        # ... and found from the text alone, without parsing it (dpsql.service.text_shapes)
+        self._texts = TextShapes(plan_cache)
 
     def _default_ledger(self) -> Ledger:
         if self.policy.ledger_path is None:
@@ -227,6 +230,8 @@ class Service:
         key = self._plans.key(text, parameters, settings, analyst)
         if (prepared := self._lookup(key)) is not None:
             return self._run(prepared, analyst, handle, settings.confidence)
+        if (prepared := self._from_text(key, text, parameters, settings, analyst)) is not None:
+            return self._run(prepared, analyst, handle, settings.confidence)
         statement = parse_statement(text, self.policy, parameters, self._models(analyst, text))
         if isinstance(statement, SettingStatement):
             if statement.action == "show" and statement.name == "budget":
@@ -266,7 +271,28 @@ class Service:
             return run_composite(self, statement, settings, analyst, handle)
         assert isinstance(statement, BoundQuery)
         prepared = self._prepare(key, statement, settings, analyst)
-        return self._run(prepared, analyst, handle, settings.confidence)
+        result = self._run(prepared, analyst, handle, settings.confidence)
+        if prepared.shape_key is not None and parameters is None:
+            # served from its shape and run: the next text like it may skip parse and bind
+            self._texts.learn(self, text, statement, settings, analyst, prepared.shape_key)
+        return result
+
+    def _from_text(
+        self,
+        key: tuple | None,
+        text: str,
+        parameters: Sequence[Any] | None,
+        settings: Settings,
+        analyst: str,
+    ) -> _Prepared | None:
+        """A verified shape found from the text alone (dpsql.service.text_shapes), cached
+        under ``key`` like a planned statement; None: parse and bind it."""
+        if key is None or parameters is not None:
+            return None
+        prepared = self._texts.lookup(self, text, settings, analyst)
+        if prepared is not None:
+            self._plans.put(key, prepared)
+        return prepared
 
     def data_version(self, table: TablePolicy) -> str:
         """The version of the data a query over ``table`` reads: a policy table's own, or for

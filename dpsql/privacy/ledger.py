@@ -179,6 +179,10 @@ class MemoryLedger:
     def spent(self, analyst: str, dataset: str) -> Cost:
         return self._spent.get((analyst, dataset), Cost())
 
+    def standing(self, analyst: str, dataset: str, default: Budget) -> tuple[Budget, Cost]:
+        """The budget and the total spent together (SQLiteLedger reads both at once)."""
+        return self.budget(analyst, dataset, default), self.spent(analyst, dataset)
+
     def check(self, analyst: str, dataset: str, cost: Cost, default: Budget) -> None:
         self._total_after(analyst, dataset, cost, default)
 

@@ -258,9 +258,25 @@ def _interval(
     }
     simulated = _evaluate(output, plan, sims)
     error = simulated - _evaluate(output, plan, {k: noisy[k][None, :] for k in names})
-    low = value + np.quantile(error, 0.025, axis=0, method="lower")
-    high = value + np.quantile(error, 0.975, axis=0, method="higher")
-    return np.stack([low, high], axis=1)
+    lower, upper = error_quantiles(error)
+    return np.stack([value + lower, value + upper], axis=1)
+
+
+def error_quantiles(error: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per column, ``np.quantile(error, 0.025, axis=0, method="lower")`` and ``(0.975,
+    "higher")``: the same order statistics from one partition (~5 us instead of ~25 us).
+
+    The ranks are numpy's own (floor and ceil of ``(m - 1) * q`` in float); a column holding
+    a NaN gives NaN, as numpy does (NaN sorts last, so the partition's last row shows it).
+    """
+    m = error.shape[0]
+    lo, hi = math.floor((m - 1) * 0.025), math.ceil((m - 1) * 0.975)
+    part = np.partition(error, (lo, hi, m - 1), axis=0)
+    lower, upper = part[lo], part[hi]
+    nan = np.isnan(part[m - 1])
+    if nan.any():
+        lower, upper = np.where(nan, np.nan, lower), np.where(nan, np.nan, upper)
+    return lower, upper
 
 
 _SIMULATION_CACHE_SIZE = 20_000  # draws: larger simulations (many groups) are not kept

@@ -25,6 +25,7 @@ import os
 import sqlite3
 import stat
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -136,6 +137,14 @@ _MIGRATE_2_TO_3 = (
 )
 
 _EXACT = "epsilon_exact, delta_exact, rho_exact"
+# One analyst's budget override and total in one statement (SQLiteLedger._standing_in).
+_STANDING = (
+    "SELECT b.analyst IS NOT NULL, b.epsilon, b.delta, t.analyst IS NOT NULL, t.epsilon, "
+    "t.delta, t.rho, t.epsilon_exact, t.delta_exact, t.rho_exact, t.charges, t.zrho_exact, "
+    "t.zrho_at, t.updated_at FROM (SELECT 1) "
+    "LEFT JOIN budgets AS b ON b.analyst = ? AND b.dataset = ? "
+    "LEFT JOIN totals AS t ON t.analyst = ? AND t.dataset = ?"
+)
 
 FaultHook = Callable[[str], None]
 
@@ -333,11 +342,13 @@ class SQLiteLedger:
         )
 
     @contextmanager
-    def _transaction(self, mode: str) -> Iterator[sqlite3.Connection]:
-        """``BEGIN <mode>`` ... ``COMMIT``; any exception rolls back everything written."""
+    def _transaction(self, mode: str | None) -> Iterator[sqlite3.Connection]:
+        """``BEGIN <mode>`` ... ``COMMIT``; any exception rolls back everything written.
+        ``None``: the transaction is already begun (:meth:`_begin_immediate`)."""
         conn = self._conn()
         try:
-            conn.execute(f"BEGIN {mode}")
+            if mode is not None:
+                conn.execute(f"BEGIN {mode}")
         except sqlite3.Error as exc:
             raise self._error(exc) from None
         try:
@@ -367,10 +378,44 @@ class SQLiteLedger:
         if not self._write_lock.acquire(timeout=self.timeout):
             raise self._error(sqlite3.OperationalError("database is locked"))
         try:
-            with self._transaction("IMMEDIATE") as conn:
+            self._begin_immediate()
+            with self._transaction(None) as conn:
                 yield conn
         finally:
             self._write_lock.release()
+
+    def _begin_immediate(self) -> None:
+        """``BEGIN IMMEDIATE``, waiting up to ``timeout`` for another process's writer.
+
+        SQLite's own busy handler sleeps 1, 2, 5, 10, ... 100 ms between tries, and this
+        process's writers all queue behind the one sleeping (the Python lock above): with two
+        ``--workers`` charging at once, one would often stall the other's charges for tens of
+        ms. Polled here instead, from 50 us doubling to 2 ms; every other statement keeps the
+        connection's busy timeout.
+        """
+        conn = self._conn()
+        deadline = time.monotonic() + self.timeout
+        pause = 50e-6
+        try:
+            conn.execute("PRAGMA busy_timeout = 0")
+            try:
+                while True:
+                    try:
+                        conn.execute("BEGIN IMMEDIATE")
+                        return
+                    except sqlite3.OperationalError as exc:
+                        if "locked" not in str(exc) and "busy" not in str(exc):
+                            raise
+                        if time.monotonic() >= deadline:
+                            raise
+                    time.sleep(pause)
+                    pause = min(pause * 2, 2e-3)
+            finally:
+                conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise self._error(exc) from None
 
     def _read(self) -> AbstractContextManager[sqlite3.Connection]:
         # A read transaction sees one consistent snapshot (WAL), e.g. budget and total together.
@@ -512,6 +557,41 @@ class SQLiteLedger:
         return _total_cost(conn, analyst, dataset, row[0:6], row[7:10]), row[6]
 
     @staticmethod
+    def _standing_in(
+        conn: sqlite3.Connection, analyst: str, dataset: str, default: Budget, *, legacy: bool
+    ) -> tuple[Budget, Cost, int] | None:
+        """(budget, spent, charges) from one statement (_budget_in and _spent_in joined): a
+        single SELECT reads one snapshot even outside a transaction. None when the total's
+        zCDP sum must be recomputed from the log and ``legacy`` is False (the caller then
+        reads it inside a transaction)."""
+        row = conn.execute(_STANDING, (analyst, dataset, analyst, dataset)).fetchone()
+        has_budget, b_eps, b_delta, has_total, *parts = row
+        budget = _with_share(Budget(b_eps, b_delta) if has_budget else None, default)
+        if not has_total:
+            return budget, Cost(), 0
+        costs, charges, zrho = tuple(parts[0:6]), parts[6], tuple(parts[7:10])
+        if not legacy and (zrho[0] is None or zrho[1] != zrho[2]):
+            return None
+        return budget, _total_cost(conn, analyst, dataset, costs, zrho), charges
+
+    def standing(self, analyst: str, dataset: str, default: Budget) -> tuple[Budget, Cost]:
+        """The analyst's budget and total spent, read together (one statement, ~5x cheaper
+        than :meth:`budget` then :meth:`spent`, and one snapshot)."""
+        try:
+            found = self._standing_in(self._conn(), analyst, dataset, default, legacy=False)
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
+        except UnicodeEncodeError:
+            with self._read() as conn:  # the transaction's own error for such a key
+                self._standing_in(conn, analyst, dataset, default, legacy=True)
+            raise
+        if found is None:
+            with self._read() as conn:
+                found = self._standing_in(conn, analyst, dataset, default, legacy=True)
+                assert found is not None
+        return found[0], found[1]
+
+    @staticmethod
     def _log(
         conn: sqlite3.Connection,
         analyst: str,
@@ -587,9 +667,7 @@ class SQLiteLedger:
 
     def check(self, analyst: str, dataset: str, cost: Cost, default: Budget) -> None:
         validate_cost(cost)
-        with self._read() as conn:
-            budget = _with_share(self._budget_in(conn, analyst, dataset), default)
-            spent, _ = self._spent_in(conn, analyst, dataset)
+        budget, spent = self.standing(analyst, dataset, default)
         if not budget.covers(spent + cost):
             raise exhausted(analyst, budget, spent, cost)
 
@@ -616,8 +694,9 @@ class SQLiteLedger:
         """
         validate_cost(cost)
         with self._write() as conn:
-            budget = _with_share(self._budget_in(conn, analyst, dataset), default)
-            spent, charges = self._spent_in(conn, analyst, dataset)
+            found = self._standing_in(conn, analyst, dataset, default, legacy=True)
+            assert found is not None
+            budget, spent, charges = found
             total = spent + cost
             if not budget.covers(total):
                 raise exhausted(analyst, budget, spent, cost)

@@ -130,9 +130,10 @@ def _check_users(args: argparse.Namespace) -> bool:
 
 def _serve(args: argparse.Namespace) -> int:
     import dpsql
-    from dpsql.server.server import Server, tls_context
+    from dpsql.server.server import Server, tls_context, tune_interpreter
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    tune_interpreter()
     if bool(args.tls_cert) != bool(args.tls_key):
         print("dpsql: --tls-cert and --tls-key go together", file=sys.stderr)
         return 2

@@ -10,6 +10,7 @@ import logging
 import os
 import socket
 import ssl
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +24,28 @@ from dpsql.server.settings import DEFAULTS
 from dpsql.server.users import UserStore
 
 log = logging.getLogger("dpsql.server")
+
+# How often (seconds) CPython makes a thread running Python hand the GIL to one waiting for it;
+# 5 ms by default. A server process has 16 query threads and the event loop: a thread coming
+# back from DuckDB or SQLite (which run without the GIL), or the loop woken by a socket, waits
+# up to one interval for each hand-over, and the ledger's writer makes one per statement of
+# its transaction while it holds the write lock every charge queues on (~20 ms a charge was
+# seen under load). 0.5 ms keeps those waits short (docs/performance.md, "Small plans").
+SWITCH_INTERVAL = 0.0005
+
+
+def tune_interpreter() -> None:
+    """Set the server process's GIL switch interval (a process-wide knob: ``dpsql serve`` and
+    its workers call it; an embedding application keeps its own). The environment variable
+    ``DPSQL_SWITCH_INTERVAL`` (seconds) overrides it, e.g. to compare with Python's 0.005."""
+    value = os.environ.get("DPSQL_SWITCH_INTERVAL")
+    try:
+        interval = float(value) if value else SWITCH_INTERVAL
+    except ValueError:
+        interval = SWITCH_INTERVAL
+    if not 1e-6 <= interval <= 1.0:
+        interval = SWITCH_INTERVAL
+    sys.setswitchinterval(interval)
 
 
 def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:

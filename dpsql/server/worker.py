@@ -165,9 +165,10 @@ async def _serve(server: object, ctrl: socket.socket) -> None:
 def run(index: int, ctrl: socket.socket) -> int:
     """The worker's life: read the config, build the Service and Server, serve, clean up."""
     import dpsql
-    from dpsql.server.server import Server, tls_context
+    from dpsql.server.server import Server, tls_context, tune_interpreter
     from dpsql.server.users import UserStore
 
+    tune_interpreter()
     msg = ctrl.recv(1 << 20)
     if not msg.startswith(CONFIG):
         return 2

@@ -4,6 +4,7 @@ LRU of prepared statements (keyed by everything binding depends on, the analyst 
 from __future__ import annotations
 
 import datetime as dt
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -51,7 +52,7 @@ class _Prepared:
     Never reused: the keyed-hash secret, the budget check and charge, the noise.
     """
 
-    __slots__ = ("fingerprint", "plan", "post", "post_checked", "runs", "template")
+    __slots__ = ("fingerprint", "plan", "post", "post_checked", "runs", "shape_key", "template")
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
@@ -60,6 +61,7 @@ class _Prepared:
         self.post: _PostPlan | None = None  # how its post-processing runs (first use)
         self.post_checked = False  # the free dry run of its post-processing has passed
         self.runs = 0  # engine runs so far (the template is built by the first)
+        self.shape_key: tuple | None = None  # the shape cache entry it came from, if any
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,10 @@ class _SecretTemplate:
         return self.compiled.with_secret(secret)
 
 
+# CURRENT_DATE and TODAY() (the same node in sqlglot) become the date at bind
+_DATED = re.compile(r"current_date|today", re.IGNORECASE)
+
+
 class _PlanCache:
     """Bounded LRU of prepared statements, keyed by everything that binding depends on.
 
@@ -144,7 +150,7 @@ class _PlanCache:
             text,
             params,
             # CURRENT_DATE is a literal fixed at bind: a plan bound yesterday is not today's
-            dt.datetime.now(dt.UTC).date() if "current_date" in text.lower() else None,
+            dt.datetime.now(dt.UTC).date() if _DATED.search(text) else None,
             repr(settings.epsilon),
             repr(settings.delta),
             settings.mechanism,

@@ -92,7 +92,7 @@ def _sentinel(cls: str) -> str:
 class _Shape:
     """One verified shape: its plan, the bound parts compared by value, its SQL template."""
 
-    __slots__ = ("compiled", "plan", "policy", "sentinels", "statement", "version")
+    __slots__ = ("compiled", "plan", "policy", "sentinels", "served", "statement", "version")
 
     def __init__(
         self, plan: Plan, statement: BoundQuery, compiled: CompiledQuery, sentinels: list[str]
@@ -103,6 +103,9 @@ class _Shape:
         self.sentinels = sentinels
         self.version = plan.data_version
         self.policy: object = None  # the Service policy it was verified under
+        # the first statement served from it: its post-processing (equal for every statement
+        # of the shape, see matches) is planned and dry-run once, then shared
+        self.served: _Prepared | None = None
 
     def matches(self, statement: BoundQuery) -> bool:
         old = self.statement
@@ -131,6 +134,12 @@ class _Shape:
         prepared = _Prepared(plan)
         swaps = tuple(zip(self.sentinels, literals, strict=True))
         prepared.template = _SecretTemplate(self.compiled.with_literals(swaps))
+        served = self.served
+        if served is None:
+            self.served = prepared
+        else:
+            prepared.post = served.post
+            prepared.post_checked = served.post_checked
         return prepared
 
 
@@ -169,6 +178,8 @@ class ShapeCache:
             repr(settings.epsilon),
             repr(settings.delta),
             settings.mechanism,
+            settings.quantile_method,  # both reach the plan (MEDIAN's mechanism, selection)
+            settings.partition_selection,
         )
         return key, [str(node.this) for node, _ in slots]
 
@@ -194,7 +205,23 @@ class ShapeCache:
         if not shape.matches(statement):
             self._put(key, None)  # e.g. WHERE age > 5 GROUP BY age: the key holds the number
             return None
-        return shape.prepared(statement, literals)
+        prepared = shape.prepared(statement, literals)
+        prepared.shape_key = key
+        return prepared
+
+    def verified(self, service: Service, key: tuple, table: Any) -> _Shape | None:
+        """The live verified shape under ``key`` (dpsql.service.text_shapes), if its policy
+        and data version are still the service's; None otherwise."""
+        with self._lock:
+            shape = self._items.get(key)
+            if isinstance(shape, _Shape):
+                self._items.move_to_end(key)
+        if not isinstance(shape, _Shape):
+            return None
+        if shape.policy is not service.policy or shape.version != service.data_version(table):
+            self.discard(key)
+            return None
+        return shape
 
     def _put(self, key: tuple, shape: _Shape | object | None) -> None:
         with self._lock:
