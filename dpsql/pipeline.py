@@ -215,7 +215,7 @@ class Service:
             data_version=self.data_version(query.table),
             quantile_method=settings.quantile_method,
             partition_selection=settings.partition_selection,
-            engine=self.policy.engine.name,
+            engine=self.engine.name,
         )
 
     # -- execution ---------------------------------------------------------------------------
@@ -729,7 +729,7 @@ class Service:
                 )
             for name in o.measures:
                 m = plan.measure(name)
-                g = m.granularity
+                g = m.unit  # in the answer's units (a rescaled measure's fine grid divided out)
                 rows.append(
                     (
                         o.call.label,

@@ -212,3 +212,16 @@ def visits_ref() -> Iterable[duckdb.DuckDBPyConnection]:
     con.execute(CLAMP_MACRO)
     yield con
     con.close()
+
+
+def as_released(plan: Any, released: Any) -> list[Any]:
+    """The first output's values as the answer holds them: an integer-typed aggregate (COUNT,
+    SUM of an int column) rounded, as dpsql.service.results does before any outer query."""
+    from dpsql.aggregates import kind_of
+
+    output = plan.outputs[0]
+    column = plan.query.table.columns.get(output.call.column) if output.call.column else None
+    values = released.outputs[0].tolist()
+    if kind_of(output).released_type(column) == "BIGINT":
+        return [round(v) for v in values]
+    return values

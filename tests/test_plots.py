@@ -57,7 +57,7 @@ def test_error_curves_come_from_the_plan_and_spend_nothing(service, monkeypatch)
     for eps, half in zip(curves.epsilons[::10], curves.series[0].halfwidths[::10], strict=True):
         plan = service.plan(bound, replace(settings, epsilon=eps))
         m = plan.measure(plan.outputs[0].measures[0])
-        assert half == m.mechanism.interval_halfwidth(0.95) * m.granularity
+        assert half == m.mechanism.interval_halfwidth(0.95) * m.unit
     for s in curves.series:  # noise falls like 1/epsilon (discrete, so nearly)
         assert all(a >= b for a, b in zip(s.halfwidths, s.halfwidths[1:], strict=False))
         ratio = s.halfwidths[5] / s.halfwidths[25]

@@ -46,7 +46,14 @@ def plan_tree(plan: Plan) -> PostProcess:
     )
     if computed:
         node = Project(node, computed)
-    bound = Bound(node, table.privacy_unit, plan.max_rows, plan.max_groups, plan.bounding)
+    bound = Bound(
+        node,
+        table.privacy_unit,
+        plan.max_rows,
+        plan.max_groups,
+        plan.bounding,
+        plan.group_scaling,
+    )
     measures = tuple(
         AggregateMeasure(
             m.name, m.kind, m.column, _row_bound(m) * m.scale, per_unit=m.kind == "units"

@@ -117,6 +117,7 @@ class Bound:
     max_rows: int  # R
     max_groups: int  # G (effective)
     method: str = "sample"  # "sample" or "scale"
+    groups_scaled: bool = False  # scale, public keys: a unit's k > G groups all kept at G/k
 
     def children(self) -> tuple:
         return (self.input,)
@@ -125,6 +126,8 @@ class Bound:
         if self.unit is None:
             return f"Bound: one row per unit, {self.max_groups} group(s)"
         how = ", over-R groups rescaled to R rows" if self.method == "scale" else ""
+        if self.groups_scaled:
+            how += ", a unit's k > G groups each at G/k"
         return (
             f"Bound per {self.unit}: <= {self.max_rows} rows per group, <= {self.max_groups} "
             f"groups{how}"

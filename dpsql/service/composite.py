@@ -62,7 +62,7 @@ def plan_composite(
         data_version=service.data_version(outer_query.table),
         quantile_method=settings.quantile_method,
         partition_selection=settings.partition_selection,
-        engine=service.policy.engine.name,
+        engine=service.engine.name,
     )
     for plan in (inner, outer):
         if plan.clips:

@@ -131,10 +131,12 @@ def explain_lines(service: Service, plan: Plan, analyst: str | None) -> list[str
     else:
         how = "rows and groups chosen by keyed hash, in the engine"
         if plan.bounding == "scale":
-            how = (
-                "a group with n > R of its rows counts R/n of each; groups chosen by keyed "
-                "hash, in the engine"
-            )
+            how = "a group with n > R of its rows counts R/n of each; groups chosen by keyed hash"
+            if plan.group_scaling:
+                how = (
+                    "a group with n > R of its rows counts R/n of each, and a unit in k > G "
+                    "groups counts G/k in each"
+                )
         lines.append(
             f"  each {unit} keeps at most {plan.max_rows} rows per group and "
             f"{plan.max_groups} groups ({how})"
