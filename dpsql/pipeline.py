@@ -216,7 +216,17 @@ class Service:
             quantile_method=settings.quantile_method,
             partition_selection=settings.partition_selection,
             engine=self.engine.name,
+            store=self.store_of(query.table),
         )
+
+    def store_of(self, table: TablePolicy) -> Any:
+        """This engine's own prepared store of ``table`` at its data version, or None: a plan
+        compiles against the store its engine holds, never another engine's in the process."""
+        version = self.data_version(table)
+        for info in getattr(self.engine, "stores", ()):
+            if info.table == table.name and info.version == version:
+                return info
+        return None
 
     # -- execution ---------------------------------------------------------------------------
     def execute(

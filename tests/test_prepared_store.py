@@ -384,3 +384,27 @@ def test_unfiltered_plans_read_the_stored_pair_partials(gen_csv):
     finally:
         svc.close()
         sampled.close()
+
+
+def test_a_service_without_a_store_never_compiles_against_anothers(gen_csv):
+    """Two services in one process over one table and version, one with a memory store: each
+    compiles against its own engine's store (or none). Before plans named their store, the
+    one without read the other's registered store and failed on a relation it lacks."""
+    policy = table_policy(gen_csv, GEN_COLUMNS, unit="uid", rows=2, groups=2)
+    plain = _service(load_policy(policy))
+    stored = _service(_with_store(policy))
+    try:
+        settings = Settings.from_policy(plain.policy)
+        for q in GEN_QUERIES[:3]:
+            a = plain.plan(parse_statement(q, plain.policy), settings)
+            b = stored.plan(parse_statement(q, stored.policy), settings)
+            assert a.store is None and b.store is not None
+            sql_a, sql_b = compile_plan(a, 3), compile_plan(b, 3)
+            assert "__dp_" + "store" not in sql_a.sql and "__dp_store_t" in sql_b.sql
+            rows_a = plain.engine._con.execute(sql_a.render("duckdb")).fetchall()
+            rows_b = stored.engine._con.execute(sql_b.render("duckdb")).fetchall()
+            nk = len(a.keys)
+            assert _norm(rows_a, nk) == _norm(rows_b, nk), q
+    finally:
+        plain.close()
+        stored.close()

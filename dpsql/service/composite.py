@@ -63,6 +63,7 @@ def plan_composite(
         quantile_method=settings.quantile_method,
         partition_selection=settings.partition_selection,
         engine=service.engine.name,
+        store=service.store_of(outer_query.table),
     )
     for plan in (inner, outer):
         if plan.clips:

@@ -728,8 +728,7 @@ def compile_plan(plan: Plan, secret: int, *, store: object = None) -> CompiledQu
     if store is not False and plan.measures:
         from dpsql.engine import prepared
 
-        engine = plan.engine or None
-        info = store or prepared.lookup(plan.query.table, plan.data_version, engine)
+        info = store if store is not None else _store_of(plan)
         if isinstance(info, prepared.StoreInfo):
             from dpsql.sql.prepared_plan import store_tree
 
@@ -756,6 +755,21 @@ def compile_plan(plan: Plan, secret: int, *, store: object = None) -> CompiledQu
 
 
 # -- quantiles: bin counts of bounded values ---------------------------------------------------
+
+
+def _store_of(plan: Plan) -> object:
+    """The store a plan compiles against: a service's plan, its own engine's (``plan.store``),
+    while that store is still registered (a store closed or rebuilt for another data version
+    is never read); a plan built outside a service, any store registered for its table."""
+    from dpsql.engine import prepared
+
+    registered = prepared.lookup(plan.query.table, plan.data_version, plan.engine or None)
+    if not plan.engine:
+        return registered
+    held = plan.store
+    if registered is None or not isinstance(held, prepared.StoreInfo):
+        return None
+    return held if held.key == registered.key else None
 
 
 def compile_clip_histograms(plan: Plan, secret: int) -> tuple[CompiledQuery, ...]:

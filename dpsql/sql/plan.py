@@ -258,8 +258,11 @@ class Plan:
     # bounding "scale" with public keys and more bins than G: a unit's k > G groups all count,
     # at G/k each, instead of G of them chosen by keyed hash (see above)
     group_scaling: bool = False
-    # the engine that runs it ("duckdb", "spark"; "" unknown): whose prepared store it may read
+    # the engine that runs it ("duckdb", "spark"; "" unknown: a plan built outside a service)
+    # and that engine's prepared store of the table (dpsql.engine.prepared.StoreInfo) or None:
+    # a plan with an engine compiles against that store only
     engine: str = ""
+    store: object = field(default=None, compare=False, repr=False)
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def measure(self, name: str) -> Measure:
@@ -379,6 +382,7 @@ def build_plan(
     quantile_method: str = "em",
     partition_selection: str = "auto",
     engine: str = "",
+    store: object = None,
 ) -> Plan:
     """Annotate a bound query with bounds, sensitivities, mechanisms and the budget split."""
     table = query.table
@@ -623,6 +627,7 @@ def build_plan(
         bounding=bounding,
         group_scaling=group_scaling,
         engine=engine,
+        store=store,
     )
     from dpsql.ir.check import check_plan
 
@@ -655,6 +660,8 @@ def with_clip_ranges(plan: Plan, ranges: dict[str, tuple[float, float]]) -> Plan
         data_version=plan.data_version,
         quantile_method=plan.quantiles[0].method if plan.quantiles else "em",
         partition_selection=plan.selection.requested if plan.selection else "auto",
+        engine=plan.engine,
+        store=plan.store,
     )
 
 
