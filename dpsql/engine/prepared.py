@@ -81,29 +81,38 @@ class StoreInfo:
     ranges: Mapping[str, tuple[Any, Any]] = field(default_factory=dict, compare=False, repr=False)
 
 
-# (table name, data version) -> store; a refcount per entry for engines that share one
-STORES: dict[tuple[str, str], StoreInfo] = {}
-_USERS: dict[tuple[str, str], int] = {}
-_LOCK = threading.Lock()
+class Registry:
+    """(table name, data version) -> the store built for it, with a refcount per entry for
+    engines that share one (one registry per engine kind: DuckDB's here, Spark's in
+    dpsql.engine.spark_store)."""
+
+    def __init__(self) -> None:
+        self.stores: dict[tuple[str, str], StoreInfo] = {}
+        self._users: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+
+    def register(self, info: StoreInfo) -> None:
+        with self._lock:
+            key = (info.table, info.version)
+            self.stores[key] = info
+            self._users[key] = self._users.get(key, 0) + 1
+
+    def unregister(self, info: StoreInfo) -> None:
+        with self._lock:
+            key = (info.table, info.version)
+            left = self._users.get(key, 0) - 1
+            if left > 0:
+                self._users[key] = left
+                return
+            self._users.pop(key, None)
+            if key in self.stores and self.stores[key].key == info.key:
+                self.stores.pop(key, None)
 
 
-def register(info: StoreInfo) -> None:
-    with _LOCK:
-        key = (info.table, info.version)
-        STORES[key] = info
-        _USERS[key] = _USERS.get(key, 0) + 1
-
-
-def unregister(info: StoreInfo) -> None:
-    with _LOCK:
-        key = (info.table, info.version)
-        left = _USERS.get(key, 0) - 1
-        if left <= 0:
-            _USERS.pop(key, None)
-            if STORES.get(key) is info or (key in STORES and STORES[key].key == info.key):
-                STORES.pop(key, None)
-        else:
-            _USERS[key] = left
+_REGISTRY = Registry()
+STORES = _REGISTRY.stores
+register = _REGISTRY.register
+unregister = _REGISTRY.unregister
 
 
 def lookup(table: TablePolicy, version: str, engine: str | None = None) -> StoreInfo | None:

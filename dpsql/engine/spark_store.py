@@ -40,28 +40,10 @@ FORMAT = 1  # bump when the Spark layout changes: old directories are then never
 META = "_dpsql_store.json"  # a leading underscore: Spark's Parquet reader skips the file
 
 # (table name, data version) -> the Spark store built for it; a refcount per entry
-STORES: dict[tuple[str, str], StoreInfo] = {}
-_USERS: dict[tuple[str, str], int] = {}
-_LOCK = threading.Lock()
-
-
-def register(info: StoreInfo) -> None:
-    with _LOCK:
-        key = (info.table, info.version)
-        STORES[key] = info
-        _USERS[key] = _USERS.get(key, 0) + 1
-
-
-def unregister(info: StoreInfo) -> None:
-    with _LOCK:
-        key = (info.table, info.version)
-        left = _USERS.get(key, 0) - 1
-        if left > 0:
-            _USERS[key] = left
-            return
-        _USERS.pop(key, None)
-        if key in STORES and STORES[key].key == info.key:
-            STORES.pop(key, None)
+_REGISTRY = prepared.Registry()
+STORES = _REGISTRY.stores
+register = _REGISTRY.register
+unregister = _REGISTRY.unregister
 
 
 def lookup(table: TablePolicy, version: str) -> StoreInfo | None:
