@@ -167,7 +167,8 @@ def test_released_values_are_in_the_answers_units(data):
         rows = cur.fetchall()
         half = count.mechanism.interval_halfwidth() / count.scale
         for row, ivs in zip(rows, cur.intervals, strict=True):
-            assert ivs[1][1] - row[1] == pytest.approx(half, abs=0.5)  # COUNT: rounded
+            # COUNT: the value rounded, its interval rounded outward to whole rows
+            assert ivs[1][1] == float(int(ivs[1][1])) and abs(ivs[1][1] - row[1] - half) <= 1.5
         sampled = exact_connect(_policy(path, bounding="sample"))
         try:
             plan_s, _ = _exact(sampled, sql)

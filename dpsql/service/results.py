@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -107,9 +108,13 @@ def _released_table(plan: Plan, answer: dict) -> tuple[list[str], list[str], lis
         row: list[Any] = list(key)
         for i, is_whole in enumerate(whole):
             value = outputs[i][r]
+            low, high = intervals[i][r]
             if is_whole and value is not None:
                 value = round(value)
-            low, high = intervals[i][r]
+                # an integer answer's interval on whole numbers too, rounded outward (a
+                # rescaled count's noise is in a fine grid): post-processing
+                if low is not None and high is not None and np.isfinite(low) and np.isfinite(high):
+                    low, high = math.floor(low), math.ceil(high)
             row += [value, low, high]
         row.append(suppressed[r] if suppressed is not None else None)
         rows.append(tuple(row))
