@@ -245,6 +245,41 @@ def _grouped(
     return query
 
 
+def _split(plan: Plan, store: StoreInfo, ks: list[str], safe: exp.Expression) -> list[exp.CTE]:
+    """One scan for both phases: rows grouped by (safe, unit unless safe, keys), so the rows
+    proven within R and G collapse into one partial per key (``direct``) and the others into
+    one per (unit, key) (``pairs``); the same partials as two scans filtered by ``safe`` and
+    by its negation (statistics are never NULL, so every row is on exactly one side)."""
+    table = plan.query.table
+    unit = c._quoted(table.privacy_unit)  # type: ignore[arg-type]
+    items: list[exp.Expression] = [
+        c._alias(safe.copy(), "__d"),
+        c._alias(exp.Case(ifs=[exp.If(this=safe.copy(), true=exp.Null())], default=unit), "__u"),
+    ]
+    items += [c._alias(c.lowered_key(kp.key), k) for kp, k in zip(plan.keys, ks, strict=True)]
+    items.append(c._alias(c._count_star(), "__n"))
+    values = [f"v_{m.name}" for m in c._value_measures(plan)]
+    items += [
+        c._alias(aggregate(m, table, store), name)
+        for m, name in zip(c._value_measures(plan), values, strict=True)
+    ]
+    group: list[exp.Expression] = [c._name(n) for n in ["__d", "__u", *ks]]
+    grouped = c._select(items, _source(store), where=c._conditions(plan), group=group)
+    filters = c._column_key_domains(plan, ks)
+    if filters:
+        grouped = c._select([c._star()], c._subquery(grouped, "p"), where=filters)
+    side = c._name("__d")
+    pairs = c._select(
+        [c._name(n) for n in ["__u", *ks, "__n", *values]],
+        c._table("grouped"),
+        where=[exp.Not(this=side)],
+    )
+    direct = c._select(
+        [c._name(n) for n in [*ks, "__n", *values]], c._table("grouped"), where=[side.copy()]
+    )
+    return [c._cte("grouped", grouped), c._cte("pairs", pairs), c._cte("direct", direct)]
+
+
 def _sampled(plan: Plan, store: StoreInfo, ks: list[str], heavy: exp.Expression) -> exp.Select:
     """Rows whose pair may hold more than R rows: each pair keeps the R of smallest keyed hash
     (as dpsql.sql.compile._sampled), the hash from the stored mix. A pair the filter left
@@ -295,18 +330,18 @@ def _two_phase(plan: Plan, store: StoreInfo) -> exp.Select:
     safe = rows_ok.copy()
     if groups_ok is not None:
         safe = exp.And(this=safe, expression=groups_ok.copy())
+    split = not c._value_measures(plan) or plan.bounding == "scale"
     if not c._value_measures(plan):
         # counts only: any R of a pair's n rows count min(n, R), no row is sampled
-        base = _grouped(plan, store, ks, _not(safe), by_unit=True)
         capped = exp.Least(this=c._name("__n"), expressions=[c._number(R)], ignore_nulls=True)
         items: list[exp.Expression] = [c._name(n) for n in gc] + [c._alias(capped, "__n")]
-        ctes = [c._cte("bounded", c._select(items, c._subquery(base, "p")))]
+        ctes = [
+            *_split(plan, store, ks, safe),
+            c._cte("bounded", c._select(items, c._table("pairs"))),
+        ]
     elif plan.bounding == "scale":
         # every pair not proven within R and G: aggregated as it is, then rescaled to R rows
-        ctes = [
-            c._cte("pairs", _grouped(plan, store, ks, _not(safe), by_unit=True)),
-            c._cte("bounded", c.rescaled(plan, ks, "pairs")),
-        ]
+        ctes = [*_split(plan, store, ks, safe), c._cte("bounded", c.rescaled(plan, ks, "pairs"))]
     else:
         bounded: exp.Expression = c._select([c._star()], c._table("sampled"))
         ctes = [c._cte("sampled", _sampled(plan, store, ks, _not(rows_ok)))]
@@ -325,7 +360,8 @@ def _two_phase(plan: Plan, store: StoreInfo) -> exp.Select:
         G = plan.max_groups
         ctes.append(c._cte("ranked", c._ranked(ks, G)))
         source = "ranked"
-    ctes.append(c._cte("direct", _grouped(plan, store, ks, safe, by_unit=False)))
+    if not split:
+        ctes.append(c._cte("direct", _grouped(plan, store, ks, safe, by_unit=False)))
     parts = [*ks, "__n", *[f"v_{m.name}" for m in c._value_measures(plan)]]
     direct: list[exp.Expression] = [c._name(n) for n in ks]
     rows: exp.Expression = c._name("__n")
