@@ -282,7 +282,13 @@ def test_soak_ledger_equals_reported_charges(server):
             conn.execute(f"SET epsilon = {SOAK_EPSILON}")
             for k in range(50):
                 sql = queries[(worker + k) % len(queries)].format(i=k % 90, j=10 + k % 90)
-                with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
+                # refused (free): the SELECT * probe; and, when the four connections' catalog
+                # statements meet in the server's small catalog queue, a catalog statement
+                # (53200, free too): neither changes what the ledger must equal
+                refused = (psycopg.errors.InsufficientPrivilege,)
+                if "pg_catalog" in sql:
+                    refused += (psycopg.errors.InsufficientResources,)
+                with contextlib.suppress(*refused):
                     conn.execute(sql).fetchall()
                 done += 1
         return done
