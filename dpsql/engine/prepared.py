@@ -244,12 +244,7 @@ def _build_sql(table: TablePolicy, layout: dict[str, Any], dest: str, hashed: bo
     if unit is None:
         return f"CREATE TABLE {dest} AS SELECT {', '.join(items)} FROM {src} AS r"
     u = _q(unit)
-    per_unit = [f"COUNT(*) AS {PREFIX}un"]
-    for name, g in layout["keys"].items():
-        c = _q(name)
-        per_unit.append(
-            f"COUNT(DISTINCT {c}) + MAX(CASE WHEN {c} IS NULL THEN 1 ELSE 0 END) AS {g}"
-        )
+    per_unit = unit_statistics(layout, _q)
     ctes = [f"u AS (SELECT {u}, {', '.join(per_unit)} FROM {src} GROUP BY {u})"]
     joins = [f"LEFT JOIN u ON r.{u} IS NOT DISTINCT FROM u.{u}"]
     items += [f"COALESCE(u.{PREFIX}un, 0) AS {PREFIX}un"]
@@ -266,6 +261,16 @@ def _build_sql(table: TablePolicy, layout: dict[str, Any], dest: str, hashed: bo
         f"CREATE TABLE {dest} AS WITH {', '.join(ctes)} SELECT {', '.join(items)} "
         f"FROM {src} AS r {' '.join(joins)} ORDER BY {PREFIX}un, r.{u}"
     )
+
+
+def unit_statistics(layout: dict[str, Any], quote: Callable[[str], str]) -> list[str]:
+    """The per-unit statistics' aggregates (SQL both engines read): the unit's rows, and per
+    key column its distinct values, NULL counted as one."""
+    items = [f"COUNT(*) AS {PREFIX}un"]
+    for name, g in layout["keys"].items():
+        c = quote(name)
+        items.append(f"COUNT(DISTINCT {c}) + MAX(CASE WHEN {c} IS NULL THEN 1 ELSE 0 END) AS {g}")
+    return items
 
 
 def _hash_combines_as_expected(con: duckdb.DuckDBPyConnection, table: TablePolicy) -> bool:

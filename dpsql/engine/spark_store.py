@@ -93,12 +93,7 @@ def build_sql(table: TablePolicy, layout: dict[str, Any], source: str) -> str:
     if unit is None:
         return rows
     u = _q(unit)
-    per_unit = [f"COUNT(*) AS {PREFIX}un"]
-    for name, g in layout["keys"].items():
-        c = _q(name)
-        per_unit.append(
-            f"COUNT(DISTINCT {c}) + MAX(CASE WHEN {c} IS NULL THEN 1 ELSE 0 END) AS {g}"
-        )
+    per_unit = prepared.unit_statistics(layout, _q)
     ctes = [f"r AS ({rows})", f"u AS (SELECT {u}, {', '.join(per_unit)} FROM {src} GROUP BY {u})"]
     joins = [f"LEFT JOIN u ON r.{u} <=> u.{u}"]
     items = ["r.*", f"COALESCE(u.{PREFIX}un, 0) AS {PREFIX}un"]
