@@ -1066,7 +1066,8 @@ def count_scale(plan: Plan) -> int:
 def rescaled(plan: Plan, ks: list[str], pairs: str, keep: tuple[str, ...] = ()) -> exp.Select:
     """The pairs of ``pairs`` bounded by rescaling (dpsql.sql.plan): a row count capped at R,
     every partial at R/n of the pair (a pair within R unchanged, in fine units); the columns
-    ``keep`` carried as they are."""
+    ``keep`` carried as they are. With counts only (any bounding) it is the cap alone: any R
+    of a pair's n rows count min(n, R)."""
     items: list[exp.Expression] = [_name(c) for c in ["__u", *ks, *keep]]
     n = _name("__n")
     capped = exp.Least(this=n, expressions=[_number(plan.max_rows)], ignore_nulls=True)

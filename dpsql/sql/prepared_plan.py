@@ -81,15 +81,18 @@ def _partials(plan: Plan, store: StoreInfo) -> str | None:
 
 
 def _partial_value(m: Measure, store: StoreInfo) -> exp.Expression:
-    """A pair's partial of m from the stored sums (the same integer as aggregating its rows):
-    COUNT(col) = c; SUM(fp - k) = s - k c; SUM((fp - k)^2 - k2) = q - 2k s + (k^2 - k2) c."""
+    """A pair's partial of m from the stored sums: the same integer as aggregating its rows."""
     s, q, n = (c._name(name) for name in store.partial_columns[m.column])  # type: ignore[index]
+    return _centred(m, s, q, n)
+
+
+def _centred(m: Measure, s: exp.Expression, q: exp.Expression, n: exp.Expression) -> exp.Expression:
+    """m's exact total from the sum s, sum of squares q and count n of its fixed-point values:
+    COUNT(col) = n; SUM(fp - k) = s - k n; SUM((fp - k)^2 - k2) = q - 2k s + (k^2 - k2) n."""
     if m.kind == "values":
         return n
     if m.kind == "sum":
-        if not m.center:
-            return s
-        return exp.Sub(this=s, expression=_times(n, m.center))
+        return exp.Sub(this=s, expression=_times(n, m.center)) if m.center else s
     total: exp.Expression = q
     if m.center:
         total = exp.Sub(this=total, expression=_times(s, 2 * m.center))
@@ -118,16 +121,7 @@ def _from_partials(plan: Plan, store: StoreInfo, relation: str) -> exp.Select:
     if filters:
         pairs = c._select([c._star()], c._subquery(pairs, "p"), where=filters)
     keep = ("__g",) if plan.group_scaling else ()
-    ctes = [c._cte("base", pairs)]
-    if c._value_measures(plan):
-        ctes.append(c._cte("bounded", c.rescaled(plan, ks, "base", keep)))
-    else:
-        capped = exp.Least(this=c._name("__n"), expressions=[c._number(plan.max_rows)])
-        capped.set("ignore_nulls", True)
-        kept: list[exp.Expression] = [c._name(n) for n in ["__u", *ks, *keep]]
-        ctes.append(
-            c._cte("bounded", c._select([*kept, c._alias(capped, "__n")], c._table("base")))
-        )
+    ctes = [c._cte("base", pairs), c._cte("bounded", c.rescaled(plan, ks, "base", keep))]
     return c._finish_bounded(plan, ctes, ks, groups=keep[0] if keep else None)
 
 
@@ -158,21 +152,9 @@ def aggregate(m: Measure, table: TablePolicy, store: StoreInfo) -> exp.Expressio
     fp = _fixed(m, table, store) if m.kind in ("sum", "sumsq", "values") else None
     if fp is None:
         return c.measure_aggregate_expr(m, table)
-    if m.kind == "values":  # the fixed point is NULL exactly where the column is
-        return exp.Count(this=fp)
-    if m.kind == "sum":
-        total: exp.Expression = exp.Sum(this=fp)
-        if m.center:
-            total = exp.Sub(this=total, expression=_times(exp.Count(this=fp.copy()), m.center))
-        return total
-    # sum of (fp - c)^2 - c2 = SUM(fp^2) - 2c SUM(fp) + (c^2 - c2) COUNT(fp)
-    total = exp.Sum(this=exp.Mul(this=fp, expression=fp.copy()))
-    if m.center:
-        total = exp.Sub(this=total, expression=_times(exp.Sum(this=fp.copy()), 2 * m.center))
-    constant = m.center * m.center - m.center2
-    if constant:
-        total = exp.Add(this=total, expression=_times(exp.Count(this=fp.copy()), constant))
-    return total
+    # the fixed point is NULL exactly where the column is: COUNT(fp) is COUNT(col)
+    squares = exp.Sum(this=exp.Mul(this=fp.copy(), expression=fp.copy()))
+    return _centred(m, exp.Sum(this=fp.copy()), squares, exp.Count(this=fp))
 
 
 def _row_level(plan: Plan, keys: tuple[str, ...], store: StoreInfo) -> exp.Select:
@@ -228,16 +210,30 @@ def _grouped(
     plan: Plan, store: StoreInfo, ks: list[str], condition: exp.Expression, *, by_unit: bool
 ) -> exp.Select:
     """Rows meeting ``condition`` grouped by (unit,) keys: row count and partial measures."""
-    table = plan.query.table
-    items: list[exp.Expression] = []
+    lead: list[tuple[str, exp.Expression]] = []
     if by_unit:
-        items.append(c._alias(c._quoted(table.privacy_unit), "__u"))  # type: ignore[arg-type]
+        lead.append(("__u", c._quoted(plan.query.table.privacy_unit)))  # type: ignore[arg-type]
+    return _partials_by(plan, store, ks, lead, [condition])
+
+
+def _partials_by(
+    plan: Plan,
+    store: StoreInfo,
+    ks: list[str],
+    lead: list[tuple[str, exp.Expression]],
+    where: list[exp.Expression],
+) -> exp.Select:
+    """The store's rows (the plan's conditions and ``where``) grouped by the ``lead`` columns
+    (name, expression) and the keys: row count and partial measures, bare-column keys then
+    filtered to their public domain."""
+    table = plan.query.table
+    items: list[exp.Expression] = [c._alias(node, name) for name, node in lead]
     items += [c._alias(c.lowered_key(kp.key), k) for kp, k in zip(plan.keys, ks, strict=True)]
     items.append(c._alias(c._count_star(), "__n"))
     items += [c._alias(aggregate(m, table, store), f"v_{m.name}") for m in c._value_measures(plan)]
-    group: list[exp.Expression] = [c._name(n) for n in (["__u", *ks] if by_unit else ks)]
+    group: list[exp.Expression] = [c._name(n) for n in [*(name for name, _ in lead), *ks]]
     query = c._select(
-        items, _source(store), where=[*c._conditions(plan), condition], group=group or None
+        items, _source(store), where=[*c._conditions(plan), *where], group=group or None
     )
     filters = c._column_key_domains(plan, ks)
     if filters:
@@ -250,24 +246,10 @@ def _split(plan: Plan, store: StoreInfo, ks: list[str], safe: exp.Expression) ->
     proven within R and G collapse into one partial per key (``direct``) and the others into
     one per (unit, key) (``pairs``); the same partials as two scans filtered by ``safe`` and
     by its negation (statistics are never NULL, so every row is on exactly one side)."""
-    table = plan.query.table
-    unit = c._quoted(table.privacy_unit)  # type: ignore[arg-type]
-    items: list[exp.Expression] = [
-        c._alias(safe.copy(), "__d"),
-        c._alias(exp.Case(ifs=[exp.If(this=safe.copy(), true=exp.Null())], default=unit), "__u"),
-    ]
-    items += [c._alias(c.lowered_key(kp.key), k) for kp, k in zip(plan.keys, ks, strict=True)]
-    items.append(c._alias(c._count_star(), "__n"))
+    unit = c._quoted(plan.query.table.privacy_unit)  # type: ignore[arg-type]
+    unless_safe = exp.Case(ifs=[exp.If(this=safe.copy(), true=exp.Null())], default=unit)
+    grouped = _partials_by(plan, store, ks, [("__d", safe.copy()), ("__u", unless_safe)], [])
     values = [f"v_{m.name}" for m in c._value_measures(plan)]
-    items += [
-        c._alias(aggregate(m, table, store), name)
-        for m, name in zip(c._value_measures(plan), values, strict=True)
-    ]
-    group: list[exp.Expression] = [c._name(n) for n in ["__d", "__u", *ks]]
-    grouped = c._select(items, _source(store), where=c._conditions(plan), group=group)
-    filters = c._column_key_domains(plan, ks)
-    if filters:
-        grouped = c._select([c._star()], c._subquery(grouped, "p"), where=filters)
     side = c._name("__d")
     pairs = c._select(
         [c._name(n) for n in ["__u", *ks, "__n", *values]],
@@ -324,23 +306,14 @@ def _two_phase(plan: Plan, store: StoreInfo) -> exp.Select:
     """direct (pair within R, unit within G) + light (pair within R, unit maybe over G: its
     pairs as they are) + sampled (pair maybe over R), the last two ranked as before."""
     ks = [f"__k{i}" for i in range(len(plan.keys))]
-    gc = ["__u", *ks]
-    R = plan.max_rows
     rows_ok, groups_ok = _within(plan, store)
     safe = rows_ok.copy()
     if groups_ok is not None:
         safe = exp.And(this=safe, expression=groups_ok.copy())
+    # counts only (any R of a pair's n rows count min(n, R): no row is sampled) or rescaled:
+    # every pair not proven within R and G aggregated as it is, then capped / rescaled to R
     split = not c._value_measures(plan) or plan.bounding == "scale"
-    if not c._value_measures(plan):
-        # counts only: any R of a pair's n rows count min(n, R), no row is sampled
-        capped = exp.Least(this=c._name("__n"), expressions=[c._number(R)], ignore_nulls=True)
-        items: list[exp.Expression] = [c._name(n) for n in gc] + [c._alias(capped, "__n")]
-        ctes = [
-            *_split(plan, store, ks, safe),
-            c._cte("bounded", c._select(items, c._table("pairs"))),
-        ]
-    elif plan.bounding == "scale":
-        # every pair not proven within R and G: aggregated as it is, then rescaled to R rows
+    if split:
         ctes = [*_split(plan, store, ks, safe), c._cte("bounded", c.rescaled(plan, ks, "pairs"))]
     else:
         bounded: exp.Expression = c._select([c._star()], c._table("sampled"))
@@ -378,7 +351,7 @@ def _two_phase(plan: Plan, store: StoreInfo) -> exp.Select:
         expression=c._select(direct, c._table("direct")),
         distinct=False,
     )
-    items = [c._alias(c._name(k), f"k{i}") for i, k in enumerate(ks)]
+    items: list[exp.Expression] = [c._alias(c._name(k), f"k{i}") for i, k in enumerate(ks)]
     for m in plan.measures:
         name = "__n" if m.kind == "rows" else f"v_{m.name}"
         items.append(c._alias(exp.Sum(this=c._name(name)), m.name))
