@@ -247,32 +247,27 @@ def store_tables(tree: Any) -> set[str]:
 def spark_tree(tree: Any, tables: Mapping[str, TablePolicy]) -> Any:
     """A copy of a store plan's tree that Spark runs with DuckDB's integer semantics.
 
-    - A tree compiled against a DuckDB store (``compile_plan``'s lookup is engine-blind: one
-      process may run both engines on one table and version) reads this engine's view, and
-      its hash mix ``XOR(__dp_h, HASH(secret))`` -- a DuckDB identity -- becomes the keyed
-      hash of the stored columns, as the plan without a store orders rows (the columns pass
-      through the window where the mix did).
-    - ``CAST(x AS INT128)`` (DuckDB's HUGEINT, a count times a centre) is ``DECIMAL(38, 0)``:
-      Spark has no 128-bit integer type.
-    - The ``direct`` phase sums every row of a group, not at most R per pair: its sums take
+    - A tree compiled against a DuckDB store (a plan handed to this engine anyway: a service's
+      plans carry their own engine's store) reads this engine's view, and its hash mix
+      ``XOR(__dp_h, HASH(secret))`` -- a DuckDB identity -- becomes the keyed hash of the
+      stored columns, as the plan without a store orders rows (the columns pass through the
+      window where the mix did).
+    - The direct phase sums every row of a group, not at most R per pair: its sums take
       DECIMAL(38, 0) arguments, since Spark's SUM(BIGINT) wraps around silently past 2^63
       where DuckDB's widens (the uncentred sums of squares of the store plan reach it within
-      ~10^8 rows). A row-level plan's outer sums are already widened by the renderer.
+      ~10^8 rows). They are in ``direct`` or, when one scan serves both phases, ``grouped``.
+      A row-level plan's outer sums, and ``CAST(x AS INT128)`` (Spark has no 128-bit integer:
+      DECIMAL(38, 0)), are rewritten by the renderer (dpsql.sql.compile._spark_safe).
     """
     from sqlglot import exp
 
     from dpsql.sql.compile import _decimal
 
-    def widen(node: exp.Expression) -> exp.Expression:
-        if isinstance(node, exp.DataType) and node.this == exp.DataType.Type.INT128:
-            return _decimal(38, 0)
-        return node
-
-    tree = tree.transform(widen)
+    tree = tree.copy()  # rewritten in place below; the compiled tree is shared
     for name in store_tables(tree):
         _own_store(tree, tables[name])
     for cte in tree.find_all(exp.CTE):
-        if cte.alias != "direct":
+        if cte.alias not in ("direct", "grouped"):
             continue
         for total in list(cte.this.find_all(exp.Sum)):
             inner = total.this
