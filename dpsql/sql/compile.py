@@ -974,17 +974,11 @@ def _cte(name: str, query: exp.Expression) -> exp.CTE:
 def _bounded(plan: Plan) -> exp.Select:
     """Contribution bounding per privacy unit (see the module docstring for the plan)."""
     ks = [f"__k{i}" for i in range(len(plan.keys))]
-    gc = ["__u", *ks]
     R = plan.max_rows
-    if not _value_measures(plan):
+    if plan.bounding == "scale" or not _value_measures(plan):
         # Only row and unit counts: any R of a pair's n rows count min(n, R), whichever the
-        # keyed hash would pick, so the pair's count is capped without re-reading its rows.
-        capped = exp.Least(this=_name("__n"), expressions=[_number(R)], ignore_nulls=True)
-        items: list[exp.Expression] = [_name(c) for c in gc] + [_alias(capped, "__n")]
-        return _finish_bounded(
-            plan, [_cte("bounded", _select(items, _subquery(_pairs(plan, ks), "p")))], ks
-        )
-    if plan.bounding == "scale":
+        # keyed hash would pick, so the pair's count is capped without re-reading its rows;
+        # rescaled, every pair's partials are R/n of it (rescaled() does both)
         ctes = [_cte("base", _pairs(plan, ks)), _cte("bounded", rescaled(plan, ks, "base"))]
         return _finish_bounded(plan, ctes, ks)
     base_within = _select(
@@ -1044,10 +1038,11 @@ def group_scaled(plan: Plan, ks: list[str], source: str, groups: str | None = No
         src = _subquery(_select([_star(), _alias(counted, "__g")], src), "w")
     capped = exp.Least(this=k.copy(), expressions=[_number(G)], ignore_nulls=True)
     items: list[exp.Expression] = [_name(c) for c in ["__u", *ks]]
-    rows_factor = exp.Mul(this=_name("__n"), expression=_number(count_scale(plan)))
+    scale = count_scale(plan)
+    rows_factor = exp.Mul(this=_name("__n"), expression=_number(scale))
     items.append(_alias(_fraction(rows_factor, capped.copy(), G, k), "__n"))
     units = exp.IntDiv(
-        this=exp.Mul(this=_number(count_scale(plan)), expression=exp.Paren(this=capped.copy())),
+        this=exp.Mul(this=_number(scale), expression=exp.Paren(this=capped.copy())),
         expression=k.copy(),
     )
     items.append(_alias(units, "__units"))
