@@ -25,10 +25,12 @@ from dpsql.sql.bind import parse_statement
 from dpsql.sql.compile import (
     NEUTRAL,
     CompiledQuery,
-    KeyedHash,
-    Secret,
     compile_plan,
+    is_keyed_hash,
+    is_secret,
+    keyed_hash,
     lowered_key,
+    secret_slot,
 )
 from dpsql.sql.safety import guarded_conditions, where_conditions
 from dpsql.sql.typecheck import lower_key
@@ -108,11 +110,15 @@ def test_every_fixture_query_renders_for_both_engines_from_one_tree(service, mon
         assert repr(tree) == before, sql  # rendering leaves the shared tree as it was
         assert "DP_KEYED_HASH" not in duck.upper() and "DP_KEYED_HASH" not in spark.upper()
         assert duck == neutral.replace("DP_KEYED_HASH(", "HASH(")
-        if any(True for _ in tree.find_all(KeyedHash)):
+        if any(is_keyed_hash(n) for n in tree.find_all(exp.Anonymous)):
             hashed += 1
             assert "HASH(" in duck and "XXHASH64(" in spark.upper() and "12345" in spark, sql
         else:
-            assert "HASH(" not in duck and "12345" not in duck and not list(tree.find_all(Secret))
+            assert (
+                "HASH(" not in duck
+                and "12345" not in duck
+                and not any(is_secret(n) for n in tree.find_all(exp.Anonymous))
+            )
         assert "TRY(" not in spark.upper() and "QUALIFY" not in spark.upper()
         parse(spark, read="spark")  # Spark text is well formed
         service.engine.execute(compiled)  # and DuckDB's runs
@@ -149,7 +155,7 @@ def test_secret_digits_are_those_the_generator_prints(service):
         compiled = compile_plan(plan, 0)
         for secret in SECRETS:
             literal = compiled.expression.transform(
-                lambda n, s=secret: exp.Literal.number(s) if isinstance(n, Secret) else n
+                lambda n, s=secret: exp.Literal.number(s) if is_secret(n) else n
             )
             for dialect in ("duckdb", "spark"):
                 expected = compile_module._generate(literal, dialect)[0]
@@ -161,15 +167,28 @@ def test_a_marker_inside_a_literal_falls_back_to_printing_the_secret():
     tree = exp.Select(
         expressions=[
             exp.Alias(
-                this=KeyedHash(expressions=[exp.Literal.string(f"a{marker}b"), Secret()]),
+                this=keyed_hash([exp.Literal.string(f"a{marker}b"), secret_slot()]),
                 alias=exp.to_identifier("h"),
             )
         ]
     )
     compiled = CompiledQuery(tree, (), ("h",), secret=42)
     assert compiled.render("duckdb") == f"SELECT HASH('a{marker}b', 42) AS h"
-    spark = compiled.with_secret(5).render("spark")  # Spark escapes the NULs: no collision
-    assert spark.startswith("SELECT XXHASH64('a") and spark.endswith("b', 5) AS h")
+    assert compiled.with_secret(5).render("spark") == f"SELECT XXHASH64('a{marker}b', 5) AS h"
+
+
+def test_the_hash_spelling_inside_a_literal_is_left_as_it_is():
+    """DuckDB's text renames DP_KEYED_HASH( in the text only when it stands once per node."""
+    text = exp.Literal.string("DP_KEYED_HASH(x)")
+    tree = exp.Select(
+        expressions=[
+            exp.Alias(this=keyed_hash([text, secret_slot()]), alias=exp.to_identifier("h")),
+            exp.Alias(this=text.copy(), alias=exp.to_identifier("t")),
+        ]
+    )
+    compiled = CompiledQuery(tree, (), ("h", "t"), secret=3)
+    expected = "SELECT HASH('DP_KEYED_HASH(x)', 3) AS h, 'DP_KEYED_HASH(x)' AS t"
+    assert compiled.render("duckdb") == expected
 
 
 def test_keys_are_lowered_as_typecheck_lowers_them(service):

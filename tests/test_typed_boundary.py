@@ -407,3 +407,27 @@ def test_explain_at_a_huge_noise_scale_computes_its_intervals():
     assert any("tau" in str(r[1]) for r in rows)
     assert all(r[-1] is None or r[-1] > 1e290 for r in rows[:2])
     service.close()
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT COUNT(*) FROM visits WHERE DP_SECRET() > 0",
+        "SELECT dp_secret() AS s, COUNT(*) FROM visits GROUP BY 1",
+        "SELECT DP_KEYED_HASH(age, 1) AS h, COUNT(*) FROM visits GROUP BY 1",
+    ],
+)
+def test_the_compilers_own_calls_are_refused_in_analyst_sql(fresh, sql):
+    """The compiled tree spells the per-query secret DP_SECRET() and the keyed hash
+    DP_KEYED_HASH(...) as plain calls (dpsql.sql.compile): an analyst's own are refused like
+    any unlisted function, so the secret can never be printed into their expression."""
+    error = _refused(fresh, sql)
+    assert error.sqlstate == "42501"
+    assert "is not allowed" in error.message and error.position is not None
+
+
+def test_a_literal_spelling_the_secret_slot_is_only_a_literal(fresh):
+    service, _, conn = fresh
+    cur = conn.cursor()
+    cur.execute("SELECT COUNT(*) FROM visits WHERE diagnosis = 'DP_SECRET()'")
+    assert cur.fetchall() == [(0,)]

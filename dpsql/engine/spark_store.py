@@ -291,7 +291,7 @@ def _own_store(tree: Any, table: TablePolicy) -> None:
     for xor in list(tree.find_all(exp.BitwiseXor)):
         if isinstance(xor.this, exp.Column) and xor.this.name == mix:
             secret = xor.expression.expressions[-1].copy()
-            xor.replace(c.KeyedHash(expressions=[*(c._quoted(n) for n in stored), secret]))
+            xor.replace(c.keyed_hash([*(c._quoted(n) for n in stored), secret]))
     for select in list(tree.find_all(exp.Select)):
         items = select.expressions
         if not any(isinstance(i, exp.Column) and i.name == mix for i in items):

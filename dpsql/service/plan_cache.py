@@ -98,7 +98,7 @@ class _PostPlan:
 class _SecretTemplate:
     """A statement's compiled tree, reused by every run with that run's own secret.
 
-    The tree holds a Secret node where the keyed-hash secret goes (dpsql.sql.compile), so
+    The tree holds a secret slot where the keyed-hash secret goes (dpsql.sql.compile), so
     ``with_secret(fresh)`` is what ``compile_plan(plan, fresh)`` gives, without compiling or
     rendering again (the renderings are shared; only the secret's digits differ).
     """

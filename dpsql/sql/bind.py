@@ -12,15 +12,15 @@ import functools
 import logging
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import Any
 
 import sqlglot
 from sqlglot import exp
 from sqlglot.dialects.duckdb import DuckDB
 from sqlglot.errors import ParseError, TokenError
-from sqlglot.tokens import TokenType
+from sqlglot.tokens import Token, TokenType
 
 from dpsql.errors import (
     DataError,
@@ -349,7 +349,7 @@ def parse_statement(
         return ExplainStatement(bound, fmt)
     statements: list[exp.Expr] | None
     try:
-        statements = [s for s in sqlglot.parse(text, read=_READER) if s is not None]
+        statements = _parse(text)
     except (ParseError, TokenError) as exc:
         statements = _top_statements(text)
         if statements is None:
@@ -388,25 +388,28 @@ def parse_statement(
     return bind_tree(tree, text, policy)
 
 
-class _Reader(DuckDB):
-    """DuckDB's grammar, with each ``?`` placeholder remembering where it stands in the text
-    (so parameters bind in text order, see _substitute_parameters)."""
-
-    # sqlglot's Dialect declares Parser as a class variable, which mypy will not subclass
-    class Parser(DuckDB.Parser):  # type: ignore[valid-type, misc]
-        PLACEHOLDER_PARSERS: ClassVar[dict] = {
-            **DuckDB.Parser.PLACEHOLDER_PARSERS,
-            TokenType.PLACEHOLDER: lambda self: _positioned_placeholder(self),
-        }
+_READER = DuckDB()
 
 
-def _positioned_placeholder(parser: Any) -> exp.Placeholder:
-    node = parser.expression(exp.Placeholder())
-    node.meta["dp_start"] = parser._prev.start
-    return node
+def _parse(text: str) -> list[exp.Expr]:
+    """The statements of ``text`` in DuckDB's grammar, the n-th ``?`` placeholder *in the text*
+    read as ``$n`` (the tree's own order visits LIMIT before WHERE, so parameters bind in text
+    order). The tokens are renumbered, not the text, so every position stays where it was."""
+    tokens = _READER.tokenize(text)
+    if any(t.token_type == TokenType.PLACEHOLDER and t.text == "?" for t in tokens):
+        tokens = list(_numbered_placeholders(tokens))
+    return [s for s in _READER.parser().parse(tokens, text) if s is not None]
 
 
-_READER = _Reader()
+def _numbered_placeholders(tokens: list[Token]) -> Iterator[Token]:
+    n = 0
+    for t in tokens:
+        if t.token_type == TokenType.PLACEHOLDER and t.text == "?":
+            n += 1
+            yield Token(TokenType.PARAMETER, "$", t.line, t.col, t.start, t.start)
+            yield Token(TokenType.NUMBER, str(n), t.line, t.col, t.start, t.end)
+        else:
+            yield t
 
 
 _EXPLAIN_OPTION = re.compile(r"\s*\(\s*(?:FORMAT\s+)?(TEXT|TABLE)\s*\)", re.IGNORECASE)
@@ -513,22 +516,12 @@ def _setting_command(head: str, text: str) -> SettingStatement:
 
 
 def _substitute_parameters(tree: exp.Expr, params: Sequence[Any], text: str):
-    """Replace ``?`` / ``$n`` placeholders by literals; values never become SQL text unescaped.
-
-    The n-th ``?`` *in the text* takes the n-th value (the parser records where each stands:
-    the tree's own order visits LIMIT before WHERE)."""
-    starts = sorted(
-        p.meta.get("dp_start", -1) for p in tree.find_all(exp.Placeholder) if not p.this
-    )
-    numbered = {start: i for i, start in enumerate(starts)}
+    """Replace ``$n`` placeholders (``?`` is read as ``$n``, see _parse) by literals; values
+    never become SQL text unescaped."""
 
     def replace(node: exp.Expression) -> exp.Expression:
         if isinstance(node, exp.Placeholder):
-            index = (
-                int(node.this) - 1
-                if node.this
-                else numbered.get(node.meta.get("dp_start", -1), len(params))
-            )
+            index = int(node.this) - 1 if node.this else len(params)
         elif isinstance(node, exp.Parameter):
             inner = node.this.this if isinstance(node.this, exp.Expression) else node.this
             index = int(inner) - 1

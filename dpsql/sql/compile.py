@@ -2,10 +2,10 @@
 
 The compiled query is a sqlglot tree built once per plan from small node builders (no SQL is
 written as text here); each engine renders it in its dialect, once per statement. The only
-engine-specific construct is ``DP_KEYED_HASH(..., secret)`` (a :class:`KeyedHash` node: HASH
+engine-specific construct is ``DP_KEYED_HASH(..., secret)`` (a :func:`keyed_hash` call: HASH
 in DuckDB, XXHASH64 in Spark), a keyed hash used to choose which rows and groups a unit keeps,
 with a fresh secret per query (never the engine's RANDOM(): selection must be a function of
-the unit's own rows only, and unpredictable). The secret is a :class:`Secret` node: each run
+the unit's own rows only, and unpredictable). The secret is a :func:`secret_slot` call: each run
 prints its own where that node stands, without building or rendering the tree again.
 
 Bounding with a privacy unit (R rows per group, G groups per unit):
@@ -37,13 +37,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import ClassVar
 
 import sqlglot
 from sqlglot import exp
-from sqlglot.generator import Generator
-from sqlglot.generators.duckdb import DuckDBGenerator
-from sqlglot.generators.spark import SparkGenerator
 
 from dpsql.policy import ColumnPolicy, TablePolicy
 from dpsql.sql.bind import GroupKey, to_literal
@@ -56,95 +52,50 @@ KEYED_HASH = "DP_KEYED_HASH"
 NEUTRAL = "neutral"  # DuckDB's dialect with the keyed hash spelled DP_KEYED_HASH
 
 
-class KeyedHash(exp.Expression, exp.Func):
+def keyed_hash(expressions: list[exp.Expression]) -> exp.Anonymous:
     """``DP_KEYED_HASH(values..., secret)``: engine-neutral in the tree, so that one tree serves
-    every engine; each dialect's renderer maps it to its own fast hash (HASH, XXHASH64)."""
+    every engine; each dialect's rendering maps it to its own fast hash (HASH, XXHASH64).
 
-    arg_types: ClassVar = {"expressions": True}
-    is_var_len_args = True
-    _sql_names: ClassVar = [KEYED_HASH]
+    A plain call node, not a node class of our own: sqlglot's compiled build (sqlglotc) lets no
+    interpreted class inherit from its nodes, parser or generators."""
+    return exp.Anonymous(this=KEYED_HASH, expressions=expressions)
 
 
-class Secret(exp.Expression, exp.Func):
+def secret_slot() -> exp.Anonymous:
     """Where the per-query secret goes: the tree is built once per plan and rendered once per
     dialect, each run supplying its own secret (:meth:`CompiledQuery.with_secret`)."""
-
-    arg_types: ClassVar[dict[str, bool]] = {}
-    _sql_names: ClassVar = ["DP_SECRET"]
+    return exp.Anonymous(this=SECRET, expressions=[])
 
 
-# What the renderers print for a Secret node: the rendered text is kept as the pieces between
-# these, joined by each run's secret digits (what the generator prints for that integer).
-_MARKER = "\x00dp_secret\x00"
+SECRET = "DP_SECRET"
 
 
-def _print_secret(self: _Renderer, node: Secret) -> str:
-    """A Secret node prints the marker, counted: a marker that also occurs elsewhere (inside
-    a string literal) is detected, and that query is rendered with its secret instead."""
-    self.secrets_printed += 1
-    return _MARKER
+def is_keyed_hash(node: exp.Expression) -> bool:
+    return isinstance(node, exp.Anonymous) and node.name.upper() == KEYED_HASH
 
 
-def _hash_as(name: str) -> Callable[[Generator, KeyedHash], str]:
-    """Render KeyedHash as the dialect's own hash function, arguments unchanged."""
-    return lambda self, node: self.func(name, *node.expressions)
+def is_secret(node: exp.Expression) -> bool:
+    return isinstance(node, exp.Anonymous) and node.name.upper() == SECRET
 
 
-class _Renderer(Generator):
-    """What the dialect generators below add: the Secret marker and its count, and the text
-    of plain types rendered once (DuckDB's datatype_sql builds five type nodes to compare
-    with for every CAST it prints; memoised, a plan renders 8-22% faster)."""
-
-    secrets_printed = 0
-
-    def datatype_sql(self, expression: exp.DataType) -> str:
-        if expression.expressions or expression.args.get("nested") or len(expression.args) > 2:
-            return super().datatype_sql(expression)
-        key = (type(self), expression.this)
-        text = _PLAIN_TYPES.get(key)
-        if text is None:
-            text = _PLAIN_TYPES[key] = super().datatype_sql(expression)
-        return text
-
-
-# (renderer, type) -> text of a parameterless type: it depends on nothing else
-_PLAIN_TYPES: dict[tuple[type, exp.DType], str] = {}
-
-
-class _NeutralGenerator(_Renderer, DuckDBGenerator):
-    """DuckDB text with the hash spelled DP_KEYED_HASH (CompiledQuery.sql: logs, tests)."""
-
-    TRANSFORMS: ClassVar = {**DuckDBGenerator.TRANSFORMS, Secret: _print_secret}
-
-
-class _DuckDBGenerator(_Renderer, DuckDBGenerator):
-    """DuckDB text: the keyed hash is DuckDB's HASH (fast, 64-bit, keyed by the secret)."""
-
-    TRANSFORMS: ClassVar = {**_NeutralGenerator.TRANSFORMS, KeyedHash: _hash_as("HASH")}
-
-
-class _SparkGenerator(_Renderer, SparkGenerator):
-    """Spark text: the keyed hash is XXHASH64 (Spark's 64-bit hash; HASH is 32-bit)."""
-
-    TRANSFORMS: ClassVar = {
-        **SparkGenerator.TRANSFORMS,
-        Secret: _print_secret,
-        KeyedHash: _hash_as("XXHASH64"),
-    }
-
-
-_GENERATORS: dict[str, type[_Renderer]] = {
-    NEUTRAL: _NeutralGenerator,
-    "duckdb": _DuckDBGenerator,
-    "spark": _SparkGenerator,
+# What the rendering prints for a secret slot: the text is kept as the pieces between these,
+# joined by each run's secret digits. The analyst's functions never reach a plan unvetted
+# (dpsql.sql.bind allows listed functions only), so DP_SECRET() and DP_KEYED_HASH(...) in a
+# tree are the compiler's own; a marker found more often than the tree has secrets (inside a
+# string literal) makes that query print its secret as a literal instead.
+_MARKER = f"{SECRET}()"
+_HASHES = {NEUTRAL: KEYED_HASH, "duckdb": "HASH", "spark": "XXHASH64"}
+_GENERATORS = {
+    NEUTRAL: sqlglot.Dialect.get_or_raise("duckdb"),
+    "duckdb": sqlglot.Dialect.get_or_raise("duckdb"),
+    "spark": sqlglot.Dialect.get_or_raise("spark"),
 }
-_DIALECTS = {NEUTRAL: "duckdb", "duckdb": "duckdb", "spark": "spark"}
 
 
 @dataclass(frozen=True)
 class CompiledQuery:
     """Engine query for one plan, as one sqlglot tree; ``key_columns`` and ``measure_columns``
-    name the result. The tree holds a :class:`Secret` node where this run's ``secret`` goes."""
+    name the result. The tree holds a :func:`secret_slot` call where this run's ``secret`` goes."""
 
     expression: exp.Expression
     key_columns: tuple[str, ...]
@@ -179,7 +130,7 @@ class CompiledQuery:
 
     def render(self, dialect: str = "duckdb") -> str:
         """Engine text in ``dialect``: the tree is rendered once per dialect, each run's secret
-        printed where the Secret nodes stand."""
+        printed where the secret slots stand."""
         pieces = self._pieces.get(dialect)
         if pieces is None:
             pieces = _rendered_pieces(self.expression, dialect)
@@ -187,7 +138,7 @@ class CompiledQuery:
             self._pieces[dialect] = pieces
         if not pieces:  # the marker also occurs elsewhere: print the secret as a literal
             tree = self.expression.transform(
-                lambda node: exp.Literal.number(self.secret) if isinstance(node, Secret) else node
+                lambda node: exp.Literal.number(self.secret) if is_secret(node) else node
             )
             return _swap(_generate(tree, dialect)[0], self.swaps)
         return str(int(self.secret)).join(pieces)
@@ -200,37 +151,52 @@ def _swap(text: str, swaps: tuple[tuple[str, str], ...]) -> str:
     return text
 
 
-def _generate(tree: exp.Expression, dialect: str) -> tuple[str, int]:
-    """The tree's text in ``dialect`` and how many Secret nodes it printed.
+def _generate(tree: exp.Expr, dialect: str) -> tuple[str, int]:
+    """The tree's text in ``dialect`` and how many secret slots it holds.
 
     DuckDB's generator does not rewrite these trees, so it runs on the tree itself (a copy of
-    a 500-node tree costs as much as rendering it); Spark renders a rewritten copy.
-    """
+    a 500-node tree costs as much as rendering it) and the keyed hash is renamed in the text
+    when its spelling occurs exactly once per node (else on a copy of the tree); Spark renders
+    a rewritten copy anyway."""
+    secrets = sum(1 for node in tree.find_all(exp.Anonymous) if is_secret(node))
     if dialect == "spark":
-        tree = _spark_safe(tree)
-    generator = _GENERATORS[dialect](dialect=_DIALECTS[dialect], comments=False)
-    return generator.generate(tree, copy=False), generator.secrets_printed
+        tree = _spark_safe(tree.transform(_hash_named("spark")))
+    text = _GENERATORS[dialect].generate(tree, copy=False, comments=False)
+    if dialect == "duckdb":
+        hashes = sum(1 for node in tree.find_all(exp.Anonymous) if is_keyed_hash(node))
+        call = f"{KEYED_HASH}("
+        if text.count(call) == hashes:
+            text = text.replace(call, f"{_HASHES[dialect]}(")
+        else:  # the spelling also stands inside a literal
+            renamed = tree.transform(_hash_named(dialect))
+            text = _GENERATORS[dialect].generate(renamed, copy=False, comments=False)
+    return text, secrets
+
+
+def _hash_named(dialect: str) -> Callable[[exp.Expression], exp.Expression]:
+    """A transform giving the keyed-hash calls the dialect's own hash function's name."""
+    name = _HASHES[dialect]
+
+    def rename(node: exp.Expression) -> exp.Expression:
+        if is_keyed_hash(node):
+            return exp.Anonymous(this=name, expressions=[e.copy() for e in node.expressions])
+        return node
+
+    return rename
 
 
 def _rendered_pieces(tree: exp.Expression, dialect: str) -> tuple[str, ...]:
-    """The tree's text cut at each Secret node; () if a marker stands anywhere else."""
-    text, printed = _generate(tree, dialect)
+    """The tree's text cut at each secret slot; () if a marker stands anywhere else."""
+    text, secrets = _generate(tree, dialect)
     pieces = tuple(text.split(_MARKER))
-    return pieces if len(pieces) == printed + 1 else ()
+    return pieces if len(pieces) == secrets + 1 else ()
 
 
 def render(expression: exp.Expr, dialect: str) -> str:
     """Engine SQL of any tree in ``dialect`` (``duckdb``, ``spark`` or :data:`NEUTRAL`), the
     keyed hash mapped to the dialect's own fast hash. For trees parsed from text (dpsql.sql.rows
     writes DP_KEYED_HASH(...) as a plain call); the tree itself is left unchanged."""
-    return _generate(expression.transform(_keyed_node), dialect)[0]
-
-
-def _keyed_node(node: exp.Expression) -> exp.Expression:
-    """A parsed DP_KEYED_HASH(...) call as the KeyedHash node the renderers map."""
-    if isinstance(node, exp.Anonymous) and node.name.upper() == KEYED_HASH:
-        return KeyedHash(expressions=[e.copy() for e in node.expressions])
-    return node
+    return _generate(expression, dialect)[0]
 
 
 def _spark_safe(expression: exp.Expression) -> exp.Expression:
@@ -946,11 +912,11 @@ def _column_key_domains(plan: Plan, ks: list[str]) -> list[exp.Expression]:
     ]
 
 
-def _row_order(table: TablePolicy) -> KeyedHash:
+def _row_order(table: TablePolicy) -> exp.Anonymous:
     """The order in which a (unit, group)'s rows are kept: the keyed hash of the table's stored
     columns and the run's secret."""
     stored = [_quoted(c) for c, spec in table.columns.items() if spec.expr is None]
-    return KeyedHash(expressions=[*stored, Secret()])
+    return keyed_hash([*stored, secret_slot()])
 
 
 def _bounds_groups(plan: Plan) -> bool:
@@ -1143,7 +1109,7 @@ def _ranked(ks: list[str], G: int) -> exp.Select:
     window over every bounded pair (a unit with <= G pairs keeps them all). At 10M rows this
     costs half of ranking only the units over G (found by a GROUP BY, then an anti and a semi
     join back to the pairs)."""
-    key_hash = KeyedHash(expressions=[_name("__u"), *[_name(k) for k in ks], Secret()])
+    key_hash = keyed_hash([_name("__u"), *[_name(k) for k in ks], secret_slot()])
     window = _row_number([_name("__u")], [key_hash, *[_name(k) for k in ks]])
     return _select(
         [_star()],

@@ -273,11 +273,11 @@ def _sampled(plan: Plan, store: StoreInfo, ks: list[str], heavy: exp.Expression)
     order: exp.Expression
     if store.hash_mix is not None:
         order = exp.BitwiseXor(
-            this=c._name(store.hash_mix), expression=c.KeyedHash(expressions=[c.Secret()])
+            this=c._name(store.hash_mix), expression=c.keyed_hash([c.secret_slot()])
         )
     else:
         stored = [c._quoted(n) for n, spec in table.columns.items() if spec.expr is None]
-        order = c.KeyedHash(expressions=[*stored, c.Secret()])
+        order = c.keyed_hash([*stored, c.secret_slot()])
     # only the columns the partials and the order read go through the window (not the row)
     needed = {col.name: col for p in [*partials, order] for col in p.find_all(exp.Column)}
     rows_items: list[exp.Expression] = [col.copy() for col in needed.values()]
