@@ -190,6 +190,25 @@ def test_fixture_with_its_own_bounds(spark):
             conn.close()
 
 
+def test_folded_row_level_plans_agree(spark):
+    """Row-level keys over small public domains fold (dpsql.sql.fold): both engines run the
+    two-level plan and release the same exact measures."""
+    policy = fixture_policy(privacy={"budget_epsilon": 1e9})
+    for key in ("privacy_unit", "max_rows_per_unit", "max_groups_per_unit"):
+        policy["tables"]["visits"].pop(key)
+    pair = _pair(policy, spark)
+    try:
+        _same(
+            pair,
+            "SELECT smoker, FLOOR(age / 10) * 10 AS d, COUNT(*), SUM(cost), VARIANCE(age) "
+            "FROM visits WHERE visit_date >= DATE '2024-03-01' GROUP BY 1, 2",
+        )
+        _same(pair, "SELECT age % 4 AS r, AVG(cost) FROM visits GROUP BY 1")
+    finally:
+        for conn in pair:
+            conn.close()
+
+
 # -- the rule-list table function on Spark-resident data ---------------------------------------
 
 

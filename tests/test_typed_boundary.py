@@ -427,7 +427,7 @@ def test_the_compilers_own_calls_are_refused_in_analyst_sql(fresh, sql):
 
 
 def test_a_literal_spelling_the_secret_slot_is_only_a_literal(fresh):
-    service, _, conn = fresh
+    _, _, conn = fresh
     cur = conn.cursor()
     cur.execute("SELECT COUNT(*) FROM visits WHERE diagnosis = 'DP_SECRET()'")
     assert cur.fetchall() == [(0,)]

@@ -42,6 +42,7 @@ import sqlglot
 from sqlglot import exp
 
 from dpsql.policy import ColumnPolicy, TablePolicy
+from dpsql.sql import fold
 from dpsql.sql.bind import GroupKey, to_literal
 from dpsql.sql.domains import SQL_TYPES
 from dpsql.sql.plan import ClipEstimate, Measure, Plan, QuantileMeasure
@@ -211,7 +212,7 @@ def _spark_safe(expression: exp.Expression) -> exp.Expression:
       would break a UNION ALL beside it.
     - The outermost SELECT's sums accumulate in DECIMAL(38, 0): Spark's SUM(BIGINT) wraps
       around silently past 2^63 (DuckDB widens to HUGEINT), which sums of squared fixed-point
-      values reach within ~10^8 rows.
+      values reach within ~10^8 rows; so do the inner sums of a folded plan (dpsql.sql.fold).
     """
 
     def unparen(node: exp.Expression) -> exp.Expression:
@@ -234,6 +235,9 @@ def _spark_safe(expression: exp.Expression) -> exp.Expression:
     outer = expression if isinstance(expression, exp.Select) else None
     if outer is not None:
         for total in [s for item in outer.expressions for s in item.find_all(exp.Sum)]:
+            total.set("this", exp.Cast(this=total.this, to=_decimal(38, 0)))
+    for inner in [q for q in expression.find_all(exp.Subquery) if q.alias == fold.INNER]:
+        for total in list(inner.this.find_all(exp.Sum)):  # a folded plan's inner sums too
             total.set("this", exp.Cast(this=total.this, to=_decimal(38, 0)))
     return expression
 
@@ -875,12 +879,26 @@ def _histogram(
 def _row_level(plan: Plan, keys: tuple[str, ...]) -> exp.Select:
     """Every row its own unit: one scan and one GROUP BY, no bounding."""
     table = plan.query.table
-    items: list[exp.Expression] = [
-        _alias(lowered_key(kp.key), k) for kp, k in zip(plan.keys, keys, strict=True)
-    ]
-    items += [_alias(measure_aggregate_expr(m, table), m.name) for m in plan.measures]
+    aggregates = [(measure_aggregate_expr(m, table), m.name) for m in plan.measures]
+    return row_level_select(plan, keys, aggregates, _source(table))
+
+
+def row_level_select(
+    plan: Plan,
+    keys: tuple[str, ...],
+    aggregates: list[tuple[exp.Expression, str]],
+    source: exp.Expression,
+) -> exp.Select:
+    """``SELECT keys, aggregates FROM source WHERE conditions GROUP BY keys``; grouped by the
+    keys' columns first where they have small public domains (dpsql.sql.fold)."""
+    lowered = [(lowered_key(kp.key), k) for kp, k in zip(plan.keys, keys, strict=True)]
+    columns = fold.fold_columns(plan.query.table, [kp.key.expr for kp in plan.keys])
+    if columns is not None and fold.foldable([a for a, _ in aggregates]):
+        return fold.folded(columns, lowered, aggregates, source, _conditions(plan))
+    items: list[exp.Expression] = [_alias(key, k) for key, k in lowered]
+    items += [_alias(node, name) for node, name in aggregates]
     group: list[exp.Expression] = [exp.Literal.number(i + 1) for i in range(len(keys))]
-    return _select(items, _source(table), where=_conditions(plan), group=group or None)
+    return _select(items, source, where=_conditions(plan), group=group or None)
 
 
 def _pairs(plan: Plan, ks: list[str]) -> exp.Select:

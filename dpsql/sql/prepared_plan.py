@@ -31,6 +31,7 @@ from sqlglot import exp
 from dpsql.engine.prepared import StoreInfo
 from dpsql.policy import TablePolicy
 from dpsql.sql import compile as c
+from dpsql.sql import fold
 from dpsql.sql.plan import Measure, Plan
 
 _KINDS = frozenset({"rows", "values", "units", "sum", "sumsq"})
@@ -159,12 +160,8 @@ def aggregate(m: Measure, table: TablePolicy, store: StoreInfo) -> exp.Expressio
 
 def _row_level(plan: Plan, keys: tuple[str, ...], store: StoreInfo) -> exp.Select:
     table = plan.query.table
-    items: list[exp.Expression] = [
-        c._alias(c.lowered_key(kp.key), k) for kp, k in zip(plan.keys, keys, strict=True)
-    ]
-    items += [c._alias(aggregate(m, table, store), m.name) for m in plan.measures]
-    group: list[exp.Expression] = [exp.Literal.number(i + 1) for i in range(len(keys))]
-    return c._select(items, _source(store), where=c._conditions(plan), group=group or None)
+    aggregates = [(aggregate(m, table, store), m.name) for m in plan.measures]
+    return c.row_level_select(plan, keys, aggregates, _source(store))
 
 
 # -- privacy unit ---------------------------------------------------------------------------
@@ -213,7 +210,7 @@ def _grouped(
     lead: list[tuple[str, exp.Expression]] = []
     if by_unit:
         lead.append(("__u", c._quoted(plan.query.table.privacy_unit)))  # type: ignore[arg-type]
-    return _partials_by(plan, store, ks, lead, [condition])
+    return _partials_by(plan, store, ks, lead, [condition], fold_keys=not by_unit)
 
 
 def _partials_by(
@@ -222,19 +219,27 @@ def _partials_by(
     ks: list[str],
     lead: list[tuple[str, exp.Expression]],
     where: list[exp.Expression],
+    *,
+    fold_keys: bool = True,
 ) -> exp.Select:
     """The store's rows (the plan's conditions and ``where``) grouped by the ``lead`` columns
     (name, expression) and the keys: row count and partial measures, bare-column keys then
     filtered to their public domain."""
     table = plan.query.table
-    items: list[exp.Expression] = [c._alias(node, name) for name, node in lead]
-    items += [c._alias(c.lowered_key(kp.key), k) for kp, k in zip(plan.keys, ks, strict=True)]
-    items.append(c._alias(c._count_star(), "__n"))
-    items += [c._alias(aggregate(m, table, store), f"v_{m.name}") for m in c._value_measures(plan)]
-    group: list[exp.Expression] = [c._name(n) for n in [*(name for name, _ in lead), *ks]]
-    query = c._select(
-        items, _source(store), where=[*c._conditions(plan), *where], group=group or None
-    )
+    aggregates: list[tuple[exp.Expression, str]] = [(c._count_star(), "__n")]
+    aggregates += [(aggregate(m, table, store), f"v_{m.name}") for m in c._value_measures(plan)]
+    lowered = [(c.lowered_key(kp.key), k) for kp, k in zip(plan.keys, ks, strict=True)]
+    conditions = [*c._conditions(plan), *where]
+    columns = fold.fold_columns(table, [kp.key.expr for kp in plan.keys])
+    query: exp.Select
+    if fold_keys and columns is not None and fold.foldable([a for a, _ in aggregates]):
+        query = fold.folded(columns, lowered, aggregates, _source(store), conditions, lead)
+    else:
+        items: list[exp.Expression] = [c._alias(node, name) for name, node in lead]
+        items += [c._alias(key, k) for key, k in lowered]
+        items += [c._alias(node, name) for node, name in aggregates]
+        group: list[exp.Expression] = [c._name(n) for n in [*(name for name, _ in lead), *ks]]
+        query = c._select(items, _source(store), where=conditions, group=group or None)
     filters = c._column_key_domains(plan, ks)
     if filters:
         query = c._select([c._star()], c._subquery(query, "p"), where=filters)
