@@ -1128,6 +1128,23 @@ class _Binder:
 
         return node.transform(fix, copy=True)
 
+    def _normal_sql(self, node: exp.Expression) -> str:
+        """The DuckDB text of :meth:`_normalise_columns` (``node``); without the copy when its
+        columns are already as that would make them (unqualified, unquoted, lower-case,
+        declared): the same text, and no deep copy of the subtree and its positions."""
+        assert self.table is not None
+        for col in node.find_all(exp.Column):
+            ident = col.this
+            if (
+                col.table
+                or not isinstance(ident, exp.Identifier)
+                or ident.quoted
+                or ident.name != ident.name.lower()
+                or ident.name not in self.table.columns
+            ):
+                return self._normalise_columns(node).sql(dialect=DIALECT)
+        return node.sql(dialect=DIALECT)
+
     def _check_scalar(self, node: exp.Expr, clause: str) -> None:
         for sub in node.walk():
             if isinstance(sub, exp.AggFunc):
@@ -1461,9 +1478,7 @@ class _Binder:
         key_nodes: list[exp.Expression],
         aggregates: list[AggregateCall],
     ) -> exp.Select:
-        key_sql = {
-            self._normalise_columns(n).sql(dialect=DIALECT): i for i, n in enumerate(key_nodes)
-        }
+        key_sql = {self._normal_sql(n): i for i, n in enumerate(key_nodes)}
         key_sql.update({k.sql: i for i, k in enumerate(keys)})
         # a subtree can only render as a key if it is of a key's node class: others are not
         # rendered at all (rendering every subtree was a tenth of planning)
@@ -1487,7 +1502,7 @@ class _Binder:
                     and not n.find(exp.AggFunc)
                 ):
                     try:
-                        normal = self._normalise_columns(n).sql(dialect=DIALECT)
+                        normal = self._normal_sql(n)
                     except ProgrammingError:
                         normal = None
                     if normal in key_sql:

@@ -159,14 +159,21 @@ def _generate(tree: exp.Expr, dialect: str) -> tuple[str, int]:
     a 500-node tree costs as much as rendering it) and the keyed hash is renamed in the text
     when its spelling occurs exactly once per node (else on a copy of the tree); Spark renders
     a rewritten copy anyway."""
-    secrets = sum(1 for node in tree.find_all(exp.Anonymous) if is_secret(node))
     if dialect == "spark":
         tree = _spark_safe(tree.transform(_hash_named("spark")))
     text = _GENERATORS[dialect].generate(tree, copy=False, comments=False)
-    if dialect == "duckdb":
-        hashes = sum(1 for node in tree.find_all(exp.Anonymous) if is_keyed_hash(node))
-        call = f"{KEYED_HASH}("
-        if text.count(call) == hashes:
+    calls: list[str] = []
+
+    def held(name: str) -> int:
+        """How many such calls the tree holds (walked only when the text shows one)."""
+        if not calls:
+            calls.extend(node.name.upper() for node in tree.find_all(exp.Anonymous))
+        return calls.count(name)
+
+    secrets = held(SECRET) if _MARKER in text else 0
+    call = f"{KEYED_HASH}("
+    if dialect == "duckdb" and call in text:
+        if text.count(call) == held(KEYED_HASH):
             text = text.replace(call, f"{_HASHES[dialect]}(")
         else:  # the spelling also stands inside a literal
             renamed = tree.transform(_hash_named(dialect))
