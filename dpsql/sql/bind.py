@@ -369,6 +369,8 @@ def parse_statement(
     # but validated expressions ever reaches the engine SQL.
     for node in tree.walk():
         node.comments = None
+        if node._meta:  # positions: copied with the node (sqlglot deep-copies every meta dict)
+            node._meta = ShallowMeta(node._meta)
     if parameters is not None:
         tree = _substitute_parameters(tree, parameters, text)
     elif tree.find(exp.Placeholder, exp.Parameter):
@@ -389,6 +391,16 @@ def parse_statement(
 
 
 _READER = DuckDB()
+
+
+class ShallowMeta(dict):
+    """A parsed node's meta (its positions, and markers the frontend adds): sqlglot deep-copies
+    the meta of every node it copies, through :func:`copy.deepcopy`, which costs more than
+    copying the node itself. Its values are ints and tuples, or lists that are replaced and
+    never changed in place, so a shallow copy is a deep one."""
+
+    def __deepcopy__(self, memo: dict) -> ShallowMeta:
+        return ShallowMeta(self)
 
 
 def _parse(text: str) -> list[exp.Expr]:

@@ -1002,13 +1002,20 @@ def scaled_partial(m: Measure, R: int, n: exp.Expression) -> exp.Expression:
 
 
 def _fraction(
-    v: exp.Expression, factor: exp.Expression, most: int, n: exp.Expression
+    v: exp.Expression,
+    factor: exp.Expression,
+    most: int,
+    n: exp.Expression,
+    bound: int | None = None,
 ) -> exp.Expression:
     """``(v * factor) // n`` exactly, truncated toward zero, for 0 <= factor <= most: in 64
     bits where |v| * most cannot overflow (every real pair: 128-bit division is ~5x slower),
-    else in 128."""
-    fits = exp.LTE(this=exp.Abs(this=v), expression=_number((2**63 - 1) // max(most, 1)))
+    else in 128. ``bound``: the largest |v| can be (a partial already bounded); when
+    bound * most fits in 64 bits the test is known to pass and left out."""
     narrow = exp.Mul(this=_cast(v.copy(), "BIGINT"), expression=exp.Paren(this=factor))
+    if bound is not None and bound * max(most, 1) <= 2**63 - 1:
+        return exp.IntDiv(this=narrow, expression=n.copy())
+    fits = exp.LTE(this=exp.Abs(this=v), expression=_number((2**63 - 1) // max(most, 1)))
     wide_ = exp.Mul(this=wide(v.copy()), expression=exp.Paren(this=factor.copy()))
     return exp.Case(
         ifs=[exp.If(this=fits, true=exp.IntDiv(this=narrow, expression=n.copy()))],
@@ -1031,14 +1038,18 @@ def group_scaled(plan: Plan, ks: list[str], source: str, groups: str | None = No
     items: list[exp.Expression] = [_name(c) for c in ["__u", *ks]]
     scale = count_scale(plan)
     rows_factor = exp.Mul(this=_name("__n"), expression=_number(scale))
-    items.append(_alias(_fraction(rows_factor, capped.copy(), G, k), "__n"))
+    # the pairs are bounded already: a row count by R (times its grid), a partial by
+    # per_group_bound, so the 64-bit product cannot overflow and needs no test
+    R = plan.max_rows
+    items.append(_alias(_fraction(rows_factor, capped.copy(), G, k, bound=R * scale), "__n"))
     units = exp.IntDiv(
         this=exp.Mul(this=_number(scale), expression=exp.Paren(this=capped.copy())),
         expression=k.copy(),
     )
     items.append(_alias(units, "__units"))
     for m in _value_measures(plan):
-        items.append(_alias(_fraction(_name(f"v_{m.name}"), capped.copy(), G, k), f"v_{m.name}"))
+        scaled = _fraction(_name(f"v_{m.name}"), capped.copy(), G, k, bound=m.per_group_bound)
+        items.append(_alias(scaled, f"v_{m.name}"))
     return _select(items, src)
 
 
