@@ -146,13 +146,20 @@ class Cost:
     def __init__(
         self, epsilon: Amount = 0, delta: Amount = 0, rho: Amount = 0, zrho: Amount | None = None
     ) -> None:
-        object.__setattr__(self, "exact_epsilon", _part(epsilon))
+        eps, rho_part = _part(epsilon), _part(rho)
+        object.__setattr__(self, "exact_epsilon", eps)
         object.__setattr__(self, "exact_delta", _part(delta))
-        object.__setattr__(self, "exact_rho", _part(rho))
+        object.__setattr__(self, "exact_rho", rho_part)
         if zrho is None:
-            eps, rho_part = self.exact_epsilon, self.exact_rho
-            ok = isinstance(eps, Fraction) and isinstance(rho_part, Fraction)
-            zrho = rho_part + eps * eps / 2 if ok else math.nan
+            if isinstance(eps, Fraction) and isinstance(rho_part, Fraction):
+                # rho + eps^2 / 2 in one normalisation (Fraction arithmetic is most of a
+                # plan's accounting time)
+                n, d = eps.numerator, eps.denominator
+                zrho = Fraction(n * n, 2 * d * d)
+                if rho_part:
+                    zrho += rho_part
+            else:
+                zrho = math.nan
         object.__setattr__(self, "exact_zrho", _part(zrho))
 
     @property
