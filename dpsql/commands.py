@@ -96,9 +96,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "prepare",
         help="build (or reuse) each table's prepared store for its data version",
-        description="Build the derived layout the bounded plans use (dpsql.engine.prepared), "
-        "on disk next to the ledger (or [engine] prepared_dir), and report its build time and "
-        "size. Later processes with the same data version reuse it; nothing is released.",
+        description="Build the derived layout the bounded plans use (dpsql.engine.prepared; "
+        "on Spark, Parquet sorted by unit: dpsql.engine.spark_store), on disk next to the "
+        "ledger (or [engine] prepared_dir), and report its build time and size. Later "
+        "processes with the same data version reuse it; nothing is released.",
     )
     p.add_argument("--policy", required=True, help="privacy policy (TOML)")
     p.add_argument("--database", default=":memory:", help="DuckDB file holding sources")
@@ -312,11 +313,9 @@ def _prepare(args: argparse.Namespace) -> int:
     from dpsql.engine.duckdb_engine import DuckDBEngine
     from dpsql.policy import load_policy
 
+    engine: Any
     try:
         policy = load_policy(args.policy)
-        if policy.engine.name != "duckdb":
-            print("error: dpsql prepare builds DuckDB stores only", file=sys.stderr)
-            return 2
         mode = "memory" if args.memory else "disk"
         policy = dataclasses.replace(
             policy, engine=dataclasses.replace(policy.engine, prepared=mode)
@@ -326,7 +325,12 @@ def _prepare(args: argparse.Namespace) -> int:
         def progress(text: str) -> None:
             print(f"[{time.perf_counter() - started:7.1f} s] {text}", file=sys.stderr, flush=True)
 
-        engine = DuckDBEngine(policy, args.database, progress=progress)
+        if policy.engine.name == "spark":  # Parquet next to the ledger, or a cached view
+            from dpsql.engine.spark_engine import SparkEngine
+
+            engine = SparkEngine(policy, progress=progress)
+        else:
+            engine = DuckDBEngine(policy, args.database, progress=progress)
     except Error as exc:
         print(error_text(exc), file=sys.stderr)
         return 1

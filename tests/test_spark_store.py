@@ -222,3 +222,25 @@ def test_a_duckdb_store_plan_runs_exactly_on_spark(spark, gen_csv):
     finally:
         for svc in (duck, *engines):
             svc.close()
+
+
+def test_dpsql_prepare_builds_then_reuses_on_spark(spark, gen_csv, tmp_path, capsys):
+    """``dpsql prepare`` with [engine] name = "spark": Parquet next to the ledger, reported with
+    its size and time, reused by the next run of the same data version."""
+    from dpsql.cli import main
+
+    policy = tmp_path / "p.toml"
+    policy.write_text(
+        '[engine]\nname = "spark"\nmaster = "local[1]"\n\n'
+        f'[privacy]\nepsilon = 1.0\n\n[tables.t]\nsource = "{gen_csv}"\nprivacy_unit = "uid"\n'
+        'max_rows_per_unit = 2\n\n[tables.t.columns.uid]\ntype = "int"\n\n'
+        '[tables.t.columns.dept]\ntype = "text"\nvalues = ["a", "b"]\n'
+    )
+    assert main(["prepare", "--policy", str(policy)]) == 0
+    first = capsys.readouterr()
+    assert "\tbuilt\t" in first.out and "building the Spark prepared store" in first.err
+    assert ".spark.parquet" in first.out and " MiB\t" in first.out
+    assert main(["prepare", "--policy", str(policy)]) == 0
+    assert "\treused\t" in capsys.readouterr().out
+    assert list((tmp_path / "dpsql-store").glob("t-*.spark.parquet"))
+    assert spark.sparkContext._jsc is not None  # the shared session is still up

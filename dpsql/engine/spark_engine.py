@@ -270,8 +270,10 @@ class SparkEngine:
         *,
         master: str | None = None,
         conf: Mapping[str, Any] | None = None,
+        progress: Callable[[str], None] | None = None,
     ) -> None:
         self.policy = policy
+        self._progress = progress
         self.versions: dict[str, str] = {}
         config = getattr(policy, "engine", None)
         master = master if master is not None else getattr(config, "master", None)
@@ -385,6 +387,7 @@ class SparkEngine:
                     directory=directory,
                     source=table.name,
                     storage_level=self._storage_level(),
+                    progress=self._progress,
                 )
             except Exception as exc:
                 raise PolicyError(
