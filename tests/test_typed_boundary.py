@@ -431,3 +431,23 @@ def test_a_literal_spelling_the_secret_slot_is_only_a_literal(fresh):
     cur = conn.cursor()
     cur.execute("SELECT COUNT(*) FROM visits WHERE diagnosis = 'DP_SECRET()'")
     assert cur.fetchall() == [(0,)]
+
+
+def test_a_literal_spelling_the_keyed_hash_reaches_the_engine_unchanged(tmp_path):
+    """The engine runs the rendered text as it is: a WHERE literal that spells the keyed hash's
+    placeholder is compared as written (the engine used to rewrite it in the text)."""
+    from conftest import exact_connect, rows_of
+
+    path = write_csv(
+        tmp_path / "t.csv",
+        ["uid", "label"],
+        [(i, "DP_KEYED_HASH(1)" if i % 3 else "x") for i in range(30)],
+    )
+    columns = {"uid": {"type": "int"}, "label": {"type": "text"}}
+    for unit in (None, "uid"):
+        conn = exact_connect(table_policy(path, columns, unit=unit, rows=1, groups=1))
+        try:
+            got = rows_of(conn, "SELECT COUNT(*) FROM t WHERE label = 'DP_KEYED_HASH(1)'")
+            assert got == [(20,)]
+        finally:
+            conn.close()
