@@ -279,7 +279,8 @@ def error_quantiles(error: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return lower, upper
 
 
-_SIMULATION_CACHE_SIZE = 20_000  # draws: larger simulations (many groups) are not kept
+_SIMULATION_CACHE_SIZE = 20_000  # draws: up to this many, 64 simulations are kept
+_LARGE_SIMULATION_SIZE = 250_000  # ... and 8 of up to this many (many groups: ~2 MB each)
 
 
 def _simulated_noise(
@@ -292,19 +293,21 @@ def _simulated_noise(
     """
     if size <= _SIMULATION_CACHE_SIZE:
         return _simulated_noise_cached(seed, mechanisms, size)
-    rng = np.random.default_rng(seed)
-    return tuple(_approximate_noise(m, rng, size) for m in mechanisms)
+    if size <= _LARGE_SIMULATION_SIZE:
+        return _large_simulated_noise_cached(seed, mechanisms, size)
+    return _draw_noise(seed, mechanisms, size)
 
 
-@lru_cache(maxsize=64)
-def _simulated_noise_cached(
-    seed: int, mechanisms: tuple[Mechanism, ...], size: int
-) -> tuple[np.ndarray, ...]:
+def _draw_noise(seed: int, mechanisms: tuple[Mechanism, ...], size: int) -> tuple[np.ndarray, ...]:
     rng = np.random.default_rng(seed)
     out = tuple(_approximate_noise(m, rng, size) for m in mechanisms)
     for array in out:
         array.flags.writeable = False
     return out
+
+
+_simulated_noise_cached = lru_cache(maxsize=64)(_draw_noise)
+_large_simulated_noise_cached = lru_cache(maxsize=8)(_draw_noise)
 
 
 def _approximate_noise(mech: Mechanism, rng: np.random.Generator, size: int) -> np.ndarray:
