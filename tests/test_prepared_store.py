@@ -297,15 +297,21 @@ def test_all_secrets_and_queries_cover_two_phases():
     assert len(list(itertools.product(GEN_QUERIES, SECRETS))) >= 40
 
 
+def prepare_policy(directory: Path, source: Path, engine: str = "") -> Path:
+    """A policy file for ``dpsql prepare`` over the generated CSV (``engine``: its section)."""
+    policy = directory / "p.toml"
+    policy.write_text(
+        f'{engine}[privacy]\nepsilon = 1.0\n\n[tables.t]\nsource = "{source}"\n'
+        'privacy_unit = "uid"\nmax_rows_per_unit = 2\n\n[tables.t.columns.uid]\ntype = "int"\n\n'
+        '[tables.t.columns.dept]\ntype = "text"\nvalues = ["a", "b"]\n'
+    )
+    return policy
+
+
 def test_dpsql_prepare_builds_then_reuses(tmp_path, gen_csv, capsys):
     from dpsql.cli import main
 
-    policy = tmp_path / "p.toml"
-    policy.write_text(
-        f'[privacy]\nepsilon = 1.0\n\n[tables.t]\nsource = "{gen_csv}"\nprivacy_unit = "uid"\n'
-        'max_rows_per_unit = 2\n\n[tables.t.columns.uid]\ntype = "int"\n\n'
-        '[tables.t.columns.dept]\ntype = "text"\nvalues = ["a", "b"]\n'
-    )
+    policy = prepare_policy(tmp_path, gen_csv)
     assert main(["prepare", "--policy", str(policy)]) == 0
     first = capsys.readouterr()
     assert "\tbuilt\t" in first.out and "building the prepared store" in first.err

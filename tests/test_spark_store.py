@@ -22,7 +22,13 @@ if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
     pytest.skip("Spark needs Java 17+ (no java on PATH, no JAVA_HOME)", allow_module_level=True)
 
 from conftest import fixture_policy, local_spark, table_policy, write_csv
-from test_prepared_store import FIXTURE_QUERIES, GEN_COLUMNS, GEN_QUERIES, _gen_rows
+from test_prepared_store import (
+    FIXTURE_QUERIES,
+    GEN_COLUMNS,
+    GEN_QUERIES,
+    _gen_rows,
+    prepare_policy,
+)
 
 from dpsql.engine import prepared, spark_store
 from dpsql.pipeline import Service, Settings
@@ -229,13 +235,8 @@ def test_dpsql_prepare_builds_then_reuses_on_spark(spark, gen_csv, tmp_path, cap
     its size and time, reused by the next run of the same data version."""
     from dpsql.cli import main
 
-    policy = tmp_path / "p.toml"
-    policy.write_text(
-        '[engine]\nname = "spark"\nmaster = "local[1]"\n\n'
-        f'[privacy]\nepsilon = 1.0\n\n[tables.t]\nsource = "{gen_csv}"\nprivacy_unit = "uid"\n'
-        'max_rows_per_unit = 2\n\n[tables.t.columns.uid]\ntype = "int"\n\n'
-        '[tables.t.columns.dept]\ntype = "text"\nvalues = ["a", "b"]\n'
-    )
+    engine = '[engine]\nname = "spark"\nmaster = "local[1]"\n\n'
+    policy = prepare_policy(tmp_path, gen_csv, engine)
     assert main(["prepare", "--policy", str(policy)]) == 0
     first = capsys.readouterr()
     assert "\tbuilt\t" in first.out and "building the Spark prepared store" in first.err
