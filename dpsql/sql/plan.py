@@ -31,8 +31,8 @@ How a unit's pair over R is brought down to R rows (the table's ``bounding``):
 
 from __future__ import annotations
 
-import hashlib
 import functools
+import hashlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
