@@ -26,3 +26,21 @@ def test_mypy_is_clean() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ruff") is None, reason="ruff is not installed")
+@pytest.mark.parametrize(
+    "command",
+    [["check", "."], ["format", "--check", "dpsql", "tests", "bench", "fixtures"]],
+    ids=["check", "format"],
+)
+def test_ruff_is_clean(command: list[str]) -> None:
+    """The style checks run with the suite, so CI (which runs the suite) enforces them."""
+    done = subprocess.run(
+        [sys.executable, "-m", "ruff", *command],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
