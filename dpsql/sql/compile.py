@@ -425,7 +425,7 @@ def _row_number(partition: list[exp.Expression], order: list[exp.Expression]) ->
 
 
 def _join(source: exp.Expression, kind: str, on: exp.Expression) -> exp.Join:
-    """A SEMI or ANTI join: it filters the left side and adds no column."""
+    """A join: SEMI or ANTI filters the left side and adds no column, INNER adds the right's."""
     return exp.Join(this=source, kind=kind, on=on)
 
 
@@ -1023,17 +1023,40 @@ def _fraction(
     )
 
 
-def group_scaled(plan: Plan, ks: list[str], source: str, groups: str | None = None) -> exp.Select:
+def group_scaled(
+    plan: Plan,
+    ks: list[str],
+    source: str,
+    groups: str | None = None,
+    *,
+    window: bool = False,
+) -> exp.Select:
     """The bounded pairs of ``source`` with every unit over G groups kept whole at G/k
-    (plan.group_scaling; k = the unit's pairs, counted by a window unless ``groups`` names a
-    column holding it): row and unit counts in their fine grid, each partial times
-    min(k, G)/k, truncated toward zero. A unit within G keeps its pairs as they are."""
+    (plan.group_scaling; k = the unit's pairs, unless ``groups`` names a column holding it
+    counted per unit and joined back, or with ``window`` by a window): row and unit counts in
+    their fine grid, each partial times min(k, G)/k, truncated toward zero. A unit within G
+    keeps its pairs as they are.
+
+    Over every pair of a table the join is much the cheaper (10M rows, R = 5: 10.6x plain
+    against 15.2x for the window); over the few pairs a store leaves unproven the window is
+    (bench/bench_core.py figures in docs/performance.md)."""
     G = plan.max_groups
     src: exp.Expression = _table(source)
     k = _name(groups or "__g")
-    if groups is None:
+    if groups is None and window:
         counted = exp.Window(this=_count_star(), partition_by=[_name("__u")])
         src = _subquery(_select([_star(), _alias(counted, "__g")], src), "w")
+    elif groups is None:
+        per_unit = _select(
+            [_name("__u"), _alias(_count_star(), "__g")], _table(source), group=[_name("__u")]
+        )
+        same_unit = exp.EQ(this=_name("__u", source), expression=_name("__u", "gc"))
+        joined = _select(
+            [_star(source), _name("__g", "gc")],
+            _table(source),
+            joins=[_join(_subquery(per_unit, "gc"), "INNER", same_unit)],
+        )
+        src = _subquery(joined, "w")
     capped = exp.Least(this=k.copy(), expressions=[_number(G)], ignore_nulls=True)
     items: list[exp.Expression] = [_name(c) for c in ["__u", *ks]]
     scale = count_scale(plan)

@@ -334,7 +334,7 @@ def _two_phase(plan: Plan, store: StoreInfo) -> exp.Select:
         ctes.append(c._cte("bounded", bounded))
     source = "bounded"
     if plan.group_scaling:  # a unit over G keeps its k pairs at G/k; all its rows are here
-        ctes.append(c._cte("ranked", c.group_scaled(plan, ks, "bounded")))
+        ctes.append(c._cte("ranked", c.group_scaled(plan, ks, "bounded", window=True)))
         source = "ranked"
     elif groups_ok is not None:
         G = plan.max_groups
