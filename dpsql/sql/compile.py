@@ -35,7 +35,7 @@ n rows count min(n, R), so each pair is capped at min(n, R) directly.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import sqlglot
@@ -85,7 +85,7 @@ def is_secret(node: exp.Expression) -> bool:
 # tree are the compiler's own; a marker found more often than the tree has secrets (inside a
 # string literal) makes that query print its secret as a literal instead.
 _MARKER = f"{SECRET}()"
-_HASHES = {NEUTRAL: KEYED_HASH, "duckdb": "HASH", "spark": "XXHASH64"}
+_HASHES = {"duckdb": "HASH", "spark": "XXHASH64"}  # NEUTRAL keeps DP_KEYED_HASH
 _GENERATORS = {
     NEUTRAL: sqlglot.Dialect.get_or_raise("duckdb"),
     "duckdb": sqlglot.Dialect.get_or_raise("duckdb"),
@@ -887,25 +887,34 @@ def _row_level(plan: Plan, keys: tuple[str, ...]) -> exp.Select:
     """Every row its own unit: one scan and one GROUP BY, no bounding."""
     table = plan.query.table
     aggregates = [(measure_aggregate_expr(m, table), m.name) for m in plan.measures]
-    return row_level_select(plan, keys, aggregates, _source(table))
+    return grouped_select(plan, keys, aggregates, _source(table))
 
 
-def row_level_select(
+def grouped_select(
     plan: Plan,
-    keys: tuple[str, ...],
+    keys: Sequence[str],
     aggregates: list[tuple[exp.Expression, str]],
     source: exp.Expression,
+    where: list[exp.Expression] | None = None,
+    lead: Sequence[tuple[str, exp.Expression]] = (),
+    *,
+    fold_keys: bool = True,
 ) -> exp.Select:
-    """``SELECT keys, aggregates FROM source WHERE conditions GROUP BY keys``; grouped by the
-    keys' columns first where they have small public domains (dpsql.sql.fold)."""
+    """``SELECT lead, keys, aggregates FROM source WHERE where GROUP BY lead, keys`` (``where``:
+    the plan's conditions by default; ``lead``: (name, expression) grouped before the keys);
+    grouped by the keys' columns first where they have small public domains and
+    ``fold_keys`` (dpsql.sql.fold)."""
+    conditions = _conditions(plan) if where is None else where
     lowered = [(lowered_key(kp.key), k) for kp, k in zip(plan.keys, keys, strict=True)]
     columns = fold.fold_columns(plan.query.table, [kp.key.expr for kp in plan.keys])
-    if columns is not None and fold.foldable([a for a, _ in aggregates]):
-        return fold.folded(columns, lowered, aggregates, source, _conditions(plan))
-    items: list[exp.Expression] = [_alias(key, k) for key, k in lowered]
+    if fold_keys and columns is not None and fold.foldable([a for a, _ in aggregates]):
+        return fold.folded(columns, lowered, aggregates, source, conditions, lead)
+    items: list[exp.Expression] = [_alias(node, name) for name, node in lead]
+    items += [_alias(key, k) for key, k in lowered]
     items += [_alias(node, name) for node, name in aggregates]
-    group: list[exp.Expression] = [exp.Literal.number(i + 1) for i in range(len(keys))]
-    return _select(items, source, where=_conditions(plan), group=group or None)
+    width = len(lead) + len(keys)
+    group: list[exp.Expression] = [exp.Literal.number(i + 1) for i in range(width)]
+    return _select(items, source, where=conditions, group=group or None)
 
 
 def _pairs(plan: Plan, ks: list[str]) -> exp.Select:

@@ -31,7 +31,6 @@ from sqlglot import exp
 from dpsql.engine.prepared import StoreInfo
 from dpsql.policy import TablePolicy
 from dpsql.sql import compile as c
-from dpsql.sql import fold
 from dpsql.sql.plan import Measure, Plan
 
 _KINDS = frozenset({"rows", "values", "units", "sum", "sumsq"})
@@ -161,7 +160,7 @@ def aggregate(m: Measure, table: TablePolicy, store: StoreInfo) -> exp.Expressio
 def _row_level(plan: Plan, keys: tuple[str, ...], store: StoreInfo) -> exp.Select:
     table = plan.query.table
     aggregates = [(aggregate(m, table, store), m.name) for m in plan.measures]
-    return c.row_level_select(plan, keys, aggregates, _source(store))
+    return c.grouped_select(plan, keys, aggregates, _source(store))
 
 
 # -- privacy unit ---------------------------------------------------------------------------
@@ -228,18 +227,10 @@ def _partials_by(
     table = plan.query.table
     aggregates: list[tuple[exp.Expression, str]] = [(c._count_star(), "__n")]
     aggregates += [(aggregate(m, table, store), f"v_{m.name}") for m in c._value_measures(plan)]
-    lowered = [(c.lowered_key(kp.key), k) for kp, k in zip(plan.keys, ks, strict=True)]
     conditions = [*c._conditions(plan), *where]
-    columns = fold.fold_columns(table, [kp.key.expr for kp in plan.keys])
-    query: exp.Select
-    if fold_keys and columns is not None and fold.foldable([a for a, _ in aggregates]):
-        query = fold.folded(columns, lowered, aggregates, _source(store), conditions, lead)
-    else:
-        items: list[exp.Expression] = [c._alias(node, name) for name, node in lead]
-        items += [c._alias(key, k) for key, k in lowered]
-        items += [c._alias(node, name) for node, name in aggregates]
-        group: list[exp.Expression] = [c._name(n) for n in [*(name for name, _ in lead), *ks]]
-        query = c._select(items, _source(store), where=conditions, group=group or None)
+    query = c.grouped_select(
+        plan, ks, aggregates, _source(store), conditions, lead, fold_keys=fold_keys
+    )
     filters = c._column_key_domains(plan, ks)
     if filters:
         query = c._select([c._star()], c._subquery(query, "p"), where=filters)
