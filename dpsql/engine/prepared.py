@@ -181,6 +181,16 @@ def _layout(table: TablePolicy) -> dict[str, Any]:
     return layout
 
 
+def layout_fields(table: TablePolicy, layout: dict[str, Any]) -> dict[str, Any]:
+    """The StoreInfo fields a store's layout names the same way on every engine."""
+    return {
+        "unit_rows": f"{PREFIX}un" if table.privacy_unit is not None else None,
+        "pair_rows": dict(layout["pair"]),
+        "unit_keys": dict(layout["keys"]),
+        "fixed": dict(layout["fixed"]),
+    }
+
+
 def _pair_indexes(table: TablePolicy) -> list[tuple[str, int]]:
     index = {c.name: i for i, c in enumerate(table.columns.values())}
     return [
@@ -357,10 +367,7 @@ def prepare_table(
         key=key,
         catalog=catalog,
         relation=relation,
-        unit_rows=f"{PREFIX}un" if table.privacy_unit is not None else None,
-        pair_rows=dict(layout["pair"]),
-        unit_keys=dict(layout["keys"]),
-        fixed=dict(layout["fixed"]),
+        **layout_fields(table, layout),
         hash_mix=f"{PREFIX}h" if hashed else None,
         partials={
             column: relation if catalog is not None else f"{PREFIX}store_{table.name}_{relation}"

@@ -273,7 +273,6 @@ class SparkEngine:
         progress: Callable[[str], None] | None = None,
     ) -> None:
         self.policy = policy
-        self._progress = progress
         self.versions: dict[str, str] = {}
         config = getattr(policy, "engine", None)
         master = master if master is not None else getattr(config, "master", None)
@@ -294,7 +293,7 @@ class SparkEngine:
             for table in policy.tables.values():
                 self._load(table)
             if getattr(config, "prepared", "off") != "off":
-                self._prepare()
+                self._prepare(progress)
         except BaseException:
             self.close()
             raise
@@ -371,7 +370,7 @@ class SparkEngine:
         selected.createOrReplaceTempView(table.name)
         self._views.append(table.name)
 
-    def _prepare(self) -> None:
+    def _prepare(self, progress: Callable[[str], None] | None) -> None:
         """Build or reuse each table's prepared store (dpsql.engine.spark_store); the compiler
         finds them through ``prepared.lookup``."""
         from dpsql.engine import prepared, spark_store
@@ -387,7 +386,7 @@ class SparkEngine:
                     directory=directory,
                     source=table.name,
                     storage_level=self._storage_level(),
-                    progress=self._progress,
+                    progress=progress,
                 )
             except Exception as exc:
                 raise PolicyError(
