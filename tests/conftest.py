@@ -10,7 +10,9 @@ from __future__ import annotations
 import copy
 import csv
 import math
+import os
 import random
+import shutil
 import tomllib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -172,6 +174,13 @@ def any_ledger(request, tmp_path: Path):
     else:
         with SQLiteLedger(tmp_path / "l.sqlite") as led:
             yield led
+
+
+def require_spark() -> None:
+    """Skip the calling test module (or fixture) unless pyspark and a Java runtime are there."""
+    pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'dpsql[spark]')")
+    if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
+        pytest.skip("Spark needs Java 17+ (no java on PATH, no JAVA_HOME)", allow_module_level=True)
 
 
 def local_spark() -> Any:

@@ -334,31 +334,32 @@ def _one_blas_thread() -> Iterable[None]:
         yield
 
 
+def _closing(both: Pair) -> Iterator[Pair]:
+    """A fixture's pair, both sides closed after the module."""
+    yield both
+    both.d.close()
+    both.d_prime.close()
+
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterable[Pair]:
     """D and D′, each with a fresh in-memory ledger."""
     both = _pair(tmp_path_factory.mktemp("fuzz"), lambda _: MemoryLedger())
-    yield both
-    both.d.close()
-    both.d_prime.close()
+    yield from _closing(both)
 
 
 @pytest.fixture(scope="module")
 def clip_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterable[Pair]:
     """D and D′ with ``clip = "auto"`` on cost."""
     both = _pair(tmp_path_factory.mktemp("fuzz-clip"), lambda _: MemoryLedger(), clip=True)
-    yield both
-    both.d.close()
-    both.d_prime.close()
+    yield from _closing(both)
 
 
 @pytest.fixture(scope="module")
 def store_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterable[Pair]:
     """D and D′ each with its own in-memory prepared store (built from its own rows)."""
     both = _pair(tmp_path_factory.mktemp("fuzz-store"), lambda _: MemoryLedger(), store=True)
-    yield both
-    both.d.close()
-    both.d_prime.close()
+    yield from _closing(both)
 
 
 @pytest.fixture(scope="module")
@@ -366,9 +367,7 @@ def durable_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterable[Pair]:
     """D and D′ with SQLite ledgers: the query text is stored with every charge there."""
     directory = tmp_path_factory.mktemp("fuzz-durable")
     both = _pair(directory, lambda name: SQLiteLedger(directory / f"{name}.sqlite"))
-    yield both
-    both.d.close()
-    both.d_prime.close()
+    yield from _closing(both)
 
 
 # -- the checks ----------------------------------------------------------------------------------

@@ -9,8 +9,6 @@ spend nothing; bad declarations fail at connect naming the file, the key and the
 
 from __future__ import annotations
 
-import os
-import shutil
 import tomllib
 
 import duckdb
@@ -493,10 +491,9 @@ def test_spark_answers_equal_the_reference(spark_session, sql, expected):
 
 @pytest.fixture(scope="module")
 def spark_session():
-    pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'dpsql[spark]')")
-    if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
-        pytest.skip("Spark needs Java 17+ (no java on PATH, no JAVA_HOME)")
-    from conftest import local_spark
+    from conftest import local_spark, require_spark
+
+    require_spark()
 
     session = local_spark()
     yield session

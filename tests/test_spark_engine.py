@@ -16,16 +16,9 @@ One Spark session (local[2]) is shared by the whole module to keep the run to mi
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'dpsql[spark]')")
-if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
-    pytest.skip("Spark needs Java 17+ (no java on PATH, no JAVA_HOME)", allow_module_level=True)
-
 from conftest import (
     GRP5,
     assert_same_rows,
@@ -33,6 +26,7 @@ from conftest import (
     fixture_policy,
     heavy_policy,
     local_spark,
+    require_spark,
     rows_of,
     table_policy,
     write_csv,
@@ -45,6 +39,7 @@ from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import SeededNoise
 
 pytestmark = pytest.mark.spark
+require_spark()
 
 
 @pytest.fixture(scope="module")

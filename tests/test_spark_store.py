@@ -11,17 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'dpsql[spark]')")
-if not (os.environ.get("JAVA_HOME") or shutil.which("java")):
-    pytest.skip("Spark needs Java 17+ (no java on PATH, no JAVA_HOME)", allow_module_level=True)
-
-from conftest import fixture_policy, local_spark, table_policy, write_csv
+from conftest import fixture_policy, local_spark, require_spark, table_policy, write_csv
 from test_prepared_store import (
     FIXTURE_QUERIES,
     GEN_COLUMNS,
@@ -38,6 +31,7 @@ from dpsql.sql.bind import parse_statement
 from dpsql.sql.compile import compile_plan
 
 pytestmark = pytest.mark.spark
+require_spark()
 
 SECRETS = (0, 2**62 - 1)
 
