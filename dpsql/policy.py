@@ -37,6 +37,8 @@ _ENGINE_KEYS = {
     "prepared": 'a prepared store per data version (dpsql.engine.prepared, spark_store): "off" '
     '(default), "memory", or "disk" (a file next to the ledger, reused across processes)',
     "prepared_dir": "where disk stores go (default: the ledger's directory)",
+    "small_tables": 'DuckDB: how plans on CSV tables of at most 200,000 rows run: "columns" '
+    '(default: in memory, dpsql.engine.columnar, where the plan allows) or "sql"',
 }
 
 _PRIVACY_KEYS = {
@@ -201,6 +203,9 @@ class EngineConfig:
     # where disk stores go (None: the ledger's directory).
     prepared: str = "off"
     prepared_dir: str | None = None
+    # DuckDB: plans on small eager tables run on their columns in memory (dpsql.engine.columnar)
+    # where dpsql.sql.local_plan can mirror them ("columns"), or always as SQL ("sql")
+    small_tables: str = "columns"
 
 
 @dataclass(frozen=True)
@@ -450,7 +455,10 @@ def _engine(rep: _Reporter, spec: Any) -> EngineConfig:
     prepared_dir = spec.get("prepared_dir")
     if prepared_dir is not None and (not isinstance(prepared_dir, str) or not prepared_dir):
         raise rep.fail("engine.prepared_dir", "must be a directory path", 'e.g. "store/"')
-    for key in ("perfect_hash_bits", "threads"):  # the Spark engine has a store too
+    small_tables = _choice(
+        rep, "engine.small_tables", spec.get("small_tables", "columns"), ("columns", "sql"), "mode"
+    )
+    for key in ("perfect_hash_bits", "threads", "small_tables"):  # Spark has a store too
         if name != "duckdb" and key in spec:
             raise rep.fail(f"engine.{key}", "only the DuckDB engine takes it", "remove it")
     if name != "spark" and (master is not None or conf):
@@ -459,7 +467,9 @@ def _engine(rep: _Reporter, spec: Any) -> EngineConfig:
             "only the Spark engine takes a master or conf",
             'set name = "spark", or remove them',
         )
-    return EngineConfig(name, master, dict(conf), bits, threads, prepared, prepared_dir)
+    return EngineConfig(
+        name, master, dict(conf), bits, threads, prepared, prepared_dir, small_tables
+    )
 
 
 def _table(

@@ -14,6 +14,7 @@ The claims (dpsql.sql.plan's docstring, docs/mechanisms.md "Rescaled bounding"),
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections import defaultdict
@@ -47,9 +48,14 @@ def _rows(seed: int = 5) -> list[tuple]:
     return rows
 
 
-def _policy(path: Path, groups: int = 3, bounding: str = "scale") -> dict:
+def _policy(
+    path: Path, groups: int = 3, bounding: str = "scale", small_tables: str = "columns"
+) -> dict:
+    """``small_tables``: "columns" runs the plans this table allows as column programs
+    (dpsql.engine.columnar), "sql" always as the compiled SQL."""
     policy = table_policy(path, COLUMNS, unit="uid", rows=R, groups=groups)
     policy["tables"]["t"]["bounding"] = bounding
+    policy["engine"] = {"small_tables": small_tables}
     return policy
 
 
@@ -186,12 +192,16 @@ def _moves(full: dict, less: dict, j: int) -> list[int]:
     return [abs(full.get(k, [0] * (j + 1))[j] - less.get(k, [0] * (j + 1))[j]) for k in full]
 
 
-def _check_neighbours(tmp_path: Path, rows: list[tuple], sql: str, groups: int) -> list[tuple]:
+def _check_neighbours(
+    tmp_path: Path, rows: list[tuple], sql: str, groups: int, small_tables: str = "columns"
+) -> list[tuple]:
     """Remove each unit in turn (the heavy ones): every exact measure moves by at most its
     declared per-group bound, and by at most l1 (L1) and l2 (L2) over all groups. Returns the
     largest moves seen per measure (per group, L1)."""
     full_conn = exact_connect(
-        _policy(write_csv(tmp_path / "full.csv", list(COLUMNS), rows), groups)
+        _policy(
+            write_csv(tmp_path / "full.csv", list(COLUMNS), rows), groups, "scale", small_tables
+        )
     )
     seen = []
     try:
@@ -202,7 +212,7 @@ def _check_neighbours(tmp_path: Path, rows: list[tuple], sql: str, groups: int) 
         for uid in heavy:
             less_rows = [r for r in rows if r[0] != uid]
             path = write_csv(tmp_path / f"less{uid}.csv", list(COLUMNS), less_rows)
-            conn = exact_connect(_policy(path, groups))
+            conn = exact_connect(_policy(path, groups, "scale", small_tables))
             try:
                 _, less = _exact(conn, sql)
             finally:
@@ -227,6 +237,7 @@ def _worst_rows() -> list[tuple]:
     return rows
 
 
+@pytest.mark.parametrize("small_tables", ["columns", "sql"])
 @pytest.mark.parametrize(
     "sql",
     [
@@ -235,8 +246,8 @@ def _worst_rows() -> list[tuple]:
         "SELECT dept, SUM(age) FROM t WHERE day > 3 GROUP BY dept",
     ],
 )
-def test_one_unit_moves_each_measure_within_its_sensitivity(tmp_path, sql):
-    _check_neighbours(tmp_path, _worst_rows(), sql, groups=2)
+def test_one_unit_moves_each_measure_within_its_sensitivity(tmp_path, sql, small_tables):
+    _check_neighbours(tmp_path, _worst_rows(), sql, groups=2, small_tables=small_tables)
 
 
 @pytest.mark.parametrize("bounding", ["scale", "sample"])
@@ -279,7 +290,21 @@ def test_a_rescaling_that_keeps_more_than_r_rows_is_caught(tmp_path, monkeypatch
 
     monkeypatch.setattr(compile_module, "scaled_partial", broken)
     with pytest.raises(AssertionError):
-        _check_neighbours(tmp_path, _worst_rows(), "SELECT SUM(age) FROM t", groups=2)
+        _check_neighbours(tmp_path, _worst_rows(), "SELECT SUM(age) FROM t", 2, "sql")
+
+
+def test_a_column_program_that_keeps_more_than_r_rows_is_caught(tmp_path, monkeypatch):
+    """The same broken mechanism in a column program (dpsql.engine.columnar): R + 1 rows'
+    worth per pair; the neighbour check must fail on it too."""
+    original = compile_module.column_program
+
+    def broken(plan):
+        program = original(plan)
+        return None if program is None else dataclasses.replace(program, max_rows=R + 1)
+
+    monkeypatch.setattr(compile_module, "column_program", broken)
+    with pytest.raises(AssertionError):
+        _check_neighbours(tmp_path, _worst_rows(), "SELECT SUM(age) FROM t", 2, "columns")
 
 
 # -- utility: sampling's expectation, no sampling variance ---------------------------------

@@ -17,7 +17,7 @@ import duckdb
 import numpy as np
 import sqlglot
 
-from dpsql.engine import prepared
+from dpsql.engine import columnar, prepared
 from dpsql.engine.api import EngineResult, QueryHandle, canonical_rows, with_extras
 from dpsql.errors import OperationalError, PolicyError
 from dpsql.policy import Policy, TablePolicy
@@ -74,6 +74,13 @@ class DuckDBEngine:
             self._load(table, attached, database, allowed)
         if policy.engine.prepared != "off":
             self._prepare(allowed, progress)
+        # small eager tables in memory for column programs (dpsql.engine.columnar)
+        self.columns: dict[str, columnar.ColumnarTable] = {}
+        if self._small and policy.engine.small_tables == "columns":
+            for table in policy.tables.values():
+                self.columns[table.name] = columnar.load(
+                    self._con, table, self.versions.get(table.name, "")
+                )
         self._con.execute(
             "SET allowed_paths = [" + ", ".join(_sql_string(p) for p in allowed) + "]"
         )
@@ -217,6 +224,11 @@ class DuckDBEngine:
             cursor.close()
 
     def execute(self, compiled: CompiledQuery, handle: QueryHandle | None = None) -> EngineResult:
+        program = compiled.program
+        if program is not None and not compiled.extras:
+            local = self._run_columns(compiled, handle)
+            if local is not None:
+                return local
         rows, types = self._run(
             compiled.render(self.dialect),
             handle,
@@ -229,6 +241,27 @@ class DuckDBEngine:
         ]
         main = EngineResult(key_rows, measures, types[:nk])
         return with_extras(main, compiled.extras, lambda query: self.execute(query, handle))
+
+    def _run_columns(
+        self, compiled: CompiledQuery, handle: QueryHandle | None
+    ) -> EngineResult | None:
+        """The compiled query's column program on its table in memory, if the table is held
+        and is the policy's own (not a derived or joined relation of the same name); None: run
+        the SQL instead (decided before any value is read)."""
+        program = compiled.program
+        assert program is not None
+        table = self.columns.get(program.table)
+        policy = self.policy.tables.get(program.table)
+        if table is None or policy is None or not program.columns <= table.columns.keys():
+            return None
+        if handle is not None and handle.interrupted:
+            raise OperationalError("query cancelled", sqlstate="57014")
+        try:
+            return columnar.run(program, table, policy, compiled.swaps)
+        except Exception:  # a bug, never data: the same uniform failure as an engine error
+            raise OperationalError(
+                "engine error: ColumnProgram", hint="please report this query"
+            ) from None
 
     def fetch_matrix(self, sql: str, handle: QueryHandle | None = None) -> np.ndarray:
         """Rows of a generated integer query (dp_rule_list pattern counts) as an int64 matrix.

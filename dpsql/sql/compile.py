@@ -45,6 +45,7 @@ from dpsql.policy import ColumnPolicy, TablePolicy
 from dpsql.sql import fold
 from dpsql.sql.bind import GroupKey, to_literal
 from dpsql.sql.domains import SQL_TYPES
+from dpsql.sql.local_plan import ColumnProgram, column_program
 from dpsql.sql.plan import ClipEstimate, Measure, Plan, QuantileMeasure
 from dpsql.sql.safety import guarded_conditions
 from dpsql.sql.typecheck import _DECIMAL, _WIDE_INTEGERS
@@ -110,6 +111,9 @@ class CompiledQuery:
     # (sentinel, literal) text pairs: the tree holds sentinel numbers where this query's own
     # literals go (a shape template, dpsql.service.shape_cache); every rendering swaps them
     swaps: tuple[tuple[str, str], ...] = ()
+    # the same aggregate as a column program (dpsql.sql.local_plan), for an engine that holds
+    # the table's columns in memory; None: only the SQL computes it
+    program: ColumnProgram | None = field(default=None, compare=False, repr=False)
 
     @property
     def sql(self) -> str:
@@ -702,6 +706,7 @@ def compile_plan(plan: Plan, secret: int, *, store: object = None) -> CompiledQu
     keys = tuple(f"k{i}" for i in range(len(plan.keys)))
     measure_cols = tuple(m.name for m in plan.measures)
     tree: exp.Expression | None = None
+    program = None
     if store is not False and plan.measures:
         from dpsql.engine import prepared
 
@@ -718,6 +723,8 @@ def compile_plan(plan: Plan, secret: int, *, store: object = None) -> CompiledQu
             tree = _row_level(plan, keys)
         else:
             tree = _bounded(plan)
+        if plan.measures:
+            program = column_program(plan)
     extras = tuple(
         CompiledQuery(_histogram(plan, qm.column, _grid_bin(qm)), (*keys, "b"), ("c",), secret)
         for qm in plan.quantiles
@@ -728,7 +735,7 @@ def compile_plan(plan: Plan, secret: int, *, store: object = None) -> CompiledQu
         if m.kind == "distinct" and plan.query.table.privacy_unit is not None
     )
     main_keys = keys if plan.measures else ()
-    return CompiledQuery(tree, main_keys, measure_cols, secret, extras)
+    return CompiledQuery(tree, main_keys, measure_cols, secret, extras, program=program)
 
 
 # -- quantiles: bin counts of bounded values ---------------------------------------------------

@@ -1,0 +1,534 @@
+"""A small table's columns in memory, and the column programs (dpsql.sql.local_plan) run on
+them: the same exact integers as the plan's SQL, without DuckDB's per-query bind, optimise and
+operator costs, which dominate on a few thousand rows.
+
+Loaded once per data version from the engine's own typed table (so the values are DuckDB's,
+after its casts), before the connection is sealed. Rows are kept in DuckDB's scan order; text
+is held as codes into its sorted distinct values (Python's str order is Unicode code point
+order, DuckDB's VARCHAR order is UTF-8 byte order: the same).
+
+Every step mirrors one of the SQL plan (dpsql.sql.compile): the WHERE in SQL's three-valued
+logic with DuckDB's comparison rules (NaN equal to itself and above every number; a decimal
+literal compared exactly with an integer column), the fixed-point value of each row, the
+per-(unit, group) partials, rescaling at R/n and G/k truncated toward zero, the final sums.
+Integers stay exact: a program runs only where its static bound (rows times the largest
+scaled row value) fits 64 bits, and sums in floating point only below 2^53.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+from sqlglot import exp
+
+from dpsql.engine.api import EngineResult
+from dpsql.policy import ColumnPolicy, TablePolicy
+from dpsql.sql.local_plan import COMPARISONS, KEY_TYPES, ColumnMeasure, ColumnProgram
+
+_EXACT_FLOAT = 2**53  # every integer below it is a float64, and so is every partial sum
+_EXACT_INT = 2**62  # headroom under 2^63 for a product and a sum
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column: ``values`` (int64, float64, bool, or int32 codes into ``categories`` for
+    text), ``nulls`` (True where NULL), and for grouping (text, int and bool) ``codes``: each
+    row's index into ``labels``, its distinct values in order and None (NULL) last."""
+
+    kind: str
+    values: np.ndarray
+    nulls: np.ndarray
+    categories: tuple[Any, ...] = ()
+    codes: np.ndarray | None = None
+    labels: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True)
+class ColumnarTable:
+    name: str
+    version: str
+    rows: int
+    columns: dict[str, Column]
+
+
+class NotRunnable(Exception):
+    """This statement's literals are outside what the evaluator mirrors exactly: run its SQL.
+    Raised before any value is read."""
+
+
+def load(con: Any, table: TablePolicy, version: str) -> ColumnarTable:
+    """The stored columns a program may read, from the engine's typed table."""
+    from dpsql.sql.identifiers import quote_ident
+
+    readable = [c for c in table.columns.values() if c.expr is None and c.type in _KINDS]
+    if not readable:
+        return ColumnarTable(table.name, version, 0, {})
+    select = ", ".join(quote_ident(c.name) for c in readable)
+    fetched = con.execute(f"SELECT {select} FROM {quote_ident(table.name)}").fetchnumpy()
+    columns = {c.name: _column(c, fetched[c.name]) for c in readable}
+    rows = len(next(iter(columns.values())).values)
+    return ColumnarTable(table.name, version, rows, columns)
+
+
+_KINDS = ("int", "float", "text", "bool")
+
+
+def _column(spec: ColumnPolicy, fetched: Any) -> Column:
+    nulls = np.asarray(np.ma.getmaskarray(fetched), dtype=bool)
+    data = np.ma.getdata(fetched)
+    if spec.type == "text":
+        distinct, inverse = np.unique(np.asarray(data, dtype=object)[~nulls], return_inverse=True)
+        categories = [str(v) for v in distinct.tolist()]
+        codes = np.full(len(nulls), -1, dtype=np.int32)
+        codes[~nulls] = inverse
+        labels = (*categories, None)
+        dense = np.where(nulls, len(categories), codes).astype(np.int64)
+        return Column("text", codes, nulls, tuple(categories), dense, labels)
+    dtype: type = {"int": np.int64, "float": np.float64, "bool": np.bool_}[spec.type]
+    values: np.ndarray = np.array(data, dtype=dtype)
+    if spec.type == "float":
+        return Column("float", values, nulls)
+    distinct, inverse = np.unique(values[~nulls], return_inverse=True)
+    dense = np.full(len(values), len(distinct), dtype=np.int64)
+    dense[~nulls] = inverse
+    return Column(spec.type, values, nulls, (), dense, (*distinct.tolist(), None))
+
+
+# -- running a program ----------------------------------------------------------------------
+
+
+def run(
+    program: ColumnProgram,
+    table: ColumnarTable,
+    policy: TablePolicy,
+    swaps: tuple[tuple[str, str], ...] = (),
+) -> EngineResult | None:
+    """The exact result of ``program`` on ``table``; None (before reading any value) when the
+    program's bound does not fit this table or a literal is one the evaluator cannot mirror."""
+    if not _fits(program, table.rows):
+        return None
+    try:
+        where = _condition(program.where, table, policy, dict(swaps))
+    except NotRunnable:
+        return None
+    # never in place: a condition may be a column's own mask
+    selected = where() if where is not None else np.ones(table.rows, dtype=bool)
+    if program.unit is not None:
+        selected = selected & ~table.columns[program.unit].nulls
+        for name, domain in zip(program.keys, program.key_domains, strict=True):
+            if domain:
+                selected = selected & _in_domain(table.columns[name], policy.columns[name])
+    rows = np.flatnonzero(selected)
+    group, size, label = _groups(program.keys, table, rows)
+    values = [_row_values(m, table, policy, rows) for m in program.measures]
+    if program.unit is None:
+        measures, present = _row_level(program, group, size, values, table.rows)
+    else:
+        measures, present = _per_unit(program, table, rows, group, size, values)
+    if not program.keys:
+        return EngineResult([()], [[int(t[0])] for t in measures], ())
+    keep = np.flatnonzero(present).tolist()
+    types = tuple(KEY_TYPES[policy.columns[k].type] for k in program.keys)
+    columns = [[int(x) for x in t[keep].tolist()] for t in measures]
+    return EngineResult([label(i) for i in keep], columns, types)
+
+
+def _fits(program: ColumnProgram, rows: int) -> bool:
+    """Whether every product and sum of the program stays below 2^62 on ``rows`` rows."""
+    factor = max(program.max_rows, 1) * max(program.max_groups, 1) * program.count_scale
+    for m in program.measures:
+        if rows * max(m.row_bound, 1) * max(m.scale, 1) * factor >= _EXACT_INT:
+            return False
+    return rows * factor < _EXACT_INT
+
+
+def _row_level(
+    program: ColumnProgram,
+    group: np.ndarray,
+    size: int,
+    values: list[np.ndarray | None],
+    table_rows: int,
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """Per group: COUNT(*), COUNT(col) and SUM(value) of its rows; and which groups have any."""
+    present = np.bincount(group, minlength=size) > 0
+    measures = []
+    for m, v in zip(program.measures, values, strict=True):
+        if v is None:
+            total = np.bincount(group, minlength=size)
+        else:
+            total = _sum_by(group, v, size, table_rows * max(m.row_bound, 1))
+        measures.append(total)
+    return measures, present
+
+
+def _per_unit(
+    program: ColumnProgram,
+    table: ColumnarTable,
+    rows: np.ndarray,
+    group: np.ndarray,
+    size: int,
+    values: list[np.ndarray | None],
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """Pairs (unit, group) with their row count n and partials, capped at R rows (partials at
+    R/n), then with G/k group scaling, then summed per group (dpsql.sql.compile._bounded)."""
+    _, unit_of = _dense(table.columns[program.unit], rows)  # type: ignore[index]
+    pair_code = unit_of * size + group
+    span = (len(table.columns[program.unit].labels)) * size  # type: ignore[index]
+    if span <= max(4 * len(rows), 4096):  # dense enough to count without sorting
+        n_all = np.bincount(pair_code, minlength=span)
+        pairs = np.flatnonzero(n_all)
+        index = np.zeros(span, dtype=np.int64)
+        index[pairs] = np.arange(len(pairs))
+        pair_of = index[pair_code]
+        n = n_all[pairs].astype(np.int64)
+    else:
+        pairs, pair_of = np.unique(pair_code, return_inverse=True)
+        n = np.bincount(pair_of, minlength=len(pairs)).astype(np.int64)
+    pair_group = pairs % size
+    pair_unit = pairs // size
+    R, G = program.max_rows, program.max_groups
+    capped = np.minimum(n, R)
+    bound_rows = len(rows)
+    partials: list[np.ndarray | None] = []
+    for m, v in zip(program.measures, values, strict=True):
+        if v is None:
+            partials.append(None)
+            continue
+        raw = _sum_by(pair_of, v, len(pairs), bound_rows * max(m.row_bound, 1))
+        partials.append(_truncated(raw * (m.scale * capped), n))
+    counts = capped
+    units_per_pair = np.ones(len(pairs), dtype=np.int64)
+    if program.group_scaling:
+        k = np.bincount(pair_unit).astype(np.int64)[pair_unit]
+        kept = np.minimum(k, G)
+        counts = (capped * program.count_scale * kept) // k
+        units_per_pair = (program.count_scale * kept) // k
+        partials = [None if p is None else _truncated(p * kept, k) for p in partials]
+    present = np.bincount(pair_group, minlength=size) > 0
+    measures = []
+    for m, p in zip(program.measures, partials, strict=True):
+        if m.kind == "rows":
+            measures.append(_sum_by(pair_group, counts, size, _EXACT_INT))
+        elif m.kind == "units":
+            measures.append(_sum_by(pair_group, units_per_pair, size, _EXACT_INT))
+        else:
+            measures.append(_sum_by(pair_group, p, size, _EXACT_INT))  # type: ignore[arg-type]
+    return measures, present
+
+
+def _truncated(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
+    """``numerator // denominator`` truncated toward zero (SQL's integer division), for
+    positive denominators."""
+    magnitude = np.abs(numerator) // denominator
+    return np.where(numerator < 0, -magnitude, magnitude)
+
+
+def _sum_by(codes: np.ndarray, values: np.ndarray, size: int, bound: int) -> np.ndarray:
+    """Exact int64 sums of ``values`` per code: in float64 where every partial sum is below
+    2^53 in magnitude (``bound``), else sorted and reduced in int64."""
+    if bound < _EXACT_FLOAT:
+        return np.rint(np.bincount(codes, weights=values, minlength=size)).astype(np.int64)
+    out = np.zeros(size, dtype=np.int64)
+    if len(codes):
+        order = np.argsort(codes, kind="stable")
+        ordered = codes[order]
+        starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+        out[ordered[starts]] = np.add.reduceat(values[order].astype(np.int64), starts)
+    return out
+
+
+# -- keys -------------------------------------------------------------------------------------
+
+
+def _dense(column: Column, rows: np.ndarray) -> tuple[tuple[Any, ...], np.ndarray]:
+    """The selected rows' codes into the column's labels (NULL, as None, last)."""
+    assert column.codes is not None  # text, int and bool columns: what keys and units are
+    return column.labels, column.codes[rows]
+
+
+def _groups(
+    keys: tuple[str, ...], table: ColumnarTable, rows: np.ndarray
+) -> tuple[np.ndarray, int, Callable[[int], tuple[Any, ...]]]:
+    """Each selected row's group code, the number of codes, and the key values of a code
+    (SQL NULL as None).
+
+    Codes combine the keys' own codes in mixed radix while the product of their label counts
+    stays small (no sort); past that they are re-densified after each key."""
+    per_key = [_dense(table.columns[name], rows) for name in keys]
+    size = math.prod(len(labels) for labels, _ in per_key)
+    code = np.zeros(len(rows), dtype=np.int64)
+    if size <= max(4 * len(rows), 4096):
+        for labels, codes in per_key:
+            code = code * len(labels) + codes
+
+        def mixed(c: int) -> tuple[Any, ...]:
+            out = []
+            for labels, _ in reversed(per_key):
+                c, digit = divmod(c, len(labels))
+                out.append(labels[digit])
+            return tuple(reversed(out))
+
+        return code, size, mixed
+    combined: list[tuple[Any, ...]] = [()]
+    for labels, codes in per_key:
+        distinct, inverse = np.unique(code * len(labels) + codes, return_inverse=True)
+        code = inverse.astype(np.int64)
+        combined = [
+            (*combined[d // len(labels)], labels[d % len(labels)]) for d in distinct.tolist()
+        ]
+    return code, len(combined), combined.__getitem__
+
+
+# -- row values -------------------------------------------------------------------------------
+
+
+def _row_values(
+    m: ColumnMeasure, table: ColumnarTable, policy: TablePolicy, rows: np.ndarray
+) -> np.ndarray | None:
+    """Each selected row's integer contribution (0 for NULL), or None for a count of rows."""
+    if m.kind in ("rows", "units"):
+        return None
+    column = table.columns[m.column]  # type: ignore[index]
+    nulls = column.nulls[rows]
+    if m.kind == "values":
+        return (~nulls).astype(np.int64)
+    spec = policy.columns[m.column]  # type: ignore[index]
+    fixed = _fixed_point(column.values[rows], spec, m.lo, m.hi)
+    centred = fixed - m.center if m.center else fixed
+    value = centred if m.kind == "sum" else centred * centred - m.center2
+    return np.where(nulls, 0, value)
+
+
+def _fixed_point(values: np.ndarray, spec: ColumnPolicy, lo: int, hi: int) -> np.ndarray:
+    """dpsql.sql.compile.fixed_point_expr: ``CAST(ROUND(clamp(CAST(x AS DOUBLE) / g, lo, hi))
+    AS BIGINT)``, NaN clamped to ``hi`` (DuckDB orders it above every number), ROUND half away
+    from zero; an int column on grid 1 is clamped only."""
+    if spec.type == "int" and spec.granularity == 1:
+        return np.clip(values.astype(np.int64), lo, hi)
+    quotient = values.astype(np.float64) / float(spec.granularity)
+    clamped = np.where(np.isnan(quotient) | (quotient > hi), float(hi), quotient)
+    clamped = np.where(clamped < lo, float(lo), clamped)
+    whole = np.trunc(clamped)
+    rounded = whole + np.trunc(2.0 * (clamped - whole))  # |fraction| >= 1/2 steps outward
+    return rounded.astype(np.int64)
+
+
+# -- the WHERE ----------------------------------------------------------------------------------
+
+# a condition's value per row: (true, false); a row where neither holds is NULL
+Truth = tuple[np.ndarray, np.ndarray]
+
+
+def _condition(
+    where: exp.Expression | None,
+    table: ColumnarTable,
+    policy: TablePolicy,
+    swaps: dict[str, str],
+) -> Callable[[], np.ndarray] | None:
+    """The WHERE as a function giving each row's truth (SQL keeps only TRUE rows): built
+    first, reading no value, so that a literal it cannot mirror raises NotRunnable here."""
+    if where is None:
+        return None
+    build = _Builder(table, policy, swaps)
+    evaluate = build(where)
+    return lambda: evaluate()[0]
+
+
+class _Builder:
+    def __init__(self, table: ColumnarTable, policy: TablePolicy, swaps: dict[str, str]):
+        self.table = table
+        self.policy = policy
+        self.swaps = swaps
+
+    def __call__(self, node: exp.Expression) -> Callable[[], Truth]:
+        if isinstance(node, exp.Paren):
+            return self(node.this)
+        if isinstance(node, exp.And):
+            a, b = self(node.this), self(node.expression)
+            return lambda: _and(a(), b())
+        if isinstance(node, exp.Or):
+            a, b = self(node.this), self(node.expression)
+            return lambda: _or(a(), b())
+        if isinstance(node, exp.Not):
+            a = self(node.this)
+            return lambda: a()[::-1]  # type: ignore[return-value]
+        if isinstance(node, exp.Boolean):
+            value = bool(node.this)
+            rows = self.table.rows
+            return lambda: (np.full(rows, value), np.full(rows, not value))
+        if isinstance(node, exp.Column):
+            column = self._column(node)
+            return lambda: (column.values & ~column.nulls, ~column.values & ~column.nulls)
+        if isinstance(node, exp.Is):
+            column = self._column(node.this)
+            return lambda: (column.nulls, ~column.nulls)
+        if isinstance(node, COMPARISONS):
+            op: type = type(node)
+            left, right = node.this, node.expression
+            if not isinstance(left, exp.Column):
+                op, left, right = _FLIPPED[op], right, left
+            return self._compare(op, left, right)
+        if isinstance(node, exp.Between):
+            low = self._compare(exp.GTE, node.this, node.args["low"])
+            high = self._compare(exp.LTE, node.this, node.args["high"])
+            return lambda: _and(low(), high())
+        if isinstance(node, exp.In):
+            parts = [self._compare(exp.EQ, node.this, item) for item in node.expressions]
+
+            def member() -> Truth:
+                out = parts[0]()
+                for part in parts[1:]:
+                    out = _or(out, part())
+                return out
+
+            return member
+        raise NotRunnable
+
+    def _column(self, node: exp.Expression) -> Column:
+        if not isinstance(node, exp.Column) or node.name not in self.table.columns:
+            raise NotRunnable
+        return self.table.columns[node.name]
+
+    def _compare(
+        self, op: type, column_node: exp.Expression, literal: exp.Expression
+    ) -> Callable[[], Truth]:
+        column = self._column(column_node)
+        test = _LITERAL_TESTS[column.kind](self, op, column, literal)
+        known = ~column.nulls
+
+        def truth() -> Truth:
+            holds = test()
+            return holds & known, ~holds & known
+
+        return truth
+
+    def _number(self, literal: exp.Expression) -> Decimal:
+        negative = isinstance(literal, exp.Neg)
+        if negative:
+            literal = literal.this
+        if not isinstance(literal, exp.Literal) or literal.is_string:
+            raise NotRunnable
+        text = self.swaps.get(str(literal.this), str(literal.this))
+        if not _plain_number(text):
+            raise NotRunnable
+        value = Decimal(text)
+        return -value if negative else value
+
+    def _int_test(self, op: type, column: Column, literal: exp.Expression) -> Callable[[], Any]:
+        """An integer column against a number, exactly (DuckDB compares an integer with a
+        decimal as decimals): ``x > 2.5`` is ``x > 2``, ``x = 2.5`` holds for no x."""
+        value = self._number(literal)
+        if abs(value) >= 2**62:
+            raise NotRunnable
+        whole = int(value)
+        exact = whole == value
+        floor = whole if (exact or value > 0) else whole - 1
+        ceil = floor if exact else floor + 1
+        x = column.values
+        tests: dict[type, Callable[[], Any]] = {
+            exp.EQ: (lambda: x == whole) if exact else (lambda: np.zeros(len(x), dtype=bool)),
+            exp.NEQ: (lambda: x != whole) if exact else (lambda: np.ones(len(x), dtype=bool)),
+            exp.GT: lambda: x > floor,
+            exp.GTE: lambda: x >= ceil,
+            exp.LT: lambda: x < ceil,
+            exp.LTE: lambda: x <= floor,
+        }
+        return tests[op]
+
+    def _float_test(self, op: type, column: Column, literal: exp.Expression) -> Callable[[], Any]:
+        """A DOUBLE column against a number: as doubles, NaN equal to itself and above all."""
+        value = self._number(literal)
+        digits = len(value.as_tuple().digits)
+        if digits > 15:  # beyond 15 digits a decimal's DOUBLE may depend on how it is cast
+            raise NotRunnable
+        number = float(value)
+        x = column.values
+        nan = np.isnan(x)
+        tests: dict[type, Callable[[], Any]] = {
+            exp.EQ: lambda: (x == number) & ~nan,
+            exp.NEQ: lambda: (x != number) | nan,
+            exp.GT: lambda: (x > number) | nan,
+            exp.GTE: lambda: (x >= number) | nan,
+            exp.LT: lambda: (x < number) & ~nan,
+            exp.LTE: lambda: (x <= number) & ~nan,
+        }
+        return tests[op]
+
+    def _text_test(self, op: type, column: Column, literal: exp.Expression) -> Callable[[], Any]:
+        """A text column against a string, through its sorted codes."""
+        if not isinstance(literal, exp.Literal) or not literal.is_string:
+            raise NotRunnable
+        value = str(literal.this)
+        categories = column.categories
+        low = bisect.bisect_left(categories, value)  # codes < low hold values < literal
+        high = bisect.bisect_right(categories, value)  # codes >= high hold values > literal
+        x = column.values
+        tests: dict[type, Callable[[], Any]] = {
+            exp.EQ: lambda: (x >= low) & (x < high),
+            exp.NEQ: lambda: (x < low) | (x >= high),
+            exp.GT: lambda: x >= high,
+            exp.GTE: lambda: x >= low,
+            exp.LT: lambda: (x < low) & (x >= 0),
+            exp.LTE: lambda: (x < high) & (x >= 0),
+        }
+        return tests[op]
+
+    def _bool_test(self, op: type, column: Column, literal: exp.Expression) -> Callable[[], Any]:
+        if not isinstance(literal, exp.Boolean) or op not in (exp.EQ, exp.NEQ):
+            raise NotRunnable
+        value = bool(literal.this)
+        x = column.values
+        return (lambda: x == value) if op is exp.EQ else (lambda: x != value)
+
+
+_LITERAL_TESTS: dict[str, Callable[..., Callable[[], Any]]] = {
+    "int": _Builder._int_test,
+    "float": _Builder._float_test,
+    "text": _Builder._text_test,
+    "bool": _Builder._bool_test,
+}
+_FLIPPED: dict[type, type] = {
+    exp.EQ: exp.EQ,
+    exp.NEQ: exp.NEQ,
+    exp.GT: exp.LT,
+    exp.GTE: exp.LTE,
+    exp.LT: exp.GT,
+    exp.LTE: exp.GTE,
+}
+
+
+def _plain_number(text: str) -> bool:
+    """Digits with at most one point: what DuckDB reads as an integer or a DECIMAL literal."""
+    whole, _, fraction = text.partition(".")
+    return whole.isdigit() and (not fraction or fraction.isdigit()) and len(whole) <= 18
+
+
+def _and(a: Truth, b: Truth) -> Truth:
+    return a[0] & b[0], a[1] | b[1]
+
+
+def _or(a: Truth, b: Truth) -> Truth:
+    return a[0] | b[0], a[1] & b[1]
+
+
+def _in_domain(column: Column, spec: ColumnPolicy) -> np.ndarray:
+    """dpsql.sql.compile._domain_condition on the key column: its declared values, or its
+    bounds, or not NULL; OR NULL where the column is nullable."""
+    if spec.values is not None:
+        if column.kind == "text":
+            wanted = [i for i, v in enumerate(column.categories) if v in set(spec.values)]
+            inside = np.isin(column.values, np.array(wanted, dtype=np.int32))
+        else:
+            inside = np.isin(column.values, np.array(list(spec.values)))
+        inside &= ~column.nulls
+    elif spec.numeric and spec.bounded:
+        inside = (column.values >= spec.lower) & (column.values <= spec.upper) & ~column.nulls
+    else:
+        inside = ~column.nulls
+    return inside | column.nulls if spec.nullable else inside

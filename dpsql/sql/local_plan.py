@@ -1,0 +1,212 @@
+"""Column programs: a bounded aggregate as data, for the DuckDB engine to run on a small
+table's columns held in memory (dpsql.engine.columnar) instead of through its SQL.
+
+Why: on the shipped 20k-row fixture DuckDB spends 1.5-4 ms binding, optimising and running
+the three-step bounded SQL of a one-line query, against 0.4-0.8 ms for the plain query; the
+same steps over columns already in memory cost ~0.1 ms (docs/performance.md, bench_small.py).
+
+A program exists only for the plans whose SQL it mirrors step for step, with the same
+integers (tests/test_columnar.py runs both on generated queries and data and compares them):
+
+* row-level plans, and per-unit plans bounded by rescaling (``bounding = "scale"``, or counts
+  only), with public keys scaled at G/k or at most G groups in all;
+* keys that are bare stored columns of type int, text or bool;
+* measures COUNT(*), COUNT(col), SUM and the sums of squares of fixed-point stored columns;
+* a WHERE of comparisons, BETWEEN, IN and IS NULL between a stored column and literals,
+  joined by AND, OR and NOT.
+
+Anything else (keyed-hash sampling or ranking, quantiles, DISTINCT, computed columns, joins,
+expressions) compiles to SQL only. Whether a plan has a program depends on the policy and the
+query, never on the data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sqlglot import exp
+
+from dpsql.policy import ColumnPolicy, TablePolicy
+from dpsql.sql.plan import Plan
+
+# measure kinds a program computes (dpsql.sql.compile.measure_aggregate_expr)
+KINDS = ("rows", "units", "values", "sum", "sumsq")
+# column types a program reads, and the ones a key may have
+READ_TYPES = ("int", "float", "text", "bool")
+KEY_TYPES = {"int": "BIGINT", "text": "VARCHAR", "bool": "BOOLEAN"}
+COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
+
+
+@dataclass(frozen=True)
+class ColumnMeasure:
+    """One measure: its kind and, for a value measure, its fixed-point grid (Measure's)."""
+
+    name: str
+    kind: str
+    column: str | None
+    granularity: float
+    lo: int
+    hi: int
+    center: int
+    center2: int
+    row_bound: int
+    scale: int
+
+
+@dataclass(frozen=True)
+class ColumnProgram:
+    """What the engine computes, in the order the SQL does (dpsql.sql.compile._bounded).
+
+    ``unit``: the privacy unit column (None: row-level); ``key_domains``: per key, whether
+    pairs are kept only where the key lies in its column's declared domain (bare-column keys
+    of unit plans); ``count_scale``: the fine grid of row and unit counts under group scaling.
+    """
+
+    table: str
+    unit: str | None
+    keys: tuple[str, ...]
+    key_domains: tuple[bool, ...]
+    measures: tuple[ColumnMeasure, ...]
+    max_rows: int
+    max_groups: int
+    group_scaling: bool
+    count_scale: int
+    where: exp.Expression | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def columns(self) -> frozenset[str]:
+        """Every column the program reads."""
+        named = {*self.keys, *(m.column for m in self.measures if m.column is not None)}
+        if self.unit is not None:
+            named.add(self.unit)
+        if self.where is not None:
+            named.update(c.name for c in self.where.find_all(exp.Column))
+        return frozenset(named)
+
+
+def column_program(plan: Plan) -> ColumnProgram | None:
+    """The program of ``plan``, or None when only its SQL computes it (see the module doc)."""
+    from dpsql.sql.compile import _bounds_groups, _value_measures, count_scale
+
+    query = plan.query
+    table = query.table
+    if not plan.measures or plan.quantiles or plan.clips or table.joined is not None:
+        return None
+    if any(m.kind not in KINDS for m in plan.measures):
+        return None
+    if table.privacy_unit is not None:
+        unit = table.columns.get(table.privacy_unit)
+        if unit is None or unit.type not in KEY_TYPES:
+            return None
+        rescaling = plan.bounding == "scale" or not _value_measures(plan)
+        if not rescaling or not (plan.group_scaling or not _bounds_groups(plan)):
+            return None
+    for m in plan.measures:
+        if m.column is not None and max(abs(m.lo), abs(m.hi)) > 2**53:
+            return None
+    keys = []
+    for kp in plan.keys:
+        node = kp.key.expr
+        if not isinstance(node, exp.Column) or node.table:
+            return None
+        spec = table.columns.get(node.name)
+        if spec is None or KEY_TYPES.get(spec.type) != kp.key.type:
+            return None
+        keys.append(spec.name)
+    if query.where is not None and not _readable(query.where, table):
+        return None
+    program = ColumnProgram(
+        table=table.name,
+        unit=table.privacy_unit,
+        keys=tuple(keys),
+        key_domains=tuple(
+            table.privacy_unit is not None and kp.domain is not None for kp in plan.keys
+        ),
+        measures=tuple(
+            ColumnMeasure(
+                m.name,
+                m.kind,
+                m.column,
+                m.granularity,
+                m.lo,
+                m.hi,
+                m.center,
+                m.center2,
+                m.row_bound,
+                m.scale,
+            )
+            for m in plan.measures
+        ),
+        max_rows=plan.max_rows,
+        max_groups=plan.max_groups,
+        group_scaling=plan.group_scaling,
+        count_scale=count_scale(plan) if table.privacy_unit is not None else 1,
+        where=query.where,
+    )
+    if any(_stored(table, name) is None for name in program.columns):
+        return None
+    return program
+
+
+def _stored(table: TablePolicy, name: str) -> ColumnPolicy | None:
+    """The policy column ``name`` if it is a stored column a program may read, else None."""
+    spec = table.columns.get(name)
+    if spec is None or spec.expr is not None or spec.type not in READ_TYPES:
+        return None
+    return spec
+
+
+def _readable(node: exp.Expression, table: TablePolicy) -> bool:
+    """Whether every node of a WHERE is one the engine's evaluator mirrors (literals are
+    checked again there, with the statement's own values)."""
+    if isinstance(node, exp.Paren):
+        return _readable(node.this, table)
+    if isinstance(node, exp.And | exp.Or):
+        return _readable(node.this, table) and _readable(node.expression, table)
+    if isinstance(node, exp.Not):
+        return _readable(node.this, table)
+    if isinstance(node, exp.Boolean):
+        return True
+    if isinstance(node, exp.Column):  # a bool column as a condition
+        spec = _column(node, table)
+        return spec is not None and spec.type == "bool"
+    if isinstance(node, exp.Is):
+        return isinstance(node.expression, exp.Null) and _column(node.this, table) is not None
+    if isinstance(node, COMPARISONS):
+        left, right = node.this, node.expression
+        if _column(left, table) is None:
+            left, right = right, left
+        return _comparable(_column(left, table), right)
+    if isinstance(node, exp.Between):
+        spec = _column(node.this, table)
+        return _comparable(spec, node.args["low"]) and _comparable(spec, node.args["high"])
+    if isinstance(node, exp.In):
+        spec = _column(node.this, table)
+        if node.args.get("query") or node.args.get("unnest") or node.args.get("field"):
+            return False
+        items = node.expressions
+        return bool(items) and all(_comparable(spec, item) for item in items)
+    return False
+
+
+def _column(node: exp.Expression, table: TablePolicy) -> ColumnPolicy | None:
+    if not isinstance(node, exp.Column) or node.table:
+        return None
+    return _stored(table, node.name)
+
+
+def _comparable(spec: ColumnPolicy | None, literal: exp.Expression) -> bool:
+    """A literal the evaluator compares with column ``spec`` exactly as DuckDB does: a number
+    with an int or float column, a string with a text column, TRUE/FALSE with a bool one."""
+    if spec is None:
+        return False
+    kind = spec.type
+    if isinstance(literal, exp.Neg):
+        literal = literal.this
+        if not isinstance(literal, exp.Literal) or literal.is_string:
+            return False
+    if isinstance(literal, exp.Boolean):
+        return kind == "bool"
+    if not isinstance(literal, exp.Literal):
+        return False
+    return kind == "text" if literal.is_string else kind in ("int", "float")

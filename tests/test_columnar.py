@@ -1,0 +1,296 @@
+"""Column programs (dpsql.sql.local_plan, dpsql.engine.columnar) against the plan's SQL.
+
+A program must return exactly the integers DuckDB returns for the same compiled query: every
+test here runs both on the same engine and compares them, on generated data (NULLs, NaN,
+values outside their bounds, halves that round, text outside its domain, accents) and on
+generated queries within the programs' reach and beyond it (where the SQL must run), row-level
+and per unit, through the planner and through the service's shape cache (whose templates hold
+sentinel numbers that each statement's literals replace).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import write_csv
+
+import dpsql
+from dpsql.errors import OperationalError
+from dpsql.pipeline import Service, Settings
+from dpsql.policy import load_policy
+from dpsql.privacy.ledger import MemoryLedger
+from dpsql.sql.bind import parse_statement
+
+TEXTS = ["alpha", "beta", "gamma", "émile", "Zed", "zz top"]  # values list: the first four
+
+
+def _data(path: Path, rows: int, seed: int) -> Path:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(rows):
+        u = None if rng.random() < 0.02 else int(rng.integers(0, rows // 4 + 1))
+        a = None if rng.random() < 0.05 else int(rng.integers(-20, 130))
+        x: object = round(float(rng.normal(0, 40)) * 4) / 4  # quarters: x / 0.5 has ties
+        r = rng.random()
+        x = None if r < 0.05 else ("nan" if r < 0.08 else x)
+        t = None if rng.random() < 0.05 else TEXTS[int(rng.integers(0, len(TEXTS)))]
+        b = None if rng.random() < 0.1 else bool(rng.random() < 0.4)
+        k = int(rng.integers(0, 7))  # bounds 1..4: some outside
+        out.append((u, a, x, t, b, k, f"w{int(rng.integers(0, 30))}"))
+    return write_csv(path, ["u", "a", "x", "t", "b", "k", "w"], out)
+
+
+def _policy(csv: Path, *, unit: bool, bounding: str = "scale", groups: int = 2) -> dict:
+    table: dict = {
+        "source": str(csv),
+        "columns": {
+            "u": {"type": "int", "nullable": True},
+            "a": {"type": "int", "lower": 0, "upper": 100, "nullable": True},
+            "x": {"type": "float", "lower": -50.0, "upper": 50.0, "granularity": 0.5},
+            "t": {"type": "text", "values": TEXTS[:4], "nullable": True},
+            "b": {"type": "bool", "nullable": True},
+            "k": {"type": "int", "lower": 1, "upper": 4, "nullable": False},
+            "w": {"type": "text", "nullable": False},
+        },
+    }
+    table["columns"]["x"]["nullable"] = True
+    if unit:
+        table.update(
+            privacy_unit="u", max_rows_per_unit=2, max_groups_per_unit=groups, bounding=bounding
+        )
+    return {
+        "privacy": {"epsilon": 1.0, "delta": 1e-6, "budget_epsilon": 1e9, "budget_delta": 0.5},
+        "tables": {"t1": table},
+    }
+
+
+def _service(tmp_path: Path, *, unit: bool, rows: int = 3000, seed: int = 7, **kw) -> Service:
+    csv = _data(tmp_path / f"t1_{seed}.csv", rows, seed)
+    return Service(load_policy(_policy(csv, unit=unit, **kw)), ledger=MemoryLedger(), cache=False)
+
+
+def _connect(tmp_path: Path, *, unit: bool, rows: int = 3000, seed: int = 7, **kw):
+    csv = _data(tmp_path / f"t1_{seed}.csv", rows, seed)
+    policy = load_policy(_policy(csv, unit=unit, **kw))
+    return dpsql.connect(policy=policy, ledger=MemoryLedger(), cache=False)
+
+
+def _compiled(svc: Service, sql: str):
+    settings = Settings.from_policy(svc.policy)
+    statement = parse_statement(sql, svc.policy)
+    prepared = svc._prepare(svc._plans.key(sql, None, settings, "t"), statement, settings, "t")
+    return svc._compiled(prepared).with_secret(4242)
+
+
+def _both(svc: Service, compiled) -> tuple[object, object]:
+    """(the program's result or None, the SQL's result), rows in one order."""
+    engine = svc.engine
+    local = engine._run_columns(compiled, None) if compiled.program is not None else None
+    sql = engine.execute(dataclasses.replace(compiled, program=None))
+    return _canonical(local), _canonical(sql)
+
+
+def _canonical(result):
+    if result is None:
+        return None
+    rows = sorted(
+        zip(result.key_rows, zip(*result.measures, strict=True), strict=True),
+        key=lambda r: repr(r[0]),
+    )
+    return rows, result.key_types
+
+
+KEYS = ["t", "b", "k", "a", "w"]
+AGGREGATES = [
+    "COUNT(*)",
+    "COUNT(x)",
+    "SUM(a)",
+    "AVG(x)",
+    "SUM(x)",
+    "VARIANCE(a)",
+    "STDDEV(x)",
+    "AVG(a)",
+    "COUNT(a)",
+]
+
+
+def _condition(rng: random.Random, depth: int = 0) -> str:
+    r = rng.random()
+    if depth < 2 and r < 0.3:
+        op = rng.choice(["AND", "OR"])
+        return f"({_condition(rng, depth + 1)} {op} {_condition(rng, depth + 1)})"
+    if depth < 2 and r < 0.38:
+        return f"NOT ({_condition(rng, depth + 1)})"
+    column = rng.choice(["a", "x", "t", "b", "k", "w", "u"])
+    cmp = rng.choice(["=", "<>", "<", "<=", ">", ">="])
+    if column in ("a", "k", "u"):
+        value = rng.choice(["0", "3", "50", "2.5", "-7", "100", "99.99", "1000000000000.5"])
+    elif column == "x":
+        value = rng.choice(["0", "0.5", "-12.25", "12.3", "49.75", "-50", "1e2", "0.1"])
+    elif column in ("t", "w"):
+        value = "'" + rng.choice([*TEXTS, "", "beta ", "w3", "w12", "émile"]) + "'"
+    else:
+        value = rng.choice(["TRUE", "FALSE"])
+        cmp = rng.choice(["=", "<>"])
+    shape = rng.random()
+    if shape < 0.1:
+        return f"{column} IS {'NOT ' if rng.random() < 0.5 else ''}NULL"
+    if shape < 0.2 and column not in ("b",):
+        low, high = sorted([value, value]) if column in ("t", "w") else (value, value)
+        return f"{column} BETWEEN {low} AND {high}"
+    if shape < 0.3:
+        return f"{column} IN ({value}, {value})"
+    if shape < 0.35 and column == "b":
+        return "b" if rng.random() < 0.5 else "NOT b"
+    if shape < 0.42:
+        return f"{value} {cmp} {column}"  # the literal on the left
+    return f"{column} {cmp} {value}"
+
+
+def _query(rng: random.Random) -> str:
+    keys = rng.sample(KEYS, rng.choice([0, 0, 1, 1, 2]))
+    aggregates = rng.sample(AGGREGATES, rng.randint(1, 3))
+    where = f" WHERE {_condition(rng)}" if rng.random() < 0.85 else ""
+    group = f" GROUP BY {', '.join(keys)}" if keys else ""
+    return f"SELECT {', '.join([*keys, *aggregates])} FROM t1{where}{group}"
+
+
+@pytest.mark.parametrize(
+    "unit, options, least",
+    [
+        (False, {}, 80),
+        (True, {"bounding": "scale", "groups": 2}, 60),
+        (True, {"bounding": "scale", "groups": 20}, 60),
+        (True, {"bounding": "sample", "groups": 2}, 3),  # value sums sample: SQL only
+    ],
+    ids=["row-level", "unit-scale-G2", "unit-scale-G20", "unit-sample"],
+)
+def test_programs_return_what_the_sql_returns(tmp_path, unit, options, least):
+    svc = _service(tmp_path, unit=unit, **options)
+    rng = random.Random(11 if unit else 5)
+    ran = 0
+    try:
+        for _ in range(150):
+            sql = _query(rng)
+            try:
+                compiled = _compiled(svc, sql)
+            except Exception:  # refused (e.g. a key without a public domain): nothing to run
+                continue
+            local, expected = _both(svc, compiled)
+            if local is not None:
+                ran += 1
+                assert local == expected, sql
+    finally:
+        svc.close()
+    print(f"{ran} programs compared")
+    assert ran >= least  # the comparison ran on programs, not only on fallbacks
+
+
+def test_programs_under_the_shape_cache_use_each_statements_literals(tmp_path):
+    """Templates hold sentinel numbers; each statement's own numbers must be the ones the
+    program compares with (run through the DB-API: plan cache, text shapes, shapes)."""
+    conn = _connect(tmp_path, unit=True)
+    svc = conn.service
+    seen = []
+    execute = svc.engine.execute
+
+    def checked(compiled, handle=None):
+        if compiled.program is not None:
+            local, expected = _both(svc, compiled)
+            if local is not None:
+                seen.append(compiled.swaps)
+                assert local == expected
+        return execute(compiled, handle)
+
+    svc.engine.execute = checked  # type: ignore[method-assign]
+    cur = conn.cursor()
+    try:
+        for i in range(12):
+            cur.execute(f"SELECT t, COUNT(*), AVG(x) FROM t1 WHERE a > {i * 7} GROUP BY t")
+            cur.execute(f"SELECT SUM(a) FROM t1 WHERE x BETWEEN -{i}.5 AND {i * 3}.25")
+    finally:
+        conn.close()
+    assert len(seen) == 24 and any(seen)  # later statements ran from templates, with swaps
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT w, COUNT(*) FROM t1 GROUP BY w",  # no public domain: keyed-hash ranking
+        "SELECT COUNT(DISTINCT a) FROM t1",
+        "SELECT MEDIAN(x) FROM t1",
+        "SELECT FLOOR(a / 10) AS d, COUNT(*) FROM t1 GROUP BY 1",
+        "SELECT COUNT(*) FROM t1 WHERE a + 1 > 3",
+        "SELECT COUNT(*) FROM t1 WHERE a > k",
+    ],
+)
+def test_plans_beyond_the_programs_run_their_sql(tmp_path, sql):
+    svc = _service(tmp_path, unit=True, rows=400)
+    try:
+        compiled = _compiled(svc, sql)
+        assert compiled.program is None
+    finally:
+        svc.close()
+
+
+def test_sampling_with_values_has_no_program(tmp_path):
+    svc = _service(tmp_path, unit=True, rows=400, bounding="sample")
+    try:
+        assert _compiled(svc, "SELECT SUM(a) FROM t1").program is None
+        assert _compiled(svc, "SELECT COUNT(*) FROM t1").program is not None  # counts only
+    finally:
+        svc.close()
+
+
+def test_literals_past_exact_doubles_run_the_sql(tmp_path):
+    """A 16-digit decimal against a DOUBLE column: the program declines (before reading any
+    value), the SQL answers."""
+    svc = _service(tmp_path, unit=False, rows=400)
+    try:
+        compiled = _compiled(svc, "SELECT COUNT(*) FROM t1 WHERE x > 1.234567890123456")
+        assert compiled.program is not None
+        assert svc.engine._run_columns(compiled, None) is None
+        compiled = _compiled(svc, "SELECT COUNT(*) FROM t1 WHERE a > 1.234567890123456")
+        assert svc.engine._run_columns(compiled, None) is not None  # integers: exact anyway
+    finally:
+        svc.close()
+
+
+def test_small_tables_sql_turns_programs_off(tmp_path):
+    csv = _data(tmp_path / "t1.csv", 200, 3)
+    policy = _policy(csv, unit=True)
+    policy["engine"] = {"small_tables": "sql"}
+    svc = Service(load_policy(policy), ledger=MemoryLedger(), cache=False)
+    try:
+        compiled = _compiled(svc, "SELECT COUNT(*) FROM t1")
+        assert compiled.program is not None and svc.engine._run_columns(compiled, None) is None
+    finally:
+        svc.close()
+
+
+def _spent_epsilon(conn) -> float:
+    cur = conn.cursor()
+    cur.execute("SHOW budget")
+    names = [d[0] for d in cur.description]
+    return dict(zip(names, cur.fetchone(), strict=True))["spent_epsilon"]
+
+
+def test_a_failing_program_is_the_uniform_charged_engine_error(tmp_path, monkeypatch):
+    """A bug inside a program surfaces as the engine's one uniform error, charged as every
+    failure after reading is, never with its own text."""
+    from dpsql.engine import columnar
+
+    conn = _connect(tmp_path, unit=True, rows=200)
+    try:
+        before = _spent_epsilon(conn)
+        monkeypatch.setattr(columnar, "_row_values", lambda *a: 1 / 0)
+        with pytest.raises(OperationalError) as info:
+            conn.cursor().execute("SELECT SUM(a) FROM t1")
+        assert "ZeroDivision" not in str(info.value) and info.value.sqlstate is not None
+        assert _spent_epsilon(conn) == pytest.approx(before + 1.0)
+    finally:
+        conn.close()
