@@ -213,21 +213,30 @@ def bench_planning(reps: int) -> dict[str, Any]:
     cpu_times: list[float] = []
     for q in PLANNING_MIX:  # warm the domain cache: it depends on the policy only
         compile_plan(svc.plan(parse_statement(q, svc.policy), settings), 1)
+    sql_times: list[float] = []
     for q in PLANNING_MIX:
         times = []
         for i in range(reps):
             text = q + " " * i  # a new text each time: no token-cache hit
             c = thread_cpu()
             t = time.perf_counter()
-            compile_plan(svc.plan(parse_statement(text, svc.policy), settings), 1).render("duckdb")
+            compiled = compile_plan(svc.plan(parse_statement(text, svc.policy), settings), 1)
+            if compiled.program is None:  # a column program runs without its SQL
+                compiled.render("duckdb")
             times.append(time.perf_counter() - t)
             cpu_times.append(thread_cpu() - c)
+            c = thread_cpu()  # interleaved: the same text, its SQL rendered always
+            compile_plan(svc.plan(parse_statement(text + " ", svc.policy), settings), 1).render(
+                "duckdb"
+            )
+            sql_times.append(thread_cpu() - c)
         per_query[q] = med(times) * 1e3
         everything += times
     svc.close()
     return {
         "median_ms": med(everything) * 1e3,
         "median_cpu_ms": med(cpu_times) * 1e3,
+        "median_cpu_ms_with_sql": med(sql_times) * 1e3,
         "per_query_ms": per_query,
     }
 
@@ -602,8 +611,9 @@ def main(argv: list[str] | None = None) -> int:
         p = bench_planning(200)
         results["planning"] = p
         print(
-            f"planning (parse+bind+plan+compile) median {p['median_ms']:.2f} ms wall, "
-            f"{p['median_cpu_ms']:.2f} ms CPU over the mix"
+            f"planning (parse+bind+plan+compile, to what the engine runs) median "
+            f"{p['median_ms']:.2f} ms wall, {p['median_cpu_ms']:.2f} ms CPU over the mix "
+            f"(rendering the SQL always: {p['median_cpu_ms_with_sql']:.2f} ms CPU)"
         )
         for q, ms in p["per_query_ms"].items():
             print(f"  {ms:6.2f} ms  {q[:80]}")

@@ -543,7 +543,11 @@ class SparkEngine:
             for name in names - {info.table for info in self.stores}:
                 self._lazy_store(self.policy.tables[name])
             fixed = spark_store.spark_tree(tree, self.policy.tables) if names else None
-            variant = None if fixed is None else replace(compiled, expression=fixed, _pieces={})
+            variant = (
+                None
+                if fixed is None
+                else replace(compiled, built=fixed, builder=None, _pieces={}, _tree={})
+            )
             if len(self._store_plans) >= 256:
                 self._store_plans.clear()
             hit = self._store_plans[key] = (tree, variant)

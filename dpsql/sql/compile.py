@@ -99,7 +99,8 @@ class CompiledQuery:
     """Engine query for one plan, as one sqlglot tree; ``key_columns`` and ``measure_columns``
     name the result. The tree holds a :func:`secret_slot` call where this run's ``secret`` goes."""
 
-    expression: exp.Expression
+    # the tree, or None where ``builder`` makes it on first use (shared by the copies)
+    built: exp.Expression | None
     key_columns: tuple[str, ...]
     measure_columns: tuple[str, ...]
     secret: int = 0
@@ -114,6 +115,21 @@ class CompiledQuery:
     # the same aggregate as a column program (dpsql.sql.local_plan), for an engine that holds
     # the table's columns in memory; None: only the SQL computes it
     program: ColumnProgram | None = field(default=None, compare=False, repr=False)
+    # a query with a program builds its SQL tree only if an engine needs it (one without
+    # the table in memory, a literal the program declines, a rendering for logs and shapes)
+    builder: Callable[[], exp.Expression] | None = field(default=None, compare=False, repr=False)
+    _tree: dict[str, exp.Expression] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def expression(self) -> exp.Expression:
+        """The engine query's tree (built on first use where the compiler deferred it)."""
+        if self.built is not None:
+            return self.built
+        tree = self._tree.get("tree")
+        if tree is None:
+            assert self.builder is not None  # compile_plan sets one or the other
+            tree = self._tree.setdefault("tree", self.builder())
+        return tree
 
     @property
     def sql(self) -> str:
@@ -715,16 +731,19 @@ def compile_plan(plan: Plan, secret: int, *, store: object = None) -> CompiledQu
             from dpsql.sql.prepared_plan import store_tree
 
             tree = store_tree(plan, keys, info)
+    builder = None
     if tree is None:
         if not plan.measures:
             # quantiles only (no threshold, so the groups are public): nothing else to read
             tree = exp.Select(expressions=[_alias(_number(0), "__none")])
-        elif plan.query.table.privacy_unit is None:
-            tree = _row_level(plan, keys)
         else:
-            tree = _bounded(plan)
-        if plan.measures:
             program = column_program(plan)
+            if plan.query.table.privacy_unit is None:
+                builder = lambda: _row_level(plan, keys)  # noqa: E731
+            else:
+                builder = lambda: _bounded(plan)  # noqa: E731
+            if program is None:
+                tree, builder = builder(), None
     extras = tuple(
         CompiledQuery(_histogram(plan, qm.column, _grid_bin(qm)), (*keys, "b"), ("c",), secret)
         for qm in plan.quantiles
@@ -735,7 +754,9 @@ def compile_plan(plan: Plan, secret: int, *, store: object = None) -> CompiledQu
         if m.kind == "distinct" and plan.query.table.privacy_unit is not None
     )
     main_keys = keys if plan.measures else ()
-    return CompiledQuery(tree, main_keys, measure_cols, secret, extras, program=program)
+    return CompiledQuery(
+        tree, main_keys, measure_cols, secret, extras, program=program, builder=builder
+    )
 
 
 # -- quantiles: bin counts of bounded values ---------------------------------------------------
