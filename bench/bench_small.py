@@ -109,9 +109,10 @@ def bench_planning(reps: int) -> dict[str, dict[str, float]]:
             texts = [_text(template, k) + (" " * (k // 90)) for k in range(1, reps + 1)]
             shape = [_plan_cpu(cached, text, settings) for text in texts]
             fresh, fresh_sql = [], []
-            for text in texts:  # interleaved: the machine is shared
-                fresh.append(_plan_cpu(cold, text, settings))
-                fresh_sql.append(_plan_cpu(cold, text + " ", settings, sql=True))
+            for k, text in enumerate(texts):  # interleaved, in turns (the machine is shared)
+                pair = [(fresh, text, False), (fresh_sql, text + " ", True)]
+                for times, statement, sql in pair if k % 2 else pair[::-1]:
+                    times.append(_plan_cpu(cold, statement, settings, sql=sql))
             out[template] = {
                 "repeat": statistics.median(repeat) * 1e3,
                 "shape": statistics.median(shape) * 1e3,

@@ -104,7 +104,7 @@ def _canonical(result):
     return rows, result.key_types
 
 
-KEYS = ["t", "b", "k", "a", "w"]
+KEYS = ["t", "b", "k", "a", "w", "x"]
 AGGREGATES = [
     "COUNT(*)",
     "COUNT(x)",
@@ -294,3 +294,31 @@ def test_a_failing_program_is_the_uniform_charged_engine_error(tmp_path, monkeyp
         assert _spent_epsilon(conn) == pytest.approx(before + 1.0)
     finally:
         conn.close()
+
+
+def test_declared_key_types_are_the_binders(tmp_path, monkeypatch):
+    """Simple queries are typed without DuckDB's binder (dpsql.sql.typecheck.
+    declared_key_types): the same key types, and no condition the binder would refuse."""
+    from dpsql.sql import typecheck
+
+    svc = _service(tmp_path, unit=False, rows=50)
+    rng = random.Random(3)
+    declared = 0
+    try:
+        for _ in range(300):
+            sql = _query(rng)
+            try:
+                bound = parse_statement(sql, svc.policy)
+            except Exception:
+                continue
+            fast = typecheck.declared_key_types(bound)
+            if fast is None:
+                continue
+            declared += 1
+            with monkeypatch.context() as patched:
+                patched.setattr(typecheck, "declared_key_types", lambda query: None)
+                typed = typecheck.type_query(bound, svc.shadow)  # raises on a refusal
+            assert [k.type for k in typed.keys] == fast, sql
+    finally:
+        svc.close()
+    assert declared >= 150

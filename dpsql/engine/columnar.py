@@ -29,7 +29,8 @@ from sqlglot import exp
 
 from dpsql.engine.api import EngineResult
 from dpsql.policy import ColumnPolicy, TablePolicy
-from dpsql.sql.local_plan import COMPARISONS, KEY_TYPES, ColumnMeasure, ColumnProgram
+from dpsql.sql.local_plan import ColumnMeasure, ColumnProgram
+from dpsql.sql.simple_where import COMPARISONS, KEY_TYPES
 
 _EXACT_FLOAT = 2**53  # every integer below it is a float64, and so is every partial sum
 _EXACT_INT = 2**62  # headroom under 2^63 for a product and a sum

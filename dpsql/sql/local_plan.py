@@ -26,15 +26,12 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
-from dpsql.policy import ColumnPolicy, TablePolicy
 from dpsql.sql.plan import Plan
+from dpsql.sql.simple_where import COMPARISONS, KEY_TYPES, READ_TYPES, readable, stored
 
 # measure kinds a program computes (dpsql.sql.compile.measure_aggregate_expr)
 KINDS = ("rows", "units", "values", "sum", "sumsq")
-# column types a program reads, and the ones a key may have
-READ_TYPES = ("int", "float", "text", "bool")
-KEY_TYPES = {"int": "BIGINT", "text": "VARCHAR", "bool": "BOOLEAN"}
-COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
+__all__ = ["COMPARISONS", "KEY_TYPES", "READ_TYPES", "ColumnProgram", "column_program"]
 
 
 @dataclass(frozen=True)
@@ -113,7 +110,7 @@ def column_program(plan: Plan) -> ColumnProgram | None:
         if spec is None or KEY_TYPES.get(spec.type) != kp.key.type:
             return None
         keys.append(spec.name)
-    if query.where is not None and not _readable(query.where, table):
+    if query.where is not None and not readable(query.where, table):
         return None
     program = ColumnProgram(
         table=table.name,
@@ -143,70 +140,6 @@ def column_program(plan: Plan) -> ColumnProgram | None:
         count_scale=count_scale(plan) if table.privacy_unit is not None else 1,
         where=query.where,
     )
-    if any(_stored(table, name) is None for name in program.columns):
+    if any(stored(table, name) is None for name in program.columns):
         return None
     return program
-
-
-def _stored(table: TablePolicy, name: str) -> ColumnPolicy | None:
-    """The policy column ``name`` if it is a stored column a program may read, else None."""
-    spec = table.columns.get(name)
-    if spec is None or spec.expr is not None or spec.type not in READ_TYPES:
-        return None
-    return spec
-
-
-def _readable(node: exp.Expression, table: TablePolicy) -> bool:
-    """Whether every node of a WHERE is one the engine's evaluator mirrors (literals are
-    checked again there, with the statement's own values)."""
-    if isinstance(node, exp.Paren):
-        return _readable(node.this, table)
-    if isinstance(node, exp.And | exp.Or):
-        return _readable(node.this, table) and _readable(node.expression, table)
-    if isinstance(node, exp.Not):
-        return _readable(node.this, table)
-    if isinstance(node, exp.Boolean):
-        return True
-    if isinstance(node, exp.Column):  # a bool column as a condition
-        spec = _column(node, table)
-        return spec is not None and spec.type == "bool"
-    if isinstance(node, exp.Is):
-        return isinstance(node.expression, exp.Null) and _column(node.this, table) is not None
-    if isinstance(node, COMPARISONS):
-        left, right = node.this, node.expression
-        if _column(left, table) is None:
-            left, right = right, left
-        return _comparable(_column(left, table), right)
-    if isinstance(node, exp.Between):
-        spec = _column(node.this, table)
-        return _comparable(spec, node.args["low"]) and _comparable(spec, node.args["high"])
-    if isinstance(node, exp.In):
-        spec = _column(node.this, table)
-        if node.args.get("query") or node.args.get("unnest") or node.args.get("field"):
-            return False
-        items = node.expressions
-        return bool(items) and all(_comparable(spec, item) for item in items)
-    return False
-
-
-def _column(node: exp.Expression, table: TablePolicy) -> ColumnPolicy | None:
-    if not isinstance(node, exp.Column) or node.table:
-        return None
-    return _stored(table, node.name)
-
-
-def _comparable(spec: ColumnPolicy | None, literal: exp.Expression) -> bool:
-    """A literal the evaluator compares with column ``spec`` exactly as DuckDB does: a number
-    with an int or float column, a string with a text column, TRUE/FALSE with a bool one."""
-    if spec is None:
-        return False
-    kind = spec.type
-    if isinstance(literal, exp.Neg):
-        literal = literal.this
-        if not isinstance(literal, exp.Literal) or literal.is_string:
-            return False
-    if isinstance(literal, exp.Boolean):
-        return kind == "bool"
-    if not isinstance(literal, exp.Literal):
-        return False
-    return kind == "text" if literal.is_string else kind in ("int", "float")
