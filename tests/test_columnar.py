@@ -322,3 +322,31 @@ def test_declared_key_types_are_the_binders(tmp_path, monkeypatch):
     finally:
         svc.close()
     assert declared >= 150
+
+
+@pytest.mark.parametrize("unit", [False, True], ids=["row-level", "unit"])
+def test_a_programs_work_does_not_depend_on_which_rows_the_where_keeps(tmp_path, monkeypatch, unit):
+    """Fixed shapes (the timing channel between neighbours, docs/threat_model.md): every sum a
+    program takes runs over the same arrays whether its WHERE keeps every row, some or none."""
+    from dpsql.engine import columnar
+
+    svc = _service(tmp_path, unit=unit, rows=600)
+    shapes: list[tuple] = []
+    original = columnar._sum_by
+
+    def recorded(codes, values, size, bound):
+        shapes.append((codes.shape, values.shape, size))
+        return original(codes, values, size, bound)
+
+    monkeypatch.setattr(columnar, "_sum_by", recorded)
+    seen = []
+    try:
+        for where in ("", " WHERE u = 3", " WHERE a > 1000", " WHERE t = 'beta' OR b"):
+            shapes.clear()
+            sql = f"SELECT t, COUNT(*), SUM(a) FROM t1{where} GROUP BY t"
+            compiled = _compiled(svc, sql)
+            assert svc.engine._run_columns(compiled, None) is not None
+            seen.append(list(shapes))
+    finally:
+        svc.close()
+    assert all(s == seen[0] for s in seen) and seen[0]

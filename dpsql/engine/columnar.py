@@ -18,6 +18,7 @@ scaled row value) fits 64 bits, and sums in floating point only below 2^53.
 from __future__ import annotations
 
 import bisect
+import ctypes
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,6 +68,8 @@ def load(con: Any, table: TablePolicy, version: str) -> ColumnarTable:
     """The stored columns a program may read, from the engine's typed table."""
     from dpsql.sql.identifiers import quote_ident
 
+    _keep_heap_pad()
+
     readable = [c for c in table.columns.values() if c.expr is None and c.type in _KINDS]
     if not readable:
         return ColumnarTable(table.name, version, 0, {})
@@ -78,6 +81,26 @@ def load(con: Any, table: TablePolicy, version: str) -> ColumnarTable:
 
 
 _KINDS = ("int", "float", "text", "bool")
+_HEAP_PAD = 32 << 20
+_padded: list[bool] = []
+
+
+def _keep_heap_pad() -> None:
+    """Keep 32 MiB free at the top of this process's heap (glibc's M_TOP_PAD), once.
+
+    By default glibc gives the top of the heap back to the system whenever it frees more than
+    128 KiB there, and takes it back at the next allocation: every temporary array of a
+    program (~250 KiB on the fixture) then page-faults in afresh, which cost 3x the program's
+    own arithmetic (bench_small.py: GROUP BY 1.78 -> 0.60 ms). Elsewhere (no glibc) nothing
+    changes."""
+    if _padded:
+        return
+    _padded.append(True)
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(ctypes.c_int(-2), ctypes.c_int(_HEAP_PAD))  # M_TOP_PAD
+    except (OSError, AttributeError):
+        pass
 
 
 def _column(spec: ColumnPolicy, fetched: Any) -> Column:
@@ -125,13 +148,15 @@ def run(
         for name, domain in zip(program.keys, program.key_domains, strict=True):
             if domain:
                 selected = selected & _in_domain(table.columns[name], policy.columns[name])
-    rows = np.flatnonzero(selected)
-    group, size, label = _groups(program.keys, table, rows)
-    values = [_row_values(m, table, policy, rows) for m in program.measures]
+    # Fixed shapes from here on: every row and every (unit, group) slot is computed, a row
+    # the WHERE drops weighing 0, so the time does not depend on which rows it keeps.
+    weight = selected.astype(np.int64)
+    group, size, label = _groups(program.keys, table)
+    values = [_row_values(m, table, policy, weight) for m in program.measures]
     if program.unit is None:
-        measures, present = _row_level(program, group, size, values, table.rows)
+        measures, present = _row_level(program, group, size, weight, values, table.rows)
     else:
-        measures, present = _per_unit(program, table, rows, group, size, values)
+        measures, present = _per_unit(program, table, group, size, weight, values)
     if not program.keys:
         return EngineResult([()], [[int(t[0])] for t in measures], ())
     keep = np.flatnonzero(present).tolist()
@@ -153,86 +178,137 @@ def _row_level(
     program: ColumnProgram,
     group: np.ndarray,
     size: int,
+    weight: np.ndarray,
     values: list[np.ndarray | None],
     table_rows: int,
 ) -> tuple[list[np.ndarray], np.ndarray]:
-    """Per group: COUNT(*), COUNT(col) and SUM(value) of its rows; and which groups have any."""
-    present = np.bincount(group, minlength=size) > 0
+    """Per group: COUNT(*), COUNT(col) and SUM(value) of its kept rows; and which groups have
+    any."""
+    rows = _sum_by(group, weight, size, table_rows)
     measures = []
     for m, v in zip(program.measures, values, strict=True):
-        if v is None:
-            total = np.bincount(group, minlength=size)
-        else:
-            total = _sum_by(group, v, size, table_rows * max(m.row_bound, 1))
-        measures.append(total)
-    return measures, present
+        bound = table_rows * max(m.row_bound, 1)
+        measures.append(rows if v is None else _sum_by(group, v, size, bound))
+    return measures, rows > 0
 
 
 def _per_unit(
     program: ColumnProgram,
     table: ColumnarTable,
-    rows: np.ndarray,
     group: np.ndarray,
     size: int,
+    weight: np.ndarray,
     values: list[np.ndarray | None],
 ) -> tuple[list[np.ndarray], np.ndarray]:
     """Pairs (unit, group) with their row count n and partials, capped at R rows (partials at
-    R/n), then with G/k group scaling, then summed per group (dpsql.sql.compile._bounded)."""
-    _, unit_of = _dense(table.columns[program.unit], rows)  # type: ignore[index]
-    pair_code = unit_of * size + group
-    span = (len(table.columns[program.unit].labels)) * size  # type: ignore[index]
-    if span <= max(4 * len(rows), 4096):  # dense enough to count without sorting
-        n_all = np.bincount(pair_code, minlength=span)
-        pairs = np.flatnonzero(n_all)
-        index = np.zeros(span, dtype=np.int64)
-        index[pairs] = np.arange(len(pairs))
-        pair_of = index[pair_code]
-        n = n_all[pairs].astype(np.int64)
-    else:
-        pairs, pair_of = np.unique(pair_code, return_inverse=True)
-        n = np.bincount(pair_of, minlength=len(pairs)).astype(np.int64)
-    pair_group = pairs % size
-    pair_unit = pairs // size
+    R/n), then with G/k group scaling, then summed per group (dpsql.sql.compile._bounded).
+
+    The pairs are every slot of units x groups where that is small (a dense grid), else every
+    pair the table holds: a pair with no kept row has n = 0 and adds nothing."""
+    unit = table.columns[program.unit]  # type: ignore[index]
+    assert unit.codes is not None
+    rows = table.rows
+    slots = _Slots(unit.codes * size + group, len(unit.labels), size, rows)
+    n = slots.count(weight)
+    some = (n > 0).astype(np.int64)
+    divisor = np.maximum(n, 1)  # a pair with no row has nothing to divide
     R, G = program.max_rows, program.max_groups
     capped = np.minimum(n, R)
-    bound_rows = len(rows)
     partials: list[np.ndarray | None] = []
     for m, v in zip(program.measures, values, strict=True):
         if v is None:
             partials.append(None)
             continue
-        raw = _sum_by(pair_of, v, len(pairs), bound_rows * max(m.row_bound, 1))
-        partials.append(_truncated(raw * (m.scale * capped), n))
-    counts = capped
-    units_per_pair = np.ones(len(pairs), dtype=np.int64)
+        bound = rows * max(m.row_bound, 1)
+        raw = slots.total(v, bound)
+        partials.append(_quotient(raw * (m.scale * capped), divisor, bound * m.scale * R))
+    counts: np.ndarray = capped
+    units_per_pair: np.ndarray = some
     if program.group_scaling:
-        k = np.bincount(pair_unit).astype(np.int64)[pair_unit]
+        k = np.maximum(slots.per_unit(some), 1)
         kept = np.minimum(k, G)
-        counts = (capped * program.count_scale * kept) // k
-        units_per_pair = (program.count_scale * kept) // k
-        partials = [None if p is None else _truncated(p * kept, k) for p in partials]
-    present = np.bincount(pair_group, minlength=size) > 0
+        cs = program.count_scale
+        counts = _quotient(capped * cs * kept, k, R * cs * G)
+        units_per_pair = some * _quotient(cs * kept, k, cs * G)
+        partials = [
+            None if p is None else _quotient(p * kept, k, rows * m.row_bound * m.scale * R * G)
+            for m, p in zip(program.measures, partials, strict=True)
+        ]
+    present = slots.per_group(some) > 0
     measures = []
     for m, p in zip(program.measures, partials, strict=True):
         if m.kind == "rows":
-            measures.append(_sum_by(pair_group, counts, size, _EXACT_INT))
+            measures.append(slots.per_group(counts))
         elif m.kind == "units":
-            measures.append(_sum_by(pair_group, units_per_pair, size, _EXACT_INT))
+            measures.append(slots.per_group(units_per_pair))
         else:
-            measures.append(_sum_by(pair_group, p, size, _EXACT_INT))  # type: ignore[arg-type]
+            measures.append(slots.per_group(p))  # type: ignore[arg-type]
     return measures, present
 
 
-def _truncated(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
+class _Slots:
+    """The (unit, group) pairs of a per-unit program, and sums over them: a dense grid of
+    units x groups where that is at most _DENSE_SLOTS per table row (sums along its axes),
+    else the distinct pairs of the table (sums by code)."""
+
+    def __init__(self, pair_code: np.ndarray, units: int, size: int, rows: int) -> None:
+        self.size = size
+        self.units = units
+        self.rows = rows
+        self.dense = units * size <= _DENSE_SLOTS * max(rows, 1024)
+        if self.dense:
+            self.codes, self.slots = pair_code, units * size
+        else:
+            pairs, self.codes = np.unique(pair_code, return_inverse=True)
+            self.slots = len(pairs)
+            self.pair_unit, self.pair_group = pairs // size, pairs % size
+
+    def count(self, weight: np.ndarray) -> np.ndarray:
+        """Kept rows per pair (``weight`` 0 or 1 per row): an integer count, a row the WHERE
+        drops sent to one slot past the end."""
+        dropped = self.codes + (1 - weight) * (self.slots - self.codes)
+        return np.bincount(dropped, minlength=self.slots + 1)[: self.slots].astype(np.int64)
+
+    def total(self, values: np.ndarray, bound: int) -> np.ndarray:
+        """Per pair, the exact sum of its rows' ``values``."""
+        return _sum_by(self.codes, values, self.slots, bound)
+
+    def per_unit(self, x: np.ndarray) -> np.ndarray:
+        """Per pair, the sum of ``x`` over its unit's pairs."""
+        if self.dense:
+            return np.repeat(x.reshape(self.units, self.size).sum(axis=1), self.size)
+        return np.bincount(self.pair_unit, weights=x).astype(np.int64)[self.pair_unit]
+
+    def per_group(self, x: np.ndarray) -> np.ndarray:
+        """Per group, the exact int64 sum of ``x`` over its pairs."""
+        if self.dense:
+            return x.reshape(self.units, self.size).sum(axis=0)
+        return _sum_by(self.pair_group, x, self.size, 2**62)
+
+
+# (unit, group) slots counted densely up to this many per table row
+_DENSE_SLOTS = 16
+
+
+def _quotient(numerator: np.ndarray, denominator: np.ndarray, bound: int) -> np.ndarray:
     """``numerator // denominator`` truncated toward zero (SQL's integer division), for
-    positive denominators."""
-    magnitude = np.abs(numerator) // denominator
-    return np.where(numerator < 0, -magnitude, magnitude)
+    positive denominators and |numerator| <= ``bound``.
+
+    Below 2^52 through float64, exactly: for integers 0 <= a and b >= 1 with a + b <= 2^53 the
+    rounded a / b cannot reach the next integer, so its floor is a // b (numpy's int64
+    division is ~4x slower)."""
+    magnitude = np.abs(numerator)
+    if bound < 2**52:
+        quotient = np.floor(magnitude / denominator).astype(np.int64)
+    else:
+        quotient = magnitude // denominator
+    return quotient * np.sign(numerator)
 
 
 def _sum_by(codes: np.ndarray, values: np.ndarray, size: int, bound: int) -> np.ndarray:
     """Exact int64 sums of ``values`` per code: in float64 where every partial sum is below
-    2^53 in magnitude (``bound``), else sorted and reduced in int64."""
+    2^53 in magnitude (``bound``), else sorted by code and reduced in int64 (the codes are
+    the table's, so the sort's time does not depend on the WHERE either)."""
     if bound < _EXACT_FLOAT:
         return np.rint(np.bincount(codes, weights=values, minlength=size)).astype(np.int64)
     out = np.zeros(size, dtype=np.int64)
@@ -247,24 +323,22 @@ def _sum_by(codes: np.ndarray, values: np.ndarray, size: int, bound: int) -> np.
 # -- keys -------------------------------------------------------------------------------------
 
 
-def _dense(column: Column, rows: np.ndarray) -> tuple[tuple[Any, ...], np.ndarray]:
-    """The selected rows' codes into the column's labels (NULL, as None, last)."""
-    assert column.codes is not None  # text, int and bool columns: what keys and units are
-    return column.labels, column.codes[rows]
-
-
 def _groups(
-    keys: tuple[str, ...], table: ColumnarTable, rows: np.ndarray
+    keys: tuple[str, ...], table: ColumnarTable
 ) -> tuple[np.ndarray, int, Callable[[int], tuple[Any, ...]]]:
-    """Each selected row's group code, the number of codes, and the key values of a code
-    (SQL NULL as None).
+    """Each row's group code, the number of codes, and the key values of a code (SQL NULL as
+    None), over every row of the table.
 
     Codes combine the keys' own codes in mixed radix while the product of their label counts
-    stays small (no sort); past that they are re-densified after each key."""
-    per_key = [_dense(table.columns[name], rows) for name in keys]
+    stays small; past that they are re-densified after each key."""
+    per_key: list[tuple[tuple[Any, ...], np.ndarray]] = []
+    for name in keys:
+        column = table.columns[name]
+        assert column.codes is not None  # key columns: text, int, bool
+        per_key.append((column.labels, column.codes))
     size = math.prod(len(labels) for labels, _ in per_key)
-    code = np.zeros(len(rows), dtype=np.int64)
-    if size <= max(4 * len(rows), 4096):
+    code = np.zeros(table.rows, dtype=np.int64)
+    if size <= max(4 * table.rows, 4096):
         for labels, codes in per_key:
             code = code * len(labels) + codes
 
@@ -290,20 +364,20 @@ def _groups(
 
 
 def _row_values(
-    m: ColumnMeasure, table: ColumnarTable, policy: TablePolicy, rows: np.ndarray
+    m: ColumnMeasure, table: ColumnarTable, policy: TablePolicy, weight: np.ndarray
 ) -> np.ndarray | None:
-    """Each selected row's integer contribution (0 for NULL), or None for a count of rows."""
+    """Each row's integer contribution (0 for NULL and for a row the WHERE drops), or None
+    for a count of rows."""
     if m.kind in ("rows", "units"):
         return None
     column = table.columns[m.column]  # type: ignore[index]
-    nulls = column.nulls[rows]
     if m.kind == "values":
-        return (~nulls).astype(np.int64)
+        return weight * ~column.nulls
     spec = policy.columns[m.column]  # type: ignore[index]
-    fixed = _fixed_point(column.values[rows], spec, m.lo, m.hi)
+    fixed = _fixed_point(column.values, spec, m.lo, m.hi)
     centred = fixed - m.center if m.center else fixed
     value = centred if m.kind == "sum" else centred * centred - m.center2
-    return np.where(nulls, 0, value)
+    return np.where(column.nulls, 0, value) * weight
 
 
 def _fixed_point(values: np.ndarray, spec: ColumnPolicy, lo: int, hi: int) -> np.ndarray:
