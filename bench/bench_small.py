@@ -14,7 +14,8 @@
    dpsql twice, interleaved: with column programs (the default, dpsql.engine.columnar) and
    running its compiled SQL (``[engine] small_tables = "sql"``).
 3. ``server``: DP queries/s over N connections to ``dpsql serve --workers W`` (the queries of
-   bench/bench_server.py), and its ``engine`` ceiling (the compiled SQL alone, N threads).
+   bench/bench_server.py), and beside it the compiled SQL alone on N threads (``engine``: no
+   bind, noise or ledger, and no column programs).
 
     python bench/bench_small.py                       # ~1 min
     python bench/bench_small.py --seconds 10 --workers 2 --connections 16
@@ -261,7 +262,8 @@ def main() -> int:
         engine, rate = bench_server(args.connections, args.seconds, args.workers)
         print(
             f"server: {rate:.0f} DP q/s over {args.connections} connections, --workers "
-            f"{args.workers} (engine ceiling {engine:.0f} q/s; target 300)"
+            f"{args.workers} (the compiled SQL alone on {args.connections} threads, without "
+            f"column programs: {engine:.0f} q/s; target 300)"
         )
     print(f"load {_load()}")
     return 0
