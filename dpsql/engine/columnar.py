@@ -76,6 +76,10 @@ def load(con: Any, table: TablePolicy, version: str) -> ColumnarTable:
     select = ", ".join(quote_ident(c.name) for c in readable)
     fetched = con.execute(f"SELECT {select} FROM {quote_ident(table.name)}").fetchnumpy()
     columns = {c.name: _column(c, fetched[c.name]) for c in readable}
+    for column in columns.values():  # shared by every query and thread: read-only
+        for array in (column.values, column.nulls, column.codes):
+            if array is not None:
+                array.setflags(write=False)
     rows = len(next(iter(columns.values())).values)
     return ColumnarTable(table.name, version, rows, columns)
 
@@ -255,7 +259,8 @@ class _Slots:
         self.size = size
         self.units = units
         self.rows = rows
-        self.dense = units * size <= _DENSE_SLOTS * max(rows, 1024)
+        slots = units * size
+        self.dense = slots <= _DENSE_SLOTS * max(rows, 1024) and slots <= _DENSE_MOST
         if self.dense:
             self.codes, self.slots = pair_code, units * size
         else:
@@ -286,8 +291,10 @@ class _Slots:
         return _sum_by(self.pair_group, x, self.size, 2**62)
 
 
-# (unit, group) slots counted densely up to this many per table row
-_DENSE_SLOTS = 16
+# (unit, group) slots counted densely up to this many per table row, and in all (each dense
+# temporary is 8 bytes a slot: at most 16 MiB)
+_DENSE_SLOTS = 8
+_DENSE_MOST = 1 << 21
 
 
 def _quotient(numerator: np.ndarray, denominator: np.ndarray, bound: int) -> np.ndarray:
