@@ -41,8 +41,10 @@ def _data(path: Path, rows: int, seed: int) -> Path:
         t = None if rng.random() < 0.05 else TEXTS[int(rng.integers(0, len(TEXTS)))]
         b = None if rng.random() < 0.1 else bool(rng.random() < 0.4)
         k = int(rng.integers(0, 7))  # bounds 1..4: some outside
-        out.append((u, a, x, t, b, k, f"w{int(rng.integers(0, 30))}"))
-    return write_csv(path, ["u", "a", "x", "t", "b", "k", "w"], out)
+        month, dom = int(rng.integers(1, 4)), int(rng.integers(1, 29))
+        day = None if rng.random() < 0.05 else f"2024-{month:02d}-{dom:02d}"
+        out.append((u, a, x, t, b, k, f"w{int(rng.integers(0, 30))}", day))
+    return write_csv(path, ["u", "a", "x", "t", "b", "k", "w", "d"], out)
 
 
 def _policy(csv: Path, *, unit: bool, bounding: str = "scale", groups: int = 2) -> dict:
@@ -56,6 +58,7 @@ def _policy(csv: Path, *, unit: bool, bounding: str = "scale", groups: int = 2) 
             "b": {"type": "bool", "nullable": True},
             "k": {"type": "int", "lower": 1, "upper": 4, "nullable": False},
             "w": {"type": "text", "nullable": False},
+            "d": {"type": "date", "nullable": True},
         },
     }
     table["columns"]["x"]["nullable"] = True
@@ -126,12 +129,15 @@ def _condition(rng: random.Random, depth: int = 0) -> str:
         return f"({_condition(rng, depth + 1)} {op} {_condition(rng, depth + 1)})"
     if depth < 2 and r < 0.38:
         return f"NOT ({_condition(rng, depth + 1)})"
-    column = rng.choice(["a", "x", "t", "b", "k", "w", "u"])
+    column = rng.choice(["a", "x", "t", "b", "k", "w", "u", "d"])
     cmp = rng.choice(["=", "<>", "<", "<=", ">", ">="])
     if column in ("a", "k", "u"):
         value = rng.choice(["0", "3", "50", "2.5", "-7", "100", "99.99", "1000000000000.5"])
     elif column == "x":
         value = rng.choice(["0", "0.5", "-12.25", "12.3", "49.75", "-50", "1e2", "0.1"])
+    elif column == "d":
+        day = rng.choice(["2024-01-01", "2024-02-29", "2024-03-15", "2023-12-31", "2024-02-30"])
+        value = rng.choice([f"'{day}'", f"DATE '{day}'", f"CAST('{day}' AS DATE)", "'2024-1-5'"])
     elif column in ("t", "w"):
         value = "'" + rng.choice([*TEXTS, "", "beta ", "w3", "w12", "émile"]) + "'"
     else:
@@ -351,3 +357,32 @@ def test_a_programs_work_does_not_depend_on_which_rows_the_where_keeps(tmp_path,
     finally:
         svc.close()
     assert all(s == seen[0] for s in seen) and seen[0]
+
+
+@pytest.mark.parametrize("op", ["=", "<>", "<", "<=", ">", ">="])
+def test_every_comparison_of_each_kind_matches_the_sql(tmp_path, op):
+    """Each comparison against literals on both sides of values the data holds (and between
+    them), for every column kind a program reads."""
+    svc = _service(tmp_path, unit=False, rows=1500)
+    literals = {
+        "d": ["'2024-01-01'", "DATE '2024-02-14'", "CAST('2024-03-28' AS DATE)", "'2023-06-30'"],
+        "a": ["0", "50", "50.5", "-1", "100"],
+        "x": ["0", "0.25", "-12.5", "49.75", "50"],
+        "t": ["'alpha'", "'beta '", "'émile'", "'Zed'", "''"],
+        "b": ["TRUE", "FALSE"],
+    }
+    try:
+        for column, values in literals.items():
+            if column == "b" and op not in ("=", "<>"):
+                continue
+            for value in values:
+                for sql in (
+                    f"SELECT COUNT(*), SUM(a) FROM t1 WHERE {column} {op} {value}",
+                    f"SELECT t, COUNT(*) FROM t1 WHERE {value} {op} {column} GROUP BY t",
+                ):
+                    compiled = _compiled(svc, sql)
+                    local, expected = _both(svc, compiled)
+                    assert local is not None, sql
+                    assert local == expected, sql
+    finally:
+        svc.close()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import datetime
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from sqlglot import exp
 from dpsql.engine.api import EngineResult
 from dpsql.policy import ColumnPolicy, TablePolicy
 from dpsql.sql.local_plan import ColumnMeasure, ColumnProgram
-from dpsql.sql.simple_where import COMPARISONS, KEY_TYPES
+from dpsql.sql.simple_where import COMPARISONS, KEY_TYPES, iso_date
 
 _EXACT_FLOAT = 2**53  # every integer below it is a float64, and so is every partial sum
 _EXACT_INT = 2**62  # headroom under 2^63 for a product and a sum
@@ -75,16 +76,22 @@ def load(con: Any, table: TablePolicy, version: str) -> ColumnarTable:
         return ColumnarTable(table.name, version, 0, {})
     select = ", ".join(quote_ident(c.name) for c in readable)
     fetched = con.execute(f"SELECT {select} FROM {quote_ident(table.name)}").fetchnumpy()
-    columns = {c.name: _column(c, fetched[c.name]) for c in readable}
+    columns = {}
+    for c in readable:
+        try:
+            columns[c.name] = _column(c, fetched[c.name])
+        except (ValueError, OverflowError, TypeError):  # e.g. a date numpy cannot hold
+            continue  # programs that read it run their SQL
     for column in columns.values():  # shared by every query and thread: read-only
         for array in (column.values, column.nulls, column.codes):
             if array is not None:
                 array.setflags(write=False)
-    rows = len(next(iter(columns.values())).values)
+    rows = len(next(iter(fetched.values())))
     return ColumnarTable(table.name, version, rows, columns)
 
 
-_KINDS = ("int", "float", "text", "bool")
+_KINDS = ("int", "float", "text", "bool", "date")
+_EPOCH = datetime.date(1970, 1, 1)
 _HEAP_PAD = 32 << 20
 _padded: list[bool] = []
 
@@ -118,6 +125,11 @@ def _column(spec: ColumnPolicy, fetched: Any) -> Column:
         labels = (*categories, None)
         dense = np.where(nulls, len(categories), codes).astype(np.int64)
         return Column("text", codes, nulls, tuple(categories), dense, labels)
+    if spec.type == "date":  # days since 1970-01-01, compared as integers
+        days = np.zeros(len(nulls), dtype=np.int64)
+        present = ~nulls
+        days[present] = np.asarray(data[present], dtype="datetime64[D]").astype(np.int64)
+        return Column("date", days, nulls)
     dtype: type = {"int": np.int64, "float": np.float64, "bool": np.bool_}[spec.type]
     values: np.ndarray = np.array(data, dtype=dtype)
     if spec.type == "float":
@@ -561,6 +573,23 @@ class _Builder:
         }
         return tests[op]
 
+    def _date_test(self, op: type, column: Column, literal: exp.Expression) -> Callable[[], Any]:
+        """A date column against an ISO date literal (DuckDB casts the string to DATE): days."""
+        day = iso_date(literal)
+        if day is None:
+            raise NotRunnable
+        value = (day - _EPOCH).days
+        x = column.values
+        tests: dict[type, Callable[[], Any]] = {
+            exp.EQ: lambda: x == value,
+            exp.NEQ: lambda: x != value,
+            exp.GT: lambda: x > value,
+            exp.GTE: lambda: x >= value,
+            exp.LT: lambda: x < value,
+            exp.LTE: lambda: x <= value,
+        }
+        return tests[op]
+
     def _bool_test(self, op: type, column: Column, literal: exp.Expression) -> Callable[[], Any]:
         if not isinstance(literal, exp.Boolean) or op not in (exp.EQ, exp.NEQ):
             raise NotRunnable
@@ -574,6 +603,7 @@ _LITERAL_TESTS: dict[str, Callable[..., Callable[[], Any]]] = {
     "float": _Builder._float_test,
     "text": _Builder._text_test,
     "bool": _Builder._bool_test,
+    "date": _Builder._date_test,
 }
 _FLIPPED: dict[type, type] = {
     exp.EQ: exp.EQ,

@@ -8,6 +8,7 @@ After loading, the connection is sealed: only the policy's own files stay readab
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
@@ -77,10 +78,12 @@ class DuckDBEngine:
         # small eager tables in memory for column programs (dpsql.engine.columnar)
         self.columns: dict[str, columnar.ColumnarTable] = {}
         if self._small and policy.engine.small_tables == "columns":
+            unheld = (duckdb.Error, ValueError, OverflowError, TypeError, MemoryError)
             for table in policy.tables.values():
-                self.columns[table.name] = columnar.load(
-                    self._con, table, self.versions.get(table.name, "")
-                )
+                with contextlib.suppress(*unheld):  # not held: its plans run their SQL
+                    self.columns[table.name] = columnar.load(
+                        self._con, table, self.versions.get(table.name, "")
+                    )
         self._con.execute(
             "SET allowed_paths = [" + ", ".join(_sql_string(p) for p in allowed) + "]"
         )

@@ -12,12 +12,12 @@ integers (tests/test_columnar.py runs both on generated queries and data and com
   only), with public keys scaled at G/k or at most G groups in all;
 * keys that are bare stored columns of type int, text or bool;
 * measures COUNT(*), COUNT(col), SUM and the sums of squares of fixed-point stored columns;
-* a WHERE of comparisons, BETWEEN, IN and IS NULL between a stored column and literals,
-  joined by AND, OR and NOT.
+* a WHERE of comparisons, BETWEEN, IN and IS NULL between a stored column and literals of
+  its kind (ISO dates for a date column), joined by AND, OR and NOT (dpsql.sql.simple_where).
 
 Anything else (keyed-hash sampling or ranking, quantiles, DISTINCT, computed columns, joins,
-expressions) compiles to SQL only. Whether a plan has a program depends on the policy and the
-query, never on the data.
+expressions, date keys) compiles to SQL only. Whether a plan has a program depends on the
+policy and the query, never on the data.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """WHEREs simple enough to evaluate without DuckDB: comparisons, BETWEEN, IN and IS NULL between
-a stored column and literals of its own kind, joined by AND, OR and NOT.
+a stored column and literals of its own kind (numbers, strings, TRUE/FALSE, ISO dates), joined
+by AND, OR and NOT.
 
 Two users: column programs (dpsql.sql.local_plan) evaluate such a WHERE on columns in memory,
 and typing (dpsql.sql.typecheck) knows its type without asking DuckDB's binder: every such
@@ -9,12 +10,15 @@ column without a cast that could fail), and a bare stored column key has its dec
 
 from __future__ import annotations
 
+import datetime
+import re
+
 from sqlglot import exp
 
 from dpsql.policy import ColumnPolicy, TablePolicy
 
 # column types a program reads, and the ones a key may have (their DuckDB names)
-READ_TYPES = ("int", "float", "text", "bool")
+READ_TYPES = ("int", "float", "text", "bool", "date")
 KEY_TYPES = {"int": "BIGINT", "text": "VARCHAR", "bool": "BOOLEAN"}
 COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
 
@@ -68,10 +72,13 @@ def _column(node: exp.Expression, table: TablePolicy) -> ColumnPolicy | None:
 
 def _comparable(spec: ColumnPolicy | None, literal: exp.Expression) -> bool:
     """A literal the evaluator compares with column ``spec`` exactly as DuckDB does: a number
-    with an int or float column, a string with a text column, TRUE/FALSE with a bool one."""
+    with an int or float column, a string with a text column, TRUE/FALSE with a bool one, an
+    ISO date (``'2024-03-01'`` or ``DATE '2024-03-01'``) with a date one."""
     if spec is None:
         return False
     kind = spec.type
+    if kind == "date":
+        return iso_date(literal) is not None
     if isinstance(literal, exp.Neg):
         literal = literal.this
         if not isinstance(literal, exp.Literal) or literal.is_string:
@@ -81,3 +88,23 @@ def _comparable(spec: ColumnPolicy | None, literal: exp.Expression) -> bool:
     if not isinstance(literal, exp.Literal):
         return False
     return kind == "text" if literal.is_string else kind in ("int", "float")
+
+
+_ISO_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})")
+
+
+def iso_date(literal: exp.Expression) -> datetime.date | None:
+    """The date of a string literal spelled YYYY-MM-DD (also under CAST(... AS DATE)), a valid
+    day of years 1..9999; None for anything else (DuckDB reads more spellings, which are left
+    to it)."""
+    if isinstance(literal, exp.Cast) and literal.to.is_type(exp.DataType.Type.DATE):
+        literal = literal.this
+    if not isinstance(literal, exp.Literal) or not literal.is_string:
+        return None
+    match = _ISO_DATE.fullmatch(str(literal.this))
+    if match is None:
+        return None
+    try:
+        return datetime.date(*(int(g) for g in match.groups()))
+    except ValueError:
+        return None
