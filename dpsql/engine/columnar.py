@@ -21,6 +21,7 @@ import bisect
 import ctypes
 import datetime
 import math
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
@@ -578,17 +579,8 @@ class _Builder:
         day = iso_date(literal)
         if day is None:
             raise NotRunnable
-        value = (day - _EPOCH).days
-        x = column.values
-        tests: dict[type, Callable[[], Any]] = {
-            exp.EQ: lambda: x == value,
-            exp.NEQ: lambda: x != value,
-            exp.GT: lambda: x > value,
-            exp.GTE: lambda: x >= value,
-            exp.LT: lambda: x < value,
-            exp.LTE: lambda: x <= value,
-        }
-        return tests[op]
+        compare, x, value = _ORDER[op], column.values, (day - _EPOCH).days
+        return lambda: compare(x, value)
 
     def _bool_test(self, op: type, column: Column, literal: exp.Expression) -> Callable[[], Any]:
         if not isinstance(literal, exp.Boolean) or op not in (exp.EQ, exp.NEQ):
@@ -604,6 +596,14 @@ _LITERAL_TESTS: dict[str, Callable[..., Callable[[], Any]]] = {
     "text": _Builder._text_test,
     "bool": _Builder._bool_test,
     "date": _Builder._date_test,
+}
+_ORDER: dict[type, Callable[[Any, Any], Any]] = {
+    exp.EQ: operator.eq,
+    exp.NEQ: operator.ne,
+    exp.GT: operator.gt,
+    exp.GTE: operator.ge,
+    exp.LT: operator.lt,
+    exp.LTE: operator.le,
 }
 _FLIPPED: dict[type, type] = {
     exp.EQ: exp.EQ,
