@@ -102,6 +102,14 @@ def heavy_policy(directory: Path) -> tuple[dict, dict[int, list[str]]]:
     return table_policy(path, cols, unit="uid", rows=2, groups=3), groups_of
 
 
+def budget(conn: dpsql.Connection) -> dict[str, Any]:
+    """The analyst's ``SHOW budget`` row, by column name (spent_epsilon, spent_delta, ...)."""
+    cur = conn.cursor()
+    cur.execute("SHOW budget")
+    names = [d[0] for d in cur.description]
+    return dict(zip(names, cur.fetchone(), strict=True))
+
+
 def exact_connect(policy: Any, **options: Any) -> dpsql.Connection:
     """A connection releasing exact bounded aggregates (noise switched off)."""
     options.setdefault("ledger", MemoryLedger())

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_csv
+from conftest import budget, write_csv
 
 import dpsql
 from dpsql.errors import OperationalError
@@ -53,7 +53,13 @@ def _policy(csv: Path, *, unit: bool, bounding: str = "scale", groups: int = 2) 
         "columns": {
             "u": {"type": "int", "nullable": True},
             "a": {"type": "int", "lower": 0, "upper": 100, "nullable": True},
-            "x": {"type": "float", "lower": -50.0, "upper": 50.0, "granularity": 0.5},
+            "x": {
+                "type": "float",
+                "lower": -50.0,
+                "upper": 50.0,
+                "granularity": 0.5,
+                "nullable": True,
+            },
             "t": {"type": "text", "values": TEXTS[:4], "nullable": True},
             "b": {"type": "bool", "nullable": True},
             "k": {"type": "int", "lower": 1, "upper": 4, "nullable": False},
@@ -61,7 +67,6 @@ def _policy(csv: Path, *, unit: bool, bounding: str = "scale", groups: int = 2) 
             "d": {"type": "date", "nullable": True},
         },
     }
-    table["columns"]["x"]["nullable"] = True
     if unit:
         table.update(
             privacy_unit="u", max_rows_per_unit=2, max_groups_per_unit=groups, bounding=bounding
@@ -72,15 +77,18 @@ def _policy(csv: Path, *, unit: bool, bounding: str = "scale", groups: int = 2) 
     }
 
 
-def _service(tmp_path: Path, *, unit: bool, rows: int = 3000, seed: int = 7, **kw) -> Service:
+def _loaded(tmp_path: Path, *, unit: bool, rows: int = 3000, seed: int = 7, **kw):
+    """The generated table's policy, loaded (``kw``: _policy's bounding and groups)."""
     csv = _data(tmp_path / f"t1_{seed}.csv", rows, seed)
-    return Service(load_policy(_policy(csv, unit=unit, **kw)), ledger=MemoryLedger(), cache=False)
+    return load_policy(_policy(csv, unit=unit, **kw))
 
 
-def _connect(tmp_path: Path, *, unit: bool, rows: int = 3000, seed: int = 7, **kw):
-    csv = _data(tmp_path / f"t1_{seed}.csv", rows, seed)
-    policy = load_policy(_policy(csv, unit=unit, **kw))
-    return dpsql.connect(policy=policy, ledger=MemoryLedger(), cache=False)
+def _service(tmp_path: Path, **kw) -> Service:
+    return Service(_loaded(tmp_path, **kw), ledger=MemoryLedger(), cache=False)
+
+
+def _connect(tmp_path: Path, **kw):
+    return dpsql.connect(policy=_loaded(tmp_path, **kw), ledger=MemoryLedger(), cache=False)
 
 
 def _compiled(svc: Service, sql: str):
@@ -279,13 +287,6 @@ def test_small_tables_sql_turns_programs_off(tmp_path):
         svc.close()
 
 
-def _spent_epsilon(conn) -> float:
-    cur = conn.cursor()
-    cur.execute("SHOW budget")
-    names = [d[0] for d in cur.description]
-    return dict(zip(names, cur.fetchone(), strict=True))["spent_epsilon"]
-
-
 def test_a_failing_program_is_the_uniform_charged_engine_error(tmp_path, monkeypatch):
     """A bug inside a program surfaces as the engine's one uniform error, charged as every
     failure after reading is, never with its own text."""
@@ -293,12 +294,12 @@ def test_a_failing_program_is_the_uniform_charged_engine_error(tmp_path, monkeyp
 
     conn = _connect(tmp_path, unit=True, rows=200)
     try:
-        before = _spent_epsilon(conn)
+        before = budget(conn)["spent_epsilon"]
         monkeypatch.setattr(columnar, "_row_values", lambda *a: 1 / 0)
         with pytest.raises(OperationalError) as info:
             conn.cursor().execute("SELECT SUM(a) FROM t1")
         assert "ZeroDivision" not in str(info.value) and info.value.sqlstate is not None
-        assert _spent_epsilon(conn) == pytest.approx(before + 1.0)
+        assert budget(conn)["spent_epsilon"] == pytest.approx(before + 1.0)
     finally:
         conn.close()
 

@@ -38,7 +38,7 @@ from typing import Any
 
 import fuzz_grammar as g
 import pytest
-from conftest import FIXTURE_CSV, fixture_policy
+from conftest import FIXTURE_CSV, budget, fixture_policy
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -202,10 +202,7 @@ class Side:
 
 
 def _spent(conn: dpsql.Connection) -> Cost:
-    cur = conn.cursor()
-    cur.execute("SHOW budget")
-    names = [d[0] for d in cur.description]
-    row = dict(zip(names, cur.fetchone(), strict=True))
+    row = budget(conn)
     return (row["spent_epsilon"], row["spent_delta"], row["spent_rho"])
 
 

@@ -32,7 +32,8 @@ from sqlglot import exp
 
 from dpsql.engine.api import EngineResult
 from dpsql.policy import ColumnPolicy, TablePolicy
-from dpsql.sql.local_plan import ColumnMeasure, ColumnProgram
+from dpsql.sql.local_plan import ColumnProgram
+from dpsql.sql.plan import Measure
 from dpsql.sql.simple_where import COMPARISONS, KEY_TYPES, iso_date
 
 _EXACT_FLOAT = 2**53  # every integer below it is a float64, and so is every partial sum
@@ -41,16 +42,20 @@ _EXACT_INT = 2**62  # headroom under 2^63 for a product and a sum
 
 @dataclass(frozen=True)
 class Column:
-    """One column: ``values`` (int64, float64, bool, or int32 codes into ``categories`` for
-    text), ``nulls`` (True where NULL), and for grouping (text, int and bool) ``codes``: each
-    row's index into ``labels``, its distinct values in order and None (NULL) last."""
+    """One column: ``values`` (int64, float64, bool, days for a date, and for text its
+    ``codes``), ``nulls`` (True where NULL), and for grouping (text, int and bool) ``codes``:
+    each row's index into ``labels``, its distinct values in order and None (NULL) last."""
 
     kind: str
     values: np.ndarray
     nulls: np.ndarray
-    categories: tuple[Any, ...] = ()
     codes: np.ndarray | None = None
     labels: tuple[Any, ...] = ()
+
+    @property
+    def categories(self) -> tuple[Any, ...]:
+        """The distinct non-NULL values, in order (a text column's codes index them)."""
+        return self.labels[:-1]
 
 
 @dataclass(frozen=True)
@@ -120,12 +125,9 @@ def _column(spec: ColumnPolicy, fetched: Any) -> Column:
     data = np.ma.getdata(fetched)
     if spec.type == "text":
         distinct, inverse = np.unique(np.asarray(data, dtype=object)[~nulls], return_inverse=True)
-        categories = [str(v) for v in distinct.tolist()]
-        codes = np.full(len(nulls), -1, dtype=np.int32)
+        codes = np.full(len(nulls), len(distinct), dtype=np.int64)  # NULL: the last code
         codes[~nulls] = inverse
-        labels = (*categories, None)
-        dense = np.where(nulls, len(categories), codes).astype(np.int64)
-        return Column("text", codes, nulls, tuple(categories), dense, labels)
+        return Column("text", codes, nulls, codes, (*(str(v) for v in distinct.tolist()), None))
     if spec.type == "date":  # days since 1970-01-01, compared as integers
         days = np.zeros(len(nulls), dtype=np.int64)
         present = ~nulls
@@ -138,7 +140,7 @@ def _column(spec: ColumnPolicy, fetched: Any) -> Column:
     distinct, inverse = np.unique(values[~nulls], return_inverse=True)
     dense = np.full(len(values), len(distinct), dtype=np.int64)
     dense[~nulls] = inverse
-    return Column(spec.type, values, nulls, (), dense, (*distinct.tolist(), None))
+    return Column(spec.type, values, nulls, dense, (*distinct.tolist(), None))
 
 
 # -- running a program ----------------------------------------------------------------------
@@ -155,7 +157,7 @@ def run(
     if not _fits(program, table.rows):
         return None
     try:
-        where = _condition(program.where, table, policy, dict(swaps))
+        where = _condition(program.where, table, dict(swaps))
     except NotRunnable:
         return None
     # never in place: a condition may be a column's own mask
@@ -271,11 +273,10 @@ class _Slots:
     def __init__(self, pair_code: np.ndarray, units: int, size: int, rows: int) -> None:
         self.size = size
         self.units = units
-        self.rows = rows
         slots = units * size
         self.dense = slots <= _DENSE_SLOTS * max(rows, 1024) and slots <= _DENSE_MOST
         if self.dense:
-            self.codes, self.slots = pair_code, units * size
+            self.codes, self.slots = pair_code, slots
         else:
             pairs, self.codes = np.unique(pair_code, return_inverse=True)
             self.slots = len(pairs)
@@ -384,7 +385,7 @@ def _groups(
 
 
 def _row_values(
-    m: ColumnMeasure, table: ColumnarTable, policy: TablePolicy, weight: np.ndarray
+    m: Measure, table: ColumnarTable, policy: TablePolicy, weight: np.ndarray
 ) -> np.ndarray | None:
     """Each row's integer contribution (0 for NULL and for a row the WHERE drops), or None
     for a count of rows."""
@@ -421,24 +422,20 @@ Truth = tuple[np.ndarray, np.ndarray]
 
 
 def _condition(
-    where: exp.Expression | None,
-    table: ColumnarTable,
-    policy: TablePolicy,
-    swaps: dict[str, str],
+    where: exp.Expression | None, table: ColumnarTable, swaps: dict[str, str]
 ) -> Callable[[], np.ndarray] | None:
     """The WHERE as a function giving each row's truth (SQL keeps only TRUE rows): built
     first, reading no value, so that a literal it cannot mirror raises NotRunnable here."""
     if where is None:
         return None
-    build = _Builder(table, policy, swaps)
+    build = _Builder(table, swaps)
     evaluate = build(where)
     return lambda: evaluate()[0]
 
 
 class _Builder:
-    def __init__(self, table: ColumnarTable, policy: TablePolicy, swaps: dict[str, str]):
+    def __init__(self, table: ColumnarTable, swaps: dict[str, str]):
         self.table = table
-        self.policy = policy
         self.swaps = swaps
 
     def __call__(self, node: exp.Expression) -> Callable[[], Truth]:
@@ -556,7 +553,8 @@ class _Builder:
         return tests[op]
 
     def _text_test(self, op: type, column: Column, literal: exp.Expression) -> Callable[[], Any]:
-        """A text column against a string, through its sorted codes."""
+        """A text column against a string, through its sorted codes (NULL's, the last, is
+        masked by the caller)."""
         if not isinstance(literal, exp.Literal) or not literal.is_string:
             raise NotRunnable
         value = str(literal.this)
@@ -569,8 +567,8 @@ class _Builder:
             exp.NEQ: lambda: (x < low) | (x >= high),
             exp.GT: lambda: x >= high,
             exp.GTE: lambda: x >= low,
-            exp.LT: lambda: (x < low) & (x >= 0),
-            exp.LTE: lambda: (x < high) & (x >= 0),
+            exp.LT: lambda: x < low,
+            exp.LTE: lambda: x < high,
         }
         return tests[op]
 
@@ -635,7 +633,7 @@ def _in_domain(column: Column, spec: ColumnPolicy) -> np.ndarray:
     if spec.values is not None:
         if column.kind == "text":
             wanted = [i for i, v in enumerate(column.categories) if v in set(spec.values)]
-            inside = np.isin(column.values, np.array(wanted, dtype=np.int32))
+            inside = np.isin(column.values, np.array(wanted, dtype=np.int64))
         else:
             inside = np.isin(column.values, np.array(list(spec.values)))
         inside &= ~column.nulls

@@ -22,32 +22,16 @@ policy and the query, never on the data.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from sqlglot import exp
 
-from dpsql.sql.plan import Plan
-from dpsql.sql.simple_where import COMPARISONS, KEY_TYPES, READ_TYPES, readable, stored
+from dpsql.sql.plan import Measure, Plan
+from dpsql.sql.simple_where import KEY_TYPES, readable, stored, stored_column
 
 # measure kinds a program computes (dpsql.sql.compile.measure_aggregate_expr)
 KINDS = ("rows", "units", "values", "sum", "sumsq")
-__all__ = ["COMPARISONS", "KEY_TYPES", "READ_TYPES", "ColumnProgram", "column_program"]
-
-
-@dataclass(frozen=True)
-class ColumnMeasure:
-    """One measure: its kind and, for a value measure, its fixed-point grid (Measure's)."""
-
-    name: str
-    kind: str
-    column: str | None
-    granularity: float
-    lo: int
-    hi: int
-    center: int
-    center2: int
-    row_bound: int
-    scale: int
 
 
 @dataclass(frozen=True)
@@ -63,16 +47,16 @@ class ColumnProgram:
     unit: str | None
     keys: tuple[str, ...]
     key_domains: tuple[bool, ...]
-    measures: tuple[ColumnMeasure, ...]
+    measures: tuple[Measure, ...]  # the plan's own
     max_rows: int
     max_groups: int
     group_scaling: bool
     count_scale: int
     where: exp.Expression | None = field(default=None, compare=False, repr=False)
 
-    @property
+    @functools.cached_property
     def columns(self) -> frozenset[str]:
-        """Every column the program reads."""
+        """Every column the program reads (the engine asks on every run)."""
         named = {*self.keys, *(m.column for m in self.measures if m.column is not None)}
         if self.unit is not None:
             named.add(self.unit)
@@ -103,10 +87,7 @@ def column_program(plan: Plan) -> ColumnProgram | None:
             return None
     keys = []
     for kp in plan.keys:
-        node = kp.key.expr
-        if not isinstance(node, exp.Column) or node.table:
-            return None
-        spec = table.columns.get(node.name)
+        spec = stored_column(kp.key.expr, table)
         if spec is None or KEY_TYPES.get(spec.type) != kp.key.type:
             return None
         keys.append(spec.name)
@@ -119,21 +100,7 @@ def column_program(plan: Plan) -> ColumnProgram | None:
         key_domains=tuple(
             table.privacy_unit is not None and kp.domain is not None for kp in plan.keys
         ),
-        measures=tuple(
-            ColumnMeasure(
-                m.name,
-                m.kind,
-                m.column,
-                m.granularity,
-                m.lo,
-                m.hi,
-                m.center,
-                m.center2,
-                m.row_bound,
-                m.scale,
-            )
-            for m in plan.measures
-        ),
+        measures=plan.measures,
         max_rows=plan.max_rows,
         max_groups=plan.max_groups,
         group_scaling=plan.group_scaling,

@@ -43,20 +43,20 @@ def readable(node: exp.Expression, table: TablePolicy) -> bool:
     if isinstance(node, exp.Boolean):
         return True
     if isinstance(node, exp.Column):  # a bool column as a condition
-        spec = _column(node, table)
+        spec = stored_column(node, table)
         return spec is not None and spec.type == "bool"
     if isinstance(node, exp.Is):
-        return isinstance(node.expression, exp.Null) and _column(node.this, table) is not None
+        return isinstance(node.expression, exp.Null) and stored_column(node.this, table) is not None
     if isinstance(node, COMPARISONS):
         left, right = node.this, node.expression
-        if _column(left, table) is None:
+        if stored_column(left, table) is None:
             left, right = right, left
-        return _comparable(_column(left, table), right)
+        return _comparable(stored_column(left, table), right)
     if isinstance(node, exp.Between):
-        spec = _column(node.this, table)
+        spec = stored_column(node.this, table)
         return _comparable(spec, node.args["low"]) and _comparable(spec, node.args["high"])
     if isinstance(node, exp.In):
-        spec = _column(node.this, table)
+        spec = stored_column(node.this, table)
         if node.args.get("query") or node.args.get("unnest") or node.args.get("field"):
             return False
         items = node.expressions
@@ -64,7 +64,9 @@ def readable(node: exp.Expression, table: TablePolicy) -> bool:
     return False
 
 
-def _column(node: exp.Expression, table: TablePolicy) -> ColumnPolicy | None:
+def stored_column(node: exp.Expression, table: TablePolicy) -> ColumnPolicy | None:
+    """The policy column an unqualified column reference names, if it is stored (every policy
+    type is readable); None for anything else."""
     if not isinstance(node, exp.Column) or node.table:
         return None
     return stored(table, node.name)

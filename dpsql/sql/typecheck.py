@@ -41,7 +41,7 @@ from dpsql.sql.domains import SQL_TYPES
 from dpsql.sql.identifiers import quote_ident
 from dpsql.sql.positions import position_of, snippet
 from dpsql.sql.safety import conjuncts
-from dpsql.sql.simple_where import readable
+from dpsql.sql.simple_where import readable, stored_column
 
 BOOLEAN_TYPES = frozenset({"BOOLEAN", '"NULL"'})
 
@@ -231,11 +231,8 @@ def declared_key_types(query: BoundQuery) -> list[str] | None:
         return None
     out = []
     for key in query.keys:
-        node = key.expr
-        if not isinstance(node, exp.Column) or node.table:
-            return None
-        spec = table.columns.get(node.name)
-        if spec is None or spec.expr is not None:
+        spec = stored_column(key.expr, table)
+        if spec is None:
             return None
         out.append(SQL_TYPES[spec.type])
     return out
