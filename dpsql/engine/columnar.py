@@ -160,6 +160,19 @@ def run(
         where = _condition(program.where, table, dict(swaps))
     except NotRunnable:
         return None
+    # No warnings: x / g overflowing to inf on an extreme value is what DuckDB computes too
+    # (and clamps), but a warning is output that only some data produce, and under
+    # ``-W error`` it would fail the query on those data only.
+    with np.errstate(all="ignore"):
+        return _run(program, table, policy, where)
+
+
+def _run(
+    program: ColumnProgram,
+    table: ColumnarTable,
+    policy: TablePolicy,
+    where: Callable[[], np.ndarray] | None,
+) -> EngineResult:
     # never in place: a condition may be a column's own mask
     selected = where() if where is not None else np.ones(table.rows, dtype=bool)
     if program.unit is not None:
