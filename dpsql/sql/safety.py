@@ -26,14 +26,15 @@ _ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _NUMBER = re.compile(r"\d+(\.\d*)?([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?")
 
 
-def _valid_iso_date(text: str) -> bool:
+def iso_day(text: str) -> dt.date | None:
+    """The day ``text`` spells exactly as YYYY-MM-DD (a valid date), else None: the one
+    spelling DuckDB and dpsql read alike."""
     if not _ISO_DATE.fullmatch(text):
-        return False
+        return None
     try:
-        dt.date.fromisoformat(text)
+        return dt.date.fromisoformat(text)
     except ValueError:
-        return False
-    return True
+        return None
 
 
 def _family(node: exp.Expression, table: TablePolicy, context: str | None = None) -> str | None:
@@ -58,7 +59,7 @@ def _family(node: exp.Expression, table: TablePolicy, context: str | None = None
         if not node.is_string:
             return "number" if _NUMBER.fullmatch(str(node.this)) else None
         if context == "date":
-            return "date" if _valid_iso_date(node.this) else None
+            return "date" if iso_day(node.this) is not None else None
         return "text"
     if isinstance(node, exp.Cast) and not isinstance(node, exp.TryCast):
         to = node.args.get("to")
@@ -68,7 +69,7 @@ def _family(node: exp.Expression, table: TablePolicy, context: str | None = None
             and to.this == exp.DataType.Type.DATE
             and isinstance(literal, exp.Literal)
             and literal.is_string
-            and _valid_iso_date(literal.this)
+            and iso_day(literal.this) is not None
         ):
             return "date"
     return None

@@ -11,11 +11,11 @@ column without a cast that could fail), and a bare stored column key has its dec
 from __future__ import annotations
 
 import datetime
-import re
 
 from sqlglot import exp
 
 from dpsql.policy import ColumnPolicy, TablePolicy
+from dpsql.sql.safety import iso_day
 
 # column types a program reads, and the ones a key may have (their DuckDB names)
 READ_TYPES = ("int", "float", "text", "bool", "date")
@@ -92,21 +92,12 @@ def _comparable(spec: ColumnPolicy | None, literal: exp.Expression) -> bool:
     return kind == "text" if literal.is_string else kind in ("int", "float")
 
 
-_ISO_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})")
-
-
 def iso_date(literal: exp.Expression) -> datetime.date | None:
     """The date of a string literal spelled YYYY-MM-DD (also under CAST(... AS DATE)), a valid
-    day of years 1..9999; None for anything else (DuckDB reads more spellings, which are left
-    to it)."""
+    day of years 1..9999 (dpsql.sql.safety.iso_day); None for anything else (DuckDB reads
+    more spellings, which are left to it)."""
     if isinstance(literal, exp.Cast) and literal.to.is_type(exp.DataType.Type.DATE):
         literal = literal.this
     if not isinstance(literal, exp.Literal) or not literal.is_string:
         return None
-    match = _ISO_DATE.fullmatch(str(literal.this))
-    if match is None:
-        return None
-    try:
-        return datetime.date(*(int(g) for g in match.groups()))
-    except ValueError:
-        return None
+    return iso_day(str(literal.this))
