@@ -23,10 +23,15 @@ that difference against the run-to-run spread (p90 - p10).
    Then the uniform, charged failure (58000) vs an answer: no query of the typed grammar fails
    on the data any more, so the failure is an operator fault instead, a copy of D truncated
    under the running service. No monkeypatching either way.
+5. an odd value in one unit: D without patient 999, D' with them and one of their visit dates
+   'infinity' (DuckDB holds it; numpy's datetime64 cannot). Before issue 25 item 6 that value
+   made the column-program load of the whole table fail silently, so every query on D' ran its
+   SQL (~3x slower). Each side prints which path the table takes (held in columns or not).
 
     python bench/bench_timing_channels.py                  # 200 reps per side, ~1 minute
     python bench/bench_timing_channels.py --reps 50        # quick look
     python bench/bench_timing_channels.py --markdown /work/notes/timing.md
+    python bench/bench_timing_channels.py --only odd      # section 5 alone
 """
 
 from __future__ import annotations
@@ -65,6 +70,10 @@ NEIGHBOUR_QUERIES = {
     "count unit": f"SELECT COUNT(*) FROM visits WHERE patient_id = {UNIT}",
     "group dept": "SELECT department, COUNT(*) FROM visits GROUP BY department",
     "threshold diag": "SELECT diagnosis, COUNT(*) FROM visits GROUP BY diagnosis",
+}
+ODD_QUERIES = {
+    **NEIGHBOUR_QUERIES,
+    "date where": "SELECT COUNT(*) FROM visits WHERE visit_date >= '2024-06-01'",
 }
 FAILING_QUERY = "SELECT AVG(age) FROM visits"
 # {x}: a literal unique to the rep, so every rep's text (and answer-cache key) is new.
@@ -322,6 +331,45 @@ def bench_failure(tmp: Path, reps: int, warmup: int) -> list[Row]:
     ]
 
 
+def odd_neighbour(tmp: Path) -> Path:
+    """D': the fixture CSV with one of patient 999's visit dates 'infinity'."""
+    path = tmp / "visits_999_infinity.csv"
+    with FIXTURE_CSV.open(newline="") as src, path.open("w", newline="") as dst:
+        reader, writer = csv.reader(src), csv.writer(dst)
+        header = next(reader)
+        writer.writerow(header)
+        column, changed = header.index("visit_date"), 0
+        for row in reader:
+            if row[0] == UNIT and not changed:
+                row[column], changed = "infinity", 1
+            writer.writerow(row)
+    return path
+
+
+def bench_odd_value(tmp: Path, reps: int, warmup: int) -> list[Row]:
+    d, d_prime = service(without_unit(tmp)), service(odd_neighbour(tmp))
+    for name, svc in (("D", d), ("D'", d_prime)):
+        held = "visits" in getattr(svc.engine, "columns", {})
+        print(f"  5: {name}: table held in columns (programs run): {held}")
+    cur_d, cur_dp = (
+        connect_service(d, "observer").cursor(),
+        connect_service(d_prime, "observer").cursor(),
+    )
+    rows = []
+    for label, sql in ODD_QUERIES.items():
+        ref, side = interleave(
+            {"D": lambda _i, s=sql: timed(cur_d, s), "D'": lambda _i, s=sql: timed(cur_dp, s)},
+            reps,
+            warmup,
+        )
+        expect(ref, "answered")
+        expect(side, "answered")
+        rows.append(Row("5 D' with an 'infinity' date in one unit vs D", label, side, ref))
+    d.close()
+    d_prime.close()
+    return rows
+
+
 # -- report -----------------------------------------------------------------------------------
 def bootstrap(
     side: Sequence[float], reference: Sequence[float], rounds: int = 1000
@@ -441,6 +489,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=200, help="timed runs per side (default 200)")
     ap.add_argument("--warmup", type=int, default=5, help="untimed runs per side first")
     ap.add_argument("--markdown", type=Path, help="also write the figures to this file")
+    ap.add_argument(
+        "--only", choices=["neighbours", "outcomes", "planning", "failure", "odd"], nargs="+"
+    )
     args = ap.parse_args()
     if args.reps < 10:
         ap.error("--reps must be at least 10 (deciles)")
@@ -451,11 +502,19 @@ def main() -> int:
     )
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dpsql-timing-") as tmp:
-        rows = bench_neighbours(Path(tmp), args.reps, args.warmup)
-        rows += bench_outcomes(args.reps, args.warmup)
-        rows += bench_planning_caches(args.reps, args.warmup)
-        rows += bench_planning_caches(args.reps, args.warmup, clear_tokens=True)
-        rows += bench_failure(Path(tmp), args.reps, args.warmup)
+        only = set(args.only or ("neighbours", "outcomes", "planning", "failure", "odd"))
+        rows: list[Row] = []
+        if "neighbours" in only:
+            rows += bench_neighbours(Path(tmp), args.reps, args.warmup)
+        if "outcomes" in only:
+            rows += bench_outcomes(args.reps, args.warmup)
+        if "planning" in only:
+            rows += bench_planning_caches(args.reps, args.warmup)
+            rows += bench_planning_caches(args.reps, args.warmup, clear_tokens=True)
+        if "failure" in only:
+            rows += bench_failure(Path(tmp), args.reps, args.warmup)
+        if "odd" in only:
+            rows += bench_odd_value(Path(tmp), args.reps, args.warmup)
     seconds = time.perf_counter() - start
     after = uptime()
     print(text_table(rows))
