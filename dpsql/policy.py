@@ -18,10 +18,24 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dpsql.errors import PolicyError
+from dpsql.errors import PolicyError, ProgrammingError
 from dpsql.privacy.accounting import Budget
 
 COLUMN_TYPES = ("int", "float", "text", "bool", "date")
+
+# The comparison families of the declared types: two values compare without a cast that could
+# fail exactly when their families are equal (int and float compare as numbers; text against a
+# number or a date would make the engine cast one side, and that cast fails on some values).
+# The one rule for every comparison the engine runs without TRY: WHERE conditions
+# (dpsql.sql.safety), join conditions (JoinStep below), the privacy units that tables share.
+TYPE_FAMILY = {"int": "number", "float": "number", "text": "text", "bool": "bool", "date": "date"}
+
+
+def comparable(a: str, b: str) -> bool:
+    """True if values of declared types ``a`` and ``b`` compare without a failing cast."""
+    return TYPE_FAMILY.get(a) is not None and TYPE_FAMILY.get(a) == TYPE_FAMILY.get(b)
+
+
 MECHANISMS = ("laplace", "gaussian")
 FILE_SUFFIXES = (".csv", ".csv.gz", ".tsv", ".parquet")
 ENGINE_NAMES = ("duckdb", "spark")
@@ -143,6 +157,20 @@ class JoinStep:
     on: tuple[tuple[str, str, str, str], ...] = ()
 
 
+def declared_type(table: TablePolicy, column: str) -> str | None:
+    """The declared type of ``column`` of ``table``, through a private join's outputs (a
+    unit_path table's unit is its owner's column); None if it is not declared."""
+    spec = table.columns.get(column)
+    if spec is not None:
+        return spec.type
+    if table.joined is not None:
+        for name, alias, source in table.joined.outputs:
+            if name == column:
+                step = next(s for s in table.joined.steps if s.alias == alias)
+                return declared_type(step.table, source)
+    return None
+
+
 @dataclass(frozen=True)
 class JoinedSource:
     """A relation of private tables joined so that every output row belongs to one unit: on
@@ -152,6 +180,26 @@ class JoinedSource:
     steps: tuple[JoinStep, ...]
     outputs: tuple[tuple[str, str, str], ...]
     description: str
+
+    def __post_init__(self) -> None:
+        # Totality by construction: every ON equality the engine will run compares two
+        # declared columns of one comparison family, so the join cannot fail on any value (a
+        # text id against an integer key would cast, and fail on the rows that reach it:
+        # a predicate oracle). The frontend refuses such joins with a hint first; this is
+        # the invariant no construct building a join can forget. Raised at bind time,
+        # before anything is read or charged.
+        tables = {s.alias: s.table for s in self.steps}
+        for step in self.steps:
+            for a, ca, b, cb in step.on:
+                ta, tb = declared_type(tables[a], ca), declared_type(tables[b], cb)
+                if ta is None or tb is None or not comparable(ta, tb):
+                    raise ProgrammingError(
+                        f"join condition {ca} = {cb} compares "
+                        f"{ta or 'an undeclared column'} with {tb or 'an undeclared column'}",
+                        sqlstate="42804",
+                        construct=f"{ca} = {cb}",
+                        hint="join columns of the same declared type",
+                    )
 
 
 @dataclass(frozen=True)
@@ -403,6 +451,7 @@ def _build(data: dict[str, Any], path: Path | None) -> Policy:
         for name, spec in tables_raw.items()
     }
     tables = _resolve_unit_paths(rep, tables)
+    _check_shared_units(rep, tables)
     return Policy(
         path=path,
         tables=tables,
@@ -684,6 +733,30 @@ def _resolve_unit_paths(rep: _Reporter, tables: dict[str, TablePolicy]) -> dict[
         joined = JoinedSource(tuple(steps), outputs, f"{path} (unit_path, unique keys)")
         out[name] = replace(table, privacy_unit=unit, joined=joined)
     return out
+
+
+def _check_shared_units(rep: _Reporter, tables: Mapping[str, TablePolicy]) -> None:
+    """Tables naming the same privacy unit hold one person's id in one declared type.
+
+    A join on the unit compares the two columns; were one a text id and the other an integer,
+    the engine would cast, and the cast would fail on a unit whose id is not a number: one
+    unit would decide whether every such query fails (an oracle no charge covers)."""
+    first: dict[str, tuple[str, str]] = {}
+    for name, table in tables.items():
+        unit = table.privacy_unit
+        if table.public or unit is None or table.unit_path or unit not in table.columns:
+            continue
+        kind = table.columns[unit].type
+        seen = first.setdefault(unit, (name, kind))
+        if seen[1] != kind:
+            raise rep.fail(
+                f"tables.{name}.columns.{unit}.type",
+                f"the privacy unit {unit!r} is declared {kind!r} here and {seen[1]!r} in "
+                f"[tables.{seen[0]}]: a join on the unit would cast one side and could fail "
+                "on some person's id",
+                f'declare {unit} with one type in every table (e.g. type = "{seen[1]}" in '
+                f"[tables.{name}.columns.{unit}], and store the ids alike in both sources)",
+            )
 
 
 def _unique_keys(

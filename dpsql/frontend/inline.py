@@ -22,6 +22,7 @@ from sqlglot import exp
 
 from dpsql.errors import PrivacyError, ProgrammingError, UndefinedColumnError
 from dpsql.frontend.logic import transform_clauses
+from dpsql.frontend.scopes import display_name
 from dpsql.policy import Policy
 from dpsql.sql.positions import position_of, snippet
 
@@ -101,11 +102,12 @@ class _Flattener:
                     raise self.refuse(
                         "column lists on a CTE name are not supported",
                         cte.args["alias"],
-                        f"name the columns inside the CTE: WITH {name} AS (SELECT a AS x ...)",
+                        f"name the columns inside the CTE: WITH {display_name(name)} AS "
+                        "(SELECT a AS x ...)",
                     )
                 if not isinstance(cte_body, exp.Select):
                     raise self.refuse(
-                        f"CTE {name!r} must be one SELECT",
+                        f"CTE {display_name(name)!r} must be one SELECT",
                         cte_body,
                         "send each SELECT separately; set operations are not supported",
                     )
@@ -170,7 +172,7 @@ class _Flattener:
         for table in select.find_all(exp.Table):
             if table.name.lower() in ctes and table is not _from_source(select):
                 raise self.refuse(
-                    f"CTE {table.name!r} is used in a subquery or join",
+                    f"CTE {display_name(table.name)!r} is used in a subquery or join",
                     table,
                     "use a CTE as the FROM source of one query",
                 )

@@ -40,8 +40,8 @@ import duckdb
 from sqlglot import exp
 
 from dpsql.errors import PrivacyError, ProgrammingError, UndefinedColumnError, UndefinedTableError
-from dpsql.frontend.logic import column_equality, transform_clauses
-from dpsql.policy import Policy, TablePolicy
+from dpsql.frontend.logic import column_equality, mismatched_join, transform_clauses
+from dpsql.policy import Policy, TablePolicy, comparable
 from dpsql.sql.positions import position_of, snippet
 
 # Meta key on a lookup's CASE: the public values a GROUP BY of it releases (dpsql.sql.bind).
@@ -434,8 +434,17 @@ class _Joiner:
                 f'primary_key = "{key}" / unique = ["{key}"] in [tables.{dim.table.name}] '
                 "if its values are unique",
             )
-        if fact.table is not None and foreign.name.lower() == fact.table.privacy_unit:
-            pass  # joining on the unit is as safe as any column: one public row per row
+        spec = fact.table.columns.get(foreign.name.lower()) if fact.table is not None else None
+        if spec is not None and not comparable(spec.type, dim.table.columns[key].type):
+            assert fact.table is not None
+            raise mismatched_join(
+                on,
+                f"{fact.table.name}.{spec.name}",
+                spec.type,
+                f"{dim.table.name}.{key}",
+                dim.table.columns[key].type,
+                self.text,
+            )
         return key, foreign
 
     def _is_dim_column(self, col: exp.Column, dim: _Side, fact: _Side) -> bool:

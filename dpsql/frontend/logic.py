@@ -8,6 +8,9 @@ from typing import Any
 
 from sqlglot import exp
 
+from dpsql.errors import ProgrammingError
+from dpsql.sql.positions import position_of, snippet
+
 
 def conjuncts(node: exp.Expression) -> list[exp.Expression]:
     """The top-level AND operands of ``node`` (parentheses looked through)."""
@@ -46,3 +49,20 @@ def column_equality(node: exp.Expression | None) -> exp.EQ | None:
     ):
         return node
     return None
+
+
+def mismatched_join(
+    on: exp.Expression, left: str, left_type: str, right: str, right_type: str, text: str
+) -> ProgrammingError:
+    """42804 for a join ON columns of different comparison families, refused before reading:
+    run as written, the engine would cast one side, and the cast would fail on exactly the rows
+    that reach the join (which the query's WHERE chooses): a yes/no answer about them."""
+    return ProgrammingError(
+        f"the join compares {left} ({left_type}) with {right} ({right_type}): values of "
+        "different types cannot be joined",
+        sqlstate="42804",
+        construct=snippet(on),
+        position=position_of(on, text),
+        hint="join columns declared with the same type (int and float compare as numbers); "
+        "if one source stores the key as text, declare it with the other's type in the policy",
+    )

@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 from sqlglot import exp
 
 from dpsql.errors import PrivacyError, ProgrammingError, UndefinedColumnError, UndefinedTableError
-from dpsql.frontend.logic import column_equality, transform_clauses
-from dpsql.policy import ColumnPolicy, JoinedSource, JoinStep, Policy, TablePolicy
+from dpsql.frontend.logic import column_equality, mismatched_join, transform_clauses
+from dpsql.policy import ColumnPolicy, JoinedSource, JoinStep, Policy, TablePolicy, comparable
 from dpsql.sql.positions import position_of, snippet
 
 if TYPE_CHECKING:
@@ -299,6 +299,7 @@ class _Lowering:
         a_col = (on.this, on.expression)[1 - mine[0]].name.lower()
         a = owners[1 - mine[0]]
         self._check_unit(on, a, a_col, side, b_col)
+        self._check_types(on, a, a_col, side, b_col)
         self._on[side.internal] = self._on_pairs(a, a_col, side, b_col)
         if b_col in side.table.unique_keys:
             return driver  # each row meets at most one row of the new table
@@ -340,6 +341,15 @@ class _Lowering:
             "units could meet, and one unit would change the other's rows",
             on,
         )
+
+    def _check_types(self, on: exp.EQ, a: _Side, a_col: str, b: _Side, b_col: str) -> None:
+        """Both sides of the ON in one comparison family (dpsql.policy.comparable): the
+        engine's join then casts nothing and cannot fail on any value."""
+        ta, tb = a.table.columns[a_col].type, b.table.columns[b_col].type
+        if not comparable(ta, tb):
+            raise mismatched_join(
+                on, f"{a.table.name}.{a_col}", ta, f"{b.table.name}.{b_col}", tb, self.text
+            )
 
     def _on_pairs(
         self, a: _Side, a_col: str, b: _Side, b_col: str

@@ -14,7 +14,7 @@ import math
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import sqlglot
 from sqlglot import exp
@@ -38,6 +38,7 @@ from dpsql.frontend.joins import JOINED, PUBLIC_VALUES, resolve_joins
 from dpsql.frontend.logic import conjuncts
 from dpsql.frontend.private_joins import resolve_private_joins
 from dpsql.frontend.rewrite import normalise, timestamp_literals
+from dpsql.frontend.scopes import shadow_policy_tables
 from dpsql.policy import ColumnPolicy, Policy, TablePolicy, default_granularity
 from dpsql.sql.positions import _tokens, forget_tokens, offset_position, position_of, snippet
 from dpsql.table_functions import TABLE_FUNCTIONS, result_columns
@@ -617,6 +618,8 @@ def bind_tree(tree: exp.Expr, text: str, policy: Policy) -> Statement:
         )
     tree = normalise(tree)
     assert isinstance(tree, exp.Select)  # normalise keeps the root: a Select stays a Select
+    # names first: a CTE shadows the policy table of its name in every construct below
+    tree = cast(exp.Select, shadow_policy_tables(tree, policy))
     tree, policy = resolve_private_joins(tree, text, policy)
     tree = resolve_joins(tree, text, policy)
     split = split_released_filter(tree, text)
