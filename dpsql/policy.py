@@ -51,8 +51,9 @@ _ENGINE_KEYS = {
     "prepared": 'a prepared store per data version (dpsql.engine.prepared, spark_store): "off" '
     '(default), "memory", or "disk" (a file next to the ledger, reused across processes)',
     "prepared_dir": "where disk stores go (default: the ledger's directory)",
-    "small_tables": 'DuckDB: how plans on CSV tables of at most 200,000 rows run: "columns" '
-    '(default: in memory, dpsql.engine.columnar, where the plan allows) or "sql"',
+    "small_tables": 'DuckDB: how plans on CSV tables run: "columns" (default: held in memory, '
+    "dpsql.engine.columnar, where the plan allows; a CSV table may then have at most 200,000 "
+    'rows, or the start fails) or "sql"',
 }
 
 _PRIVACY_KEYS = {

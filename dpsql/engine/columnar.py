@@ -5,7 +5,11 @@ operator costs, which dominate on a few thousand rows.
 Loaded once per data version from the engine's own typed table (so the values are DuckDB's,
 after its casts), before the connection is sealed. Rows are kept in DuckDB's scan order; text
 is held as codes into its sorted distinct values (Python's str order is Unicode code point
-order, DuckDB's VARCHAR order is UTF-8 byte order: the same).
+order, DuckDB's VARCHAR order is UTF-8 byte order: the same); a date as DuckDB's day number,
+its infinities included. The load is total over every value of every declared type, and the
+choices that shape a program's work beyond its own text (whether it runs, how it sums) are
+made from the policy and the table's declared capacity, not from the values or the row count
+(docs/threat_model.md, "Column programs").
 
 Every step mirrors one of the SQL plan (dpsql.sql.compile): the WHERE in SQL's three-valued
 logic with DuckDB's comparison rules (NaN equal to itself and above every number; a decimal
@@ -60,10 +64,15 @@ class Column:
 
 @dataclass(frozen=True)
 class ColumnarTable:
+    """``capacity``: the most rows the table may have (public, declared by the engine): the
+    exactness bounds and summing paths of a program are decided from it and the program,
+    never from ``rows``, so one unit's rows cannot switch them."""
+
     name: str
     version: str
     rows: int
     columns: dict[str, Column]
+    capacity: int
 
 
 class NotRunnable(Exception):
@@ -71,29 +80,56 @@ class NotRunnable(Exception):
     Raised before any value is read."""
 
 
-def load(con: Any, table: TablePolicy, version: str) -> ColumnarTable:
-    """The stored columns a program may read, from the engine's typed table."""
+def load(con: Any, table: TablePolicy, version: str, capacity: int) -> ColumnarTable:
+    """The stored columns a program may read, from the engine's typed table of at most
+    ``capacity`` rows (public: the engine's declared cap, dpsql.engine.duckdb_engine).
+
+    Total: every value of every declared type has a representation here (``_FETCH``: a date is
+    read as DuckDB's own day number, 'infinity' and '-infinity' included), so whether a table
+    is held depends on the policy alone, never on a value one unit holds (issue 25, item 6:
+    one 'infinity' date used to make this load fail and the table silently run its SQL, ~3x
+    slower on every query). Nothing here catches an error: one that still happens (a bug,
+    memory) fails the engine's start, where the operator sees it."""
     from dpsql.sql.identifiers import quote_ident
 
     _keep_heap_pad()
 
+    name = quote_ident(table.name)
+    counted = con.execute(f"SELECT count(*) FROM {name}").fetchone()
+    rows = int(counted[0]) if counted else 0
+    if rows > capacity:
+        raise ValueError(f"{rows} rows, more than the declared {capacity}")
     readable = [c for c in table.columns.values() if c.expr is None and c.type in _KINDS]
     if not readable:
-        return ColumnarTable(table.name, version, 0, {})
-    select = ", ".join(quote_ident(c.name) for c in readable)
-    fetched = con.execute(f"SELECT {select} FROM {quote_ident(table.name)}").fetchnumpy()
-    columns = {}
-    for c in readable:
-        try:
-            columns[c.name] = _column(c, fetched[c.name])
-        except (ValueError, OverflowError, TypeError):  # e.g. a date numpy cannot hold
-            continue  # programs that read it run their SQL
+        return ColumnarTable(table.name, version, rows, {}, capacity)
+    select = ", ".join(
+        _FETCH.get(c.type, "{}").format(quote_ident(c.name)) + f" AS {quote_ident(c.name)}"
+        for c in readable
+    )
+    fetched = con.execute(f"SELECT {select} FROM {name}").fetchnumpy()
+    columns = {c.name: _column(c, fetched[c.name]) for c in readable}
     for column in columns.values():  # shared by every query and thread: read-only
         for array in (column.values, column.nulls, column.codes):
             if array is not None:
                 array.setflags(write=False)
-    rows = len(next(iter(fetched.values())))
-    return ColumnarTable(table.name, version, rows, columns)
+    return ColumnarTable(table.name, version, rows, columns, capacity)
+
+
+# DuckDB's day numbers of DATE 'infinity' and '-infinity' (its date_t: int32 days since
+# 1970-01-01, +-(2^31 - 1) for the infinities), above and below every finite date it holds
+# (-2^31 + 2 .. 2^31 - 2 days: years 5877641 BC .. 5877642 AD) as DuckDB orders them.
+DATE_INFINITY = 2**31 - 1
+# How each kind is read: a date as its day number (int64 holds every one; numpy's datetime64,
+# through which DuckDB's fetchnumpy goes in microseconds, holds neither infinity nor years past
+# ~290,000); the other kinds as they are (BIGINT, DOUBLE with NaN and +-inf, VARCHAR, BOOLEAN:
+# numpy holds every value of each).
+_FETCH = {
+    "date": (
+        "CAST(CASE WHEN isinf({0}) THEN (CASE WHEN {0} > DATE '1970-01-01' "
+        f"THEN {DATE_INFINITY} ELSE {-DATE_INFINITY} END) "
+        "ELSE {0} - DATE '1970-01-01' END AS BIGINT)"
+    ),
+}
 
 
 _KINDS = ("int", "float", "text", "bool", "date")
@@ -128,11 +164,8 @@ def _column(spec: ColumnPolicy, fetched: Any) -> Column:
         codes = np.full(len(nulls), len(distinct), dtype=np.int64)  # NULL: the last code
         codes[~nulls] = inverse
         return Column("text", codes, nulls, codes, (*(str(v) for v in distinct.tolist()), None))
-    if spec.type == "date":  # days since 1970-01-01, compared as integers
-        days = np.zeros(len(nulls), dtype=np.int64)
-        present = ~nulls
-        days[present] = np.asarray(data[present], dtype="datetime64[D]").astype(np.int64)
-        return Column("date", days, nulls)
+    if spec.type == "date":  # DuckDB's day numbers (_FETCH), compared as integers
+        return Column("date", np.where(nulls, 0, np.asarray(data, dtype=np.int64)), nulls)
     dtype: type = {"int": np.int64, "float": np.float64, "bool": np.bool_}[spec.type]
     values: np.ndarray = np.array(data, dtype=dtype)
     if spec.type == "float":
@@ -154,7 +187,8 @@ def run(
 ) -> EngineResult | None:
     """The exact result of ``program`` on ``table``; None (before reading any value) when the
     program's bound does not fit this table or a literal is one the evaluator cannot mirror."""
-    if not _fits(program, table.rows):
+    assert table.rows <= table.capacity
+    if not _fits(program, table.capacity):
         return None
     try:
         where = _condition(program.where, table, dict(swaps))
@@ -186,7 +220,7 @@ def _run(
     group, size, label = _groups(program.keys, table)
     values = [_row_values(m, table, policy, weight) for m in program.measures]
     if program.unit is None:
-        measures, present = _row_level(program, group, size, weight, values, table.rows)
+        measures, present = _row_level(program, group, size, weight, values, table.capacity)
     else:
         measures, present = _per_unit(program, table, group, size, weight, values)
     if not program.keys:
@@ -197,13 +231,20 @@ def _run(
     return EngineResult([label(i) for i in keep], columns, types)
 
 
-def _fits(program: ColumnProgram, rows: int) -> bool:
-    """Whether every product and sum of the program stays below 2^62 on ``rows`` rows."""
-    factor = max(program.max_rows, 1) * max(program.max_groups, 1) * program.count_scale
+def _fits(program: ColumnProgram, capacity: int) -> bool:
+    """Whether every product and sum of the program stays below 2^62 on any table of at most
+    ``capacity`` rows: decided from the policy and the text, never from the table's own rows
+    (one unit's rows could otherwise move a program to its SQL).
+
+    With C = capacity, R, G, and per measure b = its row bound and s its scale (s = the count
+    scale, b = 1, for counts): a pair's raw sum is at most C·b, times s·min(n, R) at most
+    C·b·s·R; its partial at most R·b·s, times G/k's numerator at most R·b·s·G; a group's total
+    over at most C units at most C·R·b·s. Every one is at most C·R·G·b·s."""
+    factor = max(program.max_rows, 1) * max(program.max_groups, 1)
     for m in program.measures:
-        if rows * max(m.row_bound, 1) * max(m.scale, 1) * factor >= _EXACT_INT:
+        if capacity * max(m.row_bound, 1) * max(m.scale, 1) * factor >= _EXACT_INT:
             return False
-    return rows * factor < _EXACT_INT
+    return capacity * factor * max(program.count_scale, 1) < _EXACT_INT
 
 
 def _row_level(
@@ -212,14 +253,14 @@ def _row_level(
     size: int,
     weight: np.ndarray,
     values: list[np.ndarray | None],
-    table_rows: int,
+    capacity: int,
 ) -> tuple[list[np.ndarray], np.ndarray]:
     """Per group: COUNT(*), COUNT(col) and SUM(value) of its kept rows; and which groups have
-    any."""
-    rows = _sum_by(group, weight, size, table_rows)
+    any (sums summed in the way ``capacity``, not the table's rows, allows)."""
+    rows = _sum_by(group, weight, size, capacity)
     measures = []
     for m, v in zip(program.measures, values, strict=True):
-        bound = table_rows * max(m.row_bound, 1)
+        bound = capacity * max(m.row_bound, 1)
         measures.append(rows if v is None else _sum_by(group, v, size, bound))
     return measures, rows > 0
 
@@ -239,8 +280,8 @@ def _per_unit(
     pair the table holds: a pair with no kept row has n = 0 and adds nothing."""
     unit = table.columns[program.unit]  # type: ignore[index]
     assert unit.codes is not None
-    rows = table.rows
-    slots = _Slots(unit.codes * size + group, len(unit.labels), size, rows)
+    capacity = table.capacity  # the bounds that choose how to sum: public (ColumnarTable)
+    slots = _Slots(unit.codes * size + group, len(unit.labels), size, table.rows)
     n = slots.count(weight)
     some = (n > 0).astype(np.int64)
     divisor = np.maximum(n, 1)  # a pair with no row has nothing to divide
@@ -251,7 +292,7 @@ def _per_unit(
         if v is None:
             partials.append(None)
             continue
-        bound = rows * max(m.row_bound, 1)
+        bound = capacity * max(m.row_bound, 1)
         raw = slots.total(v, bound)
         partials.append(_quotient(raw * (m.scale * capped), divisor, bound * m.scale * R))
     counts: np.ndarray = capped
@@ -263,7 +304,9 @@ def _per_unit(
         counts = _quotient(capped * cs * kept, k, R * cs * G)
         units_per_pair = some * _quotient(cs * kept, k, cs * G)
         partials = [
-            None if p is None else _quotient(p * kept, k, rows * m.row_bound * m.scale * R * G)
+            None
+            if p is None
+            else _quotient(p * kept, k, R * max(m.row_bound, 1) * max(m.scale, 1) * G)
             for m, p in zip(program.measures, partials, strict=True)
         ]
     present = slots.per_group(some) > 0

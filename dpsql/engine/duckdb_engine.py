@@ -8,7 +8,6 @@ After loading, the connection is sealed: only the policy's own files stay readab
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
@@ -39,7 +38,8 @@ def _file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-# Eager (CSV) tables up to this many rows run each query on one DuckDB thread by default.
+# The declared size of a small table: under [engine] small_tables = "columns" (the default)
+# every CSV source is held in memory for column programs, and may have at most this many rows.
 SMALL_ROWS = 200_000
 
 
@@ -57,8 +57,9 @@ class DuckDBEngine:
         self.policy = policy
         self._con = duckdb.connect(":memory:")
         self.versions: dict[str, str] = {}
-        # every source an eager table of at most SMALL_ROWS rows (threads = 1 unless set)
+        # every source an eager CSV table (threads = 1 unless set): the policy's source kinds
         self._small = bool(policy.tables)
+        self._eager: list[TablePolicy] = []
         self.stores: list[prepared.StoreInfo] = []
         allowed: list[str] = []
         attached = False
@@ -75,15 +76,7 @@ class DuckDBEngine:
             self._load(table, attached, database, allowed)
         if policy.engine.prepared != "off":
             self._prepare(allowed, progress)
-        # small eager tables in memory for column programs (dpsql.engine.columnar)
-        self.columns: dict[str, columnar.ColumnarTable] = {}
-        if self._small and policy.engine.small_tables == "columns":
-            unheld = (duckdb.Error, ValueError, OverflowError, TypeError, MemoryError)
-            for table in policy.tables.values():
-                with contextlib.suppress(*unheld):  # not held: its plans run their SQL
-                    self.columns[table.name] = columnar.load(
-                        self._con, table, self.versions.get(table.name, "")
-                    )
+        self.columns: dict[str, columnar.ColumnarTable] = self._hold_columns()
         self._con.execute(
             "SET allowed_paths = [" + ", ".join(_sql_string(p) for p in allowed) + "]"
         )
@@ -97,6 +90,35 @@ class DuckDBEngine:
             self._con.execute(f"SET threads = {int(threads)}")
         self._con.execute("SET enable_external_access = false")
         self._con.execute("SET lock_configuration = true")
+
+    def _hold_columns(self) -> dict[str, columnar.ColumnarTable]:
+        """Every CSV table in memory for column programs (dpsql.engine.columnar) under
+        ``small_tables = "columns"``; none under "sql".
+
+        Which tables run programs is decided by the policy alone (its mode and each source's
+        kind), never by the data (issue 25, item 6): the load reads every value of every
+        declared type (columnar.load is total), and the table's size is declared, not
+        measured — a CSV source of more than SMALL_ROWS rows fails the start (``_load``), as a
+        value that does not cast to its type does, instead of silently running its SQL. A
+        count one unit can push across a threshold (with R·G rows, or any number of raw rows)
+        would otherwise switch every query on the table between ~0.5 ms and ~2-8 ms. What
+        still fails here fails the start too, seen by the operator, never by an analyst."""
+        held: dict[str, columnar.ColumnarTable] = {}
+        if self.policy.engine.small_tables != "columns":
+            return held
+        for table in self._eager:
+            try:
+                held[table.name] = columnar.load(
+                    self._con, table, self.versions.get(table.name, ""), SMALL_ROWS
+                )
+            except (duckdb.Error, ValueError, OverflowError, TypeError, MemoryError) as exc:
+                raise PolicyError(
+                    f"tables.{table.name}: cannot hold its columns in memory for column "
+                    f"programs ({type(exc).__name__})",
+                    construct=f"tables.{table.name}",
+                    hint='set [engine] small_tables = "sql" to run its plans as SQL',
+                ) from None
+        return held
 
     def _prepare(self, allowed: list[str], progress: Callable[[str], None] | None) -> None:
         """Build or reuse each table's prepared store (dpsql.engine.prepared) before the
@@ -187,10 +209,9 @@ class DuckDBEngine:
                 f"FROM {relation}"
             )
             self._con.execute(f"SELECT * FROM {_q(table.name)} LIMIT 0").fetchall()
-            if kind == "TABLE" and self._small:
-                # The operator's load-time configuration; no analyst sees this count.
+            count = None
+            if kind == "TABLE" and self.policy.engine.small_tables == "columns":
                 count = self._con.execute(f"SELECT count(*) FROM {_q(table.name)}").fetchone()
-                self._small = count is not None and count[0] <= SMALL_ROWS
         except duckdb.Error as exc:
             raise PolicyError(
                 f"{where}: cannot load {table.source!r} with the declared columns: "
@@ -198,6 +219,17 @@ class DuckDBEngine:
                 construct=where,
                 hint="check that every declared column exists in the source with that type",
             ) from None
+        if count is not None and count[0] > SMALL_ROWS:
+            # Declared small (held for column programs): more rows fail the start, seen by the
+            # operator, rather than switch the table's path on a count one unit can move.
+            raise PolicyError(
+                f"{where}: more than {SMALL_ROWS:,} rows, the most a table held in memory "
+                "for column programs may have",
+                construct="engine.small_tables",
+                hint='set [engine] small_tables = "sql" (and threads for a large table)',
+            )
+        if kind == "TABLE":
+            self._eager.append(table)
 
     def _run(self, sql: str, handle: QueryHandle | None, fetch: Callable[[Any], Any]) -> Any:
         """Run generated SQL on a fresh cursor that ``handle`` can interrupt.
