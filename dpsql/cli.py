@@ -14,6 +14,7 @@ SUBCOMMAND_MODULES = (
     "dpsql.commands",
     "dpsql.privacy.ledger_cli",
     "dpsql.server.cli",
+    "dpsql.curation.cli",
 )
 
 
