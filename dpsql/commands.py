@@ -12,7 +12,6 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from importlib import resources
 from typing import Any, TextIO
 
 from dpsql.errors import Error
@@ -25,10 +24,6 @@ TRUST_NOTE = (
     "analyst: whoever can read the policy's data and write its ledger can act as anyone. "
     "A policy's [privacy] analysts list restricts the names they accept."
 )
-
-DOCS = {
-    "grammar": ("grammar_notes.md", "the SQL dpsql accepts and refuses, the sensitivity table"),
-}
 
 
 def _common(p: argparse.ArgumentParser, *, explain: bool) -> None:
@@ -85,12 +80,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--intervals", action="store_true", help="show x_low/x_high columns")
     p.set_defaults(handler=_shell)
 
+    from dpsql import helpdocs
+
     p = sub.add_parser(
         "help",
         help="print documentation that ships with dpsql (e.g. dpsql help grammar)",
-        description="Print a document installed with dpsql.",
+        description="Print a document installed with dpsql; without TOPIC, list them.",
     )
-    p.add_argument("topic", nargs="?", choices=sorted(DOCS), help="the document")
+    p.add_argument("topic", nargs="?", choices=sorted(helpdocs.topics()), help="the document")
     p.set_defaults(handler=_help)
 
     p = sub.add_parser(
@@ -291,15 +288,18 @@ def _shell(args: argparse.Namespace) -> int:
 
 def doc_text(topic: str) -> str:
     """A document shipped in the package (dpsql/docs), read through importlib.resources."""
-    name, _ = DOCS[topic]
-    return resources.files("dpsql").joinpath("docs", name).read_text(encoding="utf-8")
+    from dpsql import helpdocs
+
+    return helpdocs.text(topic)
 
 
 def _help(args: argparse.Namespace) -> int:
+    from dpsql import helpdocs
+
     if args.topic is None:
         print("dpsql help TOPIC prints a document installed with dpsql:")
-        for topic, (_, what) in sorted(DOCS.items()):
-            print(f"  {topic:10}  {what}")
+        for topic, doc in sorted(helpdocs.topics().items()):
+            print(f"  {topic:14}  {helpdocs.title(doc)}")
         return 0
     sys.stdout.write(doc_text(args.topic))
     return 0
