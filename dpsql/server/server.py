@@ -19,6 +19,7 @@ from typing import Any
 import dpsql.dbapi  # noqa: F401  (registers the DB-API session class on the service)
 from dpsql.server import protocol as p
 from dpsql.server.catalog import Shadow
+from dpsql.server.fairness import FairnessLimits, FairScheduler
 from dpsql.server.session import Session
 from dpsql.server.settings import DEFAULTS
 from dpsql.server.users import UserStore
@@ -74,6 +75,7 @@ class Server:
         workers: int | None = None,
         pid_range: tuple[int, int] | None = None,
         mock_secret: bytes | None = None,
+        fairness: FairnessLimits | None = None,
     ) -> None:
         self.service = service
         self.users = users
@@ -85,10 +87,12 @@ class Server:
         self.require_tls = require_tls
         self.max_message = max_message
         self.max_connections = max_connections
-        self.executor = ThreadPoolExecutor(
-            max_workers=workers or min(32, (os.cpu_count() or 2) * 4 + 8),
-            thread_name_prefix="dpsql-query",
-        )
+        threads = workers or min(32, (os.cpu_count() or 2) * 4 + 8)
+        self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="dpsql-query")
+        # Statements wait for their turn here, fairly between analysts, before they take a
+        # thread; two threads stay free for logins and clean-up (dpsql.server.fairness).
+        self.fairness = fairness if fairness is not None else FairnessLimits()
+        self.scheduler = FairScheduler(self.fairness, slots=max(1, threads - 2))
         # One secret for every worker of a --workers server: an unknown user's fake SCRAM salt
         # must not depend on which process answers (that would reveal who exists).
         self.mock_secret = mock_secret if mock_secret is not None else os.urandom(32)

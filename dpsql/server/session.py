@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import struct
@@ -25,6 +26,7 @@ from dpsql.server.backend import DpBackend, Outcome, placeholder_count
 from dpsql.server.catalog import ShadowCursor
 from dpsql.server.catalog_sql import SessionInfo
 from dpsql.server.failures import ClientError
+from dpsql.server.fairness import Abandoned
 from dpsql.server.probes import COLUMN_PROBE_NOTICE, column_probe, is_zero_row_probe
 from dpsql.server.scram import MECHANISM, ScramError, ScramExchange
 from dpsql.server.settings import (
@@ -227,18 +229,43 @@ class Session:
             except Exception:
                 log.debug("interrupt failed", exc_info=True)
 
-    async def _blocking(self, fn: Callable[..., Any], *args: Any, interrupt: Any = None) -> Any:
+    async def _blocking(
+        self, fn: Callable[..., Any], *args: Any, interrupt: Any = None, scheduled: bool = True
+    ) -> Any:
+        """Run ``fn(*args)`` in the thread pool. A ``scheduled`` call (every statement) first
+        waits for its turn in the server's fair scheduler (:mod:`dpsql.server.fairness`), which
+        also counts its CPU against the analyst; the wait counts against statement_timeout and a
+        CancelRequest ends it, as it ends the statement once it runs."""
         loop = asyncio.get_running_loop()
         self._cancelled = False
-        self._interrupt = interrupt
         timer = None
         timeout = self._statement_timeout() if interrupt is not None else 0.0
         if timeout > 0:
             timer = loop.call_later(timeout, self._time_out)
+        turn = None
+        ran = False
         try:
-            return await loop.run_in_executor(self.server.executor, fn, *args)
+            call: Callable[[], Any] = functools.partial(fn, *args)
+            if scheduled and self.user:
+                turn = self.server.scheduler.enter(self.user)
+                self._interrupt = turn.abandon
+                with contextlib.suppress(Abandoned):
+                    await turn.granted
+                if self._cancelled:  # cancelled or timed out while it waited: nothing ran
+                    raise SqlError(
+                        "57014",
+                        "canceling statement due to statement timeout"
+                        if self._timed_out
+                        else "canceling statement due to user request",
+                        hint="it was still waiting for its turn behind this analyst's other "
+                        "statements; nothing ran and nothing was spent",
+                    )
+                call = self.server.scheduler.wrap(turn, fn, *args)
+            self._interrupt = interrupt
+            ran = True
+            return await loop.run_in_executor(self.server.executor, call)
         except Exception as exc:
-            if self._timed_out:
+            if ran and self._timed_out:
                 raise SqlError(
                     "57014",
                     "canceling statement due to statement timeout",
@@ -246,6 +273,8 @@ class Session:
                 ) from exc
             raise
         finally:
+            if turn is not None:
+                self.server.scheduler.leave(turn)
             self._interrupt = None
             self._timed_out = False
             if timer is not None:
@@ -408,13 +437,13 @@ class Session:
 
     async def _open_backends(self, startup: p.Startup) -> bool:
         try:
-            conn = await self._blocking(self.server.connect_analyst, self.user)
+            conn = await self._blocking(self.server.connect_analyst, self.user, scheduled=False)
         except Exception as exc:
             err = as_sql_error(exc)
             await self.fatal(err.sqlstate, err.message, err.hint)
             return False
         self.dp = DpBackend(conn)
-        self.shadow = await self._blocking(self.server.shadow.cursor)
+        self.shadow = await self._blocking(self.server.shadow.cursor, scheduled=False)
         self.settings = SessionSettings(self.user, startup.params.get("application_name", ""))
         for key, value in _startup_options(startup.params).items():
             with contextlib.suppress(SettingError):

@@ -1,0 +1,366 @@
+"""Per-analyst fair scheduling of the server's statement work.
+
+Everything a session runs in the thread pool (a DP statement, an ``EXPLAIN``, a ``Describe``, a
+zero-row probe, a catalog statement) spends CPU in the server process, and most of what is free
+(binding, planning, explaining) is Python that holds the GIL and cannot be preempted. Before
+this module, twenty connections of one analyst looping a 0.3 s ``EXPLAIN`` held all sixteen
+query threads: another analyst's ``COUNT(*)`` waited behind the whole queue and then shared the
+GIL with sixteen busy threads (its median went from 4 ms to 2 s).
+
+Since running Python cannot be interrupted, the bound is placed *before* a statement starts:
+
+- **A per-analyst cap on statements in flight** (``analyst_statements``, default 2). A statement
+  over the cap waits on the event loop, holding no thread. So however many connections one
+  analyst opens, at most that many of its statements compete for the GIL with everyone else's.
+- **A CPU account per analyst**: the thread CPU time (``CLOCK_THREAD_CPUTIME_ID``) of each of its
+  statements, read live while a statement runs and decayed with a half-life
+  (``cpu_half_life``). An analyst whose recent use exceeds its share (``analyst_cpu_share``
+  cores, sustained) is *heavy*: it runs ``heavy_statements`` (default 1) at a time.
+- **A fair queue** for the server's run slots (``statements``, by default the thread pool's size
+  minus two, which stay free for logins and clean-up): when a slot frees it goes to the waiting
+  statement of the analyst that is not heavy, has the fewest statements running and has used
+  the least CPU recently, in arrival order among equals. An analyst who has used more than
+  their share waits behind everyone else and never ahead of a newcomer.
+
+What remains is the GIL itself: a statement that does start shares the interpreter with at most
+``heavy_statements`` statements of each heavy analyst (plus those of others), so its Python part
+is slowed by a small constant factor, not by the attacker's connection count. The queue wait
+counts against ``statement_timeout`` and a CancelRequest ends it (57014) without running
+anything. Each ``--workers`` worker schedules its own connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from dpsql.server.failures import ClientError
+
+# Descriptions of the [server] keys (also the error message's list of allowed keys).
+SERVER_KEYS = {
+    "analyst_statements": "statements of one analyst that may run at once in one server "
+    "process (default 2); more wait for their turn without holding a thread",
+    "heavy_statements": "the same for an analyst over its CPU share (default 1)",
+    "statements": "statements that may run at once in one server process (default 0: the "
+    "thread pool's size minus 2)",
+    "analyst_cpu_share": "cores one analyst may use, sustained, before it counts as heavy "
+    "(default 0.25)",
+    "cpu_half_life": "seconds after which half of an analyst's past CPU use is forgotten "
+    "(default 5)",
+}
+
+
+class FairnessError(ClientError):
+    """A [server] setting out of range."""
+
+
+@dataclass(frozen=True)
+class FairnessLimits:
+    """How the server shares its CPU between analysts (one set per server process)."""
+
+    analyst_statements: int = 2
+    heavy_statements: int = 1
+    statements: int = 0  # 0: the thread pool's size minus 2
+    analyst_cpu_share: float = 0.25
+    cpu_half_life: float = 5.0
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not isinstance(self.analyst_statements, int) or self.analyst_statements < 1:
+            problems.append("analyst_statements must be an integer >= 1")
+        if not isinstance(self.heavy_statements, int) or not (
+            1 <= self.heavy_statements <= max(1, self.analyst_statements)
+        ):
+            problems.append("heavy_statements must be an integer from 1 to analyst_statements")
+        if not isinstance(self.statements, int) or self.statements < 0:
+            problems.append("statements must be an integer >= 0")
+        share, life = self.analyst_cpu_share, self.cpu_half_life
+        if isinstance(share, bool) or not isinstance(share, int | float) or not share > 0:
+            problems.append("analyst_cpu_share must be a number > 0")
+        elif not math.isfinite(share):
+            problems.append("analyst_cpu_share must be finite")
+        if isinstance(life, bool) or not isinstance(life, int | float) or not 0 < life < 1e6:
+            problems.append("cpu_half_life must be a number of seconds > 0")
+        if problems:
+            raise FairnessError("; ".join(problems), "22023")
+
+    @property
+    def heavy_cpu(self) -> float:
+        """Decayed CPU seconds at which an analyst is heavy: what ``analyst_cpu_share`` cores,
+        used without a pause, add up to (the decayed sum of a constant rate r is
+        r * half_life / ln 2)."""
+        return self.analyst_cpu_share * self.cpu_half_life / math.log(2)
+
+    @classmethod
+    def from_section(cls, section: Mapping[str, Any], where: str = "[server]") -> FairnessLimits:
+        """Limits from a ``[server]`` table (unknown keys and bad values are refused)."""
+        known = {f.name for f in fields(cls)}
+        for key in section:
+            if key not in known:
+                raise FairnessError(
+                    f"{where}: unknown key {key!r}",
+                    "22023",
+                    hint="use one of: " + ", ".join(sorted(known)),
+                )
+        values = dict(section)
+        for key in ("analyst_cpu_share", "cpu_half_life"):
+            value = values.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                values[key] = float(value)
+        try:
+            return cls(**values)
+        except FairnessError as exc:
+            raise FairnessError(f"{where}: {exc.message}", "22023") from None
+
+
+def limits_from_policy_file(path: str | Any) -> FairnessLimits:
+    """The ``[server]`` table of a policy file, or the defaults when it has none."""
+    import tomllib
+    from pathlib import Path
+
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return FairnessLimits()  # the policy loader reports these itself
+    section = data.get("server", {})
+    if not isinstance(section, dict):
+        raise FairnessError(f"{path}: [server] must be a table", "22023")
+    return FairnessLimits.from_section(section, f"policy file {str(path)!r}: [server]")
+
+
+class Abandoned(Exception):
+    """A statement stopped waiting for its turn (cancel request or statement timeout)."""
+
+
+# A heavy analyst's running statement yields the GIL to lighter analysts' statements: after
+# each YIELD_QUANTUM seconds of its own CPU, while a lighter statement runs, it sleeps in steps of
+# YIELD_STEP for at most YIELD_PAUSE (so it still gets at least QUANTUM / (QUANTUM + PAUSE) of a
+# core, and a lock it holds is never kept from the others for longer than one pause). It looks
+# at the clock every YIELD_EVENTS profile events (Python and C calls and returns, ~0.2 ms).
+YIELD_QUANTUM = 0.002
+YIELD_STEP = 0.001
+YIELD_PAUSE = 0.02
+YIELD_EVENTS = 1000
+
+
+class Turn:
+    """One statement's place in the scheduler: waiting, then running, then done."""
+
+    __slots__ = ("analyst", "clock", "cpu", "cpu0", "granted", "paused", "running", "seq", "waited")
+
+    def __init__(self, analyst: _Analyst, seq: int, granted: asyncio.Future[None]) -> None:
+        self.analyst = analyst
+        self.seq = seq
+        self.granted = granted
+        self.running = False
+        self.clock: int | None = None  # the running thread's CPU clock
+        self.cpu0 = 0.0
+        self.cpu = 0.0  # CPU seconds so far (final once the call returns)
+        self.waited = 0.0  # seconds it waited for its turn
+        self.paused = 0.0  # seconds it slept to yield to lighter analysts
+
+    def live_cpu(self) -> float:
+        clock = self.clock
+        if clock is None:
+            return self.cpu
+        try:
+            return max(0.0, time.clock_gettime(clock) - self.cpu0)
+        except OSError:
+            return self.cpu
+
+    def abandon(self) -> None:
+        """Stop waiting (called on the event loop); a no-op once the statement runs."""
+        if not self.granted.done():
+            self.granted.set_exception(Abandoned())
+
+
+class _Analyst:
+    __slots__ = ("heavy", "name", "recent", "running", "stamp", "statements", "total_cpu")
+
+    def __init__(self, name: str, now: float) -> None:
+        self.name = name
+        self.recent = 0.0  # decayed CPU seconds of finished statements, as of ``stamp``
+        self.stamp = now
+        self.running: list[Turn] = []
+        self.heavy = False  # over its share, as last computed on the event loop
+        self.total_cpu = 0.0
+        self.statements = 0
+
+
+class FairScheduler:
+    """Admits statements to the thread pool, fairly between analysts.
+
+    ``enter``, ``leave`` and everything they call run on the server's event loop; the call
+    returned by ``wrap`` runs in a pool thread and only reads the scheduler's state.
+    """
+
+    def __init__(self, limits: FairnessLimits, slots: int) -> None:
+        self.limits = limits
+        self.slots = max(1, limits.statements or slots)
+        self._analysts: dict[str, _Analyst] = {}
+        self._waiting: list[Turn] = []
+        self._running = 0
+        self._seq = 0
+        self._decay = math.log(2) / limits.cpu_half_life
+        self.light_running = 0  # running statements of analysts that are not heavy
+
+    # accounting ---------------------------------------------------------------------------
+    def _analyst(self, name: str) -> _Analyst:
+        a = self._analysts.get(name)
+        if a is None:
+            a = self._analysts[name] = _Analyst(name, time.monotonic())
+        return a
+
+    def _recent(self, a: _Analyst, now: float) -> float:
+        if now > a.stamp:
+            a.recent *= math.exp(-self._decay * (now - a.stamp))
+            a.stamp = now
+        return a.recent
+
+    def _usage(self, a: _Analyst, now: float) -> float:
+        return self._recent(a, now) + sum(t.live_cpu() for t in a.running)
+
+    def usage(self, name: str) -> float:
+        """An analyst's recent CPU seconds: finished statements decayed, plus those running."""
+        a = self._analysts.get(name)
+        return 0.0 if a is None else self._usage(a, time.monotonic())
+
+    def heavy(self, name: str) -> bool:
+        return self.usage(name) > self.limits.heavy_cpu
+
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        """Per analyst: recent and total CPU, statements run, running, waiting, and the seconds
+        its statements waited for their turn or slept to yield (for logs and tests)."""
+        waiting: dict[str, int] = {}
+        for t in self._waiting:
+            waiting[t.analyst.name] = waiting.get(t.analyst.name, 0) + 1
+        return {
+            name: {
+                "recent_cpu": self.usage(name),
+                "heavy": self.heavy(name),
+                "total_cpu": a.total_cpu,
+                "statements": a.statements,
+                "running": len(a.running),
+                "waiting": waiting.get(name, 0),
+            }
+            for name, a in self._analysts.items()
+        }
+
+    # admission ------------------------------------------------------------------------------
+    def enter(self, analyst: str) -> Turn:
+        """A place in line; await ``turn.granted`` (it may already be done)."""
+        loop = asyncio.get_running_loop()
+        self._seq += 1
+        turn = Turn(self._analyst(analyst), self._seq, loop.create_future())
+        turn.waited = time.monotonic()
+        self._waiting.append(turn)
+        self._dispatch()
+        return turn
+
+    def leave(self, turn: Turn) -> None:
+        """The statement ended (or stopped waiting): account its CPU, hand its slot on."""
+        a = turn.analyst
+        if turn.running:
+            turn.running = False
+            self._running -= 1
+            a.running.remove(turn)
+            cpu = turn.live_cpu()
+            a.recent = self._recent(a, time.monotonic()) + cpu
+            a.total_cpu += cpu
+            a.statements += 1
+        elif turn in self._waiting:
+            self._waiting.remove(turn)
+        if not turn.granted.done():
+            turn.granted.cancel()
+        if not a.running and a.recent < 1e-4 and all(t.analyst is not a for t in self._waiting):
+            self._analysts.pop(a.name, None)  # forgotten: as if it had never run
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        now = time.monotonic()
+        heavy_cpu = self.limits.heavy_cpu
+        usage = {name: self._usage(a, now) for name, a in self._analysts.items()}
+        for name, a in self._analysts.items():
+            a.heavy = usage[name] > heavy_cpu
+        self._waiting = [t for t in self._waiting if not t.granted.done()]
+        while self._running < self.slots and self._waiting:
+            best: tuple[Any, ...] | None = None
+            chosen: Turn | None = None
+            for t in self._waiting:
+                a = t.analyst
+                cap = self.limits.heavy_statements if a.heavy else self.limits.analyst_statements
+                if len(a.running) >= cap:
+                    continue
+                key = (a.heavy, len(a.running), usage.get(a.name, 0.0), t.seq)
+                if best is None or key < best:
+                    best, chosen = key, t
+            if chosen is None:
+                break
+            self._waiting.remove(chosen)
+            chosen.running = True
+            chosen.waited = now - chosen.waited
+            chosen.analyst.running.append(chosen)
+            self._running += 1
+            chosen.granted.set_result(None)
+        self.light_running = sum(len(a.running) for a in self._analysts.values() if not a.heavy)
+
+    # running --------------------------------------------------------------------------------
+    def wrap(self, turn: Turn, fn: Callable[..., Any], *args: Any) -> Callable[[], Any]:
+        """``fn(*args)`` for a pool thread: measures the thread's CPU for the analyst's account
+        and, if the analyst is heavy, yields the GIL to lighter analysts while it runs."""
+        a = turn.analyst
+        heavy_cpu = self.limits.heavy_cpu
+
+        def call() -> Any:
+            try:
+                clock = time.pthread_getcpuclockid(threading.get_ident())
+            except (AttributeError, OSError):  # not on Linux: count at the end only
+                clock = None
+            turn.cpu0 = time.thread_time()
+            turn.clock = clock
+            hook = None
+            if a.heavy and sys.getprofile() is None:  # never displace a profiler
+                hook = self._yielder(turn, heavy_cpu)
+                sys.setprofile(hook)
+            try:
+                return fn(*args)
+            finally:
+                if hook is not None:
+                    sys.setprofile(None)
+                turn.cpu = max(0.0, time.thread_time() - turn.cpu0)
+                turn.clock = None
+
+        return call
+
+    def _yielder(self, turn: Turn, heavy_cpu: float) -> Callable[..., None]:
+        """A profile function for a heavy analyst's thread (see YIELD_QUANTUM)."""
+        a = turn.analyst
+        countdown = YIELD_EVENTS
+        next_cpu = time.thread_time() + YIELD_QUANTUM
+        thread_time, monotonic, sleep = time.thread_time, time.monotonic, time.sleep
+
+        def hook(_frame: Any, _event: str, _arg: Any) -> None:
+            nonlocal countdown, next_cpu
+            countdown -= 1
+            if countdown:
+                return
+            countdown = YIELD_EVENTS
+            now_cpu = thread_time()
+            if now_cpu < next_cpu:
+                return
+            next_cpu = now_cpu + YIELD_QUANTUM
+            if not a.heavy:  # its use has decayed below its share since it started
+                return
+            start = monotonic()
+            deadline = start + YIELD_PAUSE
+            while self.light_running > 0 and monotonic() < deadline:
+                sleep(YIELD_STEP)
+            turn.paused += monotonic() - start
+
+        return hook
