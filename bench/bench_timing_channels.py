@@ -27,11 +27,19 @@ that difference against the run-to-run spread (p90 - p10).
    'infinity' (DuckDB holds it; numpy's datetime64 cannot). Before issue 25 item 6 that value
    made the column-program load of the whole table fail silently, so every query on D' ran its
    SQL (~3x slower). Each side prints which path the table takes (held in columns or not).
+6. the two choices left inside a column program that read the table (dpsql.engine.columnar):
+   its (unit, group) slots as a dense grid (units x groups <= 8 per row) or by sorted pairs,
+   and its group codes in mixed radix (groups <= max(4 per row, 4096)) or re-densified. Both
+   follow counts of distinct values, which one unit moves: generated tables with D just inside
+   each limit and D' one unit (one row) past it. Timed is the engine's part alone (the compiled
+   query's execute, where the choice is made): end to end, the release's noise for one more
+   group present on D' is a difference of its own that would hide this one.
 
     python bench/bench_timing_channels.py                  # 200 reps per side, ~1 minute
     python bench/bench_timing_channels.py --reps 50        # quick look
     python bench/bench_timing_channels.py --markdown /work/notes/timing.md
     python bench/bench_timing_channels.py --only odd      # section 5 alone
+    python bench/bench_timing_channels.py --only odd grid # sections 5 and 6
 """
 
 from __future__ import annotations
@@ -370,6 +378,97 @@ def bench_odd_value(tmp: Path, reps: int, warmup: int) -> list[Row]:
     return rows
 
 
+def _generated(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> Path:
+    with path.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+def _small_policy(source: Path, columns: dict[str, Any], unit: str | None) -> dict[str, Any]:
+    table: dict[str, Any] = {"source": str(source), "columns": columns}
+    if unit is not None:
+        table.update(privacy_unit=unit, max_rows_per_unit=2, max_groups_per_unit=3)
+    privacy = {"epsilon": 1.0, "delta": 1e-6, "budget_epsilon": 1e12, "budget_delta": 0.5}
+    return {"privacy": privacy, "tables": {"t": table}}
+
+
+def grid_neighbours(tmp: Path) -> list[tuple[str, str, dict[str, Any], dict[str, Any]]]:
+    """(label, query, policy of D, policy of D') for each limit."""
+    values = [f"v{i:02d}" for i in range(16)]
+    dense_cols = {
+        "u": {"type": "int", "nullable": False},
+        "k": {"type": "text", "values": values, "nullable": False},
+        "a": {"type": "int", "lower": 0, "upper": 100, "nullable": False},
+    }
+    # 2000 rows, 940 units, 16 keys (+ NULL's label): 941 x 17 = 15,997 slots <= 8 x 2000;
+    # D' adds a unit with one row: 942 x 17 = 16,014 > 8 x 2001
+    base = [(i % 940, values[i % 16], i % 50) for i in range(2000)]
+    dense_d = _generated(tmp / "grid_d.csv", ["u", "k", "a"], base)
+    dense_dp = _generated(tmp / "grid_dp.csv", ["u", "k", "a"], [*base, (99_999, "v00", 1)])
+    radix_cols = {
+        "k1": {"type": "int", "lower": 0, "upper": 63, "nullable": False},
+        "k2": {"type": "int", "lower": 0, "upper": 63, "nullable": False},
+    }
+    # 1000 rows, keys 0..62 each (+ NULL's label): 64 x 64 = 4096 codes; D' one row with k1 63
+    pairs = [(i % 63, (i // 63) % 63) for i in range(1000)]
+    radix_d = _generated(tmp / "radix_d.csv", ["k1", "k2"], pairs)
+    radix_dp = _generated(tmp / "radix_dp.csv", ["k1", "k2"], [*pairs, (63, 0)])
+    return [
+        (
+            "dense grid -> sorted pairs",
+            "SELECT k, COUNT(*), SUM(a) FROM t GROUP BY k",
+            _small_policy(dense_d, dense_cols, "u"),
+            _small_policy(dense_dp, dense_cols, "u"),
+        ),
+        (
+            "mixed radix -> re-densified",
+            "SELECT k1, k2, COUNT(*) FROM t GROUP BY k1, k2",
+            _small_policy(radix_d, radix_cols, None),
+            _small_policy(radix_dp, radix_cols, None),
+        ),
+    ]
+
+
+def engine_step(svc: dpsql.Service, sql: str) -> Step:
+    """The engine's execute of ``sql`` compiled once (the program, where the plan has one)."""
+    from dpsql.pipeline import Settings
+    from dpsql.sql.bind import parse_statement
+
+    settings = Settings.from_policy(svc.policy)
+    key = svc._plans.key(sql, None, settings, "observer")
+    prepared = svc._prepare(key, parse_statement(sql, svc.policy), settings, "observer")
+    compiled = svc._compiled(prepared).with_secret(4242)
+    assert compiled.program is not None, sql
+
+    def step(_i: int) -> tuple[float, float, str]:
+        cpu, start = time.process_time(), time.perf_counter()
+        svc.engine.execute(compiled)
+        return time.perf_counter() - start, time.process_time() - cpu, "answered"
+
+    return step
+
+
+def bench_grid(tmp: Path, reps: int, warmup: int) -> list[Row]:
+    rows = []
+    for label, sql, pol_d, pol_dp in grid_neighbours(tmp):
+        d = dpsql.Service(pol_d, ledger=MemoryLedger(), cache=False)
+        d_prime = dpsql.Service(pol_dp, ledger=MemoryLedger(), cache=False)
+        assert "t" in d.engine.columns and "t" in d_prime.engine.columns
+        ref, side = interleave(
+            {"D": engine_step(d, sql), "D'": engine_step(d_prime, sql)},
+            reps,
+            warmup,
+        )
+        expect(ref, "answered")
+        expect(side, "answered")
+        rows.append(Row("6 a program's choices (engine only), D inside, D' past", label, side, ref))
+        d.close()
+        d_prime.close()
+    return rows
+
+
 # -- report -----------------------------------------------------------------------------------
 def bootstrap(
     side: Sequence[float], reference: Sequence[float], rounds: int = 1000
@@ -490,7 +589,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=5, help="untimed runs per side first")
     ap.add_argument("--markdown", type=Path, help="also write the figures to this file")
     ap.add_argument(
-        "--only", choices=["neighbours", "outcomes", "planning", "failure", "odd"], nargs="+"
+        "--only",
+        choices=["neighbours", "outcomes", "planning", "failure", "odd", "grid"],
+        nargs="+",
     )
     args = ap.parse_args()
     if args.reps < 10:
@@ -502,7 +603,8 @@ def main() -> int:
     )
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dpsql-timing-") as tmp:
-        only = set(args.only or ("neighbours", "outcomes", "planning", "failure", "odd"))
+        every = ("neighbours", "outcomes", "planning", "failure", "odd", "grid")
+        only = set(args.only or every)
         rows: list[Row] = []
         if "neighbours" in only:
             rows += bench_neighbours(Path(tmp), args.reps, args.warmup)
@@ -515,6 +617,8 @@ def main() -> int:
             rows += bench_failure(Path(tmp), args.reps, args.warmup)
         if "odd" in only:
             rows += bench_odd_value(Path(tmp), args.reps, args.warmup)
+        if "grid" in only:
+            rows += bench_grid(Path(tmp), args.reps, args.warmup)
     seconds = time.perf_counter() - start
     after = uptime()
     print(text_table(rows))
