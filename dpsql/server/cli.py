@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import getpass
 import logging
 import os
@@ -44,6 +45,18 @@ def register(subparsers: Any) -> None:
         default=1,
         help="worker processes behind the one port, each with its own engine, sharing the "
         "ledger (default 1: one process; 0: one per CPU)",
+    )
+    serve.add_argument(
+        "--analyst-statements",
+        type=int,
+        help="statements of one analyst that run at once in a server process; more wait their "
+        "turn (default: the policy's [server] analyst_statements, else 2)",
+    )
+    serve.add_argument(
+        "--analyst-cpu-share",
+        type=float,
+        help="cores one analyst may use, sustained, before its statements run one at a time "
+        "behind the others' (default: the policy's [server] analyst_cpu_share, else 0.25)",
     )
     serve.add_argument(
         "--no-cache",
@@ -128,8 +141,29 @@ def _check_users(args: argparse.Namespace) -> bool:
     return True
 
 
+def _fairness(args: argparse.Namespace) -> Any:
+    """The policy file's [server] limits with the command line's overrides (FairnessError)."""
+    from dpsql.server.fairness import limits_from_policy_file
+
+    limits = limits_from_policy_file(args.policy)
+    changes = {
+        key: value
+        for key, value in (
+            ("analyst_statements", args.analyst_statements),
+            ("analyst_cpu_share", args.analyst_cpu_share),
+        )
+        if value is not None
+    }
+    if "analyst_statements" in changes:  # keep heavy_statements within the new cap
+        changes["heavy_statements"] = max(
+            1, min(limits.heavy_statements, changes["analyst_statements"])
+        )
+    return dataclasses.replace(limits, **changes)
+
+
 def _serve(args: argparse.Namespace) -> int:
     import dpsql
+    from dpsql.server.fairness import FairnessError
     from dpsql.server.server import Server, tls_context, tune_interpreter
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -137,9 +171,14 @@ def _serve(args: argparse.Namespace) -> int:
     if bool(args.tls_cert) != bool(args.tls_key):
         print("dpsql: --tls-cert and --tls-key go together", file=sys.stderr)
         return 2
+    try:
+        fairness = _fairness(args)
+    except FairnessError as exc:
+        print(f"dpsql: {exc.message}" + (f" ({exc.hint})" if exc.hint else ""), file=sys.stderr)
+        return 2
     workers = args.workers if args.workers > 0 else (os.cpu_count() or 1)
     if workers > 1:
-        return _serve_workers(args, workers)
+        return _serve_workers(args, workers, fairness)
     try:
         service = dpsql.Service(
             args.policy, args.database, cache=not args.no_cache, engine=args.engine
@@ -156,6 +195,7 @@ def _serve(args: argparse.Namespace) -> int:
         ssl_context=ctx,
         require_tls=args.tls_required,
         max_connections=args.max_connections,
+        fairness=fairness,
     )
 
     async def main() -> None:
@@ -174,7 +214,7 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_workers(args: argparse.Namespace, workers: int) -> int:
+def _serve_workers(args: argparse.Namespace, workers: int, fairness: Any) -> int:
     """Check what can be checked once (policy, engine, TLS files, ledger), then supervise."""
     import dpsql
     from dpsql.policy import load_policy
@@ -222,6 +262,7 @@ def _serve_workers(args: argparse.Namespace, workers: int) -> int:
         require_tls=args.tls_required,
         max_connections=args.max_connections,
         mock_secret=os.urandom(32).hex(),
+        fairness=dataclasses.asdict(fairness),
     )
     return supervisor.serve(
         config,

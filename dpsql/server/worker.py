@@ -76,6 +76,7 @@ class WorkerConfig:
     require_tls: bool
     max_connections: int
     mock_secret: str  # hex; shared so fake SCRAM salts do not depend on the worker
+    fairness: dict | None = None  # FairnessLimits' fields (dpsql.server.fairness)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self)).encode()
@@ -165,6 +166,7 @@ async def _serve(server: object, ctrl: socket.socket) -> None:
 def run(index: int, ctrl: socket.socket) -> int:
     """The worker's life: read the config, build the Service and Server, serve, clean up."""
     import dpsql
+    from dpsql.server.fairness import FairnessLimits
     from dpsql.server.server import Server, tls_context, tune_interpreter
     from dpsql.server.users import UserStore
 
@@ -190,6 +192,7 @@ def run(index: int, ctrl: socket.socket) -> int:
             max_connections=config.max_connections,
             pid_range=pid_range(index),
             mock_secret=bytes.fromhex(config.mock_secret),
+            fairness=FairnessLimits(**config.fairness) if config.fairness else None,
         )
     except Exception as exc:
         if service is not None:
