@@ -21,7 +21,7 @@ import numpy as np
 from sqlglot import exp
 
 from dpsql.boundary import charged_boundary, post_processing_boundary
-from dpsql.engine.api import EngineResult, QueryHandle
+from dpsql.engine.api import EngineResult, QueryHandle, cancel_check
 from dpsql.engine.base import open_engine
 from dpsql.engine.scratch import (
     NotPlain,
@@ -393,7 +393,7 @@ class Service:
                 run_plan, clip_notes = self._clip(plan, compiled.secret, handle)
                 compiled = compile_plan(run_plan, compiled.secret)
             result: EngineResult = self.engine.execute(compiled, handle)
-            released = release(run_plan, result, self.noise)
+            released = release(run_plan, result, self.noise, cancel_check(handle))
             key_types = self._key_types(plan)  # from the plan: the same on every dataset
             encoded = _encode(released, key_types)
             # Decode what is stored, so a fresh answer and its cached replay look the same.
@@ -439,19 +439,38 @@ class Service:
         return run, notes
 
     def _check_drawable(self, plan: Plan) -> None:
-        """A noise scale the exact sampler cannot draw is refused before any data is read."""
+        """Every mechanism of the plan can run at its ε, or a free refusal before anything is
+        read: each measure's noise (the exact sampler's range) and its interval search, each
+        quantile release's exponential mechanism (or smooth median), each automatic clipping
+        histogram and its τ, and the optimal selection's π table. All decided by the plan's
+        public parameters; afterwards no mechanism refuses because of its ε."""
+        from dpsql.privacy.quantiles import check_drawable as quantiles_drawable
+
         for m in plan.measures:
             try:
                 m.mechanism.sample(self.noise, 0)
-            except ValueError:
-                raise DataError(
-                    f"cannot draw noise for {m.kind}({m.column or '*'}): the noise scale is "
-                    "too large for the exact sampler",
-                    sqlstate="22023",
-                    construct="epsilon",
-                    hint="raise epsilon (SET epsilon = ...), or narrow the column's declared "
-                    "bounds; nothing was spent",
-                ) from None
+                m.mechanism.interval_halfwidth()
+            except (ValueError, OverflowError):
+                raise _undrawable(f"{m.kind}({m.column or '*'})") from None
+        for qm in plan.quantiles:
+            try:
+                quantiles_drawable(qm.grid, qm.part_epsilon, [len(p) for p in qm.parts], qm.method)
+            except (ValueError, OverflowError):
+                raise _undrawable(f"the quantiles of {qm.column}", bounds=False) from None
+        for clip in plan.clips:
+            try:
+                approx = clip.mechanism
+                approx.mechanism.sample(self.noise, 0)
+                if approx.method == "threshold":
+                    _ = approx.threshold
+            except (ValueError, OverflowError):
+                raise _undrawable(f"the clipping range of {clip.column}") from None
+        selection = plan.selection
+        if selection is not None and selection.mechanism is not None:
+            try:
+                _ = selection.mechanism.table  # cached per (ε, δ): released from it later
+            except (ValueError, OverflowError):
+                raise _undrawable("the partition selection", bounds=False) from None
 
     def _reserve(self, analyst: str, cost: Any, query_text: str, plan_hash: str) -> None:
         """Pay before reading: charge the cost, durably, before the engine reads a row.
@@ -852,6 +871,18 @@ EXPLAIN_COLUMNS = [
     ("rho", "DOUBLE"),
     ("ci95_halfwidth", "DOUBLE"),
 ]
+
+
+def _undrawable(what: str, *, bounds: bool = True) -> DataError:
+    """The free refusal of a mechanism that cannot run at the plan's ε (SQLSTATE 22023)."""
+    fix = ", or narrow the column's declared bounds" if bounds else ""
+    return DataError(
+        f"cannot draw noise for {what}: the noise scale is too large for the exact sampler "
+        "at this epsilon",
+        sqlstate="22023",
+        construct="epsilon",
+        hint=f"raise epsilon (SET epsilon = ...){fix}; nothing was spent",
+    )
 
 
 def _not_cancelled(handle: QueryHandle | None) -> None:

@@ -13,6 +13,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from dpsql.errors import OperationalError
+
 
 class Interruptible(Protocol):
     def interrupt(self) -> Any: ...
@@ -67,3 +69,23 @@ class QueryHandle:
             self.interrupted = True
             if self._cursor is not None:
                 self._cursor.interrupt()
+
+
+def cancel_check(handle: QueryHandle | None) -> Callable[[], None]:
+    """A callable for Python work after the charge (rule-list learning, regression fitting,
+    quantile releases) to run at each outer iteration: it raises the 57014 cancel once the
+    handle was interrupted (a cancel request or statement_timeout both interrupt it), which
+    dpsql.boundary.charged_boundary reports as the uniform charged cancel. A no-op without
+    a handle."""
+    if handle is None:
+        return _never_cancelled
+
+    def check() -> None:
+        if handle.interrupted:
+            raise OperationalError("query cancelled", sqlstate="57014")
+
+    return check
+
+
+def _never_cancelled() -> None:
+    return None

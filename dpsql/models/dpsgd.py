@@ -190,11 +190,13 @@ def train_dpsgd(
     source: NoiseSource,
     *,
     gradient_sum: GradientSum = clipped_gradient_sum,
+    check: Callable[[], None] | None = None,
 ) -> tuple[np.ndarray, float]:
     """Weights for the scaled design ``X`` (its first column the intercept's 1) and ñ.
 
     ``rows`` is :func:`unit_rows`' (units × R) index matrix. Call only after charging
     ``plan.cost``. ``gradient_sum`` exists so tests can plug in a broken (unclipped) variant.
+    ``check`` (the query's cancel check) runs before each of the ``steps`` (<= 100000) steps.
     """
     if loss not in LOSSES:
         raise ValueError(f"loss must be one of {LOSSES}")
@@ -207,6 +209,8 @@ def train_dpsgd(
     average = np.zeros(d)
     tail_start = c.steps // 2
     for t in range(c.steps):
+        if check is not None:
+            check()
         chosen = rows[poisson_sample(source, rows.shape[0], c.sample_rate)].ravel()
         chosen = chosen[chosen >= 0]
         g = gradient_sum(loss, X[chosen], y[chosen], w, c.clip)

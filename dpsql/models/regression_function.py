@@ -16,7 +16,7 @@ import inspect
 import json
 import math
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -357,11 +357,17 @@ def plan_regression(
 # --- release (after the charge) --------------------------------------------------------------
 
 
-def release_regression(plan: RegressionPlan, matrix: np.ndarray, source: NoiseSource) -> dict:
+def release_regression(
+    plan: RegressionPlan,
+    matrix: np.ndarray,
+    source: NoiseSource,
+    check: Callable[[], None] | None = None,
+) -> dict:
     """Fit on the fetched integer matrix (f…, y, m, u) and return the released answer.
 
     Only released values leave: coefficients, bootstrap intervals from the released
-    statistics (sufficient statistics), the noisy row count.
+    statistics (sufficient statistics), the noisy row count. ``check`` (the query's cancel
+    check) runs before each DP-SGD step and each bootstrap draw.
     """
     d = len(plan.terms)
     matrix = matrix.reshape(-1, d + 3)
@@ -379,14 +385,15 @@ def release_regression(plan: RegressionPlan, matrix: np.ndarray, source: NoiseSo
         ridge = ss.default_ridge(mech) if plan.ridge is None else plan.ridge
         xtx, xty, _ = ss.unpack(mech, released)
         w = ss.ridge_solve(xtx, xty, ridge)
-        b0, bc = unscale(ss.bootstrap_draws(mech, released, ridge, source), lo, hi, label)
+        sims = ss.bootstrap_draws(mech, released, ridge, source, check=check)
+        b0, bc = unscale(sims, lo, hi, label)
         sims = np.column_stack([b0, bc])
         low, high = np.percentile(sims, [2.5, 97.5], axis=0)
         noisy_n = float(xtx[0, 0])
     else:
         rows = dpsgd.unit_rows(matrix[:, d + 2], len(matrix), mech.config.rows_per_unit)
         loss = "squared" if linear else "logistic"
-        w, noisy_n = dpsgd.train_dpsgd(mech, loss, Z, y, rows, source)
+        w, noisy_n = dpsgd.train_dpsgd(mech, loss, Z, y, rows, source, check=check)
     b0, bc = unscale(w, lo, hi, label)
     coefficients = [float(b0[0]), *map(float, bc[0])]
     names = [INTERCEPT, *(t.name for t in plan.terms)]
@@ -455,6 +462,7 @@ def run_regression(
     service: Service, call: Any, settings: Settings, analyst: str, handle: Any
 ) -> Result:
     """dpsql.rulelist.sql_run.run_rule_list's order, for the regression table functions."""
+    from dpsql.engine.api import cancel_check
     from dpsql.engine.scratch import check_post
     from dpsql.pipeline import DIALECT, _not_cancelled
 
@@ -474,7 +482,8 @@ def run_regression(
         service._reserve(analyst, plan.cost, call.text, fingerprint)
         with charged_boundary():
             matrix = service.engine.fetch_matrix(sql, handle)
-            answer = json.dumps(release_regression(plan, matrix, service.noise))
+            fitted = release_regression(plan, matrix, service.noise, cancel_check(handle))
+            answer = json.dumps(fitted)
             if cache_key is not None:
                 service.ledger.remember(analyst, dataset, cache_key, answer)
         cost = plan.cost

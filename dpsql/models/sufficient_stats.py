@@ -24,6 +24,7 @@ distribution plus the sampling covariance σ̂²(ZᵀZ~ + λI)⁻¹ estimated fr
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -174,7 +175,12 @@ def _sampling_draw(a: np.ndarray, ridge: float, scale2: float, z: np.ndarray) ->
 
 
 def bootstrap_draws(
-    plan: StatsPlan, released: np.ndarray, ridge: float, source: NoiseSource, draws: int = 300
+    plan: StatsPlan,
+    released: np.ndarray,
+    ridge: float,
+    source: NoiseSource,
+    draws: int = 300,
+    check: Callable[[], None] | None = None,
 ) -> np.ndarray:
     """(draws × D) simulated coefficient vectors: post-processing of the release only.
 
@@ -182,11 +188,13 @@ def bootstrap_draws(
     re-solves, and adds a draw from the sampling covariance σ̂²(ZᵀZ~ + λI)⁻¹ (σ̂² the residual
     variance implied by the same noisy statistics), so percentile intervals cover both the
     privacy noise and the sampling error of a linear model. Approximate: a bootstrap, not a
-    guarantee.
+    guarantee. ``check`` (the query's cancel check) runs before each draw.
     """
     D = plan.dimension
     sims = np.empty((draws, D))
     for b in range(draws):
+        if check is not None:
+            check()
         if plan.noise == "gaussian":
             e = source.gaussian(plan.scale, plan.size)
         else:

@@ -80,26 +80,61 @@ def _exp_below(epsilon: float) -> Fraction:
     return max(r, Fraction(1))
 
 
-@functools.lru_cache(maxsize=256)
+def table_length(epsilon: float, delta: float) -> float:
+    """The closed form of the π table's length (one group per unit): π grows as
+    δ(e^(nε) − 1)/(e^ε − 1) to 1/2 and 1 − π falls back symmetrically, so the table has
+    N ≈ 2·ln(1 + (e^ε − 1)/(2δ))/ε entries (the rounded recursion's is within 1 above it).
+    O(1): what decides a refusal before any table is built."""
+    if epsilon > 50:  # e^ε − 1 ≈ e^ε: no overflow
+        growth = epsilon + math.log(0.5 / delta)
+    else:
+        growth = math.log1p(math.expm1(epsilon) / (2 * delta))
+    return 2 * growth / epsilon
+
+
 def keep_table(epsilon: float, delta: float) -> tuple[int, ...]:
     """π(0), π(1), ..., π(m) = 1 as integers P with π = P / 2⁵³ (one group per unit).
 
     Integer recursion on the grid (see the module docstring): each step takes the smaller of
     ⌊r·P + δ·2⁵³⌋ and ⌊2⁵³ − (2⁵³ − P − δ·2⁵³)/r⌋, capped at 2⁵³, for a rational r <= e^ε.
+    A table longer than :data:`MAX_TABLE` is refused (ValueError) from its closed-form length
+    before any step runs; the outcome, refusals included, is cached per (ε, δ) (public
+    parameters only), so a repeated EXPLAIN or plan does no work at all.
     """
     _check(epsilon, delta, 1)
+    out = _keep_table(epsilon, delta)
+    if isinstance(out, str):
+        raise ValueError(out)
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def _keep_table(epsilon: float, delta: float) -> tuple[int, ...] | str:
+    """The table, or the refusal's message: an lru_cache does not keep exceptions."""
+    too_long = (
+        "partition selection at this epsilon needs more than "
+        f"{MAX_TABLE} units per group before keys are surely released"
+    )
+    if table_length(epsilon, delta) - 2 > MAX_TABLE:
+        return too_long
+    try:
+        return _build_table(epsilon, delta)
+    except OverflowError:
+        return "partition selection at this epsilon: e^epsilon overflows"
+    except ValueError:  # the closed form is within 1 step: a guard, never reached
+        return too_long
+
+
+def _build_table(epsilon: float, delta: float) -> tuple[int, ...]:
     r = _exp_below(epsilon)
     a, b = r.numerator, r.denominator
     d = Fraction(delta) * _ONE  # δ on the grid, exact
     dn, dd = d.numerator, d.denominator
     table = [0]
     p = 0
-    while p < _ONE:
+    while p < _ONE:  # at most MAX_TABLE + 1 steps (table_length checked before)
         if len(table) > MAX_TABLE:
-            raise ValueError(
-                "partition selection at this epsilon needs more than "
-                f"{MAX_TABLE} units per group before keys are surely released"
-            )
+            raise ValueError("table longer than MAX_TABLE")
         # first = ⌊(a/b)·p + dn/dd⌋, second = ⌊ONE − (ONE − p − dn/dd)·b/a⌋ (ceil of the part)
         first = (a * p * dd + dn * b) // (b * dd)
         gap_num = (_ONE - p) * dd - dn  # (ONE − p − δ') · dd

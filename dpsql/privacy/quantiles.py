@@ -208,35 +208,53 @@ def target(kind: str, q: float | None = None, score: str = "rank") -> Target:
 
 
 def _epsilon_below(epsilon: float) -> Fraction:
-    """A rational ε' <= ε: ε itself when its exact value has a denominator <= 2³², else ε
-    rounded down to a multiple of 2⁻³² (a smaller ε' only strengthens the guarantee)."""
+    """A rational ε' <= ε: ε itself when its exact value has a denominator <= 2^k, else ε
+    rounded down to a multiple of 2^-k, with k = 32 for ε >= 1/2 and 32 more bits for every
+    halving below (ε' keeps at least 32 significant bits, so a tiny ε is never rounded to 0;
+    a smaller ε' only strengthens the guarantee). Refuses only a non-finite or non-positive ε
+    (ValueError): every finite ε > 0 a plan can hold is drawable."""
     if not (math.isfinite(epsilon) and epsilon > 0):
         raise ValueError("the exponential mechanism needs a finite epsilon > 0")
+    bits = _EPS_BITS + max(0, -math.frexp(epsilon)[1])
     value = exact(epsilon)
-    if value.denominator <= 1 << _EPS_BITS and value <= Fraction(epsilon):
+    if value.denominator <= 1 << bits and value <= Fraction(epsilon):
         return value
-    rounded = Fraction(math.floor(Fraction(epsilon) * (1 << _EPS_BITS)), 1 << _EPS_BITS)
-    if rounded <= 0:
-        raise ValueError("epsilon is too small for the exponential mechanism (< 2^-32)")
+    rounded = Fraction(math.floor(Fraction(epsilon) * (1 << bits)), 1 << bits)
+    if rounded <= 0:  # unreachable: ε >= 2^(e-1) and 2^-bits <= 2^(e-33)
+        raise ValueError("epsilon is too small for the exponential mechanism")
     return rounded
 
 
+#: Largest magnitude the int64 rank arithmetic may reach; beyond it Python integers are used.
+_INT64_SAFE = 1 << 62
+
+
+def _integers(values: np.ndarray, bound: int) -> np.ndarray:
+    """``values`` (int64) as int64 when every intermediate stays below 2^62 in magnitude
+    (``bound``), else as Python integers (object array): exact either way, never wrapping."""
+    return values if bound < _INT64_SAFE else values.astype(object)
+
+
 def distances(counts: np.ndarray, tau: Fraction) -> tuple[np.ndarray, int]:
-    """(D·d_b for every bin, D): d_b = max(A_b − τ, τ − B_b, 0) as int64 numerators over the
-    common denominator D of τ (exact)."""
+    """(D·d_b for every bin, D): d_b = max(A_b − τ, τ − B_b, 0) as integer numerators over
+    the common denominator D of τ (exact). int64 when n·D + |τ·D| stays below 2^62, else
+    Python integers: a level with a long decimal (QUANTILE_CONT(x, 1e-20), D = 10^20) or a
+    large n never overflows, whatever the data."""
     counts = np.asarray(counts, dtype=np.int64)
     if counts.size and counts.min() < 0:
         raise ValueError("bin counts must be >= 0")
     den = tau.denominator
+    t = tau.numerator
+    counts = _integers(counts, (int(counts.sum()) + 1) * den + abs(t))
     upper = np.cumsum(counts) * den
     lower = upper - counts * den
-    t = tau.numerator
     return np.maximum(np.maximum(lower - t, t - upper), 0), den
 
 
 @dataclass(frozen=True)
 class _Scores:
-    """γ_b = ε'·(d_b − min d)/(2RΔ) = steps_b · num / den exactly; ``steps`` are int64."""
+    """γ_b = ε'·(d_b − min d)/(2RΔ) = steps_b · num / den exactly; ``steps`` are int64, or
+    Python integers (object) where int64 could overflow (:func:`distances`)."""
 
     steps: np.ndarray
     num: int
@@ -246,17 +264,30 @@ class _Scores:
         return Fraction(int(self.steps[b]) * self.num, self.den)
 
     def floats(self) -> np.ndarray:
-        return self.steps.astype(np.float64) * (self.num / self.den)
+        if self.steps.dtype != object:
+            return self.steps.astype(np.float64) * (self.num / self.den)
+        # Python integers (a long level's denominator): each γ correctly rounded from its
+        # exact value, capped where e^(-γ) is 0 in floats anyway (never an OverflowError).
+        top = 10**300 * self.den
+        return np.array(
+            [
+                (int(s) * self.num) / self.den if int(s) * self.num < top else 1e300
+                for s in self.steps
+            ],
+            dtype=np.float64,
+        )
 
 
 def cdf_distances(counts: np.ndarray, q: Fraction) -> tuple[np.ndarray, int]:
-    """(D·s_b, D): s_b = |(1 − q)·A_b − q·(n − B_b)| as int64 numerators over q's denominator
-    (exact). One added value moves A_b (value below b) or n − B_b (above) by 1, or neither
-    (inside): s_b moves by at most max(q, 1 − q)."""
+    """(D·s_b, D): s_b = |(1 − q)·A_b − q·(n − B_b)| as integer numerators over q's
+    denominator (exact; Python integers when int64 could overflow, as :func:`distances`).
+    One added value moves A_b (value below b) or n − B_b (above) by 1, or neither (inside):
+    s_b moves by at most max(q, 1 − q)."""
     counts = np.asarray(counts, dtype=np.int64)
     if counts.size and counts.min() < 0:
         raise ValueError("bin counts must be >= 0")
     a, den = q.numerator, q.denominator
+    counts = _integers(counts, (int(counts.sum()) + 1) * (den + abs(a)))
     upper = np.cumsum(counts)
     lower = upper - counts
     above = int(counts.sum()) - upper
@@ -467,6 +498,15 @@ class JointQuantiles:
     def cost(self) -> Cost:
         return Cost(epsilon=self.epsilon)
 
+    def level_epsilon(self, m: int) -> float:
+        """The ε each EM of ``m`` levels runs at: the largest float e with levels(m)·e <= ε
+        (at most two nextafter steps below ε/levels, whatever ε)."""
+        depth = levels(m)
+        eps = self.epsilon / depth
+        while eps * depth > self.epsilon:
+            eps = math.nextafter(eps, 0.0)
+        return eps
+
     def release(
         self, counts: np.ndarray, qs: Sequence[float], source: NoiseSource
     ) -> list[QuantileRelease]:
@@ -474,10 +514,7 @@ class JointQuantiles:
         if not qs or any(not 0 < q < 1 for q in qs) or qs != sorted(qs):
             raise ValueError("quantile levels must be increasing and in (0, 1)")
         counts = _check_counts(counts, self.grid)
-        depth = levels(len(qs))
-        eps = self.epsilon / depth
-        while eps * depth > self.epsilon:
-            eps = math.nextafter(eps, 0.0)
+        eps = self.level_epsilon(len(qs))
         out: dict[int, QuantileRelease] = {}
         self._split(counts, 0, self.grid.bins, list(enumerate(qs)), 0.0, 1.0, eps, source, out)
         return [out[i] for i in range(len(qs))]
@@ -506,6 +543,21 @@ class JointQuantiles:
         self._split(right, b, hi, items[mid + 1 :], q, q_hi, eps, source, out)
 
 
+def check_drawable(
+    grid: Grid, part_epsilon: float, part_sizes: Sequence[int], method: str = "em"
+) -> None:
+    """ValueError unless every release of a quantile measure can run at its ε: the check the
+    planner makes before the charge (from ε and the text alone, O(parts)), so that no release
+    after it refuses. ``part_sizes``: per part, how many targets it releases (MIN and MAX
+    alone: 1; the levels in (0, 1) jointly)."""
+    if method == "smooth":
+        SmoothCauchy(part_epsilon)
+        return
+    joint = JointQuantiles(grid, part_epsilon)
+    for size in part_sizes:
+        _epsilon_below(part_epsilon if size <= 1 else joint.level_epsilon(size))
+
+
 # --- smooth-sensitivity median ----------------------------------------------------------------
 
 
@@ -532,21 +584,16 @@ def smooth_sensitivity_median(
     m = (n + 1) // 2  # 1-based median position
     padded = np.concatenate([[lower], x, [upper]])
 
-    def at(i: int) -> float:  # x_i with x_i = L for i < 1, U for i > n
-        return float(padded[min(max(i, 0), n + 1)])
-
-    best = 0.0
-    k = 0
-    span = upper - lower
-    while True:
-        factor = math.exp(-k * beta)
-        if factor * span <= best:
-            return best
-        w = 2 * max_values * (k + 1)
-        best = max(best, factor * (at(m + w) - at(m - w)))
-        if m + w > n and m - w < 1:  # the window already spans [L, U]
-            return best
-        k += 1
+    # max_k e^(−kβ)·(x_{m+w_k} − x_{m−w_k}), w_k = 2R(k+1), over k = 0 .. K where the window
+    # first spans [L, U]: beyond K every term is e^(−kβ)(U − L), below the K-th. One numpy
+    # pass of K + 1 <= n/(2R) + 1 terms, whatever β (a tiny ε does not lengthen it).
+    last = max(0, -(-max(n + 1 - m, m) // (2 * max_values)) - 1)
+    k = np.arange(last + 1, dtype=np.int64)
+    w = 2 * max_values * (k + 1)
+    high = padded[np.minimum(m + w, n + 1)]
+    low = padded[np.maximum(m - w, 0)]
+    terms = np.exp(-k * beta) * (high - low)
+    return float(terms.max()) if terms.size else 0.0
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, cast
@@ -119,7 +119,16 @@ def _evaluate(output: OutputAggregate, plan: Plan, values: dict[str, np.ndarray]
     return kind_of(output).evaluate(output, plan, values)
 
 
-def release(plan: Plan, result: EngineResult, source: NoiseSource) -> Released:
+def _no_check() -> None:
+    return None
+
+
+def release(
+    plan: Plan, result: EngineResult, source: NoiseSource, check: Callable[[], None] = _no_check
+) -> Released:
+    """The released table. ``check`` is called between groups of the per-group Python work
+    (quantile releases): the query handle's cancel and statement timeout reach it (it raises
+    the 57014 cancel, which the charged boundary reports as a charged cancel)."""
     groups, exact = group_index(plan, result)
     n = len(groups)
     noisy: dict[str, np.ndarray] = {}
@@ -144,7 +153,7 @@ def release(plan: Plan, result: EngineResult, source: NoiseSource) -> Released:
     key_values = [g for g, k in zip(groups, keep, strict=True) if k]
     for qm, bins in zip(plan.quantiles, result.extras[: len(plan.quantiles)], strict=True):
         kept[qm.name] = _release_quantiles(
-            qm, _bin_counts(qm, bins, key_values, len(plan.keys)), source
+            qm, _bin_counts(qm, bins, key_values, len(plan.keys)), source, check
         )
     outputs = [_evaluate(o, plan, kept) for o in plan.outputs]
     intervals = [
@@ -165,18 +174,27 @@ def _bin_counts(
     return counts
 
 
-def _release_quantiles(qm: QuantileMeasure, counts: np.ndarray, source: NoiseSource) -> np.ndarray:
+def _release_quantiles(
+    qm: QuantileMeasure,
+    counts: np.ndarray,
+    source: NoiseSource,
+    check: Callable[[], None] = _no_check,
+) -> np.ndarray:
     """Each group's targets (in ``qm.targets`` order) from its bin counts: MIN and MAX one
-    EM each, the levels in (0, 1) one joint release, each of ε ``qm.part_epsilon``."""
+    EM each, the levels in (0, 1) one joint release, each of ε ``qm.part_epsilon``. O(B) per
+    part and group (B the public grid's bins); ``check`` runs before each group."""
     out = np.zeros((len(counts), len(qm.targets)))
     if qm.method == "smooth":  # MEDIAN alone (the planner refuses anything else)
         smooth = SmoothMedian(qm.grid, qm.part_epsilon, max_values=qm.max_values)
-        out[:, 0] = [smooth.release(row, source) for row in counts]
+        for i, row in enumerate(counts):
+            check()
+            out[i, 0] = smooth.release(row, source)
         return out
     method = "pf" if qm.method == "pf" else "em"
     single = ExponentialQuantile(qm.grid, qm.part_epsilon, max_values=qm.max_values, method=method)
     joint = JointQuantiles(qm.grid, qm.part_epsilon, max_values=qm.max_values, score="cdf")
     for i, row in enumerate(counts):
+        check()
         for part in qm.parts:
             kind = part[0][0]
             if kind in ("min", "max") or (method == "pf" and len(part) == 1):
@@ -320,7 +338,9 @@ def _approximate_noise(mech: Mechanism, rng: np.random.Generator, size: int) -> 
         return np.zeros(size)
     if isinstance(mech, Gaussian):
         return np.rint(rng.normal(0.0, mech.scale, size))
-    p = 1.0 - np.exp(-1.0 / mech.scale)
+    # 1 − e^(−1/b) as −expm1(−1/b): at a scale above ~9e15 (a drawable one) 1 − exp(...)
+    # rounds to 0 and rng.geometric(0) would fail after the charge
+    p = -math.expm1(-1.0 / mech.scale)
     return (rng.geometric(p, size) - rng.geometric(p, size)).astype(float)
 
 

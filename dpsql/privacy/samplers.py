@@ -212,6 +212,14 @@ def _check_exact_scale(t: int, s: int) -> None:
         raise ValueError(f"discrete Laplace scale {t}/{s} is too large for the exact sampler")
 
 
+def check_laplace_drawable(scale: float) -> None:
+    """ValueError unless ``discrete_laplace(scale, ·)`` can draw (a finite scale > 0 whose
+    realised rational fits the exact sampler): the check a planner runs before the charge, so
+    that no draw after it can refuse. Decided by the scale alone, in O(1)."""
+    r = laplace_scale(scale)
+    _check_exact_scale(r.numerator, r.denominator)
+
+
 # --- few draws: the same algorithms, one draw at a time, in Python integers -------------------
 
 _SCALAR_MAX = 32  # calls for at most this many draws take the scalar path (numpy's fixed

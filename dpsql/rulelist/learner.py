@@ -13,7 +13,7 @@ Every random draw goes through a :class:`~dpsql.privacy.samplers.NoiseSource`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -167,6 +167,39 @@ def plan_budget(params: LearnerParams, n_rows: int | None = None) -> BudgetPlan:
     )
 
 
+def check_drawable(params: LearnerParams, plan: BudgetPlan) -> None:
+    """ValueError unless every mechanism a fit may run can run at ``plan.epsilon_node``:
+    the label counts' discrete Laplace (k/ε_node, the exact sampler's range), the smooth
+    mechanisms' β and support margin T, global_gaussian's σ. Decided by the arguments alone,
+    in O(1), before the charge; afterwards no draw refuses because of its ε."""
+    from dpsql.privacy.samplers import check_laplace_drawable
+
+    if params.mechanism == "none":
+        return
+    eps = plan.epsilon_node
+    if not (math.isfinite(eps) and eps > 0):
+        raise ValueError("epsilon_node is 0: epsilon is too small for this max_length")
+    check_laplace_drawable(params.rows_per_unit / eps)
+    if params.max_length < 2:
+        return
+    if params.mechanism in SMOOTH:
+        from dpsql.privacy.smooth import SmoothCauchy, SmoothLaplace
+
+        smooth = (
+            SmoothCauchy(eps)
+            if params.mechanism == "smooth_cauchy"
+            else SmoothLaplace(eps, plan.delta_node)
+        )
+        if not (smooth.beta > 0 and smooth.alpha > 0):
+            raise ValueError("epsilon_node is too small for the smooth sensitivity's beta")
+        support_threshold(eps, params.confidence)
+    elif params.mechanism == "global_gaussian":
+        if not math.isfinite(analytic_gaussian_sigma(G_SENSITIVITY, eps, plan.delta_node)):
+            raise ValueError("epsilon_node is too small for the Gaussian's sigma")
+    elif params.mechanism == "global_laplace":
+        check_laplace_drawable(G_SENSITIVITY / eps)
+
+
 def needs_row_count(p: LearnerParams) -> bool:
     """monotone_em with a fractional minimum support spends one share on a noisy row count.
 
@@ -284,12 +317,15 @@ def learn_patterns(
     source: NoiseSource,
     *,
     counter: RuleCounter | None = None,
+    check: Callable[[], None] | None = None,
 ) -> RuleList:
     """Learn a rule list (Algorithm 1 and variants) from weighted feature patterns.
 
     The candidate list must not depend on the data for the privacy guarantee to hold (see
     :mod:`dpsql.rulelist.candidates`).  ``counter`` may pass a precomputed
     :class:`RuleCounter` for ``data.X`` and these candidates (benchmarks reuse it).
+    ``check`` runs before each rule position (min(max_length − 1, candidates) of them, each
+    O(patterns × candidates) numpy work): a cancel or statement timeout stops the fit there.
     """
     params.validate()
     n = data.total
@@ -320,6 +356,8 @@ def learn_patterns(
     dropped = 0
 
     for position in range(L - 1):
+        if check is not None:
+            check()
         rem = float(w.sum())
         rem1 = float(wy.sum())
         if mech in SMOOTH:

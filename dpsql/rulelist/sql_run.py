@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from dpsql.boundary import charged_boundary
+from dpsql.engine.api import cancel_check
 from dpsql.engine.scratch import check_post
 from dpsql.errors import ProgrammingError
 from dpsql.sql.bind import DIALECT, RuleListCall
@@ -102,7 +103,12 @@ def run_rule_list(
             # One row per distinct (features, label) pattern with its count: the learner
             # works on these weights, never on one row per sample.
             released = release_rule_list(
-                plan, counted[:, :-2], counted[:, -2], service.noise, weights=counted[:, -1]
+                plan,
+                counted[:, :-2],
+                counted[:, -2],
+                service.noise,
+                weights=counted[:, -1],
+                check=cancel_check(handle),
             )
             answer = json.dumps(
                 {

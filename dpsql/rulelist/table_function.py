@@ -18,13 +18,13 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from dpsql.errors import PrivacyError, ProgrammingError, UndefinedColumnError
+from dpsql.errors import DataError, PrivacyError, ProgrammingError, UndefinedColumnError
 from dpsql.policy import ColumnPolicy, TablePolicy
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.samplers import NoiseSource
@@ -34,6 +34,7 @@ from dpsql.rulelist.learner import (
     SMOOTH,
     BudgetPlan,
     LearnerParams,
+    check_drawable,
     learn_patterns,
     plan_budget,
 )
@@ -380,6 +381,18 @@ def plan_rule_list(
     )
     params.validate()
     budget = plan_budget(params, None)  # raises when δ is needed and missing
+    try:
+        check_drawable(params, budget)
+    except (ValueError, OverflowError):
+        raise DataError(
+            f"epsilon => {epsilon:g} is too small for dp_rule_list: each of its "
+            f"{budget.steps} steps gets epsilon_node = {budget.epsilon_node:.3g}, and its "
+            "noise cannot be drawn at that scale",
+            sqlstate="22023",
+            construct="epsilon",
+            hint="raise epsilon, or lower max_length (it splits epsilon over 2 or 3 steps "
+            "per rule); nothing was spent",
+        ) from None
     cost = budget.cost
 
     skip = {lab.name.lower(), (table.privacy_unit or "").lower()}
@@ -541,15 +554,17 @@ def release_rule_list(
     y: np.ndarray,
     source: NoiseSource,
     weights: np.ndarray | None = None,
+    check: Callable[[], None] | None = None,
 ) -> RuleListRelease:
     """Learn from the fetched rows (columns as in ``plan.select_list()``) and format the rows.
 
     ``weights``: the engine's count of each fetched row (pattern counts); None = one each.
     Call only after ``plan.cost`` has been charged.  The rows contain only released values
     (chosen antecedents, noisy counts, predictions and statistics derived from them).
+    ``check`` (the query handle's cancel check) runs before each rule position.
     """
     data = Patterns.from_rows(np.asarray(X), np.asarray(y), weights)
-    rl = learn_patterns(data, plan.features, plan.candidates, plan.params, source)
+    rl = learn_patterns(data, plan.features, plan.candidates, plan.params, source, check=check)
     return release_rows(rl, plan.cost, plan.notes)
 
 
