@@ -138,6 +138,30 @@ def test_init_database_table_then_check(capsys, tmp_path):
     assert code == 0 and "ok: 0 error(s)" in out and "privacy unit: none" in out
 
 
+def test_init_edge_cases_still_load(capsys, tmp_path):
+    src = tmp_path / "edge.parquet"
+    con = duckdb.connect()
+    con.execute(
+        "COPY (SELECT CASE WHEN i = 1 THEN 'inf'::DOUBLE WHEN i = 2 THEN 'nan'::DOUBLE "
+        "ELSE i / 4 END AS f, TIMESTAMP '2024-01-01 10:00' + INTERVAL (i % 3) DAY AS ts, "
+        "['a\"q', 'b\\s', 'ü x'][i % 3 + 1] AS s, NULL::VARCHAR AS empty "
+        f"FROM range(50) t(i)) TO '{src}' (FORMAT parquet)"
+    )
+    con.close()
+    path, data = draft(capsys, tmp_path, src)
+    cols = data["tables"]["edge"]["columns"]
+    assert cols["f"]["upper"] == 20.0 and "2 NaN or infinite" in path.read_text()
+    assert cols["ts"]["values"] == ["2024-01-01", "2024-01-02", "2024-01-03"]
+    assert cols["s"]["values"] == ['a"q', "b\\s", "ü x"]
+    assert cols["empty"] == {"type": "text", "nullable": True}
+    conn = exact_connect(load_policy(path))
+    assert rows_of(conn, "SELECT s, COUNT(*) FROM edge GROUP BY s ORDER BY s")[0][0] == 'a"q'
+    conn.close()
+    (tmp_path / "empty.csv").write_text("a,b\n")
+    _, data = draft(capsys, tmp_path, tmp_path / "empty.csv", name="empty.toml")
+    assert set(data["tables"]["empty"]["columns"]) == {"a", "b"}
+
+
 def test_init_writes_stdout_and_refuses_to_overwrite(capsys, tmp_path):
     code, out, _ = run(capsys, "init", PUMS_CSV, "--name", "People Table", "--unit", "pid")
     assert code == 0

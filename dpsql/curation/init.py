@@ -53,6 +53,7 @@ class ColumnProfile:
     high: Any = None
     quantiles: tuple[Any, ...] = ()  # p1, p50, p99 of numbers
     decimals: int | None = None  # floats: the fewest decimals that write every value
+    nonfinite: int = 0  # floats: NaN and infinities (left out of low, high and quantiles)
     values: list[tuple[Any, int, int | None]] | None = None  # (value, rows, units) ascending
 
 
@@ -226,10 +227,14 @@ def _column_details(con: duckdb.DuckDBPyConnection, relation: str, columns: list
     for col in columns:
         q = quote_ident(col.name)
         parts.append(f"count(*) - count({q})")
-        if col.type in ("int", "float"):
+        if col.type == "int":
             parts.append(f"quantile_disc({q}, [0.01, 0.5, 0.99])")
         if col.type == "float":
             x = f"CAST({q} AS DOUBLE)"
+            finite = f"FILTER (WHERE isfinite({x}))"
+            parts.append(f"quantile_disc({x}, [0.01, 0.5, 0.99]) {finite}")
+            parts += [f"min({x}) {finite}", f"max({x}) {finite}"]
+            parts.append(f"count(*) FILTER (WHERE NOT isfinite({x}))")
             for k in range(7):
                 scaled = f"({x} * 1e{k})"
                 parts.append(
@@ -245,6 +250,7 @@ def _column_details(con: duckdb.DuckDBPyConnection, relation: str, columns: list
             qs = values.pop(0)
             col.quantiles = tuple(qs) if qs is not None else ()
         if col.type == "float":
+            col.low, col.high, col.nonfinite = values.pop(0), values.pop(0), int(values.pop(0))
             misses = [values.pop(0) for _ in range(7)]
             col.decimals = next((k for k, m in enumerate(misses) if m == 0), None)
 
@@ -257,14 +263,14 @@ def _values(
     unit: str | None,
 ) -> None:
     q = quote_ident(col.name)
-    value = f"CAST({q} AS VARCHAR)" if col.type == "date" else q
+    value = f"CAST(CAST({q} AS DATE) AS VARCHAR)" if col.type == "date" else q
     units = f"count(DISTINCT {quote_ident(unit)})" if unit and unit != col.name else "NULL"
     found = con.execute(
         f"SELECT {value}, count(*), {units} FROM {relation} WHERE {q} IS NOT NULL "
         f"GROUP BY ALL ORDER BY 1 LIMIT {max_values + 1}"
     ).fetchall()
     col.distinct = len(found) if len(found) <= max_values else max(col.distinct, len(found))
-    if len(found) <= max_values and col.type != "bool":
+    if found and len(found) <= max_values and col.type != "bool":
         col.values = [(v, int(n), None if u is None else int(u)) for v, n, u in found]
 
 
@@ -495,6 +501,8 @@ def _column_lines(prof: Profile, col: ColumnProfile, unit: str | None, rare: int
         facts.append(f"~{col.distinct} distinct")
     if col.low is not None:
         facts.append(f"min {_show(col.low)}, max {_show(col.high)}")
+    if col.nonfinite:
+        facts.append(f"{col.nonfinite} NaN or infinite (not in the range)")
     if len(col.quantiles) == 3:
         p1, p50, p99 = col.quantiles
         facts.append(f"p1 {_show(p1)}, p50 {_show(p50)}, p99 {_show(p99)}")
@@ -505,6 +513,8 @@ def _column_lines(prof: Profile, col: ColumnProfile, unit: str | None, rare: int
     if col.name == unit:
         out.append(_line("nullable", False, "the privacy unit"))
         return out
+    if prof.rows and col.nulls == prof.rows:
+        out.append("# observed: only NULLs (the type is DuckDB's guess)")
     if col.nulls == 0:
         out.append(
             _line("nullable", False, "decide: no NULL observed; false: no NULL group is released")
@@ -654,8 +664,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="overwrite an existing -o FILE")
     p.add_argument("--name", help="the table's name in the policy (default: from the source)")
     p.add_argument("--dataset", help="the ledger's dataset name (default: the table name)")
-    p.add_argument("--unit", metavar="COL", help="the privacy unit column (default: guessed)")
-    p.add_argument(
+    unit = p.add_mutually_exclusive_group()
+    unit.add_argument("--unit", metavar="COL", help="the privacy unit column (default: guessed)")
+    unit.add_argument(
         "--no-unit", action="store_true", help="no privacy unit: every row is its own unit"
     )
     p.add_argument(
