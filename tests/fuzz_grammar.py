@@ -12,6 +12,7 @@ is a fine outcome for any of it; the test only asks that both datasets see the s
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -366,6 +367,8 @@ class Query:
     grouped: bool = False
     total_key: bool = False
     rows_vary: bool = False
+    #: statements run first on the same connection (``SET epsilon = 1e-12``)
+    setup: tuple[str, ...] = ()
 
 
 AGGREGATES = (
@@ -621,7 +624,20 @@ AGG_FUNCTIONS = (
     "MEDIAN",
 )
 
-QUANTILE_LEVELS = ("0", "0.1", "0.5", "0.9", "1", "1.5", "-0.2")
+QUANTILE_LEVELS = (
+    "0",
+    "0.1",
+    "0.5",
+    "0.9",
+    "1",
+    "1.5",
+    "-0.2",
+    "1e-20",  # more significant digits than the release's integer arithmetic holds
+    "0.123456789012345678901234567",
+)
+#: Session epsilons down to the smallest a SET accepts: mechanisms that cannot draw at such a
+#: scale must refuse before the reserve, never fail after it.
+TINY_EPSILONS = ("1e-12", "2.3e-10", "1e-9")
 
 
 @st.composite
@@ -652,9 +668,16 @@ def quantile_queries(draw: st.DrawFn) -> Query:
     items = ", ".join(draw(st.lists(calls, min_size=1, max_size=3)))
     where = draw(where_clause())
     key = draw(st.sampled_from(("", "department", "diagnosis", "smoker")))
+    tiny = draw(st.sampled_from((None, None, None, *TINY_EPSILONS)))
+    setup = (f"SET epsilon = {tiny}",) if tiny else ()
     if not key:
-        return Query(f"SELECT {items} FROM {TABLE}{where}")
-    return Query(f"SELECT {key}, {items} FROM {TABLE}{where} GROUP BY {key}", keys=1, grouped=True)
+        return Query(f"SELECT {items} FROM {TABLE}{where}", setup=setup)
+    return Query(
+        f"SELECT {key}, {items} FROM {TABLE}{where} GROUP BY {key}",
+        keys=1,
+        grouped=True,
+        setup=setup,
+    )
 
 
 def aggregate_queries() -> Strategy[Query]:
@@ -693,7 +716,7 @@ LABELS: dict[str, str | None] = {
 }
 #: Arguments with a well-typed value, each of which the generator may replace by any literal.
 RULE_LIST_DEFAULTS: dict[str, tuple[str, ...]] = {
-    "epsilon": ("1.0", "0.5"),
+    "epsilon": ("1.0", "0.5", "1e-8", "1e-12"),
     "max_length": ("2", "3"),
     "features": ("'age, department'", "'smoker, department'", "'diagnosis'", "'nope'"),
     "delta": ("1e-6",),
@@ -1176,6 +1199,8 @@ def series_limit_queries(draw: st.DrawFn) -> Query:
 #: ``unit_path = ["patient_ref -> people.patient_id"]``.
 PEOPLE_COLUMNS = {"patient_id": "int", "sex": "text", "score": "float", "region": "text"}
 LABS_COLUMNS = {"lab_id": "int", "patient_ref": "int", "value": "float"}
+#: a public table (the same on both datasets) with a text key and an integer key
+REGIONS_COLUMNS = {"region": "text", "rid": "int", "label": "text", "beds": "int"}
 #: (FROM clause, aggregates, keys with a public domain, thresholded keys, probes) per join;
 #: the last ones are refused whatever the data.
 JOIN_SOURCES = (
@@ -1184,7 +1209,12 @@ JOIN_SOURCES = (
         ("COUNT(*)", "SUM(v.cost)", "AVG(p.score)", "COUNT(DISTINCT v.patient_id)", "SUM(age)"),
         ("p.sex", "v.department", "smoker"),
         ("p.region", "diagnosis"),
-        (f"p.patient_id = {EXTRA_UNIT}", "p.score > 1e300", "p.region = 'q999\u2603'"),
+        (
+            f"p.patient_id = {EXTRA_UNIT}",
+            "p.score > 1e300",
+            "p.region = 'q999\u2603'",
+            "p.region IN (SELECT region FROM regions WHERE beds > 15)",
+        ),
     ),
     (
         "people p LEFT JOIN visits v ON v.patient_id = p.patient_id",
@@ -1215,6 +1245,81 @@ JOIN_SOURCES = (
         (),
         (f"v.patient_id = {EXTRA_UNIT}",),
     ),
+    (
+        "people p JOIN regions r ON p.region = r.region",
+        ("COUNT(*)", "SUM(p.score)", "AVG(r.beds)"),
+        ("r.label", "p.sex"),
+        ("p.region",),
+        (
+            f"p.patient_id = {EXTRA_UNIT}",
+            "p.score > 1e300",
+            "r.rid > 0",
+            "p.region IN (SELECT region FROM regions WHERE rid < 2)",
+        ),
+    ),
+    (
+        "people p LEFT JOIN regions r ON p.score = r.rid",  # float and int: one family
+        ("COUNT(*)", "COUNT(r.label)"),
+        ("r.label",),
+        (),
+        (f"p.patient_id = {EXTRA_UNIT}", "p.sex = 'f'"),
+    ),
+    (
+        "people p JOIN regions r USING (region)",
+        ("COUNT(*)", "AVG(p.score)"),
+        ("r.label",),
+        (),
+        (f"p.patient_id = {EXTRA_UNIT}",),
+    ),
+    (
+        "people p",
+        ("COUNT(*)", "SUM(p.score)"),
+        ("p.sex",),
+        (),
+        (
+            "p.region IN (SELECT region FROM regions WHERE rid > 0)",
+            "p.region IN (SELECT rid FROM regions)",  # text IN (integers): never fails
+            f"p.patient_id = {EXTRA_UNIT} AND p.region IN (SELECT rid FROM regions)",
+        ),
+    ),
+    # Declared types that differ: a text column against an integer key (the predicate
+    # oracle: the engine's cast fails on exactly the rows the WHERE lets reach the join).
+    (
+        "people p JOIN regions r ON p.region = r.rid",
+        ("COUNT(*)",),
+        ("r.label",),
+        (),
+        (f"p.patient_id = {EXTRA_UNIT}", f"p.patient_id <> {EXTRA_UNIT}"),
+    ),
+    (
+        "people p LEFT JOIN regions r ON p.patient_id = r.region",
+        ("COUNT(*)",),
+        (),
+        (),
+        (f"p.patient_id = {EXTRA_UNIT}",),
+    ),
+    (
+        "visits v JOIN regions r ON v.diagnosis = r.rid",
+        ("COUNT(*)", "SUM(v.cost)"),
+        ("v.department",),
+        (),
+        (f"v.patient_id = {EXTRA_UNIT}",),
+    ),
+    ("people p, regions r WHERE p.region = r.rid", ("COUNT(*)",), (), (), ()),
+    (
+        "people p WHERE p.region IN (SELECT region FROM regions WHERE beds > 15)",
+        ("COUNT(*)", "AVG(p.score)"),
+        ("p.sex",),
+        ("p.region",),
+        (f"p.patient_id = {EXTRA_UNIT}",),
+    ),
+    (
+        "visits WHERE diagnosis IN (SELECT rid FROM regions)",  # text IN (integers)
+        ("COUNT(*)", "SUM(cost)"),
+        ("department",),
+        (),
+        (f"patient_id = {EXTRA_UNIT}",),
+    ),
     ("visits v JOIN people p ON v.age = p.patient_id", ("COUNT(*)",), ("p.sex",), (), ()),
     ("visits v JOIN labs l ON v.patient_id = l.patient_ref", ("COUNT(*)",), (), (), ()),
     ("visits a JOIN visits b ON a.patient_id = b.patient_id", ("COUNT(*)",), (), (), ()),
@@ -1229,12 +1334,61 @@ def join_queries(draw: st.DrawFn) -> Query:
     on the unit, along a unit_path, and refused ones (off the unit, cross, RIGHT)."""
     source, aggs, public_keys, thresholded, probes = draw(st.sampled_from(JOIN_SOURCES))
     chosen = draw(st.lists(st.sampled_from(aggs), min_size=1, max_size=2, unique=True))
-    where = draw(st.sampled_from(("", *(f" WHERE {p}" for p in probes))))
+    joiner = " AND " if " WHERE " in source else " WHERE "
+    where = draw(st.sampled_from(("", *(f"{joiner}{p}" for p in probes))))
     keys = draw(st.sampled_from(((), *((k,) for k in public_keys + thresholded))))
     if not keys:
         return Query(f"SELECT {', '.join(chosen)} FROM {source}{where}")
     sql = f"SELECT {keys[0]} AS k0, {', '.join(chosen)} FROM {source}{where} GROUP BY 1"
     return Query(sql, keys=1, grouped=True)
+
+
+#: (CTE named like a policy table, the query over it): the CTE shadows the table in every
+#: construct, so each must behave exactly as with the CTE renamed (SHADOWED -> RENAMED).
+SHADOWED = "people"
+RENAMED = "people_cte"
+SHADOW_CTES = (
+    f"people AS (SELECT * FROM people WHERE patient_id = {EXTRA_UNIT})",
+    "people AS (SELECT * FROM people WHERE score > 1000)",
+    "people AS (SELECT patient_id, sex FROM people WHERE sex = 'f')",
+)
+SHADOW_BODIES = (
+    "SELECT COUNT(*) FROM people",
+    "SELECT COUNT(*), SUM(v.cost) FROM visits v JOIN people p ON v.patient_id = p.patient_id",
+    "SELECT p.sex AS k0, COUNT(*) FROM people p JOIN regions r ON p.region = r.region GROUP BY 1",
+    "SELECT COUNT(*) FROM labs l JOIN people p ON l.patient_ref = p.patient_id",
+    "SELECT COUNT(*) FROM visits WHERE patient_id IN (SELECT patient_id FROM people)",
+    "SELECT COUNT(*) FROM people p WHERE p.region IN (SELECT region FROM regions)",
+)
+
+
+@st.composite
+def cte_shadow_queries(draw: st.DrawFn) -> tuple[Query, Query]:
+    """A query whose CTE is named like a policy table, and the same query with the CTE
+    renamed: PostgreSQL's scoping makes them one query, so their outcomes must be equal."""
+    cte = draw(st.sampled_from(SHADOW_CTES))
+    body = draw(st.sampled_from(SHADOW_BODIES))
+    if draw(st.booleans()):
+        cte = cte.replace("people AS", "regions AS").replace("FROM people", "FROM regions")
+        cte = cte.replace("patient_id", "rid").replace("score", "beds").replace("sex", "label")
+        shadowed, renamed = "regions", "regions_cte"
+    else:
+        shadowed, renamed = SHADOWED, RENAMED
+    sql = f"WITH {cte} {body}"
+    keys = 1 if "GROUP BY" in body else 0
+    head, rest = sql.split(" AS (", 1)
+    defn, query = rest.split(") ", 1)
+    renamed_sql = (
+        head.replace(f"WITH {shadowed}", f"WITH {renamed}")
+        + " AS ("
+        + defn
+        + ") "
+        + re.sub(rf"\b(FROM|JOIN) {shadowed}\b", rf"\1 {renamed}", query)
+    )
+    return (
+        Query(sql, keys=keys, grouped=bool(keys)),
+        Query(renamed_sql, keys=keys, grouped=bool(keys)),
+    )
 
 
 def lone_surrogate(text: str) -> bool:
