@@ -340,3 +340,10 @@ def test_import_smartnoise_is_registered(capsys, tmp_path):
     assert code == 1 and "--force" in err
     code, out_text, _ = run(capsys, "check", out)
     assert code == 0 and "privacy unit: pid" in out_text
+
+
+def test_check_public_and_unit_path_tables(capsys):
+    code, out, _ = run(capsys, "check", ROOT / "fixtures" / "star" / "star.toml")
+    assert code == 0
+    assert "public table: 7 rows read at connect" in out
+    assert "privacy unit: patient_id, reached by prescriptions -> visits" in out

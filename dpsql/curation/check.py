@@ -211,7 +211,7 @@ def _check_columns(
     values = list(row)
     for (col, _name, sql_type), plan in zip(columns, plans, strict=True):
         got = {k: int(values.pop(0)) for k in plan}
-        _column_findings(tc, src, col, sql_type, got)
+        _column_findings(tc, src, col, sql_type, got, public=table.public)
 
 
 def _share(n: int, total: int | None) -> str:
@@ -219,7 +219,13 @@ def _share(n: int, total: int | None) -> str:
 
 
 def _column_findings(
-    tc: TableCheck, src: Source, col: ColumnPolicy, sql_type: str, got: dict[str, int]
+    tc: TableCheck,
+    src: Source,
+    col: ColumnPolicy,
+    sql_type: str,
+    got: dict[str, int],
+    *,
+    public: bool = False,
 ) -> None:
     rows = tc.rows
     family = duckdb_type_family(sql_type)
@@ -253,7 +259,7 @@ def _column_findings(
             f"declared nullable = false, but {_share(got['nulls'], rows)} are NULL: "
             "they are not in the released domain; declare nullable = true or fill them",
         )
-    elif col.nullable and not got["nulls"] and (col.values is not None or col.bounded):
+    elif not public and col.nullable and not got["nulls"] and (col.values or col.bounded):
         tc.add(
             "note",
             col.name,
@@ -420,7 +426,8 @@ def print_report(report: Report, out: TextIO) -> None:
     for table in policy.tables.values():
         tc = by_name[table.name]
         print(file=out)
-        rows = f", {tc.rows} rows (private: for the operator)" if tc.rows is not None else ""
+        private = "" if table.public else " (private: for the operator)"
+        rows = f", {tc.rows} rows{private}" if tc.rows is not None else ""
         print(f"table {table.name}: {tc.source}{rows}", file=out)
         for f in tc.findings:
             print(f"  {f}", file=out)
