@@ -34,12 +34,17 @@ that difference against the run-to-run spread (p90 - p10).
    each limit and D' one unit (one row) past it. Timed is the engine's part alone (the compiled
    query's execute, where the choice is made): end to end, the release's noise for one more
    group present on D' is a difference of its own that would hide this one.
+7. one unit across the held table's declared size (200,000 rows): D a generated table of
+   199,998 rows, D' with one more unit of 5 rows. Each side prints whether it starts and is
+   held; where both start (before issue 25 item 6: D held, D' silently not) their engine times
+   are compared. Now D' does not start (PolicyError naming small_tables = "sql").
 
     python bench/bench_timing_channels.py                  # 200 reps per side, ~1 minute
     python bench/bench_timing_channels.py --reps 50        # quick look
     python bench/bench_timing_channels.py --markdown /work/notes/timing.md
     python bench/bench_timing_channels.py --only odd      # section 5 alone
     python bench/bench_timing_channels.py --only odd grid # sections 5 and 6
+    python bench/bench_timing_channels.py --only rows     # section 7 (~30 s to build)
 """
 
 from __future__ import annotations
@@ -469,6 +474,43 @@ def bench_grid(tmp: Path, reps: int, warmup: int) -> list[Row]:
     return rows
 
 
+def bench_row_switch(tmp: Path, reps: int, warmup: int) -> list[Row]:
+    rng = random.Random(1)
+    base = [
+        (rng.randrange(40_000), rng.randrange(100), f"d{rng.randrange(6)}") for _ in range(199_998)
+    ]
+    columns = {
+        "u": {"type": "int", "nullable": False},
+        "a": {"type": "int", "lower": 0, "upper": 100, "nullable": False},
+        "k": {"type": "text", "values": [f"d{i}" for i in range(6)], "nullable": False},
+    }
+    services: dict[str, Any] = {}
+    for name, extra in (("D", []), ("D'", [(999_999, 5, "d1")] * 5)):
+        path = _generated(tmp / f"rows_{len(extra)}.csv", ["u", "a", "k"], [*base, *extra])
+        try:
+            services[name] = dpsql.Service(
+                _small_policy(path, columns, "u"), ledger=MemoryLedger(), cache=False
+            )
+        except dpsql.Error as exc:
+            print(f"  7: {name} ({199_998 + len(extra):,} rows) does not start: {exc}")
+            continue
+        held = "t" in services[name].engine.columns
+        print(f"  7: {name} ({199_998 + len(extra):,} rows) starts; held in columns: {held}")
+    rows = []
+    if len(services) == 2:
+        for label, sql in (
+            ("count unit", "SELECT COUNT(*) FROM t WHERE u = 999999"),
+            ("group k", "SELECT k, COUNT(*), SUM(a) FROM t GROUP BY k"),
+        ):
+            ref, side = interleave(
+                {n: engine_step(services[n], sql) for n in ("D", "D'")}, reps, warmup
+            )
+            rows.append(Row("7 one unit across 200,000 rows (engine only)", label, side, ref))
+    for svc in services.values():
+        svc.close()
+    return rows
+
+
 # -- report -----------------------------------------------------------------------------------
 def bootstrap(
     side: Sequence[float], reference: Sequence[float], rounds: int = 1000
@@ -590,7 +632,7 @@ def main() -> int:
     ap.add_argument("--markdown", type=Path, help="also write the figures to this file")
     ap.add_argument(
         "--only",
-        choices=["neighbours", "outcomes", "planning", "failure", "odd", "grid"],
+        choices=["neighbours", "outcomes", "planning", "failure", "odd", "grid", "rows"],
         nargs="+",
     )
     args = ap.parse_args()
@@ -603,7 +645,7 @@ def main() -> int:
     )
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dpsql-timing-") as tmp:
-        every = ("neighbours", "outcomes", "planning", "failure", "odd", "grid")
+        every = ("neighbours", "outcomes", "planning", "failure", "odd", "grid", "rows")
         only = set(args.only or every)
         rows: list[Row] = []
         if "neighbours" in only:
@@ -619,6 +661,8 @@ def main() -> int:
             rows += bench_odd_value(Path(tmp), args.reps, args.warmup)
         if "grid" in only:
             rows += bench_grid(Path(tmp), args.reps, args.warmup)
+        if "rows" in only:
+            rows += bench_row_switch(Path(tmp), args.reps, args.warmup)
     seconds = time.perf_counter() - start
     after = uptime()
     print(text_table(rows))
