@@ -400,10 +400,10 @@ def releases(policy: Policy, table: TablePolicy) -> list[str]:
                 group_by(policy, col),
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    for r in rows:
-        cells = [r[i].ljust(widths[i]) for i in range(4)]
-        out.append("    " + "  ".join(cells) + "  " + r[4])
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        cells = [row[i].ljust(widths[i]) for i in range(4)]
+        out.append("    " + "  ".join(cells) + "  " + row[4])
     return out
 
 
