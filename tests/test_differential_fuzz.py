@@ -48,6 +48,8 @@ from dpsql.errors import Error
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import ZeroNoise
 from dpsql.privacy.sqlite_ledger import SQLiteLedger
+from dpsql.sql.domains import SQL_TYPES
+from dpsql.sql.totality import mixed_comparisons
 
 # A warning some data produce and others do not (numpy's overflow to inf in a column program)
 # would fail a query on one neighbour only under -W error: here every one is an error.
@@ -159,8 +161,28 @@ class Side:
         self.service = dpsql.Service(policy, ledger=ledger, noise=ZeroNoise(), cache=False)
         self.spy = ReadSpy(self.service.engine)
         self._analysts = itertools.count()
+        self.engine_sql: list[str] = []  # what the engine ran for the last statement
+        engine = self.service.engine
+        execute = engine.execute
+
+        def recorded(compiled: Any, *args: Any, **kwargs: Any) -> Any:
+            if hasattr(compiled, "render"):
+                self.engine_sql.append(compiled.render(engine.dialect))
+            return execute(compiled, *args, **kwargs)
+
+        engine.execute = recorded
+        self.schema = {
+            name: {c: SQL_TYPES[spec.type] for c, spec in table.columns.items()}
+            for name, table in self.service.policy.tables.items()
+            if not table.public
+        }
+
+    def mixed_comparisons(self) -> list[str]:
+        """Comparisons of two type families outside TRY in what the engine last ran."""
+        return [m for sql in self.engine_sql for m in mixed_comparisons(sql, self.schema)]
 
     def run(self, sql: str, setup: Sequence[str] = ()) -> Outcome:
+        self.engine_sql = []
         try:
             with hang_guard():
                 return self._run(sql, setup)
@@ -529,21 +551,25 @@ def pair_violations(query: g.Query, a: Outcome, b: Outcome) -> list[str]:
     return found
 
 
-def check_pair(pair: Pair, query: g.Query) -> list[str]:
-    """Run ``query`` on D and D′; every invariant it breaks (empty: none)."""
+def check_pair(pair: Pair, query: g.Query, *, typed: bool = False) -> list[str]:
+    """Run ``query`` on D and D′; every invariant it breaks (empty: none). ``typed``: also
+    type the engine SQL of D′ and report comparisons of two families outside TRY
+    (dpsql.sql.totality: an oracle independent of the builders, tens of ms a statement)."""
     a = pair.d.run(query.sql, query.setup)
     if a.kind == "hung":  # not twice
         return side_violations(query, a, pair, "D")
     b = pair.d_prime.run(query.sql, query.setup)
+    mixed = pair.d_prime.mixed_comparisons() if typed else []
     return (
         side_violations(query, a, pair, "D")
         + side_violations(query, b, pair, "D′")
         + pair_violations(query, a, b)
+        + [f"D′: the engine compares two types outside TRY: {m}" for m in mixed]
     )
 
 
-def assert_boundary_holds(pair: Pair, query: g.Query) -> None:
-    found = check_pair(pair, query)
+def assert_boundary_holds(pair: Pair, query: g.Query, *, typed: bool = False) -> None:
+    found = check_pair(pair, query, typed=typed)
     assert not found, f"{query.sql!r}:\n  " + "\n  ".join(found)
 
 
@@ -677,15 +703,16 @@ def test_row_level_plans(row_pair: Pair, query: g.Query) -> None:
 @given(query=g.join_queries())
 def test_private_joins(pair: Pair, query: g.Query) -> None:
     """Joins on the unit and along a unit_path (the extra unit in every table of D′), and
-    refused joins: the same fate on both sides, each charged its plan's cost."""
-    assert_boundary_holds(pair, query)
+    refused joins: the same fate on both sides, each charged its plan's cost; what the engine
+    runs compares one type family outside TRY (dpsql.sql.totality)."""
+    assert_boundary_holds(pair, query, typed=True)
 
 
 def shadow_violations(pair: Pair, shadowed: g.Query, renamed: g.Query) -> list[str]:
     """A CTE named like a policy table is that CTE in every construct: the query must behave
     on each dataset exactly as with the CTE renamed (same outcome, SQLSTATE, rows and cost;
     the refusal may name the CTE as written), and keep the boundary on its own."""
-    found = check_pair(pair, shadowed)
+    found = check_pair(pair, shadowed, typed=True)
     for side in (pair.d, pair.d_prime):
         a, b = side.run(shadowed.sql), side.run(renamed.sql)
         if a.kind != b.kind or (a.error and a.error[:2]) != (b.error and b.error[:2]):
@@ -920,7 +947,7 @@ def test_issue_examples_cte_shadowing(pair: Pair, sqls: tuple[str, str]) -> None
 
 @pytest.mark.parametrize("query", ISSUE_EXAMPLES, ids=lambda q: q.sql[:60])
 def test_issue_examples(pair: Pair, query: g.Query) -> None:
-    assert_boundary_holds(pair, query)
+    assert_boundary_holds(pair, query, typed=True)
 
 
 def test_issue_example_lone_surrogate_durable_ledger(durable_pair: Pair) -> None:
