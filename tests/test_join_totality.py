@@ -215,3 +215,35 @@ def test_a_cte_shadows_the_table_in_every_construct(fresh, shadowed, renamed):
     b = _refused(fresh, renamed)
     assert (type(a), a.sqlstate) == (type(b), b.sqlstate)
     assert "(CTE)" not in a.message  # the CTE is named as the analyst wrote it
+
+
+def test_the_engine_sql_oracle_catches_a_builder_that_forgets_the_rule(monkeypatch):
+    """A deliberately broken build: every join check switched off (the rule answers 'yes'),
+    so a text = integer join reaches the engine. dpsql.sql.totality, which types the SQL the
+    engine runs independently of the builders, reports that comparison; with the rule in
+    place the same query never reaches the engine."""
+    from dpsql.frontend import joins, private_joins
+    from dpsql.sql.domains import SQL_TYPES
+    from dpsql.sql.totality import mixed_comparisons
+
+    sql = "SELECT COUNT(*) FROM visits v JOIN departments d ON v.dept_id = d.name"
+    service = dpsql.Service(star_policy(), ledger=MemoryLedger(), noise=ZeroNoise(), cache=False)
+    schema = {
+        name: {c: SQL_TYPES[spec.type] for c, spec in table.columns.items()}
+        for name, table in service.policy.tables.items()
+        if not table.public
+    }
+    spy = EngineSpy(service)
+    for module in (dpsql.policy, joins, private_joins):
+        monkeypatch.setattr(module, "comparable", lambda a, b: True)
+    conn = connect_service(service, "mallory")
+    try:
+        conn.cursor().execute(sql)
+    except dpsql.Error:
+        pass  # the broken build may fail after reading: that is the oracle the rule closes
+    finally:
+        conn.close()
+        service.close()
+    assert spy.calls == 1
+    found = mixed_comparisons(spy.sql[0], schema)
+    assert found and "BIGINT against TEXT" in found[0], found
