@@ -109,6 +109,8 @@ __all__ = [
 ]
 
 DOMAIN_CACHE_SIZE = 4096  # (analyst, table, key) entries
+#: Below this session ε no noise measure can be drawn (Laplace scale > 2^54 for l1 >= 1).
+TINIEST_EPSILON = 2.0**-54
 
 
 class Service:
@@ -206,18 +208,27 @@ class Service:
         another's), so it takes the same time whoever else asked the same shape before.
         """
         query = type_query(query, self.shadow, analyst)
-        return build_plan(
-            query,
-            self._domains(query, analyst),
-            epsilon=settings.epsilon,
-            delta=settings.delta,
-            mechanism=settings.mechanism,
-            data_version=self.data_version(query.table),
-            quantile_method=settings.quantile_method,
-            partition_selection=settings.partition_selection,
-            engine=self.engine.name,
-            store=self.store_of(query.table),
-        )
+        domains = self._domains(query, analyst)
+        try:
+            return build_plan(
+                query,
+                domains,
+                epsilon=settings.epsilon,
+                delta=settings.delta,
+                mechanism=settings.mechanism,
+                data_version=self.data_version(query.table),
+                quantile_method=settings.quantile_method,
+                partition_selection=settings.partition_selection,
+                engine=self.engine.name,
+                store=self.store_of(query.table),
+            )
+        except (ValueError, OverflowError, ZeroDivisionError):
+            # Below 2^-54 no noise measure is drawable (a scale above the exact sampler's
+            # 2^54): the planner's arithmetic on such an ε (shares that underflow to 0, an
+            # infinite scale) is refused free like _check_drawable would, never leaked raw.
+            if settings.epsilon >= TINIEST_EPSILON:
+                raise
+            raise _undrawable(f"epsilon = {settings.epsilon:g}", bounds=False) from None
 
     def store_of(self, table: TablePolicy) -> Any:
         """This engine's own prepared store of ``table`` at its data version, or None: a plan
