@@ -33,7 +33,7 @@ from sqlglot.optimizer.qualify import qualify
 _COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ, exp.Between)
 
 
-def _family(node: exp.Expression) -> str | None:
+def _family(node: exp.Expr) -> str | None:
     dtype = node.type
     if dtype is None or dtype.this in (exp.DataType.Type.UNKNOWN, exp.DataType.Type.NULL):
         return None
@@ -48,7 +48,7 @@ def _family(node: exp.Expression) -> str | None:
     return dtype.this.value  # any other type is its own family
 
 
-def _under_try(node: exp.Expression) -> bool:
+def _under_try(node: exp.Expr) -> bool:
     parent = node.parent
     while parent is not None:
         if isinstance(parent, exp.Try | exp.TryCast):
@@ -57,7 +57,7 @@ def _under_try(node: exp.Expression) -> bool:
     return False
 
 
-def _operands(node: exp.Expression) -> list[tuple[exp.Expression, exp.Expression]]:
+def _operands(node: exp.Expr) -> list[tuple[exp.Expr, exp.Expr]]:
     if isinstance(node, exp.Between):
         return [(node.this, node.args["low"]), (node.this, node.args["high"])]
     if isinstance(node, exp.In):
