@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import functools
+import hashlib
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -181,6 +183,24 @@ class JoinedSource:
     steps: tuple[JoinStep, ...]
     outputs: tuple[tuple[str, str, str], ...]
     description: str
+
+    @functools.cached_property
+    def identity(self) -> str:
+        """Everything that decides which rows the join yields, canonically: each step's table,
+        alias, kind and ON pairs, the output columns, and a digest of the public rows a step
+        holds (public tables are joined as those rows). Two joins with equal identities read
+        the same relation, so plan fingerprints and cache keys include it (a key that named
+        only the tables returned one join's answer for another)."""
+        parts = []
+        for step in self.steps:
+            table = step.table
+            rows = ""
+            if table.public and table.rows is not None:
+                rows = hashlib.sha256(repr(table.rows).encode()).hexdigest()
+            inner = table.joined.identity if table.joined is not None else ""
+            parts.append(f"{table.name}:{step.alias}:{step.kind}:{step.on!r}:{rows}:{inner}")
+        parts.append(repr(self.outputs))
+        return "\n".join(parts)
 
     def __post_init__(self) -> None:
         # Totality by construction: every ON equality the engine will run compares two

@@ -281,6 +281,8 @@ class Plan:
         q = self.query
         parts = [
             q.table.name,
+            # a join's relation (ON columns, kinds, public rows), not only its tables' names
+            q.table.joined.identity if q.table.joined is not None else "",
             "|".join(f"{c.name}={c.expr}" for c in q.table.columns.values() if c.expr),
             q.where.sql(dialect="duckdb") if q.where is not None else "",
             "|".join(k.key.sql + repr(k.domain) for k in self.keys),

@@ -1,0 +1,97 @@
+"""Answer-cache keys cover the whole relation: two queries share a cached answer only if they
+plan the same measurement.
+
+The plan fingerprint named a join by its tables only, so ``JOIN departments d ON v.cost = d.id``
+returned the cached answer of ``ON v.dept_id = d.id`` (and the reverse): one join's noisy answer
+for another. It now includes the join's canonical identity (``JoinedSource.identity``: each
+step's table, kind and ON pairs, the outputs, a digest of the public rows). Pairs that differ in
+one node must not share an answer; pairs that differ only in spelling must.
+"""
+
+from __future__ import annotations
+
+import itertools
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import dpsql
+from dpsql.dbapi import connect_service
+from dpsql.privacy.ledger import MemoryLedger
+
+STAR = Path(__file__).resolve().parent.parent / "fixtures" / "star"
+_analysts = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def service():
+    policy = tomllib.loads((STAR / "star.toml").read_text())
+    for name, spec in policy["tables"].items():
+        spec["source"] = str(STAR / f"{name}.csv")
+    policy["privacy"]["budget_epsilon"] = 1e6
+    service = dpsql.Service(policy, ledger=MemoryLedger())
+    yield service
+    service.close()
+
+
+def _second_is_cached(service, first: str, second: str) -> bool:
+    conn = connect_service(service, f"cache-{next(_analysts)}")
+    try:
+        cur = conn.cursor()
+        cur.execute(first)
+        cur.fetchall()
+        assert not cur.cached
+        cur.execute(second)
+        cur.fetchall()
+        return cur.cached
+    finally:
+        conn.close()
+
+
+BASE = (
+    "SELECT d.name, COUNT(*) FROM visits v JOIN departments d ON v.dept_id = d.id GROUP BY d.name"
+)
+
+ONE_NODE_APART = {
+    "join key": BASE.replace("v.dept_id = d.id", "v.cost = d.id"),
+    "join kind": BASE.replace("JOIN departments", "LEFT JOIN departments"),
+    "filter": BASE.replace("GROUP BY", "WHERE v.cost > 100 GROUP BY"),
+    "key": BASE.replace("d.name", "d.region"),
+    "aggregate": BASE.replace("COUNT(*)", "SUM(v.cost)"),
+    "private join": "SELECT p.sex, COUNT(*) FROM visits v JOIN patients p "
+    "ON v.patient_id = p.patient_id GROUP BY p.sex",
+}
+
+
+@pytest.mark.parametrize("other", ONE_NODE_APART.values(), ids=ONE_NODE_APART.keys())
+def test_queries_one_node_apart_do_not_share_an_answer(service, other):
+    assert not _second_is_cached(service, BASE, other)
+    assert not _second_is_cached(service, other, BASE)
+
+
+CTE = "WITH x AS (SELECT * FROM visits WHERE cost > {}) SELECT COUNT(*) FROM x"
+PRIVATE = (
+    "SELECT p.sex, COUNT(*) FROM visits v {} JOIN patients p ON v.patient_id = p.patient_id "
+    "GROUP BY p.sex"
+)
+
+
+def test_cte_bodies_and_private_join_kinds_are_part_of_the_key(service):
+    assert not _second_is_cached(service, CTE.format(10), CTE.format(20))
+    assert not _second_is_cached(service, PRIVATE.format(""), PRIVATE.format("LEFT"))
+
+
+SPELLINGS = {
+    "ON sides swapped": BASE.replace("v.dept_id = d.id", "d.id = v.dept_id"),
+    "INNER spelled": BASE.replace("JOIN departments", "INNER JOIN departments"),
+    "aliases renamed": BASE.replace("v.", "w.").replace("visits v", "visits w"),
+    "comma join": "SELECT d.name, COUNT(*) FROM visits v, departments d WHERE v.dept_id = d.id "
+    "GROUP BY d.name",
+    "case and spacing": BASE.lower().replace(" ", "  "),
+}
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS.values(), ids=SPELLINGS.keys())
+def test_queries_that_differ_in_spelling_share_the_answer(service, spelling):
+    assert _second_is_cached(service, BASE, spelling)
