@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 from sqlglot import exp
 
 from dpsql.boundary import charged_boundary, post_processing_boundary
+from dpsql.engine.api import cancel_check
 from dpsql.errors import NotSupportedError
 from dpsql.privacy.release import at_confidence, release
 from dpsql.sql.bind import CompositeQuery, to_literal
@@ -168,13 +169,23 @@ def run_composite(
         service._reserve(analyst, cost, query.text, fingerprint)
         with charged_boundary():
             inner_encoded = _encode(
-                release(inner, service.engine.execute(_compile(inner), handle), service.noise),
+                release(
+                    inner,
+                    service.engine.execute(_compile(inner), handle),
+                    service.noise,
+                    cancel_check(handle),
+                ),
                 service._key_types(inner),
             )
             values = _released_values(service, inner, _decode(inner_encoded), query)
             bound = bind_released(outer, query, values)
             outer_encoded = _encode(
-                release(bound, service.engine.execute(_compile(bound), handle), service.noise),
+                release(
+                    bound,
+                    service.engine.execute(_compile(bound), handle),
+                    service.noise,
+                    cancel_check(handle),
+                ),
                 service._key_types(bound),
             )
             stored = json.dumps({"inner": inner_encoded, "outer": outer_encoded})
