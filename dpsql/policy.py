@@ -11,9 +11,9 @@ and the fix, so a bad policy never reaches a query.
 from __future__ import annotations
 
 import datetime as _dt
-import math
 import functools
 import hashlib
+import math
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace

@@ -747,6 +747,37 @@ def rule_list_queries(draw: st.DrawFn) -> Query:
     return Query(f"SELECT * FROM dp_rule_list('{TABLE}', {text})", rows_vary=True)
 
 
+REGRESSION_ARGUMENTS: dict[str, tuple[str, ...]] = {
+    "epsilon": ("1.0", "0.1", "1e-8", "1e-12", "0", "-1", "'x'"),
+    "method": ("'sufficient_stats'", "'dpsgd'", "'nope'"),
+    "noise": ("'gaussian'", "'laplace'"),
+    "steps": ("1", "3", "2.5", "0"),
+    "sample_rate": ("0.1", "1", "1.5"),
+    "ridge": ("0", "1.0", "1e308"),
+    "clip": ("1.0", "1e-300", "0"),
+}
+
+
+@st.composite
+def regression_queries(draw: st.DrawFn) -> Query:
+    """``dp_linear_regression`` / ``dp_logistic_regression`` calls with arguments at the
+    extremes (tiny and refused epsilons, DP-SGD, mistyped values): work after the charge is
+    bounded by the text, and what the text decides is refused before it."""
+    logistic = draw(st.booleans())
+    if logistic:
+        head = "dp_logistic_regression('visits', label => 'smoker'"
+    else:
+        head = "dp_linear_regression('visits', label => 'cost'"
+    features = draw(st.sampled_from(("'age, smoker'", "'age, department'", "'smoker'", "'nope'")))
+    args = {"features": features}
+    for name in draw(st.lists(st.sampled_from(sorted(REGRESSION_ARGUMENTS)), max_size=3)):
+        args[name] = draw(st.sampled_from(REGRESSION_ARGUMENTS[name]))
+    if args.get("method") == "'dpsgd'":
+        args["steps"] = draw(st.sampled_from(("1", "3")))  # keep the fuzz test quick
+    text = "".join(f", {k} => {v}" for k, v in args.items())
+    return Query(f"SELECT * FROM {head}{text})")
+
+
 def comments() -> Strategy[str]:
     return st.one_of(st.sampled_from(COMMENT_TEXTS), st.text(max_size=4))
 

@@ -622,6 +622,14 @@ def test_rule_list_arguments(pair: Pair, query: g.Query) -> None:
 # CPU time where it was before they came (~30 s of CPU; see docs/threat_model.md).
 
 
+@settings(FUZZ, max_examples=30)
+@given(query=g.regression_queries())
+def test_regression_arguments(pair: Pair, query: g.Query) -> None:
+    """Regression table functions at tiny and refused epsilons, DP-SGD and mistyped
+    arguments: refused alike before the reserve, or answered alike and charged the plan."""
+    assert_boundary_holds(pair, query)
+
+
 @settings(FUZZ, max_examples=40)
 @given(query=g.derived_table_queries())
 def test_derived_tables(pair: Pair, query: g.Query) -> None:

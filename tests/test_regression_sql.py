@@ -77,12 +77,14 @@ def test_sufficient_statistics_give_intervals_dpsgd_does_not(service):
 def test_explain_shows_the_mechanism_and_spends_nothing(service):
     cur = connect_service(service, "reg-explain").cursor()
     cur.execute("EXPLAIN " + LOGISTIC)
-    rows = cur.fetchall()
+    total, *rows = cur.fetchall()
     text = rows[1][1]
     for part in ("steps 200", "sample rate q 0.02", "clip C 1", "noise multiplier z", "sigma"):
         assert part in text
     assert sum(r[6] for r in rows) == pytest.approx(1.0)  # epsilon column sums to the charge
     assert max(r[7] for r in rows) == pytest.approx(1e-6)
+    # the total row, as a query's EXPLAIN has one: the charge of both measurements
+    assert total[0] == "total" and total[6] == pytest.approx(1.0) and total[7] == 1e-6
     cur.execute("EXPLAIN " + LINEAR)
     (row,) = cur.fetchall()
     assert row[2] == "discrete_gaussian" and row[6] == pytest.approx(1.0) and row[4] > 0

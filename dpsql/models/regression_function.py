@@ -522,7 +522,12 @@ def explain_rows(plan: RegressionPlan) -> list[tuple[Any, ...]]:
         None, float(c.rows_per_unit * c.clip), mech.noise_std,
         mech.sgd_epsilon, c.delta, 0.0, None,
     )  # fmt: skip
-    return [count, sgd]
+    cost = plan.cost
+    total = (
+        "total", "the call's cost: both measurements, charged once before reading", None,
+        None, None, None, float(cost.epsilon), float(cost.delta), float(cost.rho or 0.0), None,
+    )  # fmt: skip
+    return [total, count, sgd]
 
 
 def explain_regression(service: Service, call: Any, settings: Settings) -> Result:
