@@ -7,6 +7,7 @@ with dpsql.connect(policy="fixtures/visits.toml", analyst="alice") as conn:
     print(cur.fetchall())
 """
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from dpsql.errors import (
@@ -93,6 +94,10 @@ def __getattr__(name: str) -> Any:
 
 
 __version__ = "0.1.0"
+
+# A library logs for the application to route; without a handler of its own, Python's last
+# resort would print dpsql's operator messages (tracebacks of internal errors) to stderr.
+logging.getLogger("dpsql").addHandler(logging.NullHandler())
 
 __all__ = [
     "BINARY",

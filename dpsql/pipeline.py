@@ -8,6 +8,7 @@ the ledger is written. The budget is checked before the engine runs and charged 
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import secrets
 import threading
@@ -79,6 +80,8 @@ from dpsql.sql.typecheck import (
     released_key_type,
     type_query,
 )
+
+_log = logging.getLogger("dpsql.service")
 
 # Re-exported: front doors and tests import these from here.
 __all__ = [
@@ -241,6 +244,30 @@ class Service:
 
     # -- execution ---------------------------------------------------------------------------
     def execute(
+        self,
+        text: str,
+        parameters: Sequence[Any] | None,
+        settings: Settings,
+        analyst: str,
+        handle: QueryHandle | None = None,
+    ) -> Result:
+        """Run one statement for every door (DB-API, CLI, wire server). Whatever fails with
+        an exception that is not dpsql's own reaches the door as one InternalError (XX000)
+        that names no value and no internal class; the operator's log has the cause. Before
+        the reserve such a failure is decided by the text and the policy; after it, the
+        charged boundary has already made it the uniform charged error."""
+        try:
+            return self._execute(text, parameters, settings, analyst, handle)
+        except (Error, _ResetRequest):
+            raise
+        except Exception:
+            _log.exception("internal error while processing a statement")
+            raise InternalError(
+                "internal error: dpsql could not process this statement",
+                hint="report the statement to the operator (SHOW budget shows any charge)",
+            ) from None
+
+    def _execute(
         self,
         text: str,
         parameters: Sequence[Any] | None,
