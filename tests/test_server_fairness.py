@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import statistics
+import sys
 import threading
 import time
 from pathlib import Path
@@ -242,8 +243,42 @@ def test_scheduler_orders_by_recent_cpu_and_caps_each_analyst():
         s.leave(b1)
         s.leave(b2)
         assert s._running == 0 and not s._waiting and s.light_running == 0
+        assert set(s._analysts) == {"a"}  # b's account (no CPU) was forgotten
+        s._analysts["a"].recent = 0.0
+        s._dispatch()
+        assert not s._analysts  # so was a's, once it decayed
 
     asyncio.run(main())
+
+
+def test_a_heavy_analysts_statement_yields_while_a_lighter_one_runs():
+    def busy() -> int:  # ~0.1 s of CPU in small Python calls (what planning looks like)
+        end, n = time.thread_time() + 0.1, 0
+        while time.thread_time() < end:
+            n += len(str(n))
+        return n
+
+    async def main() -> tuple[float, float, float]:
+        s = FairScheduler(FairnessLimits(), slots=4)
+        turn = s.enter("heavy")
+        await turn.granted
+        s._analysts["heavy"].heavy = True
+        loop = asyncio.get_running_loop()
+        s.light_running = 0  # nobody else runs: no pause
+        await loop.run_in_executor(None, s.wrap(turn, busy))
+        alone = turn.paused
+        s.light_running = 1  # a lighter analyst's statement runs
+        await loop.run_in_executor(None, s.wrap(turn, busy))
+        shared = turn.paused
+        assert sys.getprofile() is None
+        s.leave(turn)
+        return alone, shared, s._analysts["heavy"].total_cpu
+
+    alone, shared, cpu = asyncio.run(main())
+    assert alone == 0.0
+    # 0.1 s of CPU in 2 ms quanta, each followed by a pause of up to 20 ms: ~1 s of pauses.
+    assert shared > 0.2, shared
+    assert cpu > 0.05  # the pauses are not counted as its CPU; its work is
 
 
 def test_limits_are_checked(tmp_path):

@@ -147,6 +147,8 @@ YIELD_QUANTUM = 0.002
 YIELD_STEP = 0.001
 YIELD_PAUSE = 0.02
 YIELD_EVENTS = 1000
+# An analyst with nothing running or waiting is forgotten once its account decays below this.
+FORGET_CPU = 1e-3
 
 
 class Turn:
@@ -278,8 +280,6 @@ class FairScheduler:
             self._waiting.remove(turn)
         if not turn.granted.done():
             turn.granted.cancel()
-        if not a.running and a.recent < 1e-4 and all(t.analyst is not a for t in self._waiting):
-            self._analysts.pop(a.name, None)  # forgotten: as if it had never run
         self._dispatch()
 
     def _dispatch(self) -> None:
@@ -289,6 +289,13 @@ class FairScheduler:
         for name, a in self._analysts.items():
             a.heavy = usage[name] > heavy_cpu
         self._waiting = [t for t in self._waiting if not t.granted.done()]
+        waiting = {t.analyst.name for t in self._waiting}
+        for name in [
+            name
+            for name, a in self._analysts.items()
+            if not a.running and name not in waiting and usage[name] < FORGET_CPU
+        ]:
+            del self._analysts[name]  # its account has decayed to nothing: forget it
         while self._running < self.slots and self._waiting:
             best: tuple[Any, ...] | None = None
             chosen: Turn | None = None
@@ -355,7 +362,7 @@ class FairScheduler:
             if now_cpu < next_cpu:
                 return
             next_cpu = now_cpu + YIELD_QUANTUM
-            if not a.heavy:  # its use has decayed below its share since it started
+            if not a.heavy or not self.light_running:  # below its share again, or alone
                 return
             start = monotonic()
             deadline = start + YIELD_PAUSE

@@ -249,16 +249,19 @@ class Session:
             if scheduled and self.user:
                 turn = self.server.scheduler.enter(self.user)
                 self._interrupt = turn.abandon
-                with contextlib.suppress(Abandoned):
+                abandoned = False
+                try:
                     await turn.granted
-                if self._cancelled:  # cancelled or timed out while it waited: nothing ran
+                except Abandoned:  # a cancel, the timeout, or the client went away
+                    abandoned = True
+                if abandoned or self._cancelled:  # while it waited: nothing ran
                     raise SqlError(
                         "57014",
                         "canceling statement due to statement timeout"
                         if self._timed_out
                         else "canceling statement due to user request",
-                        hint="it was still waiting for its turn behind this analyst's other "
-                        "statements; nothing ran and nothing was spent",
+                        hint="it was still waiting for its turn to run (the analyst's other "
+                        "statements, or the server's, were running); nothing ran or was spent",
                     )
                 call = self.server.scheduler.wrap(turn, fn, *args)
             self._interrupt = interrupt
