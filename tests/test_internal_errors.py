@@ -78,3 +78,34 @@ upper = 100
     assert code != 0
     assert "XX000" in out.err and SECRET not in out.err + out.out
     assert "Traceback" not in out.err and "KeyError" not in out.err
+
+
+@pytest.mark.parametrize("position", [".7", "1.5", "1.0", "1e0"])
+def test_group_by_a_non_integer_literal_is_a_clear_refusal(position):
+    service = dpsql.Service(fixture_policy(), ledger=MemoryLedger(), cache=False)
+    conn = connect_service(service, "mallory")
+    with pytest.raises(dpsql.ProgrammingError) as info:
+        conn.cursor().execute(f"SELECT department, COUNT(*) FROM visits GROUP BY {position}")
+    assert info.value.sqlstate == "42601"
+    assert "not a select-list position" in info.value.message
+    assert float(service.ledger.spent("mallory", service.policy.dataset).epsilon) == 0
+    service.close()
+
+
+def test_an_empty_public_table_is_an_empty_domain(tmp_path):
+    """Grouping by a column of an empty public table: INNER releases no group, LEFT the NULL
+    group only (public facts: the table is empty), not a leaked engine parser error."""
+    from test_join_totality import STAR, star_policy
+
+    empty = tmp_path / "departments.csv"
+    empty.write_text((STAR / "departments.csv").read_text().splitlines()[0] + "\n")
+    policy = star_policy()
+    policy["tables"]["departments"]["source"] = str(empty)
+    service = dpsql.Service(policy, ledger=MemoryLedger(), cache=False)
+    cur = connect_service(service, "mallory").cursor()
+    base = "SELECT d.name, COUNT(*) FROM visits v {} departments d ON v.dept_id = d.id GROUP BY 1"
+    cur.execute(base.format("JOIN"))
+    assert cur.fetchall() == []
+    cur.execute(base.format("LEFT JOIN"))
+    assert [row[0] for row in cur.fetchall()] == [None]
+    service.close()

@@ -1264,6 +1264,14 @@ class _Binder:
         for item in group.expressions:
             resolved = item
             if isinstance(item, exp.Literal) and not item.is_string:
+                if not str(item.this).isdigit():  # GROUP BY .7, 1.5, 1e0: no position
+                    raise _refuse(
+                        SQLSyntaxError,
+                        f"GROUP BY {item.this} is not a select-list position",
+                        item,
+                        self.text,
+                        "GROUP BY a column, an expression, or a whole position such as 1",
+                    )
                 index = int(item.this) - 1
                 if not 0 <= index < len(self.tree.expressions):
                     raise self.refuse(

@@ -46,6 +46,8 @@ def column_relation(col: ColumnPolicy) -> tuple[str, int] | None:
     if col.values is not None:
         body = " UNION ALL ".join(f"SELECT {_literal(v, col.type)} AS {name}" for v in col.values)
         size = len(col.values)
+        if not col.values:  # an empty domain (an empty public table): a relation of no rows
+            body = f"SELECT CAST(NULL AS {sql_type}) AS {name} WHERE false"
     elif col.type == "bool":
         body = f"SELECT CAST(b AS BOOLEAN) AS {name} FROM (VALUES (false), (true)) t(b)"
         size = 2
