@@ -81,6 +81,15 @@ class OperationalError(DatabaseError):
     sqlstate = "58000"
 
 
+class LedgerUnavailableError(OperationalError):
+    """The budget ledger could not be read or written and NOTHING was charged (SQLSTATE 53000,
+    PostgreSQL's insufficient_resources: busy past its timeout, disk full, I/O error, a file
+    that is not a ledger). Retrying is safe. Distinct from 58000, the error of a query whose
+    cost was charged (dpsql.boundary.ChargedFailure), so a client can tell the two apart."""
+
+    sqlstate = "53000"
+
+
 class IntegrityError(DatabaseError):
     sqlstate = "23000"
 
@@ -157,6 +166,7 @@ __all__ = [
     "IntegrityError",
     "InterfaceError",
     "InternalError",
+    "LedgerUnavailableError",
     "NotSupportedError",
     "OperationalError",
     "PolicyError",
