@@ -17,11 +17,14 @@ the sum of the cost columns of the append-only log (a reset is logged as the neg
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import getpass
+import logging
 import math
 import os
+import secrets
 import sqlite3
 import stat
 import threading
@@ -34,7 +37,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, cast
 
-from dpsql.errors import DatabaseError, InterfaceError, OperationalError
+from dpsql.errors import DatabaseError, InterfaceError, LedgerUnavailableError, OperationalError
 from dpsql.privacy.accounting import Budget, Cost, exact
 from dpsql.privacy.ledger import (
     AnalystStatus,
@@ -148,6 +151,14 @@ _STANDING = (
 
 FaultHook = Callable[[str], None]
 
+log = logging.getLogger("dpsql.ledger")
+
+# What to do about a ledger file that exists but cannot be used (named in every refusal).
+_RECOVER = (
+    "restore it from a backup (dpsql budget restore BACKUP --force), or, if it never held "
+    "charges, move it away (a new ledger starts every budget from 0); never delete it to go on"
+)
+
 
 class LedgerPermissionWarning(UserWarning):
     """The ledger file was readable or writable by other users."""
@@ -205,29 +216,46 @@ def _stored_cost(
     return Cost(*epsilon_delta_rho, zrho=None if zrho_text is None else Fraction(zrho_text))
 
 
-def _private_file(path: Path) -> None:
-    """Create ``path`` with mode 0600 whatever the umask; tighten it if it already exists.
+def _private_new_file(path: Path) -> None:
+    """Create ``path`` (it must not exist) with mode 0600 whatever the umask.
 
     SQLite gives the ``-wal`` and ``-shm`` files it creates the main file's mode, so creating
     the main file private first covers them; :func:`_tighten` checks them after opening.
     """
-    if str(path) in ("", ":memory:"):
-        return
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        _tighten(path)
-        return
-    except OSError as exc:
-        raise OperationalError(
-            f"cannot create the budget ledger {str(path)!r}: {exc.strerror}",
-            construct="ledger",
-            hint="check that the ledger's directory exists and is writable by dpsql",
-        ) from None
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.fchmod(fd, 0o600)  # os.open's mode is masked by the umask
     finally:
         os.close(fd)
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file (or a directory's entries) to disk; best effort where unsupported."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _reason(name: str, text: str) -> str:
+    """A failure's kind in words, for the analyst: no path, no SQLite text."""
+    if name.startswith("SQLITE_FULL") or "full" in text:
+        return "the disk is full"
+    if name.startswith("SQLITE_IOERR") or "I/O" in text:
+        return "disk I/O error"
+    if name.startswith("SQLITE_READONLY") or "readonly" in text:
+        return "the ledger is read-only"
+    if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")):
+        return "the ledger file is damaged"
+    if name.startswith(("SQLITE_CANTOPEN", "SQLITE_PERM", "SQLITE_AUTH")):
+        return "the ledger file cannot be opened"
+    return "a storage error"
 
 
 def _tighten(path: Path) -> None:
@@ -293,10 +321,19 @@ class SQLiteLedger:
         self._write_lock = threading.Lock()
         self._handles: weakref.WeakSet[_Handle] = weakref.WeakSet()
         self._closed = False
-        _private_file(self.path)
-        self._init_schema()
+        self._opened = False  # messages name the file until it is open (operator-facing)
+        if str(self.path) in ("", ":memory:"):
+            self._init_schema(new=True)
+        else:
+            if not os.path.lexists(self.path):
+                self._create()
+            else:
+                _tighten(self.path)
+            self._check_existing()
+            self._init_schema(new=False)
         for side in ("-wal", "-shm"):
             _tighten(Path(f"{self.path}{side}"))
+        self._opened = True
 
     # -- connections and transactions -------------------------------------------------------
 
@@ -327,19 +364,62 @@ class SQLiteLedger:
                 self._handles.add(handle)
         return handle.conn
 
-    def _error(self, exc: sqlite3.Error) -> DatabaseError:
+    def _error(self, exc: sqlite3.Error, *, committing: bool = False) -> DatabaseError:
+        """The error a failed ledger operation raises, logged for the operator with its cause.
+
+        Nothing was charged (:class:`LedgerUnavailableError`, SQLSTATE 53000) unless a write's
+        ``COMMIT`` itself failed on an I/O error: then the commit frame may have reached the
+        disk, and the caller hears 58000, "may have been charged" (never told "not charged"
+        for a charge a restart could bring back). The analyst's message gives the kind of
+        failure, never the file or SQLite's text; the log has both.
+        """
         text = str(exc)
-        if "locked" in text or "busy" in text:
-            return OperationalError(
-                f"the budget ledger {str(self.path)!r} stayed busy for {self.timeout:g} s",
-                construct="ledger",
-                hint="retry; if it persists, look for a process holding the ledger open",
-            )
-        return OperationalError(
-            f"the budget ledger {str(self.path)!r} failed: {text}",
-            construct="ledger",
-            hint="check that the ledger's directory exists and is writable by dpsql",
+        name = str(getattr(exc, "sqlite_errorname", "") or type(exc).__name__)
+        busy = (
+            "locked" in text or "busy" in text or name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))
         )
+        where = f" {str(self.path)!r}" if not self._opened else ""
+        log.log(
+            logging.WARNING if busy else logging.ERROR,
+            "budget ledger %s: %s (%s)%s",
+            self.path,
+            text,
+            name,
+            " at COMMIT of a write" if committing else "",
+        )
+        if busy:
+            return LedgerUnavailableError(
+                f"the budget ledger{where} stayed busy for {self.timeout:g} s; nothing was charged",
+                construct="ledger",
+                hint="retry; if it persists, the operator should look for a process holding "
+                "the ledger open",
+            )
+        if str(self.path) not in ("", ":memory:"):
+            self._drop_connection()  # a connection after an I/O error starts afresh
+        reason = _reason(name, text)
+        if committing and not name.startswith("SQLITE_FULL"):
+            return OperationalError(
+                f"the budget ledger could not confirm a write ({reason}): the query may have "
+                "been charged",
+                sqlstate="58000",
+                construct="ledger",
+                hint="SHOW budget tells whether it was; the operator's log has the cause",
+            )
+        return LedgerUnavailableError(
+            f"the budget ledger{where} is unavailable ({reason}); nothing was charged",
+            construct="ledger",
+            hint="retry later; the operator's log has the cause"
+            if self._opened
+            else "check that the ledger's directory exists, is on a local disk with free "
+            "space and is writable by dpsql",
+        )
+
+    def _drop_connection(self) -> None:
+        handle: _Handle | None = getattr(self._local, "handle", None)
+        if handle is not None and handle.pid == os.getpid():
+            self._local.handle = None
+            with contextlib.suppress(sqlite3.Error):
+                handle.conn.close()
 
     @contextmanager
     def _transaction(self, mode: str | None) -> Iterator[sqlite3.Connection]:
@@ -351,14 +431,17 @@ class SQLiteLedger:
                 conn.execute(f"BEGIN {mode}")
         except sqlite3.Error as exc:
             raise self._error(exc) from None
+        committing = False
         try:
             yield conn
+            committing = mode is None  # a write's COMMIT: it may reach the disk and fail
             conn.execute("COMMIT")
         except BaseException as exc:
             if conn.in_transaction:
-                conn.execute("ROLLBACK")
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
             if isinstance(exc, sqlite3.Error):
-                raise self._error(exc) from None
+                raise self._error(exc, committing=committing) from None
             if isinstance(exc, UnicodeEncodeError):  # an analyst, dataset or cache key
                 raise InterfaceError(
                     "a ledger key (analyst, dataset or cache key) is not valid Unicode",
@@ -414,15 +497,119 @@ class SQLiteLedger:
                 conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
         except sqlite3.Error as exc:
             if conn.in_transaction:
-                conn.execute("ROLLBACK")
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
             raise self._error(exc) from None
 
     def _read(self) -> AbstractContextManager[sqlite3.Connection]:
         # A read transaction sees one consistent snapshot (WAL), e.g. budget and total together.
         return self._transaction("DEFERRED")
 
-    def _init_schema(self) -> None:
-        """Switch to WAL and create the tables, taking the write lock only on a new file."""
+    def _create(self) -> None:
+        """A new ledger, created whole: the schema is written to a private (0600) file beside
+        it, which is then linked into place. So the ledger's name never shows an empty file,
+        and an empty or foreign file found there is refused (:meth:`_check_existing`), never
+        taken for a new ledger. A ``-wal`` file without its ledger (the ledger was moved or
+        deleted without it) is refused too: SQLite would replay it into the new file."""
+        wal = Path(f"{self.path}-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            raise LedgerUnavailableError(
+                f"the budget ledger {str(self.path)!r} is missing but its -wal file {str(wal)!r} "
+                "is there: the ledger was moved or deleted without it (its newest charges are "
+                "in that file)",
+                construct="ledger",
+                hint="put the ledger back next to its -wal file, or restore it from a backup "
+                "(dpsql budget restore BACKUP --force moves the orphaned -wal aside)",
+            )
+        tmp = self.path.with_name(f".{self.path.name}.new-{os.getpid()}-{secrets.token_hex(4)}")
+        try:
+            try:
+                _private_new_file(tmp)
+                conn = sqlite3.connect(tmp, isolation_level=None)
+                try:
+                    conn.execute("PRAGMA journal_mode = WAL")
+                    conn.execute("BEGIN IMMEDIATE")
+                    for statement in _SCHEMA:
+                        conn.execute(statement)
+                    conn.execute(
+                        "INSERT INTO meta (key, value) VALUES ('schema_version', ?)",
+                        (str(SCHEMA_VERSION),),
+                    )
+                    conn.execute("COMMIT")
+                finally:
+                    conn.close()  # checkpoints the WAL into the file and removes it
+                _fsync(tmp)
+                try:
+                    os.link(tmp, self.path)
+                except FileExistsError:
+                    pass  # another process created it first: use theirs
+                except OSError:  # a filesystem without hard links
+                    if not os.path.lexists(self.path):
+                        os.rename(tmp, self.path)
+                _fsync(self.path.parent)
+            except (OSError, sqlite3.Error) as exc:
+                cause = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                log.error("cannot create the budget ledger %s: %s", self.path, cause)
+                raise LedgerUnavailableError(
+                    f"cannot create the budget ledger {str(self.path)!r}: {cause}",
+                    construct="ledger",
+                    hint="check that the ledger's directory exists and is writable by dpsql",
+                ) from None
+        finally:
+            for name in (str(tmp), f"{tmp}-wal", f"{tmp}-shm", f"{tmp}-journal"):
+                with contextlib.suppress(OSError):
+                    os.unlink(name)
+
+    def _check_existing(self) -> None:
+        """Refuse a file that is not a dpsql ledger: empty (0 bytes and no ``-wal``),
+        unreadable, damaged, or a SQLite database without the ledger's ``meta`` table. Taking
+        it for a new ledger would start every budget from 0."""
+        path = str(self.path)
+
+        def refuse(what: str) -> LedgerUnavailableError:
+            log.error("refusing the budget ledger %s: %s", path, what)
+            return LedgerUnavailableError(
+                f"the budget ledger {path!r} {what}; dpsql will not take it for a new ledger",
+                construct="ledger",
+                hint=_RECOVER,
+            )
+
+        try:
+            size = os.stat(path).st_size
+            wal = Path(f"{path}-wal")
+            wal_size = wal.stat().st_size if wal.exists() else 0
+        except OSError as exc:
+            raise refuse(f"cannot be read ({exc.strerror})") from None
+        if not os.path.isfile(path):
+            raise refuse("is not a regular file")
+        if size == 0 and wal_size == 0:
+            raise refuse("is an empty file (0 bytes)")
+        if not os.access(path, os.R_OK | os.W_OK):
+            raise refuse("cannot be read and written by this user (permission denied)")
+        try:
+            conn = sqlite3.connect(path, timeout=self.timeout)
+            try:
+                found = conn.execute(
+                    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
+                ).fetchone()
+                if found is not None:
+                    found = conn.execute(
+                        "SELECT value FROM meta WHERE key = 'schema_version'"
+                    ).fetchone()
+            finally:
+                conn.close()
+        except sqlite3.Error as exc:
+            name = str(getattr(exc, "sqlite_errorname", "") or "")
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise self._error(exc) from None
+            if name.startswith(("SQLITE_NOTADB", "SQLITE_CORRUPT")):
+                raise refuse(f"is not a SQLite database or is damaged ({exc})") from None
+            raise refuse(f"cannot be read ({exc})") from None
+        if found is None:
+            raise refuse("is a SQLite database without dpsql's ledger tables")
+
+    def _init_schema(self, *, new: bool) -> None:
+        """Switch to WAL, create the tables on an in-memory ledger, migrate old versions."""
         conn = self._conn()
         try:
             mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
@@ -437,7 +624,7 @@ class SQLiteLedger:
                 hint="put the ledger on a local filesystem (not a network share)",
             )
         version = self._schema_version()
-        if version is None:
+        if version is None and new:
             with self._write() as conn:
                 for statement in _SCHEMA:
                     conn.execute(statement)
