@@ -53,9 +53,10 @@ _ENGINE_KEYS = {
     "prepared": 'a prepared store per data version (dpsql.engine.prepared, spark_store): "off" '
     '(default), "memory", or "disk" (a file next to the ledger, reused across processes)',
     "prepared_dir": "where disk stores go (default: the ledger's directory)",
-    "small_tables": 'DuckDB: how plans on CSV tables run: "columns" (default: held in memory, '
-    "dpsql.engine.columnar, where the plan allows; a CSV table may then have at most 200,000 "
-    'rows, or the start fails) or "sql"',
+    "small_tables": 'DuckDB: how plans on CSV tables run: "auto" (default: a CSV table of at '
+    "most 200,000 rows is held in memory for column programs, dpsql.engine.columnar, a larger "
+    'one runs SQL, decided once per data version at connect), "columns" (every CSV table held; '
+    'more than 200,000 rows fails the start) or "sql" (none held): declare it to pin the path',
 }
 
 _PRIVACY_KEYS = {
@@ -274,7 +275,7 @@ class EngineConfig:
     prepared_dir: str | None = None
     # DuckDB: plans on small eager tables run on their columns in memory (dpsql.engine.columnar)
     # where dpsql.sql.local_plan can mirror them ("columns"), or always as SQL ("sql")
-    small_tables: str = "columns"
+    small_tables: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -526,7 +527,11 @@ def _engine(rep: _Reporter, spec: Any) -> EngineConfig:
     if prepared_dir is not None and (not isinstance(prepared_dir, str) or not prepared_dir):
         raise rep.fail("engine.prepared_dir", "must be a directory path", 'e.g. "store/"')
     small_tables = _choice(
-        rep, "engine.small_tables", spec.get("small_tables", "columns"), ("columns", "sql"), "mode"
+        rep,
+        "engine.small_tables",
+        spec.get("small_tables", "auto"),
+        ("auto", "columns", "sql"),
+        "mode",
     )
     for key in ("perfect_hash_bits", "threads", "small_tables"):  # Spark has a store too
         if name != "duckdb" and key in spec:

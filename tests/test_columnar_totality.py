@@ -285,21 +285,33 @@ def test_a_wrongly_mapped_infinity_is_caught_by_the_comparison_with_the_sql(tmp_
     assert "SELECT COUNT(*) FROM t1 WHERE d >= DATE '0001-01-01'" in found["D'"]
 
 
-def test_the_declared_size_fails_the_start_instead_of_switching_the_path(tmp_path, monkeypatch):
-    """One unit can carry a table across any row count. The size of a table held for programs
-    is declared (SMALL_ROWS, here lowered to D's 900 rows): D' (908 rows) does not silently
-    run its SQL, it fails the start, as a value that does not cast to its type does; with
-    small_tables = "sql" it loads and runs SQL alike on both."""
+def test_the_declared_size_fails_the_start_instead_of_switching_the_path(
+    tmp_path, monkeypatch, caplog
+):
+    """One unit can carry a table across any row count. Declared small_tables = "columns": the
+    size of a table held for programs is declared (SMALL_ROWS, here lowered to D's 900 rows),
+    and D' (908 rows) does not silently run its SQL, it fails the start, as a value that does
+    not cast to its type does; with small_tables = "sql" it loads and runs SQL alike on both.
+    Undeclared ("auto", the default, so a first large CSV just works), the choice is made once
+    per data version at connect and logged for the operator: D' runs SQL."""
     d, d_prime = _neighbours(tmp_path)
     monkeypatch.setattr(duckdb_engine, "SMALL_ROWS", 900)
-    svc = _service(d, unit=True)
+    columns = {"small_tables": "columns"}
+    svc = _service(d, unit=True, engine=columns)
     try:
         assert svc.engine.columns["t1"].capacity == 900
     finally:
         svc.close()
     with pytest.raises(PolicyError) as info:
-        _service(d_prime, unit=True)
+        _service(d_prime, unit=True, engine=columns)
     assert "small_tables" in str(info.value) + str(info.value.hint)
+    with caplog.at_level("WARNING", logger="dpsql.engine"):
+        svc = _service(d_prime, unit=True)
+    try:
+        assert svc.engine.columns == {}
+        assert any("small_tables" in r.getMessage() for r in caplog.records)
+    finally:
+        svc.close()
     for path in (d, d_prime):
         svc = _service(path, unit=True, engine={"small_tables": "sql"})
         try:

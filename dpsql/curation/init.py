@@ -427,6 +427,22 @@ def draft(
     emit(_line("budget_epsilon", 10.0, "decide: each analyst's total epsilon on this dataset"))
     emit(_line("budget_delta", 1e-5, "decide: each analyst's total delta"))
     emit(_line("dataset", dataset, "the name of this dataset in the budget ledger"))
+    if src.kind == "csv":
+        # Pinned here so that which path a query takes is the policy's choice, never a row
+        # count one unit could move (docs/threat_model.md, "Which tables run programs").
+        from dpsql.engine.duckdb_engine import SMALL_ROWS
+
+        held = prof.rows <= SMALL_ROWS
+        emit("")
+        emit("[engine]")
+        emit(
+            _line(
+                "small_tables",
+                "columns" if held else "sql",
+                f"decide: {'held in memory for fast column programs' if held else 'run as SQL'}"
+                f" (observed: {prof.rows} rows; at most {SMALL_ROWS:,} can be held)",
+            )
+        )
     emit("")
     emit(f"[tables.{toml_key(table)}]")
     emit(_line("source", source_text, source_note))

@@ -9,6 +9,7 @@ After loading, the connection is sealed: only the policy's own files stay readab
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,9 +39,11 @@ def _file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-# The declared size of a small table: under [engine] small_tables = "columns" (the default)
-# every CSV source is held in memory for column programs, and may have at most this many rows.
+# The size of a small table: under [engine] small_tables = "columns" every CSV source is held
+# in memory for column programs and may have at most this many rows (more fails the start);
+# under "auto" (the default) a CSV source of more rows runs its SQL instead.
 SMALL_ROWS = 200_000
+_log = logging.getLogger("dpsql.engine")
 
 
 class DuckDBEngine:
@@ -60,6 +63,7 @@ class DuckDBEngine:
         # every source an eager CSV table (threads = 1 unless set): the policy's source kinds
         self._small = bool(policy.tables)
         self._eager: list[TablePolicy] = []
+        self._over_size: set[str] = set()  # CSV tables past SMALL_ROWS under "auto": SQL
         self.stores: list[prepared.StoreInfo] = []
         allowed: list[str] = []
         attached = False
@@ -93,7 +97,8 @@ class DuckDBEngine:
 
     def _hold_columns(self) -> dict[str, columnar.ColumnarTable]:
         """Every CSV table in memory for column programs (dpsql.engine.columnar) under
-        ``small_tables = "columns"``; none under "sql".
+        ``small_tables = "columns"``, those of at most SMALL_ROWS rows under "auto" (the
+        default); none under "sql".
 
         Which tables run programs is decided by the policy alone (its mode and each source's
         kind), never by the data (issue 25, item 6): the load reads every value of every
@@ -102,11 +107,18 @@ class DuckDBEngine:
         value that does not cast to its type does, instead of silently running its SQL. A
         count one unit can push across a threshold (with R·G rows, or any number of raw rows)
         would otherwise switch every query on the table between ~0.5 ms and ~2-8 ms. What
-        still fails here fails the start too, seen by the operator, never by an analyst."""
+        still fails here fails the start too, seen by the operator, never by an analyst.
+
+        That holds when the policy declares small_tables. Undeclared ("auto"), a first large
+        CSV must still just work, so its size is measured once per data version at connect
+        (logged for the operator): the one choice left that a unit can move, by timing only,
+        and pinned by declaring the mode (``dpsql init`` writes it)."""
         held: dict[str, columnar.ColumnarTable] = {}
-        if self.policy.engine.small_tables != "columns":
+        if self.policy.engine.small_tables == "sql":
             return held
         for table in self._eager:
+            if table.name in self._over_size:
+                continue
             try:
                 held[table.name] = columnar.load(
                     self._con, table, self.versions.get(table.name, ""), SMALL_ROWS
@@ -210,7 +222,7 @@ class DuckDBEngine:
             )
             self._con.execute(f"SELECT * FROM {_q(table.name)} LIMIT 0").fetchall()
             count = None
-            if kind == "TABLE" and self.policy.engine.small_tables == "columns":
+            if kind == "TABLE" and self.policy.engine.small_tables != "sql":
                 count = self._con.execute(f"SELECT count(*) FROM {_q(table.name)}").fetchone()
         except duckdb.Error as exc:
             raise PolicyError(
@@ -219,7 +231,23 @@ class DuckDBEngine:
                 construct=where,
                 hint="check that every declared column exists in the source with that type",
             ) from None
-        if count is not None and count[0] > SMALL_ROWS:
+        if (
+            count is not None
+            and count[0] > SMALL_ROWS
+            and self.policy.engine.small_tables == "auto"
+        ):
+            # Undeclared: a large CSV runs its SQL. The choice is made here, once per data
+            # version, and logged for the operator; one unit can move a table across the
+            # limit, so a timing difference can show which side it is on (docs/threat_model.md,
+            # "Column programs"): declaring small_tables pins it (dpsql init writes it).
+            _log.warning(
+                "%s: more than %s rows: its plans run as SQL, not column programs; declare "
+                '[engine] small_tables = "sql" (or "columns") to pin the path',
+                where,
+                f"{SMALL_ROWS:,}",
+            )
+            self._over_size.add(table.name)
+        elif count is not None and count[0] > SMALL_ROWS:
             # Declared small (held for column programs): more rows fail the start, seen by the
             # operator, rather than switch the table's path on a count one unit can move.
             raise PolicyError(
