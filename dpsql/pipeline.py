@@ -21,7 +21,7 @@ from typing import Any, ClassVar, cast
 import numpy as np
 from sqlglot import exp
 
-from dpsql.boundary import charged_boundary, post_processing_boundary
+from dpsql.boundary import charged_boundary, post_processing_boundary, remember_paid
 from dpsql.engine.api import EngineResult, QueryHandle, cancel_check
 from dpsql.engine.base import open_engine
 from dpsql.engine.scratch import (
@@ -36,6 +36,7 @@ from dpsql.errors import (
     OperationalError,
     ProgrammingError,
 )
+from dpsql.limits import check_parameters, check_plan_rows, check_text
 from dpsql.policy import Policy, TablePolicy, load_policy
 from dpsql.privacy.ledger import Ledger, MemoryLedger
 from dpsql.privacy.release import Released, at_confidence, release
@@ -275,6 +276,8 @@ class Service:
         analyst: str,
         handle: QueryHandle | None = None,
     ) -> Result:
+        check_text(text, self.policy.limits)  # sizes and nesting: before any work (54000/1)
+        check_parameters(parameters, self.policy.limits)
         key = self._plans.key(text, parameters, settings, analyst)
         if (prepared := self._lookup(key)) is not None:
             return self._run(prepared, analyst, handle, settings.confidence)
@@ -392,6 +395,7 @@ class Service:
         confidence: float = 0.95,
     ) -> Result:
         plan = prepared.plan
+        check_plan_rows(plan, self.policy.limits)  # public bins: decided by text and policy
         if not plan.measures and not plan.quantiles and plan.threshold is None:
             # Public keys only, nothing measured (SELECT DISTINCT dept, GROUP BY dept without
             # an aggregate): the answer is the policy's domain. Nothing is read or charged.
@@ -436,8 +440,11 @@ class Service:
             encoded = _encode(released, key_types)
             # Decode what is stored, so a fresh answer and its cached replay look the same.
             answer = _decode(encoded)
-            if cache_key is not None:
-                self.ledger.remember(analyst, dataset, cache_key, encoded)
+        # Paid for and released: a failed cache write returns it with a note, never discards it.
+        if cache_key is not None and (
+            note := remember_paid(self.ledger, analyst, dataset, cache_key, encoded)
+        ):
+            clip_notes.append(note)
         with post_processing_boundary():
             answer = at_confidence(run_plan, answer, confidence)  # the cache keeps the 95% ones
             out = self._finish(plan, answer, cost=plan.cost, cached=False, prepared=prepared)
@@ -623,6 +630,8 @@ class Service:
         A DP query is planned (or found) in the plan cache, so that executing it next (the
         wire protocol describes, then executes) does not plan it again.
         """
+        check_text(text, self.policy.limits)
+        check_parameters(parameters, self.policy.limits)
         key = self._plans.key(text, parameters, settings, analyst)
         prepared = self._lookup(key)
         if prepared is None:

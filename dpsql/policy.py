@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dpsql.errors import PolicyError, ProgrammingError
+from dpsql.limits import DEFAULT_LIMITS, Limits, limits_from_section
 from dpsql.privacy.accounting import Budget
 
 COLUMN_TYPES = ("int", "float", "text", "bool", "date")
@@ -292,6 +293,7 @@ class Policy:
     schema: str | None = None  # accepted as a table qualifier, besides main and public
     engine: EngineConfig = field(default_factory=EngineConfig)
     analysts: frozenset[str] | None = None  # None: in-process callers may name any analyst
+    limits: Limits = DEFAULT_LIMITS  # [limits]: what one statement may be (dpsql.limits)
 
     def table(self, name: str) -> TablePolicy | None:
         return self.tables.get(name.lower())
@@ -402,8 +404,9 @@ def _integer(
 
 def _build(data: dict[str, Any], path: Path | None) -> Policy:
     rep = _Reporter(path)
-    rep.unknown_keys("", data, {"privacy": "", "tables": "", "engine": ""})
+    rep.unknown_keys("", data, {"privacy": "", "tables": "", "engine": "", "limits": ""})
     engine = _engine(rep, data.get("engine", {}))
+    limits = limits_from_section(data.get("limits", {}), rep.fail, rep.unknown_keys)
     privacy = data.get("privacy", {})
     if not isinstance(privacy, dict):
         raise rep.fail("privacy", "must be a table", "write a [privacy] section")
@@ -487,6 +490,7 @@ def _build(data: dict[str, Any], path: Path | None) -> Policy:
         schema=schema.strip() if schema is not None else None,
         engine=engine,
         analysts=None if analysts is None else frozenset(analysts),
+        limits=limits,
     )
 
 

@@ -37,6 +37,7 @@ from dpsql.service.settings import Settings
 from dpsql.sql.bind import DIALECT, BoundQuery
 from dpsql.sql.compile import NEUTRAL, CompiledQuery, compile_plan
 from dpsql.sql.plan import Plan
+from dpsql.sql.treeops import replace_nodes
 
 if TYPE_CHECKING:
     from dpsql.pipeline import Service
@@ -78,8 +79,7 @@ def _with_slots(where: exp.Expression, values: list[exp.Expression]) -> exp.Expr
     """A copy of ``where`` whose slot literals (walk order) are replaced by ``values``."""
     copy = where.copy()
     nodes = [node for node, _ in _slots(copy)]
-    for node, value in zip(nodes, values, strict=True):
-        node.replace(value)
+    replace_nodes(zip(nodes, values, strict=True))  # linear: node.replace re-parents lists
     return copy
 
 

@@ -39,6 +39,7 @@ from dpsql.frontend.logic import conjuncts
 from dpsql.frontend.private_joins import resolve_private_joins
 from dpsql.frontend.rewrite import normalise, timestamp_literals
 from dpsql.frontend.scopes import shadow_policy_tables
+from dpsql.limits import check_tree
 from dpsql.policy import ColumnPolicy, Policy, TablePolicy, default_granularity
 from dpsql.sql.positions import _tokens, forget_tokens, offset_position, position_of, snippet
 from dpsql.table_functions import TABLE_FUNCTIONS, result_columns
@@ -366,6 +367,7 @@ def parse_statement(
             "send one statement at a time",
         )
     tree = statements[0]
+    check_tree(tree, policy.limits)  # before the walkers below recurse on it (54001)
     # sqlglot keeps comments on nodes and renders them again: drop them, so no analyst text
     # but validated expressions ever reaches the engine SQL.
     for node in tree.walk():
