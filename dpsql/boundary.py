@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from dpsql.errors import DataError, OperationalError
 
@@ -23,6 +24,10 @@ POST_PROCESSING_FAILED = (
 )
 CANCELLED_AFTER_READ = "query cancelled after it started reading data; its cost was charged"
 CANCELLED = "57014"
+NOT_CACHED = (
+    "this answer was charged and is returned, but it could not be stored in the answer cache "
+    "(a ledger write failed): re-running the same query will cost again"
+)
 
 
 class ChargedFailure(OperationalError):
@@ -70,3 +75,24 @@ def charged_boundary() -> Iterator[None]:
             hint="no detail is given, since it could depend on the data; re-running it costs "
             "again; if it keeps failing, report the query to the operator",
         ) from None
+
+
+def remember_paid(
+    ledger: Any, analyst: str, dataset: str, cache_key: str, answer: str
+) -> str | None:
+    """Cache an answer already charged; a failed cache write never discards it.
+
+    The answer was paid for (the reserve committed) and released, so it is returned whatever
+    happens to the cache: a failure is logged for the operator with its cause and comes back
+    as a note for the analyst (None when the answer was stored). The note says only *that*
+    caching failed, a fact about the ledger's disk, not about the data.
+    """
+    try:
+        ledger.remember(analyst, dataset, cache_key, answer)
+    except Exception:
+        log.error(
+            "a charged answer could not be cached (returned to the analyst anyway)",
+            exc_info=True,
+        )
+        return NOT_CACHED
+    return None

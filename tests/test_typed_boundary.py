@@ -191,9 +191,11 @@ def _break(monkeypatch, target, name, exc: Exception):
     monkeypatch.setattr(target, name, broken)
 
 
+# A failed cache write (remember) is not among them: the answer was paid for and is returned
+# with a note (tests/test_ledger_integrity.py, issue 29 item 6).
 @pytest.mark.parametrize(
     "where",
-    ["engine", "release", "encode", "remember", "postprocess"],
+    ["engine", "release", "encode", "postprocess"],
 )
 def test_every_failure_after_the_reserve_is_uniform_and_charged(fresh, monkeypatch, where):
     service, _, conn = fresh
@@ -206,9 +208,6 @@ def test_every_failure_after_the_reserve_is_uniform_and_charged(fresh, monkeypat
         _break(monkeypatch, pipeline, "release", ValueError(secret))
     elif where == "encode":
         _break(monkeypatch, pipeline, "_encode", UnicodeEncodeError("utf-8", secret, 0, 1, "x"))
-    elif where == "remember":
-        service.cache = True
-        _break(monkeypatch, service.ledger, "remember", OSError(secret))
     sql = "SELECT department, COUNT(*) * 2 AS c FROM visits GROUP BY department"
     if where == "postprocess":  # after a first run, whose dry run of the post-processing passed
         conn.cursor().execute(sql)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dpsql.boundary import charged_boundary
+from dpsql.boundary import charged_boundary, remember_paid
 from dpsql.errors import PrivacyError, ProgrammingError, UndefinedColumnError
 from dpsql.models import dpsgd
 from dpsql.models import sufficient_stats as ss
@@ -473,6 +473,7 @@ def run_regression(
     cache_key = "regression:" + fingerprint if service.cache else None
     answer = service.ledger.cached(analyst, dataset, cache_key) if cache_key else None
     cost = None
+    not_cached = None
     if answer is None:
         _check_budget_delta(service, plan, analyst)
         service.ledger.check(analyst, dataset, plan.cost, service.policy.budget)
@@ -484,10 +485,13 @@ def run_regression(
             matrix = service.engine.fetch_matrix(sql, handle)
             fitted = release_regression(plan, matrix, service.noise, cancel_check(handle))
             answer = json.dumps(fitted)
-            if cache_key is not None:
-                service.ledger.remember(analyst, dataset, cache_key, answer)
+        # paid for: a failed cache write returns the answer with a note (dpsql.boundary)
+        if cache_key is not None:
+            not_cached = remember_paid(service.ledger, analyst, dataset, cache_key, answer)
         cost = plan.cost
     result, data = service.table_function_result(call, answer, cost, COLUMNS)
+    if not_cached:
+        result.notes.append(not_cached)
     if plan.model is not None:
         service.store_model(plan, plan.kind, analyst, call.text, data["model"], result)
     return result

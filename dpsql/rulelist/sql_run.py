@@ -17,7 +17,7 @@ import secrets
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from dpsql.boundary import charged_boundary
+from dpsql.boundary import charged_boundary, remember_paid
 from dpsql.engine.api import cancel_check
 from dpsql.engine.scratch import check_post
 from dpsql.errors import ProgrammingError
@@ -92,6 +92,7 @@ def run_rule_list(
     cache_key = "rulelist:" + fingerprint if service.cache else None
     answer = service.ledger.cached(analyst, dataset, cache_key) if cache_key else None
     cost = None
+    not_cached = None
     if answer is None:
         service.ledger.check(analyst, dataset, plan.cost, service.policy.budget)
         columns = [f"f{i}" for i in range(len(plan.feature_sql))] + ["y"]
@@ -117,10 +118,13 @@ def run_rule_list(
                     "model": plan.model_payload(released.rule_list),
                 }
             )
-            if cache_key is not None:
-                service.ledger.remember(analyst, dataset, cache_key, answer)
+        # paid for: a failed cache write returns the answer with a note (dpsql.boundary)
+        if cache_key is not None:
+            not_cached = remember_paid(service.ledger, analyst, dataset, cache_key, answer)
         cost = plan.cost
     result, data = service.table_function_result(call, answer, cost, COLUMNS)
+    if not_cached:
+        result.notes.append(not_cached)
     if plan.model is not None and "model" in data:
         service.store_model(plan, "rule_list", analyst, call.text, data["model"], result)
     return result

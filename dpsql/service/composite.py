@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from sqlglot import exp
 
-from dpsql.boundary import charged_boundary, post_processing_boundary
+from dpsql.boundary import charged_boundary, post_processing_boundary, remember_paid
 from dpsql.engine.api import cancel_check
 from dpsql.errors import NotSupportedError
 from dpsql.privacy.release import at_confidence, release
@@ -160,6 +160,7 @@ def run_composite(
     cache_key = fingerprint if service.cache else None
     stored = service.ledger.cached(analyst, dataset, cache_key) if cache_key else None
     cost = inner.cost + outer.cost
+    not_cached = None
     if stored is None:
         service.ledger.check(analyst, dataset, cost, service.policy.budget)
         for plan in (inner, outer):
@@ -189,8 +190,9 @@ def run_composite(
                 service._key_types(bound),
             )
             stored = json.dumps({"inner": inner_encoded, "outer": outer_encoded})
-            if cache_key is not None:
-                service.ledger.remember(analyst, dataset, cache_key, stored)
+        # paid for: a failed cache write returns the answer with a note (dpsql.boundary)
+        if cache_key is not None:
+            not_cached = remember_paid(service.ledger, analyst, dataset, cache_key, stored)
         charged: Any = cost
     else:
         charged = None
@@ -199,7 +201,10 @@ def run_composite(
         values = _released_values(service, inner, _decode(data["inner"]), query)
         bound = bind_released(outer, query, values)
         answer = at_confidence(bound, _decode(data["outer"]), settings.confidence)
-        return service._finish(bound, answer, cost=charged, cached=charged is None)
+        out = service._finish(bound, answer, cost=charged, cached=charged is None)
+    if not_cached:
+        out.notes.append(not_cached)
+    return out
 
 
 def _compile(plan: Plan):
