@@ -36,6 +36,7 @@ from dpsql.errors import (
     OperationalError,
     ProgrammingError,
 )
+from dpsql.limits import check_parameters, check_plan_rows, check_text
 from dpsql.policy import Policy, TablePolicy, load_policy
 from dpsql.privacy.ledger import Ledger, MemoryLedger
 from dpsql.privacy.release import Released, at_confidence, release
@@ -275,6 +276,8 @@ class Service:
         analyst: str,
         handle: QueryHandle | None = None,
     ) -> Result:
+        check_text(text, self.policy.limits)  # sizes and nesting: before any work (54000/1)
+        check_parameters(parameters, self.policy.limits)
         key = self._plans.key(text, parameters, settings, analyst)
         if (prepared := self._lookup(key)) is not None:
             return self._run(prepared, analyst, handle, settings.confidence)
@@ -392,6 +395,7 @@ class Service:
         confidence: float = 0.95,
     ) -> Result:
         plan = prepared.plan
+        check_plan_rows(plan, self.policy.limits)  # public bins: decided by text and policy
         if not plan.measures and not plan.quantiles and plan.threshold is None:
             # Public keys only, nothing measured (SELECT DISTINCT dept, GROUP BY dept without
             # an aggregate): the answer is the policy's domain. Nothing is read or charged.
@@ -626,6 +630,8 @@ class Service:
         A DP query is planned (or found) in the plan cache, so that executing it next (the
         wire protocol describes, then executes) does not plan it again.
         """
+        check_text(text, self.policy.limits)
+        check_parameters(parameters, self.policy.limits)
         key = self._plans.key(text, parameters, settings, analyst)
         prepared = self._lookup(key)
         if prepared is None:
