@@ -436,6 +436,8 @@ class Service:
                 compiled = compile_plan(run_plan, compiled.secret)
             result: EngineResult = self.engine.execute(compiled, handle)
             released = release(run_plan, result, self.noise, cancel_check(handle))
+            if cache_key is not None and self.data_version(plan.query.table) != plan.data_version:
+                cache_key = None  # the data moved while it ran: answered, never replayed
             key_types = self._key_types(plan)  # from the plan: the same on every dataset
             encoded = _encode(released, key_types)
             # Decode what is stored, so a fresh answer and its cached replay look the same.

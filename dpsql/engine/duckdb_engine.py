@@ -19,6 +19,7 @@ import numpy as np
 import sqlglot
 
 from dpsql.engine import columnar, prepared
+from dpsql.engine.versions import SourceVersions, file_version, table_digest_sql, table_version
 from dpsql.engine.api import EngineResult, QueryHandle, canonical_rows, with_extras
 from dpsql.errors import OperationalError, PolicyError
 from dpsql.policy import Policy, TablePolicy
@@ -59,7 +60,9 @@ class DuckDBEngine:
     ) -> None:
         self.policy = policy
         self._con = duckdb.connect(":memory:")
-        self.versions: dict[str, str] = {}
+        # table -> data version; Parquet files re-checked on every read (engine/versions.py)
+        self._versions = SourceVersions()
+        self.versions: dict[str, str] = self._versions
         # every source an eager CSV table (threads = 1 unless set): the policy's source kinds
         self._small = bool(policy.tables)
         self._eager: list[TablePolicy] = []
@@ -198,13 +201,16 @@ class DuckDBEngine:
                     hint="fix the table name in the policy",
                 )
             relation = f"src.{_q(table.source)}"
-            self.versions[table.name] = table.version or ""
+            self.versions[table.name] = table.version or ""  # digest: after the view exists
             kind = "VIEW"
             self._small = False
         elif path.name.lower().endswith(".parquet"):
             relation = f"read_parquet({_sql_string(str(path))})"
             allowed.append(str(path))
-            self.versions[table.name] = table.version or _file_digest(path)
+            if table.version:
+                self.versions[table.name] = table.version
+            else:
+                self._versions.watch(table.name, path)  # replaceable while serving
             kind = "VIEW"
             self._small = False
         else:
@@ -212,7 +218,7 @@ class DuckDBEngine:
                 f"read_csv({_sql_string(str(path))}, header = true, all_varchar = true, "
                 "auto_detect = true)"
             )
-            self.versions[table.name] = table.version or _file_digest(path)
+            self.versions[table.name] = table.version or file_version(path)
             kind = "TABLE"
         try:
             self._con.execute(
@@ -221,6 +227,11 @@ class DuckDBEngine:
                 f"FROM {relation}"
             )
             self._con.execute(f"SELECT * FROM {_q(table.name)} LIMIT 0").fetchall()
+            if path is None and not table.version:  # an attached table: a digest at connect
+                digest = self._con.execute(
+                    table_digest_sql(_q(table.name), [_q(c) for c in table.columns])
+                ).fetchone()
+                self.versions[table.name] = table_version(database, digest or ())
             count = None
             if kind == "TABLE" and self.policy.engine.small_tables != "sql":
                 count = self._con.execute(f"SELECT count(*) FROM {_q(table.name)}").fetchone()

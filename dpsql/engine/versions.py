@@ -1,0 +1,145 @@
+"""Data versions: what every cache key names, so that no answer outlives its data.
+
+A plan's fingerprint, and with it the key of every cached answer, includes the data version of
+each table it reads (``Service.data_version``). A version must therefore change whenever what
+the engine would read changes:
+
+- **CSV** sources are read once, at connect, into a table: their version is fixed for the
+  process, ``sha256(content)@mtime_ns:size`` of the file as loaded.
+- **Parquet** sources are views, read again by every query: the file can be replaced while the
+  service runs. Its identity (mtime in ns, size) is checked on every read of the version — a
+  ``stat``, a few microseconds — and when it changed the file is hashed again and the version
+  becomes the new ``sha256@mtime_ns:size``. A replaced file therefore never replays an answer
+  cached for the old one: the plan cache drops the stale plan, and the new plan's fingerprint
+  names no cached answer.
+- **Attached DuckDB tables** (``--database``): the database is attached read-only, so it cannot
+  change while the process runs; across a restart it can. Their version is the identity of the
+  database file (and its ``.wal``) with a digest of the table's declared columns computed at
+  connect (row count and two order-independent sums of row hashes): one full read of each
+  table at start-up, on the operator's side.
+- A **declared** ``version`` in the policy is used as it is: the operator's word that the data
+  is the same (no file is checked).
+
+What the analyst learns (docs/threat_model.md, "Data versions"): whether an answer is
+replayed or fresh tells them whether the version changed since it was cached. The version
+changes when the operator (or their pipeline) *writes* the source — its mtime moves even when
+the bytes are the same — so the bit is the operator's act, not a function of anyone's rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+#: The version of a watched file that cannot be read right now (being replaced, removed).
+UNAVAILABLE = "unavailable"
+
+
+def identity(path: Path | str) -> tuple[int, int] | None:
+    """(mtime in ns, size) of ``path``, or None when it cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size)
+
+
+def file_digest(path: Path | str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_version(path: Path | str, ident: tuple[int, int] | None = None) -> str:
+    """``sha256(content)@mtime_ns:size``: a rewrite is a new version even with the same bytes
+    (the replay decision follows the operator's writes, not the rows: module docstring)."""
+    ident = identity(path) if ident is None else ident
+    if ident is None:
+        return UNAVAILABLE
+    try:
+        content = file_digest(path)
+    except OSError:
+        return UNAVAILABLE
+    return f"{content}@{ident[0]}:{ident[1]}"
+
+
+def database_identity(database: str) -> str:
+    """The identity of a DuckDB database file and its write-ahead log (if any)."""
+    parts = []
+    for path in (database, database + ".wal"):
+        ident = identity(path)
+        if ident is not None:
+            parts.append(f"{Path(path).name}@{ident[0]}:{ident[1]}")
+    return ",".join(parts)
+
+
+def table_digest_sql(relation: str, columns: Sequence[str]) -> str:
+    """One query over ``relation`` (quoted) giving its row count and two order-independent sums
+    of the hash of each row's ``columns`` (quoted): a digest of the table's content."""
+    row = f"hash({', '.join(columns)})"
+    return (
+        f"SELECT count(*), CAST(bit_xor({row}) AS VARCHAR), "
+        f"CAST(sum(CAST({row} AS HUGEINT)) AS VARCHAR) FROM {relation}"
+    )
+
+
+def table_version(database: str, digest_row: Sequence[object]) -> str:
+    """An attached table's version from its database's identity and its digest row."""
+    text = repr((database_identity(database), tuple(str(v) for v in digest_row)))
+    return "db:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+class SourceVersions(dict[str, str]):
+    """table name -> data version; a watched (lazily read) file is re-checked on each read.
+
+    ``get`` and ``[]`` stat each watched file and, when its identity moved, hash it again and
+    update the version (under a lock: one thread hashes, the others wait for its result).
+    Assigning a version (tests, the Spark engine) replaces it until the file moves again.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._watched: dict[str, tuple[Path, tuple[int, int] | None]] = {}
+        self._lock = threading.Lock()
+
+    def watch(self, name: str, path: Path) -> str:
+        """Version ``name`` by the file at ``path`` from now on; returns its version."""
+        ident = identity(path)
+        version = file_version(path, ident)
+        with self._lock:
+            self._watched[name] = (path, ident)
+            super().__setitem__(name, version)
+        return version
+
+    def _refresh(self, name: str) -> None:
+        watched = self._watched.get(name)
+        if watched is None:
+            return
+        path, known = watched
+        ident = identity(path)
+        if ident == known:
+            return
+        with self._lock:
+            path, known = self._watched[name]
+            ident = identity(path)
+            if ident == known:
+                return  # another thread hashed it meanwhile
+            version = file_version(path, ident) if ident is not None else UNAVAILABLE
+            if version != UNAVAILABLE and identity(path) != ident:
+                version = UNAVAILABLE  # still being written: hash it again next time
+                ident = None
+            self._watched[name] = (path, ident)
+            super().__setitem__(name, version)
+
+    def get(self, name: str, default: str | None = None) -> str | None:  # type: ignore[override]
+        self._refresh(name)
+        return super().get(name, default)
+
+    def __getitem__(self, name: str) -> str:
+        self._refresh(name)
+        return super().__getitem__(name)
