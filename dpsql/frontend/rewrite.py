@@ -52,6 +52,9 @@ def normalise(tree: exp.Expression, *, today: dt.date | None = None) -> exp.Expr
     def visit(node: exp.Expr) -> exp.Expr:
         if isinstance(node, exp.Filter) and isinstance(node.this, exp.AggFunc):
             return _filtered_aggregate(node)
+        if isinstance(node, exp.CountIf):  # COUNT_IF(c) = COUNT(*) FILTER (WHERE c)
+            case = exp.Case(ifs=[exp.If(this=node.this.copy(), true=exp.Literal.number(1))])
+            return exp.Count(this=case)
         if isinstance(node, exp.WithinGroup) and isinstance(
             node.this, exp.PercentileCont | exp.PercentileDisc
         ):
