@@ -1,4 +1,5 @@
-"""``dpsql budget``: show spending, and the administrator commands set / reset / log / verify.
+"""``dpsql budget``: show spending, and the administrator commands set / reset / log / verify /
+backup / restore.
 
 The administrator boundary is filesystem access to the ledger file: whoever can write it can
 change budgets (these commands only make that convenient and logged), so the ledger and its
@@ -20,7 +21,7 @@ from dpsql.errors import Error
 from dpsql.policy import Policy, load_policy
 from dpsql.privacy.accounting import Budget, Cost
 from dpsql.privacy.ledger import AnalystStatus, LogEntry
-from dpsql.privacy.sqlite_ledger import SQLiteLedger
+from dpsql.privacy.sqlite_ledger import SQLiteLedger, backup_ledger, restore_ledger
 from dpsql.tables import number, render
 
 _ADMIN_NOTE = (
@@ -98,6 +99,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(handler=verify)
 
+    p = sub.add_parser(
+        "backup",
+        parents=[common],
+        help="copy the ledger to a file, consistently, while dpsql runs",
+        description="Copy the ledger with SQLite's online backup API: one consistent snapshot "
+        "(its -wal file included) taken while other processes keep charging, written to a "
+        "private (0600) file and verified before it is renamed to DEST. Copying the ledger "
+        "file with cp is not a backup: charges not yet checkpointed live in its -wal file.",
+    )
+    p.add_argument("dest", metavar="DEST", help="the backup file to write")
+    p.add_argument("--force", action="store_true", help="replace DEST if it exists")
+    p.set_defaults(handler=backup)
+
+    p = sub.add_parser(
+        "restore",
+        parents=[common],
+        help="restore the ledger from a backup (verified first)",
+        description="Replace the policy's ledger with a backup written by `dpsql budget "
+        "backup`. The backup is copied and verified first. An existing ledger is replaced "
+        "only with --force: charges it holds that the backup lacks are forgotten (their "
+        "budget is given back), and the command says how many. A file that is not a ledger "
+        "is moved aside, never deleted. " + _ADMIN_NOTE,
+    )
+    p.add_argument("source", metavar="SRC", help="the backup file to restore")
+    p.add_argument("--force", action="store_true", help="replace an existing ledger (see above)")
+    p.set_defaults(handler=restore)
+
 
 # -- handlers --------------------------------------------------------------------------------
 
@@ -120,6 +148,14 @@ def show_log(args: argparse.Namespace) -> int:
 
 def verify(args: argparse.Namespace) -> int:
     return _run(args, _verify)
+
+
+def backup(args: argparse.Namespace) -> int:
+    return _run(args, _backup)
+
+
+def restore(args: argparse.Namespace) -> int:
+    return _run(args, _restore)
 
 
 def _run(args: argparse.Namespace, fn: Any, *, need_analyst: bool = False) -> int:
@@ -285,6 +321,32 @@ def _verify(args: argparse.Namespace, policy: Policy) -> int:
     if problems:
         return 1
     print(f"ledger {policy.ledger_path} is consistent")
+    return 0
+
+
+def _backup(args: argparse.Namespace, policy: Policy) -> int:
+    assert policy.ledger_path is not None
+    copy = backup_ledger(policy.ledger_path, args.dest, force=args.force)
+    print(
+        f"ledger {policy.ledger_path} backed up to {copy.path}: {copy.log_rows} log rows, "
+        f"{copy.totals} totals, {copy.answers} cached answers (verified)"
+    )
+    return 0
+
+
+def _restore(args: argparse.Namespace, policy: Policy) -> int:
+    assert policy.ledger_path is not None
+    copy, forgotten = restore_ledger(args.source, policy.ledger_path, force=args.force)
+    print(
+        f"ledger {policy.ledger_path} restored from {args.source}: {copy.log_rows} log rows, "
+        f"{copy.totals} totals, {copy.answers} cached answers (verified)"
+    )
+    if forgotten:
+        print(
+            f"warning: {forgotten} log rows of the replaced ledger were newer than the backup "
+            "and are forgotten (their budget is given back)",
+            file=sys.stderr,
+        )
     return 0
 
 
