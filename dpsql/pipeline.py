@@ -21,6 +21,7 @@ from typing import Any, ClassVar, cast
 import numpy as np
 from sqlglot import exp
 
+from dpsql.access import access_for
 from dpsql.boundary import charged_boundary, post_processing_boundary, remember_paid
 from dpsql.engine.api import EngineResult, QueryHandle, cancel_check
 from dpsql.engine.base import open_engine
@@ -283,7 +284,7 @@ class Service:
             return self._run(prepared, analyst, handle, settings.confidence)
         if (prepared := self._from_text(key, text, parameters, settings, analyst)) is not None:
             return self._run(prepared, analyst, handle, settings.confidence)
-        statement = parse_statement(text, self.policy, parameters, self._models(analyst, text))
+        statement = self._parse(text, parameters, analyst)
         if isinstance(statement, SettingStatement):
             if statement.action == "show" and statement.name == "budget":
                 return self.show_budget(analyst, settings)
@@ -327,6 +328,14 @@ class Service:
             # served from its shape and run: the next text like it may skip parse and bind
             self._texts.learn(self, text, statement, settings, analyst, prepared.shape_key)
         return result
+
+    def _parse(self, text: str, parameters: Sequence[Any] | None, analyst: str) -> Any:
+        """Parse and bind ``text`` for ``analyst``: their access rules (dpsql.access) are
+        checked on the parsed statement before it is bound, free, like every refusal."""
+        models = self._models(analyst, text)
+        return parse_statement(
+            text, self.policy, parameters, models, access_for(self.policy, analyst)
+        )
 
     def _from_text(
         self,
@@ -637,7 +646,7 @@ class Service:
         key = self._plans.key(text, parameters, settings, analyst)
         prepared = self._lookup(key)
         if prepared is None:
-            statement = parse_statement(text, self.policy, parameters, self._models(analyst, text))
+            statement = self._parse(text, parameters, analyst)
             if isinstance(statement, BoundQuery):
                 prepared = self._prepare(key, statement, settings, analyst)
             elif isinstance(statement, CompositeQuery):
@@ -661,7 +670,7 @@ class Service:
                 return self.show_budget("").description
             return [(statement.name, "VARCHAR")]
         if isinstance(statement, PublicSelect):
-            return self.execute(text, parameters, settings, "").description
+            return self.execute(text, parameters, settings, analyst).description
         return []
 
     def _dry_run_post(self, plan: Plan, analyst: str) -> None:

@@ -93,6 +93,9 @@ _TABLE_KEYS = {
     "unit_path": "for a private table without the unit column: the foreign keys leading to "
     'the table that declares privacy_unit, e.g. unit_path = ["encounter_id -> '
     'encounters.encounter_id"] (each step ON a declared primary_key/unique of the next table)',
+    "allow": "analysts or roles ([access] roles) who may query it (default: everyone), e.g. "
+    'allow = ["clinicians", "carol"]',
+    "deny": "analysts or roles who may not query it, even if allowed",
 }
 
 BOUNDINGS = ("scale", "sample")
@@ -107,6 +110,8 @@ _COLUMN_KEYS = {
     "upper": "public upper bound (numbers)",
     "values": "the public list of values (a categorical domain)",
     "nullable": "whether NULL may occur (default true)",
+    "allow": "analysts or roles who may use the column (default: the table's readers)",
+    "deny": "analysts or roles who may not use the column",
     "granularity": "fixed-point step for sums of this column (float columns)",
     "quantile_grid": 'the public grid of MEDIAN/PERCENTILE/MIN/MAX: "linear" (default) or "log" '
     "(constant relative resolution, for skewed columns such as income)",
@@ -293,6 +298,7 @@ class Policy:
     schema: str | None = None  # accepted as a table qualifier, besides main and public
     engine: EngineConfig = field(default_factory=EngineConfig)
     analysts: frozenset[str] | None = None  # None: in-process callers may name any analyst
+    access: Any = field(default=None, compare=False)  # dpsql.access.AccessPolicy; None: all
     limits: Limits = DEFAULT_LIMITS  # [limits]: what one statement may be (dpsql.limits)
 
     def table(self, name: str) -> TablePolicy | None:
@@ -404,7 +410,9 @@ def _integer(
 
 def _build(data: dict[str, Any], path: Path | None) -> Policy:
     rep = _Reporter(path)
-    rep.unknown_keys("", data, {"privacy": "", "tables": "", "engine": "", "limits": ""})
+    rep.unknown_keys(
+        "", data, {"privacy": "", "tables": "", "engine": "", "limits": "", "access": ""}
+    )
     engine = _engine(rep, data.get("engine", {}))
     limits = limits_from_section(data.get("limits", {}), rep.fail, rep.unknown_keys)
     privacy = data.get("privacy", {})
@@ -490,8 +498,17 @@ def _build(data: dict[str, Any], path: Path | None) -> Policy:
         schema=schema.strip() if schema is not None else None,
         engine=engine,
         analysts=None if analysts is None else frozenset(analysts),
+        access=_access(rep, data, tables_raw, analysts),
         limits=limits,
     )
+
+
+def _access(rep: _Reporter, data: dict[str, Any], tables: dict[str, Any], analysts: Any) -> Any:
+    """``[access]`` and the tables' and columns' allow/deny (dpsql.access); None: none."""
+    from dpsql.access import build_access
+
+    names = None if analysts is None else frozenset(analysts)
+    return build_access(rep, data.get("access"), tables, names)
 
 
 def _engine(rep: _Reporter, spec: Any) -> EngineConfig:

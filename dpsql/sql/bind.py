@@ -316,8 +316,12 @@ def parse_statement(
     policy: Policy,
     parameters: Sequence[Any] | None = None,
     models: Callable[[str], Any] | None = None,
+    access: Any = None,
 ) -> Statement:
     """Parse and bind one statement of analyst SQL.
+
+    ``access`` (dpsql.access.Access): the analyst's restrictions, checked on the parsed tree
+    before anything is bound (None: the analyst may query every table and column).
 
     ``models`` resolves ``dp_predict('name')`` among the analyst's stored models
     (dpsql.models.store); without it dp_predict is an unknown function.
@@ -343,7 +347,7 @@ def parse_statement(
             )
         # Blank out the keyword instead of cutting it, so refusals point into ``text``.
         inner = "".join(c if c == "\n" else " " for c in text[:start]) + text[start:]
-        bound = parse_statement(inner, policy, parameters, models)
+        bound = parse_statement(inner, policy, parameters, models, access)
         if not isinstance(bound, BoundQuery | RuleListCall | CompositeQuery):
             raise ProgrammingError(
                 "EXPLAIN takes a DP SELECT query", construct="EXPLAIN", hint="EXPLAIN SELECT ..."
@@ -390,7 +394,7 @@ def parse_statement(
         # The model is the analyst's own released value: its CASE is query text like any
         # other, bound and checked by the same rules (it reads no data).
         tree = expand_predictions(tree, models, text=text)
-    return bind_tree(tree, text, policy)
+    return bind_tree(tree, text, policy, access)
 
 
 _READER = DuckDB()
@@ -577,7 +581,7 @@ def to_literal(value: Any) -> exp.Expression:
     )
 
 
-def bind_tree(tree: exp.Expr, text: str, policy: Policy) -> Statement:
+def bind_tree(tree: exp.Expr, text: str, policy: Policy, access: Any = None) -> Statement:
     for cls, name in REFUSED_STATEMENTS.items():
         if isinstance(tree, cls):
             raise _refuse(
@@ -622,6 +626,8 @@ def bind_tree(tree: exp.Expr, text: str, policy: Policy) -> Statement:
     assert isinstance(tree, exp.Select)  # normalise keeps the root: a Select stays a Select
     # names first: a CTE shadows the policy table of its name in every construct below
     tree = cast(exp.Select, shadow_policy_tables(tree, policy))
+    if access is not None:  # authorization: decided by the text and the policy (dpsql.access)
+        access.check(tree, text, policy, TABLE_FUNCTIONS)
     tree, policy = resolve_private_joins(tree, text, policy)
     tree = resolve_joins(tree, text, policy)
     split = split_released_filter(tree, text)
