@@ -52,6 +52,19 @@ def may_be_probe(sql: str) -> bool:
     return _MAYBE.search(sql) is not None
 
 
+def probe_decision(sql: str) -> tuple[bool, bool]:
+    """(is a zero-row probe, is a column probe) from one parse. The parse of a long text takes
+    a second of GIL-held time, so the server runs this as the analyst's scheduled work, never on
+    its event loop (which only applies the cheap :func:`may_be_probe`)."""
+    if not may_be_probe(sql):  # also rules out column probes (its LIMIT \d covers LIMIT 1)
+        return False, False
+    tree = _parse(sql)
+    if tree is None:
+        return False, False
+    column = _column_probe_tree(tree)
+    return column or _probe_tree(tree), column
+
+
 def is_zero_row_probe(sql: str) -> bool:
     # one parse for both decisions (each used to parse the text again)
     if not may_be_probe(sql):
@@ -78,13 +91,17 @@ def column_probe(sql: str) -> bool:
     columns when it saves one): a tool reading the columns. dpsql never
     releases rows, so the server answers with the columns, no rows and a NOTICE saying so;
     in process the same query is refused."""
-    if _LIMIT_1.search(sql) is None and "--" not in sql and "/*" not in sql:  # cheap
+    if not _may_be_column_probe(sql):
         return False
     tree = _parse(sql)
     return tree is not None and _column_probe_tree(tree)
 
 
 _LIMIT_1 = re.compile(r"limit\s+1\b", re.IGNORECASE)
+
+
+def _may_be_column_probe(sql: str) -> bool:
+    return _LIMIT_1.search(sql) is not None or "--" in sql or "/*" in sql  # cheap
 
 
 def _column_probe_tree(tree: exp.Expr) -> bool:

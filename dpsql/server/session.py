@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dpsql import errors as dperr
+from dpsql.limits import DEFAULT_LIMITS, Limits, check_parameter_count, check_text
 from dpsql.server import protocol as p
 from dpsql.server import types as t
 from dpsql.server.backend import DpBackend, Outcome, placeholder_count
@@ -27,7 +28,7 @@ from dpsql.server.catalog import ShadowCursor
 from dpsql.server.catalog_sql import SessionInfo
 from dpsql.server.failures import ClientError
 from dpsql.server.fairness import Abandoned
-from dpsql.server.probes import COLUMN_PROBE_NOTICE, column_probe, is_zero_row_probe
+from dpsql.server.probes import COLUMN_PROBE_NOTICE, may_be_probe, probe_decision
 from dpsql.server.scram import MECHANISM, ScramError, ScramExchange
 from dpsql.server.settings import (
     REPORTED,
@@ -551,7 +552,13 @@ class Session:
         assert self.settings is not None
         return SessionInfo(self.user, self.server.dataset, self.pid, self.settings.lowered())
 
+    @property
+    def limits(self) -> Limits:
+        """The policy's ``[limits]`` (dpsql.limits)."""
+        return getattr(self.server.policy, "limits", DEFAULT_LIMITS)
+
     def classify(self, sql: str) -> str:
+        check_text(sql, self.limits)  # every statement, catalog ones too: before any parse
         words = keywords(sql, 3)
         if not words:
             return "empty"
@@ -571,7 +578,9 @@ class Session:
         if head == "explain" and not identifiers(sql) & self.server.private_names:
             return "explain"
         if identifiers(sql) & self.server.private_names:
-            return "probe" if head in ("select", "with") and is_zero_row_probe(sql) else "dp"
+            # Whether it is a zero-row probe takes a parse: run_statement decides that as the
+            # analyst's scheduled work, not here on the event loop (may_be_probe is a regex).
+            return "maybe_probe" if head in ("select", "with") and may_be_probe(sql) else "dp"
         return "catalog"
 
     def _pg_setting(self, name: str) -> bool:
@@ -614,16 +623,19 @@ class Session:
                 "EXPLAIN is available for differentially private queries only",
                 hint="EXPLAIN SELECT COUNT(*) FROM <private table> shows the noise and the cost",
             )
+        if kind == "maybe_probe":
+            probe, column = await self._blocking(probe_decision, sql)
+            if probe:
+                columns = await self._probe_columns(sql, params)
+                notices = (("NOTICE", "01000", COLUMN_PROBE_NOTICE),) if column else ()
+                return Outcome(columns, [], "SELECT 0", notices)
+            kind = "dp"
         if kind == "dp":
             assert self.dp is not None
             outcome = await self._blocking(
                 self.dp.execute, sql, list(params) or None, interrupt=self.dp.interrupt
             )
             return outcome
-        if kind == "probe":
-            columns = await self._probe_columns(sql, params)
-            notices = (("NOTICE", "01000", COLUMN_PROBE_NOTICE),) if column_probe(sql) else ()
-            return Outcome(columns, [], "SELECT 0", notices)
         assert self.shadow is not None
         result = await self._blocking(
             self.shadow.run, sql, list(params) or None, self.info(), interrupt=self.shadow.interrupt
@@ -642,8 +654,11 @@ class Session:
             return ((name, t.TEXT),)
         if kind in ("tx", "set", "reset", "noop", "empty", "explain"):
             return None
-        if kind == "probe":
-            return await self._probe_columns(stmt.sql, params)
+        if kind == "maybe_probe":
+            probe, _column = await self._blocking(probe_decision, stmt.sql)
+            if probe:
+                return await self._probe_columns(stmt.sql, params)
+            kind = "dp"
         if kind == "dp":
             assert self.dp is not None
             words = keywords(stmt.sql, 1)
@@ -811,10 +826,11 @@ class Session:
             raise SqlError("42601", "cannot insert multiple commands into a prepared statement")
         if msg.name and msg.name in self.statements:
             raise SqlError("42P05", f'prepared statement "{msg.name}" already exists')
-        if msg.name and len(self.statements) >= MAX_STATEMENTS:
+        most = self.limits.max_prepared_statements
+        if msg.name and len(self.statements) >= most:
             raise SqlError(
                 "54000",
-                f"too many prepared statements (limit {MAX_STATEMENTS})",
+                f"too many prepared statements (limit {most}, limits.max_prepared_statements)",
                 hint="close statements you no longer need",
             )
         sql = parts[0].text if parts else ""
@@ -826,9 +842,10 @@ class Session:
                 "prepared statements use too much memory",
                 hint="close statements you no longer need",
             )
+        kind = self.classify(sql)  # the limits first: $n past max_parameters allocates nothing
         count = max(placeholder_count(sql), len(msg.param_oids))
+        check_parameter_count(count, self.limits)
         oids = tuple(msg.param_oids) + (0,) * (count - len(msg.param_oids))
-        kind = self.classify(sql)
         self.statements[msg.name] = Prepared(msg.name, sql, oids, kind)
         self.prepared_bytes = used
         self.send(p.parse_complete())
