@@ -404,3 +404,17 @@ def check_plan_rows(plan: Any, limits: Limits = DEFAULT_LIMITS) -> None:
             hint="use coarser bins or fewer keys, or ask the operator to raise "
             "limits.max_result_rows (at most 1000000)",
         )
+
+
+def check_parameter_count(count: int, limits: Limits = DEFAULT_LIMITS) -> None:
+    """Refuse a statement that declares more parameters than the limit (a wire Parse message
+    with ``$50000000``), before anything is allocated per parameter."""
+    if count > limits.max_parameters:
+        raise ProgrammingError(
+            f"the statement declares {count} parameters, more than the limit of "
+            f"{limits.max_parameters}",
+            sqlstate="54000",
+            construct="parameters",
+            hint=f"use at most {limits.max_parameters} parameters (PostgreSQL's cap is "
+            f"{POSTGRES_MAX_PARAMETERS})",
+        )
