@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dpsql import errors as dperr
+from dpsql.limits import DEFAULT_LIMITS, Limits, check_parameter_count, check_text
 from dpsql.server import protocol as p
 from dpsql.server import types as t
 from dpsql.server.backend import DpBackend, Outcome, placeholder_count
@@ -551,7 +552,13 @@ class Session:
         assert self.settings is not None
         return SessionInfo(self.user, self.server.dataset, self.pid, self.settings.lowered())
 
+    @property
+    def limits(self) -> Limits:
+        """The policy's ``[limits]`` (dpsql.limits)."""
+        return getattr(self.server.policy, "limits", DEFAULT_LIMITS)
+
     def classify(self, sql: str) -> str:
+        check_text(sql, self.limits)  # every statement, catalog ones too: before any parse
         words = keywords(sql, 3)
         if not words:
             return "empty"
@@ -819,10 +826,11 @@ class Session:
             raise SqlError("42601", "cannot insert multiple commands into a prepared statement")
         if msg.name and msg.name in self.statements:
             raise SqlError("42P05", f'prepared statement "{msg.name}" already exists')
-        if msg.name and len(self.statements) >= MAX_STATEMENTS:
+        most = self.limits.max_prepared_statements
+        if msg.name and len(self.statements) >= most:
             raise SqlError(
                 "54000",
-                f"too many prepared statements (limit {MAX_STATEMENTS})",
+                f"too many prepared statements (limit {most}, limits.max_prepared_statements)",
                 hint="close statements you no longer need",
             )
         sql = parts[0].text if parts else ""
@@ -834,9 +842,10 @@ class Session:
                 "prepared statements use too much memory",
                 hint="close statements you no longer need",
             )
+        kind = self.classify(sql)  # the limits first: $n past max_parameters allocates nothing
         count = max(placeholder_count(sql), len(msg.param_oids))
+        check_parameter_count(count, self.limits)
         oids = tuple(msg.param_oids) + (0,) * (count - len(msg.param_oids))
-        kind = self.classify(sql)
         self.statements[msg.name] = Prepared(msg.name, sql, oids, kind)
         self.prepared_bytes = used
         self.send(p.parse_complete())
