@@ -227,7 +227,7 @@ class Access:
                     parent if isinstance(parent, exp.Column) else node,
                     text,
                     f"tables.{table}.columns",
-                    hint=f"name the columns you need instead of *; {_fix(table)}; "
+                    hint=f"name the columns you need instead of *; {_fix(table, 'columns')}; "
                     "nothing was spent",
                 )
 

@@ -66,19 +66,26 @@ def _balanced(text: str) -> bool:
 
 
 def describe_tables(conn: Any, name: str | None, out: TextIO) -> None:
+    from dpsql.access import visible_tables
+
     policy = conn.service.policy
+    visible = visible_tables(policy, conn.analyst)  # what this analyst may query ([access])
     if not name:
         tables = [
-            (t.name, t.privacy_unit or "(each row)", len(t.columns)) for t in policy.tables.values()
+            (t.name, t.privacy_unit or "(each row)", len(visible[t.name]))
+            for t in policy.tables.values()
+            if t.name in visible
         ]
         render(("table", "privacy unit", "columns"), tables, out)
         return
     table = policy.table(name)
-    if table is None:
+    if table is None or table.name not in visible:
         print(f"no table {name!r}; \\d lists them", file=out)
         return
     rows = []
     for c in table.columns.values():
+        if c.name.lower() not in visible[table.name]:
+            continue
         bounds = "" if c.lower is None else f"[{c.lower:g}, {c.upper:g}]"
         values = "" if c.values is None else ", ".join(map(str, c.values))
         rows.append((c.name, c.type, "yes" if c.nullable else "no", bounds, values))

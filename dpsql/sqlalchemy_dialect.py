@@ -121,16 +121,23 @@ class DpsqlDialect(default.DefaultDialect):
     def _policy(self, connection: Any) -> Any:
         return connection.connection.dbapi_connection.service.policy
 
+    def _visible(self, connection: Any) -> dict[str, list[str]]:
+        """table -> columns the connection's analyst may query ([access]; all by default)."""
+        from dpsql.access import visible_tables
+
+        dbapi_connection = connection.connection.dbapi_connection
+        return visible_tables(dbapi_connection.service.policy, dbapi_connection.analyst)
+
     def get_schema_names(self, connection: Any, **kw: Any) -> list[str]:
         return ["main"]
 
     def get_table_names(self, connection: Any, schema: str | None = None, **kw: Any) -> list[str]:
-        return sorted(self._policy(connection).tables)
+        return sorted(self._visible(connection))
 
     def has_table(
         self, connection: Any, table_name: str, schema: str | None = None, **kw: Any
     ) -> bool:
-        return self._policy(connection).table(table_name) is not None
+        return table_name.lower() in self._visible(connection)
 
     def get_view_names(self, connection: Any, schema: str | None = None, **kw: Any) -> list[str]:
         return []
@@ -141,7 +148,8 @@ class DpsqlDialect(default.DefaultDialect):
         from sqlalchemy.exc import NoSuchTableError
 
         table = self._policy(connection).table(table_name)
-        if table is None:
+        visible = self._visible(connection).get(table_name.lower())
+        if table is None or visible is None:
             raise NoSuchTableError(table_name)
         return [
             {
@@ -152,6 +160,7 @@ class DpsqlDialect(default.DefaultDialect):
                 "autoincrement": False,
             }
             for column in table.columns.values()
+            if column.name.lower() in visible
         ]
 
     def get_pk_constraint(self, connection: Any, table_name: str, schema: str | None = None, **kw):

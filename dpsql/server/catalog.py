@@ -39,6 +39,7 @@ from typing import Any
 
 import duckdb
 
+from dpsql.access import access_for
 from dpsql.server import catalog_schema as cs
 from dpsql.server import types as t
 from dpsql.server.backend import inline_parameters
@@ -68,23 +69,58 @@ class Shadow:
         limits: CatalogLimits | None = None,
     ) -> None:
         self.dataset = dataset
+        self.policy = policy
         self.tables = _tables_from_policy(policy)
         self.limits = limits if limits is not None else CatalogLimits()
-        spec = ShadowSpec(tuple(self.tables), dataset, dict(settings), self.limits)
-        self._pool = _Pool(spec)
+        self._settings = dict(settings)
+        spec = ShadowSpec(tuple(self.tables), dataset, self._settings, self.limits)
+        self._pool = _Pool(spec)  # every table: the analysts [access] does not restrict
+        # per view (the tables and columns some analysts may query): its own shadow, started
+        # on first use, holding nothing else, so no catalog query can show what it lacks
+        self._views: dict[tuple, _Pool] = {}
+        self._views_lock = threading.Lock()
 
     def cursor(self) -> ShadowCursor:
-        return ShadowCursor(self._pool)
+        return ShadowCursor(self._pool, self.pool_for)
+
+    def pool_for(self, user: str) -> _Pool:
+        """The shadow that answers ``user``: only the tables and columns they may query."""
+        access = access_for(self.policy, user) if hasattr(self.policy, "access") else None
+        if access is None:
+            return self._pool
+        tables = tuple(
+            cs.CatalogTable(
+                table.oid,
+                table.name,
+                tuple(c for c in table.columns if c.name.lower() not in hidden),
+            )
+            for table in self.tables
+            if access.may_read(table.name)
+            for hidden in [access.denied_columns.get(table.name, frozenset())]
+        )
+        key = tuple((table.name, tuple(c.name for c in table.columns)) for table in tables)
+        with self._views_lock:
+            pool = self._views.get(key)
+            if pool is None:
+                spec = ShadowSpec(tables, self.dataset, self._settings, self.limits)
+                pool = self._views[key] = _Pool(spec)
+        return pool
 
     def close(self) -> None:
         self._pool.close()
+        with self._views_lock:
+            views, self._views = list(self._views.values()), {}
+        for pool in views:
+            pool.close()
 
 
 class ShadowCursor:
     """One session's handle on the shadow; ``run`` is blocking (call it from a worker thread)."""
 
-    def __init__(self, pool: _Pool) -> None:
+    def __init__(self, pool: _Pool, pool_for: Callable[[str], _Pool] | None = None) -> None:
         self._pool = pool
+        self._pool_for = pool_for  # the shadow of the analyst's view ([access]), by login
+        self._waiting = pool  # the pool the running statement waits in
         self._lock = threading.Lock()
         self._process: _Process | None = None
         self._request = 0
@@ -119,15 +155,17 @@ class ShadowCursor:
     @contextlib.contextmanager
     def _turn(self, user: str) -> Iterator[_Process]:
         """A shadow process for one statement of ``user``, given back (or replaced) after."""
+        pool = self._pool if self._pool_for is None else self._pool_for(user)
         with self._lock:
             self._cancelled = False
-        process = self._pool.acquire(user, lambda: self._cancelled)
+            self._waiting = pool
+        process = pool.acquire(user, lambda: self._cancelled)
         try:
             yield process
         finally:
             with self._lock:
                 self._process = None
-            self._pool.release(process, user)
+            pool.release(process, user)
 
     def _execute(self, process: _Process, duck_sql: str) -> tuple[list[tuple[str, str]], list]:
         with self._lock:
@@ -149,7 +187,8 @@ class ShadowCursor:
                 self._process.interrupt(self._request)
             else:
                 self._cancelled = True
-        self._pool.wake()
+            waiting = self._waiting
+        waiting.wake()
 
     def close(self) -> None:
         self.interrupt()

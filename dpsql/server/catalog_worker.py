@@ -117,11 +117,12 @@ def _build_information_schema(
         "user_defined_type_schema VARCHAR, user_defined_type_name VARCHAR, "
         "is_insertable_into VARCHAR, is_typed VARCHAR, commit_action VARCHAR)"
     )
-    db.executemany(
-        "INSERT INTO infs.tables VALUES (?, 'public', ?, 'BASE TABLE', NULL, NULL, NULL, "
-        "NULL, NULL, 'NO', 'NO', NULL)",
-        [(dataset, tb.name) for tb in tables],
-    )
+    if tables:  # an analyst [access] lets query no table sees none
+        db.executemany(
+            "INSERT INTO infs.tables VALUES (?, 'public', ?, 'BASE TABLE', NULL, NULL, NULL, "
+            "NULL, NULL, 'NO', 'NO', NULL)",
+            [(dataset, tb.name) for tb in tables],
+        )
     db.execute(
         "CREATE TABLE infs.columns (table_catalog VARCHAR, table_schema VARCHAR, "
         "table_name VARCHAR, column_name VARCHAR, ordinal_position INTEGER, "
