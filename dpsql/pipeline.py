@@ -285,6 +285,7 @@ class Service:
         if (prepared := self._from_text(key, text, parameters, settings, analyst)) is not None:
             return self._run(prepared, analyst, handle, settings.confidence)
         statement = self._parse(text, parameters, analyst)
+        _not_cancelled(handle)  # statement_timeout / cancel reach planning, between its phases
         if isinstance(statement, SettingStatement):
             if statement.action == "show" and statement.name == "budget":
                 return self.show_budget(analyst, settings)
@@ -322,7 +323,7 @@ class Service:
 
             return run_composite(self, statement, settings, analyst, handle)
         assert isinstance(statement, BoundQuery)
-        prepared = self._prepare(key, statement, settings, analyst)
+        prepared = self._prepare(key, statement, settings, analyst, handle)
         result = self._run(prepared, analyst, handle, settings.confidence)
         if prepared.shape_key is not None and parameters is None:
             # served from its shape and run: the next text like it may skip parse and bind
@@ -375,13 +376,22 @@ class Service:
         return None
 
     def _prepare(
-        self, key: tuple | None, statement: BoundQuery, settings: Settings, analyst: str
+        self,
+        key: tuple | None,
+        statement: BoundQuery,
+        settings: Settings,
+        analyst: str,
+        handle: QueryHandle | None = None,
     ) -> _Prepared:
-        """Plan a bound query (refusals raise here, before anything is stored) and cache it."""
+        """Plan a bound query (refusals raise here, before anything is stored) and cache it.
+        A cancel or statement_timeout of ``handle`` stops it between phases, free."""
         prepared = self._shapes.lookup(self, statement, settings, analyst)
+        _not_cancelled(handle)
         if prepared is None:
             prepared = _Prepared(self.plan(statement, settings, analyst))
+            _not_cancelled(handle)
             self._shapes.learn(self, prepared, statement, settings, analyst)
+            _not_cancelled(handle)
         if key is not None:
             self._plans.put(key, prepared)
         return prepared

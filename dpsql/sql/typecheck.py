@@ -290,20 +290,44 @@ def _types_or_none(shadow: ShadowTypes, table: str, sqls: Sequence[str]) -> list
     return out
 
 
+# Nodes DuckDB types BOOLEAN whatever their operands (once the whole WHERE binds): a context
+# that is one of them needs no binder call of its own. Skipping them keeps typing linear: each
+# operand of an AND/OR chain is the whole chain before it, so rendering every one was O(n^2)
+# (a 5,000-branch CASE or OR chain took seconds).
+_ALWAYS_BOOLEAN = (
+    exp.And, exp.Or, exp.Not, exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.In,
+    exp.Between, exp.Like, exp.ILike, exp.Is, exp.Exists, exp.Boolean, exp.NullSafeEQ,
+    exp.NullSafeNEQ,
+)  # fmt: skip
+
+
 def _boolean_contexts(where: exp.Expression) -> Iterator[tuple[exp.Expression, str]]:
-    """Every sub-expression the engine evaluates as a condition, with its role."""
+    """Every sub-expression the engine evaluates as a condition, with its role (those typed
+    BOOLEAN by their own node, :data:`_ALWAYS_BOOLEAN`, left out)."""
+
+    def needs_type(node: exp.Expression) -> bool:
+        while isinstance(node, exp.Paren):
+            node = node.this
+        return not isinstance(node, _ALWAYS_BOOLEAN)
+
     for part in conjuncts(where):
-        yield part, "a WHERE condition"
+        if needs_type(part):
+            yield part, "a WHERE condition"
     for node in where.walk():
         if isinstance(node, exp.And | exp.Or):
             word = "AND" if isinstance(node, exp.And) else "OR"
-            yield node.this, f"an operand of {word}"
-            yield node.expression, f"an operand of {word}"
-        elif isinstance(node, exp.Not):
+            for operand in (node.this, node.expression):
+                if needs_type(operand):
+                    yield operand, f"an operand of {word}"
+        elif isinstance(node, exp.Not) and needs_type(node.this):
             yield node.this, "the operand of NOT"
-        elif isinstance(node, exp.If):
+        elif isinstance(node, exp.If) and needs_type(node.this):
             yield node.this, "a CASE WHEN / IF condition"
-        elif isinstance(node, exp.Is) and isinstance(node.expression, exp.Boolean):
+        elif (
+            isinstance(node, exp.Is)
+            and isinstance(node.expression, exp.Boolean)
+            and needs_type(node.this)
+        ):
             yield node.this, "the operand of IS TRUE / IS FALSE"
 
 
