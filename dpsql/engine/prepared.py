@@ -45,6 +45,7 @@ from typing import Any
 
 import duckdb
 
+from dpsql.engine import store_files
 from dpsql.policy import ColumnPolicy, Policy, TablePolicy
 from dpsql.sql.identifiers import quote_ident as _q
 
@@ -345,7 +346,8 @@ def prepare_table(
             con.execute(statement)
         path, reused, size = None, False, max(_memory_bytes(con) - before, 0)
     else:
-        directory.mkdir(parents=True, exist_ok=True)
+        store_files.private_directory(directory)  # 0700 whatever the umask
+        store_files.clean_interrupted(directory)  # what a killed build left behind
         path_ = directory / f"{table.name}-{key[:24]}.duckdb"
         catalog, relation = f"{PREFIX}p_{table.name}", "store"
         reused = path_.is_file() and _valid(con, path_, key)
@@ -415,22 +417,26 @@ def _build_file(
     version: str,
     hashed: bool,
 ) -> None:
-    """Write the store to a temporary file, then rename it into place (atomic: a concurrent
+    """Write the store to a file in a private scratch directory (0700: the half-written copy
+    of the private rows is never readable by others, and a killed build's is removed at the
+    next start, dpsql.engine.store_files), then rename it into place (atomic: a concurrent
     process sees the old state or the whole new file, never half of one)."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.unlink(missing_ok=True)
-    build = f"{PREFIX}build"
-    con.execute(f"ATTACH '{_escape(str(tmp))}' AS {build}")
-    try:
-        con.execute(_build_sql(table, layout, f"{build}.store", hashed))
-        for statement in _partials_sql(table, layout, f"{build}.store", lambda r: f"{build}.{r}"):
-            con.execute(statement)
-        info = json.dumps({"key": key, "version": version, "format": FORMAT, "hashed": hashed})
-        con.execute(f"CREATE TABLE {build}.meta AS SELECT ? AS info", [info])
-    finally:
-        con.execute(f"DETACH {build}")
-    os.chmod(tmp, 0o600)  # a copy of the private rows: readable by the operator only
-    os.replace(tmp, path)
+    with store_files.build_area(path.parent) as area:
+        tmp = area / "store.duckdb"
+        build = f"{PREFIX}build"
+        con.execute(f"ATTACH '{_escape(str(tmp))}' AS {build}")
+        try:
+            con.execute(_build_sql(table, layout, f"{build}.store", hashed))
+            for statement in _partials_sql(
+                table, layout, f"{build}.store", lambda r: f"{build}.{r}"
+            ):
+                con.execute(statement)
+            info = json.dumps({"key": key, "version": version, "format": FORMAT, "hashed": hashed})
+            con.execute(f"CREATE TABLE {build}.meta AS SELECT ? AS info", [info])
+        finally:
+            con.execute(f"DETACH {build}")
+        store_files.owner_only(tmp)  # a copy of the private rows: readable by the operator only
+        os.replace(tmp, path)
 
 
 def _remove_stale(directory: Path, table: str, keep: Path) -> None:

@@ -26,13 +26,12 @@ import hashlib
 import json
 import os
 import shutil
-import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from dpsql.engine import prepared
+from dpsql.engine import prepared, store_files
 from dpsql.engine.prepared import PREFIX, StoreInfo
 from dpsql.policy import TablePolicy
 
@@ -138,7 +137,8 @@ def prepare_table(
         say(f"{table.name}: building the Spark prepared store in memory")
         df = spark.sql(sql).persist(storage_level)
     else:
-        directory.mkdir(parents=True, exist_ok=True)
+        store_files.private_directory(directory)  # 0700 whatever the umask
+        store_files.clean_interrupted(directory)  # what a killed build left behind
         path = directory / f"{table.name}-{key[:24]}.spark.parquet"
         reused = _valid(path, key)
         if not reused:
@@ -181,11 +181,12 @@ def _valid(path: Path, key: str) -> bool:
 
 
 def _write(spark: Any, sql: str, path: Path, key: str, version: str) -> None:
-    """Write the Parquet directory beside its final name, then rename it into place: a reader
-    sees no directory or a whole one (its metadata file is written last)."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    """Write the Parquet directory in a private scratch directory beside its final name
+    (0700, removed at the next start if the build is killed: dpsql.engine.store_files), then
+    rename it into place: a reader sees no directory or a whole one (its metadata file is
+    written last)."""
+    with store_files.build_area(path.parent) as area:
+        tmp = area / "store.spark.parquet"
         spark.sql(sql).write.mode("overwrite").parquet(str(tmp))
         meta = {"key": key, "version": version, "format": FORMAT, "engine": "spark"}
         (tmp / META).write_text(json.dumps(meta))
@@ -195,15 +196,11 @@ def _write(spark: Any, sql: str, path: Path, key: str, version: str) -> None:
         if path.exists():  # a stale or tampered store under this name: never read
             shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _owner_only(directory: Path) -> None:
     """A copy of the private rows: readable by the operator only."""
-    os.chmod(directory, 0o700)
-    for item in directory.rglob("*"):
-        os.chmod(item, 0o700 if item.is_dir() else 0o600)
+    store_files.owner_only(directory)
 
 
 def _remove_stale(directory: Path, table: str, keep: Path) -> None:
