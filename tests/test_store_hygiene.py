@@ -48,7 +48,11 @@ def _leftovers(store_dir: Path) -> list[Path]:
     spark_legacy = store_dir / "visits-0123.spark.parquet.999999.1.tmp"
     spark_legacy.mkdir()
     (spark_legacy / "part-0.parquet").write_bytes(b"rows")
-    return [area, legacy, spark_legacy]
+    spill = store_dir / f"{store_files.SPILL_PREFIX}999999-dead"  # DuckDB's spill, owner gone
+    spill.mkdir()
+    (spill / ".owner.lock").write_bytes(b"")
+    (spill / "duckdb_temp_storage_DEFAULT-0.tmp").write_bytes(b"spilled private rows")
+    return [area, legacy, spark_legacy, spill]
 
 
 def test_a_killed_prepare_is_cleaned_at_the_next_start(tmp_path: Path, umask_022, caplog):
@@ -65,7 +69,26 @@ def test_a_killed_prepare_is_cleaned_at_the_next_start(tmp_path: Path, umask_022
     assert not any(os.path.lexists(p) for p in left)
     assert any("interrupted" in r.getMessage() for r in caplog.records)
     names = sorted(p.name for p in store_dir.iterdir())
-    assert [n for n in names if n != store_files.LOCK_NAME] == [store]
+    assert [n for n in names if n != store_files.LOCK_NAME and ".spill-" not in n] == [store]
+
+
+def test_duckdb_spills_go_to_a_private_directory_kept_while_its_process_lives(
+    tmp_path: Path, umask_022
+):
+    store_dir = tmp_path / "store"
+    svc = _service(store_dir)
+    try:
+        spill = Path(
+            svc.engine._con.execute("SELECT current_setting('temp_directory')").fetchone()[0]
+        )
+        assert spill.parent == store_dir and spill.name.startswith(store_files.SPILL_PREFIX)
+        assert mode(spill) == 0o700
+        store_files.clean_interrupted(store_dir)
+        (store_dir / "x.duckdb.1.2.tmp").write_bytes(b"x")  # something to clean
+        store_files.clean_interrupted(store_dir)
+        assert spill.is_dir()  # its process (this one) holds it: never removed
+    finally:
+        svc.close()
 
 
 def test_a_running_build_is_never_cleaned(tmp_path: Path):

@@ -348,6 +348,7 @@ def prepare_table(
     else:
         store_files.private_directory(directory)  # 0700 whatever the umask
         store_files.clean_interrupted(directory)  # what a killed build left behind
+        store_files.private_spill(con, directory)  # DuckDB's spills of the rows: private too
         path_ = directory / f"{table.name}-{key[:24]}.duckdb"
         catalog, relation = f"{PREFIX}p_{table.name}", "store"
         reused = path_.is_file() and _valid(con, path_, key)

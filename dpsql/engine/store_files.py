@@ -12,7 +12,10 @@ So is every half-written file of a build. The rules here:
 - every build holds a shared ``flock`` on ``.builds.lock`` while it runs. At start-up (before
   a store is built or reused) whatever a killed build left (``.build-*`` directories, and the
   ``<store>.<pid>.<thread>.tmp`` files of earlier versions) is removed, under the exclusive
-  lock: only when no build of any process is running, so a concurrent build is never touched.
+  lock: only when no build of any process is running, so a concurrent build is never touched;
+- DuckDB spills (its ``temp_directory``, ``.tmp`` in the current directory by default) go to a
+  private ``.spill-*`` directory there, locked by its process while it lives; those of dead
+  processes are removed at start-up too.
 """
 
 from __future__ import annotations
@@ -24,12 +27,18 @@ import os
 import secrets
 import shutil
 import stat
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("dpsql.store")
 
 BUILD_PREFIX = ".build-"
+SPILL_PREFIX = ".spill-"
+# The spill directory of each DuckDB connection of this process: its lock stays held until
+# the connection is collected (or the process exits), then the directory is removed.
+_SPILLS: weakref.WeakKeyDictionary[Any, Path] = weakref.WeakKeyDictionary()
 LOCK_NAME = ".builds.lock"
 # Names a store directory holds: stores, build scratch, the lock, leftovers of old versions.
 _STORE_SUFFIXES = (".duckdb", ".duckdb.wal", ".spark.parquet", ".tmp")
@@ -73,7 +82,56 @@ def private_directory(directory: Path) -> None:
 
 
 def _is_store_entry(name: str) -> bool:
-    return name.startswith(BUILD_PREFIX) or name == LOCK_NAME or name.endswith(_STORE_SUFFIXES)
+    return (
+        name.startswith((BUILD_PREFIX, SPILL_PREFIX))
+        or name == LOCK_NAME
+        or name.endswith(_STORE_SUFFIXES)
+    )
+
+
+def private_spill(con: Any, directory: Path) -> Path | None:
+    """Point DuckDB's spill files (its ``temp_directory``, by default ``.tmp`` in the current
+    directory, with the umask's mode) at a private (0700) ``.spill-*`` directory in the store
+    directory: a store build out of core spills copies of the private rows, and a killed
+    process leaves them. The directory is locked for the life of the process; the start-up
+    clean-up removes those of dead processes. None when DuckDB already used its directory."""
+    if con in _SPILLS:
+        return _SPILLS[con]
+    area = directory / f"{SPILL_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
+    area.mkdir(mode=0o700)
+    os.chmod(area, 0o700)
+    fd = os.open(area / ".owner.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        con.execute(f"SET temp_directory = '{str(area).replace(chr(39), chr(39) * 2)}'")
+    except Exception:  # already used: keep DuckDB's own
+        os.close(fd)
+        shutil.rmtree(area, ignore_errors=True)
+        return None
+    _SPILLS[con] = area
+    weakref.finalize(con, _release_spill, area, fd)
+    return area
+
+
+def _release_spill(area: Path, fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+    shutil.rmtree(area, ignore_errors=True)
+
+
+def _spill_in_use(path: Path) -> bool:
+    """A spill directory whose owner process still runs (it holds the lock)."""
+    try:
+        fd = os.open(path / ".owner.lock", os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def _lock_file(directory: Path) -> int:
@@ -91,7 +149,9 @@ def clean_interrupted(directory: Path) -> list[Path]:
     leftovers = [
         p
         for p in directory.iterdir()
-        if p.name.startswith(BUILD_PREFIX) or (p.name.endswith(".tmp") and p.name != ".tmp")
+        if p.name.startswith(BUILD_PREFIX)
+        or (p.name.endswith(".tmp") and p.name != ".tmp")
+        or (p.name.startswith(SPILL_PREFIX) and not _spill_in_use(p))
     ]
     if not leftovers:
         return []
