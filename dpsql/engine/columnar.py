@@ -493,6 +493,7 @@ class _Builder:
     def __init__(self, table: ColumnarTable, swaps: dict[str, str]):
         self.table = table
         self.swaps = swaps
+        self._masks: dict[int, np.ndarray] = {}  # id(column) -> its non-NULL mask
 
     def __call__(self, node: exp.Expression) -> Callable[[], Truth]:
         if isinstance(node, exp.Paren):
@@ -527,6 +528,8 @@ class _Builder:
             high = self._compare(exp.LTE, node.this, node.args["high"])
             return lambda: _and(low(), high())
         if isinstance(node, exp.In):
+            if (member := self._member(node)) is not None:
+                return member
             parts = [self._compare(exp.EQ, node.this, item) for item in node.expressions]
 
             def member() -> Truth:
@@ -538,6 +541,61 @@ class _Builder:
             return member
         raise NotRunnable
 
+    def _member(self, node: exp.In) -> Callable[[], Truth] | None:
+        """``column IN (literal, ...)`` as one membership test over the column, linear in rows
+        plus values: an OR of one comparison per value held a mask per value (100,000 values
+        over 20,000 rows took 2 GB and 18 s). The same literals as :meth:`_compare` accept
+        (the same NotRunnable otherwise), with the same matches: an integer column matches a
+        value only if it is whole, a text column through its sorted codes, NaN never. None:
+        a kind without its own membership test (the comparisons are ORed)."""
+        if node.args.get("query") is not None or node.args.get("unnest") is not None:
+            return None
+        column = self._column(node.this)
+        kind = column.kind
+        if kind not in ("int", "float", "text", "date"):
+            return None
+        keys: list[Any] = []
+        for item in node.expressions:
+            if kind == "int":
+                value = self._number(item)
+                if abs(value) >= 2**62:
+                    raise NotRunnable
+                if int(value) == value:
+                    keys.append(int(value))
+            elif kind == "float":
+                value = self._number(item)
+                if len(value.as_tuple().digits) > 15:
+                    raise NotRunnable
+                keys.append(float(value))
+            elif kind == "text":
+                if not isinstance(item, exp.Literal) or not item.is_string:
+                    raise NotRunnable
+                text = str(item.this)
+                low = bisect.bisect_left(column.categories, text)
+                keys.extend(range(low, bisect.bisect_right(column.categories, text)))
+            else:
+                day = iso_date(item)
+                if day is None:
+                    raise NotRunnable
+                keys.append((day - _EPOCH).days)
+        x = column.values
+        wanted = np.array(keys, dtype=x.dtype)
+        known = self._known(column)
+
+        def truth() -> Truth:
+            holds = np.isin(x, wanted)
+            return holds & known, ~holds & known
+
+        return truth
+
+    def _known(self, column: Column) -> np.ndarray:
+        """The column's non-NULL mask, made once per column (one per comparison was a mask
+        per IN value or OR term held until the WHERE ran)."""
+        mask = self._masks.get(id(column))
+        if mask is None:
+            mask = self._masks[id(column)] = ~column.nulls
+        return mask
+
     def _column(self, node: exp.Expression) -> Column:
         if not isinstance(node, exp.Column) or node.name not in self.table.columns:
             raise NotRunnable
@@ -548,7 +606,7 @@ class _Builder:
     ) -> Callable[[], Truth]:
         column = self._column(column_node)
         test = _LITERAL_TESTS[column.kind](self, op, column, literal)
-        known = ~column.nulls
+        known = self._known(column)
 
         def truth() -> Truth:
             holds = test()
