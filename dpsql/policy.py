@@ -10,10 +10,12 @@ and the fix, so a bad policy never reaches a query.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import functools
 import hashlib
 import math
+import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -106,8 +108,8 @@ BOUNDING_DEFAULT = "scale"
 PUBLIC_ROWS = 10_000
 _COLUMN_KEYS = {
     "type": '"int", "float", "text", "bool" or "date"',
-    "lower": "public lower bound (numbers)",
-    "upper": "public upper bound (numbers)",
+    "lower": "public lower bound (numbers; an ISO date for a date column)",
+    "upper": "public upper bound (numbers; an ISO date for a date column)",
     "values": "the public list of values (a categorical domain)",
     "nullable": "whether NULL may occur (default true)",
     "allow": "analysts or roles who may use the column (default: the table's readers)",
@@ -145,6 +147,10 @@ class ColumnPolicy:
     clip_share: float = 0.1
     clip_method: str = "sum"
     clip_quantile: float = 0.99
+    # A date column's declared first and last day (lower/upper in the policy): its public
+    # range, whose days every date key enumerates (dpsql.sql.domains). Kept apart from the
+    # numeric lower/upper, which mean clamping bounds of sums.
+    date_range: tuple[_dt.date, _dt.date] | None = None
 
     @property
     def bounded(self) -> bool:
@@ -923,10 +929,20 @@ def _column(rep: _Reporter, key: str, name: str, spec: Any) -> ColumnPolicy:
         )
     lower = spec.get("lower")
     upper = spec.get("upper")
-    if (lower is not None or upper is not None) and col_type not in ("int", "float"):
-        raise rep.fail(key, "lower/upper are only for int and float columns", "remove them")
+    if (lower is not None or upper is not None) and col_type not in ("int", "float", "date"):
+        raise rep.fail(key, "lower/upper are only for int, float and date columns", "remove them")
     if (lower is None) != (upper is None):
         raise rep.fail(key, "declare both lower and upper, or neither", "add the missing bound")
+    date_range = None
+    if col_type == "date" and lower is not None:
+        date_range = (_iso_day(rep, f"{key}.lower", lower), _iso_day(rep, f"{key}.upper", upper))
+        if date_range[0] > date_range[1]:
+            raise rep.fail(
+                f"{key}.lower",
+                f"lower ({date_range[0]}) > upper ({date_range[1]})",
+                "swap or fix the dates",
+            )
+        lower = upper = None  # the numeric bounds stay undeclared
     if lower is not None:
         lower = _number(rep, f"{key}.lower", lower)
         upper = _number(rep, f"{key}.upper", upper)
@@ -1002,6 +1018,22 @@ def _column(rep: _Reporter, key: str, name: str, spec: Any) -> ColumnPolicy:
         clip_share=clip_share,
         clip_method=clip_method,
         clip_quantile=clip_quantile,
+        date_range=date_range,
+    )
+
+
+_ISO_DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def _iso_day(rep: _Reporter, key: str, value: Any) -> _dt.date:
+    """A date column's bound: a TOML date or an ISO ``YYYY-MM-DD`` string (not a time)."""
+    if isinstance(value, _dt.date) and not isinstance(value, _dt.datetime):
+        return value
+    if isinstance(value, str) and _ISO_DAY.fullmatch(value):
+        with contextlib.suppress(ValueError):
+            return _dt.date.fromisoformat(value)
+    raise rep.fail(
+        key, f"expected an ISO date, got {value!r}", 'write a day, e.g. "2024-01-01" or 2024-01-01'
     )
 
 

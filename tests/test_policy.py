@@ -4,6 +4,7 @@ key and a fix."""
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import json
 import math
 import os
@@ -48,6 +49,8 @@ def _value(v) -> str:
         return repr(v)
     if isinstance(v, list):
         return "[" + ", ".join(_value(x) for x in v) + "]"
+    if isinstance(v, dt.date):  # a TOML date (or local date-time)
+        return v.isoformat()
     return json.dumps(v)
 
 
@@ -147,8 +150,34 @@ BAD = [
     ("rows zero", _set(f"{T}.max_rows_per_unit", 0), f"{T}.max_rows_per_unit", "integer >= 1"),
     ("rows fraction", _set(f"{T}.max_rows_per_unit", 2.5), f"{T}.max_rows_per_unit", "integer"),
     ("groups bool", _set(f"{T}.max_groups_per_unit", True), f"{T}.max_groups_per_unit", "integer"),
-    ("bounds on text", _set(f"{C}.name.lower", 0), f"{C}.name", "only for int and float"),
-    ("bounds on date", _set(f"{C}.day.upper", 3), f"{C}.day", "only for int and float"),
+    ("bounds on text", _set(f"{C}.name.lower", 0), f"{C}.name", "only for int, float and date"),
+    ("one date bound", _set(f"{C}.day.upper", "2024-12-31"), f"{C}.day", "both lower and upper"),
+    (
+        "date bound a number",
+        lambda p: p["tables"]["t"]["columns"]["day"].update(lower=3, upper="2024-12-31"),
+        f"{C}.day.lower",
+        "ISO date",
+    ),
+    (
+        "date bound not a day",
+        lambda p: p["tables"]["t"]["columns"]["day"].update(lower="2024-01-01", upper="2024-02-30"),
+        f"{C}.day.upper",
+        "ISO date",
+    ),
+    (
+        "date bound a time",
+        lambda p: p["tables"]["t"]["columns"]["day"].update(
+            lower="2024-01-01", upper=dt.datetime(2024, 3, 1, 12)
+        ),
+        f"{C}.day.upper",
+        "ISO date",
+    ),
+    (
+        "date lower > upper",
+        lambda p: p["tables"]["t"]["columns"]["day"].update(lower="2025-01-01", upper="2024-01-01"),
+        f"{C}.day.lower",
+        "lower (2025-01-01) > upper (2024-01-01)",
+    ),
     ("one bound", _set(f"{C}.age.upper", _DELETE), f"{C}.age", "both lower and upper"),
     ("int bounds fractional", _set(f"{C}.age.upper", 99.5), f"{C}.age", "integers"),
     ("infinite bound", _set(f"{C}.cost.upper", math.inf), f"{C}.cost.upper", "finite"),

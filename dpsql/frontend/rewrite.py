@@ -3,7 +3,8 @@
 Each rewrite is a pure function of the query text (and the bind-time clock for CURRENT_DATE),
 so it can neither read data nor change what a query may reveal: it only lets the binder see
 `VAR(x)` as `VAR_SAMP(x)`, `COUNT(*) FILTER (WHERE c)` as `COUNT(CASE WHEN c THEN 1 END)`,
-`TO_DATE('2024-01-31')` as `DATE '2024-01-31'`, and so on. grammar_notes.md lists them.
+`TO_DATE('2024-01-31')` as `DATE '2024-01-31'`, `date_part('dow', d)` as `EXTRACT(dow FROM d)`,
+and so on. grammar_notes.md lists them.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ def normalise(tree: exp.Expression, *, today: dt.date | None = None) -> exp.Expr
                 return spelled(this=node.expressions[0])
             if name == "to_date":
                 return _to_date(node)
+            if name in ("date_part", "datepart"):
+                return _date_part(node)
         if isinstance(node, exp.CurrentDate):
             return exp.cast(exp.Literal.string(today.isoformat()), exp.DataType.build("DATE"))
         if isinstance(node, exp.UnixToTime | exp.StrToTime | exp.StrToDate):
@@ -77,6 +80,15 @@ def normalise(tree: exp.Expression, *, today: dt.date | None = None) -> exp.Expr
         return node
 
     return tree.transform(visit, copy=False)
+
+
+def _date_part(node: exp.Anonymous) -> exp.Expression:
+    """``date_part('dow', d)`` is ``EXTRACT(dow FROM d)`` (DuckDB's and PostgreSQL's meaning);
+    a part that is not a string literal is left for the binder to refuse."""
+    part = _literal_text(node.expressions[0]) if len(node.expressions) == 2 else None
+    if part is None or not re.fullmatch(r"[A-Za-z_]+", part):
+        return node
+    return exp.Extract(this=exp.var(part.upper()), expression=node.expressions[1])
 
 
 def _within_group(node: exp.WithinGroup) -> exp.Expression:

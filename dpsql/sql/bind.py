@@ -123,6 +123,8 @@ SCALAR_NODES: tuple[type[exp.Expression], ...] = (
     exp.DataTypeParam,
     exp.Quarter,
     exp.DayOfWeek,
+    exp.Interval,  # INTERVAL 1 DAY: Metabase's shifted weeks (d + INTERVAL 1 DAY)
+    exp.TimeToStr,  # strftime(d, '%Y-%m'): its format is a constant (DuckDB binds it)
 )
 
 AGGREGATE_KINDS: dict[type[exp.Expr], str] = {

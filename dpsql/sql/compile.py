@@ -585,7 +585,8 @@ def _domain_condition(col: ColumnPolicy, target: str | None = None) -> exp.Expre
 def _build_domain_condition(
     col: ColumnPolicy, target: Callable[[], exp.Expression]
 ) -> exp.Expression:
-    """IN (declared values), BETWEEN (declared bounds) or IS NOT NULL, OR IS NULL if nullable."""
+    """IN (declared values), BETWEEN (declared bounds or days) or IS NOT NULL, OR IS NULL if
+    nullable."""
     cond: exp.Expression
     if col.values is not None:
         items = [exp.cast(to_literal(v), SQL_TYPES[col.type]) for v in col.values]
@@ -593,6 +594,9 @@ def _build_domain_condition(
     elif col.numeric and col.bounded:
         assert col.lower is not None and col.upper is not None  # what bounded means
         cond = exp.Between(this=target(), low=_number(col.lower), high=_number(col.upper))
+    elif col.date_range is not None:  # a date column's declared days, as an int's bounds
+        first, last = (exp.cast(exp.Literal.string(d.isoformat()), "DATE") for d in col.date_range)
+        cond = exp.Between(this=target(), low=first, high=last)
     else:
         cond = exp.Not(this=exp.Is(this=target(), expression=exp.Null()))
     if col.nullable:

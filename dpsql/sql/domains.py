@@ -1,10 +1,10 @@
 """Public domains of GROUP BY keys, computed from the policy alone.
 
 A key whose every possible value follows from public facts (declared ``values``, a bool, an
-int column's declared bounds, or a CASE whose branches are constants) has a public domain:
-every bin is released, empty ones too, so a key's presence reveals nothing. Any other key is
-released only through τ-thresholding. The enumeration never looks at private rows, so a
-domain is public whatever function of the column the key applies.
+int column's declared bounds, a date column's declared days, or a CASE whose branches are
+constants) has a public domain: every bin is released, empty ones too, so a key's presence
+reveals nothing. Any other key is released only through τ-thresholding. The enumeration never
+looks at private rows, so a domain is public whatever function of the column the key applies.
 """
 
 from __future__ import annotations
@@ -57,6 +57,16 @@ def column_relation(col: ColumnPolicy) -> tuple[str, int] | None:
         if size > MAX_ENUMERATION:
             return None
         body = f"SELECT CAST(range AS BIGINT) AS {name} FROM range({lo}, {hi + 1})"
+    elif col.type == "date" and col.date_range is not None:
+        # Every day of the declared range: a function of the policy alone, like an int range.
+        first, last = col.date_range
+        size = (last - first).days + 1
+        if size > MAX_ENUMERATION:
+            return None
+        body = (
+            f"SELECT CAST(DATE '{first.isoformat()}' + CAST(range AS INTEGER) AS DATE) AS {name} "
+            f"FROM range(0, {size})"
+        )
     elif col.type == "float" and col.bounded:
         low, high = float(col.lower), float(col.upper)  # type: ignore[arg-type]
         steps = min(FLOAT_GRID_POINTS, max(1, round((high - low) / col.granularity)))
