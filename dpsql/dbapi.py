@@ -32,6 +32,7 @@ from dpsql.errors import (
 from dpsql.pipeline import Result, Service, Settings, _ResetRequest, reset_setting
 from dpsql.policy import Policy, load_policy
 from dpsql.privacy.ledger import EphemeralBudgetWarning, Ledger, MemoryLedger
+from dpsql.sql.dialect import check_dialect
 from dpsql.tables import number
 
 apilevel = "2.0"
@@ -137,11 +138,14 @@ class Connection:
         *,
         owns_service: bool = False,
         warn_low_budget: bool = False,
+        dialect: str = "duckdb",
     ) -> None:
         self._service = service
         self.analyst = analyst
         self._defaults = Settings.from_policy(service.policy)
         self._settings = Settings.from_policy(service.policy)
+        # the SQL dialect statements are read in (dpsql.sql.dialect); RESET keeps it
+        self._defaults.dialect = self._settings.dialect = check_dialect(dialect)
         self._owns_service = owns_service
         self._closed = False
         self._handle = QueryHandle()
@@ -486,9 +490,14 @@ def connect(
     policy: str | Path | Mapping[str, Any] | Policy,
     analyst: str = "default",
     ledger: Ledger | str | os.PathLike[str] | None = None,
+    dialect: str = "duckdb",
     **service_options: Any,
 ) -> Connection:
     """Open a dpsql connection: load ``policy`` and its data, and act as ``analyst``.
+
+    ``dialect``: the SQL dialect statements are read in, "duckdb" (DuckDB's grammar and
+    semantics: ``7 / 2`` is 3.5) or "postgres" (PostgreSQL's, as over the wire: ``7 / 2`` is
+    3, ``TO_CHAR``, ``date_part``, ``$$...$$``); see grammar_notes.md, "SQL dialects".
 
     The budget is spent in ``ledger``: a Ledger object, or the path of a durable SQLite ledger.
     Without one, in the policy's ``[privacy] ledger`` file (a policy file always has one);
@@ -496,6 +505,10 @@ def connect(
     process over the same data shares, so reconnecting never hands out a fresh budget (or
     fresh noise for a repeated query), and warns once that it ends with the process.
     """
+    try:
+        dialect = check_dialect(dialect)
+    except ValueError as exc:
+        raise ProgrammingError(str(exc), construct="dialect", hint="dialect='postgres'") from None
     loaded = policy if isinstance(policy, Policy) else load_policy(policy)
     check_analyst(loaded.analysts, analyst, "dpsql.connect(analyst=...)")
     owned = None
@@ -521,7 +534,7 @@ def connect(
         if owned is not None:
             owned.close()
         raise
-    return Connection(service, analyst, owns_service=True, warn_low_budget=True)
+    return Connection(service, analyst, owns_service=True, warn_low_budget=True, dialect=dialect)
 
 
 _PROCESS_LEDGERS: dict[str, MemoryLedger] = {}
@@ -553,10 +566,12 @@ def data_identity(policy: Policy) -> str:
     return hashlib.sha256(text.encode("ascii")).hexdigest()
 
 
-def connect_service(service: Service, analyst: str = "default") -> Connection:
+def connect_service(
+    service: Service, analyst: str = "default", dialect: str = "duckdb"
+) -> Connection:
     """A connection (one analyst's session) over an existing :class:`Service`: the front door
     depends on the service, never the other way."""
-    return Connection(service, analyst)
+    return Connection(service, analyst, dialect=dialect)
 
 
 Service.session_class = Connection  # service.connect(analyst) opens one of these

@@ -167,11 +167,12 @@ class Service:
     #: service opens sessions without importing a front door.
     session_class: ClassVar[Any] = None
 
-    def connect(self, analyst: str = "default"):
-        """A DB-API session of ``analyst`` over this service (see dpsql.dbapi)."""
+    def connect(self, analyst: str = "default", dialect: str = "duckdb"):
+        """A DB-API session of ``analyst`` over this service (see dpsql.dbapi), reading
+        statements in ``dialect`` (dpsql.sql.dialect)."""
         if Service.session_class is None:
             import dpsql.dbapi  # noqa: F401  (a convenience: loading it registers the class)
-        return Service.session_class(self, analyst)
+        return Service.session_class(self, analyst, dialect=dialect)
 
     def close(self) -> None:
         self.engine.close()
@@ -284,7 +285,7 @@ class Service:
             return self._run(prepared, analyst, handle, settings.confidence)
         if (prepared := self._from_text(key, text, parameters, settings, analyst)) is not None:
             return self._run(prepared, analyst, handle, settings.confidence)
-        statement = self._parse(text, parameters, analyst)
+        statement = self._parse(text, parameters, analyst, settings.dialect)
         _not_cancelled(handle)  # statement_timeout / cancel reach planning, between its phases
         if isinstance(statement, SettingStatement):
             if statement.action == "show" and statement.name == "budget":
@@ -330,12 +331,15 @@ class Service:
             self._texts.learn(self, text, statement, settings, analyst, prepared.shape_key)
         return result
 
-    def _parse(self, text: str, parameters: Sequence[Any] | None, analyst: str) -> Any:
-        """Parse and bind ``text`` for ``analyst``: their access rules (dpsql.access) are
-        checked on the parsed statement before it is bound, free, like every refusal."""
+    def _parse(
+        self, text: str, parameters: Sequence[Any] | None, analyst: str, dialect: str = "duckdb"
+    ) -> Any:
+        """Parse and bind ``text`` for ``analyst`` in ``dialect`` (the session's, chosen by its
+        door: dpsql.sql.dialect): their access rules (dpsql.access) are checked on the parsed
+        statement before it is bound, free, like every refusal."""
         models = self._models(analyst, text)
         return parse_statement(
-            text, self.policy, parameters, models, access_for(self.policy, analyst)
+            text, self.policy, parameters, models, access_for(self.policy, analyst), dialect
         )
 
     def _from_text(
@@ -656,7 +660,7 @@ class Service:
         key = self._plans.key(text, parameters, settings, analyst)
         prepared = self._lookup(key)
         if prepared is None:
-            statement = self._parse(text, parameters, analyst)
+            statement = self._parse(text, parameters, analyst, settings.dialect)
             if isinstance(statement, BoundQuery):
                 prepared = self._prepare(key, statement, settings, analyst)
             elif isinstance(statement, CompositeQuery):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dpsql.policy import TablePolicy
+from dpsql.sql.dialect import integer_typed
 
 INF = math.inf
 
@@ -119,6 +120,8 @@ def value_range(node: exp.Expression, table: TablePolicy) -> Range:
         a, b = value_range(node.this, table), value_range(node.expression, table)
         corners = [_product(x, y) for x in (a.lower, a.upper) for y in (b.lower, b.upper)]
         return _of(min(corners), max(corners), a.integral and b.integral, a, b)
+    if isinstance(node, exp.IntDiv) and (a_b := _integer_division(node, table)) is not None:
+        return a_b
     if isinstance(node, exp.Div | exp.IntDiv):
         a, b = value_range(node.this, table), value_range(node.expression, table)
         if b.lower <= 0 <= b.upper:
@@ -131,9 +134,7 @@ def value_range(node: exp.Expression, table: TablePolicy) -> Range:
         if not math.isfinite(b.lower) or not math.isfinite(b.upper):
             corners.append(0.0)
         low, high = min(corners), max(corners)
-        if isinstance(node, exp.IntDiv):
-            return _of(math.floor(low), math.ceil(high), True, a, b)
-        return _of(low, high, False, a, b)
+        return _of(low, high, False, a, b)  # DuckDB's // of a non-integer divides (7.0 // 2)
     if isinstance(node, exp.Mod):
         a, b = value_range(node.this, table), value_range(node.expression, table)
         m = max(abs(b.lower), abs(b.upper))
@@ -245,6 +246,37 @@ def value_range(node: exp.Expression, table: TablePolicy) -> Range:
 
 
 _EMPTY = Range(INF, -INF, True)
+
+
+def _integer_division(node: exp.IntDiv, table: TablePolicy) -> Range | None:
+    """The range of ``a // b`` for integers a and b (PostgreSQL's ``int / int`` arrives here
+    too, dpsql.sql.dialect): the quotient truncated toward zero, as DuckDB and PostgreSQL do.
+
+    Truncation is monotone in the exact quotient, so the ends are the truncated ends of its
+    range. A divisor whose range holds 0 never makes the quotient large: a non-zero integer
+    divisor has |b| >= 1, so |a // b| <= |a| (b = 0 fails, and runs under TRY: NULL).
+    None when an operand is not an integer (DuckDB's ``//`` then divides).
+    """
+
+    def types(_table: str | None, column: str) -> set[str]:
+        spec = table.columns.get(column)
+        return {spec.type} if spec is not None and spec.expr is None else set()
+
+    if not (integer_typed(node.this, types) and integer_typed(node.expression, types)):
+        return None  # FLOOR(x) // 2 is DOUBLE // INTEGER: a division
+    a, b = value_range(node.this, table), value_range(node.expression, table)
+    if b.lower <= 0 <= b.upper:
+        m = max(abs(a.lower), abs(a.upper))
+        return _of(-m, m, True, a)
+    corners = [x / y for x in (a.lower, a.upper) for y in (b.lower, b.upper) if math.isfinite(y)]
+    if not math.isfinite(b.lower) or not math.isfinite(b.upper):
+        corners.append(0.0)
+    low, high = min(corners), max(corners)
+    return _of(_truncate(low), _truncate(high), True, a, b)
+
+
+def _truncate(x: float) -> float:
+    return float(math.trunc(x)) if math.isfinite(x) else x
 
 
 def _round_half_away(x: float) -> float:

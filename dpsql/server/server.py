@@ -117,7 +117,8 @@ class Server:
                 return pid
 
     def connect_analyst(self, analyst: str) -> Any:
-        return self.service.connect(analyst=analyst)
+        # PostgreSQL clients mean PostgreSQL: 7 / 2 is 3, TO_CHAR, date_part (dpsql.sql.dialect)
+        return self.service.connect(analyst=analyst, dialect="postgres")
 
     def unregister(self, session: Session) -> None:
         if self.sessions.get(session.pid) is session:

@@ -156,6 +156,7 @@ class _PlanCache:
             settings.mechanism,
             settings.quantile_method,
             settings.partition_selection,
+            settings.dialect,  # the same text means another query in another dialect
         )
 
     def get(self, key: tuple) -> _Prepared | None:

@@ -31,6 +31,9 @@ class Settings:
     quantile_method: str = "em"
     # non-public GROUP BY keys: optimal selection, τ-threshold, or whichever keeps more
     partition_selection: str = "auto"
+    # the SQL dialect statements are read in (dpsql.sql.dialect): chosen by the door, "duckdb"
+    # for the DB-API and CLI, "postgres" for the wire server; not a SET-table setting
+    dialect: str = "duckdb"
 
     @classmethod
     def from_policy(cls, policy: Policy) -> Settings:

@@ -149,6 +149,8 @@ class TextShapes:
         """A prepared statement for ``text`` from a learned skeleton, or None."""
         if self._limit <= 0 or not self._items or not self._usable(service, text):
             return None
+        if settings.dialect != "duckdb":  # skeletons are learned and re-bound as DuckDB text
+            return None
         scanned = scan(text)
         if scanned is None:
             return None
@@ -188,6 +190,8 @@ class TextShapes:
         """Remember ``text``'s skeleton, if its slots are number tokens and a sentinel bind
         agrees (see the module docstring). Called after the statement ran from its shape."""
         if self._limit <= 0 or statement.where is None or not self._usable(service, text):
+            return
+        if settings.dialect != "duckdb":
             return
         scanned = scan(text)
         if scanned is None:

@@ -41,7 +41,16 @@ from dpsql.frontend.rewrite import normalise, timestamp_literals
 from dpsql.frontend.scopes import shadow_policy_tables
 from dpsql.limits import check_tree
 from dpsql.policy import ColumnPolicy, Policy, TablePolicy, default_granularity
-from dpsql.sql.positions import _tokens, forget_tokens, offset_position, position_of, snippet
+from dpsql.sql.dialect import DUCKDB, ColumnTypes, check_dialect, reader, to_engine_semantics
+from dpsql.sql.positions import (
+    _tokens,
+    forget_tokens,
+    offset_position,
+    position_of,
+    reading,
+    snippet,
+    written_name,
+)
 from dpsql.table_functions import TABLE_FUNCTIONS, result_columns
 
 logging.getLogger("sqlglot").setLevel(logging.ERROR)
@@ -123,6 +132,9 @@ SCALAR_NODES: tuple[type[exp.Expression], ...] = (
     exp.DataTypeParam,
     exp.Quarter,
     exp.DayOfWeek,
+    exp.Left,  # LEFT / RIGHT / INITCAP: PostgreSQL's names, DuckDB's functions (run under TRY)
+    exp.Right,
+    exp.Initcap,
     exp.Interval,  # INTERVAL 1 DAY: Metabase's shifted weeks (d + INTERVAL 1 DAY)
     exp.TimeToStr,  # strftime(d, '%Y-%m'): its format is a constant (DuckDB binds it)
 )
@@ -319,8 +331,12 @@ def parse_statement(
     parameters: Sequence[Any] | None = None,
     models: Callable[[str], Any] | None = None,
     access: Any = None,
+    dialect: str = DUCKDB,
 ) -> Statement:
     """Parse and bind one statement of analyst SQL.
+
+    ``dialect`` (dpsql.sql.dialect): the grammar and semantics ``text`` is read in, "duckdb"
+    (the DB-API's and CLI's default) or "postgres" (the wire server: ``7 / 2`` is 3).
 
     ``access`` (dpsql.access.Access): the analyst's restrictions, checked on the parsed tree
     before anything is bound (None: the analyst may query every table and column).
@@ -329,12 +345,14 @@ def parse_statement(
     (dpsql.models.store); without it dp_predict is an unknown function.
     """
     _check_unicode(text, parameters)
+    dialect = check_dialect(dialect)
     forget_tokens()
+    reading(text, dialect)  # refusals quote the analyst's own text (dpsql.sql.positions)
     head = _first_word(text)
     if head in ("SHOW", "RESET"):
         return _setting_command(head, text)
     if head == "EXPLAIN":
-        start = sqlglot.tokenize(text, read=DIALECT)[0].end + 1  # after the keyword
+        start = sqlglot.tokenize(text, read=dialect)[0].end + 1  # after the keyword
         fmt = "table"
         option = _EXPLAIN_OPTION.match(text, start)
         if option is not None:
@@ -349,7 +367,7 @@ def parse_statement(
             )
         # Blank out the keyword instead of cutting it, so refusals point into ``text``.
         inner = "".join(c if c == "\n" else " " for c in text[:start]) + text[start:]
-        bound = parse_statement(inner, policy, parameters, models, access)
+        bound = parse_statement(inner, policy, parameters, models, access, dialect)
         if not isinstance(bound, BoundQuery | RuleListCall | CompositeQuery):
             raise ProgrammingError(
                 "EXPLAIN takes a DP SELECT query", construct="EXPLAIN", hint="EXPLAIN SELECT ..."
@@ -357,7 +375,7 @@ def parse_statement(
         return ExplainStatement(bound, fmt)
     statements: list[exp.Expr] | None
     try:
-        statements = _parse(text)
+        statements = _parse(text, dialect)
     except (ParseError, TokenError) as exc:
         statements = _top_statements(text)
         if statements is None:
@@ -390,6 +408,9 @@ def parse_statement(
             text,
             "pass the values as execute(sql, parameters)",
         )
+    # the dialect's meaning made explicit (PostgreSQL's integer division: ``//``) before
+    # anything is bound, so no later step can lose it (dpsql.sql.dialect)
+    tree = to_engine_semantics(tree, dialect, _column_types(policy))
     if models is not None and "dp_predict" in text.lower():
         from dpsql.models.predict import expand_predictions
 
@@ -402,6 +423,14 @@ def parse_statement(
 _READER = DuckDB()
 
 
+def _column_types(policy: Policy) -> ColumnTypes:
+    def types(table: str | None, column: str) -> set[str]:
+        found = [policy.table(table)] if table is not None else list(policy.tables.values())
+        return {t.columns[column].type for t in found if t is not None and column in t.columns}
+
+    return types
+
+
 class ShallowMeta(dict):
     """A parsed node's meta (its positions, and markers the frontend adds): sqlglot deep-copies
     the meta of every node it copies, through :func:`copy.deepcopy`, which costs more than
@@ -412,14 +441,15 @@ class ShallowMeta(dict):
         return ShallowMeta(self)
 
 
-def _parse(text: str) -> list[exp.Expr]:
-    """The statements of ``text`` in DuckDB's grammar, the n-th ``?`` placeholder *in the text*
+def _parse(text: str, dialect: str = DUCKDB) -> list[exp.Expr]:
+    """The statements of ``text`` in ``dialect``'s grammar, the n-th ``?`` placeholder *in the text*
     read as ``$n`` (the tree's own order visits LIMIT before WHERE, so parameters bind in text
     order). The tokens are renumbered, not the text, so every position stays where it was."""
-    tokens = _READER.tokenize(text)
+    read = _READER if dialect == DUCKDB else reader(dialect)
+    tokens = read.tokenize(text)
     if any(t.token_type == TokenType.PLACEHOLDER and t.text == "?" for t in tokens):
         tokens = list(_numbered_placeholders(tokens))
-    return [s for s in _READER.parser().parse(tokens, text) if s is not None]
+    return [s for s in read.parser().parse(tokens, text) if s is not None]
 
 
 def _numbered_placeholders(tokens: list[Token]) -> Iterator[Token]:
@@ -1184,6 +1214,22 @@ class _Binder:
                 continue
             if isinstance(sub, exp.Rand | exp.Anonymous) or not isinstance(sub, SCALAR_NODES):
                 raise self._not_allowed(sub, clause)
+            if isinstance(sub, exp.TimeToStr) and self.table is not None:
+                self._check_date_format(sub)
+
+    def _check_date_format(self, node: exp.TimeToStr) -> None:
+        """TO_CHAR / strftime formats a date or timestamp: PostgreSQL's TO_CHAR of a number
+        (``TO_CHAR(cost, '999')``) is another function, refused by the name it was written."""
+        assert self.table is not None
+        try:
+            value_range(node.this, self.table)
+        except NotNumeric:
+            return
+        raise self.refuse(
+            f"{written_name(node)} of a number is not supported",
+            node,
+            "TO_CHAR formats a date or timestamp here; CAST a number AS VARCHAR, or ROUND it",
+        )
 
     def _check_literal_types(self, node: exp.Expression) -> None:
         """A string literal compared with a non-text column must convert to its type.
@@ -1220,7 +1266,8 @@ class _Binder:
                     )
 
     def _not_allowed(self, node: exp.Expr, clause: str) -> PrivacyError:
-        name = node.sql(dialect=DIALECT).split("(")[0] if isinstance(node, exp.Func) else ""
+        # the function's name as the analyst wrote it (TO_CHAR, not the DuckDB it maps to)
+        name = written_name(node) if isinstance(node, exp.Func) else ""
         kind = "function" if isinstance(node, exp.Func) else "construct"
         lowered = name.lower()
         if lowered in FILE_READERS:
@@ -1333,7 +1380,7 @@ class _Binder:
         assert self.table is not None
         kind = AGGREGATE_KINDS.get(type(node))
         if kind is None:
-            name = node.sql(dialect=DIALECT).split("(")[0]
+            name = written_name(node)  # as written: string_agg, not sqlglot's LISTAGG
             raise self.refuse(
                 f"aggregate {name} is not supported",
                 node,
