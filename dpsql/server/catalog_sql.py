@@ -19,6 +19,7 @@ from dpsql.server import catalog_schema as cs
 from dpsql.server import types as t
 from dpsql.server.catalog_limits import CatalogLimits, check_statement
 from dpsql.server.failures import ClientError
+from dpsql.sql.dialect import POSTGRES, to_engine_semantics
 
 SERVER_VERSION = "16.0"
 VERSION_STRING = f"PostgreSQL {SERVER_VERSION} (dpsql) on x86_64-pc-linux-gnu, 64-bit"
@@ -247,6 +248,9 @@ def rewrite(
         raise CatalogError("empty statement", "42601")
 
     _name_columns(tree)
+    # PostgreSQL's meaning for DuckDB (7 / 2 is 3, $$...$$): no policy column is read here,
+    # so literals and casts decide which divisions are integer ones (dpsql.sql.dialect)
+    tree = to_engine_semantics(tree, POSTGRES, lambda _table, _column: set())
 
     def fix(node: exp.Expression) -> exp.Expression:
         new = _rewrite_node(node, info)

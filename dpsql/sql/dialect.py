@@ -193,6 +193,7 @@ class _Typer:
                         found = True
                         if not self.integer(item.unalias()):
                             return False
+                        types.add("int")
                 continue
             if isinstance(source, exp.Table):
                 declared = self.column_types(source.name, name)
