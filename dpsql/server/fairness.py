@@ -147,6 +147,10 @@ YIELD_QUANTUM = 0.002
 YIELD_STEP = 0.001
 YIELD_PAUSE = 0.02
 YIELD_EVENTS = 1000
+# Which statements are watched by the hook (see FairScheduler.wrap): an analyst past WARM of
+# its heavy_cpu, or a statement with a text argument longer than WATCH_TEXT characters.
+WARM = 0.25
+WATCH_TEXT = 16 << 10
 # An analyst with nothing running or waiting is forgotten once its account decays below this.
 FORGET_CPU = 1e-3
 
@@ -154,7 +158,10 @@ FORGET_CPU = 1e-3
 class Turn:
     """One statement's place in the scheduler: waiting, then running, then done."""
 
-    __slots__ = ("analyst", "clock", "cpu", "cpu0", "granted", "paused", "running", "seq", "waited")
+    __slots__ = (
+        "analyst", "clock", "cpu", "cpu0", "granted", "paused", "running", "seq", "waited",
+        "watched",
+    )  # fmt: skip
 
     def __init__(self, analyst: _Analyst, seq: int, granted: asyncio.Future[None]) -> None:
         self.analyst = analyst
@@ -166,6 +173,7 @@ class Turn:
         self.cpu = 0.0  # CPU seconds so far (final once the call returns)
         self.waited = 0.0  # seconds it waited for its turn
         self.paused = 0.0  # seconds it slept to yield to lighter analysts
+        self.watched = False  # run with the yield hook
 
     def live_cpu(self) -> float:
         clock = self.clock
@@ -319,10 +327,26 @@ class FairScheduler:
 
     # running --------------------------------------------------------------------------------
     def wrap(self, turn: Turn, fn: Callable[..., Any], *args: Any) -> Callable[[], Any]:
-        """``fn(*args)`` for a pool thread: measures the thread's CPU for the analyst's account
-        and, if the analyst is heavy, yields the GIL to lighter analysts while it runs."""
+        """``fn(*args)`` for a pool thread (call it on the loop, right after the grant): measures
+        the thread's CPU for the analyst's account and, for a statement that may turn out
+        expensive, watches it with a profile hook that yields the GIL to lighter analysts once
+        its analyst is over its share (see :data:`YIELD_QUANTUM`).
+
+        The hook costs its own thread about a third more CPU in Python, so it is not on every
+        statement: only on those of an analyst that is heavy or warm (past :data:`WARM` of its
+        share), that runs another statement at the same time, or whose text is long
+        (:data:`WATCH_TEXT`; binding and planning grow with it). A short first statement of an
+        idle analyst runs unwatched, and so cannot be slowed once it starts.
+        """
         a = turn.analyst
         heavy_cpu = self.limits.heavy_cpu
+        watched = (
+            a.heavy
+            or self._usage(a, time.monotonic()) > WARM * heavy_cpu
+            or len(a.running) > 1
+            or any(isinstance(x, str) and len(x) > WATCH_TEXT for x in args)
+        )
+        turn.watched = watched
 
         def call() -> Any:
             try:
@@ -332,7 +356,7 @@ class FairScheduler:
             turn.cpu0 = time.thread_time()
             turn.clock = clock
             hook = None
-            if a.heavy and sys.getprofile() is None:  # never displace a profiler
+            if watched and sys.getprofile() is None:  # never displace a profiler
                 hook = self._yielder(turn, heavy_cpu)
                 sys.setprofile(hook)
             try:
@@ -346,11 +370,16 @@ class FairScheduler:
         return call
 
     def _yielder(self, turn: Turn, heavy_cpu: float) -> Callable[..., None]:
-        """A profile function for a heavy analyst's thread (see YIELD_QUANTUM)."""
+        """A profile function for a watched statement's thread (see :data:`YIELD_QUANTUM`)."""
         a = turn.analyst
         countdown = YIELD_EVENTS
         next_cpu = time.thread_time() + YIELD_QUANTUM
         thread_time, monotonic, sleep = time.thread_time, time.monotonic, time.sleep
+
+        def others() -> int:
+            """Lighter analysts' running statements (this analyst's own are not among them
+            once the loop has marked it heavy; until then they are subtracted here)."""
+            return self.light_running - (0 if a.heavy else len(a.running))
 
         def hook(_frame: Any, _event: str, _arg: Any) -> None:
             nonlocal countdown, next_cpu
@@ -362,11 +391,13 @@ class FairScheduler:
             if now_cpu < next_cpu:
                 return
             next_cpu = now_cpu + YIELD_QUANTUM
-            if not a.heavy or not self.light_running:  # below its share again, or alone
+            # over its share: as last marked on the loop, or by this statement's CPU so far
+            heavy = a.heavy or a.recent + (now_cpu - turn.cpu0) > heavy_cpu
+            if not heavy or others() <= 0:
                 return
             start = monotonic()
             deadline = start + YIELD_PAUSE
-            while self.light_running > 0 and monotonic() < deadline:
+            while others() > 0 and monotonic() < deadline:
                 sleep(YIELD_STEP)
             turn.paused += monotonic() - start
 
