@@ -53,6 +53,11 @@ KEYS = [
     ("date_part('year', visit_date)", "date_part('year', visit_date)"),
     ("CAST(visit_date AS DATE)", "CAST(visit_date AS DATE)"),
     ("strftime(visit_date, '%Y-%m')", "strftime(visit_date, '%Y-%m')"),
+    # Grafana's epoch buckets (weeks of seconds since 1970)
+    (
+        "FLOOR(EXTRACT(epoch FROM visit_date) / 604800)",
+        "FLOOR(EXTRACT(epoch FROM visit_date) / 604800)",
+    ),
     # Metabase's weeks starting on Sunday
     (
         "DATE_TRUNC('week', visit_date + INTERVAL 1 DAY) - INTERVAL 1 DAY",
