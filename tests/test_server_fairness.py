@@ -241,6 +241,42 @@ def test_probe_recognition_is_the_analysts_scheduled_work(service, policy_path, 
     assert len(parsed_on) == 2 and all(n.startswith("dpsql-query") for n in parsed_on), parsed_on
 
 
+def test_long_texts_and_large_results_are_handled_off_the_event_loop(
+    service, policy_path, monkeypatch
+):
+    """Splitting and classifying a long text and encoding a large result grow with the
+    client's input: they run in the analyst's turn, in the pool, not on the shared loop."""
+    from dpsql.server import session as session_module
+
+    seen: dict[str, list[str]] = {"split": [], "encode": []}
+    split, encode = session_module.split_statements, session_module._encode_rows
+
+    def recording_split(text):
+        seen["split"].append((len(text), threading.current_thread().name))
+        return split(text)
+
+    def recording_encode(columns, rows, formats):
+        seen["encode"].append((len(rows), threading.current_thread().name))
+        return encode(columns, rows, formats)
+
+    monkeypatch.setattr(session_module, "split_statements", recording_split)
+    monkeypatch.setattr(session_module, "_encode_rows", recording_encode)
+    long_text = "SELECT COUNT(*) FROM visits WHERE age > 3 " + "/* padding */ " * 2000
+    with _serve(service, policy_path) as th:
+        c = _login(th, "bystander")
+        assert not c.query(long_text).errors()
+        assert not c.query("SELECT 1").errors()
+        reply = c.query("SELECT * FROM generate_series(1, 3000)")
+        assert not reply.errors() and len(reply.rows()) == 3000, reply.errors()
+        c.close()
+    for kind, most in (("split", session_module.LOOP_TEXT), ("encode", session_module.LOOP_VALUES)):
+        for size, thread in seen[kind]:
+            expected = "dpsql-server" if size <= most else "dpsql-query"  # the loop, the pool
+            assert thread.startswith(expected), (kind, size, thread)
+    assert any(size > 4096 for size, _ in seen["split"])
+    assert any(size >= 3000 for size, _ in seen["encode"])
+
+
 # --------------------------------------------------------------------------------------------
 # the scheduler on its own
 
@@ -355,8 +391,17 @@ def measure(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--probe", action="store_true", help="attack with PROBE (a zero-row probe) instead"
     )
+    ap.add_argument(
+        "--text",
+        type=int,
+        default=0,
+        help="attack with an EXPLAIN of this many quoted IN-list values instead (~10 bytes each)",
+    )
     args = ap.parse_args(argv)
     attack_sql = PROBE if args.probe else EXPENSIVE
+    if args.text:
+        values = ", ".join(f"'d{i}'" for i in range(args.text))
+        attack_sql = f"EXPLAIN SELECT COUNT(*) FROM visits WHERE diagnosis IN ({values})"
     root = Path(tempfile.mkdtemp())
     for name in ("visits.toml", "visits.csv"):
         shutil.copy(ROOT / "fixtures" / name, root / name)
