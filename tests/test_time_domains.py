@@ -179,6 +179,25 @@ def test_shifted_weeks_start_on_sunday(loose):
     assert len(got) == 105
 
 
+def test_postgres_spellings_are_public_time_keys(visits_ref):
+    """Over the wire's dialect: TO_CHAR (strftime underneath), date_part, INTERVAL '1 day'."""
+    with exact_connect(_policy(), dialect="postgres") as conn:
+        for key, ref_key in [
+            ("TO_CHAR(visit_date, 'YYYY-MM')", "strftime(visit_date, '%Y-%m')"),
+            ("date_part('quarter', visit_date)", "EXTRACT(quarter FROM visit_date)"),
+            (
+                "DATE_TRUNC('week', visit_date + INTERVAL '1 day') - INTERVAL '1 day'",
+                "DATE_TRUNC('week', visit_date + INTERVAL 1 DAY) - INTERVAL 1 DAY",
+            ),
+        ]:
+            sql = f"SELECT {key} AS k, COUNT(*) FROM visits GROUP BY 1"
+            expected = visits_ref.execute(
+                f"SELECT {ref_key} AS k, COUNT(*) FROM visits GROUP BY 1 ORDER BY 1"
+            ).fetchall()
+            assert_same_rows(rows_of(conn, sql), expected, ordered=True)
+            _assert_public(conn, sql, len(expected))
+
+
 def test_empty_buckets_are_released(wide, visits_ref):
     got = rows_of(
         wide, "SELECT DATE_TRUNC('month', visit_date) AS m, COUNT(*) FROM visits GROUP BY 1"
