@@ -1444,3 +1444,41 @@ __all__: Sequence[str] = (
     "total_key_queries",
     "where_queries",
 )
+
+
+# -- public time domains (visit_date's declared days; used by tests/test_time_domains.py) --------
+
+TIME_KEYS = (
+    "visit_date",
+    "DATE_TRUNC('{grain}', visit_date)",
+    "EXTRACT({part} FROM visit_date)",
+    "date_part('{part}', visit_date)",
+    "CAST(visit_date AS DATE)",
+    "strftime(visit_date, '%Y-%m')",
+    "DATE_TRUNC('week', visit_date + INTERVAL 1 DAY) - INTERVAL 1 DAY",
+    "FLOOR(EXTRACT(epoch FROM visit_date) / 604800)",
+)
+TIME_WHERES = (
+    "",
+    " WHERE visit_date BETWEEN '2025-03-01' AND '2025-06-30'",
+    " WHERE visit_date >= DATE '2025-12-15'",
+    " WHERE visit_date < DATE '2024-01-03' OR visit_date > DATE '9000-01-01'",
+    " WHERE EXTRACT(year FROM visit_date) = 2025 AND department = 'oncology'",
+    f" WHERE patient_id = {EXTRA_UNIT}",
+)
+
+
+@st.composite
+def time_key_queries(draw: st.DrawFn) -> Query:
+    """``SELECT <time key>[, department], <aggregates> FROM visits [WHERE on the date]
+    GROUP BY ...``: every key a public time domain over the declared days."""
+    key = draw(st.sampled_from(TIME_KEYS)).format(
+        grain=draw(st.sampled_from(("day", "week", "month", "quarter", "year"))),
+        part=draw(st.sampled_from(("year", "quarter", "month", "day", "dow", "doy"))),
+    )
+    keys = [key, *draw(st.sampled_from(([], ["department"], ["smoker"])))]
+    items = ", ".join(f"{k} AS k{i}" for i, k in enumerate(keys))
+    group = ", ".join(str(i + 1) for i in range(len(keys)))
+    where = draw(st.sampled_from(TIME_WHERES))
+    sql = f"SELECT {items}, {draw(aggregate_lists())} FROM {TABLE}{where} GROUP BY {group}"
+    return Query(sql, keys=len(keys), grouped=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import fuzz_grammar as g
 import pytest
 from conftest import (
     FIXTURE_CSV,
@@ -27,10 +28,13 @@ from conftest import (
     table_policy,
     write_csv,
 )
+from hypothesis import given, settings
+from test_differential_fuzz import FUZZ, Pair, _closing, _pair, pair_violations, side_violations
 
 import dpsql
 from dpsql.errors import PolicyError
 from dpsql.policy import load_policy
+from dpsql.privacy.ledger import MemoryLedger
 
 FIRST, LAST = dt.date(2024, 1, 1), dt.date(2025, 12, 31)  # fixtures/visits.toml's study period
 DAYS = (LAST - FIRST).days + 1
@@ -441,3 +445,29 @@ def test_the_neighbour_holds_its_rows(tmp_path):
         .fetchone()
     )
     assert n == len(OUTSIDE) + len(EDGES)
+
+
+# -- the differential fuzz test's neighbours (tests/test_differential_fuzz.py) ----------------
+
+
+@pytest.fixture(scope="module")
+def fuzz_pair(tmp_path_factory: pytest.TempPathFactory):
+    """D, the fixture, and D′ = D + a patient dated 9999-12-31, 0001-01-01 and NULL."""
+    yield from _closing(_pair(tmp_path_factory.mktemp("time"), lambda _: MemoryLedger()))
+
+
+@settings(FUZZ, max_examples=40)
+@given(query=g.time_key_queries())
+def test_time_keys_hold_the_boundary_on_neighbours(fuzz_pair: Pair, query: g.Query) -> None:
+    """Every generated time key is answered from its public domain on both datasets: the same
+    keys in the same order, the same cost, no delta; each side charged the plan's cost."""
+    a = fuzz_pair.d.run(query.sql, query.setup)
+    b = fuzz_pair.d_prime.run(query.sql, query.setup)
+    found = (
+        side_violations(query, a, fuzz_pair, "D")
+        + side_violations(query, b, fuzz_pair, "D′")
+        + pair_violations(query, a, b)
+    )
+    assert not found, f"{query.sql!r}:\n  " + "\n  ".join(found)
+    assert a.kind == b.kind == "answered", (query.sql, a.error)
+    assert a.plan_cost is not None and a.plan_cost[1] == 0.0, query.sql  # public: no delta
