@@ -49,9 +49,9 @@ class Counting(Service):
 
     parsed = 0
 
-    def _prepare(self, key: Any, statement: Any, settings: Settings, analyst: str) -> _Prepared:
+    def _prepare(self, *args: Any, **kwargs: Any) -> _Prepared:  # key, statement, ..., handle
         self.parsed += 1
-        return super()._prepare(key, statement, settings, analyst)
+        return super()._prepare(*args, **kwargs)
 
 
 def _service(**options: Any) -> Counting:
