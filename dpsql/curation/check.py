@@ -350,6 +350,8 @@ def facts(col: ColumnPolicy) -> str:
     out = []
     if col.bounded:
         out.append(f"[{_num(col.lower or 0)}, {_num(col.upper or 0)}]")  # type: ignore[arg-type]
+    if col.date_range is not None:  # a date column's declared days
+        out.append(f"[{col.date_range[0]}, {col.date_range[1]}]")
     if col.type == "float" and col.bounded:
         out.append(f"granularity {_num(col.granularity)}")
     if col.values is not None:
