@@ -250,10 +250,8 @@ def check_text(text: str, limits: Limits = DEFAULT_LIMITS) -> None:
                 hint="send a shorter statement (e.g. put a long IN list into a public table "
                 "or use ranges), or ask the operator to raise limits.max_query_bytes",
             )
-    if size <= min(limits.max_depth, limits.max_expressions, limits.max_in_list) and (
-        "$" not in text and "?" not in text
-    ):
-        return  # too short to pass any limit
+    if _surely_within(text, limits):
+        return
     m = measure_text(text)
     if m.depth > limits.max_depth:
         raise ProgrammingError(
@@ -291,6 +289,25 @@ def check_text(text: str, limits: Limits = DEFAULT_LIMITS) -> None:
             hint=f"use at most {limits.max_parameters} parameters (PostgreSQL's cap is "
             f"{POSTGRES_MAX_PARAMETERS})",
         )
+
+
+def _surely_within(text: str, limits: Limits) -> bool:
+    """Bounds from character counts alone (C speed, ~2 us for a typical statement, against
+    ~25 us for the scan): nesting is at most the opening brackets plus every CASE, NOT and
+    sign; an IN list at most the commas plus one; terms at most the characters."""
+    if len(text) > limits.max_expressions or text.count(",") >= limits.max_in_list:
+        return False
+    if "$" in text or text.count("?") > limits.max_parameters:
+        return False
+    lowered = text.lower()
+    nesting = (
+        text.count("(")
+        + text.count("[")
+        + lowered.count("case")
+        + lowered.count("not")
+        + sum(text.count(sign) for sign in _PREFIX_OPS)
+    )
+    return nesting <= limits.max_depth
 
 
 def _position(text: str, offset: int) -> Position:
@@ -357,7 +374,7 @@ def check_parameters(parameters: Sequence[Any] | None, limits: Limits = DEFAULT_
             total += len(value)
         else:
             total += 16
-        if type(value) is float and not math.isfinite(value):
+        if isinstance(value, float) and not math.isfinite(value):  # numpy's floats too
             raise DataError(
                 f"parameter {i} is {value!r}, not a finite number",
                 sqlstate="22003",
@@ -365,7 +382,11 @@ def check_parameters(parameters: Sequence[Any] | None, limits: Limits = DEFAULT_
                 hint="pass a finite number (a float parameter cannot be infinite or NaN; "
                 "'1e999' bound as a float is infinite)",
             )
-        if type(value) is int and not _INT64[0] <= value <= _INT64[1]:
+        if (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and not _INT64[0] <= value <= _INT64[1]
+        ):
             raise DataError(
                 f"parameter {i} is out of range for a 64-bit integer",
                 sqlstate="22003",

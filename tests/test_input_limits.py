@@ -231,6 +231,7 @@ def test_tree_depth_needs_no_recursion():
         (COUNT + "cost > ?", [float("1e999")]),
         (COUNT + "cost > ? OR age > ?", [1.0, math.nan]),
         (COUNT + "age > ?", [-(2**64)]),
+        (COUNT + "cost > ?", [__import__("numpy").float64("inf")]),
     ],
 )
 def test_parameter_values_refused_before_the_charge(sql, params):
