@@ -646,3 +646,34 @@ def test_wire_refusal_is_logged_without_a_traceback(server, caplog):
     finally:
         c.close()
     assert "Traceback" not in caplog.text and "RecursionError" not in caplog.text
+
+
+def test_statements_at_the_default_limits_are_answered():
+    """The defaults are inside what the parser and the walkers handle: statements just at
+    them are answered (or refused for what they are), never an internal error."""
+    from conftest import fixture_policy
+
+    policy = fixture_policy(privacy={"budget_epsilon": 1e6})
+    service = dpsql.Service(policy, ledger=MemoryLedger(), noise=ZeroNoise(), cache=False)
+    conn = connect_service(service, "a")
+    depth = DEFAULT_LIMITS.max_depth
+    chain = DEFAULT_LIMITS.tree_depth - 4
+    statements = [
+        COUNT + " OR ".join(f"age = {i}" for i in range(chain)),
+        COUNT + " AND ".join(f"age <> {i}" for i in range(chain)),
+        COUNT + "age > " + " + ".join("1" for _ in range(chain)),
+        COUNT + "age > 1" + "::INT" * chain,
+        "SELECT COUNT(*) FROM " + "(SELECT * FROM " * depth + "visits" + ") AS t" * depth,
+        COUNT + "(" * depth + "age > 3" + ")" * depth,
+        COUNT + "CASE WHEN age > 1 THEN " * depth + "1" + " ELSE 0 END" * depth + " = 1",
+        COUNT + "NOT " * depth + "age > 3",
+        "SELECT department, COUNT(*) FROM visits GROUP BY department HAVING "
+        + " OR ".join(f"COUNT(*) > {i}" for i in range(chain)),
+    ]
+    try:
+        for sql in statements:
+            conn.cursor().execute(sql).fetchall()
+            conn.describe(sql)
+    finally:
+        conn.close()
+        service.close()
