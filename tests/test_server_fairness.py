@@ -313,6 +313,22 @@ def test_scheduler_orders_by_recent_cpu_and_caps_each_analyst():
         s._dispatch()
         assert not s._analysts  # so was a's, once it decayed
 
+        # Work-conserving: a heavy analyst alone runs analyst_statements at a time.
+        s = FairScheduler(FairnessLimits(), slots=99)
+        first = s.enter("a")
+        s._analysts["a"].recent = 10 * s.limits.heavy_cpu
+        second, third = s.enter("a"), s.enter("a")
+        assert first.granted.done() and second.granted.done() and not third.granted.done()
+        assert s._analysts["a"].heavy
+        light = s.enter("b")  # a lighter analyst: now a is held to heavy_statements
+        assert light.granted.done()
+        s.leave(first)
+        assert not third.granted.done()  # a still runs one (second), its cap while b runs
+        s.leave(light)
+        assert third.granted.done()  # b is gone: a may use both again
+        s.leave(second)
+        s.leave(third)
+
     asyncio.run(main())
 
 

@@ -7,7 +7,8 @@ this module, twenty connections of one analyst looping a 0.3 s ``EXPLAIN`` held 
 query threads: another analyst's ``COUNT(*)`` waited behind the whole queue and then shared the
 GIL with sixteen busy threads (its median went from 4 ms to 2 s).
 
-Since running Python cannot be interrupted, the bound is placed *before* a statement starts:
+Since running Python cannot be interrupted, the bound is placed *before* a statement starts,
+and a statement that has started is made to step aside:
 
 - **A per-analyst cap on statements in flight** (``analyst_statements``, default 2). A statement
   over the cap waits on the event loop, holding no thread. So however many connections one
@@ -15,18 +16,23 @@ Since running Python cannot be interrupted, the bound is placed *before* a state
 - **A CPU account per analyst**: the thread CPU time (``CLOCK_THREAD_CPUTIME_ID``) of each of its
   statements, read live while a statement runs and decayed with a half-life
   (``cpu_half_life``). An analyst whose recent use exceeds its share (``analyst_cpu_share``
-  cores, sustained) is *heavy*: it runs ``heavy_statements`` (default 1) at a time.
+  cores, sustained) is *heavy*: while a lighter analyst has statements running or waiting, it
+  runs ``heavy_statements`` (default 1) at a time.
 - **A fair queue** for the server's run slots (``statements``, by default the thread pool's size
   minus two, which stay free for logins and clean-up): when a slot frees it goes to the waiting
   statement of the analyst that is not heavy, has the fewest statements running and has used
   the least CPU recently, in arrival order among equals. An analyst who has used more than
   their share waits behind everyone else and never ahead of a newcomer.
+- **Yielding the GIL**: a *watched* statement (see :meth:`FairScheduler.wrap`) runs with a
+  profile hook that, once its analyst is heavy, sleeps briefly after every few ms of its CPU
+  while a lighter analyst's statement runs (:data:`YIELD_QUANTUM`). Without it, one GIL-bound
+  thread alone made every GIL hand-off of another analyst's statement wait.
 
-What remains is the GIL itself: a statement that does start shares the interpreter with at most
-``heavy_statements`` statements of each heavy analyst (plus those of others), so its Python part
-is slowed by a small constant factor, not by the attacker's connection count. The queue wait
-counts against ``statement_timeout`` and a CancelRequest ends it (57014) without running
-anything. Each ``--workers`` worker schedules its own connections.
+The queue wait counts against ``statement_timeout`` and a CancelRequest ends it (57014) without
+running anything. The session keeps its event loop's own work bounded by a constant (long texts
+and large results are handled as scheduled work, ``Session._small``). Each ``--workers`` worker
+schedules its own connections. docs/server.md, "Sharing the CPU between analysts", has the
+figures.
 """
 
 from __future__ import annotations
@@ -304,12 +310,19 @@ class FairScheduler:
             if not a.running and name not in waiting and usage[name] < FORGET_CPU
         ]:
             del self._analysts[name]  # its account has decayed to nothing: forget it
+        # A heavy analyst is held to heavy_statements only while a lighter one has statements
+        # running or waiting; alone, it may use the server as anyone else (work-conserving).
+        contended = any(
+            not a.heavy and (a.running or name in waiting) for name, a in self._analysts.items()
+        )
         while self._running < self.slots and self._waiting:
             best: tuple[Any, ...] | None = None
             chosen: Turn | None = None
             for t in self._waiting:
                 a = t.analyst
-                cap = self.limits.heavy_statements if a.heavy else self.limits.analyst_statements
+                cap = self.limits.analyst_statements
+                if a.heavy and contended:
+                    cap = self.limits.heavy_statements
                 if len(a.running) >= cap:
                     continue
                 key = (a.heavy, len(a.running), usage.get(a.name, 0.0), t.seq)
