@@ -306,6 +306,8 @@ class Policy:
     analysts: frozenset[str] | None = None  # None: in-process callers may name any analyst
     access: Any = field(default=None, compare=False)  # dpsql.access.AccessPolicy; None: all
     limits: Limits = DEFAULT_LIMITS  # [limits]: what one statement may be (dpsql.limits)
+    # [server]: the wire server's settings, as written; `dpsql serve` validates them
+    server: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def table(self, name: str) -> TablePolicy | None:
         return self.tables.get(name.lower())
@@ -417,8 +419,14 @@ def _integer(
 def _build(data: dict[str, Any], path: Path | None) -> Policy:
     rep = _Reporter(path)
     rep.unknown_keys(
-        "", data, {"privacy": "", "tables": "", "engine": "", "limits": "", "access": ""}
+        "",
+        data,
+        {"privacy": "", "tables": "", "engine": "", "limits": "", "access": "", "server": ""},
     )
+    # [server]: read and validated by `dpsql serve` (dpsql.server.connections), not here
+    server = data.get("server", {})
+    if not isinstance(server, dict):
+        raise rep.fail("server", "must be a table", "write a [server] section")
     engine = _engine(rep, data.get("engine", {}))
     limits = limits_from_section(data.get("limits", {}), rep.fail, rep.unknown_keys)
     privacy = data.get("privacy", {})
@@ -506,6 +514,7 @@ def _build(data: dict[str, Any], path: Path | None) -> Policy:
         analysts=None if analysts is None else frozenset(analysts),
         access=_access(rep, data, tables_raw, analysts),
         limits=limits,
+        server=server,
     )
 
 

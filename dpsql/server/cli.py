@@ -40,6 +40,24 @@ def register(subparsers: Any) -> None:
         "--max-connections", type=int, default=100, help="for the whole server (default 100)"
     )
     serve.add_argument(
+        "--max-connections-per-login",
+        type=int,
+        help="authenticated sessions one login may hold (default: the policy's [server] "
+        "max_connections_per_login, else a quarter of --max-connections)",
+    )
+    serve.add_argument(
+        "--max-connections-per-address",
+        type=int,
+        help="connections from one IP address (default: the policy's [server] "
+        "max_connections_per_address, else half of --max-connections)",
+    )
+    serve.add_argument(
+        "--auth-timeout",
+        type=float,
+        help="seconds to finish startup, TLS and login (default: the policy's [server] "
+        "auth_timeout, else 5)",
+    )
+    serve.add_argument(
         "--workers",
         type=int,
         default=1,
@@ -141,11 +159,22 @@ def _check_users(args: argparse.Namespace) -> bool:
     return True
 
 
-def _fairness(args: argparse.Namespace) -> Any:
-    """The policy file's [server] limits with the command line's overrides (FairnessError)."""
-    from dpsql.server.fairness import limits_from_policy_file
+def _fairness(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The policy file's [server] settings (the scheduler's and the connections') with the
+    command line's overrides (FairnessError)."""
+    from dpsql.server.connections import server_settings_from_policy_file
 
-    limits = limits_from_policy_file(args.policy)
+    limits, connections = server_settings_from_policy_file(args.policy)
+    conn_changes = {
+        key: value
+        for key, value in (
+            ("max_connections_per_login", args.max_connections_per_login),
+            ("max_connections_per_address", args.max_connections_per_address),
+            ("auth_timeout", args.auth_timeout),
+        )
+        if value is not None
+    }
+    connections = dataclasses.replace(connections, **conn_changes)
     changes = {
         key: value
         for key, value in (
@@ -158,7 +187,7 @@ def _fairness(args: argparse.Namespace) -> Any:
         changes["heavy_statements"] = max(
             1, min(limits.heavy_statements, changes["analyst_statements"])
         )
-    return dataclasses.replace(limits, **changes)
+    return dataclasses.replace(limits, **changes), connections
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -172,13 +201,13 @@ def _serve(args: argparse.Namespace) -> int:
         print("dpsql: --tls-cert and --tls-key go together", file=sys.stderr)
         return 2
     try:
-        fairness = _fairness(args)
+        fairness, connections = _fairness(args)
     except FairnessError as exc:
         print(f"dpsql: {exc.message}" + (f" ({exc.hint})" if exc.hint else ""), file=sys.stderr)
         return 2
     workers = args.workers if args.workers > 0 else (os.cpu_count() or 1)
     if workers > 1:
-        return _serve_workers(args, workers, fairness)
+        return _serve_workers(args, workers, fairness, connections)
     try:
         service = dpsql.Service(
             args.policy, args.database, cache=not args.no_cache, engine=args.engine
@@ -196,6 +225,7 @@ def _serve(args: argparse.Namespace) -> int:
         require_tls=args.tls_required,
         max_connections=args.max_connections,
         fairness=fairness,
+        connections=connections,
     )
 
     async def main() -> None:
@@ -214,7 +244,7 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_workers(args: argparse.Namespace, workers: int, fairness: Any) -> int:
+def _serve_workers(args: argparse.Namespace, workers: int, fairness: Any, connections: Any) -> int:
     """Check what can be checked once (policy, engine, TLS files, ledger), then supervise."""
     import dpsql
     from dpsql.policy import load_policy
@@ -263,6 +293,17 @@ def _serve_workers(args: argparse.Namespace, workers: int, fairness: Any) -> int
         max_connections=args.max_connections,
         mock_secret=os.urandom(32).hex(),
         fairness=dataclasses.asdict(fairness),
+        # each worker allows its share of a login's sessions (the supervisor spreads
+        # connections evenly); the supervisor counts addresses for the whole server
+        connections=dataclasses.asdict(
+            dataclasses.replace(
+                connections,
+                max_connections_per_login=-(
+                    -connections.per_login(args.max_connections) // workers
+                ),
+                max_connections_per_address=connections.per_address(args.max_connections),
+            )
+        ),
     )
     return supervisor.serve(
         config,

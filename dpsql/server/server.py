@@ -12,6 +12,7 @@ import socket
 import ssl
 import sys
 import threading
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -19,6 +20,13 @@ from typing import Any
 import dpsql.dbapi  # noqa: F401  (registers the DB-API session class on the service)
 from dpsql.server import protocol as p
 from dpsql.server.catalog import Shadow
+from dpsql.server.connections import (
+    TOO_MANY_CLIENTS,
+    ConnectionLimits,
+    LoginThrottle,
+    address_of,
+    refuse_after_negotiation,
+)
 from dpsql.server.fairness import FairnessLimits, FairScheduler
 from dpsql.server.session import Session
 from dpsql.server.settings import DEFAULTS
@@ -76,6 +84,7 @@ class Server:
         pid_range: tuple[int, int] | None = None,
         mock_secret: bytes | None = None,
         fairness: FairnessLimits | None = None,
+        connections: ConnectionLimits | None = None,
     ) -> None:
         self.service = service
         self.users = users
@@ -87,6 +96,13 @@ class Server:
         self.require_tls = require_tls
         self.max_message = max_message
         self.max_connections = max_connections
+        # per-login and per-address limits, auth timeout, login throttling
+        # (dpsql.server.connections)
+        self.connections = connections if connections is not None else ConnectionLimits()
+        self.throttle = LoginThrottle(self.connections)
+        self.addresses: Counter[str] = Counter()  # connections from each address
+        self.logins: Counter[str] = Counter()  # authenticated sessions of each login
+        self.refusing = 0  # connections being refused after their SSL negotiation
         threads = workers or min(32, (os.cpu_count() or 2) * 4 + 8)
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="dpsql-query")
         # Statements wait for their turn here, fairly between analysts, before they take a
@@ -123,6 +139,29 @@ class Server:
     def unregister(self, session: Session) -> None:
         if self.sessions.get(session.pid) is session:
             del self.sessions[session.pid]
+            self.addresses[session.address] -= 1
+            if self.addresses[session.address] <= 0:
+                del self.addresses[session.address]
+        if login := session.login_counted:
+            session.login_counted = ""
+            self.logins[login] -= 1
+            if self.logins[login] <= 0:
+                del self.logins[login]
+
+    def admit_login(self, session: Session, user: str) -> tuple[str, str] | None:
+        """Count an authenticated session of ``user``; (message, hint) when the login already
+        holds ``max_connections_per_login`` sessions (in this process)."""
+        most = self.connections.per_login(self.max_connections)
+        if self.logins[user] >= most:
+            log.info("login %r from %s refused: %d connections already", user, session.peer, most)
+            return (
+                f'too many connections for role "{user}"',
+                f"a login may hold {most} connections; close some, or raise "
+                "[server] max_connections_per_login",
+            )
+        self.logins[user] += 1
+        session.login_counted = user
+        return None
 
     def cancel(self, pid: int, secret: int) -> None:
         session = self.sessions.get(pid)
@@ -143,18 +182,56 @@ class Server:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        session = Session(self, reader, writer)
+        address = address_of(writer.get_extra_info("peername"))
+        refusal: tuple[str, str | None] | None = None
         if len(self.sessions) >= self.max_connections:
-            writer.write(
-                p.error_response("53300", "sorry, too many clients already", severity="FATAL")
+            refusal = (TOO_MANY_CLIENTS, None)
+        elif self.addresses[address] >= (
+            most := self.connections.per_address(self.max_connections)
+        ):
+            refusal = (
+                f"too many connections from address {address}",
+                f"an address may hold {most} connections; close some, or raise "
+                "[server] max_connections_per_address",
             )
+        if refusal is not None:
+            await self._refuse(reader, writer, *refusal)
+            return
+        session = Session(self, reader, writer)
+        self.sessions[session.pid] = session
+        self.addresses[session.address] += 1
+        with contextlib.suppress(asyncio.CancelledError):  # the server is shutting down
+            await session.run()
+
+    async def _refuse(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        message: str,
+        hint: str | None,
+    ) -> None:
+        """53300 after the SSL negotiation (so libpq's sslmode=prefer shows it), within the
+        auth timeout; at most max_connections refusals at once, beyond that at once."""
+        if self.refusing >= self.max_connections:
+            writer.write(p.error_response("53300", message, severity="FATAL", hint=hint))
             with contextlib.suppress(Exception):
                 await writer.drain()
                 writer.close()
             return
-        self.sessions[session.pid] = session
-        with contextlib.suppress(asyncio.CancelledError):  # the server is shutting down
-            await session.run()
+        self.refusing += 1
+        try:
+            await refuse_after_negotiation(
+                reader,
+                writer,
+                self.ssl_context,
+                "53300",
+                message,
+                hint=hint,
+                timeout=self.connections.auth_timeout,
+                on_cancel=self.cancel,
+            )
+        finally:
+            self.refusing -= 1
 
     async def adopt(self, sock: socket.socket) -> None:
         """Serve one connection accepted by another process (the ``--workers`` supervisor).

@@ -26,6 +26,7 @@ from dpsql.server import types as t
 from dpsql.server.backend import DpBackend, Outcome, placeholder_count
 from dpsql.server.catalog import ShadowCursor
 from dpsql.server.catalog_sql import SessionInfo
+from dpsql.server.connections import address_of
 from dpsql.server.failures import ClientError
 from dpsql.server.fairness import Abandoned
 from dpsql.server.probes import COLUMN_PROBE_NOTICE, may_be_probe, probe_decision
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dpsql.server")
 
-AUTH_TIMEOUT = 60.0
 MAX_STATEMENTS = 1000
 MAX_PREPARED_BYTES = 16 << 20
 QUEUE_DEPTH = 8
@@ -168,6 +168,7 @@ class Session:
         self.writer = writer
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.address = address_of(peer)
         self.pid = server.next_pid()
         self.secret = secrets.randbelow(1 << 31)
         self.user = ""
@@ -185,6 +186,9 @@ class Session:
         self._cancelled = False
         self._timed_out = False
         self._closing = False
+        self._auth_deadline: asyncio.Timeout | None = None
+        self._auth_stage = "startup"  # "startup", "tls", "login" (what the timeout ends)
+        self.login_counted = ""  # the login counted in server.logins (dpsql.server.connections)
 
     # ---------------------------------------------------------------------------------------
     # plumbing
@@ -327,16 +331,28 @@ class Session:
 
     async def run(self) -> None:
         try:
-            startup = await asyncio.wait_for(self._startup(), AUTH_TIMEOUT)
-            if startup is None:
-                return
-            if not await asyncio.wait_for(self._authenticate(startup), AUTH_TIMEOUT):
-                return
+            # startup, TLS handshake and login within auth_timeout (dpsql.server.connections)
+            self._auth_deadline = asyncio.timeout(self.server.connections.auth_timeout)
+            async with self._auth_deadline:
+                startup = await self._startup()
+                if startup is None:
+                    return
+                if not await self._authenticate(startup):
+                    return
             if not await self._open_backends(startup):
                 return
             await self._main_loop()
         except TimeoutError:
-            await self.fatal("08006", "authentication timed out")
+            if self._auth_stage == "tls":  # mid-handshake: nothing can be written
+                return
+            if self._auth_stage == "startup":
+                await self.fatal("08P01", "timeout expired waiting for the startup packet")
+            else:
+                await self.fatal(
+                    "28000",
+                    "canceling authentication due to timeout",
+                    hint=f"log in within {self.server.connections.auth_timeout:g} s",
+                )
         except p.ProtocolViolation as exc:
             await self.fatal(exc.sqlstate, exc.message)
         except _Closed:
@@ -384,7 +400,9 @@ class Session:
                     return None
                 self.send(b"S")
                 await self.flush()
+                self._auth_stage = "tls"
                 await self.writer.start_tls(self.server.ssl_context)
+                self._auth_stage = "startup"
                 tls_done = True
                 continue
             if msg == p.GSSENC_REQUEST:
@@ -407,6 +425,7 @@ class Session:
         if not user:
             await self.fatal("28000", "no PostgreSQL user name specified in startup packet")
             return False
+        self._auth_stage = "login"
         failed = f'password authentication failed for user "{user}"'
         try:
             verifier = self.server.users.get(user)
@@ -444,10 +463,21 @@ class Session:
                 self.peer,
                 "unknown user" if exchange.mock else exc.message,
             )
+            # answered after a delay growing with the address's and the login's failures
+            # (dpsql.server.connections.LoginThrottle): no thread held, the slot kept
+            delay = self.server.throttle.failed(self.address, user)
+            if self._auth_deadline is not None:
+                self._auth_deadline.reschedule(None)
+            await asyncio.sleep(delay)
             if exc.sqlstate == "28P01":
                 await self.fatal("28P01", failed)
             else:
                 await self.fatal(exc.sqlstate, exc.message)
+            return False
+        self.server.throttle.succeeded(user)
+        refusal = self.server.admit_login(self, user)
+        if refusal is not None:
+            await self.fatal("53300", *refusal)
             return False
         self.send(p.authentication_sasl_final(final))
         self.send(p.authentication_ok())

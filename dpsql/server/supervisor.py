@@ -29,11 +29,19 @@ import struct
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
 from dpsql.server import protocol as p
+from dpsql.server.connections import (
+    TOO_MANY_CLIENTS,
+    ConnectionLimits,
+    address_of,
+    refuse_socket,
+    tls_server_context,
+)
 from dpsql.server.worker import (
     CANCEL,
     CONFIG,
@@ -51,7 +59,6 @@ from dpsql.server.worker import (
 
 log = logging.getLogger("dpsql.server")
 
-AUTH_TIMEOUT = 60.0  # as a Session: a client must send its first packet within this
 STARTUP_TIMEOUT = 120.0  # building a Service loads the data
 STOP_TIMEOUT = 15.0  # a worker gets this long to finish after QUIT before it is killed
 _HEAD = struct.Struct("!ii")
@@ -86,6 +93,7 @@ class _Worker:
         self.handed = 0  # when it was last handed a connection (for ties in _pick)
         self.changed = asyncio.Event()  # set on ready or exit, for start()
         self.watcher: asyncio.Task[None] | None = None
+        self.addresses: Counter[str] = Counter()  # its connections from each address
 
     @property
     def pid(self) -> int:
@@ -181,14 +189,23 @@ class Supervisor:
         workers: int,
         *,
         max_connections: int = 100,
-        peek_timeout: float = AUTH_TIMEOUT,
+        peek_timeout: float | None = None,
     ) -> None:
         if not 1 <= workers <= MAX_WORKERS:
             raise SupervisorError(f"--workers must be between 1 and {MAX_WORKERS}")
         self.config = config
         self.workers = [_Worker(i) for i in range(workers)]
         self.max_connections = max_connections
-        self.peek_timeout = peek_timeout
+        # The per-address limit and the auth timeout hold for the whole server here; a
+        # connection over a limit is refused after its SSL negotiation (dpsql.server.connections)
+        self.connections = ConnectionLimits(**(config.connections or {}))
+        self.per_address = self.connections.per_address(max_connections)
+        self.peek_timeout = self.connections.auth_timeout if peek_timeout is None else peek_timeout
+        self.ssl_context = (
+            tls_server_context(config.tls_cert, config.tls_key or "") if config.tls_cert else None
+        )
+        self._pending_from: Counter[str] = Counter()
+        self._refusing = 0
         self._listeners: list[socket.socket] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._pending = 0
@@ -297,6 +314,11 @@ class Supervisor:
             kind = msg[:1]
             if kind == DONE:
                 w.active = max(0, w.active - 1)
+                address = msg[1:].decode(errors="replace")
+                if w.addresses[address] > 0:
+                    w.addresses[address] -= 1
+                    if not w.addresses[address]:
+                        del w.addresses[address]
             elif kind == READY:
                 w.ready = True
                 w.changed.set()
@@ -306,6 +328,7 @@ class Supervisor:
             elif kind == FAILED:
                 w.error = msg[1:].decode(errors="replace")
         lost, w.active, w.ready = w.active, 0, False
+        w.addresses.clear()
         if w.ctrl is ctrl:
             w.ctrl = None
         ctrl.close()
@@ -351,7 +374,7 @@ class Supervisor:
             with contextlib.suppress(OSError):  # best effort, as in PostgreSQL
                 w.ctrl.send(cancel_message(pid, secret))
 
-    async def _hand(self, w: _Worker, conn: socket.socket) -> bool:
+    async def _hand(self, w: _Worker, conn: socket.socket, address: str = "") -> bool:
         ctrl = w.ctrl
         if ctrl is None:
             return False
@@ -364,6 +387,7 @@ class Supervisor:
             except OSError:
                 return False
             w.active += 1
+            w.addresses[address] += 1
             self._handoffs += 1
             w.handed = self._handoffs
             return True
@@ -374,26 +398,37 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                conn, _addr = await loop.sock_accept(listener)
+                conn, peer = await loop.sock_accept(listener)
             except OSError as exc:  # e.g. out of file descriptors: keep serving the others
                 log.warning("accept failed: %s", exc)
                 await asyncio.sleep(0.1)
                 continue
             conn.setblocking(False)
-            self._track(self._route(conn))
+            self._track(self._route(conn, address_of(peer)))
 
-    async def _route(self, conn: socket.socket) -> None:
+    def held_from(self, address: str) -> int:
+        """Connections from ``address`` held by the workers (server-wide)."""
+        return sum(w.addresses[address] for w in self.workers)
+
+    async def _route(self, conn: socket.socket, address: str = "") -> None:
         with conn:  # our copy: the worker holds its own once it is handed over
             if self._pending >= self.max_connections:  # bounds the supervisor's open sockets
-                await self._refuse(conn, "53300", "sorry, too many clients already")
+                await self._refuse(conn, "53300", TOO_MANY_CLIENTS)
+                return
+            if self._pending_from[address] >= self.per_address:  # idle sockets of one address
+                await self._refuse_negotiated(conn, *self._address_refusal(address))
                 return
             self._pending += 1
+            self._pending_from[address] += 1
             try:
                 head = await peek(conn, 8, self.peek_timeout)
             finally:
                 self._pending -= 1
+                self._pending_from[address] -= 1
+                if not self._pending_from[address]:
+                    del self._pending_from[address]
             if head is None:
-                await self._refuse(conn, "08006", "authentication timed out")
+                await self._refuse(conn, "08P01", "timeout expired waiting for the startup packet")
                 return
             if len(head) < 8:
                 return
@@ -404,13 +439,16 @@ class Supervisor:
                     self._route_cancel(*_HEAD.unpack(body[8:]))
                 return
             if self.active >= self.max_connections:
-                await self._refuse(conn, "53300", "sorry, too many clients already")
+                await self._refuse_negotiated(conn, TOO_MANY_CLIENTS, None)
+                return
+            if self.held_from(address) >= self.per_address:
+                await self._refuse_negotiated(conn, *self._address_refusal(address))
                 return
             for _ in range(len(self.workers)):
                 w = self._pick()
                 if w is None:
                     break
-                if await self._hand(w, conn):
+                if await self._hand(w, conn, address):
                     return
                 w.ready = False  # its channel failed: the watcher restarts it
             await self._refuse(
@@ -419,6 +457,36 @@ class Supervisor:
                 "the database system is starting up",
                 hint="a server process is restarting; retry in a moment",
             )
+
+    def _address_refusal(self, address: str) -> tuple[str, str | None]:
+        log.info("connection from %s refused: %d connections already", address, self.per_address)
+        return (
+            f"too many connections from address {address}",
+            f"an address may hold {self.per_address} connections; close some, or raise "
+            "[server] max_connections_per_address",
+        )
+
+    async def _refuse_negotiated(self, conn: socket.socket, message: str, hint: str | None) -> None:
+        """53300 after answering the SSLRequest (libpq's sslmode=prefer), within the auth
+        timeout; at most max_connections refusals at once, beyond that at once."""
+        if self._refusing >= self.max_connections:
+            await self._refuse(conn, "53300", message, hint)
+            return
+        self._refusing += 1
+        try:
+            await refuse_socket(
+                conn,
+                self.ssl_context,
+                "53300",
+                message,
+                hint=hint,
+                timeout=self.peek_timeout,
+                on_cancel=self._route_cancel,
+            )
+        except OSError:
+            pass
+        finally:
+            self._refusing -= 1
 
     async def _refuse(
         self, conn: socket.socket, sqlstate: str, message: str, hint: str | None = None

@@ -32,6 +32,8 @@ import struct
 import sys
 from dataclasses import asdict, dataclass
 
+from dpsql.server.connections import address_of
+
 log = logging.getLogger("dpsql.server")
 
 CONFIG, CONN, CANCEL, QUIT = b"I", b"C", b"K", b"Q"
@@ -77,6 +79,7 @@ class WorkerConfig:
     max_connections: int
     mock_secret: str  # hex; shared so fake SCRAM salts do not depend on the worker
     fairness: dict | None = None  # FairnessLimits' fields (dpsql.server.fairness)
+    connections: dict | None = None  # ConnectionLimits' fields (dpsql.server.connections)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self)).encode()
@@ -109,8 +112,11 @@ async def _serve(server: object, ctrl: socket.socket) -> None:
 
     async def serve_fd(fd: int) -> None:
         sock = None
+        address = b""  # sent back with DONE: the supervisor counts connections per address
         try:
             sock = socket.socket(fileno=fd)
+            with contextlib.suppress(OSError):
+                address = address_of(sock.getpeername()).encode()[:200]
             sock.setblocking(False)
             await server.adopt(sock)
         except Exception:
@@ -118,7 +124,7 @@ async def _serve(server: object, ctrl: socket.socket) -> None:
             with contextlib.suppress(OSError):
                 sock.close() if sock is not None else os.close(fd)
         finally:
-            send(DONE)
+            send(DONE + address)
 
     def on_message() -> None:
         while True:
@@ -166,6 +172,7 @@ async def _serve(server: object, ctrl: socket.socket) -> None:
 def run(index: int, ctrl: socket.socket) -> int:
     """The worker's life: read the config, build the Service and Server, serve, clean up."""
     import dpsql
+    from dpsql.server.connections import ConnectionLimits
     from dpsql.server.fairness import FairnessLimits
     from dpsql.server.server import Server, tls_context, tune_interpreter
     from dpsql.server.users import UserStore
@@ -193,6 +200,7 @@ def run(index: int, ctrl: socket.socket) -> int:
             pid_range=pid_range(index),
             mock_secret=bytes.fromhex(config.mock_secret),
             fairness=FairnessLimits(**config.fairness) if config.fairness else None,
+            connections=ConnectionLimits(**config.connections) if config.connections else None,
         )
     except Exception as exc:
         if service is not None:
