@@ -15,6 +15,7 @@ SUBCOMMAND_MODULES = (
     "dpsql.privacy.ledger_cli",
     "dpsql.server.cli",
     "dpsql.curation.cli",
+    "dpsql.admin.cli",
 )
 
 

@@ -81,6 +81,9 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="disable the answer cache: re-runs are charged again (for benchmarks)",
     )
+    from dpsql.admin.cli import add_options as admin_options
+
+    admin_options(serve, serving=True)  # --admin-port: the curator page (docs/curator.md)
     serve.set_defaults(handler=_serve)
 
     user = subparsers.add_parser("user", help="manage the analysts who may log in to the server")
@@ -217,6 +220,12 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     if not _check_users(args):
         return 1
+    from dpsql.admin.cli import start_for_serve
+
+    admin = start_for_serve(args, service)
+    if admin is False:
+        service.close()
+        return 1
     ctx = tls_context(args.tls_cert, args.tls_key) if args.tls_cert else None
     server = Server(
         service,
@@ -240,6 +249,8 @@ def _serve(args: argparse.Namespace) -> int:
         await server.close()
 
     asyncio.run(main())
+    if admin:
+        admin.close()
     service.close()
     return 0
 
@@ -305,11 +316,20 @@ def _serve_workers(args: argparse.Namespace, workers: int, fairness: Any, connec
             )
         ),
     )
-    return supervisor.serve(
-        config,
-        workers,
-        host=args.host,
-        port=args.port,
-        max_connections=args.max_connections,
-        announce=f"dpsql serving {args.policy} with {workers} workers on {args.host}",
-    )
+    from dpsql.admin.cli import start_for_serve
+
+    admin = start_for_serve(args, None)  # the workers' engines are in other processes
+    if admin is False:
+        return 1
+    try:
+        return supervisor.serve(
+            config,
+            workers,
+            host=args.host,
+            port=args.port,
+            max_connections=args.max_connections,
+            announce=f"dpsql serving {args.policy} with {workers} workers on {args.host}",
+        )
+    finally:
+        if admin:
+            admin.close()
