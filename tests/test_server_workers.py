@@ -181,6 +181,8 @@ def tls_files(tmp_path_factory):
 @pytest.fixture(scope="module")
 def served(policy_path, tls_files):
     extra = ["--no-cache", "--max-connections", "12"]
+    # one login and one address (127.0.0.1) may fill the server here
+    extra += ["--max-connections-per-login", "12", "--max-connections-per-address", "12"]
     if tls_files is not None:  # TLS offered, not required: plaintext RawClients still connect
         extra += ["--tls-cert", str(tls_files[0]), "--tls-key", str(tls_files[1])]
     server = Served(policy_path, 2, *extra)
