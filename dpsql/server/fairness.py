@@ -145,12 +145,11 @@ class Abandoned(Exception):
 
 
 # A heavy analyst's running statement yields the GIL to lighter analysts' statements: after
-# each YIELD_QUANTUM seconds of its own CPU, while a lighter statement runs, it sleeps in steps of
-# YIELD_STEP for at most YIELD_PAUSE (so it still gets at least QUANTUM / (QUANTUM + PAUSE) of a
-# core, and a lock it holds is never kept from the others for longer than one pause). It looks
-# at the clock every YIELD_EVENTS profile events (Python and C calls and returns, ~0.2 ms).
+# each YIELD_QUANTUM seconds of its own CPU, while a lighter statement runs, it sleeps until none
+# does, for at most YIELD_PAUSE (so it still gets at least QUANTUM / (QUANTUM + PAUSE) of a core,
+# and a lock it holds is never kept from the others for longer than one pause). It looks at the
+# clock every YIELD_EVENTS profile events (Python and C calls and returns, ~0.2 ms).
 YIELD_QUANTUM = 0.002
-YIELD_STEP = 0.001
 YIELD_PAUSE = 0.02
 YIELD_EVENTS = 1000
 # Which statements are watched by the hook (see FairScheduler.wrap): an analyst past WARM of
@@ -225,6 +224,8 @@ class FairScheduler:
         self._seq = 0
         self._decay = math.log(2) / limits.cpu_half_life
         self.light_running = 0  # running statements of analysts that are not heavy
+        self._no_light = threading.Event()  # set while light_running is 0 (wakes pauses)
+        self._no_light.set()
 
     # accounting ---------------------------------------------------------------------------
     def _analyst(self, name: str) -> _Analyst:
@@ -337,6 +338,10 @@ class FairScheduler:
             self._running += 1
             chosen.granted.set_result(None)
         self.light_running = sum(len(a.running) for a in self._analysts.values() if not a.heavy)
+        if self.light_running:
+            self._no_light.clear()
+        else:
+            self._no_light.set()
 
     # running --------------------------------------------------------------------------------
     def wrap(self, turn: Turn, fn: Callable[..., Any], *args: Any) -> Callable[[], Any]:
@@ -387,7 +392,7 @@ class FairScheduler:
         a = turn.analyst
         countdown = YIELD_EVENTS
         next_cpu = time.thread_time() + YIELD_QUANTUM
-        thread_time, monotonic, sleep = time.thread_time, time.monotonic, time.sleep
+        thread_time, monotonic = time.thread_time, time.monotonic
 
         def others() -> int:
             """Lighter analysts' running statements (this analyst's own are not among them
@@ -409,9 +414,9 @@ class FairScheduler:
             if not heavy or others() <= 0:
                 return
             start = monotonic()
-            deadline = start + YIELD_PAUSE
-            while others() > 0 and monotonic() < deadline:
-                sleep(YIELD_STEP)
+            # Sleep until no lighter statement runs (the loop sets the event) or the pause
+            # ends; waiting on the event, not polling, leaves the GIL to the others meanwhile.
+            self._no_light.wait(YIELD_PAUSE)
             turn.paused += monotonic() - start
 
         return hook
