@@ -52,7 +52,8 @@ from dpsql.server.failures import ClientError
 SERVER_KEYS = {
     "analyst_statements": "statements of one analyst that may run at once in one server "
     "process (default 2); more wait for their turn without holding a thread",
-    "heavy_statements": "the same for an analyst over its CPU share (default 1)",
+    "heavy_statements": "the same for an analyst over its CPU share, while a lighter analyst "
+    "has statements running or waiting (default 1)",
     "statements": "statements that may run at once in one server process (default 0: the "
     "thread pool's size minus 2)",
     "analyst_cpu_share": "cores one analyst may use, sustained, before it counts as heavy "
