@@ -35,6 +35,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+import sqlglot
+from sqlglot.errors import TokenError
+from sqlglot.tokens import TokenType
+
 from dpsql.errors import DataError, Position, ProgrammingError
 
 #: PostgreSQL's cap on a statement's parameters (the Bind message counts them in 16 bits).
@@ -120,28 +124,28 @@ def limits_from_section(
 
 # -- 1. the text, before it is parsed ------------------------------------------------------
 
-_TOKEN = re.compile(
-    r"""
-    (?P<skip>
-        '(?:[^']|'')*'?                 # string literal ('' doubles a quote)
-      | "(?:[^"]|"")*"?                 # quoted identifier
-      | --[^\n]*                        # line comment
-      | /\*.*?(?:\*/|\Z)                # block comment
-      | \$(?P<tag>[A-Za-z_][A-Za-z0-9_]*)?\$.*?(?:\$(?P=tag)\$|\Z)   # dollar quote
-    )
-  | (?P<open>[(\[])
-  | (?P<close>[)\]])
-  | (?P<comma>,)
-  | (?P<param>\$[0-9]+|\?)
-  | (?P<word>[A-Za-z_\u0080-\uffff][A-Za-z0-9_$\u0080-\uffff]*)
-  | (?P<number>(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)
-  | (?P<op>[^\s])
-    """,
-    re.VERBOSE | re.DOTALL,
-)
-# Prefix operators the parser recurses on, one level each.
-_PREFIX_WORDS = {"not"}
-_PREFIX_OPS = {"-", "+", "~", "!"}
+# The scan reads the text with sqlglot's own tokenizers (a loop, no recursion, linear), in each
+# dialect a statement may be parsed in (the pipeline's DuckDB and the server's PostgreSQL for
+# catalog statements), so that what it skips as a string, comment or dollar quote is exactly
+# what the parser skips: a scan of its own that ended a quote elsewhere (E'\'', $$ ... $$)
+# would hide nesting from the check and not from the parser.
+SCAN_DIALECTS = ("duckdb", "postgres")
+# Keywords and operators in a row with no operand between them are prefixes the parser may
+# recurse on (INTERVAL INTERVAL ..., ARRAY ARRAY ..., @ @ ...): a run counts one level for each
+# beyond FREE_RUN (ordinary SQL strings a few together: IS NOT DISTINCT FROM, LEFT OUTER JOIN).
+FREE_RUN = 4
+_OPENERS = frozenset({TokenType.L_PAREN, TokenType.L_BRACKET, TokenType.L_BRACE})
+_CLOSERS = frozenset({TokenType.R_PAREN, TokenType.R_BRACKET, TokenType.R_BRACE})
+_PUNCTUATION = _OPENERS | _CLOSERS | {TokenType.COMMA, TokenType.SEMICOLON}
+_SIGNS = frozenset({TokenType.DASH, TokenType.PLUS, TokenType.TILDE})
+# Tokens after which a sign is a binary operator (anything else: a prefix, counted; erring
+# that way only over-counts).
+_OPERAND_ENDS = _CLOSERS | {
+    TokenType.VAR, TokenType.NUMBER, TokenType.STRING, TokenType.IDENTIFIER, TokenType.NULL,
+    TokenType.TRUE, TokenType.FALSE, TokenType.STAR, TokenType.END, TokenType.PLACEHOLDER,
+    TokenType.HEREDOC_STRING, TokenType.NATIONAL_STRING, TokenType.BYTE_STRING,
+    TokenType.HEX_STRING, TokenType.BIT_STRING, TokenType.RAW_STRING,
+}  # fmt: skip
 
 
 @dataclass
@@ -156,84 +160,111 @@ class TextMeasure:
     parameter: int = 0  # the highest $n (or the number of ? marks)
     parameter_at: int = 0
 
+    def merge(self, other: TextMeasure) -> None:
+        if other.depth > self.depth:
+            self.depth, self.depth_at = other.depth, other.depth_at
+        self.terms = max(self.terms, other.terms)
+        if other.in_list > self.in_list:
+            self.in_list, self.in_list_at = other.in_list, other.in_list_at
+        if other.parameter > self.parameter:
+            self.parameter, self.parameter_at = other.parameter, other.parameter_at
 
-def measure_text(text: str) -> TextMeasure:
-    """One pass over ``text``: nesting depth, terms, longest IN list, highest parameter.
 
-    Linear in the text and free of recursion; quoted text and comments count as nothing."""
+def measure_text(text: str, dialects: Sequence[str] = SCAN_DIALECTS) -> TextMeasure:
+    """Nesting depth, terms, longest IN list and highest parameter of ``text``, the largest
+    over ``dialects``' tokenizations. Linear and free of recursion; quoted text and comments
+    count as nothing. A text a dialect cannot tokenize is measured from its characters
+    instead (every bracket, CASE, NOT and sign counted), since parts of it may still be
+    parsed."""
+    out = TextMeasure()
+    for dialect in dialects:
+        try:
+            tokens = sqlglot.tokenize(text, read=dialect)
+        except (TokenError, ValueError):
+            out.merge(_measure_characters(text))
+            continue
+        out.merge(_measure_tokens(tokens))
+    return out
+
+
+def _measure_tokens(tokens: Sequence[Any]) -> TextMeasure:
     m = TextMeasure()
-    # the open groups: [kind, items] with kind "(" / "in" (an IN list) / "case"
+    # the open groups: [kind, commas, is a list] with kind "(" / "in" (an IN list) / "case"
     stack: list[list[Any]] = []
     prefix = 0  # the current run of prefix operators
-    previous = ""  # the previous significant token's kind ("op", "word", ...) or word
+    run = 0  # the current run of keywords and operators with no operand between them
+    previous: Any = None  # the previous token's type
     question_marks = 0
-    for match in _TOKEN.finditer(text):
-        kind = match.lastgroup
-        if kind == "skip" or kind == "tag":
-            continue
-        token = match.group()
-        at = match.start()
-        if kind == "open":
-            stack.append(["in" if previous == "in" else "(", 0, True])
+    for i, token in enumerate(tokens):
+        kind = token.token_type
+        if kind in _OPENERS:
+            is_in = previous == TokenType.IN and kind == TokenType.L_PAREN
+            stack.append(["in" if is_in else "(", 0, True])
             prefix = 0
-            previous = "open"
-        elif kind == "close":
+        elif kind in _CLOSERS:
             if stack and stack[-1][0] in ("(", "in"):
                 group = stack.pop()
-                if group[0] == "in" and group[2]:
-                    items = group[1] + 1
-                    if items > m.in_list:
-                        m.in_list, m.in_list_at = items, at
+                if group[0] == "in" and group[2] and group[1] + 1 > m.in_list:
+                    m.in_list, m.in_list_at = group[1] + 1, token.start
             prefix = 0
-            previous = "close"
-        elif kind == "comma":
+        elif kind == TokenType.COMMA:
             if stack:
                 stack[-1][1] += 1
             prefix = 0
-            previous = "comma"
-        else:
+        elif kind != TokenType.SEMICOLON:
             m.terms += 1
-            lowered = token.lower() if kind == "word" else token
-            if kind == "word" and lowered == "case":
+            if kind == TokenType.CASE:
                 stack.append(["case", 0, False])
-            elif kind == "word" and lowered == "end":
-                if stack and stack[-1][0] == "case":
-                    stack.pop()
-            elif kind == "word" and lowered == "select" and stack and previous == "open":
+            elif kind == TokenType.END and stack and stack[-1][0] == "case":
+                stack.pop()
+            elif kind == TokenType.SELECT and previous == TokenType.L_PAREN and stack:
                 stack[-1][2] = False  # IN (SELECT ...): a subquery, not a list
-            if kind == "param":
-                if token == "?":
-                    question_marks += 1
-                    number = question_marks
-                else:
-                    number = int(token[1:]) if len(token) <= 12 else 10**12
-                if number > m.parameter:
-                    m.parameter, m.parameter_at = number, at
-            is_prefix = (kind == "word" and lowered in _PREFIX_WORDS) or (
-                kind == "op"
-                and token in _PREFIX_OPS
-                and previous in ("", "open", "comma", "op", "prefix", "keyword")
-            )
-            prefix = prefix + 1 if is_prefix else 0
-            if is_prefix:
-                previous = "prefix"
-            elif kind == "word":
-                previous = "in" if lowered == "in" else lowered if lowered in _KEYWORDS else "word"
-                if previous in _KEYWORDS:
-                    previous = "keyword"
+            elif kind == TokenType.PLACEHOLDER and token.text == "?":
+                question_marks += 1
+                if question_marks > m.parameter:
+                    m.parameter, m.parameter_at = question_marks, token.start
+            elif kind == TokenType.PARAMETER and i + 1 < len(tokens):
+                following = tokens[i + 1]
+                if following.token_type == TokenType.NUMBER and following.text.isdigit():
+                    number = int(following.text) if len(following.text) <= 12 else 10**12
+                    if number > m.parameter:
+                        m.parameter, m.parameter_at = number, token.start
+            if kind == TokenType.NOT or (kind in _SIGNS and previous not in _OPERAND_ENDS):
+                prefix += 1
             else:
-                previous = kind or ""
-        depth = len(stack) + prefix
+                prefix = 0
+            run = 0 if kind in _OPERAND_ENDS else run + 1
+        if kind in _PUNCTUATION:
+            run = 0
+        previous = kind
+        depth = len(stack) + max(prefix, run - FREE_RUN)
         if depth > m.depth:
-            m.depth, m.depth_at = depth, at
+            m.depth, m.depth_at = depth, token.start
     return m
 
 
-# Words after which a + or - is a sign, not a binary operator.
-_KEYWORDS = {
-    "select", "where", "and", "or", "when", "then", "else", "by", "having", "on", "is", "like",
-    "between", "return", "returning", "limit", "offset", "as", "distinct", "all", "any", "some",
-}  # fmt: skip
+def _measure_characters(text: str) -> TextMeasure:
+    """Upper bounds from the characters alone (for a text a tokenizer refuses)."""
+    lowered = text.lower()
+    depth = (
+        text.count("(")
+        + text.count("[")
+        + text.count("{")
+        + lowered.count("case")
+        + lowered.count("not")
+        + sum(text.count(sign) for sign in "-+~!")
+    )
+    return TextMeasure(
+        depth=depth,
+        terms=len(text),
+        in_list=text.count(",") + 1,
+        parameter=max(text.count("?"), _highest_dollar(text)),
+    )
+
+
+def _highest_dollar(text: str) -> int:
+    numbers = [m.group(1) for m in re.finditer(r"\$([0-9]+)", text)]
+    return max((int(n) if len(n) <= 12 else 10**12 for n in numbers), default=0)
 
 
 def check_text(text: str, limits: Limits = DEFAULT_LIMITS) -> None:
@@ -256,7 +287,7 @@ def check_text(text: str, limits: Limits = DEFAULT_LIMITS) -> None:
     if m.depth > limits.max_depth:
         raise ProgrammingError(
             f"the statement nests more than {limits.max_depth} levels deep (parentheses, "
-            "subqueries, CASE or prefix operators)",
+            "subqueries, CASE, or prefix operators and keywords in a row)",
             sqlstate="54001",
             construct="nesting",
             position=_position(text, m.depth_at),
@@ -292,22 +323,66 @@ def check_text(text: str, limits: Limits = DEFAULT_LIMITS) -> None:
 
 
 def _surely_within(text: str, limits: Limits) -> bool:
-    """Bounds from character counts alone (C speed, ~2 us for a typical statement, against
-    ~25 us for the scan): nesting is at most the opening brackets plus every CASE, NOT and
-    sign; an IN list at most the commas plus one; terms at most the characters."""
+    """Bounds from counts alone (~6 us for a typical statement, against ~90 us for the two
+    tokenizations): nesting is at most the opening brackets and CASEs plus the longer of every
+    NOT and sign together and the longest run of keywords and operators; an IN list at most the
+    commas plus one; terms at most the characters."""
     if len(text) > limits.max_expressions or text.count(",") >= limits.max_in_list:
         return False
     if "$" in text or text.count("?") > limits.max_parameters:
         return False
     lowered = text.lower()
-    nesting = (
-        text.count("(")
-        + text.count("[")
-        + lowered.count("case")
-        + lowered.count("not")
-        + sum(text.count(sign) for sign in _PREFIX_OPS)
+    room = limits.max_depth - (
+        text.count("(") + text.count("[") + text.count("{") + lowered.count("case")
     )
-    return nesting <= limits.max_depth
+    if room < 0 or lowered.count("not") + sum(text.count(sign) for sign in "-+~!") > room:
+        return False
+    most = room + FREE_RUN
+    return len(_CRUDE.findall(text)) <= most or _longest_run(text) <= most  # runs <= pieces
+
+
+_CRUDE = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*|[0-9]+|[(),\[\]{};]|[^\sA-Za-z0-9_]")
+
+
+def _longest_run(text: str) -> int:
+    """At least the longest run of keywords and operators the tokenizers find: every word
+    that some dialect's tokenizer knows as a keyword, and every symbol, counts; only other
+    words, numbers and closing brackets end a run (brackets and commas reset it)."""
+    pieces = _CRUDE.findall(text)
+    if len(pieces) <= FREE_RUN:
+        return len(pieces)
+    keywords = _keywords()
+    longest = run = 0
+    for piece in pieces:
+        first = piece[0]
+        if (
+            first in "([{,;)]}"
+            or first.isdigit()
+            or ((first.isalpha() or first == "_") and piece.upper() not in keywords)
+        ):
+            run = 0
+        else:
+            run += 1
+            if run > longest:
+                longest = run
+    return longest
+
+
+_KEYWORD_WORDS: frozenset[str] | None = None
+
+
+def _keywords() -> frozenset[str]:
+    """Every word of the scan dialects' tokenizer keywords (built once)."""
+    global _KEYWORD_WORDS
+    if _KEYWORD_WORDS is None:
+        from sqlglot.dialects.dialect import Dialect
+
+        words: set[str] = set()
+        for name in SCAN_DIALECTS:
+            for key in Dialect.get_or_raise(name).tokenizer_class.KEYWORDS:
+                words.update(part.upper() for part in key.split())
+        _KEYWORD_WORDS = frozenset(words)
+    return _KEYWORD_WORDS
 
 
 def _position(text: str, offset: int) -> Position:
@@ -439,3 +514,14 @@ def check_parameter_count(count: int, limits: Limits = DEFAULT_LIMITS) -> None:
             hint=f"use at most {limits.max_parameters} parameters (PostgreSQL's cap is "
             f"{POSTGRES_MAX_PARAMETERS})",
         )
+
+
+def too_complex() -> ProgrammingError:
+    """The refusal for a statement that still ran out of Python's recursion (a construct the
+    checks above do not count): decided by the text, free, and logged without a traceback."""
+    return ProgrammingError(
+        "the statement is too complex to process (it nests too deeply)",
+        sqlstate="54001",
+        construct="statement",
+        hint="flatten the statement (fewer nested subqueries, functions or operators)",
+    )

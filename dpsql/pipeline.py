@@ -37,7 +37,7 @@ from dpsql.errors import (
     OperationalError,
     ProgrammingError,
 )
-from dpsql.limits import check_parameters, check_plan_rows, check_text
+from dpsql.limits import check_parameters, check_plan_rows, check_text, too_complex
 from dpsql.policy import Policy, TablePolicy, load_policy
 from dpsql.privacy.ledger import Ledger, MemoryLedger
 from dpsql.privacy.release import Released, at_confidence, release
@@ -263,6 +263,8 @@ class Service:
             return self._execute(text, parameters, settings, analyst, handle)
         except (Error, _ResetRequest):
             raise
+        except RecursionError:  # before the reserve (after it the boundary made it charged)
+            raise too_complex() from None
         except Exception:
             _log.exception("internal error while processing a statement")
             raise InternalError(

@@ -214,6 +214,41 @@ def test_scan_ignores_quoted_text_and_comments():
         check_text("SELECT (((1)))", small)
 
 
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        "$$x$$, ",  # a dollar quote with no tag
+        "$q$ (( $q$, ",
+        "E'a\\'', ",  # a backslash-escaped quote (the tokenizer's reading, not a regex's)
+        "/* /* */ (( */ ",  # nested block comments
+        "'it''s', ",
+        '"a""b", ',
+    ],
+)
+def test_quoting_hides_no_nesting_from_the_check(fresh, prefix):
+    """The scan reads the text with the parser's own tokenizers: quoting it ends elsewhere
+    than a regular expression would cannot hide nesting from the check."""
+    _service, spy, conn = fresh
+    for depth, state in [(17, "54001"), (80, "54001"), (3000, "54001")]:
+        sql = "SELECT " + prefix + "(" * depth + "1" + ")" * depth
+        with pytest.raises(dpsql.Error) as info:
+            conn.cursor().execute(sql)
+        assert info.value.sqlstate == state, (prefix, depth, info.value)
+    assert spy.calls == 0
+
+
+@pytest.mark.parametrize("word", ["INTERVAL ", "ARRAY ", "ANY ", "@ ", "@@ ", "CONNECT_BY_ROOT "])
+def test_keyword_runs_are_nesting(fresh, word):
+    """Keywords and operators in a row, which the parser recurses on, count as nesting."""
+    _service, spy, conn = fresh
+    for n, states in ((30, None), (1000, {"54001"})):
+        with pytest.raises(dpsql.Error) as info:  # 30 in a row: refused for what it is
+            conn.cursor().execute(COUNT + "age > " + word * n + "3")
+        state = info.value.sqlstate
+        assert state in states if states else not state.startswith("XX"), info.value
+    assert spy.calls == 0
+
+
 def test_tree_depth_needs_no_recursion():
     import sqlglot
 
@@ -556,6 +591,13 @@ _OPENERS = {
     "func": ("ABS(", ")"),
     "scalar": ("(SELECT ", ")"),
     "cast": ("CAST(", " AS INT)"),
+    # keywords and operators the parser recurses on with no bracket (INTERVAL INTERVAL ...)
+    "interval": ("INTERVAL ", ""),
+    "array": ("ARRAY ", ""),
+    "any": ("ANY ", ""),
+    "at": ("@ ", ""),
+    "atat": ("@@ ", ""),
+    "root": ("CONNECT_BY_ROOT ", ""),
 }
 _CHAINS = {
     "or": ("age = {i}", " OR "),
@@ -662,7 +704,7 @@ def test_statements_at_the_default_limits_are_answered():
         COUNT + " OR ".join(f"age = {i}" for i in range(chain)),
         COUNT + " AND ".join(f"age <> {i}" for i in range(chain)),
         COUNT + "age > " + " + ".join("1" for _ in range(chain)),
-        COUNT + "age > 1" + "::INT" * chain,
+        COUNT + "age > 1" + "::INT" * 30,  # each :: INT is a keyword run (see FREE_RUN)
         "SELECT COUNT(*) FROM " + "(SELECT * FROM " * depth + "visits" + ") AS t" * depth,
         COUNT + "(" * depth + "age > 3" + ")" * depth,
         COUNT + "CASE WHEN age > 1 THEN " * depth + "1" + " ELSE 0 END" * depth + " = 1",

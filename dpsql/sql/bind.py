@@ -39,7 +39,7 @@ from dpsql.frontend.logic import conjuncts
 from dpsql.frontend.private_joins import resolve_private_joins
 from dpsql.frontend.rewrite import normalise, timestamp_literals
 from dpsql.frontend.scopes import shadow_policy_tables
-from dpsql.limits import check_tree
+from dpsql.limits import check_tree, too_complex
 from dpsql.policy import ColumnPolicy, Policy, TablePolicy, default_granularity
 from dpsql.sql.dialect import DUCKDB, ColumnTypes, check_dialect, reader, to_engine_semantics
 from dpsql.sql.positions import (
@@ -376,6 +376,8 @@ def parse_statement(
     statements: list[exp.Expr] | None
     try:
         statements = _parse(text, dialect)
+    except RecursionError:  # a construct the limits do not count (dpsql.limits): 54001, free
+        raise too_complex() from None
     except (ParseError, TokenError) as exc:
         statements = _top_statements(text)
         if statements is None:
