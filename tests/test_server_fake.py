@@ -124,7 +124,7 @@ class FakeService:
         )
         self.connections: list[FakeConnection] = []
 
-    def connect(self, analyst: str = "default") -> FakeConnection:
+    def connect(self, analyst: str = "default", dialect: str = "duckdb") -> FakeConnection:
         conn = FakeConnection()
         conn.analyst = analyst  # type: ignore[attr-defined]
         self.connections.append(conn)
@@ -594,7 +594,9 @@ def test_too_many_connections(tmp_path):
         first = RawClient("127.0.0.1", th.port)
         assert first.login("alice", "pw").status == "I"
         second = RawClient("127.0.0.1", th.port)
-        assert second.until_ready().errors()[0]["C"] == "53300"
+        # the refusal comes after the startup packet (and any SSL answer), as PostgreSQL's
+        # does, so that libpq clients on sslmode=prefer see it
+        assert second.login("alice", "pw").errors()[0]["C"] == "53300"
         first.close()
 
 
