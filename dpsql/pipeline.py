@@ -566,17 +566,35 @@ class Service:
         better of the pure sum and the zCDP conversion); ``unspent_*``: the budget minus it;
         ``remaining_epsilon``: the largest ε one more pure-ε release may take;
         ``queries_left``: how many more releases of the session's per-query ε fit (the
-        policy's default without a session).
+        policy's default without a session). Under [budgets], the remaining figures and
+        ``queries_left`` are the smallest over every budget the analyst's charges must fit;
+        ``binding_limit`` names the one with the least ε left ("analyst", "group NAME",
+        "dataset") and ``period`` its current period (NULL: it never renews).
         """
         from dpsql.privacy.accounting import Cost
+        from dpsql.privacy.budget_rules import rules_of
 
         dataset = self.policy.dataset
-        budget = self.ledger.budget(analyst, dataset, self.policy.budget)
-        spent = self.ledger.spent(analyst, dataset)
-        eps_left, delta_left = budget.remaining(spent)
+        per_query = Cost(epsilon=settings.epsilon if settings is not None else self.policy.epsilon)
+        # Every budget a charge must fit ([budgets]: groups, the dataset-wide cap, renewal),
+        # where the ledger can tell: the remaining figures are those of the binding one.
+        limits_of = getattr(self.ledger, "limits", None)
+        if limits_of is not None and rules_of(self.policy.budget) is not None:
+            limits = limits_of(analyst, dataset, self.policy.budget)
+            budget, spent = limits[0].budget, limits[0].spent
+            lefts = [lim.remaining for lim in limits]
+            eps_left, delta_left = min(e for e, _ in lefts), min(d for _, d in lefts)
+            bound = min(limits, key=lambda lim: lim.remaining)
+            binding, period = bound.label, bound.period or None
+            fits = [lim.budget.queries_left(lim.spent, per_query) for lim in limits]
+        else:
+            budget = self.ledger.budget(analyst, dataset, self.policy.budget)
+            spent = self.ledger.spent(analyst, dataset)
+            eps_left, delta_left = budget.remaining(spent)
+            binding, period = "analyst", None
+            fits = [budget.queries_left(spent, per_query)]
         eps_spent, delta_spent = budget.guarantee(spent)
         eps_unspent, delta_unspent = budget.unspent(spent)
-        per_query = Cost(epsilon=settings.epsilon if settings is not None else self.policy.epsilon)
         columns = [
             ("analyst", "VARCHAR"),
             ("spent_epsilon", "DOUBLE"),
@@ -592,6 +610,8 @@ class Service:
             ("unspent_epsilon", "DOUBLE"),
             ("unspent_delta", "DOUBLE"),
             ("queries_left", "BIGINT"),
+            ("binding_limit", "VARCHAR"),
+            ("period", "VARCHAR"),
         ]
         row = (
             analyst,
@@ -607,7 +627,9 @@ class Service:
             delta_spent,
             eps_unspent,
             delta_unspent,
-            budget.queries_left(spent, per_query) if self.policy.epsilon > 0 else None,
+            min(fits) if self.policy.epsilon > 0 else None,
+            binding,
+            period,
         )
         return Result(columns, [row], status="SHOW")
 

@@ -421,7 +421,15 @@ def _build(data: dict[str, Any], path: Path | None) -> Policy:
     rep.unknown_keys(
         "",
         data,
-        {"privacy": "", "tables": "", "engine": "", "limits": "", "access": "", "server": ""},
+        {
+            "privacy": "",
+            "tables": "",
+            "engine": "",
+            "limits": "",
+            "access": "",
+            "server": "",
+            "budgets": "",
+        },
     )
     # [server]: read and validated by `dpsql serve` (dpsql.server.connections), not here
     server = data.get("server", {})
@@ -499,20 +507,21 @@ def _build(data: dict[str, Any], path: Path | None) -> Policy:
     }
     tables = _resolve_unit_paths(rep, tables)
     _check_shared_units(rep, tables)
+    access = _access(rep, data, tables_raw, analysts)
     return Policy(
         path=path,
         tables=tables,
         epsilon=epsilon,
         delta=delta,
         mechanism=mechanism,
-        budget=Budget(budget_eps, budget_delta, share),
+        budget=_budgets(rep, data, Budget(budget_eps, budget_delta, share), access, analysts),
         ledger_path=ledger_path,
         dataset=dataset,
         max_bins=max_bins,
         schema=schema.strip() if schema is not None else None,
         engine=engine,
         analysts=None if analysts is None else frozenset(analysts),
-        access=_access(rep, data, tables_raw, analysts),
+        access=access,
         limits=limits,
         server=server,
     )
@@ -524,6 +533,18 @@ def _access(rep: _Reporter, data: dict[str, Any], tables: dict[str, Any], analys
 
     names = None if analysts is None else frozenset(analysts)
     return build_access(rep, data.get("access"), tables, names)
+
+
+def _budgets(
+    rep: _Reporter, data: dict[str, Any], base: Budget, access: Any, analysts: Any
+) -> Budget:
+    """``[budgets]``: group, dataset-wide and renewing budgets (dpsql.privacy.budget_rules),
+    carried by the per-analyst default budget; ``base`` itself without the section."""
+    from dpsql.privacy.budget_rules import build_rules
+
+    roles = access.roles if access is not None else {}
+    names = None if analysts is None else frozenset(analysts)
+    return build_rules(rep, data.get("budgets"), base, roles, names)
 
 
 def _engine(rep: _Reporter, spec: Any) -> EngineConfig:

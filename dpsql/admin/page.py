@@ -38,6 +38,7 @@ from dpsql.engine.versions import file_version, identity
 from dpsql.errors import Error
 from dpsql.plots import BudgetTimeline, budget_timeline
 from dpsql.policy import ColumnPolicy, Policy, TablePolicy
+from dpsql.privacy.budget_rules import LimitStatus, rules_of
 from dpsql.privacy.ledger import AnalystStatus, LogEntry
 from dpsql.privacy.sqlite_ledger import SQLiteLedger
 from dpsql.tables import number
@@ -89,6 +90,7 @@ class Snapshot:
 
     policy: Policy
     statuses: list[AnalystStatus] = field(default_factory=list)
+    pools: list[LimitStatus] = field(default_factory=list)  # [budgets]: groups, the dataset
     entries: list[LogEntry] = field(default_factory=list)
     cached: dict[int, bool] = field(default_factory=dict)
     timeline: BudgetTimeline | None = None
@@ -177,6 +179,7 @@ class Reader:
                 )
             else:
                 snap.statuses = ledger.analysts(policy.dataset, policy.budget)
+                snap.pools = ledger.pools(policy.dataset, policy.budget)
                 snap.entries = ledger.entries(policy.dataset, analyst=analyst, limit=limit)
                 known: dict[tuple[str, str], bool] = {}
                 for e in snap.entries:
@@ -325,11 +328,50 @@ def render(snap: Snapshot) -> str:
     if snap.ledger_note:
         parts.append(f"<p class=note><strong>{esc(snap.ledger_note)}</strong></p>")
     parts.append(_analysts(snap))
+    parts.append(_shared_budgets(snap))
     parts.append(_log(snap))
     parts.append(_tables(policy))
     parts.append(_versions(snap))
     parts.append("</body></html>")
     return "".join(parts)
+
+
+def _shared_budgets(snap: Snapshot) -> str:
+    """[budgets]: each group's and the dataset-wide budget, spent this period (empty without)."""
+    rules = rules_of(snap.policy.budget)
+    if rules is None:
+        return ""
+    renew = rules.renew or "never"
+    out = [
+        "<h2 id=shared>Shared and renewing budgets</h2>",
+        "<p class=note>From the policy's [budgets]: a group's budget caps the sum of its "
+        "members' spending, the dataset-wide budget the sum of every analyst's (the guarantee "
+        "when analysts may pool their answers). A query must fit the analyst's own budget and "
+        f"every one of these. Analysts' and groups' budgets renew: {esc(renew)}; a renewed "
+        "budget guarantees its (&epsilon;, &delta;) per period, not in total.</p>",
+        "<table><tr><th>budget</th><th>members</th><th>period</th><th>charges</th>"
+        "<th>spent &epsilon;</th><th>spent &delta;</th><th>spent &rho;</th>"
+        "<th>&epsilon; equiv.</th><th>budget &epsilon;</th><th>budget &delta;</th>"
+        "<th>left &epsilon;</th><th>used</th></tr>",
+    ]
+    members = {g.name: ", ".join(sorted(g.members)) for g in rules.groups}
+    for p in snap.pools:
+        left_eps, _ = p.remaining
+        used = p.epsilon_spent / p.budget.epsilon if p.budget.epsilon > 0 else 1.0
+        share = max(0.0, min(1.0, used))
+        who = members.get(p.name, "") if p.kind == "group" else "every analyst"
+        out.append(
+            f"<tr><td>{esc(p.label)}</td><td>{esc(who)}</td>"
+            f"<td>{esc(p.period or 'never renews')}</td><td class=n>{p.charges}</td>"
+            f"<td class=n>{fmt(p.spent.epsilon)}</td><td class=n>{fmt(p.spent.delta)}</td>"
+            f"<td class=n>{fmt(p.spent.rho)}</td><td class=n>{fmt(p.epsilon_spent)}</td>"
+            f"<td class=n>{fmt(p.budget.epsilon)}</td><td class=n>{fmt(p.budget.delta)}</td>"
+            f"<td class=n>{fmt(left_eps)}</td>"
+            f"<td><span class=bar title='{share:.0%}'><i class='{'full' if share >= 1 else ''}'"
+            f" style='width:{share * 100:.1f}%'></i></span> {share:.0%}</td></tr>"
+        )
+    out.append("</table>")
+    return "".join(out)
 
 
 def _analysts(snap: Snapshot) -> str:

@@ -9,12 +9,23 @@ rationals (:class:`~dpsql.privacy.accounting.Cost`).
 
 from __future__ import annotations
 
+import datetime as _dt
 import threading
 from dataclasses import dataclass
 from typing import Protocol
 
 from dpsql.errors import BudgetExhaustedError, InternalError
 from dpsql.privacy.accounting import Budget, Cost
+from dpsql.privacy.budget_rules import (
+    BudgetRules,
+    Clock,
+    LimitStatus,
+    exceeded,
+    period_of,
+    rules_of,
+    stale,
+    utc_now,
+)
 
 
 class EphemeralBudgetWarning(UserWarning):
@@ -158,10 +169,29 @@ def exhausted(analyst: str, budget: Budget, spent: Cost, cost: Cost) -> BudgetEx
     )
 
 
-class MemoryLedger:
-    """A thread-safe, non-durable ledger: for tests and throw-away sessions."""
+def refuse_unless_fits(limits: list[LimitStatus], cost: Cost) -> None:
+    """Raise for the first limit (the analyst's own, a group's, the dataset's) that ``cost``
+    would overspend; the analyst's own refusal reads as it always has."""
+    for limit in limits:
+        if not limit.budget.covers(limit.spent + cost):
+            if limit.kind == "analyst":
+                raise exhausted(limit.name, limit.budget, limit.spent, cost)
+            raise exceeded(limit, cost)
 
-    def __init__(self) -> None:
+
+class MemoryLedger:
+    """A thread-safe, non-durable ledger: for tests and throw-away sessions.
+
+    Enforces [budgets] (group and dataset-wide budgets, renewal) as SQLiteLedger does: one
+    lock covers the check and the update of every total a charge touches.
+    """
+
+    def __init__(self, *, clock: Clock | None = None) -> None:
+        self._clock: Clock = clock or utc_now
+        # (pool key, dataset, period) -> (total, charges); (analyst, dataset) -> period
+        self._pools: dict[tuple[str, str, str], tuple[Cost, int]] = {}
+        self._periods: dict[tuple[str, str], str] = {}
+        self._charges: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
         self._spent: dict[tuple[str, str], Cost] = {}
         self._budgets: dict[tuple[str, str], Budget] = {}
@@ -180,11 +210,66 @@ class MemoryLedger:
         return self._spent.get((analyst, dataset), Cost())
 
     def standing(self, analyst: str, dataset: str, default: Budget) -> tuple[Budget, Cost]:
-        """The budget and the total spent together (SQLiteLedger reads both at once)."""
+        """The budget and the total spent together (SQLiteLedger reads both at once); a
+        renewing budget's total of a period that has ended reads as zero."""
+        rules = rules_of(default)
+        if rules is not None and rules.renew is not None:
+            own = self.limits(analyst, dataset, default)[0]
+            return own.budget, own.spent
         return self.budget(analyst, dataset, default), self.spent(analyst, dataset)
 
     def check(self, analyst: str, dataset: str, cost: Cost, default: Budget) -> None:
-        self._total_after(analyst, dataset, cost, default)
+        rules = rules_of(default)
+        if rules is None:
+            self._total_after(analyst, dataset, cost, default)
+            return
+        validate_cost(cost)
+        with self._lock:
+            limits, _ = self._limits(analyst, dataset, default, rules, self._clock())
+        refuse_unless_fits(limits, cost)
+
+    def limits(self, analyst: str, dataset: str, default: Budget) -> list[LimitStatus]:
+        """Every budget a charge of ``analyst`` must fit (see SQLiteLedger.limits)."""
+        rules = rules_of(default)
+        with self._lock:
+            if rules is None:
+                spent = self.spent(analyst, dataset)
+                budget = self.budget(analyst, dataset, default)
+                charges = self._charges.get((analyst, dataset), 0)
+                return [LimitStatus("analyst", analyst, budget, spent, "", charges)]
+            return self._limits(analyst, dataset, default, rules, self._clock())[0]
+
+    def pools(self, dataset: str, default: Budget) -> list[LimitStatus]:
+        """Every group's and the dataset-wide budget with its spending this period."""
+        rules = rules_of(default)
+        if rules is None:
+            return []
+        now = self._clock()
+        out = []
+        with self._lock:
+            for pool in rules.pools():
+                period = period_of(pool.renew, now)
+                spent, charges = self._pools.get((pool.key, dataset, period), (Cost(), 0))
+                out.append(LimitStatus(pool.kind, pool.name, pool.budget, spent, period, charges))
+        return out
+
+    def _limits(
+        self, analyst: str, dataset: str, default: Budget, rules: BudgetRules, now: _dt.datetime
+    ) -> tuple[list[LimitStatus], bool]:
+        """The limits, and whether the analyst's own total has renewed (caller holds the lock)."""
+        budget = self.budget(analyst, dataset, default)
+        spent = self.spent(analyst, dataset)
+        charges = self._charges.get((analyst, dataset), 0)
+        period = period_of(rules.renew, now)
+        renewed = rules.renew is not None and stale(self._periods.get((analyst, dataset)), period)
+        if renewed:
+            spent, charges = Cost(), 0
+        limits = [LimitStatus("analyst", analyst, budget, spent, period, charges)]
+        for pool in rules.pools(analyst):
+            p = period_of(pool.renew, now)
+            total, n = self._pools.get((pool.key, dataset, p), (Cost(), 0))
+            limits.append(LimitStatus(pool.kind, pool.name, pool.budget, total, p, n))
+        return limits, renewed
 
     def _total_after(self, analyst: str, dataset: str, cost: Cost, default: Budget) -> Cost:
         """The total with ``cost`` added, or :class:`BudgetExhaustedError` if it overspends."""
@@ -208,8 +293,24 @@ class MemoryLedger:
         cache_key: str | None = None,
         answer: str | None = None,
     ) -> None:
+        rules = rules_of(default)
         with self._lock:
-            self._spent[(analyst, dataset)] = self._total_after(analyst, dataset, cost, default)
+            key = (analyst, dataset)
+            if rules is None:
+                self._spent[key] = self._total_after(analyst, dataset, cost, default)
+                self._charges[key] = self._charges.get(key, 0) + 1
+            else:
+                validate_cost(cost)
+                limits, _ = self._limits(analyst, dataset, default, rules, self._clock())
+                refuse_unless_fits(limits, cost)
+                own = limits[0]
+                self._spent[key] = own.spent + cost
+                self._charges[key] = own.charges + 1
+                for pool, status in zip(rules.pools(analyst), limits[1:], strict=True):
+                    pool_key = (pool.key, dataset, status.period)
+                    self._pools[pool_key] = (status.spent + cost, status.charges + 1)
+                if rules.renew is not None and own.period > self._periods.get(key, ""):
+                    self._periods[key] = own.period
             self.log.append((analyst, dataset, cost, query_text, plan_hash))
             self._charged.add((analyst, dataset))
             if cache_key is not None and answer is not None:

@@ -39,6 +39,16 @@ from typing import Any, cast
 
 from dpsql.errors import DatabaseError, InterfaceError, LedgerUnavailableError, OperationalError
 from dpsql.privacy.accounting import Budget, Cost, exact
+from dpsql.privacy.budget_rules import (
+    BudgetRules,
+    Clock,
+    LimitStatus,
+    Pool,
+    period_of,
+    rules_of,
+    stale,
+    utc_now,
+)
 from dpsql.privacy.ledger import (
     AnalystStatus,
     Ledger,
@@ -46,6 +56,7 @@ from dpsql.privacy.ledger import (
     MemoryLedger,
     exhausted,
     not_charged,
+    refuse_unless_fits,
     validate_cost,
 )
 
@@ -54,7 +65,7 @@ SCHEMA_VERSION = 3
 # 3: the zCDP sum of each charge and total (zrho, zrho_exact; totals.zrho_at)
 
 # One statement per item (triggers contain ";", so no naive splitting of a script).
-_SCHEMA = (
+_SCHEMA: tuple[str, ...] = (
     """CREATE TABLE IF NOT EXISTS meta (
         key TEXT PRIMARY KEY,
         value TEXT NOT NULL
@@ -116,6 +127,48 @@ _SCHEMA = (
         PRIMARY KEY (analyst, dataset, cache_key)
     )""",
 )
+
+# Shared and renewing budgets ([budgets] in the policy; dpsql.privacy.budget_rules). Added to
+# a version-3 file when it is opened (CREATE ... IF NOT EXISTS; no other table changes), so the
+# schema version stays 3. ``pool_totals``: a group's or the dataset's running total per period
+# ("" for a budget that never renews); ``charge_pools``: which pool (and period) each charge was
+# counted in, so ``verify`` can check every pool total against the log; ``analyst_periods``:
+# the period an analyst's renewing total belongs to.
+_SHARED_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS pool_totals (
+        pool TEXT NOT NULL,
+        dataset TEXT NOT NULL,
+        period TEXT NOT NULL,
+        epsilon REAL NOT NULL DEFAULT 0,
+        delta REAL NOT NULL DEFAULT 0,
+        rho REAL NOT NULL DEFAULT 0,
+        zrho REAL NOT NULL DEFAULT 0,
+        epsilon_exact TEXT NOT NULL,
+        delta_exact TEXT NOT NULL,
+        rho_exact TEXT NOT NULL,
+        zrho_exact TEXT NOT NULL,
+        charges INTEGER NOT NULL DEFAULT 0,
+        updated_at TEXT NOT NULL,
+        PRIMARY KEY (pool, dataset, period)
+    )""",
+    """CREATE TABLE IF NOT EXISTS charge_pools (
+        charge_id INTEGER NOT NULL REFERENCES charge_log (id),
+        pool TEXT NOT NULL,
+        period TEXT NOT NULL,
+        PRIMARY KEY (charge_id, pool)
+    )""",
+    """CREATE TRIGGER IF NOT EXISTS charge_pools_no_update BEFORE UPDATE ON charge_pools
+        BEGIN SELECT RAISE(ABORT, 'the charge log is append-only'); END""",
+    """CREATE TRIGGER IF NOT EXISTS charge_pools_no_delete BEFORE DELETE ON charge_pools
+        BEGIN SELECT RAISE(ABORT, 'the charge log is append-only'); END""",
+    """CREATE TABLE IF NOT EXISTS analyst_periods (
+        analyst TEXT NOT NULL,
+        dataset TEXT NOT NULL,
+        period TEXT NOT NULL,
+        PRIMARY KEY (analyst, dataset)
+    )""",
+)
+_SCHEMA = _SCHEMA + _SHARED_SCHEMA
 
 # Version 1 kept costs as REAL only. Its rows stay readable (an exact column left NULL means
 # "the REAL value, read as the decimal it prints as"), and the totals get their exact text from
@@ -320,10 +373,12 @@ class SQLiteLedger:
         *,
         timeout: float = 30.0,
         fault_hook: FaultHook | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.path = Path(path)
         self.timeout = timeout
         self._fault_hook = fault_hook
+        self._clock: Clock = clock or utc_now  # the renewal periods' clock (tests inject one)
         self._local = threading.local()
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
@@ -653,6 +708,20 @@ class SQLiteLedger:
                 construct="ledger",
                 hint="upgrade dpsql, or point the policy's ledger at another file",
             )
+        self._add_shared_tables()
+
+    def _add_shared_tables(self) -> None:
+        """The shared-budget tables, added to a file made before them (idempotent)."""
+        with self._read() as conn:
+            present = conn.execute(
+                "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' "
+                "AND name IN ('pool_totals', 'charge_pools', 'analyst_periods')"
+            ).fetchone()[0]
+        if present == 3:
+            return
+        with self._write() as conn:
+            for statement in _SHARED_SCHEMA:
+                conn.execute(statement)
 
     def _migrate(self) -> None:
         """Version 1 → 2 in one transaction: add the exact columns, fill the totals' from the log.
@@ -770,7 +839,12 @@ class SQLiteLedger:
 
     def standing(self, analyst: str, dataset: str, default: Budget) -> tuple[Budget, Cost]:
         """The analyst's budget and total spent, read together (one statement, ~5x cheaper
-        than :meth:`budget` then :meth:`spent`, and one snapshot)."""
+        than :meth:`budget` then :meth:`spent`, and one snapshot). With a renewing budget
+        ([budgets] renew), the total of a period that has ended reads as zero."""
+        rules = rules_of(default)
+        if rules is not None and rules.renew is not None:
+            own = self.limits(analyst, dataset, default)[0]
+            return own.budget, own.spent
         try:
             found = self._standing_in(self._conn(), analyst, dataset, default, legacy=False)
         except sqlite3.Error as exc:
@@ -861,9 +935,76 @@ class SQLiteLedger:
 
     def check(self, analyst: str, dataset: str, cost: Cost, default: Budget) -> None:
         validate_cost(cost)
+        rules = rules_of(default)
+        if rules is not None:
+            with self._read() as conn:
+                limits, _ = self._limits_in(conn, analyst, dataset, default, rules, self._clock())
+            refuse_unless_fits(limits, cost)
+            return
         budget, spent = self.standing(analyst, dataset, default)
         if not budget.covers(spent + cost):
             raise exhausted(analyst, budget, spent, cost)
+
+    def limits(self, analyst: str, dataset: str, default: Budget) -> list[LimitStatus]:
+        """Every budget a charge of ``analyst`` must fit, read in one snapshot: their own
+        first, then each group they are in, then the dataset-wide cap ([budgets]); each with
+        its spending in its current period."""
+        rules = rules_of(default)
+        with self._read() as conn:
+            if rules is None:
+                found = self._standing_in(conn, analyst, dataset, default, legacy=True)
+                assert found is not None
+                budget, spent, charges = found
+                return [LimitStatus("analyst", analyst, budget, spent, "", charges)]
+            return self._limits_in(conn, analyst, dataset, default, rules, self._clock())[0]
+
+    def pools(self, dataset: str, default: Budget) -> list[LimitStatus]:
+        """Every group's and the dataset-wide budget with its spending this period (for the
+        curator page); empty without [budgets]."""
+        rules = rules_of(default)
+        if rules is None:
+            return []
+        now = self._clock()
+        with self._read() as conn:
+            return [self._pool_in(conn, pool, dataset, now) for pool in rules.pools()]
+
+    def _limits_in(
+        self,
+        conn: sqlite3.Connection,
+        analyst: str,
+        dataset: str,
+        default: Budget,
+        rules: BudgetRules,
+        now: Any,
+    ) -> tuple[list[LimitStatus], Cost | None]:
+        """The limits of :meth:`limits`, and the total to release first when the analyst's
+        own budget has renewed (None when it has not)."""
+        found = self._standing_in(conn, analyst, dataset, default, legacy=True)
+        assert found is not None
+        budget, spent, charges = found
+        period = period_of(rules.renew, now)
+        released = None
+        if rules.renew is not None:
+            row = conn.execute(
+                "SELECT period FROM analyst_periods WHERE analyst = ? AND dataset = ?",
+                (analyst, dataset),
+            ).fetchone()
+            if stale(None if row is None else row[0], period):
+                released, spent, charges = spent, Cost(), 0
+        limits = [LimitStatus("analyst", analyst, budget, spent, period, charges)]
+        limits += [self._pool_in(conn, pool, dataset, now) for pool in rules.pools(analyst)]
+        return limits, released
+
+    @staticmethod
+    def _pool_in(conn: sqlite3.Connection, pool: Pool, dataset: str, now: Any) -> LimitStatus:
+        period = period_of(pool.renew, now)
+        row = conn.execute(
+            "SELECT epsilon_exact, delta_exact, rho_exact, zrho_exact, charges FROM pool_totals "
+            "WHERE pool = ? AND dataset = ? AND period = ?",
+            (pool.key, dataset, period),
+        ).fetchone()
+        spent, charges = (Cost(), 0) if row is None else (_pool_cost(row[0:4]), row[4])
+        return LimitStatus(pool.kind, pool.name, pool.budget, spent, period, charges)
 
     def charge(
         self,
@@ -887,6 +1028,12 @@ class SQLiteLedger:
         answer is paid for, and later re-runs all see the same one.
         """
         validate_cost(cost)
+        rules = rules_of(default)
+        if rules is not None:
+            self._charge_shared(
+                analyst, dataset, cost, default, rules, (query_text, plan_hash, cache_key, answer)
+            )
+            return
         with self._write() as conn:
             found = self._standing_in(conn, analyst, dataset, default, legacy=True)
             assert found is not None
@@ -900,6 +1047,96 @@ class SQLiteLedger:
             if cache_key is not None and answer is not None:
                 self._store(conn, analyst, dataset, cache_key, answer, charge_id)
             self._fault("written")
+
+    def _charge_shared(
+        self,
+        analyst: str,
+        dataset: str,
+        cost: Cost,
+        default: Budget,
+        rules: BudgetRules,
+        query: tuple[str, str, str | None, str | None],
+    ) -> None:
+        """:meth:`charge` under [budgets]: ONE transaction re-reads the analyst's total, each
+        of their groups' and the dataset's, refuses unless the cost fits every one, and then
+        records the charge in all of them. A renewed analyst total is released first (a
+        logged "reset" row), in the same transaction, so the log still sums to the total."""
+        query_text, plan_hash, cache_key, answer = query
+        with self._write() as conn:
+            now = self._clock()
+            limits, released = self._limits_in(conn, analyst, dataset, default, rules, now)
+            refuse_unless_fits(limits, cost)
+            own = limits[0]
+            if released is not None and (
+                not released.is_zero or self._has_total(conn, analyst, dataset)
+            ):
+                text = (
+                    f"budget renewed: period {own.period} began ([budgets] renew = "
+                    f'"{rules.renew}"); released epsilon={released.epsilon:.6g}, '
+                    f"delta={released.delta:.3g}, rho={released.rho:.6g}"
+                )
+                self._log(conn, analyst, dataset, "reset", -released, text, "")
+            charge_id = self._log(conn, analyst, dataset, "charge", cost, query_text, plan_hash)
+            self._fault("logged")
+            self._set_total(conn, analyst, dataset, own.spent + cost, own.charges + 1)
+            for pool, status in zip(rules.pools(analyst), limits[1:], strict=True):
+                self._add_to_pool(conn, pool.key, dataset, status, cost, charge_id)
+            if rules.renew is not None:
+                conn.execute(
+                    "INSERT INTO analyst_periods (analyst, dataset, period) VALUES (?, ?, ?) "
+                    "ON CONFLICT (analyst, dataset) DO UPDATE SET period = excluded.period "
+                    "WHERE excluded.period > analyst_periods.period",
+                    (analyst, dataset, own.period),
+                )
+            if cache_key is not None and answer is not None:
+                self._store(conn, analyst, dataset, cache_key, answer, charge_id)
+            self._fault("written")
+
+    @staticmethod
+    def _has_total(conn: sqlite3.Connection, analyst: str, dataset: str) -> bool:
+        row = conn.execute(
+            "SELECT charges FROM totals WHERE analyst = ? AND dataset = ?", (analyst, dataset)
+        ).fetchone()
+        return row is not None and bool(row[0])
+
+    @staticmethod
+    def _add_to_pool(
+        conn: sqlite3.Connection,
+        key: str,
+        dataset: str,
+        status: LimitStatus,
+        cost: Cost,
+        charge_id: int,
+    ) -> None:
+        total = status.spent + cost
+        conn.execute(
+            "INSERT INTO pool_totals (pool, dataset, period, epsilon, delta, rho, zrho, "
+            f"{_EXACT}, zrho_exact, charges, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (pool, dataset, period) DO UPDATE SET "
+            "epsilon = excluded.epsilon, delta = excluded.delta, rho = excluded.rho, "
+            "zrho = excluded.zrho, epsilon_exact = excluded.epsilon_exact, "
+            "delta_exact = excluded.delta_exact, rho_exact = excluded.rho_exact, "
+            "zrho_exact = excluded.zrho_exact, charges = excluded.charges, "
+            "updated_at = excluded.updated_at",
+            (
+                key,
+                dataset,
+                status.period,
+                total.epsilon,
+                total.delta,
+                total.rho,
+                total.zrho,
+                *_exact_texts(total),
+                str(total.exact_zrho),
+                status.charges + 1,
+                _now(),
+            ),
+        )
+        conn.execute(
+            "INSERT INTO charge_pools (charge_id, pool, period) VALUES (?, ?, ?)",
+            (charge_id, key, status.period),
+        )
 
     def remember(self, analyst: str, dataset: str, cache_key: str, answer: str) -> None:
         """Cache the answer of a query already charged: one committed write, no cost change.
@@ -1005,7 +1242,22 @@ class SQLiteLedger:
                 "ORDER BY a.analyst",
                 {"d": dataset},
             ).fetchall()
-            return [_status(conn, dataset, default, row) for row in rows]
+            statuses = [_status(conn, dataset, default, row) for row in rows]
+            rules = rules_of(default)
+            if rules is None or rules.renew is None:
+                return statuses
+            period = period_of(rules.renew, self._clock())
+            periods = dict(
+                conn.execute(
+                    "SELECT analyst, period FROM analyst_periods WHERE dataset = ?", (dataset,)
+                ).fetchall()
+            )
+        return [
+            dataclasses.replace(s, spent=Cost(), charges=0)
+            if stale(periods.get(s.analyst), period)
+            else s
+            for s in statuses
+        ]
 
     def status(self, analyst: str, dataset: str, default: Budget) -> AnalystStatus:
         """One analyst's status, also when they have never been charged."""
@@ -1075,6 +1327,15 @@ class SQLiteLedger:
                 f"SELECT id, analyst, dataset, kind, epsilon, delta, rho, {_EXACT}, zrho_exact "
                 "FROM charge_log ORDER BY id"
             ).fetchall()
+            pool_rows = conn.execute(
+                "SELECT pool, dataset, period, epsilon_exact, delta_exact, rho_exact, "
+                "zrho_exact, charges FROM pool_totals"
+            ).fetchall()
+            pooled = conn.execute(
+                "SELECT p.pool, c.dataset, p.period, c.kind, c.epsilon, c.delta, c.rho, "
+                f"c.{_EXACT.replace(', ', ', c.')}, c.zrho_exact FROM charge_pools AS p "
+                "LEFT JOIN charge_log AS c ON c.id = p.charge_id ORDER BY p.charge_id"
+            ).fetchall()
             orphans = conn.execute(
                 "SELECT COUNT(*) FROM answers AS a LEFT JOIN charge_log AS c "
                 "ON c.id = a.charge_id WHERE c.id IS NULL OR c.analyst != a.analyst "
@@ -1105,7 +1366,7 @@ class SQLiteLedger:
                 )
         if orphans:
             problems.append(f"{orphans} cached answer(s) without their charge")
-        return problems
+        return problems + _verify_pools(pool_rows, pooled)
 
 
 class _LogSum:
@@ -1144,6 +1405,33 @@ class _LogSum:
             if not same:
                 out.append(f"{what} {name} {float(theirs)!r} != log sum {float(mine)!r}")
         return out
+
+
+def _pool_cost(texts: tuple[Any, ...]) -> Cost:
+    eps, delta, rho, zrho = (Fraction(t) for t in texts)
+    return Cost(eps, delta, rho, zrho=zrho)
+
+
+def _verify_pools(pool_rows: list[Any], pooled: list[Any]) -> list[str]:
+    """Each pool total (group or dataset, per period) equals the exact sum of the charges
+    recorded in it, and every recorded charge is a charge of the same dataset."""
+    problems = []
+    sums: dict[tuple[str, str, str], _LogSum] = {}
+    for pool, dataset, period, kind, *parts in pooled:
+        if kind != "charge":
+            problems.append(f"pool {pool!r} ({period or 'never renews'}) counts a {kind} row")
+            continue
+        cost = _stored_cost(parts[0:3], parts[3:6], parts[6])
+        sums.setdefault((pool, dataset, period), _LogSum()).add(cost, parts[3] is None)
+    totals = {(r[0], r[1], r[2]): (_pool_cost(r[3:7]), r[7]) for r in pool_rows}
+    for key in sorted(set(totals) | set(sums)):
+        total, charges = totals.get(key, (Cost(), 0))
+        acc = sums.get(key, _LogSum())
+        what = f"pool {key[0]!r} on {key[1]!r} ({key[2] or 'never renews'}): total"
+        problems += acc.differences(total, what, zrho=True)
+        if charges != acc.charges:
+            problems.append(f"{what} charges {charges} != log count {acc.charges}")
+    return problems
 
 
 def _fmt_budget(budget: Budget) -> str:
