@@ -380,6 +380,12 @@ def test_limits_are_checked(tmp_path):
     assert limits_from_policy_file(policy) == FairnessLimits(
         analyst_statements=4, heavy_statements=2
     )
+    # the table also holds the connection limits (dpsql.server.connections): not refused here
+    policy.write_text("[server]\nanalyst_cpu_share = 0.5\nmax_connections_per_login = 4\n")
+    assert limits_from_policy_file(policy) == FairnessLimits(analyst_cpu_share=0.5)
+    policy.write_text("[server]\nanalyst_statement = 4\n")  # a typo is refused, with its key
+    with pytest.raises(FairnessError, match="analyst_statement"):
+        limits_from_policy_file(policy)
     policy.write_text("[privacy]\nepsilon = 1.0\n")
     assert limits_from_policy_file(policy) == FairnessLimits()
 

@@ -127,18 +127,12 @@ class FairnessLimits:
 
 
 def limits_from_policy_file(path: str | Any) -> FairnessLimits:
-    """The ``[server]`` table of a policy file, or the defaults when it has none."""
-    import tomllib
-    from pathlib import Path
+    """The scheduler's part of a policy file's ``[server]`` table (the defaults when it has
+    none). The table also holds the connection limits; both are read and checked together by
+    :func:`dpsql.server.connections.server_settings_from_policy_file`."""
+    from dpsql.server.connections import server_settings_from_policy_file
 
-    try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError):
-        return FairnessLimits()  # the policy loader reports these itself
-    section = data.get("server", {})
-    if not isinstance(section, dict):
-        raise FairnessError(f"{path}: [server] must be a table", "22023")
-    return FairnessLimits.from_section(section, f"policy file {str(path)!r}: [server]")
+    return server_settings_from_policy_file(path)[0]
 
 
 class Abandoned(Exception):
