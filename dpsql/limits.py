@@ -267,8 +267,10 @@ def _highest_dollar(text: str) -> int:
     return max((int(n) if len(n) <= 12 else 10**12 for n in numbers), default=0)
 
 
-def check_text(text: str, limits: Limits = DEFAULT_LIMITS) -> None:
-    """Refuse a statement whose text is past a limit, before anything parses it."""
+def check_size(text: str, limits: Limits = DEFAULT_LIMITS) -> bool:
+    """Refuse a statement over ``max_query_bytes``; True when character counts alone show it
+    within every other limit of :func:`check_text` (microseconds: what the wire server does on
+    its event loop, leaving the full scan to the statement's own thread)."""
     size = len(text)
     if size * 4 > limits.max_query_bytes:  # only then can its UTF-8 form be too long
         size = len(text.encode("utf-8", "surrogatepass"))
@@ -281,7 +283,12 @@ def check_text(text: str, limits: Limits = DEFAULT_LIMITS) -> None:
                 hint="send a shorter statement (e.g. put a long IN list into a public table "
                 "or use ranges), or ask the operator to raise limits.max_query_bytes",
             )
-    if _surely_within(text, limits):
+    return _surely_within(text, limits)
+
+
+def check_text(text: str, limits: Limits = DEFAULT_LIMITS) -> None:
+    """Refuse a statement whose text is past a limit, before anything parses it."""
+    if check_size(text, limits):
         return
     m = measure_text(text)
     if m.depth > limits.max_depth:

@@ -20,7 +20,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dpsql import errors as dperr
-from dpsql.limits import DEFAULT_LIMITS, Limits, check_parameter_count, check_text
+from dpsql.limits import (
+    DEFAULT_LIMITS,
+    Limits,
+    check_parameter_count,
+    check_size,
+    check_text,
+)
 from dpsql.server import protocol as p
 from dpsql.server import types as t
 from dpsql.server.backend import DpBackend, Outcome, placeholder_count
@@ -605,7 +611,9 @@ class Session:
         return getattr(self.server.policy, "limits", DEFAULT_LIMITS)
 
     def classify(self, sql: str) -> str:
-        check_text(sql, self.limits)  # every statement, catalog ones too: before any parse
+        # every statement, catalog ones too, before any parse: its size here, and the full scan
+        # (tokenizing: up to ~1 s near the message cap) in its own thread, see run_statement
+        check_size(sql, self.limits)
         words = keywords(sql, 3)
         if not words:
             return "empty"
@@ -652,6 +660,7 @@ class Session:
 
     async def run_statement(self, sql: str, kind: str, params: Sequence[Any]) -> Outcome:
         self._check_failed_block(sql, kind)
+        await self._check_limits(sql)
         if kind == "empty":
             return Outcome(None, [], "")
         if kind == "tx":
@@ -689,10 +698,17 @@ class Session:
         )
         return Outcome(result.columns, result.rows, f"SELECT {len(result.rows)}")
 
+    async def _check_limits(self, sql: str) -> None:
+        """dpsql.limits.check_text, as the analyst's scheduled work when counts alone do not
+        settle it (a statement's first parse, in whichever route, comes after)."""
+        if not check_size(sql, self.limits):
+            await self._blocking(check_text, sql, self.limits)
+
     async def describe_statement(
         self, stmt: Prepared, params: Sequence[Any] | None
     ) -> tuple[tuple[str, int], ...] | None:
         """Result columns without running a DP query (it runs nothing, spends nothing)."""
+        await self._check_limits(stmt.sql)
         kind = stmt.kind
         if kind == "show":
             name = set_name_of(stmt.sql) or ""
