@@ -25,6 +25,14 @@ from typing import Any
 from dpsql.errors import PolicyError, ProgrammingError
 from dpsql.limits import DEFAULT_LIMITS, Limits, limits_from_section
 from dpsql.privacy.accounting import Budget
+from dpsql.sources import (
+    SourceSyntaxError,
+    glob_files,
+    is_glob,
+    is_postgres,
+    is_remote,
+    parse_postgres,
+)
 
 COLUMN_TYPES = ("int", "float", "text", "bool", "date")
 
@@ -79,7 +87,8 @@ _PRIVACY_KEYS = {
     "are always accepted",
 }
 _TABLE_KEYS = {
-    "source": "a CSV/Parquet path relative to the policy file, or a table of the database",
+    "source": "a CSV/Parquet path relative to the policy file (or a glob of them), a "
+    "postgresql://host:port/db?table=schema.name URL, or a table of the database",
     "privacy_unit": "the column identifying one person (omit: every row is its own unit)",
     "max_rows_per_unit": "rows one unit may contribute to each group (default 1)",
     "max_groups_per_unit": "groups one unit may contribute to (default 1)",
@@ -622,12 +631,32 @@ def _table(
             f"{key}.source", "missing source", 'add source = "file.csv" (or a database table)'
         )
     source_path = None
-    if engine == "spark" and "://" in source:
+    if is_postgres(source):  # read at connect by the engine (dpsql.sources, docs/sources.md)
+        try:
+            parse_postgres(source)
+        except SourceSyntaxError as exc:
+            raise rep.fail(f"{key}.source", str(exc), exc.hint) from None
+    elif engine == "spark" and "://" in source:
         pass  # a URI Spark reads itself (s3a://, hdfs://, file://), checked when it loads
+    elif is_remote(source):
+        pass  # s3:// or https://: DuckDB's httpfs reads it at connect, or the engine refuses
     elif source.lower().rstrip("/").endswith(FILE_SUFFIXES):
         source_path = (base / source).resolve()
         # Spark also reads directories of part files (how it writes Parquet).
-        if not (source_path.is_file() or (engine == "spark" and source_path.is_dir())):
+        if is_glob(source):
+            if engine == "spark":
+                raise rep.fail(
+                    f"{key}.source",
+                    "the Spark engine reads a directory of part files, not a glob",
+                    "point source at the directory, or use the DuckDB engine",
+                )
+            if not glob_files(source_path):
+                raise rep.fail(
+                    f"{key}.source",
+                    f"no file matches {str(source_path)!r}",
+                    "fix the pattern (it is relative to the policy file)",
+                )
+        elif not (source_path.is_file() or (engine == "spark" and source_path.is_dir())):
             raise rep.fail(
                 f"{key}.source",
                 f"file {str(source_path)!r} does not exist",

@@ -34,6 +34,7 @@ from dpsql.curation.source import (
     sql_string,
 )
 from dpsql.policy import ColumnPolicy, Policy, TablePolicy
+from dpsql.sources import display_source, is_glob, is_postgres, is_remote
 
 SQL_TYPES = {
     "int": "BIGINT",
@@ -114,6 +115,12 @@ def check_policy(path: str | Path, database: str | None = None) -> Report:
 
 def _source_of(policy: Policy, table: TablePolicy, db: Path | None) -> Source | str:
     """The table's Source, or why it is not checked."""
+    if is_postgres(table.source):
+        return "a PostgreSQL table: read by the engine load below (docs/sources.md)"
+    if is_remote(table.source) and policy.engine.name == "duckdb":
+        return "a remote path: read by the engine load below (docs/sources.md)"
+    if table.source_path is not None and is_glob(table.source):
+        return "a glob of files: read by the engine load below (docs/sources.md)"
     if table.source_path is not None:
         if table.source_path.is_dir():
             return "a directory of part files (read by Spark): not checked here"
@@ -128,10 +135,11 @@ def _source_of(policy: Policy, table: TablePolicy, db: Path | None) -> Source | 
 def _check_table(policy: Policy, table: TablePolicy, db: Path | None) -> TableCheck:
     src = _source_of(policy, table, db)
     if isinstance(src, str):
-        where = table.source if src else f"table {table.source!r} of --database (not given)"
+        shown = display_source(table.source)
+        where = shown if src else f"table {table.source!r} of --database (not given)"
         tc = TableCheck(table.name, where)
         if src:
-            tc.add("note", None, f"source {table.source!r} is {src}")
+            tc.add("note", None, f"source {shown!r} is {src}")
         else:
             tc.add(
                 "error",

@@ -18,11 +18,26 @@ import duckdb
 import numpy as np
 import sqlglot
 
-from dpsql.engine import columnar, prepared
-from dpsql.engine.versions import SourceVersions, file_version, table_digest_sql, table_version
+from dpsql.engine import columnar, postgres_source, prepared
 from dpsql.engine.api import EngineResult, QueryHandle, canonical_rows, with_extras
+from dpsql.engine.versions import (
+    SourceVersions,
+    file_version,
+    files_version,
+    identity,
+    table_digest_sql,
+    table_version,
+)
 from dpsql.errors import OperationalError, PolicyError
 from dpsql.policy import Policy, TablePolicy
+from dpsql.sources import (
+    display_source,
+    glob_files,
+    is_glob,
+    is_postgres,
+    is_remote,
+    parse_postgres,
+)
 from dpsql.sql.compile import CompiledQuery, render
 from dpsql.sql.domains import SQL_TYPES
 from dpsql.sql.identifiers import quote_ident as _q
@@ -178,10 +193,45 @@ class DuckDBEngine:
             for c in table.columns.values()
         )
 
+    def _remote(self, table: TablePolicy, where: str) -> str:
+        """An s3:// or https:// source: read now through DuckDB's httpfs extension into a
+        table (after sealing no network is reachable), or refused when httpfs is missing."""
+        try:
+            self._con.execute("LOAD httpfs")
+        except duckdb.Error:
+            raise PolicyError(
+                f"{where}: {table.source!r} needs DuckDB's httpfs extension, which is not "
+                "installed here (DuckDB downloads extensions from the internet)",
+                construct=where,
+                hint="download the files and point source at them (a glob such as "
+                "data/part-*.parquet reads several), or run INSTALL httpfs once in DuckDB "
+                "where the network is reachable",
+            ) from None
+        text = _sql_string(table.source)
+        if table.source.lower().rstrip("/").endswith(".parquet"):
+            return f"read_parquet({text})"
+        return f"read_csv({text}, header = true, all_varchar = true, auto_detect = true)"
+
     def _load(self, table: TablePolicy, attached: bool, database: str, allowed: list[str]) -> None:
         where = f"tables.{table.name}.source"
         path = table.source_path
-        if path is None:
+        relation: str | None = None  # None: the table is created and filled here
+        if is_postgres(table.source):
+            # Read now, before the connection is sealed: a snapshot per start, never live.
+            self.versions[table.name] = postgres_source.load(
+                self._con,
+                table.name,
+                parse_postgres(table.source),
+                [(c.name, SQL_TYPES[c.type]) for c in table.columns.values()],
+                where,
+                version=table.version,
+            )
+            kind = "TABLE"
+        elif is_remote(table.source):
+            relation = self._remote(table, where)
+            self.versions[table.name] = table.version or ""  # digest: after the table exists
+            kind = "TABLE"
+        elif path is None:
             if not attached:
                 raise PolicyError(
                     f"{where}: {table.source!r} is not a CSV/Parquet file and no database was "
@@ -204,6 +254,28 @@ class DuckDBEngine:
             self.versions[table.name] = table.version or ""  # digest: after the view exists
             kind = "VIEW"
             self._small = False
+        elif is_glob(table.source):
+            # A glob: expanded once, here; the files listed now are read (docs/sources.md).
+            files = glob_files(path)
+            listed = "[" + ", ".join(_sql_string(str(f)) for f in files) + "]"
+            if path.name.lower().endswith(".parquet"):
+                relation = f"read_parquet({listed}, union_by_name = true)"
+                allowed.extend(str(f) for f in files)
+                if table.version:
+                    self.versions[table.name] = table.version
+                else:
+                    self._versions.watch_files(table.name, files)  # re-checked on each read
+                kind = "VIEW"
+                self._small = False
+            else:
+                relation = (
+                    f"read_csv({listed}, header = true, all_varchar = true, "
+                    "auto_detect = true, union_by_name = true)"
+                )
+                self.versions[table.name] = table.version or files_version(
+                    files, [identity(f) for f in files]
+                )
+                kind = "TABLE"
         elif path.name.lower().endswith(".parquet"):
             relation = f"read_parquet({_sql_string(str(path))})"
             allowed.append(str(path))
@@ -221,23 +293,28 @@ class DuckDBEngine:
             self.versions[table.name] = table.version or file_version(path)
             kind = "TABLE"
         try:
-            self._con.execute(
-                f"CREATE {kind} {_q(table.name)} AS SELECT "
-                f"{self._select_list(table, lazy=kind == 'VIEW')} "
-                f"FROM {relation}"
-            )
+            if relation is not None:
+                self._con.execute(
+                    f"CREATE {kind} {_q(table.name)} AS SELECT "
+                    f"{self._select_list(table, lazy=kind == 'VIEW')} "
+                    f"FROM {relation}"
+                )
             self._con.execute(f"SELECT * FROM {_q(table.name)} LIMIT 0").fetchall()
-            if path is None and not table.version:  # an attached table: a digest at connect
+            if relation is not None and path is None and not table.version:
+                # an attached or remote table: a digest of its rows at connect
                 digest = self._con.execute(
                     table_digest_sql(_q(table.name), [_q(c) for c in table.columns])
                 ).fetchone()
-                self.versions[table.name] = table_version(database, digest or ())
+                self.versions[table.name] = table_version(
+                    table.source if is_remote(table.source) else database, digest or ()
+                )
             count = None
             if kind == "TABLE" and self.policy.engine.small_tables != "sql":
                 count = self._con.execute(f"SELECT count(*) FROM {_q(table.name)}").fetchone()
         except duckdb.Error as exc:
             raise PolicyError(
-                f"{where}: cannot load {table.source!r} with the declared columns: "
+                f"{where}: cannot load {display_source(table.source)!r} with the declared "
+                f"columns: "
                 f"{_describe_load_error(exc)}",
                 construct=where,
                 hint="check that every declared column exists in the source with that type",

@@ -41,6 +41,7 @@ from dpsql.engine.api import EngineResult, QueryHandle, canonical_rows, with_ext
 from dpsql.engine.duckdb_engine import _file_digest
 from dpsql.errors import OperationalError, PolicyError
 from dpsql.policy import FILE_SUFFIXES, Policy, TablePolicy
+from dpsql.sources import is_postgres
 from dpsql.sql.compile import CompiledQuery, render
 
 SPARK_TYPES = {
@@ -302,6 +303,13 @@ class SparkEngine:
     def _load(self, table: TablePolicy) -> None:
         where = f"tables.{table.name}.source"
         source = table.source
+        if is_postgres(source):
+            raise PolicyError(
+                f"{where}: the Spark engine does not read a PostgreSQL source",
+                construct=where,
+                hint='use the DuckDB engine ([engine] name = "duckdb"), or export the table to '
+                "Parquet and point source at it",
+            )
         fmt = _file_format(source) if (table.source_path or _is_uri(source)) else None
         if table.source_path is not None or _is_uri(source):
             if fmt is None:

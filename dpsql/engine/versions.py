@@ -17,6 +17,15 @@ the engine would read changes:
   database file (and its ``.wal``) with a digest of the table's declared columns computed at
   connect (row count and two order-independent sums of row hashes): one full read of each
   table at start-up, on the operator's side.
+- **Globs** of local files (``data/part-*.parquet``) are expanded once, at connect; files
+  added or removed later are seen at the next start. Their version is a digest over the
+  sorted list's (path, size, mtime in ns, SHA-256 of the content): ``glob:N:sha256``. A CSV
+  glob is loaded into a table and keeps its version; a Parquet glob is a view over the listed
+  files, each of whose identity is checked on every read of the version, as for one file.
+- **PostgreSQL tables** are read at connect (one read-only snapshot) into a table; their
+  version is ``pg:`` and a digest of the location and of the loaded rows (row count and two
+  order-independent sums of row hashes), computed at connect: it changes when any row of the
+  declared columns changes, and is fixed until the next start (docs/sources.md).
 - A **declared** ``version`` in the policy is used as it is: the operator's word that the data
   is the same (no file is checked).
 
@@ -33,6 +42,7 @@ import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 #: The version of a watched file that cannot be read right now (being replaced, removed).
 UNAVAILABLE = "unavailable"
@@ -68,6 +78,21 @@ def file_version(path: Path | str, ident: tuple[int, int] | None = None) -> str:
     return f"{content}@{ident[0]}:{ident[1]}"
 
 
+def files_version(paths: Sequence[Path], idents: Sequence[tuple[int, int] | None]) -> str:
+    """A glob's version: a digest over the sorted list of (path, size, mtime in ns, SHA-256 of
+    the content); a file added, removed, rewritten or touched changes it."""
+    digest = hashlib.sha256()
+    for path, ident in sorted(zip(paths, idents, strict=True)):
+        if ident is None:
+            return UNAVAILABLE
+        try:
+            content = file_digest(path)
+        except OSError:
+            return UNAVAILABLE
+        digest.update(repr((str(path), ident[1], ident[0], content)).encode())
+    return f"glob:{len(paths)}:{digest.hexdigest()}"
+
+
 def database_identity(database: str) -> str:
     """The identity of a DuckDB database file and its write-ahead log (if any)."""
     parts = []
@@ -97,22 +122,37 @@ def table_version(database: str, digest_row: Sequence[object]) -> str:
 class SourceVersions(dict[str, str]):
     """table name -> data version; a watched (lazily read) file is re-checked on each read.
 
-    ``get`` and ``[]`` stat each watched file and, when its identity moved, hash it again and
-    update the version (under a lock: one thread hashes, the others wait for its result).
-    Assigning a version (tests, the Spark engine) replaces it until the file moves again.
+    ``get`` and ``[]`` stat each watched file (or each file of a watched glob) and, when an
+    identity moved, hash again and update the version (under a lock: one thread hashes, the
+    others wait for its result). Assigning a version (tests, the Spark engine) replaces it
+    until a file moves again.
     """
 
     def __init__(self) -> None:
         super().__init__()
-        self._watched: dict[str, tuple[Path, tuple[int, int] | None]] = {}
+        # name -> (its files, their identities when hashed, whether it is a glob's list)
+        self._watched: dict[str, tuple[tuple[Path, ...], tuple[Any, ...], bool]] = {}
         self._lock = threading.Lock()
+
+    @staticmethod
+    def _version(paths: tuple[Path, ...], idents: tuple[Any, ...], many: bool) -> str:
+        if many:
+            return files_version(paths, idents)
+        return file_version(paths[0], idents[0]) if idents[0] is not None else UNAVAILABLE
 
     def watch(self, name: str, path: Path) -> str:
         """Version ``name`` by the file at ``path`` from now on; returns its version."""
-        ident = identity(path)
-        version = file_version(path, ident)
+        return self._watch(name, (path,), many=False)
+
+    def watch_files(self, name: str, paths: Sequence[Path]) -> str:
+        """Version ``name`` by a glob's files (:func:`files_version`); returns its version."""
+        return self._watch(name, tuple(paths), many=True)
+
+    def _watch(self, name: str, paths: tuple[Path, ...], *, many: bool) -> str:
+        idents = tuple(identity(p) for p in paths)
+        version = self._version(paths, idents, many)
         with self._lock:
-            self._watched[name] = (path, ident)
+            self._watched[name] = (paths, idents, many)
             super().__setitem__(name, version)
         return version
 
@@ -120,20 +160,19 @@ class SourceVersions(dict[str, str]):
         watched = self._watched.get(name)
         if watched is None:
             return
-        path, known = watched
-        ident = identity(path)
-        if ident == known:
+        paths, known, many = watched
+        if tuple(identity(p) for p in paths) == known:
             return
         with self._lock:
-            path, known = self._watched[name]
-            ident = identity(path)
-            if ident == known:
+            paths, known, many = self._watched[name]
+            idents = tuple(identity(p) for p in paths)
+            if idents == known:
                 return  # another thread hashed it meanwhile
-            version = file_version(path, ident) if ident is not None else UNAVAILABLE
-            if version != UNAVAILABLE and identity(path) != ident:
+            version = self._version(paths, idents, many)
+            if version != UNAVAILABLE and tuple(identity(p) for p in paths) != idents:
                 version = UNAVAILABLE  # still being written: hash it again next time
-                ident = None
-            self._watched[name] = (path, ident)
+                idents = (None,) * len(paths)
+            self._watched[name] = (paths, idents, many)
             super().__setitem__(name, version)
 
     def get(self, name: str, default: str | None = None) -> str | None:  # type: ignore[override]
