@@ -445,8 +445,14 @@ def test_sigkill_at_random_points_never_overspends(tmp_path: Path) -> None:
             assert group.spent == members and group.budget.covers(group.spent)
             assert dataset.spent == members + logged.get("carol", Cost())
             assert dataset.budget.covers(dataset.spent)
-    with SQLiteLedger(path) as led:  # the caps were reached: the kills lost nothing
+    with SQLiteLedger(path) as led:  # filled up after the kills: exactly the cap, no more
+        while True:
+            try:
+                charge(led, "carol", STEP, KILL_DEFAULT, "fill")
+            except BudgetExhaustedError:
+                break
         assert led.limits("carol", "ds", KILL_DEFAULT)[-1].spent == Cost(1.5)
+        assert led.verify() == []
 
 
 # -- SHOW budget and the curator page --------------------------------------------------------------
