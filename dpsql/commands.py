@@ -91,6 +91,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_help)
 
     p = sub.add_parser(
+        "schema",
+        help="print the privacy policy's JSON Schema (for editors: dpsql help readme)",
+        description="Print the JSON Schema of a privacy policy, generated from the model that "
+        "validates it (dpsql.policy_schema; installed as dpsql/policy.schema.json). Editors "
+        "that read TOML schemas (taplo, Even Better TOML) use it through a first line "
+        "'#:schema ./policy.schema.json' in the policy.",
+    )
+    p.set_defaults(handler=_schema)
+
+    p = sub.add_parser(
         "prepare",
         help="build (or reuse) each table's prepared store for its data version",
         description="Build the derived layout the bounded plans use (dpsql.engine.prepared; "
@@ -302,6 +312,13 @@ def _help(args: argparse.Namespace) -> int:
             print(f"  {topic:14}  {helpdocs.title(doc)}")
         return 0
     sys.stdout.write(doc_text(args.topic))
+    return 0
+
+
+def _schema(args: argparse.Namespace) -> int:
+    from dpsql.policy_schema import schema_text
+
+    sys.stdout.write(schema_text())
     return 0
 
 
