@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 
 import dpsql
+from dpsql.server.connections import limits_from_policy_file
 from dpsql.server.fairness import (
     Abandoned,
     FairnessError,
     FairnessLimits,
     FairScheduler,
-    limits_from_policy_file,
 )
 from dpsql.server.server import Server, ServerThread
 from dpsql.server.testing import RawClient, cancel_request

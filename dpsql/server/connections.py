@@ -159,6 +159,13 @@ def server_settings_from_policy_file(path: str | Path) -> tuple[FairnessLimits, 
     return server_settings_from_section(data.get("server", {}), f"policy file {str(path)!r}")
 
 
+def limits_from_policy_file(path: str | Path) -> FairnessLimits:
+    """The scheduler's part of a policy file's ``[server]`` table (the defaults when it has
+    none); the table's connection limits are read and checked with it, here, so that the
+    scheduler (dpsql.server.fairness) imports nothing of the connection layer above it."""
+    return server_settings_from_policy_file(path)[0]
+
+
 class LoginThrottle:
     """Failed-login counts per address and per login name, and the delay they earn.
 

@@ -126,15 +126,6 @@ class FairnessLimits:
             raise FairnessError(f"{where}: {exc.message}", "22023") from None
 
 
-def limits_from_policy_file(path: str | Any) -> FairnessLimits:
-    """The scheduler's part of a policy file's ``[server]`` table (the defaults when it has
-    none). The table also holds the connection limits; both are read and checked together by
-    :func:`dpsql.server.connections.server_settings_from_policy_file`."""
-    from dpsql.server.connections import server_settings_from_policy_file
-
-    return server_settings_from_policy_file(path)[0]
-
-
 class Abandoned(Exception):
     """A statement stopped waiting for its turn (cancel request or statement timeout)."""
 
