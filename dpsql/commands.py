@@ -229,8 +229,23 @@ def print_rows(names: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str, ou
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(names)
         writer.writerows(["" if v is None else tidy(v) for v in r] for r in rows)
+    elif fmt == "expanded":  # the shell's \x
+        from dpsql.terminal import render_expanded
+
+        render_expanded(names, rows, out, footer=True)
+    elif _isatty(out):  # a person reads it: fit the terminal's width (dpsql.terminal)
+        from dpsql.terminal import render_fit
+
+        render_fit(names, rows, out, footer=True)
     else:
         render(names, rows, out, footer=True)
+
+
+def _isatty(out: TextIO) -> bool:
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def error_text(exc: Error) -> str:
@@ -323,12 +338,13 @@ def _schema(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    """dpsql prepare: one progress line per step on stderr, one line per store on stdout."""
+    """dpsql prepare: progress on stderr (a bar over the tables in a terminal, else one line
+    per step: dpsql.terminal.step_progress), one line per store on stdout."""
     import dataclasses
-    import time
 
     from dpsql.engine.duckdb_engine import DuckDBEngine
     from dpsql.policy import load_policy
+    from dpsql.terminal import step_progress
 
     engine: Any
     try:
@@ -337,17 +353,14 @@ def _prepare(args: argparse.Namespace) -> int:
         policy = dataclasses.replace(
             policy, engine=dataclasses.replace(policy.engine, prepared=mode)
         )
-        started = time.perf_counter()
+        steps = [name for name, table in policy.tables.items() if not table.public]
+        with step_progress(sys.stderr, steps) as progress:
+            if policy.engine.name == "spark":  # Parquet next to the ledger, or a cached view
+                from dpsql.engine.spark_engine import SparkEngine
 
-        def progress(text: str) -> None:
-            print(f"[{time.perf_counter() - started:7.1f} s] {text}", file=sys.stderr, flush=True)
-
-        if policy.engine.name == "spark":  # Parquet next to the ledger, or a cached view
-            from dpsql.engine.spark_engine import SparkEngine
-
-            engine = SparkEngine(policy, progress=progress)
-        else:
-            engine = DuckDBEngine(policy, args.database, progress=progress)
+                engine = SparkEngine(policy, progress=progress)
+            else:
+                engine = DuckDBEngine(policy, args.database, progress=progress)
     except Error as exc:
         print(error_text(exc), file=sys.stderr)
         return 1

@@ -1,8 +1,12 @@
-"""``dpsql shell``: an interactive session over one connection, with readline history.
+"""``dpsql shell``: an interactive session over one connection.
 
 Statements end with ``;`` and may span lines. Backslash commands: ``\\q`` quits, ``\\d`` lists
-the policy's tables, ``\\d TABLE`` its columns, ``\\?`` lists the commands. History is kept in
-``$DPSQL_HISTORY`` (default ``~/.dpsql_history``); piped input runs the same way, unprompted.
+the policy's tables, ``\\d TABLE`` its columns, ``\\x`` toggles expanded rows, ``\\?`` lists the
+commands. In a terminal the prompt is prompt_toolkit's: Tab completes the tables, columns and
+functions this analyst may use (the policy's access rules decide, as in ``\\d``), and history
+is kept in ``$DPSQL_HISTORY`` (default: ``shell_history`` in the user's data directory, from
+platformdirs). Results are drawn to the terminal's width (dpsql.terminal). Piped input runs
+the same loop, unprompted, with the plain table style.
 """
 
 from __future__ import annotations
@@ -24,13 +28,95 @@ HELP = """\
   SQL ending with ;   run it (SELECT ..., SET epsilon = 0.5, SHOW budget, EXPLAIN ...)
   \\d                  the policy's tables
   \\d TABLE            a table's columns, bounds and public domains
+  \\x                  expanded rows on/off (one line per column, for wide results)
   \\q                  quit (or Ctrl-D)
   \\?                  this list
 The SQL grammar: dpsql help grammar."""
 
 
+# Completed besides the policy's names: dpsql's aggregates and functions, and SQL keywords.
+FUNCTIONS = (
+    "COUNT", "SUM", "AVG", "MIN", "MAX", "MEDIAN", "PERCENTILE_CONT", "PERCENTILE_DISC",
+    "VARIANCE", "VAR_POP", "VAR_SAMP", "STDDEV", "STDDEV_POP", "STDDEV_SAMP", "HISTOGRAM",
+    "dp_interval_low", "dp_interval_high", "dp_suppression_probability",
+    "FLOOR", "CEIL", "ROUND", "ABS", "COALESCE", "CAST", "EXTRACT", "DATE_TRUNC",
+)  # fmt: skip
+KEYWORDS = (
+    "SELECT", "FROM", "WHERE", "GROUP BY", "ORDER BY", "HAVING", "LIMIT", "AS", "AND", "OR",
+    "NOT", "IN", "BETWEEN", "IS NULL", "CASE", "WHEN", "THEN", "ELSE", "END", "DISTINCT",
+    "JOIN", "LEFT JOIN", "ON", "WITH", "EXPLAIN", "SET epsilon =", "SHOW budget",
+)  # fmt: skip
+
+
 def history_path() -> Path:
-    return Path(os.environ.get("DPSQL_HISTORY") or Path.home() / ".dpsql_history")
+    """``$DPSQL_HISTORY``, else ``shell_history`` in the user's data directory."""
+    if os.environ.get("DPSQL_HISTORY"):
+        return Path(os.environ["DPSQL_HISTORY"])
+    from platformdirs import user_data_path
+
+    return user_data_path("dpsql", appauthor=False) / "shell_history"
+
+
+def completion_words(conn: Any) -> tuple[dict[str, list[str]], tuple[str, ...]]:
+    """(table -> its columns, functions and keywords): what this analyst may name, as the
+    policy's access rules show it (dpsql.access.visible_tables)."""
+    from dpsql.access import visible_tables
+
+    return visible_tables(conn.service.policy, conn.analyst), FUNCTIONS + KEYWORDS
+
+
+def completer(conn: Any) -> Any:
+    """A prompt_toolkit completer of the tables, columns and functions ``conn`` may use:
+    ``TABLE.`` completes that table's columns; otherwise any name, case-insensitively."""
+    from prompt_toolkit.completion import Completer, Completion
+
+    tables, words = completion_words(conn)
+    columns = sorted({c for cols in tables.values() for c in cols})
+
+    class PolicyCompleter(Completer):
+        def get_completions(self, document: Any, complete_event: Any) -> Any:
+            word = document.get_word_before_cursor(WORD=True)
+            head, dot, partial = word.rpartition(".")
+            if dot and head.lower() in tables:
+                candidates: list[tuple[str, str]] = [
+                    (c, f"{head.lower()} column") for c in tables[head.lower()]
+                ]
+            else:
+                partial = word.lstrip("(,")
+                candidates = [
+                    *((t, "table") for t in tables),
+                    *((c, "column") for c in columns),
+                    *((w, "function" if w in FUNCTIONS else "keyword") for w in words),
+                ]
+            low = partial.lower()
+            for text, meta in candidates:
+                if text.lower().startswith(low) and text.lower() != low:
+                    yield Completion(text, start_position=-len(partial), display_meta=meta)
+
+    return PolicyCompleter()
+
+
+def prompt_reader(conn: Any, *, input: Any = None, output: Any = None) -> Callable[[str], str]:
+    """``read(prompt)`` on a prompt_toolkit session: completion from the policy, a history
+    file. Raises EOFError on Ctrl-D and KeyboardInterrupt on Ctrl-C, as input() does."""
+    from prompt_toolkit import PromptSession
+    from prompt_toolkit.history import FileHistory, InMemoryHistory
+
+    history: Any
+    try:
+        path = history_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        history = FileHistory(str(path))
+    except OSError:
+        history = InMemoryHistory()
+    session: Any = PromptSession(
+        completer=completer(conn),
+        history=history,
+        complete_while_typing=False,
+        input=input,
+        output=output,
+    )
+    return lambda prompt: session.prompt(prompt)
 
 
 @contextlib.contextmanager
@@ -104,13 +190,17 @@ def run(
 
     out, err = out or sys.stdout, err or sys.stderr
     interactive = read is None and sys.stdin.isatty()
-    if read is None:
+    history = interactive
+    if read is None and interactive and sys.stdout.isatty():
+        read, history = prompt_reader(conn), False  # prompt_toolkit keeps its own history
+    elif read is None:
         read = input if interactive else _reader(sys.stdin)
     if interactive:
         print(f"dpsql shell as {conn.analyst!r}: \\? for help, \\q to quit", file=err)
     cur = conn.cursor()
     buffer = ""
-    with _history(interactive):
+    expanded = False
+    with _history(history):
         while True:
             try:
                 line = read(MORE if buffer else PROMPT)
@@ -128,6 +218,9 @@ def run(
                     return 0
                 if word == "\\d":
                     describe_tables(conn, rest.strip() or None, out)
+                elif word == "\\x":
+                    expanded = {"on": True, "off": False}.get(rest.strip().lower(), not expanded)
+                    print(f"Expanded display is {'on' if expanded else 'off'}.", file=out)
                 else:
                     print(HELP, file=out)
                 continue
@@ -143,7 +236,7 @@ def run(
                         cur,
                         statement.text.strip(),
                         analyst=conn.analyst,
-                        fmt=args.format,
+                        fmt="expanded" if expanded and args.format == "table" else args.format,
                         intervals=args.intervals,
                         out=out,
                         err=err,
