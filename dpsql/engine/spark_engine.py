@@ -38,7 +38,7 @@ from sqlglot import exp
 
 from dpsql.engine import prepared
 from dpsql.engine.api import EngineResult, QueryHandle, canonical_rows, with_extras
-from dpsql.engine.duckdb_engine import _file_digest
+from dpsql.engine.versions import file_version
 from dpsql.errors import OperationalError, PolicyError
 from dpsql.policy import FILE_SUFFIXES, Policy, TablePolicy
 from dpsql.sources import is_postgres
@@ -323,7 +323,9 @@ class SparkEngine:
             if table.source_path is not None:
                 local = table.source_path
                 self.versions[table.name] = table.version or (
-                    _dir_digest(local) if local.is_dir() else _file_digest(local)
+                    # a file's version is the DuckDB engine's (engine/versions.py), so the
+                    # answer cache, keyed by data version, is shared across engines
+                    _dir_digest(local) if local.is_dir() else file_version(local)
                 )
             else:
                 self.versions[table.name] = table.version or ""
