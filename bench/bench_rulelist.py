@@ -135,8 +135,11 @@ def main() -> None:
     print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores, {args.mechanism}")
     print("| rows | patterns | candidates | patterns s | counter s | learn s | peak RSS MB |")
     print("|---|---|---|---|---|---|---|")
-    for card in (int(c) for c in args.cards.split(",")):
-        for n in (int(r) for r in args.rows.split(",")):
+    from dpsql.terminal import fit_progress
+
+    grid = [(int(card), int(n)) for card in args.cards.split(",") for n in args.rows.split(",")]
+    with fit_progress(len(grid), "grid", True) as advance:  # a bar on a terminal's stderr
+        for card, n in grid:
             cmd = [sys.executable, __file__, "--child", str(n), str(card)]
             cmd += ["--mechanism", args.mechanism]
             if args.adult:
@@ -147,6 +150,7 @@ def main() -> None:
                 f"{out['patterns_s']:.3f} | {out['counter_s']:.3f} | {out['learn_s']:.3f} | "
                 f"{out['peak_rss_mb']:.0f} |"
             )
+            advance()
     print(f"load average after {os.getloadavg()[0]:.2f}")
 
 

@@ -124,3 +124,21 @@ def step_progress(
 
         yield update
         bar.update(task, completed=max(1, len(steps)), description="done")
+
+
+@contextmanager
+def fit_progress(total: int, description: str, enabled: bool) -> Iterator[Callable[[], None]]:
+    """An ``advance()`` callback for a loop of ``total`` steps (a DP-SGD fit, a benchmark
+    grid): a rich bar on stderr when ``enabled`` and stderr is a terminal, else a no-op."""
+    import sys
+
+    if not enabled or not sys.stderr.isatty():
+        yield lambda: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    with Progress(
+        description, BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=True
+    ) as bar:
+        task = bar.add_task(description, total=total)
+        yield lambda: bar.advance(task)

@@ -163,3 +163,63 @@ def test_dpsql_prepare_reports_progress(tmp_path, capsys):
     captured = capsys.readouterr()
     assert re.search(r"\[\s+\d+\.\d s\] visits: building the prepared store", captured.err)
     assert captured.out.startswith("visits\tbuilt\t")
+
+
+def test_fit_progress_is_a_noop_off_a_terminal_and_counts_on_one(monkeypatch):
+    """Regression fits (verbose=True) and benchmark grids report progress through
+    terminal.fit_progress: nothing when stderr is not a terminal, one advance per step."""
+    import io
+
+    import rich.progress
+
+    from dpsql.terminal import fit_progress
+
+    with fit_progress(3, "DP-SGD", True) as advance:  # pytest's stderr is not a terminal
+        advance()
+    advanced = []
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True)
+    monkeypatch.setattr(rich.progress.Progress, "advance", lambda self, task: advanced.append(task))
+    with fit_progress(3, "DP-SGD", True) as advance:
+        for _ in range(3):
+            advance()
+    assert len(advanced) == 3
+    with fit_progress(3, "DP-SGD", False) as advance:
+        advance()
+    assert len(advanced) == 3
+
+
+def test_a_verbose_dpsgd_fit_advances_once_per_step(monkeypatch):
+    import numpy as np
+
+    from dpsql import terminal
+    from dpsql.models.regression import DPLogisticRegression
+
+    steps = []
+
+    class Bar:
+        def __init__(self, total, description, enabled):
+            assert total == 7 and enabled
+
+        def __enter__(self):
+            return lambda: steps.append(1)
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr("dpsql.models.regression.fit_progress", Bar)
+    rng = np.random.default_rng(0)
+    X = rng.random((200, 2))
+    y = (X[:, 0] > 0.5).astype(int)
+    model = DPLogisticRegression(
+        epsilon=1.0,
+        delta=1e-5,
+        bounds=([0, 0], [1, 1]),
+        steps=7,
+        sample_rate=0.1,
+        random_state=0,
+        verbose=True,
+    )
+    model.fit(X, y)
+    assert len(steps) == 7
+    assert terminal.fit_progress is not Bar

@@ -23,6 +23,7 @@ from dpsql.models import dpsgd
 from dpsql.models import sufficient_stats as ss
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.samplers import NoiseSource, SecureNoise, SeededNoise
+from dpsql.terminal import fit_progress
 
 KINDS = ("linear_regression", "logistic_regression")
 METHODS = ("sufficient_stats", "dpsgd")
@@ -279,6 +280,7 @@ class DPLinearRegression(_Params):
         l2: float = 1e-4,
         rows_per_unit: int = 1,
         random_state: int | None = None,
+        verbose: bool = False,
     ) -> None:
         self.epsilon = epsilon
         self.delta = delta
@@ -295,6 +297,7 @@ class DPLinearRegression(_Params):
         self.l2 = l2
         self.rows_per_unit = rows_per_unit
         self.random_state = random_state
+        self.verbose = verbose
 
     def fit(self, X: Any, y: Any, groups: Any = None) -> DPLinearRegression:
         if self.method not in METHODS:
@@ -327,7 +330,10 @@ class DPLinearRegression(_Params):
             self.n_noisy_ = float(xtx[0, 0])
         else:
             plan = dpsgd.plan_dpsgd(self._dpsgd_config(delta))
-            w, self.n_noisy_ = dpsgd.train_dpsgd(plan, "squared", Z, ys, rows, source)
+            with fit_progress(plan.config.steps, "DP-SGD", self.verbose) as advance:
+                w, self.n_noisy_ = dpsgd.train_dpsgd(
+                    plan, "squared", Z, ys, rows, source, check=advance
+                )
         b0, bc = unscale(w, lo, hi, label)
         self.intercept_, self.coef_ = float(b0[0]), bc[0]
         self.mechanism_ = plan
@@ -371,6 +377,7 @@ class DPLogisticRegression(_Params):
         l2: float = 1e-4,
         rows_per_unit: int = 1,
         random_state: int | None = None,
+        verbose: bool = False,
     ) -> None:
         self.epsilon = epsilon
         self.delta = delta
@@ -382,6 +389,7 @@ class DPLogisticRegression(_Params):
         self.l2 = l2
         self.rows_per_unit = rows_per_unit
         self.random_state = random_state
+        self.verbose = verbose
 
     def fit(self, X: Any, y: Any, groups: Any = None) -> DPLogisticRegression:
         X, lo, hi, rows, _ = self._prepare(X, groups)
@@ -393,9 +401,10 @@ class DPLogisticRegression(_Params):
         y01 = (y == classes[1]).astype(np.float64)
         delta = self._delta(int((rows >= 0).sum()))
         plan = dpsgd.plan_dpsgd(self._dpsgd_config(delta))
-        w, self.n_noisy_ = dpsgd.train_dpsgd(
-            plan, "logistic", design(X, lo, hi), y01, rows, self._source()
-        )
+        with fit_progress(plan.config.steps, "DP-SGD", self.verbose) as advance:
+            w, self.n_noisy_ = dpsgd.train_dpsgd(
+                plan, "logistic", design(X, lo, hi), y01, rows, self._source(), check=advance
+            )
         b0, bc = unscale(w, lo, hi, None)
         self.intercept_, self.coef_ = float(b0[0]), bc[0]
         self.mechanism_ = plan
