@@ -219,3 +219,23 @@ def test_concurrent_builds_and_cleanups(tmp_path: Path):
     for t in threads:
         t.join()
     assert errors == []
+
+
+def test_the_engine_spills_into_a_private_directory_removed_on_close():
+    """Without a disk store too, DuckDB's out-of-core copies of private rows go to a 0700
+    directory of their own (not .tmp in the current directory with the umask's mode), removed
+    when the engine closes."""
+    import os
+
+    from conftest import fixture_policy
+
+    import dpsql
+    from dpsql.privacy.ledger import MemoryLedger
+
+    service = dpsql.Service(fixture_policy(), ledger=MemoryLedger())
+    engine = service.engine
+    spill = engine._spill
+    assert os.stat(spill).st_mode & 0o777 == 0o700
+    assert engine._con.execute("SELECT current_setting('temp_directory')").fetchone()[0] == spill
+    service.close()
+    assert not os.path.exists(spill)

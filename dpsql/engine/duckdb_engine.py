@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -75,6 +77,11 @@ class DuckDBEngine:
     ) -> None:
         self.policy = policy
         self._con = duckdb.connect(":memory:")
+        # DuckDB spills out-of-core work (copies of private rows) to .tmp in the current
+        # directory, with the umask's mode: a private 0700 directory instead, removed on close
+        # (a disk store moves it into the store directory: dpsql.engine.store_files)
+        self._spill = tempfile.mkdtemp(prefix="dpsql-spill-")
+        self._con.execute(f"SET temp_directory = '{self._spill.replace(chr(39), chr(39) * 2)}'")
         # table -> data version; Parquet files re-checked on every read (engine/versions.py)
         self._versions = SourceVersions()
         self.versions: dict[str, str] = self._versions
@@ -432,6 +439,7 @@ class DuckDBEngine:
             prepared.unregister(info)
         self.stores = []
         self._con.close()
+        shutil.rmtree(self._spill, ignore_errors=True)
 
 
 def _describe_load_error(exc: Exception) -> str:
