@@ -69,6 +69,7 @@ from dpsql.sql.bind import (
     RuleListCall,
     SettingStatement,
     TransactionStatement,
+    parse_probe,
     parse_statement,
 )
 from dpsql.sql.compile import CompiledQuery, compile_clip_histograms, compile_plan
@@ -79,11 +80,18 @@ from dpsql.sql.typecheck import (
     BOOLEAN_TYPES,
     ShadowTypes,
     lower_key,
+    relation_types,
     released_key_type,
     type_query,
 )
 
 _log = logging.getLogger("dpsql.service")
+
+# What a column probe's answer says (dpsql.sql.bind.parse_probe): its columns, never a row.
+PROBE_NOTE = (
+    "dpsql never releases rows: this row-level query is answered with its columns only "
+    "(aggregate it to see data)"
+)
 
 # Re-exported: front doors and tests import these from here.
 __all__ = [
@@ -287,6 +295,8 @@ class Service:
             return self._run(prepared, analyst, handle, settings.confidence)
         if (prepared := self._from_text(key, text, parameters, settings, analyst)) is not None:
             return self._run(prepared, analyst, handle, settings.confidence)
+        if (probe := self._probe(text, parameters, settings, analyst)) is not None:
+            return probe
         statement = self._parse(text, parameters, analyst, settings.dialect)
         _not_cancelled(handle)  # statement_timeout / cancel reach planning, between its phases
         if isinstance(statement, SettingStatement):
@@ -343,6 +353,27 @@ class Service:
         return parse_statement(
             text, self.policy, parameters, models, access_for(self.policy, analyst), dialect
         )
+
+    def _probe(
+        self, text: str, parameters: Sequence[Any] | None, settings: Settings, analyst: str
+    ) -> Result | None:
+        """A column probe of an accepted relation (dpsql.sql.bind.parse_probe: ``<relation>
+        LIMIT 0`` or ``LIMIT 1``), answered free: no row, its columns named and typed from
+        the text and the schema (the empty shadow tables), no engine read, no charge. None:
+        not a probe. A probe of a relation that would be refused is refused the same way."""
+        probe = parse_probe(
+            text,
+            self.policy,
+            parameters,
+            self._models(analyst, text),
+            access_for(self.policy, analyst),
+            settings.dialect,
+        )
+        if probe is None:
+            return None
+        type_query(probe.query, self.shadow, analyst)  # its WHERE binds and is BOOLEAN
+        columns = relation_types(self.shadow, probe.relation.sql(dialect=DIALECT))
+        return Result([(name, type_code(t)) for name, t in columns], [], notes=[PROBE_NOTE])
 
     def _from_text(
         self,
@@ -684,6 +715,8 @@ class Service:
         key = self._plans.key(text, parameters, settings, analyst)
         prepared = self._lookup(key)
         if prepared is None:
+            if (probe := self._probe(text, parameters, settings, analyst)) is not None:
+                return probe.description
             statement = self._parse(text, parameters, analyst, settings.dialect)
             if isinstance(statement, BoundQuery):
                 prepared = self._prepare(key, statement, settings, analyst)

@@ -118,6 +118,20 @@ def _column_probe_tree(tree: exp.Expr) -> bool:
     return (tree.args.get("from_") or tree.args.get("from")) is not None
 
 
+def relation_probe(sql: str) -> bool:
+    """A top-level ``LIMIT 0`` or ``LIMIT 1`` over a relation that aggregates nowhere: the
+    pipeline answers such a probe from the relation's plan (dpsql.sql.bind.parse_probe), or
+    refuses it as it would refuse the relation; its refusal stands (no catalog fallback)."""
+    tree = _parse(sql)
+    if not isinstance(tree, exp.Select):
+        return False
+    limit = tree.args.get("limit")
+    value = limit.expression if isinstance(limit, exp.Limit) else None
+    if not (isinstance(value, exp.Literal) and not value.is_string and value.this in ("0", "1")):
+        return False
+    return tree.find(exp.AggFunc, exp.Group, exp.Having, exp.Distinct, exp.Anonymous) is None
+
+
 def parsed_probe(sql: str) -> bool:
     """The decision itself, on sqlglot's parse tree."""
     tree = _parse(sql)

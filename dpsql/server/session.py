@@ -35,7 +35,12 @@ from dpsql.server.catalog_sql import SessionInfo
 from dpsql.server.connections import address_of
 from dpsql.server.failures import ClientError
 from dpsql.server.fairness import Abandoned
-from dpsql.server.probes import COLUMN_PROBE_NOTICE, may_be_probe, probe_decision
+from dpsql.server.probes import (
+    COLUMN_PROBE_NOTICE,
+    may_be_probe,
+    probe_decision,
+    relation_probe,
+)
 from dpsql.server.scram import MECHANISM, ScramError, ScramExchange
 from dpsql.server.settings import (
     REPORTED,
@@ -742,6 +747,10 @@ class Session:
         try:
             columns = await self._blocking(self.dp.describe, sql, params)
         except dperr.Error:
+            # a probe of a row-level relation is answered from its plan or refused with the
+            # relation's own reason (dpsql.sql.bind.parse_probe), never from the catalog
+            if await self._blocking(relation_probe, sql):
+                raise
             columns = ()
         if columns:
             return columns

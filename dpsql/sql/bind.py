@@ -373,6 +373,19 @@ def parse_statement(
                 "EXPLAIN takes a DP SELECT query", construct="EXPLAIN", hint="EXPLAIN SELECT ..."
             )
         return ExplainStatement(bound, fmt)
+    tree = _statement_tree(text, policy, parameters, models, dialect)
+    return bind_tree(tree, text, policy, access)
+
+
+def _statement_tree(
+    text: str,
+    policy: Policy,
+    parameters: Sequence[Any] | None,
+    models: Callable[[str], Any] | None,
+    dialect: str,
+) -> exp.Expr:
+    """The one statement of ``text``, parsed and checked, with its parameters substituted and
+    the dialect's meaning made explicit: what :func:`bind_tree` binds."""
     statements: list[exp.Expr] | None
     try:
         statements = _parse(text, dialect)
@@ -419,7 +432,96 @@ def parse_statement(
         # The model is the analyst's own released value: its CASE is query text like any
         # other, bound and checked by the same rules (it reads no data).
         tree = expand_predictions(tree, models, text=text)
-    return bind_tree(tree, text, policy, access)
+    return tree
+
+
+# -- column probes of a relation ---------------------------------------------------------------
+
+# A top-level LIMIT 0 or LIMIT 1 somewhere in the text: only such texts are parsed as a probe.
+_PROBE_LIMIT = re.compile(r"\blimit\s+[01]\b", re.IGNORECASE)
+PROBE_ALIAS = "__dpsql_probe"
+
+
+@dataclass(frozen=True)
+class RelationProbe:
+    """``<relation> LIMIT 0`` or ``LIMIT 1`` where the relation is row-level and reads private
+    rows: a BI tool learning its columns (Superset saving a virtual dataset sends the dataset
+    SQL with LIMIT 1). It is answered with its columns and no row, ever: a row would be data.
+
+    ``query`` is ``SELECT COUNT(*)`` over the relation, bound like any query: the probe is
+    accepted exactly when that query is (the same access rules, joins, whitelist and typing),
+    and each refusal of the relation is the probe's. ``relation`` is the analyst's relation
+    with ``LIMIT 0``, in the engine's dialect: the schema-only binder (dpsql.sql.typecheck,
+    empty tables) names and types its columns; nothing data-dependent goes into either.
+    """
+
+    relation: exp.Select
+    query: BoundQuery
+
+
+def parse_probe(
+    text: str,
+    policy: Policy,
+    parameters: Sequence[Any] | None = None,
+    models: Callable[[str], Any] | None = None,
+    access: Any = None,
+    dialect: str = DUCKDB,
+) -> RelationProbe | None:
+    """``text`` as a column probe of an accepted relation over private rows; None when it is
+    not one (a DP query, a public query, any other statement: bind it as usual). A probe of
+    a relation that would be refused raises that refusal."""
+    if _PROBE_LIMIT.search(text) is None or _first_word(text) not in ("SELECT", "WITH"):
+        return None
+    _check_unicode(text, parameters)
+    dialect = check_dialect(dialect)
+    forget_tokens()
+    reading(text, dialect)
+    tree = _statement_tree(text, policy, parameters, models, dialect)
+    if not isinstance(tree, exp.Select) or not _probe_shape(tree):
+        return None
+    relation = tree.copy()
+    for arg in ("limit", "offset", "order"):
+        relation.set(arg, None)
+    inner = relation.copy()
+    with_ = inner.args.get("with_")
+    inner.set("with_", None)
+    # every column of the relation, named so that it is one (an unnamed expression, two
+    # columns of one name in a join): the names answered are the relation's own, below
+    items: list[exp.Expr] = []
+    for i, item in enumerate(inner.expressions):
+        if _is_star_item(item):
+            items.append(item)
+        else:
+            value = item.this if isinstance(item, exp.Alias) else item
+            items.append(exp.alias_(value, f"__dpsql_c{i}"))
+    inner.set("expressions", items)
+    wrapper = exp.Select(expressions=[exp.Count(this=exp.Star())]).from_(
+        exp.Subquery(this=inner, alias=exp.TableAlias(this=exp.to_identifier(PROBE_ALIAS)))
+    )
+    if with_ is not None:
+        wrapper.set("with_", with_)
+    bound = bind_tree(wrapper, text, policy, access)
+    if not isinstance(bound, BoundQuery) or bound.table.public:
+        return None  # reads no private row: a public query, answered as one
+    relation.set("limit", exp.Limit(expression=exp.Literal.number(0)))
+    for table in relation.find_all(exp.Table):  # the shadow's tables have no schema
+        if policy.table(table.name) is not None:
+            table.set("db", None)
+            table.set("catalog", None)
+    return RelationProbe(relation, bound)
+
+
+def _probe_shape(tree: exp.Select) -> bool:
+    """A top-level LIMIT 0 or 1 over a relation that aggregates nowhere: a wrapper over a DP
+    subquery, a key set (DISTINCT, GROUP BY) or a table function is a DP query, and its LIMIT
+    keeps released rows."""
+    limit = tree.args.get("limit")
+    value = limit.expression if isinstance(limit, exp.Limit) else None
+    if not (isinstance(value, exp.Literal) and not value.is_string and value.this in ("0", "1")):
+        return False
+    if tree.find(exp.AggFunc, exp.Group, exp.Having, exp.Distinct) is not None:
+        return False
+    return not any(isinstance(t.this, exp.Anonymous) for t in tree.find_all(exp.Table))
 
 
 _READER = DuckDB()
@@ -561,6 +663,8 @@ def _syntax_error(exc: Exception, text: str) -> SQLSyntaxError:
 def _setting_command(head: str, text: str) -> SettingStatement:
     # tokens, not text.split(): comments are not words
     words = [t.text for t in sqlglot.tokenize(text, read=DIALECT) if t.text != ";"]
+    if head.lower() == "show" and [w.lower() for w in words[1:]] == ["budget", "wide"]:
+        return SettingStatement("show", "budget_wide")  # SHOW budget WIDE: every figure
     if len(words) != 2:
         raise SQLSyntaxError(
             f"{head} takes one setting name", construct=head, hint=f"{head} epsilon"

@@ -170,6 +170,13 @@ class ShadowTypes:
                     self._known.popitem(last=False)
             return list(out)
 
+    def relation(self, sql: str) -> list[tuple[str, str]]:
+        """Names and DuckDB types of a relation's columns over the empty tables (bound, not
+        run: a column probe's answer depends on the schema only); raises duckdb.Error."""
+        with self._lock:
+            description = self._con.sql(sql).description
+        return [(str(d[0]), str(d[1])) for d in description]
+
     def declare(self, table: TablePolicy) -> None:
         """An empty table for a virtual one (a join of private tables, named by its tables
         and join kinds, so a name always has the same columns), created on first use."""
@@ -266,6 +273,19 @@ def check_binds(shadow: ShadowTypes, table: str, expressions: Sequence[str]) -> 
             construct="literal",
             hint="compare columns with literals of their declared type",
         ) from None
+    except duckdb.Error as exc:
+        raise ProgrammingError(
+            f"type error: {_first_line(exc)}",
+            sqlstate="42804",
+            construct="expression",
+            hint="check the operand types against the policy's column types",
+        ) from None
+
+
+def relation_types(shadow: ShadowTypes, sql: str) -> list[tuple[str, str]]:
+    """:meth:`ShadowTypes.relation`, or the refusal naming why it does not bind."""
+    try:
+        return shadow.relation(sql)
     except duckdb.Error as exc:
         raise ProgrammingError(
             f"type error: {_first_line(exc)}",
