@@ -6,7 +6,9 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 from collections.abc import Sequence
+from typing import TextIO
 
 # Modules exposing ``register(subparsers)``; each adds its subcommands with a handler in
 # ``set_defaults(handler=fn)`` where fn(args) -> int exit status.
@@ -41,6 +43,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """A warning as the command says it: one line, ``warning: ...``, on stderr; never
+    Python's ``file:line: Category: ...`` text. The low-budget BudgetWarning is left out:
+    the command reports it in its own words after each charge (commands.report)."""
+    from dpsql.errors import BudgetWarning
+
+    if issubclass(category, BudgetWarning):
+        return
+    text = " ".join(str(message).split())
+    print(f"warning: {text}", file=sys.stderr if file is None else file)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -49,7 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        code = int(handler(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = show_warning  # restored when the command ends
+            code = int(handler(args) or 0)
         sys.stdout.flush()
     except BrokenPipeError:
         # The reader went away (dpsql budget log | head): stop quietly, as cat does. Point

@@ -125,6 +125,31 @@ DOMAIN_CACHE_SIZE = 4096  # (analyst, table, key) entries
 #: Below this session ε no noise measure can be drawn (Laplace scale > 2^54 for l1 >= 1).
 TINIEST_EPSILON = 2.0**-54
 
+# SHOW budget: one ε view, one ρ (Service.show_budget); SHOW budget WIDE adds the rest.
+BUDGET_SHOWS = ("budget", "budget_wide")
+BUDGET_COLUMNS = [
+    ("analyst", "VARCHAR"),
+    ("spent_epsilon", "DOUBLE"),
+    ("budget_epsilon", "DOUBLE"),
+    ("remaining_epsilon", "DOUBLE"),
+    ("spent_delta", "DOUBLE"),
+    ("budget_delta", "DOUBLE"),
+    ("remaining_delta", "DOUBLE"),
+    ("spent_rho", "DOUBLE"),
+    ("queries_left", "BIGINT"),
+    ("binding_limit", "VARCHAR"),
+    ("period", "VARCHAR"),
+]
+BUDGET_COLUMNS_WIDE = [
+    *BUDGET_COLUMNS,
+    ("unspent_epsilon", "DOUBLE"),
+    ("unspent_delta", "DOUBLE"),
+    ("rho_cap", "DOUBLE"),
+    ("charged_epsilon", "DOUBLE"),
+    ("charged_delta", "DOUBLE"),
+    ("gaussian_rho", "DOUBLE"),
+]
+
 
 class Service:
     """Loads a policy and its private data once; hands out analyst connections."""
@@ -300,8 +325,9 @@ class Service:
         statement = self._parse(text, parameters, analyst, settings.dialect)
         _not_cancelled(handle)  # statement_timeout / cancel reach planning, between its phases
         if isinstance(statement, SettingStatement):
-            if statement.action == "show" and statement.name == "budget":
-                return self.show_budget(analyst, settings)
+            if statement.action == "show" and statement.name in BUDGET_SHOWS:
+                wide = statement.name == "budget_wide"
+                return self.show_budget(analyst, settings, wide=wide)
             return apply_setting(statement, settings)
         if isinstance(statement, TransactionStatement):
             return Result(status=statement.kind.upper())
@@ -590,17 +616,25 @@ class Service:
             plan_hash=plan_hash,
         )
 
-    def show_budget(self, analyst: str, settings: Settings | None = None) -> Result:
-        """``SHOW budget``: the analyst's own spent and remaining budget (costs nothing).
+    def show_budget(
+        self, analyst: str, settings: Settings | None = None, *, wide: bool = False
+    ) -> Result:
+        """``SHOW budget`` (``wide``: ``SHOW budget WIDE``): the analyst's own spent and
+        remaining budget (costs nothing). The columns: :data:`BUDGET_COLUMNS`.
 
-        ``epsilon_equivalent``/``delta_equivalent``: the (ε, δ) the spending amounts to (the
-        better of the pure sum and the zCDP conversion); ``unspent_*``: the budget minus it;
-        ``remaining_epsilon``: the largest ε one more pure-ε release may take;
-        ``queries_left``: how many more releases of the session's per-query ε fit (the
-        policy's default without a session). Under [budgets], the remaining figures and
+        One ε view and one ρ: ``spent_epsilon``/``spent_delta`` are the (ε, δ) the spending
+        amounts to as the filter converts it (the better of the pure sum and the zCDP
+        conversion); ``spent_rho`` the zCDP total Σ zrho the filter compares with its cap;
+        ``remaining_epsilon`` the largest ε one more pure-ε release may take;
+        ``queries_left`` how many more releases of the session's per-query ε fit (the policy's
+        default without a session). Under [budgets], the remaining figures and
         ``queries_left`` are the smallest over every budget the analyst's charges must fit;
         ``binding_limit`` names the one with the least ε left ("analyst", "group NAME",
-        "dataset") and ``period`` its current period (NULL: it never renews).
+        "dataset") and ``period`` its current period (NULL: it never renews). The wide form
+        adds ``unspent_*`` (the budget minus the guarantee), ``rho_cap`` (the filter's ρ
+        cap) and the raw sums of the charges: ``charged_epsilon`` (pure-ε releases),
+        ``charged_delta`` and ``gaussian_rho`` (Gaussian releases), which add up charge by
+        charge.
         """
         from dpsql.privacy.accounting import Cost
         from dpsql.privacy.budget_rules import rules_of
@@ -626,43 +660,27 @@ class Service:
             fits = [budget.queries_left(spent, per_query)]
         eps_spent, delta_spent = budget.guarantee(spent)
         eps_unspent, delta_unspent = budget.unspent(spent)
-        columns = [
-            ("analyst", "VARCHAR"),
-            ("spent_epsilon", "DOUBLE"),
-            ("spent_delta", "DOUBLE"),
-            ("spent_rho", "DOUBLE"),
-            ("epsilon_equivalent", "DOUBLE"),
-            ("budget_epsilon", "DOUBLE"),
-            ("budget_delta", "DOUBLE"),
-            ("remaining_epsilon", "DOUBLE"),
-            ("remaining_delta", "DOUBLE"),
-            ("spent_zcdp_rho", "DOUBLE"),
-            ("delta_equivalent", "DOUBLE"),
-            ("unspent_epsilon", "DOUBLE"),
-            ("unspent_delta", "DOUBLE"),
-            ("queries_left", "BIGINT"),
-            ("binding_limit", "VARCHAR"),
-            ("period", "VARCHAR"),
-        ]
-        row = (
-            analyst,
-            spent.epsilon,
-            spent.delta,
-            spent.rho,
-            eps_spent,
-            budget.epsilon,
-            budget.delta,
-            eps_left,
-            delta_left,
-            spent.zrho,
-            delta_spent,
-            eps_unspent,
-            delta_unspent,
-            min(fits) if self.policy.epsilon > 0 else None,
-            binding,
-            period,
-        )
-        return Result(columns, [row], status="SHOW")
+        values = {
+            "analyst": analyst,
+            "spent_epsilon": eps_spent,
+            "budget_epsilon": budget.epsilon,
+            "remaining_epsilon": eps_left,
+            "spent_delta": delta_spent,
+            "budget_delta": budget.delta,
+            "remaining_delta": delta_left,
+            "spent_rho": spent.zrho,
+            "queries_left": min(fits) if self.policy.epsilon > 0 else None,
+            "binding_limit": binding,
+            "period": period,
+            "unspent_epsilon": eps_unspent,
+            "unspent_delta": delta_unspent,
+            "rho_cap": budget.rho,
+            "charged_epsilon": spent.epsilon,
+            "charged_delta": spent.delta,
+            "gaussian_rho": spent.rho,
+        }
+        columns = BUDGET_COLUMNS_WIDE if wide else BUDGET_COLUMNS
+        return Result(columns, [tuple(values[name] for name, _ in columns)], status="SHOW")
 
     # -- table functions (dp_rule_list: dpsql.rulelist.sql_run; regressions:
     # dpsql.models.regression_function; their shared release: dpsql.service.table_results) --
@@ -737,8 +755,8 @@ class Service:
         if isinstance(statement, ExplainStatement):
             return EXPLAIN_COLUMNS if statement.format == "table" else [("QUERY PLAN", "VARCHAR")]
         if isinstance(statement, SettingStatement) and statement.action == "show":
-            if statement.name == "budget":
-                return self.show_budget("").description
+            if statement.name in BUDGET_SHOWS:
+                return self.show_budget("", wide=statement.name == "budget_wide").description
             return [(statement.name, "VARCHAR")]
         if isinstance(statement, PublicSelect):
             return self.execute(text, parameters, settings, analyst).description

@@ -2,14 +2,17 @@
 
 ``error`` re-plans the query at a range of ε and reads each released value's noise off the
 plan's (public) mechanisms: no data is read and nothing is spent. ``budget`` draws an analyst's
-spent ε over time from the ledger's append-only log. The data functions need nothing beyond
-dpsql; drawing needs matplotlib (``pip install 'dpsql[plot]'``), PNG or SVG by file name.
+spent ε over time from the ledger's append-only log, against the limit in force at each time.
+The data functions need nothing beyond dpsql; drawing needs matplotlib
+(``pip install 'dpsql[plot]'``), PNG or SVG by file name.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -140,38 +143,97 @@ def _words(measure: Any) -> str:
 
 @dataclass(frozen=True)
 class BudgetTimeline:
-    """Per analyst, the ε spent (ε-equivalent of the running total) after each log event."""
+    """Per analyst, the ε spent (ε-equivalent of the running total) after each charge or reset,
+    and the ε limit in force then.
+
+    ``limits[i][j]`` is the budget ε in force at event ``times[i][j]`` (an administrator's
+    change, a "budget" row of the log, applies from its own time on); ``steps[i]`` is the
+    limit as a step line, (time, ε) at the analyst's first log row, at every change, and at
+    the last row; ``budgets`` the limit in force today.
+    """
 
     analysts: tuple[str, ...]
     times: tuple[tuple[dt.datetime, ...], ...]
     spent: tuple[tuple[float, ...], ...]
     budgets: tuple[float, ...]
     dataset: str
+    limits: tuple[tuple[float, ...], ...] = ()
+    steps: tuple[tuple[tuple[dt.datetime, float], ...], ...] = ()
+
+
+# A "budget" log row's text (SQLiteLedger.set_budget): the new budget and the one it replaced.
+_BUDGET_SET = re.compile(
+    r"budget set to epsilon=(\S+) delta=(\S+) "
+    r"\(was (?:epsilon=(\S+) delta=(\S+)|the policy default)\)"
+)
+
+
+def _changed(default: Any, text: str) -> tuple[Any, Any] | None:
+    """(the budget before, the budget after) a "budget" row, or None if it does not parse.
+
+    An override keeps the policy's split of its δ (as SQLiteLedger reads it back)."""
+    found = _BUDGET_SET.match(text)
+    if found is None:
+        return None
+    new_eps, new_delta, old_eps, old_delta = found.groups()
+    after = dataclasses.replace(default, epsilon=float(new_eps), delta=float(new_delta))
+    if old_eps is None:
+        return default, after
+    return dataclasses.replace(default, epsilon=float(old_eps), delta=float(old_delta)), after
+
+
+def _at(entry: Any) -> dt.datetime:
+    return dt.datetime.fromisoformat(entry.at.replace("Z", "+00:00"))
 
 
 def budget_timeline(policy: Any, ledger: Any, analyst: str | None = None) -> BudgetTimeline:
-    """From the ledger's log: charges add, a reset releases everything spent before it."""
+    """From the ledger's log: charges add, a reset releases everything spent before it, and a
+    "budget" row changes the limit from then on (the ε spent is converted under the budget in
+    force at each charge, whose δ the zCDP conversion uses)."""
     from dpsql.privacy.accounting import Cost
 
     entries = ledger.entries(policy.dataset, analyst=analyst, limit=10**9)
     names = sorted({e.analyst for e in entries}) if analyst is None else [analyst]
-    times, spent, budgets = [], [], []
+    times, spent, budgets, limits, steps = [], [], [], [], []
     for name in names:
-        budget = ledger.budget(name, policy.dataset, policy.budget)
-        total, at, eps = Cost(), [], []
-        for e in (e for e in entries if e.analyst == name):
+        own = [e for e in entries if e.analyst == name]
+        changes = [
+            c for e in own if e.kind == "budget" and (c := _changed(policy.budget, e.query_text))
+        ]
+        # before the first recorded change: the budget it replaced (else the policy default)
+        budget = changes[0][0] if changes else ledger.budget(name, policy.dataset, policy.budget)
+        total, at, eps, limit = Cost(), [], [], []
+        step = [(_at(own[0]), float(budget.epsilon))] if own else []
+        for e in own:
             if e.kind == "charge":
                 total = total + e.cost
             elif e.kind == "reset":
                 total = Cost()
+            elif e.kind == "budget" and (change := _changed(policy.budget, e.query_text)):
+                budget = change[1]
+                step.append((_at(e), float(budget.epsilon)))
+                continue
             else:
                 continue
-            at.append(dt.datetime.fromisoformat(e.at.replace("Z", "+00:00")))
+            at.append(_at(e))
             eps.append(float(budget.epsilon_of(total)))
+            limit.append(float(budget.epsilon))
+        if own:
+            step.append((_at(own[-1]), float(budget.epsilon)))
         times.append(tuple(at))
         spent.append(tuple(eps))
-        budgets.append(float(budget.epsilon))
-    return BudgetTimeline(tuple(names), tuple(times), tuple(spent), tuple(budgets), policy.dataset)
+        limits.append(tuple(limit))
+        steps.append(tuple(step))
+        budgets.append(float(ledger.budget(name, policy.dataset, policy.budget).epsilon))
+    return BudgetTimeline(
+        tuple(names),
+        tuple(times),
+        tuple(spent),
+        tuple(budgets),
+        policy.dataset,
+        tuple(limits),
+        tuple(steps),
+    )
 
 
 # -- drawing --------------------------------------------------------------------------------------
@@ -233,13 +295,15 @@ def draw_budget(timeline: BudgetTimeline, path: str | Path) -> Path:
     _check_suffix(path)
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.5), layout="constrained")
-    for name, at, eps, budget in zip(
-        timeline.analysts, timeline.times, timeline.spent, timeline.budgets, strict=True
+    for name, at, eps, step in zip(
+        timeline.analysts, timeline.times, timeline.spent, timeline.steps, strict=True
     ):
         (line,) = ax.step(at, eps, where="post", marker=".", label=f"{name} spent")
-        ax.axhline(budget, color=line.get_color(), linestyle="--", alpha=0.6)
+        if step:  # the limit in force at each time, not today's over the past
+            when, limit = zip(*step, strict=True)
+            ax.step(when, limit, where="post", color=line.get_color(), linestyle="--", alpha=0.6)
     ax.set_xlabel("time (UTC)")
-    ax.set_ylabel("ε spent (dashed: budget)")
+    ax.set_ylabel("ε spent (dashed: the budget in force)")
     ax.set_title(f"privacy budget spent on {timeline.dataset!r}", fontsize=9)
     ax.grid(True, alpha=0.3)
     if timeline.analysts:

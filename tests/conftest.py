@@ -103,9 +103,10 @@ def heavy_policy(directory: Path) -> tuple[dict, dict[int, list[str]]]:
 
 
 def budget(conn: dpsql.Connection) -> dict[str, Any]:
-    """The analyst's ``SHOW budget`` row, by column name (spent_epsilon, spent_delta, ...)."""
+    """The analyst's ``SHOW budget WIDE`` row, by column name: spent_epsilon, spent_delta,
+    spent_rho (the filter's view), charged_epsilon, charged_delta, gaussian_rho (raw sums)..."""
     cur = conn.cursor()
-    cur.execute("SHOW budget")
+    cur.execute("SHOW budget WIDE")
     names = [d[0] for d in cur.description]
     return dict(zip(names, cur.fetchone(), strict=True))
 

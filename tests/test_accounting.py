@@ -190,13 +190,13 @@ def test_show_budget_reports_the_guarantee_and_queries_left(tmp_path) -> None:
         cur = conn.cursor()
         for i in range(20):
             cur.execute(f"SELECT COUNT(*) FROM t WHERE x > {i}")
-        cur.execute("SHOW budget")
+        cur.execute("SHOW budget WIDE")
         (row,) = cur.fetchall()
         values = dict(zip([d[0] for d in cur.description], row, strict=True))
     budget = Budget(10.0, 1e-6)
     spent = sum((Cost(0.01) for _ in range(20)), Cost())
-    assert values["spent_epsilon"] == pytest.approx(0.2)
-    assert values["spent_zcdp_rho"] == pytest.approx(20 * 0.01**2 / 2)
-    assert values["epsilon_equivalent"] == pytest.approx(0.2)  # pure route is better here
+    assert values["charged_epsilon"] == pytest.approx(0.2)
+    assert values["spent_rho"] == pytest.approx(20 * 0.01**2 / 2)
+    assert values["spent_epsilon"] == pytest.approx(0.2)  # pure route is better here
     assert values["unspent_epsilon"] == pytest.approx(9.8)
     assert values["queries_left"] == budget.queries_left(spent, Cost(0.01)) > 27_000

@@ -297,12 +297,12 @@ def test_a_failing_program_is_the_uniform_charged_engine_error(tmp_path, monkeyp
 
     conn = _connect(tmp_path, unit=True, rows=200)
     try:
-        before = budget(conn)["spent_epsilon"]
+        before = budget(conn)["charged_epsilon"]
         monkeypatch.setattr(columnar, "_row_values", lambda *a: 1 / 0)
         with pytest.raises(OperationalError) as info:
             conn.cursor().execute("SELECT SUM(a) FROM t1")
         assert "ZeroDivision" not in str(info.value) and info.value.sqlstate is not None
-        assert budget(conn)["spent_epsilon"] == pytest.approx(before + 1.0)
+        assert budget(conn)["charged_epsilon"] == pytest.approx(before + 1.0)
     finally:
         conn.close()
 

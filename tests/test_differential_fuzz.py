@@ -231,7 +231,7 @@ class Side:
 
 def _spent(conn: dpsql.Connection) -> Cost:
     row = budget(conn)
-    return (row["spent_epsilon"], row["spent_delta"], row["spent_rho"])
+    return (row["charged_epsilon"], row["charged_delta"], row["gaussian_rho"])
 
 
 def _minus(a: Cost, b: Cost) -> Cost:

@@ -189,8 +189,10 @@ def test_every_charge_reports_what_remains(conn):
     cur.execute("SELECT COUNT(*) FROM visits")
     remaining = cur.remaining
     cur.execute("SHOW budget")  # the same figures
-    (row,) = cur.fetchall()
-    assert remaining == dbapi.Remaining(row[7], row[8], row[5], row[6])
+    row = dict(zip([d[0] for d in cur.description], cur.fetchone(), strict=True))
+    assert remaining == dbapi.Remaining(
+        row["remaining_epsilon"], row["remaining_delta"], row["budget_epsilon"], row["budget_delta"]
+    )
     assert remaining.epsilon == 8.0 and remaining.budget_epsilon == 10.0
     assert "remaining epsilon=8 of 10" in str(remaining) and not remaining.low
     cur.execute("SELECT COUNT(*) FROM visits")

@@ -158,7 +158,9 @@ def test_server_sqlalchemy_limit_and_budget_notices(server):
     dsn = f"host=127.0.0.1 port={server.port} user=alice password='{PASSWORD}' dbname=v"
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
-        left = conn.execute("SHOW budget").fetchone()[7]
+        shown = conn.execute("SHOW budget")
+        names = [c.name for c in shown.description]
+        left = dict(zip(names, shown.fetchone(), strict=True))["remaining_epsilon"]
         conn.execute(f"SET epsilon = {left - 0.5}")
         conn.execute("SELECT AVG(age) FROM visits").fetchall()
         conn.execute("SET confidence = 0.9")

@@ -226,7 +226,7 @@ def test_time_keys_answer_with_delta_zero(tmp_path: Path):
     with exact_connect(policy) as conn:
         for key, _ in KEYS:
             rows_of(conn, f"SELECT {key} AS k, COUNT(*) FROM visits GROUP BY 1")
-        assert budget(conn)["spent_delta"] == 0.0
+        assert budget(conn)["charged_delta"] == 0.0
         # an undeclared date column stays private: thresholded, so refused at delta = 0
         policy["tables"]["visits"]["columns"]["visit_date"] = {"type": "date", "nullable": False}
     with exact_connect(policy) as conn, pytest.raises(dpsql.Error):

@@ -445,7 +445,8 @@ def budget_svg(timeline: BudgetTimeline | None, width: int = 760, height: int = 
     t1 = t1 + (t1 - t0) / 20  # room after the last event, so its step shows
     span = (t1 - t0).total_seconds()
     stamp = "%Y-%m-%d %H:%M" if span >= 3600 else "%Y-%m-%d %H:%M:%S"
-    ymax = max([*timeline.budgets, *(v for s in timeline.spent for v in s), 1e-12]) * 1.08
+    limits = [v for step in timeline.steps for _, v in step]
+    ymax = max([*timeline.budgets, *limits, *(v for s in timeline.spent for v in s), 1e-12]) * 1.08
 
     def x(t: dt.datetime) -> float:
         return left + plot_w * (t - t0).total_seconds() / span
@@ -483,9 +484,14 @@ def budget_svg(timeline: BudgetTimeline | None, width: int = 760, height: int = 
         zip(timeline.analysts, timeline.times, timeline.spent, timeline.budgets, strict=True)
     ):
         colour = _COLOURS[i % len(_COLOURS)]
+        # the limit in force at each time (a step at each change), not today's over the past
+        step = timeline.steps[i] if timeline.steps else ()
+        limit = [f"M{left},{y(step[0][1] if step else budget):.1f}"]
+        limit += [f"H{x(t):.1f}V{y(v):.1f}" for t, v in step[1:]]
+        limit.append(f"H{left + plot_w:.1f}")
         out.append(
-            f"<line x1='{left}' x2='{left + plot_w}' y1='{y(budget):.1f}' y2='{y(budget):.1f}' "
-            f"stroke='{colour}' stroke-dasharray='5 4' opacity='0.7'/>"
+            f"<path d='{''.join(limit)}' fill='none' stroke='{colour}' "
+            "stroke-dasharray='5 4' opacity='0.7'/>"
         )
         if times:
             d = [f"M{x(times[0]):.1f},{y(0):.1f}"]

@@ -474,6 +474,81 @@ class Budget:
             )
         return f"the epsilon budget is spent: cap {self.pure_epsilon:.6g}"
 
+    def too_large(self, cost: Cost) -> bool:
+        """Whether ``cost`` alone would not fit this budget, even with nothing spent."""
+        return not self.covers(cost)
+
+    def refusal(self, spent: Cost, cost: Cost) -> str:
+        """Which limit a charge of ``cost`` after ``spent`` would break, and by how much.
+
+        In the ε view of the filter: a query that does not fit even an unspent budget is
+        "this query's ε 20 is more than the whole budget ε 10"; otherwise "spent ε 9.8 of 10;
+        this query needs ε 0.5, 0.3 more than the 0.2 left", where ε spent is the guarantee
+        (:meth:`guarantee`) and the query's ε and what is left are counted as one pure-ε
+        release, by the filter (pure or zCDP) that comes closest to admitting it. Under the
+        zCDP filter the ρ figures follow, so the message says exactly what the filter compared.
+        Words only: what fits is decided by :meth:`covers`.
+        """
+        total = spent + cost
+        part = self._exceeds(total)
+        if part is None or not total.is_finite or (part == "rho" and not self.zcdp):
+            return self.refusal_reason(total)
+        if part == "delta":
+            return self._delta_refusal(spent, cost)
+        whole = f"budget \u03b5 {_g(self.epsilon)}" + (
+            f" (\u03b4 {_g(self.delta, 3)})" if self.zcdp else ""
+        )
+        if self.too_large(cost):
+            text = f"this query's \u03b5 {_g(self.epsilon_of(cost))} is more than the whole {whole}"
+            return text + self._zcdp_words(Cost(), cost)
+        need, left = self._closest(spent, cost)
+        text = (
+            f"spent \u03b5 {_g(self.epsilon_of(spent))} of {_g(self.epsilon)}"
+            + (f" (\u03b4 {_g(self.delta, 3)})" if self.zcdp else "")
+            + f"; this query needs \u03b5 {_g(need)}, {_g(need - left)} more than the "
+            f"{_g(left)} left"
+        )
+        return text + self._zcdp_words(spent, cost)
+
+    def _closest(self, spent: Cost, cost: Cost) -> tuple[Fraction | float, Fraction | float]:
+        """(the query's ε, the ε left) as one pure-ε release, in the filter that falls short
+        by the least: the pure filter (Σε ≤ E, while no Gaussian ρ is spent) counts ε; the
+        zCDP filter counts √(2·zrho) against √(2(ρ* − Σ zrho))."""
+        options: list[tuple[Fraction | float, Fraction | float]] = []
+        if spent.exact_rho == 0 and cost.exact_rho == 0:
+            left = max(Fraction(0), self.exact_pure_epsilon - spent.exact_epsilon)
+            options.append((cost.exact_epsilon, left))
+        if self.zcdp:
+            room = max(Fraction(0), self.exact_rho - spent.exact_zrho)
+            options.append((math.sqrt(2 * cost.zrho), math.sqrt(2 * float(room))))
+        return min(options, key=lambda o: float(o[0]) - float(o[1]))
+
+    def _zcdp_words(self, spent: Cost, cost: Cost) -> str:
+        if not self.zcdp:
+            return ""
+        before = f"spent \u03c1 {_g(spent.zrho)} of " if not spent.is_zero else ""
+        return (
+            f"; as zCDP: {before}the cap \u03c1 {_g(self.rho)}, this query \u03c1 {_g(cost.zrho)}"
+        )
+
+    def _delta_refusal(self, spent: Cost, cost: Cost) -> str:
+        share = f"the \u03b4 for non-public group keys, {_g(self.pure_delta, 3)}"
+        if self.zcdp:
+            share += f" of the budget \u03b4 {_g(self.delta, 3)}"
+        if not cost.exact_delta <= self._limits[2]:
+            return f"this query's \u03b4 {_g(cost.delta, 3)} is more than all of {share}"
+        left = max(Fraction(0), self.exact_pure_delta - spent.exact_delta)
+        return (
+            f"spent \u03b4 {_g(spent.delta, 3)} of {share}; this query needs \u03b4 "
+            f"{_g(cost.delta, 3)}, {_g(cost.exact_delta - left, 3)} more than the "
+            f"{_g(left, 3)} left"
+        )
+
+
+def _g(value: Fraction | float, digits: int = 6) -> str:
+    """A figure for a message: ``digits`` significant digits, no trailing zeros."""
+    return f"{float(value):.{digits}g}"
+
 
 def _times(cost: Cost, k: int) -> Cost:
     return Cost(

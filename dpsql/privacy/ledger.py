@@ -158,11 +158,18 @@ def not_charged(analyst: str, dataset: str) -> InternalError:
 
 
 def exhausted(analyst: str, budget: Budget, spent: Cost, cost: Cost) -> BudgetExhaustedError:
+    """The refusal of the analyst's own budget: which limit the query would break and by how
+    much (:meth:`Budget.refusal`), then the query's parts and what remains."""
     eps_left, delta_left = budget.remaining(spent)
+    head = (
+        f"the query does not fit the whole privacy budget of analyst {analyst!r}"
+        if budget.too_large(cost)
+        else f"privacy budget exhausted for analyst {analyst!r}"
+    )
     return BudgetExhaustedError(
-        f"privacy budget exhausted for analyst {analyst!r}: the query needs "
+        f"{head}: {budget.refusal(spent, cost)}; the query needs "
         f"epsilon={cost.epsilon:.6g}, delta={cost.delta:.3g}, rho={cost.rho:.6g}; remaining "
-        f"epsilon={eps_left:.6g}, delta={delta_left:.3g} ({budget.refusal_reason(spent + cost)})",
+        f"epsilon={eps_left:.6g}, delta={delta_left:.3g}",
         construct="budget",
         hint="lower the query's epsilon (SET epsilon = ...), ask fewer aggregates, "
         "or ask an administrator to raise the budget",
