@@ -19,21 +19,9 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dpsql.policy import TablePolicy
-from dpsql.sql.dialect import integer_typed
+from dpsql.sql.dialect import INTEGER_TYPES, integer_typed
 
 INF = math.inf
-
-_INTEGER_TYPES = {
-    exp.DataType.Type.TINYINT,
-    exp.DataType.Type.SMALLINT,
-    exp.DataType.Type.INT,
-    exp.DataType.Type.BIGINT,
-    exp.DataType.Type.UTINYINT,
-    exp.DataType.Type.USMALLINT,
-    exp.DataType.Type.UINT,
-    exp.DataType.Type.UBIGINT,
-    exp.DataType.Type.INT128,
-}
 
 
 @dataclass(frozen=True)
@@ -299,7 +287,7 @@ def _safe_log(x: float) -> float:
 def _cast_range(node: exp.Cast | exp.TryCast, table: TablePolicy) -> Range:
     to = node.args["to"]
     inner = node.this
-    if to.this in _INTEGER_TYPES and isinstance(inner, exp.Column):
+    if to.this in INTEGER_TYPES and isinstance(inner, exp.Column):
         col = table.columns.get(inner.name.lower())
         if col is not None and col.type == "bool":
             return Range(0.0, 1.0, True)  # CAST(flag AS INT)
@@ -309,8 +297,8 @@ def _cast_range(node: exp.Cast | exp.TryCast, table: TablePolicy) -> Range:
         except NotNumeric:
             # CAST(text AS INT): any number (or NULL under TRY); a clamp around it bounds it
             shown = node.sql(dialect="duckdb")
-            return Range(-INF, INF, to.this in _INTEGER_TYPES, (shown,))
-        if to.this in _INTEGER_TYPES:
+            return Range(-INF, INF, to.this in INTEGER_TYPES, (shown,))
+        if to.this in INTEGER_TYPES:
             return _of(_round_half_away(r.lower), _round_half_away(r.upper), True, r)
         return r
     raise NotNumeric(node, f"a cast to {to.sql(dialect='duckdb')} is not a number")

@@ -36,7 +36,8 @@ DIALECTS = (DUCKDB, POSTGRES)
 # ("int", "float", "text", ...): an empty set when no such column is declared.
 ColumnTypes = Callable[[str | None, str], set[str]]
 
-_INTEGER_TYPES = {
+#: the integer SQL types (one set: interval arithmetic uses it too)
+INTEGER_TYPES = {
     exp.DataType.Type.TINYINT,
     exp.DataType.Type.SMALLINT,
     exp.DataType.Type.INT,
@@ -140,7 +141,7 @@ class _Typer:
             return not node.is_string and node.is_int
         if isinstance(node, exp.Cast | exp.TryCast):
             to = node.args.get("to")
-            return isinstance(to, exp.DataType) and to.this in _INTEGER_TYPES
+            return isinstance(to, exp.DataType) and to.this in INTEGER_TYPES
         if isinstance(node, exp.Add | exp.Sub | exp.Mul | exp.Mod | exp.IntDiv):
             return self.integer(node.this) and self.integer(node.expression)
         if isinstance(node, exp.Div):
