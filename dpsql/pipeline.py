@@ -247,7 +247,13 @@ class Service:
         another's), so it takes the same time whoever else asked the same shape before.
         """
         query = type_query(query, self.shadow, analyst)
-        domains = self._domains(query, analyst)
+        return self.plan_typed(query, self._domains(query, analyst), settings)
+
+    def plan_typed(
+        self, query: BoundQuery, domains: list[tuple | None], settings: Settings
+    ) -> Plan:
+        """Plan a typed query over its key domains at the session's settings: the one call of
+        the planner (a DP subquery's outer plan comes here too, dpsql.service.composite)."""
         try:
             return build_plan(
                 query,

@@ -31,7 +31,7 @@ from dpsql.privacy.release import at_confidence, release
 from dpsql.sql.bind import CompositeQuery, to_literal
 from dpsql.sql.compile import compile_plan
 from dpsql.sql.domains import _ordered
-from dpsql.sql.plan import KeyPlan, Plan, build_plan
+from dpsql.sql.plan import KeyPlan, Plan
 from dpsql.sql.typecheck import canonical_key_value, type_query
 
 if TYPE_CHECKING:
@@ -54,18 +54,7 @@ def plan_composite(
             # LIMIT; without one, G bins bound what the plan may assume.
             size = n if n is not None else max(outer_query.table.max_groups_per_unit, 1)
             domains[i] = tuple(_Placeholder(j) for j in range(max(size, 1)))
-    outer = build_plan(
-        outer_query,
-        domains,
-        epsilon=settings.epsilon,
-        delta=settings.delta,
-        mechanism=settings.mechanism,
-        data_version=service.data_version(outer_query.table),
-        quantile_method=settings.quantile_method,
-        partition_selection=settings.partition_selection,
-        engine=service.engine.name,
-        store=service.store_of(outer_query.table),
-    )
+    outer = service.plan_typed(outer_query, domains, settings)
     for plan in (inner, outer):
         if plan.clips:
             column = plan.clips[0].column
