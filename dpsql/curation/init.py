@@ -31,6 +31,7 @@ from dpsql.curation.source import (
     file_source,
     quote_ident,
 )
+from dpsql.engine.duckdb_engine import SMALL_ROWS
 
 MAX_VALUES = 50  # list a public domain for columns with at most this many distinct values
 RARE = 10  # values held by fewer rows (or units) than this are flagged in the draft
@@ -430,8 +431,6 @@ def draft(
     if src.kind == "csv":
         # Pinned here so that which path a query takes is the policy's choice, never a row
         # count one unit could move (docs/threat_model.md, "Which tables run programs").
-        from dpsql.engine.duckdb_engine import SMALL_ROWS
-
         held = prof.rows <= SMALL_ROWS
         emit("")
         emit("[engine]")
