@@ -83,7 +83,7 @@ def test_get_set_params_and_clone():
 def test_cross_val_score_runs():
     X, y = logistic_data(3000)
     scores = cross_val_score(
-        DPLogisticRegression(epsilon=8, delta=1e-5, random_state=0), X, y, cv=3
+        DPLogisticRegression(epsilon=8, delta=1e-5, bounds=(0, 1), random_state=0), X, y, cv=3
     )
     assert len(scores) == 3 and np.all(scores > 0.6)
     X, y, bounds = linear_data(3000)
@@ -96,7 +96,7 @@ def test_label_bounds_required_and_two_classes():
     with pytest.raises(ValueError, match="label_bounds"):
         DPLinearRegression().fit(X, y)
     with pytest.raises(ValueError, match="two classes"):
-        DPLogisticRegression().fit(X[:, :1], np.zeros(100))
+        DPLogisticRegression(bounds=(0, 10)).fit(X[:, :1], np.zeros(100))
 
 
 # --- accuracy --------------------------------------------------------------------------------
@@ -147,7 +147,7 @@ def test_bootstrap_intervals_cover_the_truth_mostly():
 
 def test_logistic_close_to_non_private():
     X, y = logistic_data()
-    est = DPLogisticRegression(epsilon=1, delta=1e-6, random_state=4).fit(X, y)
+    est = DPLogisticRegression(epsilon=1, delta=1e-6, bounds=(0, 1), random_state=4).fit(X, y)
     assert set(est.classes_) == {"no", "yes"}
     proba = est.predict_proba(X)
     assert proba.shape == (len(X), 2) and np.allclose(proba.sum(axis=1), 1)
@@ -161,7 +161,7 @@ def test_logistic_close_to_non_private():
 def test_hundred_thousand_rows_fit():
     """The design of a fit at 100k rows; the bench times it (no timing assertion here)."""
     X, y = logistic_data(100_000)
-    est = DPLogisticRegression(epsilon=1, delta=1e-6, random_state=0).fit(X, y)
+    est = DPLogisticRegression(epsilon=1, delta=1e-6, bounds=(0, 1), random_state=0).fit(X, y)
     assert est.score(X, y) > 0.6
 
 
@@ -193,7 +193,7 @@ def test_model_sql_matches_python_predictions():
     assert np.allclose(got, est.predict(pts))
 
     Xl, yl = logistic_data(2000)
-    clf = DPLogisticRegression(epsilon=4, delta=1e-6, random_state=0).fit(Xl, yl)
+    clf = DPLogisticRegression(epsilon=4, delta=1e-6, bounds=(0, 1), random_state=0).fit(Xl, yl)
     m = clf.model([f"x{i}" for i in range(6)])
     assert m.positive == "yes"
     cols = ", ".join(f"{v} AS x{i}" for i, v in enumerate(Xl[0]))

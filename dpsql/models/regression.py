@@ -4,9 +4,15 @@
 ``DPLogisticRegression`` (DP-SGD on the logistic loss) follow scikit-learn's conventions
 (``get_params`` / ``set_params``, ``fit`` returns self, trailing-underscore fitted attributes)
 without importing it, and are clone-able. Features are clipped to their declared ``bounds``
-and scaled to [−1, 1] (bounds default to [0, 1]: 0/1 features); the linear label likewise to
-``label_bounds``, which must be given. Both land on the lattice 2⁻¹⁰ the SQL path uses, so the
-estimator and ``dp_linear_regression`` fit the same design. See docs/regression.md.
+and scaled to [−1, 1]; the linear label likewise to ``label_bounds``. Both must be given: a
+default range would clip silently (a [0, 1] default made a fit on raw data predict the majority
+class), so a fit without them is refused, free, with the fix. Both land on the lattice 2⁻¹⁰ the
+SQL path uses, so the estimator and ``dp_linear_regression`` fit the same design.
+
+``ledger=`` (a dpsql connection, a Service with ``analyst=``, or a
+:class:`~dpsql.privacy.spend.LedgerAccount`) charges the fit's cost before it reads X; without
+one the fit emits an :class:`~dpsql.privacy.spend.UnrecordedSpendWarning`. See
+docs/regression.md.
 """
 
 from __future__ import annotations
@@ -19,8 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from dpsql.errors import PrivacyError
 from dpsql.models import dpsgd
 from dpsql.models import sufficient_stats as ss
+from dpsql.privacy import spend
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.samplers import NoiseSource, SecureNoise, SeededNoise
 from dpsql.terminal import fit_progress
@@ -33,15 +41,33 @@ SCALE = 1 << ss.FEATURE_BITS
 # --- design: clip, scale to [-1, 1], round to the lattice ---------------------------------
 
 
-def _bounds(bounds: Any, d: int) -> tuple[np.ndarray, np.ndarray]:
+class BoundsRequiredError(PrivacyError, ValueError):
+    """A fit without declared bounds: refused before anything is read or spent (42501).
+    Also a ValueError, as scikit-learn's callers expect of a bad parameter."""
+
+
+def _bounds(
+    bounds: Any, d: int, what: str = "bounds", example: str = "bounds=([0, 18], [1, 90])"
+) -> tuple[np.ndarray, np.ndarray]:
+    """(lower, upper) per feature; refused when not given (no silent default range)."""
     if bounds is None:
-        lo, hi = np.zeros(d), np.ones(d)
-    else:
+        raise BoundsRequiredError(
+            f"{what} are required: the fit clips every value to them and they set the "
+            "sensitivity, so a default range would clip silently",
+            construct=what,
+            hint=f"pass {what}=(lower, upper) from public knowledge, not from the data, one "
+            f"value or one list entry per column, e.g. {example}",
+        )
+    try:
         lo_, hi_ = bounds
         lo = np.broadcast_to(np.asarray(lo_, dtype=np.float64), (d,)).copy()
         hi = np.broadcast_to(np.asarray(hi_, dtype=np.float64), (d,)).copy()
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{what} must be (lower, upper): two numbers, or two lists with one entry per column"
+        ) from None
     if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)) and np.all(hi > lo)):
-        raise ValueError("bounds must be finite with upper > lower for every feature")
+        raise ValueError(f"{what} must be finite with upper > lower for every feature")
     return lo, hi
 
 
@@ -166,6 +192,7 @@ class _Params:
     # fitted by the subclasses' fit (declared for the shared helpers below; no class value)
     coef_: np.ndarray
     intercept_: float
+    bounds_: tuple[np.ndarray, np.ndarray]  # the feature bounds the fit clipped to
 
     def get_params(self, deep: bool = True) -> dict[str, Any]:
         names = [p for p in inspect.signature(type(self).__init__).parameters if p != "self"]
@@ -194,6 +221,15 @@ class _Params:
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
         return f"{type(self).__name__}({args})"
 
+    def _account(self) -> spend.LedgerAccount | None:
+        return spend.account(self.ledger, self.analyst)  # type: ignore[attr-defined]
+
+    def _pay(self, account: spend.LedgerAccount | None, cost: Cost) -> None:
+        """Charge the fit's cost before it reads X (or warn that no ledger records it)."""
+        name = type(self).__name__
+        text = spend.params_text(name, self.get_params())
+        spend.charge(account, cost, f"{name}.fit", text, stacklevel=4)  # fit -> _pay -> charge
+
     def _source(self) -> NoiseSource:
         rs = self.random_state  # type: ignore[attr-defined]
         return SecureNoise() if rs is None else SeededNoise(int(rs))
@@ -205,6 +241,8 @@ class _Params:
     def _prepare(
         self, X: Any, groups: Any
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
+        if self.bounds is None:  # type: ignore[attr-defined]
+            _bounds(None, 0)  # refused before X is read
         names = [str(c) for c in X.columns] if hasattr(X, "columns") else None
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2:
@@ -214,6 +252,7 @@ class _Params:
         rows = dpsgd.unit_rows(groups, len(X), self.rows_per_unit)  # type: ignore[attr-defined]
         self.n_features_in_ = d
         self.feature_names_in_ = names or [f"x{i}" for i in range(d)]
+        self.bounds_ = (lo, hi)
         return X, lo, hi, rows, self.feature_names_in_
 
     def _dpsgd_config(self, delta: float) -> dpsgd.DPSGDConfig:
@@ -231,7 +270,7 @@ class _Params:
     def _model(
         self, kind: str, feature_sql: Sequence[str] | None, positive: Any
     ) -> RegressionModel:
-        lo, hi = _bounds(self.bounds, self.n_features_in_)  # type: ignore[attr-defined]
+        lo, hi = self.bounds_
         names = tuple(self.feature_names_in_)
         return RegressionModel(
             kind,
@@ -246,7 +285,7 @@ class _Params:
 
     def _linear(self, X: Any) -> np.ndarray:
         X = np.asarray(X, dtype=np.float64)
-        lo, hi = _bounds(self.bounds, X.shape[1])  # type: ignore[attr-defined]
+        lo, hi = self.bounds_
         x = np.clip(np.where(np.isnan(X), lo, X), lo, hi)
         return x @ self.coef_ + self.intercept_
 
@@ -254,7 +293,9 @@ class _Params:
 class DPLinearRegression(_Params):
     """(ε, δ)-DP linear regression: noisy sufficient statistics (default) or DP-SGD.
 
-    ``label_bounds=(low, high)`` is required: the label's range sets the sensitivity.
+    ``bounds=(lower, upper)`` (per feature) and ``label_bounds=(low, high)`` are required:
+    they clip the values and set the sensitivity; a fit without them is refused (free).
+    ``ledger=`` / ``analyst=``: where the fit's cost is charged (see the module docstring).
     ``noise`` ('gaussian' | 'laplace', sufficient statistics only; laplace is pure ε),
     ``ridge`` (None: about the noise's spectral norm), ``intervals`` (bootstrap, sufficient
     statistics only). Fitted: ``coef_``, ``intercept_``, ``coef_interval_`` (d × 2, or None),
@@ -281,6 +322,8 @@ class DPLinearRegression(_Params):
         rows_per_unit: int = 1,
         random_state: int | None = None,
         verbose: bool = False,
+        ledger: Any = None,
+        analyst: str | None = None,
     ) -> None:
         self.epsilon = epsilon
         self.delta = delta
@@ -298,14 +341,15 @@ class DPLinearRegression(_Params):
         self.rows_per_unit = rows_per_unit
         self.random_state = random_state
         self.verbose = verbose
+        self.ledger = ledger
+        self.analyst = analyst
 
     def fit(self, X: Any, y: Any, groups: Any = None) -> DPLinearRegression:
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}")
-        if self.label_bounds is None:
-            raise ValueError("label_bounds=(low, high) is required: it bounds the sensitivity")
+        account = self._account()
+        (ylo,), (yhi,) = _bounds(self.label_bounds, 1, "label_bounds", "label_bounds=(0, 5000)")
         X, lo, hi, rows, _ = self._prepare(X, groups)
-        (ylo,), (yhi,) = _bounds(tuple(self.label_bounds), 1)
         keep = rows[rows >= 0]
         Z = design(X, lo, hi)
         ys = scale_to_lattice(np.asarray(y, dtype=np.float64)[:, None], ylo, yhi)[:, 0]
@@ -318,6 +362,8 @@ class DPLinearRegression(_Params):
             plan = ss.plan_sufficient_stats(
                 float(self.epsilon), delta, X.shape[1], int(self.rows_per_unit), self.noise
             )
+            ss.check_drawable(plan)
+            self._pay(account, plan.cost)
             released = ss.noisy_statistics(plan, Z[keep], ys[keep], source)
             ridge = ss.default_ridge(plan) if self.ridge is None else float(self.ridge)
             xtx, xty, _ = ss.unpack(plan, released)
@@ -330,6 +376,7 @@ class DPLinearRegression(_Params):
             self.n_noisy_ = float(xtx[0, 0])
         else:
             plan = dpsgd.plan_dpsgd(self._dpsgd_config(delta))
+            self._pay(account, plan.cost)
             with fit_progress(plan.config.steps, "DP-SGD", self.verbose) as advance:
                 w, self.n_noisy_ = dpsgd.train_dpsgd(
                     plan, "squared", Z, ys, rows, source, check=advance
@@ -358,7 +405,9 @@ class DPLinearRegression(_Params):
 class DPLogisticRegression(_Params):
     """(ε, δ)-DP logistic regression by DP-SGD (Poisson sampling, clipping, RDP accounting).
 
-    ``y`` takes two classes (any labels); ``classes_[1]`` is the positive class. Fitted:
+    ``bounds=(lower, upper)`` (per feature) is required; ``ledger=`` / ``analyst=`` as for
+    :class:`DPLinearRegression`. ``y`` takes two classes (any labels); ``classes_[1]`` is the
+    positive class. Fitted:
     ``coef_``, ``intercept_``, ``classes_``, ``cost_``, ``mechanism_`` (the calibrated plan:
     ``noise_multiplier``, ``noise_std``), ``n_noisy_``.
     """
@@ -378,6 +427,8 @@ class DPLogisticRegression(_Params):
         rows_per_unit: int = 1,
         random_state: int | None = None,
         verbose: bool = False,
+        ledger: Any = None,
+        analyst: str | None = None,
     ) -> None:
         self.epsilon = epsilon
         self.delta = delta
@@ -390,8 +441,11 @@ class DPLogisticRegression(_Params):
         self.rows_per_unit = rows_per_unit
         self.random_state = random_state
         self.verbose = verbose
+        self.ledger = ledger
+        self.analyst = analyst
 
     def fit(self, X: Any, y: Any, groups: Any = None) -> DPLogisticRegression:
+        account = self._account()
         X, lo, hi, rows, _ = self._prepare(X, groups)
         y = np.asarray(y)
         classes = np.unique(y)
@@ -401,6 +455,7 @@ class DPLogisticRegression(_Params):
         y01 = (y == classes[1]).astype(np.float64)
         delta = self._delta(int((rows >= 0).sum()))
         plan = dpsgd.plan_dpsgd(self._dpsgd_config(delta))
+        self._pay(account, plan.cost)
         with fit_progress(plan.config.steps, "DP-SGD", self.verbose) as advance:
             w, self.n_noisy_ = dpsgd.train_dpsgd(
                 plan, "logistic", design(X, lo, hi), y01, rows, self._source(), check=advance
@@ -437,6 +492,7 @@ def _plain(value: Any) -> Any:
 register()  # dp_predict('name') applies stored regressions (predict.py imports this module)
 
 __all__ = [
+    "BoundsRequiredError",
     "DPLinearRegression",
     "DPLogisticRegression",
     "RegressionModel",

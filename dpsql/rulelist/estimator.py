@@ -4,6 +4,10 @@ Follows the estimator conventions by hand (constructor only stores parameters, `
 ``set_params``, fitted attributes end in ``_``, ``fit`` returns ``self``) so it works in
 ``sklearn.model_selection.cross_val_score`` when scikit-learn is installed, without depending
 on it.
+
+``ledger=`` (a dpsql connection, a Service with ``analyst=``, or a
+:class:`~dpsql.privacy.spend.LedgerAccount`) charges the fit's (ε, δ) before it reads X;
+without one the fit emits one :class:`~dpsql.privacy.spend.UnrecordedSpendWarning`.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from dpsql.errors import DataError, ProgrammingError
+from dpsql.privacy import spend
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.samplers import NoiseSource, SecureNoise, SeededNoise
 from dpsql.rulelist.candidates import (
@@ -40,6 +45,8 @@ _PARAMS = (
     "candidates",
     "strict_sensitivity",
     "cut_points",
+    "ledger",
+    "analyst",
 )
 
 
@@ -94,7 +101,8 @@ class DPGreedyRuleList:
     ``cut_points`` (public thresholds, see :class:`DPBinarizer`) lets X hold numbers: each
     column becomes ``col >= c`` features; None requires a 0/1 X.
     After ``fit``: ``rule_list_``, ``classes_``, ``n_features_in_``, ``feature_names_in_``,
-    ``cost_`` (the (ε, δ) the fit spent).
+    ``cost_`` (the (ε, δ) the fit spent). ``ledger=`` / ``analyst=``: where that is charged
+    (see the module docstring).
     """
 
     _estimator_type = "classifier"
@@ -112,6 +120,8 @@ class DPGreedyRuleList:
         candidates: str = "public",
         strict_sensitivity: bool = True,
         cut_points: Any = None,
+        ledger: Any = None,
+        analyst: str | None = None,
     ) -> None:
         self.epsilon = epsilon
         self.delta = delta
@@ -124,6 +134,8 @@ class DPGreedyRuleList:
         self.candidates = candidates
         self.strict_sensitivity = strict_sensitivity
         self.cut_points = cut_points
+        self.ledger = ledger
+        self.analyst = analyst
 
     # -- scikit-learn protocol ------------------------------------------------------------
     def get_params(self, deep: bool = True) -> dict[str, Any]:
@@ -181,6 +193,7 @@ class DPGreedyRuleList:
     ) -> DPGreedyRuleList:
         """Learn the list.  ``sample_weight``: whole-number counts (a row of weight 3 counts as
         three rows; the guarantee is per unit of weight)."""
+        account = spend.account(self.ledger, self.analyst)
         Xv, names, from_frame = _validate_X(X, feature_names)
         y_enc, classes = _encode_labels(y)
         if Xv.shape[0] != y_enc.shape[0]:
@@ -210,10 +223,13 @@ class DPGreedyRuleList:
                 construct="candidates",
             )
         data = Patterns.from_rows(Xa, y_enc, weight)
+        cost = plan_budget(params, round(data.total)).cost
+        text = spend.params_text("DPGreedyRuleList", self.get_params())
+        spend.charge(account, cost, "DPGreedyRuleList.fit", text)  # before learning
         self.rule_list_ = learn_patterns(
             data, features, rules, params, noise_source(self.random_state)
         )
-        self.cost_: Cost = plan_budget(params, round(data.total)).cost
+        self.cost_: Cost = cost
         self.classes_ = classes
         self.n_features_in_ = Xv.shape[1]
         if from_frame or feature_names is not None:
@@ -322,6 +338,7 @@ class DPGreedyRuleList:
         params = self.get_params()
         if not isinstance(params["random_state"], int | type(None)):
             params["random_state"] = None
+        params["ledger"] = None  # where a fit was charged is not part of the model
         names = getattr(self, "feature_names_in_", None)
         return json.dumps(
             {
