@@ -66,6 +66,7 @@ from dpsql.sql.bind import (
     CompositeQuery,
     ExplainStatement,
     PublicSelect,
+    ReleasedQuery,
     RuleListCall,
     SettingStatement,
     TransactionStatement,
@@ -355,6 +356,10 @@ class Service:
                 from dpsql.service.composite import explain_composite
 
                 return explain_composite(self, statement.query, settings, analyst)
+            if isinstance(statement.query, ReleasedQuery):
+                from dpsql.service.composite import explain_released
+
+                return explain_released(self, statement.query, settings, analyst)
             plan = self.plan(statement.query, settings, analyst)
             if statement.format == "text":
                 from dpsql.service.explain import explain_text
@@ -367,6 +372,10 @@ class Service:
             from dpsql.service.composite import run_composite
 
             return run_composite(self, statement, settings, analyst, handle)
+        if isinstance(statement, ReleasedQuery):
+            from dpsql.service.composite import run_released
+
+            return run_released(self, statement, settings, analyst, handle)
         assert isinstance(statement, BoundQuery)
         prepared = self._prepare(key, statement, settings, analyst, handle)
         result = self._run(prepared, analyst, handle, settings.confidence)
@@ -748,6 +757,10 @@ class Service:
                 from dpsql.service.composite import plan_composite
 
                 prepared = _Prepared(plan_composite(self, statement, settings, analyst)[1])
+            elif isinstance(statement, ReleasedQuery):
+                from dpsql.service.composite import describe_released
+
+                return describe_released(self, statement, settings, analyst)
         if prepared is not None:
             plan = prepared.plan
             empty = {

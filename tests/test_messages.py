@@ -46,9 +46,10 @@ REFUSED = [
     "SELECT SUM(LENGTH(diagnosis)) FROM visits",
     "SELECT COUNT(*) OVER () FROM visits",
     "SELECT ROW_NUMBER() OVER (ORDER BY age) FROM visits",
-    "SELECT COUNT(*) FROM visits UNION SELECT COUNT(*) FROM visits",
-    "SELECT COUNT(*) FROM visits INTERSECT SELECT COUNT(*) FROM visits",
-    "SELECT COUNT(*) FROM visits EXCEPT SELECT COUNT(*) FROM visits",
+    # (a set operation of DP queries is answered since issue 27: over private rows it is not)
+    "SELECT age FROM visits UNION SELECT COUNT(*) FROM visits",
+    "SELECT age FROM visits INTERSECT SELECT COUNT(*) FROM visits",
+    "SELECT COUNT(*) FROM visits EXCEPT SELECT age FROM visits",
     "SELECT COUNT(*) FROM (SELECT * FROM visits LIMIT 5)",
     "SELECT COUNT(*) FROM (SELECT DISTINCT age FROM visits) AS d",
     "SELECT COUNT(*) FROM visits a JOIN visits b ON a.age = b.age",

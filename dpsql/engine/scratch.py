@@ -28,7 +28,13 @@ from sqlglot.errors import ParseError, TokenError
 from dpsql.engine.limits import LimitExceeded, ResultCaps, Watchdog, fetch_capped
 from dpsql.errors import DataError, OperationalError, ProgrammingError
 from dpsql.policy import Policy
-from dpsql.sql.bind import AGGREGATE_KINDS, ERROR_BAR_FUNCTIONS, RELEASED, SCALAR_NODES
+from dpsql.sql.bind import (
+    AGGREGATE_KINDS,
+    ERROR_BAR_FUNCTIONS,
+    POST_WINDOW_FUNCTIONS,
+    RELEASED,
+    SCALAR_NODES,
+)
 from dpsql.sql.domains import SQL_TYPES
 from dpsql.sql.identifiers import quote_ident as _q
 
@@ -122,9 +128,12 @@ class Scratch:
         self._con.close()
 
 
-# Functions post-processing may call: the binder's own whitelist (scalar constructs, aggregates).
+# Functions post-processing may call: the binder's own whitelist (scalar constructs, aggregates,
+# window functions over released rows).
 _POST_FUNCTIONS: tuple[type[exp.Expr], ...] = tuple(
-    node for node in (*SCALAR_NODES, *AGGREGATE_KINDS) if issubclass(node, exp.Func)
+    node
+    for node in (*SCALAR_NODES, *AGGREGATE_KINDS, *POST_WINDOW_FUNCTIONS)
+    if issubclass(node, exp.Func)
 )
 
 

@@ -17,8 +17,11 @@ Re-running the same text replays the cached answer of both (the same S, the same
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import operator
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -26,9 +29,13 @@ from sqlglot import exp
 
 from dpsql.boundary import charged_boundary, post_processing_boundary, remember_paid
 from dpsql.engine.api import cancel_check
-from dpsql.errors import NotSupportedError
+from dpsql.engine.scratch import check_post
+from dpsql.errors import NotSupportedError, ProgrammingError
+from dpsql.limits import check_plan_rows
 from dpsql.privacy.release import at_confidence, release
-from dpsql.sql.bind import CompositeQuery, to_literal
+from dpsql.service.postprocess import check_tables, run_post, tagged
+from dpsql.service.results import Result, _convert, type_code
+from dpsql.sql.bind import DIALECT, CompositeQuery, ReleasedQuery, to_literal
 from dpsql.sql.compile import compile_plan
 from dpsql.sql.domains import _ordered
 from dpsql.sql.plan import KeyPlan, Plan
@@ -219,3 +226,212 @@ def explain_composite(
     result = Result(first.description, rows, status="EXPLAIN")
     result.notes = [*first.notes, *second.notes]
     return result
+
+
+# -- post-processing over several released tables (dpsql.frontend.released) ------------------
+#
+# Measurements M1..Mk, each an ordinary DP query planned before anything runs, and one
+# post-processing step over their released tables (dpsql.service.postprocess). By sequential
+# composition the k releases cost c1 + ... + ck whatever the post-processing is; that sum is
+# reserved in ONE charge before the engine reads a row (reserve all -> execute all -> release
+# -> remember), so when it does not fit nothing runs and nothing is released.
+
+
+def plan_released(
+    service: Service, query: ReleasedQuery, settings: Settings, analyst: str
+) -> tuple[Plan, ...]:
+    """Every measurement's plan, as charged (refusals here are free)."""
+    plans = tuple(service.plan(m, settings, analyst) for m in query.measurements)
+    for plan in plans:
+        if plan.clips:
+            column = plan.clips[0].column
+            raise NotSupportedError(
+                f"{column}: automatic clipping is not supported in post-processing of several "
+                "DP queries",
+                construct=column,
+                hint='run the queries separately, or declare clip = "declared" for it',
+            )
+    return plans
+
+
+def _released_cost(plans: Sequence[Plan]) -> Any:
+    return functools.reduce(operator.add, (p.cost for p in plans))
+
+
+def _released_fingerprint(plans: Sequence[Plan], query: ReleasedQuery) -> str:
+    parts = ["released", *(p.fingerprint() for p in plans), query.post.sql(dialect=DIALECT)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _dummy(service: Service, plan: Plan) -> Result:
+    """The measurement's result on one public dummy row (NULL keys, every aggregate 1)."""
+    n = len(plan.outputs)
+    answer = {
+        "keys": [[None] * len(plan.keys)],
+        "key_types": service._key_types(plan),
+        "outputs": [[1.0]] * n,
+        "intervals": [[[1.0, 1.0]]] * n,
+        "suppressed": None,
+    }
+    return service._finish(plan, answer, cost=None, cached=False)
+
+
+def _empty(service: Service, plan: Plan) -> Result:
+    answer = {
+        "keys": [],
+        "key_types": service._key_types(plan),
+        "outputs": [[] for _ in plan.outputs],
+        "intervals": [[] for _ in plan.outputs],
+        "suppressed": None,
+    }
+    return service._finish(plan, answer, cost=None, cached=False)
+
+
+def check_released(
+    service: Service, query: ReleasedQuery, plans: Sequence[Plan], analyst: str
+) -> list[tuple[str, str]]:
+    """Every check that needs no data: each measurement's own, then the post-processing on
+    empty released tables and on one dummy row each. Returns the result's description."""
+    for plan in plans:
+        service._dry_run_post(plan, analyst)
+        service._check_drawable(plan)
+    check_post(query.post.sql(dialect=DIALECT), query.post)
+    check_tables(query.post)
+    empties = [_empty(service, plan) for plan in plans]
+    description, _ = run_post(query.post, [(r.description, r.rows) for r in empties], query.names)
+    dummies = [_dummy(service, plan) for plan in plans]
+    try:
+        run_post(query.post, [(r.description, r.rows) for r in dummies], query.names)
+    except ProgrammingError as exc:
+        raise ProgrammingError(
+            f"the query's post-processing fails before any data is used: {exc.message}",
+            sqlstate=exc.sqlstate,
+            construct=exc.construct,
+            hint="fix the query over the released results; nothing was spent",
+        ) from None
+    return [(name, type_code(t)) for name, t in description]
+
+
+# -- run, explain, describe ----------------------------------------------------------------------
+
+
+def run_released(
+    service: Service,
+    query: ReleasedQuery,
+    settings: Settings,
+    analyst: str,
+    handle: QueryHandle | None,
+) -> Result:
+    """One release transaction: reserve all -> execute all -> release -> remember; then the
+    post-processing of the released tables (free)."""
+    from dpsql.pipeline import _decode, _encode, _not_cancelled
+
+    plans = plan_released(service, query, settings, analyst)
+    for plan in plans:
+        check_plan_rows(plan, service.policy.limits)
+    dataset = service.policy.dataset
+    fingerprint = _released_fingerprint(plans, query)
+    cache_key = fingerprint if service.cache else None
+    stored = service.ledger.cached(analyst, dataset, cache_key) if cache_key else None
+    cost = _released_cost(plans)
+    not_cached = None
+    if stored is None:
+        service.ledger.check(analyst, dataset, cost, service.policy.budget)
+        check_released(service, query, plans, analyst)
+        _not_cancelled(handle)
+        service._reserve(analyst, cost, query.text, fingerprint)
+        with charged_boundary():
+            encoded = [
+                _encode(
+                    release(
+                        plan,
+                        service.engine.execute(_compile(plan), handle),
+                        service.noise,
+                        cancel_check(handle),
+                    ),
+                    service._key_types(plan),
+                )
+                for plan in plans
+            ]
+            stored = json.dumps({"measurements": encoded})
+        if cache_key is not None:
+            not_cached = remember_paid(service.ledger, analyst, dataset, cache_key, stored)
+        charged: Any = cost
+    else:
+        charged = None
+    with post_processing_boundary():
+        data = json.loads(stored)
+        results = [
+            service._finish(
+                plan,
+                at_confidence(plan, _decode(answer), settings.confidence),
+                cost=None,
+                cached=False,
+            )
+            for plan, answer in zip(plans, data["measurements"], strict=True)
+        ]
+        out = _post_result(query, results, charged)
+    if not_cached:
+        out.notes.append(not_cached)
+    return out
+
+
+def _post_result(query: ReleasedQuery, results: Sequence[Result], cost: Any) -> Result:
+    tables = [(r.description, r.rows) for r in results]
+    tagged_post = tagged(query.post, tables)
+    description, rows = run_post(tagged_post or query.post, tables, query.names)
+    if tagged_post is None:
+        visible = len(description)
+        intervals = [tuple(None for _ in range(visible)) for _ in rows]
+    else:
+        visible = len(description) - 2
+        intervals = [tuple(results[row[-2]].intervals[row[-1]][:visible]) for row in rows]
+    return Result(
+        description=[(name, type_code(t)) for name, t in description[:visible]],
+        rows=[tuple(_convert(v) for v in row[:visible]) for row in rows],
+        intervals=intervals,  # type: ignore[arg-type]
+        cost=cost,
+        cached=cost is None,
+    )
+
+
+def explain_released(
+    service: Service, query: ReleasedQuery, settings: Settings, analyst: str
+) -> Result:
+    """EXPLAIN of every measurement (rows prefixed by where it was written, each with its own
+    ``<name>: total``), then the post-processing (free) as one row."""
+    plans = plan_released(service, query, settings, analyst)
+    rows: list[tuple[Any, ...]] = []
+    notes: list[str] = []
+    description = None
+    for i, (plan, name) in enumerate(zip(plans, query.names, strict=True)):
+        part = service.explain(plan, analyst)
+        description = description or part.description
+        rows += [(f"measurement {i + 1} ({name}): {r[0]}", *r[1:]) for r in part.rows]
+        notes += part.notes
+    assert description is not None
+    what = ", ".join(query.operations) or "SELECT"
+    width = len(description) - 1
+    post_row = (
+        f"post-processing of the released results ({what}): free",
+        query.post.sql(dialect=DIALECT),
+        *([None] * (width - 1)),
+    )
+    rows.append(post_row)
+    result = Result(description, rows, status="EXPLAIN")
+    result.notes = list(dict.fromkeys(notes))
+    result.notes.append(
+        f"{len(plans)} measurements charged together in one reservation; the post-processing "
+        "reads their released values only"
+    )
+    return result
+
+
+def describe_released(
+    service: Service, query: ReleasedQuery, settings: Settings, analyst: str
+) -> list[tuple[str, str]]:
+    """The result's columns without running anything (post-processing over empty tables)."""
+    plans = plan_released(service, query, settings, analyst)
+    empties = [_empty(service, plan) for plan in plans]
+    description, _ = run_post(query.post, [(r.description, r.rows) for r in empties], query.names)
+    return [(name, type_code(t)) for name, t in description]

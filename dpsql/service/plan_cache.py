@@ -89,9 +89,50 @@ class _PostPlan:
                 post = post.select(
                     exp.alias_(exp.column(f"{inner.name}_lo"), f"__lo{j}"),
                     exp.alias_(exp.column(f"{inner.name}_hi"), f"__hi{j}"),
+                    exp.alias_(exp.column(f"{inner.name}_bias"), f"__b{j}"),
+                    exp.alias_(exp.column(f"{inner.name}_blo"), f"__blo{j}"),
+                    exp.alias_(exp.column(f"{inner.name}_bhi"), f"__bhi{j}"),
                     copy=False,
                 )
+            elif (bounds := _window_interval(inner)) is not None:
+                low, high = bounds
+                post = post.select(
+                    exp.alias_(low, f"__lo{j}"), exp.alias_(high, f"__hi{j}"), copy=False
+                )
         return post.sql(dialect=DIALECT)
+
+
+# Window functions whose interval follows from their argument's: a pick of another released
+# row keeps that row's interval; a sum of released values has the sum of the bounds (it holds
+# whenever every summed value's own interval does). Others (ranks, ratios, averages): NULL.
+_PICKING_WINDOWS = (exp.Lag, exp.Lead, exp.FirstValue, exp.LastValue)
+
+
+def _window_interval(node: exp.Expression) -> tuple[exp.Expression, exp.Expression] | None:
+    """The interval bounds of ``SUM(aN) OVER (...)`` / ``LAG(aN ...) OVER (...)`` as the same
+    window over aN_lo and aN_hi; None for any other expression."""
+    if not isinstance(node, exp.Window) or not isinstance(node.this, (exp.Sum, *_PICKING_WINDOWS)):
+        return None
+    column = node.this.this
+    if not isinstance(column, exp.Column) or column.table or not _is_output(column.name):
+        return None
+    if isinstance(node.this, exp.Sum) and node.this.args.get("expression") is not None:
+        return None
+
+    def over(suffix: str) -> exp.Expression:
+        window = node.copy()
+        window.this.set("this", exp.column(f"{column.name}_{suffix}"))
+        if not isinstance(node.this, exp.Sum):
+            return window
+        # a NULL bound (no interval for that row) makes the sum's bound NULL, not smaller
+        counts = [node.copy(), node.copy()]
+        for count, name in zip(counts, (column.name, f"{column.name}_{suffix}"), strict=True):
+            count.set("this", exp.Count(this=exp.column(name)))
+        return exp.Case(
+            ifs=[exp.If(this=exp.EQ(this=counts[0], expression=counts[1]), true=window)]
+        )
+
+    return over("lo"), over("hi")
 
 
 @dataclass(frozen=True)
@@ -156,6 +197,7 @@ class _PlanCache:
             settings.mechanism,
             settings.quantile_method,
             settings.partition_selection,
+            settings.bias_estimate,
             settings.dialect,  # the same text means another query in another dialect
         )
 

@@ -37,6 +37,7 @@ from dpsql.frontend.intervals import NotNumeric, Range, value_range
 from dpsql.frontend.joins import JOINED, PUBLIC_VALUES, resolve_joins
 from dpsql.frontend.logic import conjuncts
 from dpsql.frontend.private_joins import resolve_private_joins
+from dpsql.frontend.released import split_released_tables
 from dpsql.frontend.rewrite import normalise, timestamp_literals
 from dpsql.frontend.scopes import shadow_policy_tables
 from dpsql.limits import check_tree, too_complex
@@ -178,6 +179,27 @@ REFUSED_STATEMENTS: dict[type[exp.Expression], str] = {
 # Post-processing functions that read a released value's 95% noise interval.
 ERROR_BAR_FUNCTIONS = ("dp_interval_low", "dp_interval_high", "dp_suppression_probability")
 
+# Window functions post-processing may call ``OVER (...)`` the released rows of a DP query
+# (running totals, percent of total, ranks): their arguments, PARTITION BY and ORDER BY are
+# expressions over released aggregates and GROUP BY keys, never over private rows.
+POST_WINDOW_FUNCTIONS: tuple[type[exp.Func], ...] = (
+    exp.Sum,
+    exp.Avg,
+    exp.Min,
+    exp.Max,
+    exp.Count,
+    exp.Rank,
+    exp.DenseRank,
+    exp.RowNumber,
+    exp.PercentRank,
+    exp.CumeDist,
+    exp.Ntile,
+    exp.Lag,
+    exp.Lead,
+    exp.FirstValue,
+    exp.LastValue,
+)
+
 FILE_READERS = (
     "read_csv",
     "read_csv_auto",
@@ -288,6 +310,19 @@ class CompositeQuery:
 
 
 @dataclass(frozen=True)
+class ReleasedQuery:
+    """Post-processing over several DP queries' released tables (dpsql.frontend.released):
+    ``post`` reads ``__m0..`` (measurement i's released result, its columns as it names
+    them) and nothing else; ``names`` say where each measurement was written."""
+
+    text: str
+    measurements: tuple[BoundQuery, ...]
+    names: tuple[str, ...]
+    post: exp.Query
+    operations: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class SettingStatement:
     action: str  # set | reset | show
     name: str
@@ -296,7 +331,7 @@ class SettingStatement:
 
 @dataclass(frozen=True)
 class ExplainStatement:
-    query: BoundQuery | RuleListCall | CompositeQuery
+    query: BoundQuery | RuleListCall | CompositeQuery | ReleasedQuery
     format: str = "table"  # EXPLAIN (FORMAT TEXT): one readable column (dpsql.service.explain)
 
 
@@ -310,6 +345,7 @@ class TransactionStatement:
 Statement = (
     BoundQuery
     | CompositeQuery
+    | ReleasedQuery
     | PublicSelect
     | RuleListCall
     | SettingStatement
@@ -368,7 +404,7 @@ def parse_statement(
         # Blank out the keyword instead of cutting it, so refusals point into ``text``.
         inner = "".join(c if c == "\n" else " " for c in text[:start]) + text[start:]
         bound = parse_statement(inner, policy, parameters, models, access, dialect)
-        if not isinstance(bound, BoundQuery | RuleListCall | CompositeQuery):
+        if not isinstance(bound, BoundQuery | RuleListCall | CompositeQuery | ReleasedQuery):
             raise ProgrammingError(
                 "EXPLAIN takes a DP SELECT query", construct="EXPLAIN", hint="EXPLAIN SELECT ..."
             )
@@ -743,6 +779,10 @@ def bind_tree(tree: exp.Expr, text: str, policy: Policy, access: Any = None) -> 
             text,
             "dpsql only answers aggregate SELECT queries (and SET/SHOW/RESET of privacy settings)",
         )
+    if isinstance(tree, exp.Select | exp.SetOperation):
+        released = _released_tables(tree, text, policy, access)
+        if released is not None:
+            return released
     if isinstance(tree, exp.SetOperation):
         raise _refuse(
             PrivacyError,
@@ -784,6 +824,34 @@ def bind_tree(tree: exp.Expr, text: str, policy: Policy, access: Any = None) -> 
             )
         return replace(inner, post=compose_post(flat.outer, inner.post, flat.alias))
     return _Binder(flat, text, policy).bind()
+
+
+def _released_tables(
+    tree: exp.Select | exp.SetOperation, text: str, policy: Policy, access: Any
+) -> ReleasedQuery | None:
+    """Several DP queries combined by post-processing (set operations, joins of released
+    results, CTE chains, scalar subqueries): each measurement bound on its own (the same
+    rules, access included), the post tree kept for the released tables only."""
+    scoped = shadow_policy_tables(tree, policy)
+    split = split_released_tables(scoped, text, policy)
+    if split is None:
+        return None
+    if access is not None:
+        access.check(scoped, text, policy, TABLE_FUNCTIONS)
+    measurements = []
+    for select in split.measurements:
+        bound = bind_tree(select, text, policy, access)
+        if not isinstance(bound, BoundQuery):
+            raise _refuse(
+                PrivacyError,
+                "each query combined by post-processing must be a DP query over one table",
+                select,
+                text,
+                "SELECT k, COUNT(*) FROM t GROUP BY k (a DP subquery filter or a table "
+                "function runs as a query of its own)",
+            )
+        measurements.append(bound)
+    return ReleasedQuery(text, tuple(measurements), split.names, split.post, split.operations)
 
 
 def _composite(split: ReleasedFilter, text: str, policy: Policy) -> CompositeQuery:
@@ -904,12 +972,7 @@ class _Binder:
                     sub,
                     "rewrite as one SELECT over one table",
                 )
-        for win in tree.find_all(exp.Window):
-            raise self.refuse(
-                "window functions are not allowed",
-                win,
-                "use GROUP BY with COUNT/SUM/AVG; windows would release individual rows",
-            )
+        self._check_windows(tree)
         from_ = tree.args.get("from_") or tree.args.get("from")
         if from_ is None:
             return self._public_select()
@@ -967,6 +1030,90 @@ class _Binder:
             post=post,
             joins=tuple(tree.meta.get(JOINED, ())),
         )
+
+    def _check_windows(self, tree: exp.Select) -> None:
+        """Window functions are post-processing of a DP query's released rows, or refused.
+
+        ``SUM(COUNT(*)) OVER (ORDER BY month)`` reads the released counts only, so it costs
+        nothing beyond the measurement. A window in a query that aggregates nothing would read
+        private rows (``SUM(cost) OVER ()``), and one in WHERE, GROUP BY or HAVING runs before
+        (or beside) the aggregation: those are refused, free."""
+        windows = list(tree.find_all(exp.Window))
+        if not windows:
+            return
+        example = "SELECT k, COUNT(*), SUM(COUNT(*)) OVER (ORDER BY k) FROM t GROUP BY k"
+        aggregates = any(
+            node.find_ancestor(exp.Window) is None
+            for item in (*tree.expressions, tree.args.get("having"), tree.args.get("order"))
+            if item is not None
+            for node in item.find_all(exp.AggFunc)
+            if not isinstance(node.parent, exp.Window)
+        )
+        if tree.args.get("group") is None and not aggregates:
+            raise self.refuse(
+                "window functions over private rows are not allowed: a window may only read "
+                "a DP query's released aggregates and GROUP BY keys",
+                windows[0],
+                "aggregate first and window over the aggregates: " + example,
+            )
+        for clause in ("where", "group", "having"):
+            node = tree.args.get(clause)
+            window = node.find(exp.Window) if node is not None else None
+            if window is not None:
+                word = {"where": "WHERE", "group": "GROUP BY", "having": "HAVING"}[clause]
+                raise self.refuse(
+                    f"window functions are not allowed in {word}",
+                    window,
+                    "use a window in the SELECT list or ORDER BY, or filter its result in an "
+                    "outer query: SELECT * FROM (" + example + ") AS s WHERE ...",
+                )
+
+    def _post_window(
+        self, window: exp.Window, rewrite: Callable[[exp.Expression], exp.Expression]
+    ) -> exp.Window:
+        """``window`` over the released table: its function's arguments, PARTITION BY, ORDER
+        BY and frame rewritten by ``rewrite`` (aggregates to a0.., keys to k0.., anything
+        else refused), the function itself one of :data:`POST_WINDOW_FUNCTIONS`."""
+        func = window.this
+        hint = (
+            "over released aggregates use SUM/AVG/MIN/MAX/COUNT, RANK, DENSE_RANK, ROW_NUMBER, "
+            "PERCENT_RANK, CUME_DIST, NTILE, LAG, LEAD, FIRST_VALUE or LAST_VALUE"
+        )
+        if type(func) not in POST_WINDOW_FUNCTIONS:
+            name = written_name(func).upper()
+            raise self.refuse(f"window function {name} is not supported", window, hint)
+        if window.args.get("alias") is not None or func.find(exp.Distinct) is not None:
+            raise self.refuse(
+                "named windows and DISTINCT inside a window function are not supported",
+                window,
+                "write the window inline: SUM(COUNT(*)) OVER (ORDER BY k)",
+            )
+        for inner in window.find_all(exp.Window):
+            if inner is not window:
+                raise self.refuse("window functions cannot be nested", inner, hint)
+        out = window.copy()
+        new_func = out.this
+        try:
+            for name, value in list(new_func.args.items()):
+                if isinstance(value, exp.Expression) and not isinstance(value, exp.Star):
+                    new_func.set(name, rewrite(value))
+                elif isinstance(value, list):
+                    new_func.set(
+                        name, [rewrite(v) if isinstance(v, exp.Expression) else v for v in value]
+                    )
+            partition = out.args.get("partition_by")
+            if partition:
+                out.set("partition_by", [rewrite(p) for p in partition])
+            for name in ("order", "spec"):
+                if out.args.get(name) is not None:
+                    out.set(name, rewrite(out.args[name]))
+        except PrivacyError as exc:
+            raise self.refuse(
+                f"a window may only read released aggregates and GROUP BY keys: {exc.message}",
+                window,
+                "window over an aggregate (SUM(SUM(y)) OVER (...)) or a key in GROUP BY",
+            ) from None
+        return out
 
     def _restrict_key(self, key: GroupKey, where: exp.Expression) -> GroupKey:
         """What the WHERE says about a key's values, from the text alone.
@@ -1675,7 +1822,7 @@ class _Binder:
                 if isinstance(n, exp.Anonymous) and n.name.lower() in ERROR_BAR_FUNCTIONS:
                     return self._error_bar(n, aggregates, aliases)
                 if isinstance(n, exp.Window):
-                    raise self.refuse("window functions are not allowed", n, "use GROUP BY")
+                    return self._post_window(n, lambda e: rewrite(e, clause))
                 if isinstance(n, exp.AggFunc):
                     call = self._aggregate(n, aggregates)
                     if call not in aggregates:
@@ -1819,7 +1966,12 @@ class _Binder:
             if isinstance(sub, exp.Anonymous) and sub.name.lower() in ERROR_BAR_FUNCTIONS:
                 continue
             if isinstance(sub, exp.Window):
-                raise self.refuse("window functions are not allowed", sub, "use GROUP BY")
+                continue  # its function and clauses: _post_window
+            if sub.find_ancestor(exp.Window) is not None and (
+                isinstance(sub, exp.Order | exp.Ordered | exp.WindowSpec)
+                or (isinstance(sub, POST_WINDOW_FUNCTIONS) and isinstance(sub.parent, exp.Window))
+            ):
+                continue
             if isinstance(sub, exp.Rand | exp.Anonymous) or not isinstance(sub, SCALAR_NODES):
                 parent = sub.parent
                 if isinstance(parent, exp.AggFunc | exp.Distinct) and isinstance(

@@ -1,0 +1,219 @@
+"""Post-processing over several DP queries' released tables, on a connection of its own.
+
+A :class:`dpsql.sql.bind.ReleasedQuery` (dpsql.frontend.released) is measurements M1..Mk and
+one post-processing step P over their released results (a set operation, a join, windows, CTE
+chains, scalar subqueries). Privacy:
+
+1. Each Mi is an ordinary DP query with cost ci, planned before anything runs; by sequential
+   composition the k releases together cost c1 + ... + ck, whatever P is.
+2. c1 + ... + ck is reserved in ONE charge before the engine reads a row (reserve all ->
+   execute all -> release -> remember): when it does not fit the budget nothing runs and
+   nothing is released. A failure after the charge is the uniform charged failure.
+3. P reads the released (noisy) rows only: post-processing, free. It runs on a DuckDB
+   connection of its own, opened empty for the statement (no policy table, not even an empty
+   shadow copy; external access off, configuration locked) with the released rows as typed
+   parameters. Its SQL is rendered from the validated post tree (tables ``__m0..`` and its
+   own CTEs only, functions on the post-processing whitelist), never the analyst's text.
+   Whatever fails there fails on released values and the text only; it is still checked
+   before the charge on empty tables and on one public dummy row per measurement, so a
+   mistyped column or a cast that cannot work is a free refusal.
+
+Intervals: a UNION ALL whose branches are whole DP queries keeps every row's intervals (each
+row is one measurement's released row); otherwise post-processing columns have none (NULL):
+a join, a ratio, a rank or a filter of released values is no longer one released value.
+Windows inside one DP query combine them (dpsql.service.plan_cache).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import duckdb
+from sqlglot import exp, parse_one
+
+from dpsql.engine.limits import LimitExceeded, ResultCaps, Watchdog, fetch_capped
+from dpsql.errors import DataError, OperationalError, ProgrammingError
+from dpsql.frontend.released import MEASURED
+from dpsql.sql.identifiers import quote_ident as _q
+
+DIALECT = "duckdb"
+MEMORY_LIMIT = "1GB"  # as the scratch connection's
+# The released columns' DB-API type codes as SQL types (dpsql.service.results).
+SQL_TYPES = {t: t for t in ("BIGINT", "DOUBLE", "VARCHAR", "BOOLEAN", "DATE", "TIMESTAMP")}
+
+POST_TIMEOUT = 10.0  # seconds the post-processing statement may run
+POST_CAPS = ResultCaps(max_rows=1_000_000, max_bytes=256 << 20)
+_WATCHDOG = Watchdog()
+_CONSTRUCT = "post-processing of released results"
+_BRANCH = "__branch"
+_ROW = "__row"
+
+
+# -- the post-processing connection --------------------------------------------------------------
+
+
+def _connection() -> duckdb.DuckDBPyConnection:
+    """An empty DuckDB database for one statement's post-processing: no table, no file, no
+    extension, configuration locked."""
+    con = duckdb.connect(":memory:")
+    con.execute("SET threads = 1")
+    con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+    return con
+
+
+Table = tuple[list[tuple[str, str]], list[tuple[Any, ...]]]  # (description, rows)
+
+
+def _released_ctes(tables: Sequence[Table]) -> tuple[list[exp.CTE], list[Any]]:
+    """``__m<i>`` (the released columns) and ``__m<i>__rows`` (the same plus its row number)
+    as CTEs over typed list parameters, one per column; the parameters in order."""
+    ctes: list[exp.CTE] = []
+    params: list[Any] = []
+    for i, (description, rows) in enumerate(tables):
+        types = [SQL_TYPES.get(code, "VARCHAR") for _, code in description]
+        names = [name for name, _ in description]
+        if rows:
+            items = [
+                f"UNNEST(CAST(? AS {t}[])) AS {_q(n)}" for n, t in zip(names, types, strict=True)
+            ]
+            items.append(f"UNNEST(CAST(? AS BIGINT[])) AS {_ROW}")
+            body = "SELECT " + ", ".join(items)
+            params += [list(column) for column in zip(*rows, strict=True)]
+            params.append(list(range(len(rows))))
+        else:
+            items = [f"CAST(NULL AS {t}) AS {_q(n)}" for n, t in zip(names, types, strict=True)]
+            body = (
+                "SELECT " + ", ".join([*items, f"CAST(NULL AS BIGINT) AS {_ROW}"]) + " WHERE false"
+            )
+        rows_name = f"{MEASURED}{i}__rows"
+        visible = ", ".join(_q(n) for n in names) or "NULL AS __none"
+        for name, sql in (
+            (rows_name, body),
+            (f"{MEASURED}{i}", f"SELECT {visible} FROM {rows_name}"),
+        ):
+            ctes.append(
+                exp.CTE(
+                    this=parse_one(sql, read=DIALECT),
+                    alias=exp.TableAlias(this=exp.to_identifier(name)),
+                )
+            )
+    return ctes, params
+
+
+def _is_leaf(node: exp.Expression) -> int | None:
+    """The measurement index of a branch that is exactly ``SELECT * FROM __m<i>``."""
+    if not isinstance(node, exp.Select) or len(node.expressions) != 1:
+        return None
+    if not isinstance(node.expressions[0], exp.Star):
+        return None
+    if any(v for k, v in node.args.items() if k not in ("expressions", "from_")):
+        return None
+    source = node.args["from_"].this
+    match = (
+        re.fullmatch(rf"{MEASURED}(\d+)", source.name) if isinstance(source, exp.Table) else None
+    )
+    return int(match.group(1)) if match and not source.alias else None
+
+
+def tagged(post: exp.Query, tables: Sequence[Table]) -> exp.Query | None:
+    """``post`` with each row tagged by its measurement and row (two trailing columns), when
+    it is a UNION ALL of whole DP queries; None otherwise."""
+
+    def leaves(node: exp.Expression) -> list[exp.Expression] | None:
+        if isinstance(node, exp.Union) and not node.args.get("distinct"):
+            if any(node.args.get(k) for k in ("with_",)):
+                return None
+            left, right = leaves(node.this), leaves(node.expression)
+            return None if left is None or right is None else left + right
+        return [node] if _is_leaf(node) is not None else None
+
+    if not isinstance(post, exp.Union) or post.args.get("with_"):
+        return None
+    found = leaves(post)
+    if found is None:
+        return None
+    out = post.copy()
+    for leaf in leaves(out) or []:
+        index = _is_leaf(leaf)
+        assert index is not None
+        names = [exp.column(n, quoted=True) for n, _ in tables[index][0]]
+        tagged = exp.select(
+            *names,
+            exp.alias_(exp.Literal.number(index), _BRANCH),
+            exp.column(_ROW),
+        ).from_(exp.to_table(f"{MEASURED}{index}__rows"))
+        leaf.replace(tagged)
+    return out
+
+
+def run_post(
+    post: exp.Query, tables: Sequence[Table], names: Sequence[str]
+) -> tuple[list[tuple[str, str]], list[tuple[Any, ...]]]:
+    """``post`` over the released ``tables`` on an empty, locked connection of its own:
+    (description as DuckDB types, rows). DuckDB's error text names released values and the
+    query's own names only; ``__m<i>`` is shown as the measurement's name."""
+    ctes, params = _released_ctes(tables)
+    tree = post.copy()
+    own = tree.args.get("with_")
+    tree.set("with_", exp.With(expressions=ctes + (list(own.expressions) if own else [])))
+    sql = tree.sql(dialect=DIALECT)
+    con = _connection()
+    try:
+        cur = con.cursor()
+        with _WATCHDOG.deadline(POST_TIMEOUT, cur.interrupt) as deadline:
+            try:
+                cur.execute(sql, params)
+                rows = fetch_capped(cur, POST_CAPS)
+            except duckdb.InterruptException:
+                if deadline.expired:
+                    raise OperationalError(
+                        "canceling statement due to statement timeout",
+                        sqlstate="57014",
+                        construct=_CONSTRUCT,
+                        hint=f"post-processing may run for {POST_TIMEOUT:g} s",
+                    ) from None
+                raise
+            except LimitExceeded as exc:
+                raise DataError(
+                    f"post-processing result exceeds {exc.limit} {exc.kind}",
+                    sqlstate="54000",
+                    construct=_CONSTRUCT,
+                    hint="return fewer or shorter rows",
+                ) from None
+            except duckdb.Error as exc:
+                message = str(exc).splitlines()[0]
+                message = re.sub(
+                    rf"\b{MEASURED}(\d+)(__rows)?\b",
+                    lambda m: repr(names[int(m.group(1))]),
+                    message,
+                )
+                raise ProgrammingError(
+                    f"post-processing failed: {message}",
+                    sqlstate="42000",
+                    construct=_CONSTRUCT,
+                    hint="check the column names, types and casts of the query over the "
+                    "released results",
+                ) from None
+        return [(d[0], str(d[1])) for d in cur.description], rows
+    finally:
+        con.close()
+
+
+def check_tables(post: exp.Query) -> None:
+    """Post tree: tables are released results (``__m<i>``) or its own CTEs; no table function
+    (its functions are checked against the post-processing whitelist by the caller)."""
+    own = {cte.alias_or_name.lower() for cte in post.find_all(exp.CTE)}
+    for table in post.find_all(exp.Table):
+        name = table.name.lower()
+        ok = isinstance(table.this, exp.Identifier) and not table.args.get("db")
+        if not ok or not (re.fullmatch(rf"{MEASURED}\d+", name) or name in own):
+            raise ProgrammingError(
+                f"post-processing of released results cannot read {table.sql(dialect=DIALECT)}",
+                sqlstate="42501",
+                construct=table.sql(dialect=DIALECT),
+                hint="read only the DP queries' results",
+            )

@@ -1,0 +1,313 @@
+"""Relational post-processing over released tables (issue 27, item 2).
+
+Windows over a DP query's released aggregates, UNION ALL / UNION / INTERSECT / EXCEPT of DP
+queries, CTE chains over released rows, joins between released results and scalar subqueries
+over one: evaluated on noisy outputs only, the measurements charged in one reservation,
+EXPLAIN showing each. What reads private rows outside a DP query stays refused, free.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+from conftest import budget, fixture_policy
+
+import dpsql
+from dpsql.errors import BudgetExhaustedError, PrivacyError, ProgrammingError
+from dpsql.privacy.ledger import MemoryLedger
+from dpsql.privacy.samplers import ZeroNoise
+from dpsql.service.postprocess import check_tables, run_post
+
+LOOSE = {"max_rows_per_unit": 100, "max_groups_per_unit": 100}
+_analysts = itertools.count()
+
+
+class Reads:
+    """Counts the engine's executions (reading data)."""
+
+    def __init__(self, service: dpsql.Service) -> None:
+        self.count = 0
+        execute = service.engine.execute
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return execute(*args, **kwargs)
+
+        service.engine.execute = counted  # type: ignore[method-assign]
+
+
+@pytest.fixture(scope="module")
+def exact() -> Any:
+    service = dpsql.Service(
+        fixture_policy(privacy={"budget_epsilon": 1e6, "budget_delta": 0.5}, table=LOOSE),
+        ledger=MemoryLedger(),
+        noise=ZeroNoise(),
+        cache=False,
+    )
+    reads = Reads(service)
+    yield service, reads
+    service.close()
+
+
+@pytest.fixture(scope="module")
+def noisy() -> Any:
+    service = dpsql.Service(
+        fixture_policy(privacy={"budget_epsilon": 1e6, "budget_delta": 0.5}, table=LOOSE),
+        ledger=MemoryLedger(),
+    )
+    reads = Reads(service)
+    yield service, reads
+    service.close()
+
+
+def run(service: dpsql.Service, sql: str, analyst: str | None = None) -> Any:
+    conn = service.connect(analyst or f"a{next(_analysts)}")
+    return service.execute(sql, None, conn._settings, conn.analyst), conn
+
+
+def counts(service: dpsql.Service, where: str = "") -> dict[str, int]:
+    result, _ = run(service, f"SELECT department, COUNT(*) AS n FROM visits {where} GROUP BY 1")
+    return dict(result.rows)
+
+
+# -- windows over a DP query's released aggregates -----------------------------------------------
+
+
+def test_windows_over_released_aggregates(noisy: Any) -> None:
+    service, _ = noisy
+    sql = (
+        "SELECT department, COUNT(*) AS n, SUM(COUNT(*)) OVER (ORDER BY department) AS running, "
+        "COUNT(*) * 100.0 / SUM(COUNT(*)) OVER () AS pct, "
+        "RANK() OVER (ORDER BY COUNT(*) DESC) AS r, LAG(COUNT(*)) OVER (ORDER BY department) "
+        "AS prev FROM visits GROUP BY department ORDER BY department"
+    )
+    result, conn = run(service, sql)
+    assert [d[0] for d in result.description] == ["department", "n", "running", "pct", "r", "prev"]
+    n = [row[1] for row in result.rows]
+    total = sum(n)
+    assert [row[2] for row in result.rows] == list(itertools.accumulate(n))
+    assert [row[3] for row in result.rows] == pytest.approx([v * 100.0 / total for v in n])
+    ranks = sorted(range(len(n)), key=lambda i: -n[i])
+    assert result.rows[ranks[0]][4] == 1
+    assert [row[5] for row in result.rows] == [None, *n[:-1]]
+    # intervals: a running sum has the sum of the bounds; a ratio and a rank none; LAG the
+    # picked row's own
+    lows = [iv[1][0] for iv in result.intervals]
+    assert [iv[2][0] for iv in result.intervals] == pytest.approx(list(itertools.accumulate(lows)))
+    assert all(iv[3] is None and iv[4] is None for iv in result.intervals)
+    assert result.intervals[1][5] == result.intervals[0][1]
+    # one measurement, charged what EXPLAIN says
+    assert budget(conn)["charged_epsilon"] == pytest.approx(result.cost.epsilon)
+
+
+def test_window_values_equal_the_exact_answer(exact: Any) -> None:
+    service, _ = exact
+    n = counts(service)
+    result, _ = run(
+        service,
+        "SELECT department, COUNT(*) * 100.0 / SUM(COUNT(*)) OVER () AS pct FROM visits "
+        "GROUP BY department",
+    )
+    total = sum(n.values())
+    assert dict(result.rows) == pytest.approx({k: v * 100.0 / total for k, v in n.items()})
+
+
+@pytest.mark.parametrize(
+    ("sql", "message"),
+    [
+        ("SELECT cost, SUM(cost) OVER () FROM visits", "window functions over private rows"),
+        ("SELECT age, RANK() OVER (ORDER BY cost) FROM visits", "window functions over private"),
+        (
+            "SELECT department, SUM(cost) OVER () FROM visits GROUP BY department",
+            "column 'cost' is used outside an aggregate",
+        ),
+        (
+            "SELECT department, COUNT(*) FROM visits GROUP BY department "
+            "HAVING RANK() OVER (ORDER BY COUNT(*)) < 3",
+            "not allowed in HAVING",
+        ),
+        (
+            "SELECT department, MODE(department) OVER () FROM visits GROUP BY department",
+            "window function MODE is not supported",
+        ),
+        (
+            "SELECT age FROM visits UNION SELECT age FROM visits",
+            "UNION of queries that read private rows directly",
+        ),
+        (
+            "SELECT department, COUNT(*) FROM visits GROUP BY 1 UNION ALL "
+            "SELECT department, age FROM visits",
+            "UNION of queries that read private rows directly",
+        ),
+        (
+            "WITH a AS (SELECT department, COUNT(*) AS n FROM visits GROUP BY department) "
+            "SELECT * FROM a JOIN visits v ON a.department = v.department",
+            "a join of a released result with private rows",
+        ),
+        (
+            "WITH a AS (SELECT department, COUNT(*) AS n FROM visits GROUP BY 1), "
+            "b AS (SELECT department, COUNT(*) AS m FROM visits GROUP BY 1) "
+            "SELECT * FROM a JOIN b ON a.department = b.department "
+            "WHERE n > (SELECT MAX(age) FROM visits WHERE age > 0 AND cost IS NULL OR true)",
+            None,  # a scalar DP subquery: answered (MAX is a DP aggregate)
+        ),
+    ],
+)
+def test_what_stays_refused_is_free_and_reads_nothing(
+    noisy: Any, sql: str, message: str | None
+) -> None:
+    service, reads = noisy
+    before = reads.count
+    conn = service.connect(f"r{next(_analysts)}")
+    if message is None:
+        service.execute(sql, None, conn._settings, conn.analyst)
+        return
+    with pytest.raises(PrivacyError) as info:
+        service.execute(sql, None, conn._settings, conn.analyst)
+    assert info.value.sqlstate == "42501"
+    assert message in info.value.message
+    assert info.value.hint
+    assert reads.count == before
+    assert budget(conn)["charged_epsilon"] == 0
+
+
+# -- several DP queries, one reservation ----------------------------------------------------------
+
+
+UNION_TOTAL = (
+    "SELECT department, COUNT(*) AS n FROM visits WHERE smoker GROUP BY department "
+    "UNION ALL SELECT 'TOTAL', COUNT(*) FROM visits"
+)
+
+
+def test_union_all_grouped_rows_plus_a_total_row(exact: Any) -> None:
+    service, reads = exact
+    before = reads.count
+    result, conn = run(service, UNION_TOTAL)
+    smokers = counts(service, "WHERE smoker")
+    everyone = sum(counts(service).values())
+    assert dict(result.rows) == {**smokers, "TOTAL": everyone}
+    assert [d[0] for d in result.description] == ["department", "n"]
+    assert reads.count - before == 2 + 2  # the two measurements (and the two reference runs)
+    # every row keeps its own measurement's interval (noise off: a zero-width one)
+    assert all(iv[0] is None and iv[1] is not None for iv in result.intervals)
+    explain, _ = run(service, "EXPLAIN " + UNION_TOTAL, conn.analyst)
+    totals = [r for r in explain.rows if str(r[0]).endswith(": total")]
+    assert [r[0] for r in totals] == [
+        "measurement 1 (UNION branch 1): total",
+        "measurement 2 (UNION branch 2): total",
+    ]
+    assert budget(conn)["charged_epsilon"] == pytest.approx(sum(r[6] for r in totals))
+    assert explain.rows[-1][0].startswith("post-processing of the released results (UNION ALL)")
+
+
+def test_one_reservation_nothing_runs_when_the_sum_does_not_fit() -> None:
+    """Each measurement alone fits the budget, both do not: refused before any read, nothing
+    charged, nothing released."""
+    service = dpsql.Service(
+        fixture_policy(privacy={"budget_epsilon": 1.5, "epsilon": 1.0}),
+        ledger=MemoryLedger(),
+        noise=ZeroNoise(),
+    )
+    reads = Reads(service)
+    conn = service.connect("tight")
+    with pytest.raises(BudgetExhaustedError):
+        service.execute(UNION_TOTAL, None, conn._settings, "tight")
+    assert reads.count == 0
+    assert budget(conn)["charged_epsilon"] == 0
+    service.close()
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        # cohort A vs B: a join of two released results
+        "WITH a AS (SELECT department, COUNT(*) AS n FROM visits WHERE smoker GROUP BY 1), "
+        "b AS (SELECT department, COUNT(*) AS m FROM visits WHERE NOT smoker GROUP BY 1) "
+        "SELECT a.department, n, m FROM a JOIN b ON a.department = b.department",
+        # a scalar subquery over a released result
+        "WITH a AS (SELECT department, COUNT(*) AS n FROM visits GROUP BY department) "
+        "SELECT department, n, n * 100.0 / (SELECT SUM(n) FROM a) AS pct FROM a",
+        # a CTE ranking another CTE's released rows, then filtered
+        "WITH a AS (SELECT department, COUNT(*) AS n FROM visits GROUP BY department), "
+        "r AS (SELECT department, n, RANK() OVER (ORDER BY n DESC) AS rk FROM a) "
+        "SELECT department, n FROM r WHERE rk <= 3",
+        "SELECT department FROM visits WHERE smoker GROUP BY 1 HAVING COUNT(*) > 500 "
+        "INTERSECT SELECT department FROM visits GROUP BY 1 HAVING COUNT(*) > 3300",
+        "SELECT department FROM visits GROUP BY 1 EXCEPT "
+        "SELECT department FROM visits GROUP BY 1 HAVING COUNT(*) < 3300",
+        # UNION (distinct): the same released rows twice are one
+        "SELECT smoker, COUNT(*) FROM visits GROUP BY 1 "
+        "UNION SELECT smoker, COUNT(*) FROM visits GROUP BY 1",
+    ],
+)
+def test_shapes_answer_the_exact_post_processing(exact: Any, sql: str) -> None:
+    """Noise off: the answer is the same SQL run on the fixture (bounds never bind)."""
+    import duckdb
+    from conftest import FIXTURE_CSV
+
+    service, _ = exact
+    result, conn = run(service, sql)
+    ref = duckdb.connect()
+    ref.execute(
+        "CREATE TABLE visits AS SELECT * FROM read_csv(?, header = true)", [str(FIXTURE_CSV)]
+    )
+    expected = ref.execute(sql).fetchall()
+    assert sorted(map(repr, result.rows)) == sorted(map(repr, expected))
+    explain, _ = run(service, "EXPLAIN " + sql, conn.analyst)
+    spent = sum(r[6] for r in explain.rows if str(r[0]).endswith(": total"))
+    assert budget(conn)["charged_epsilon"] == pytest.approx(spent)
+
+
+def test_a_cached_answer_replays_at_no_cost() -> None:
+    service = dpsql.Service(
+        fixture_policy(privacy={"budget_epsilon": 100}), ledger=MemoryLedger(), cache=True
+    )
+    conn = service.connect("c")
+    first = service.execute(UNION_TOTAL, None, conn._settings, "c")
+    spent = budget(conn)["charged_epsilon"]
+    again = service.execute(UNION_TOTAL, None, conn._settings, "c")
+    assert again.rows == first.rows and again.cached
+    assert budget(conn)["charged_epsilon"] == spent
+    service.close()
+
+
+def test_post_processing_errors_before_the_charge_are_free(exact: Any) -> None:
+    service, reads = exact
+    before = reads.count
+    conn = service.connect("typo")
+    with pytest.raises(ProgrammingError) as info:
+        service.execute(
+            "WITH a AS (SELECT department, COUNT(*) AS n FROM visits GROUP BY 1) "
+            "SELECT nosuch FROM a UNION ALL SELECT 'x'",
+            None,
+            conn._settings,
+            "typo",
+        )
+    assert "nosuch" in info.value.message and "__m" not in info.value.message
+    assert reads.count == before
+    assert budget(conn)["charged_epsilon"] == 0
+
+
+def test_the_post_processing_connection_holds_no_table() -> None:
+    """The released rows are the only relations there: a policy table's name is unknown on
+    it, and the post tree may name only released results and its own CTEs."""
+    import sqlglot
+
+    tree = sqlglot.parse_one("SELECT * FROM visits", read="duckdb")
+    with pytest.raises(ProgrammingError) as info:
+        check_tables(tree)
+    assert info.value.sqlstate == "42501"
+    with pytest.raises(ProgrammingError, match="visits"):
+        run_post(tree, [], [])
+    tree = sqlglot.parse_one("SELECT * FROM read_csv('/etc/passwd')", read="duckdb")
+    with pytest.raises(ProgrammingError):
+        check_tables(tree)
+    _, rows = run_post(
+        sqlglot.parse_one("SELECT SUM(n) AS t FROM __m0", read="duckdb"),
+        [([("k", "VARCHAR"), ("n", "BIGINT")], [("a", 1), ("b", 2)])],
+        ["q"],
+    )
+    assert rows == [(3,)]
