@@ -44,6 +44,16 @@ def _common(p: argparse.ArgumentParser, *, explain: bool) -> None:
     p.add_argument("--mechanism", choices=("laplace", "gaussian"))
     p.add_argument("--confidence", type=float, help="level of the noise intervals (default 0.95)")
     p.add_argument(
+        "--bias-estimate",
+        choices=("on", "off"),
+        help="measure what the bounds cut from a share of epsilon (default on; docs/bias.md)",
+    )
+    p.add_argument(
+        "--bias-interval",
+        choices=("on", "off"),
+        help="with --intervals: add x_bias, x_bias_low, x_bias_high (the interval widened by it)",
+    )
+    p.add_argument(
         "--format", choices=("table", "csv", "json"), default="table", help="output format"
     )
 
@@ -157,11 +167,13 @@ def read_statements(args: argparse.Namespace, stdin: TextIO | None = None) -> li
 
 
 def apply_options(cur: Any, args: argparse.Namespace) -> None:
-    """--epsilon, --delta, --mechanism, --confidence as the session's SET statements."""
-    for setting in ("epsilon", "delta", "mechanism", "confidence"):
+    """--epsilon, --delta, --mechanism, --confidence, --bias-estimate, --bias-interval as the
+    session's SET statements."""
+    words = ("mechanism", "bias_estimate", "bias_interval")
+    for setting in ("epsilon", "delta", "mechanism", "confidence", *words[1:]):
         value = getattr(args, setting, None)
         if value is not None:
-            literal = f"'{value}'" if setting == "mechanism" else repr(value)
+            literal = f"'{value}'" if setting in words else repr(value)
             cur.execute(f"SET {setting} = {literal}")
 
 
@@ -214,6 +226,8 @@ def report(cur: Any, analyst: str, err: TextIO) -> None:
         print("-- cached answer: nothing charged", file=err)
     for _, message in cur.messages:
         print(f"-- warning: {message}", file=err)
+    for note in getattr(cur, "bias_notes", ()):  # what the bounds cut (docs/bias.md)
+        print(f"-- {note}", file=err)
     shown = cur.intervals and any(iv is not None for ivs in cur.intervals for iv in ivs)
     if shown and cur.confidence != 0.95:
         print(f"-- intervals at confidence {number(cur.confidence)}", file=err)

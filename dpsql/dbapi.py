@@ -240,6 +240,30 @@ def interval_names(name: str, taken: Sequence[str] = ()) -> tuple[str, str]:
     return low, high
 
 
+def bias_names(name: str, taken: Sequence[str] = ()) -> tuple[str, str, str]:
+    """The columns of ``name``'s bias (``SET bias_interval = on``): the estimate and the
+    interval widened by it (docs/bias.md)."""
+    cols = (f"{name}_bias", f"{name}_bias_low", f"{name}_bias_high")
+    while any(c in taken for c in cols):
+        cols = (cols[0] + "_", cols[1] + "_", cols[2] + "_")
+    return cols
+
+
+def _with_bias(flat: tuple[Any, ...], biases: Sequence[Any], columns: set[int]) -> tuple[Any, ...]:
+    """A row of :func:`with_intervals` with (bias, low, high) after each interval."""
+    out: list[Any] = []
+    i = 0
+    for j, cut in enumerate(biases):
+        if j in columns:
+            out.extend(flat[i : i + 3])
+            out.extend(cut if cut is not None else (None, None, None))
+            i += 3
+        else:
+            out.append(flat[i])
+            i += 1
+    return tuple(out)
+
+
 def with_intervals(
     names: Sequence[str],
     rows: Sequence[Sequence[Any]],
@@ -275,6 +299,7 @@ class Cursor:
         self._result: Result | None = None
         self._remaining: Remaining | None = None
         self._confidence = 0.95
+        self._bias_interval = False
         self._pos = 0
         self._closed = False
         self.arraysize = 1
@@ -309,6 +334,21 @@ class Cursor:
         return self._confidence
 
     @property
+    def biases(self) -> list[tuple[tuple[float, float, float] | None, ...]] | None:
+        """Per row, per column: (estimated bias, low, high) of a released COUNT, SUM or AVG
+        computed from bounded rows -- what the contribution bounds and clamps cut from it
+        (true value minus released, estimated privately: docs/bias.md) and the interval
+        widened by it -- else None (``SET bias_estimate = off``, or a kind not estimated)."""
+        if self._result is None:
+            return None
+        return self._result.biases or [(None,) * len(r) for r in self._result.rows]
+
+    @property
+    def bias_notes(self) -> list[str]:
+        """What the bounds cut from the last answer, one line per column (docs/bias.md)."""
+        return [] if self._result is None else list(self._result.bias_notes)
+
+    @property
     def interval_description(self) -> list[tuple] | None:
         """:attr:`description` with ``x_low``/``x_high`` after each column with intervals:
         the columns of :meth:`fetchall_intervals`, :meth:`fetch_records` and :meth:`fetch_df`."""
@@ -321,6 +361,8 @@ class Cursor:
             out.append((name, code))
             if j in columns:
                 out.extend((n, "DOUBLE") for n in interval_names(name, taken))
+                if self._bias_interval:  # SET bias_interval = on (docs/bias.md)
+                    out.extend((n, "DOUBLE") for n in bias_names(name, taken))
         return _description(out)
 
     def _interval_columns(self) -> set[int]:
@@ -366,6 +408,7 @@ class Cursor:
         self._result = None
         self._remaining = None
         self._confidence = self.connection._settings.confidence
+        self._bias_interval = self.connection._settings.bias_interval == "on"
         self._result = self.connection._run(sql, parameters)
         self._pos = 0
         if self._result.cost is not None:
@@ -432,7 +475,11 @@ class Cursor:
         assert self._result is not None
         names = [n for n, _ in self._result.description]
         intervals = self._result.intervals[start : start + len(rows)]
-        _, flat = with_intervals(names, rows, intervals, self._interval_columns())
+        columns = self._interval_columns()
+        _, flat = with_intervals(names, rows, intervals, columns)
+        if self._bias_interval:  # each interval followed by the bias and its widened interval
+            cut = (self.biases or [])[start : start + len(rows)]
+            flat = [_with_bias(f, b, columns) for f, b in zip(flat, cut, strict=True)]
         return flat
 
     def fetch_records(self) -> list[dict[str, Any]]:

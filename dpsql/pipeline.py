@@ -42,6 +42,7 @@ from dpsql.policy import Policy, TablePolicy, load_policy
 from dpsql.privacy.ledger import Ledger, MemoryLedger
 from dpsql.privacy.release import Released, at_confidence, release
 from dpsql.privacy.samplers import NoiseSource, default_source
+from dpsql.service.bias_notes import answer_notes, bounds_lines
 from dpsql.service.plan_cache import _CheckedSet, _PlanCache, _PostPlan, _Prepared, _SecretTemplate
 from dpsql.service.results import (
     SQL_TYPES_BY_CODE,
@@ -267,6 +268,7 @@ class Service:
                 partition_selection=settings.partition_selection,
                 engine=self.engine.name,
                 store=self.store_of(query.table),
+                bias_estimate=settings.bias_estimate == "on",
             )
         except (ValueError, OverflowError, ZeroDivisionError):
             # Below 2^-54 no noise measure is drawable (a scale above the exact sampler's
@@ -876,7 +878,9 @@ class Service:
                 prepared.post = post
         if post.projection is not None:
             try:
-                return _project(post.projection, columns, types, rows, cost=cost, cached=cached)
+                out = _project(post.projection, columns, types, rows, cost=cost, cached=cached)
+                out.bias_notes = answer_notes(plan, out.description, out.biases)
+                return out
             except NotPlain:
                 pass  # a value of an unexpected Python type: let DuckDB cast it
         visible = post.visible
@@ -894,13 +898,25 @@ class Service:
                     for j in range(visible)
                 )
             )
-        return Result(
+        biases = [
+            tuple(
+                (row[hidden[f"__b{j}"]], row[hidden[f"__blo{j}"]], row[hidden[f"__bhi{j}"]])
+                if f"__b{j}" in hidden and row[hidden[f"__b{j}"]] is not None
+                else None
+                for j in range(visible)
+            )
+            for row in out_rows
+        ]
+        out = Result(
             description=[(n, type_code(t)) for n, t in description[:visible]],
             rows=[tuple(_convert(v) for v in row[:visible]) for row in out_rows],
             intervals=intervals,
             cost=cost,
             cached=cached,
+            biases=biases,
         )
+        out.bias_notes = answer_notes(plan, out.description, out.biases)
+        return out
 
     def explain(self, plan: Plan, analyst: str | None = None) -> Result:
         rows: list[tuple[Any, ...]] = []
@@ -939,6 +955,25 @@ class Service:
                         float(m.mechanism.interval_halfwidth() * g),
                     )
                 )
+        for m in plan.measures:  # what the bounds cut, measured (dpsql.sql.bias)
+            if m.kind in ("dropped", "cut", "clamped"):
+                g = m.unit
+                rows.append(
+                    (
+                        "bias",
+                        f"{m.kind}({m.column or '*'})",
+                        m.mechanism.name,
+                        float(m.l1 * g),
+                        float(m.l2 * g),
+                        float(m.mechanism.scale * g),
+                        m.epsilon,
+                        0.0,
+                        0.0,
+                        float(m.mechanism.interval_halfwidth() * g),
+                    )
+                )
+        for line in bounds_lines(plan):  # e.g. "R = 5 may drop rows of units with more ..."
+            rows.append(("bounds", line, None, None, None, None, None, None, None, None))
         for clip in plan.clips:
             rows.append(
                 (

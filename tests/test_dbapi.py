@@ -25,6 +25,7 @@ from dpsql.errors import (
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import SeededNoise
+from dpsql.sql import bias
 
 COLUMNS = {
     "uid": {"type": "int", "nullable": False},
@@ -239,6 +240,8 @@ DEFAULT_SETTINGS = {
     "quantile_method": "em",
     "partition_selection": "auto",  # issue 17: optimal selection / τ-threshold / auto
     "confidence": 0.95,
+    "bias_estimate": "on",  # issue 31: what the bounds cut, measured (docs/bias.md)
+    "bias_interval": "off",
 }
 
 
@@ -255,11 +258,15 @@ def test_set_show_reset(conn):
         "quantile_method": "em",
         "partition_selection": "auto",
         "confidence": 0.95,
+        "bias_estimate": "on",
+        "bias_interval": "off",
     }
     assert rows_of(conn, "SHOW mechanism") == [("gaussian",)]
     cur.execute("EXPLAIN SELECT COUNT(*) FROM t")
     row = cur.fetchone()
-    assert row[2] == "gaussian" and row[6] == 0.25 and row[7] == 1e-7 and row[8] > 0  # zCDP
+    # COUNT(*)'s measure: the query's ε less the bias estimate's share (docs/bias.md)
+    answer = 0.25 - bias.share(0.25)
+    assert row[2] == "gaussian" and row[6] == answer and row[7] == 1e-7 and row[8] > 0  # zCDP
     for name in ("epsilon", "delta", "mechanism"):
         cur.execute(f"RESET {name}")
     assert conn.settings == DEFAULT_SETTINGS

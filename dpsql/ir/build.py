@@ -21,6 +21,7 @@ from dpsql.ir.relational import (
     PublicJoin,
     Scan,
 )
+from dpsql.sql import bias
 from dpsql.sql.plan import Measure, OutputAggregate, Plan
 
 
@@ -56,7 +57,11 @@ def plan_tree(plan: Plan) -> PostProcess:
     )
     measures = tuple(
         AggregateMeasure(
-            m.name, m.kind, m.column, _row_bound(m) * m.scale, per_unit=m.kind == "units"
+            m.name,
+            m.kind,
+            m.column,
+            _row_bound(m, plan.max_rows) * m.scale,
+            per_unit=m.kind == "units" or m.kind in bias.PAIR_KINDS,
         )
         for m in plan.measures
     )
@@ -154,10 +159,13 @@ def tree_lines(root: object) -> list[str]:
     return lines
 
 
-def _row_bound(m: Measure) -> int:
-    """The largest |value| one row adds to a measure, from its fixed-point range alone."""
+def _row_bound(m: Measure, R: int) -> int:
+    """The largest |value| one row adds to a measure, from its fixed-point range alone (a
+    bias measure: one pair or row, from R and the range: dpsql.sql.bias)."""
     if m.kind in ("rows", "values", "units", "distinct"):
         return 1
+    if m.kind in bias.KINDS:
+        return bias.row_bound(m.kind, m.lo, m.hi, R)
     centred = max(abs(m.lo - m.center), abs(m.hi - m.center))
     if m.kind == "sum":
         return centred

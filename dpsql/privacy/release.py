@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, cast
 
@@ -19,6 +19,7 @@ import numpy as np
 from dpsql.aggregates import Sum, kind_of
 from dpsql.engine.api import EngineResult
 from dpsql.errors import PrivacyError
+from dpsql.privacy import bias
 from dpsql.privacy.mechanisms import Gaussian, Mechanism
 from dpsql.privacy.partition import Unreleased
 from dpsql.privacy.quantiles import ExponentialQuantile, JointQuantiles, SmoothMedian, target
@@ -37,6 +38,8 @@ class Released:
     outputs: list[np.ndarray]  # one float array per plan output
     intervals: list[np.ndarray]  # per output: (n_groups, 2) 95% noise interval
     suppressed_probability: np.ndarray | None  # per group, where thresholding applies
+    # per output: (n_groups, 2) bias estimate and its half-width, or None (dpsql.privacy.bias)
+    biases: list[np.ndarray | None] = field(default_factory=list)
 
 
 def _canonical(key: tuple) -> tuple:
@@ -159,7 +162,8 @@ def release(
     intervals = [
         _interval(o, plan, kept, value) for o, value in zip(plan.outputs, outputs, strict=True)
     ]
-    return Released(key_values, outputs, intervals, suppressed)
+    biases = bias.estimates(plan, kept, outputs)  # what the bounds cut: post-processing
+    return Released(key_values, outputs, intervals, suppressed, biases)
 
 
 def _bin_counts(

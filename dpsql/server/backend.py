@@ -175,12 +175,16 @@ class DpBackend:
             columns = _columns(cur.description)
             rows = [tuple(r) for r in cur.fetchall()] if columns else []
             status = getattr(cur, "statusmessage", None)
-            notices = tuple(
-                ("WARNING", "01000", str(text)) for _, text in getattr(cur, "messages", ())
-            ) + _cost_notice(
-                getattr(cur, "cost", None),
-                getattr(cur, "cached", False),
-                getattr(cur, "remaining", None),
+            notices = (
+                tuple(("WARNING", "01000", str(text)) for _, text in getattr(cur, "messages", ()))
+                + tuple(  # what the bounds cut from each value (docs/bias.md)
+                    ("NOTICE", "00000", f"dpsql: {note}") for note in getattr(cur, "bias_notes", ())
+                )
+                + _cost_notice(
+                    getattr(cur, "cost", None),
+                    getattr(cur, "cached", False),
+                    getattr(cur, "remaining", None),
+                )
             )
             tag = command_tag(sql, len(rows), status, columns is not None)
             return Outcome(columns, rows, tag, notices)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import sqlglot
 
 from dpsql.ir.build import plan_tree, tree_lines
+from dpsql.service.bias_notes import bounds_lines
 from dpsql.sql.compile import compile_plan
 
 if TYPE_CHECKING:
@@ -29,7 +30,11 @@ WHAT = {
     "distinct": "count of distinct non-NULL {column} over the bounded rows",
     "sum": "sum of {column}",
     "sumsq": "sum of squares of {column}",
+    "dropped": "rows cut by R per unit and group, up to 2R",
+    "cut": "mass of {column} in the rows cut by R",
+    "clamped": "mass of {column} cut by its clamp",
 }
+WHAT_CUT = ("dropped", "cut", "clamped")
 FORMULA = {
     "count": "the noisy count, clamped at 0",
     "count_units": "the noisy count of units, clamped at 0",
@@ -140,6 +145,15 @@ def explain_lines(service: Service, plan: Plan, analyst: str | None) -> list[str
         lines.append(
             f"  each {unit} keeps at most {plan.max_rows} rows per group and "
             f"{plan.max_groups} groups ({how})"
+        )
+    cut = bounds_lines(plan)
+    if cut:
+        lines.append("What the bounds may cut (docs/bias.md)")
+        lines.extend("  " + line for line in cut)
+        lines.extend(
+            _measure_line(plan, m).replace("    ", "    bias: ", 1)
+            for m in plan.measures
+            if m.kind in WHAT_CUT
         )
     if plan.clips:
         lines.append("Automatic clipping")

@@ -18,6 +18,7 @@ from dpsql.engine.scratch import (
     Projection,
     cast_value,
 )
+from dpsql.privacy.bias import widened
 from dpsql.privacy.release import Released
 from dpsql.sql.domains import SQL_TYPES
 from dpsql.sql.plan import Plan
@@ -59,6 +60,11 @@ class Result:
     cached: bool = False
     status: str = "SELECT"
     notes: list[str] = field(default_factory=list)
+    # per row, per column: (bias estimate, bias-inclusive low, high) of a released aggregate
+    # whose bias is measured (dpsql.privacy.bias), else None
+    biases: list[tuple[tuple[float, float, float] | None, ...]] = field(default_factory=list)
+    # what the bounds cut, one line per aggregate column (every door shows them)
+    bias_notes: list[str] = field(default_factory=list)
 
 
 def _jsonable(value: Any) -> Any:
@@ -102,10 +108,15 @@ def _released_table(plan: Plan, answer: dict) -> tuple[list[str], list[str], lis
         whole.append(kind == "BIGINT")
     columns.append("__suppressed")
     types.append("DOUBLE")
+    for i in range(len(plan.outputs)):  # what the bounds cut (dpsql.privacy.bias)
+        columns += [f"a{i}_bias", f"a{i}_blo", f"a{i}_bhi"]
+        types += ["DOUBLE", "DOUBLE", "DOUBLE"]
     outputs, intervals, suppressed = answer["outputs"], answer["intervals"], answer["suppressed"]
+    biases = answer.get("biases") or [None] * len(whole)
     rows = []
     for r, key in enumerate(answer["keys"]):
         row: list[Any] = list(key)
+        cut: list[Any] = []
         for i, is_whole in enumerate(whole):
             value = outputs[i][r]
             low, high = intervals[i][r]
@@ -116,9 +127,20 @@ def _released_table(plan: Plan, answer: dict) -> tuple[list[str], list[str], lis
                 if low is not None and high is not None and np.isfinite(low) and np.isfinite(high):
                     low, high = math.floor(low), math.ceil(high)
             row += [value, low, high]
+            cut += _bias_cells(biases[i][r] if biases[i] is not None else None, low, high)
         row.append(suppressed[r] if suppressed is not None else None)
-        rows.append(tuple(row))
+        rows.append(tuple(row + cut))
     return columns, types, rows
+
+
+def _bias_cells(estimate: Sequence[float] | None, low: Any, high: Any) -> list[Any]:
+    """(bias, bias-inclusive low, high) of one value, or three NULLs (dpsql.privacy.bias)."""
+    if estimate is None or low is None or high is None:
+        return [None, None, None]
+    b, h = estimate
+    if not (np.isfinite(low) and np.isfinite(high) and math.isfinite(b) and math.isfinite(h)):
+        return [None, None, None]
+    return [b, *widened(low, high, b, h)]
 
 
 def _project(
@@ -140,6 +162,10 @@ def _project(
         (index[f"{columns[i]}_lo"], index[f"{columns[i]}_hi"]) if _is_output(columns[i]) else None
         for _, i in projection.items
     ]
+    cuts = [
+        index.get(f"{columns[i]}_bias") if _is_output(columns[i]) else None
+        for _, i in projection.items
+    ]
     selected = [rows[r] for r in projection.select_rows(rows, types)]
     out_rows = [tuple(cast_value(row[i], t) for i, t in picks) for row in selected]
     intervals = [
@@ -151,12 +177,19 @@ def _project(
         )
         for row in selected
     ]
+    biases = [
+        tuple(
+            None if c is None or row[c] is None else (row[c], row[c + 1], row[c + 2]) for c in cuts
+        )
+        for row in selected
+    ]
     return Result(
         description=[(name, type_code(types[i])) for name, i in projection.items],
         rows=out_rows,
         intervals=intervals,
         cost=cost,
         cached=cached,
+        biases=biases,
     )
 
 
@@ -183,6 +216,7 @@ def _encode(released: Released, key_types: Sequence[str]) -> str:
                 if released.suppressed_probability is None
                 else _floats(released.suppressed_probability).tolist()
             ),
+            "biases": [None if b is None else _floats(b).tolist() for b in released.biases],
         }
     )
 

@@ -16,6 +16,7 @@ from dpsql.sql.bind import (
 )
 
 QUANTILE_METHODS = ("em", "pf", "smooth")
+ON_OFF = ("on", "off")
 
 
 @dataclass
@@ -34,10 +35,17 @@ class Settings:
     # the SQL dialect statements are read in (dpsql.sql.dialect): chosen by the door, "duckdb"
     # for the DB-API and CLI, "postgres" for the wire server; not a SET-table setting
     dialect: str = "duckdb"
+    # what the bounds cut (docs/bias.md): "on" measures it from a share of ε (dpsql.sql.bias),
+    # "off" spends all of ε on the answer; bias_interval "on" shows the interval widened by
+    # the estimated bias beside each noise interval (post-processing only)
+    # (a session starts with bias_estimate "on": from_policy; "off" here keeps a Settings
+    # built by hand -- a planner test's -- at the split it states)
+    bias_estimate: str = "off"
+    bias_interval: str = "off"
 
     @classmethod
     def from_policy(cls, policy: Policy) -> Settings:
-        return cls(policy.epsilon, policy.delta, policy.mechanism)
+        return cls(policy.epsilon, policy.delta, policy.mechanism, bias_estimate="on")
 
     def as_dict(self) -> dict[str, Any]:
         """The settings a plan (and its cached answer) depends on."""
@@ -52,6 +60,8 @@ class Settings:
             "quantile_method": self.quantile_method,
             "partition_selection": self.partition_selection,
             "confidence": self.confidence,
+            "bias_estimate": self.bias_estimate,
+            "bias_interval": self.bias_interval,
         }
 
 
@@ -118,6 +128,8 @@ def _choices() -> dict[str, tuple[tuple[str, ...], str]]:
             SELECTION_MODES,
             "SET partition_selection = 'auto', 'optimal' or 'threshold'",
         ),
+        "bias_estimate": (ON_OFF, "SET bias_estimate = on (default) or off"),
+        "bias_interval": (ON_OFF, "SET bias_interval = on or off (default)"),
     }
 
 

@@ -180,6 +180,7 @@ class ShapeCache:
             settings.mechanism,
             settings.quantile_method,  # both reach the plan (MEDIAN's mechanism, selection)
             settings.partition_selection,
+            settings.bias_estimate,
         )
         return key, [str(node.this) for node, _ in slots]
 

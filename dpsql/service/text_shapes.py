@@ -130,6 +130,7 @@ class TextShapes:
             settings.mechanism,
             settings.quantile_method,
             settings.partition_selection,
+            settings.bias_estimate,
         )
 
     @staticmethod

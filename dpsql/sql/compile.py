@@ -526,11 +526,50 @@ def _squared(m: Measure, col: ColumnPolicy) -> exp.Expression:
     return exp.Sub(this=square, expression=_number(m.center2)) if m.center2 else square
 
 
+def clamp_excess_expr(m: Measure, col: ColumnPolicy) -> exp.Expression:
+    """A ``clamped`` bias measure's row value (dpsql.sql.bias): round((x − clamp(x)) / g)
+    within [−W, W], W = hi − lo, as BIGINT (NULL for NULL). The quotient is clamped before
+    ROUND (a NaN or infinite excess goes to a bound), so the value lies in [−W, W]."""
+    x = _cast(_col(col), "DOUBLE")
+    excess = exp.Paren(
+        this=exp.Sub(this=x, expression=_clamp(x.copy(), col.lower, col.upper))  # type: ignore[arg-type]
+    )
+    quotient = exp.Div(this=excess, expression=_number(col.granularity), typed=False, safe=False)
+    width = max(m.hi - m.lo, 1)
+    return _cast(exp.Round(this=_clamp(quotient, -width, width)), "BIGINT")
+
+
+def _cut_rows(R: int, C: int) -> exp.Expression:
+    """``COUNT(*) - R`` clamped to [0, C]: a pair's rows cut by R, at most C."""
+    return _clamp(exp.Sub(this=_count_star(), expression=_number(R)), 0, C)
+
+
+def pair_measure_expr(m: Measure, table: TablePolicy, R: int) -> exp.Expression:
+    """A pair-level bias measure (``dropped``, ``cut``: dpsql.sql.bias) over a (unit, group)'s
+    rows grouped together, in m's fine grid: the rows cut by R (at most C), or the pair's
+    clamped sum times that count over its rows (truncated toward zero)."""
+    from dpsql.sql.bias import cap
+
+    C = cap(R)
+    factor: exp.Expression = _cut_rows(R, C)
+    if m.scale != 1:
+        factor = exp.Mul(this=exp.Paren(this=factor), expression=_number(m.scale))
+    if m.kind == "dropped":
+        return factor
+    col = table.columns[m.column]  # type: ignore[index]
+    total = exp.Coalesce(
+        this=exp.Sum(this=fixed_point_expr(col, m.lo, m.hi)), expressions=[_number(0)]
+    )
+    return _fraction(total, factor, C * m.scale, _count_star())
+
+
 def row_value_expr(m: Measure, table: TablePolicy) -> exp.Expression | None:
     """One row's integer contribution to a measure (None: counted per unit/row)."""
-    if m.kind in ("rows", "units"):
+    if m.kind in ("rows", "units", "dropped", "cut"):
         return None
     col = table.columns[m.column]  # type: ignore[index]
+    if m.kind == "clamped":
+        return exp.Coalesce(this=clamp_excess_expr(m, col), expressions=[_number(0)])
     is_null = exp.Is(this=_col(col), expression=exp.Null())
     if m.kind == "values":
         return exp.Case(ifs=[exp.If(this=is_null, true=_number(0))], default=_number(1))
@@ -557,6 +596,8 @@ def measure_aggregate_expr(m: Measure, table: TablePolicy) -> exp.Expression:
         return exp.Count(this=_col(col))
     if m.kind == "distinct":  # row-level plans only (bounded ones count it in CompiledQuery.extras)
         return _count_distinct(_col(col))
+    if m.kind == "clamped":
+        return exp.Sum(this=clamp_excess_expr(m, col))
     return exp.Sum(this=_centred(m, col) if m.kind == "sum" else _squared(m, col))
 
 
@@ -959,6 +1000,10 @@ def _pairs(plan: Plan, ks: list[str]) -> exp.Select:
     items += [
         _alias(measure_aggregate_expr(m, table), f"v_{m.name}") for m in _value_measures(plan)
     ]
+    items += [
+        _alias(pair_measure_expr(m, table, plan.max_rows), f"v_{m.name}")
+        for m in _pair_measures(plan)
+    ]
     group: list[exp.Expression] = [_name(c) for c in ["__u", *ks]]
     pairs = _select(items, _source(table), where=_conditions(plan), group=group)
     pair_filters = _column_key_domains(plan, ks)
@@ -995,7 +1040,15 @@ def _bounds_groups(plan: Plan) -> bool:
 
 def _value_measures(plan: Plan) -> list[Measure]:
     """Measures summed from row values (not counted per row or unit): those need sampling."""
-    return [m for m in plan.measures if m.kind not in ("rows", "units", "distinct")]
+    return [
+        m for m in plan.measures if m.kind not in ("rows", "units", "distinct", "dropped", "cut")
+    ]
+
+
+def _pair_measures(plan: Plan) -> list[Measure]:
+    """Bias measures computed once per (unit, group) pair from all its rows (dpsql.sql.bias):
+    computed in ``base``, carried through the bounding as they are."""
+    return [m for m in plan.measures if m.kind in ("dropped", "cut")]
 
 
 def _cte(name: str, query: exp.Expression) -> exp.CTE:
@@ -1111,7 +1164,7 @@ def group_scaled(
         expression=k.copy(),
     )
     items.append(_alias(units, "__units"))
-    for m in _value_measures(plan):
+    for m in _value_measures(plan) + _pair_measures(plan):
         scaled = _fraction(_name(f"v_{m.name}"), capped.copy(), G, k, bound=m.per_group_bound)
         items.append(_alias(scaled, f"v_{m.name}"))
     return _select(items, src)
@@ -1136,6 +1189,7 @@ def rescaled(plan: Plan, ks: list[str], pairs: str, keep: tuple[str, ...] = ()) 
     items += [
         _alias(scaled_partial(m, plan.max_rows, n), f"v_{m.name}") for m in _value_measures(plan)
     ]
+    items += [_name(f"v_{m.name}") for m in _pair_measures(plan)]  # per pair already
     return _select(items, _table(pairs))
 
 
@@ -1148,22 +1202,30 @@ def _sampled(plan: Plan, ks: list[str]) -> exp.Select:
     rows_items: list[exp.Expression] = [_star(), _alias(_quoted(table.privacy_unit), "__u")]  # type: ignore[arg-type]
     rows_items += [_alias(lowered_key(kp.key), k) for kp, k in zip(plan.keys, ks, strict=True)]
     rows = _select(rows_items, _source(table), where=_conditions(plan))
+    carried = [f"v_{m.name}" for m in _pair_measures(plan)]  # per pair, from base
     over_r = _select(
-        [_name(c) for c in gc],
+        [_name(c) for c in [*gc, *carried]],
         _table("base"),
         where=[exp.GT(this=_name("__n"), expression=_number(R))],
     )
     match = [_same("b", "o", "__u", nulls_match=False)]
     match += [_same("b", "o", k, nulls_match=True) for k in ks]
+    ranked_items = [
+        _star("b"),
+        _alias(_row_number([_name(c, "b") for c in gc], [_row_order(table)]), "__r"),
+    ]
+    ranked_items += [_alias(_name(c, "o"), c) for c in carried]
     ranked = _select(
-        [_star("b"), _alias(_row_number([_name(c, "b") for c in gc], [_row_order(table)]), "__r")],
+        ranked_items,
         _subquery(rows, "b"),
-        joins=[_join(_subquery(over_r, "o"), "SEMI", _and(match))],
+        # one row of o per pair: an inner join carries its per-pair columns
+        joins=[_join(_subquery(over_r, "o"), "INNER" if carried else "SEMI", _and(match))],
     )
     items: list[exp.Expression] = [_name(c) for c in gc] + [_alias(_count_star(), "__n")]
     items += [
         _alias(measure_aggregate_expr(m, table), f"v_{m.name}") for m in _value_measures(plan)
     ]
+    items += [_alias(exp.Max(this=_name(c)), c) for c in carried]
     return _select(
         items,
         _subquery(ranked, "s"),
@@ -1216,3 +1278,33 @@ def _ranked(ks: list[str], G: int) -> exp.Select:
         _table("bounded"),
         qualify=exp.LTE(this=window, expression=_number(G)),
     )
+
+
+def contribution_query(
+    table: TablePolicy, keys: Sequence[GroupKey], kind: str, over: int
+) -> CompiledQuery:
+    """The contribution histogram ``"auto"`` bounds are chosen from (dpsql.privacy.contribution,
+    dpsql.service.bounds): ``SELECT LEAST(n, over) AS b, COUNT(*) AS c`` over the units'
+    contributions n, ``kind`` "rows" (rows per unit) or "groups" (distinct tuples of the
+    bound query's ``keys``, lowered, per unit, NULL keys included as the main query groups
+    them). Over the whole table (no WHERE: the bound is the table's at its data version);
+    generated from the policy and the validated keys only (total by construction), at most
+    ``over`` rows out."""
+    assert table.privacy_unit is not None
+    unit = _quoted(table.privacy_unit)
+    if kind == "rows":
+        per_unit = _select([_alias(_count_star(), "n")], _source(table))
+        per_unit.set("group", exp.Group(expressions=[unit]))
+    else:
+        lowered = [_alias(lowered_key(k), f"__k{i}") for i, k in enumerate(keys)]
+        pairs = _select([_alias(unit, "__u"), *lowered], _source(table))
+        pairs.set("distinct", exp.Distinct())
+        per_unit = _select([_alias(_count_star(), "n")], _subquery(pairs, "d"))
+        per_unit.set("group", exp.Group(expressions=[_name("__u")]))
+    capped = exp.Least(this=_name("n"), expressions=[_number(over)], ignore_nulls=True)
+    tree = _select(
+        [_alias(capped, "b"), _alias(_count_star(), "c")],
+        _subquery(per_unit, "p"),
+        group=[exp.Literal.number(1)],
+    )
+    return CompiledQuery(tree, ("b",), ("c",), 0)

@@ -47,7 +47,7 @@ from dpsql.privacy.clipping import ApproxBounds, LogHistogram
 from dpsql.privacy.mechanisms import Gaussian, Laplace, Mechanism
 from dpsql.privacy.partition import OptimalSelection, Unreleased
 from dpsql.privacy.quantiles import Grid
-from dpsql.sql import sharing
+from dpsql.sql import bias, sharing
 from dpsql.sql.bind import QUANTILE_KINDS, AggregateCall, BoundQuery, GroupKey
 
 # Measure kinds and the value one row contributes (before summing):
@@ -58,7 +58,11 @@ from dpsql.sql.bind import QUANTILE_KINDS, AggregateCall, BoundQuery, GroupKey
 #            a unit's <= R rows in a group add at most R values to it, so its bound is R
 #   sum    - round(clamp(x)/g) - center, 0 if NULL (SUM, AVG, VAR)
 #   sumsq  - (round(clamp(x)/g) - center)^2 - center2, 0 if NULL (VAR, STDDEV)
-MEASURE_KINDS = ("rows", "values", "units", "distinct", "sum", "sumsq")
+# and the bias estimates (setting bias_estimate, docs/bias.md; proofs in dpsql.sql.bias):
+#   dropped - per kept (unit, group) pair: min(max(n - R, 0), C), its rows cut by R, capped
+#   cut     - per kept pair: the pair's clamped sum of x times min(max(n - R, 0), C) / n
+#   clamped - per bounded row: round((x - clamp(x)) / g) within [-W, W], W = hi - lo
+MEASURE_KINDS = ("rows", "values", "units", "distinct", "sum", "sumsq", "dropped", "cut", "clamped")
 
 
 @dataclass(frozen=True)
@@ -351,6 +355,10 @@ def fixed_point_bounds(lower: float, upper: float, g: float) -> tuple[int, int]:
     return min(lo, hi), hi
 
 
+def _fixed_range(col: ColumnPolicy) -> tuple[int, int]:
+    return fixed_point_bounds(col.lower, col.upper, col.granularity)  # type: ignore[arg-type]
+
+
 def _measure_specs(
     query: BoundQuery,
     thresholded: bool,
@@ -387,8 +395,12 @@ def build_plan(
     partition_selection: str = "auto",
     engine: str = "",
     store: object = None,
+    bias_estimate: bool = False,
 ) -> Plan:
-    """Annotate a bound query with bounds, sensitivities, mechanisms and the budget split."""
+    """Annotate a bound query with bounds, sensitivities, mechanisms and the budget split.
+
+    ``bias_estimate``: also measure what the bounds cut (dpsql.sql.bias), from
+    BIAS_SHARE of the ε left after any clipping share (the session setting, on by default)."""
     table = query.table
     thresholded = any(d is None for d in domains)
     if thresholded and delta <= 0:
@@ -435,6 +447,10 @@ def build_plan(
     # over the measures (and the selection) by dpsql.sql.sharing.
     clip_epsilon = epsilon * max(table.columns[c].clip_share for c in auto) if auto else 0.0
     epsilon_rest = epsilon - clip_epsilon
+    # what the bounds cut: its measures' share next (the rest is the answer's)
+    bias_specs = bias.bias_specs(query, bias_estimate, R, _fixed_range)
+    bias_epsilon = bias.share(epsilon_rest) if bias_specs else 0.0
+    epsilon_rest = epsilon_rest - bias_epsilon
     threshold_delta = 0.0
     if thresholded:
         threshold_delta = delta if mechanism == "laplace" else delta / 2
@@ -542,6 +558,10 @@ def build_plan(
             OutputAggregate(call, tuple(names[p] for p in parts), lower=lower, upper=upper)
         )
 
+    measures += _bias_measures(
+        query, bias_specs, bias_epsilon, len(measures), R, G, bounding, group_scaling
+    )
+
     threshold = None
     if selection is not None and selection.mode == "threshold":
         units = measures[specs.index(("units", None))]
@@ -626,7 +646,8 @@ def build_plan(
         data_version=data_version,
         quantiles=tuple(quantiles),
         clips=tuple(clips),
-        extra={"measured_epsilon": epsilon_main},
+        # the ε a replanning (with_clip_ranges) starts from: the bias share is taken again
+        extra={"measured_epsilon": epsilon_main + bias_epsilon, "bias_estimate": bias_estimate},
         selection=selection,
         bounding=bounding,
         group_scaling=group_scaling,
@@ -666,6 +687,7 @@ def with_clip_ranges(plan: Plan, ranges: dict[str, tuple[float, float]]) -> Plan
         partition_selection=plan.selection.requested if plan.selection else "auto",
         engine=plan.engine,
         store=plan.store,
+        bias_estimate=plan.extra.get("bias_estimate", False),
     )
 
 
@@ -830,6 +852,61 @@ def _output_error(
     selection's weight): breaks a tie in n½ between the two selections."""
     weights = _split_weights(query, specs, output_specs, R, False)
     return sum(c / e / e if e > 0 else math.inf for c, e in zip(weights, shares, strict=True) if c)
+
+
+def _bias_measures(
+    query: BoundQuery,
+    specs: list[tuple[str, str | None]],
+    epsilon: float,
+    first: int,
+    R: int,
+    G: int,
+    bounding: str,
+    group_scaling: bool,
+) -> list[Measure]:
+    """The bias measures (dpsql.sql.bias: what each estimates, and its bound per unit), named
+    from m{first} on, each Laplace at an equal part of ``epsilon`` (pure ε whatever the plan's
+    mechanism: no part of δ). Sensitivity: a unit adds at most ``per_group`` to each of its
+    <= G kept groups (under group scaling its k groups at G/k each: the same L1 and L2)."""
+    out: list[Measure] = []
+    for i, (kind, column) in enumerate(specs):
+        lo = hi = 0
+        g = 1.0
+        if column is not None:
+            col = query.table.columns[column]
+            g = col.granularity
+            lo, hi = fixed_point_bounds(col.lower, col.upper, g)  # type: ignore[arg-type]
+            lo, hi = bias.measure_range(kind, lo, hi)
+        row_bound = bias.row_bound(kind, lo, hi, R)
+        scale = 1
+        # the fine grid where a value is scaled (R/n, G/k) or divided (cut: v·d/n), so that
+        # the truncation toward zero loses < 2^-20 of a row per pair
+        if (bounding == "scale" and kind == "clamped") or group_scaling or kind == "cut":
+            scale = rescale_factor(row_bound)
+        per_group = (row_bound if kind in bias.PAIR_KINDS else R * row_bound) * scale
+        l1, l2 = float(G * per_group), math.sqrt(G) * per_group
+        eps = epsilon / len(specs)
+        out.append(
+            Measure(
+                name=f"m{first + i}",
+                kind=kind,
+                column=column,
+                granularity=g,
+                center=0,
+                lo=lo,
+                hi=hi,
+                center2=0,
+                row_bound=row_bound,
+                per_group_bound=per_group,
+                l1=l1,
+                l2=l2,
+                epsilon=eps,
+                delta=0.0,
+                mechanism=Laplace(l1=l1, epsilon=eps),
+                scale=scale,
+            )
+        )
+    return out
 
 
 def _exact_units(name: str, G: int) -> Measure:

@@ -1,0 +1,101 @@
+"""What the bounds may cut, in words: EXPLAIN's lines before a query runs, and the notes
+beside each answer (every door shows them: DB-API ``cursor.bias_notes``, the CLI's ``--``
+lines, a NOTICE over the wire). Built from the plan and the released (noisy) values only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from dpsql.sql import bias
+
+# plans (Any below) are dpsql.sql.plan's, not imported: this module stays out of the
+# planner's import cycle
+
+
+def _n(x: float) -> str:
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g}"
+    if abs(x) >= 1e15 or abs(x) < 1e-3:
+        return f"{x:.3g}"
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def _summed(plan: Any) -> list[str]:
+    """Columns whose values a released SUM / AVG / VAR / STDDEV clamps."""
+    kinds = ("sum", "avg", "var_samp", "var_pop", "stddev_samp", "stddev_pop")
+    return list(
+        dict.fromkeys(o.call.column for o in plan.outputs if o.call.kind in kinds and o.call.column)
+    )
+
+
+def bounds_lines(plan: Any) -> list[str]:
+    """Which bounds may cut this query's values, and how the cut is estimated (EXPLAIN)."""
+    table = plan.query.table
+    lines = []
+    if table.privacy_unit is not None and plan.outputs:
+        R = plan.max_rows
+        lines.append(
+            f"R = {R} may drop rows of units ({table.privacy_unit}) with more than {R} rows "
+            f"of {table.name} in a group"
+        )
+        if plan.keys:
+            lines.append(
+                f"G = {plan.max_groups} may drop groups of units in more than "
+                f"{plan.max_groups} groups (not estimated)"
+            )
+    for column in _summed(plan):
+        col = table.columns[column]
+        lines.append(
+            f"the clamp of {col.expr or column} to [{col.lower:g}, {col.upper:g}] may cut its "
+            "values beyond it"
+        )
+    measured = [m for m in plan.measures if m.kind in bias.KINDS]
+    if measured:
+        eps = sum(m.epsilon for m in measured)
+        what = []
+        for m in measured:
+            if m.kind == "dropped":
+                what.append(f"rows cut by R (up to {bias.cap(plan.max_rows)} per unit and group)")
+            elif m.kind == "cut":
+                what.append(f"the {m.column} mass of those rows")
+            else:
+                what.append(f"the {m.column} mass clamped (up to the range's width per row)")
+        lines.append(
+            f"bias estimate: ε {eps:.3g} ({bias.BIAS_SHARE:.0%} of the query's, after any "
+            "clipping share) measures "
+            + ", ".join(what)
+            + "; SET bias_estimate = off gives it to the answer"
+        )
+    elif lines:
+        lines.append("bias estimate: off for this query (SET bias_estimate = on measures it)")
+    return lines
+
+
+def answer_notes(plan: Any, description: list[tuple[str, str]], biases: list[Any]) -> list[str]:
+    """One note per released column with a bias estimate: the estimate (summed over the
+    groups when there are several) and, for one group, the bias-inclusive interval."""
+    notes = []
+    for j, (name, _) in enumerate(description):
+        cells = [row[j] for row in biases if j < len(row) and row[j] is not None]
+        if not cells:
+            continue
+        if len(cells) == 1 and len(biases) == 1:
+            b, low, high = cells[0]
+            notes.append(
+                f"bias: {name} is computed from bounded rows; the bounds cut an estimated "
+                f"{_n(b)} from it (the true value is about that much "
+                f"{'higher' if b >= 0 else 'lower'}); the 95% interval with that bias is "
+                f"[{_n(low)}, {_n(high)}]"
+            )
+        else:
+            low, high = min(c[0] for c in cells), max(c[0] for c in cells)
+            notes.append(
+                f"bias: {name} is computed from bounded rows; the bounds cut an estimated "
+                f"{_n(low)} to {_n(high)} per group over its {len(cells)} groups (each one "
+                "and the 95% interval with it: SET bias_interval = on)"
+            )
+    if notes and plan.query.keys and plan.query.table.privacy_unit is not None:
+        notes.append(f"bias: G = {plan.max_groups} may cut groups too; that is not estimated")
+    return notes
