@@ -361,7 +361,9 @@ class Service:
             if isinstance(statement.query, ReleasedQuery):
                 from dpsql.service.composite import explain_released
 
-                return explain_released(self, statement.query, settings, analyst)
+                return explain_released(
+                    self, statement.query, settings, analyst, statement.format
+                )
             plan = self.plan(statement.query, settings, analyst)
             if statement.format == "text":
                 from dpsql.service.explain import explain_text

@@ -311,3 +311,38 @@ def test_the_post_processing_connection_holds_no_table() -> None:
         ["q"],
     )
     assert rows == [(3,)]
+
+
+def test_explain_text_names_each_measurement_and_the_post_processing(exact: Any) -> None:
+    service, reads = exact
+    before = reads.count
+    result, conn = run(service, "EXPLAIN (FORMAT TEXT) " + UNION_TOTAL)
+    lines = [row[0] for row in result.rows]
+    assert [d[0] for d in result.description] == ["QUERY PLAN"]
+    assert "measurement 1 (UNION branch 1):" in lines
+    assert "measurement 2 (UNION branch 2):" in lines
+    assert any(
+        line.startswith("ReleasedPostProcess SELECT * FROM __m0 UNION ALL") for line in lines
+    )
+    assert lines[-1].endswith("one reservation")
+    assert reads.count == before and budget(conn)["charged_epsilon"] == 0
+
+
+def test_the_reserved_cost_is_the_sum_of_the_measurements_maps(exact: Any) -> None:
+    """dpsql.ir.measures.ReleasedPostProcess: the statement's charge is checked against the
+    sum of its plan trees' privacy maps before anything is read."""
+    from dpsql.ir.build import plan_tree
+    from dpsql.ir.measures import ReleasedPostProcess
+    from dpsql.service.composite import _released_cost, plan_released
+    from dpsql.sql.bind import parse_statement
+
+    service, _ = exact
+    conn = service.connect("tree")
+    query = parse_statement(UNION_TOTAL, service.policy)
+    plans = plan_released(service, query, conn._settings, "tree")
+    tree = ReleasedPostProcess(tuple(plan_tree(p) for p in plans), query.post)
+    charged = _released_cost(plans)
+    assert charged == plans[0].cost + plans[1].cost
+    assert tree.cost().epsilon == pytest.approx(charged.epsilon)
+    assert tree.cost().delta == pytest.approx(charged.delta)
+    assert "free" in tree.stability()

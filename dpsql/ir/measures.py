@@ -199,3 +199,32 @@ class PostProcess:
 
     def stability(self) -> str:
         return "reads released values only: free"
+
+
+@dataclass(frozen=True)
+class ReleasedPostProcess:
+    """Set operations, joins, windows and subqueries over several DP queries' released tables
+    (dpsql.frontend.released): each input is a whole DP query's tree, ``query`` reads their
+    released results ``__m0..`` only.
+
+    Stability: none is needed; it reads released values only (post-processing). Privacy map:
+    by sequential composition the inputs together cost the sum of their maps, whatever
+    ``query`` does, and that sum is what the statement reserves in one charge."""
+
+    inputs: tuple[PostProcess, ...]
+    query: exp.Expr
+
+    def children(self) -> tuple:
+        return self.inputs
+
+    def describe(self) -> str:
+        return f"ReleasedPostProcess {self.query.sql(dialect='duckdb')}"
+
+    def stability(self) -> str:
+        return "reads released values only: free; its measurements cost the sum of their maps"
+
+    def cost(self) -> Cost:
+        total = Cost()
+        for tree in self.inputs:
+            total = total + tree.input.cost()
+        return total

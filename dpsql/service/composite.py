@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import operator
 from collections.abc import Sequence
 from dataclasses import replace
@@ -30,7 +31,9 @@ from sqlglot import exp
 from dpsql.boundary import charged_boundary, post_processing_boundary, remember_paid
 from dpsql.engine.api import cancel_check
 from dpsql.engine.scratch import check_post
-from dpsql.errors import NotSupportedError, ProgrammingError
+from dpsql.errors import InternalError, NotSupportedError, ProgrammingError
+from dpsql.ir.build import plan_tree
+from dpsql.ir.measures import ReleasedPostProcess
 from dpsql.limits import check_plan_rows
 from dpsql.privacy.release import at_confidence, release
 from dpsql.service.postprocess import check_tables, run_post, tagged
@@ -255,7 +258,20 @@ def plan_released(
 
 
 def _released_cost(plans: Sequence[Plan]) -> Any:
-    return functools.reduce(operator.add, (p.cost for p in plans))
+    """What the statement reserves: the sum of its plans' costs, checked against the sum of
+    the plan trees' privacy maps (dpsql.ir.measures.ReleasedPostProcess) before anything is
+    read."""
+    charged = functools.reduce(operator.add, (p.cost for p in plans))
+    mapped = ReleasedPostProcess(tuple(plan_tree(p) for p in plans), exp.Null()).cost()
+    for part in ("epsilon", "delta", "rho"):
+        a, b = getattr(mapped, part), getattr(charged, part)
+        if not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-300):
+            raise InternalError(
+                f"the statement charges {part} {b!r} but its measurements cost {a!r}",
+                construct="plan",
+                hint="this is a dpsql bug; nothing was spent",
+            )
+    return charged
 
 
 def _released_fingerprint(plans: Sequence[Plan], query: ReleasedQuery) -> str:
@@ -396,11 +412,28 @@ def _post_result(query: ReleasedQuery, results: Sequence[Result], cost: Any) -> 
 
 
 def explain_released(
-    service: Service, query: ReleasedQuery, settings: Settings, analyst: str
+    service: Service,
+    query: ReleasedQuery,
+    settings: Settings,
+    analyst: str,
+    fmt: str = "table",
 ) -> Result:
     """EXPLAIN of every measurement (rows prefixed by where it was written, each with its own
-    ``<name>: total``), then the post-processing (free) as one row."""
+    ``<name>: total``), then the post-processing (free) as one row; ``fmt`` "text": one
+    QUERY PLAN column, each measurement's text plan under its name."""
     plans = plan_released(service, query, settings, analyst)
+    cost = _released_cost(plans)
+    if fmt == "text":
+        from dpsql.service.explain import explain_text
+
+        lines: list[tuple[Any, ...]] = []
+        for i, (plan, name) in enumerate(zip(plans, query.names, strict=True)):
+            lines.append((f"measurement {i + 1} ({name}):",))
+            lines += [("  " + str(r[0]),) for r in explain_text(service, plan, analyst).rows]
+        tree = ReleasedPostProcess(tuple(plan_tree(p) for p in plans), query.post)
+        lines.append((tree.describe() + "  -- " + tree.stability(),))
+        lines.append((f"total: ε {cost.epsilon:g}, δ {cost.delta:g}, one reservation",))
+        return Result([("QUERY PLAN", "VARCHAR")], lines, status="EXPLAIN")
     rows: list[tuple[Any, ...]] = []
     notes: list[str] = []
     description = None
