@@ -73,6 +73,16 @@ class ColumnarTable:
     rows: int
     columns: dict[str, Column]
     capacity: int
+    # a large table's store (:func:`cluster`): rows clustered by this unit column, its units'
+    # first rows (and the end), and the fixed points of the bounded numeric columns at their
+    # declared bounds, one row each of ``fixed`` (name -> (row, lo, hi)); ``nulls`` one row
+    # per column (name -> row): what the compiled pass (dpsql.engine.clustered) reads
+    unit: str | None = None
+    unit_starts: np.ndarray | None = None
+    fixed: np.ndarray | None = None
+    fixed_index: dict[str, tuple[int, int, int]] | None = None
+    nulls: np.ndarray | None = None
+    nulls_index: dict[str, int] | None = None
 
 
 class NotRunnable(Exception):
@@ -113,6 +123,185 @@ def load(con: Any, table: TablePolicy, version: str, capacity: int) -> ColumnarT
             if array is not None:
                 array.setflags(write=False)
     return ColumnarTable(table.name, version, rows, columns, capacity)
+
+
+def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) -> ColumnarTable:
+    """:func:`load` then :func:`cluster`, for a large table: the same arrays, with the codes
+    of text, int and bool columns and the order by unit computed by DuckDB (a join to each
+    column's sorted distinct values and one sort, on all its threads) instead of numpy's
+    ``unique`` (a sort per column, ~5 µs a row for text) and a stable argsort. A text column's
+    values are never fetched, only its codes."""
+    from dpsql.sql.identifiers import quote_ident
+
+    _keep_heap_pad()
+    name = quote_ident(table.name)
+    counted = con.execute(f"SELECT count(*) FROM {name}").fetchone()
+    rows = int(counted[0]) if counted else 0
+    if rows > capacity:
+        raise ValueError(f"{rows} rows, more than the declared {capacity}")
+    readable = [c for c in table.columns.values() if c.expr is None and c.type in _KINDS]
+    if not readable:
+        return cluster(ColumnarTable(table.name, version, rows, {}, capacity), table)
+    labels: dict[str, tuple[Any, ...]] = {}
+    ctes, joins, items = [], [], []
+    order = "1"
+    for i, c in enumerate(readable):
+        q = quote_ident(c.name)
+        if c.type in ("text", "int", "bool"):
+            distinct = con.execute(
+                f"SELECT DISTINCT {q} FROM {name} WHERE {q} IS NOT NULL ORDER BY {q}"
+            ).fetchall()
+            if c.type == "text":
+                labels[c.name] = (*(str(r[0]) for r in distinct), None)
+            elif c.type == "int":
+                labels[c.name] = (*(int(r[0]) for r in distinct), None)
+            else:
+                labels[c.name] = (*(bool(r[0]) for r in distinct), None)
+            ctes.append(
+                f"d{i} AS (SELECT v, CAST(row_number() OVER (ORDER BY v) - 1 AS BIGINT) AS code "
+                f"FROM (SELECT DISTINCT {q} AS v FROM {name} WHERE {q} IS NOT NULL))"
+            )
+            joins.append(f"LEFT JOIN d{i} ON r.{q} = d{i}.v")
+            code = f"COALESCE(d{i}.code, {len(distinct)})"
+            items.append(f"{code} AS __c{i}")
+            if c.name == table.privacy_unit:
+                order = f"__c{i}"
+        if c.type != "text":
+            items.append(_FETCH.get(c.type, "{}").format(f"r.{q}") + f" AS __v{i}")
+        items.append(f"r.{q} IS NULL AS __n{i}")
+    with_ = f"WITH {', '.join(ctes)} " if ctes else ""
+    fetched = con.execute(
+        f"{with_}SELECT {', '.join(items)} FROM {name} AS r {' '.join(joins)} ORDER BY {order}"
+    ).fetchnumpy()
+    columns: dict[str, Column] = {}
+    for i, c in enumerate(readable):
+        nulls = np.asarray(np.ma.getdata(fetched[f"__n{i}"]), dtype=bool)
+        codes = (
+            np.asarray(np.ma.getdata(fetched[f"__c{i}"]), dtype=np.int64)
+            if c.name in labels
+            else None
+        )
+        if c.type == "text":
+            columns[c.name] = Column("text", codes, nulls, codes, labels[c.name])  # type: ignore[arg-type]
+            continue
+        data = np.ma.getdata(fetched[f"__v{i}"])
+        if c.type == "date":
+            values = np.where(nulls, 0, np.asarray(data, dtype=np.int64))
+        else:
+            dtype: type = {"int": np.int64, "float": np.float64, "bool": np.bool_}[c.type]
+            values = np.array(data, dtype=dtype)
+        columns[c.name] = Column(c.type, values, nulls, codes, labels.get(c.name, ()))
+    del fetched
+    return cluster(ColumnarTable(table.name, version, rows, columns, capacity), table)
+
+
+def cluster(table: ColumnarTable, policy: TablePolicy) -> ColumnarTable:
+    """``table`` as a store for the compiled pass (dpsql.engine.clustered): its rows ordered
+    by privacy unit (its dense codes, NULL last; a stable sort, and none when the rows come
+    ordered), each unit's first row, the fixed point of every bounded numeric column at its
+    declared bounds (dpsql.sql.compile.fixed_point_expr, as :func:`_fixed_point`) and every
+    column's NULLs, one row each. The same rows as ``table``: every program's result is the
+    same integers."""
+    from dpsql.sql.plan import fixed_point_bounds
+
+    unit = policy.privacy_unit
+    columns = dict(table.columns)
+    if unit is not None and unit in columns:
+        codes = columns[unit].codes
+        assert codes is not None
+        if len(codes) > 1 and bool(np.any(codes[1:] < codes[:-1])):
+            order = np.argsort(codes, kind="stable")
+            columns = {name: _take(column, order) for name, column in columns.items()}
+            codes = columns[unit].codes
+            assert codes is not None
+        starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])[: len(codes)]
+        unit_starts = np.append(starts.astype(np.int64), len(codes))
+    else:
+        unit, unit_starts = None, None
+    fixed_index: dict[str, tuple[int, int, int]] = {}
+    fixed_rows: list[np.ndarray] = []
+    with np.errstate(all="ignore"):
+        for name, column in columns.items():
+            spec = policy.columns[name]
+            if spec.numeric and spec.bounded and column.kind in ("int", "float"):
+                lo, hi = fixed_point_bounds(spec.lower, spec.upper, spec.granularity)  # type: ignore[arg-type]
+                fixed_index[name] = (len(fixed_rows), lo, hi)
+                fixed_rows.append(
+                    np.where(column.nulls, 0, _fixed_point(column.values, spec, lo, hi))
+                )
+    fixed = np.array(fixed_rows, dtype=np.int64).reshape(len(fixed_rows), table.rows)
+    nulls_index = {name: i for i, name in enumerate(columns)}
+    nulls = np.array([c.nulls for c in columns.values()], dtype=np.bool_).reshape(
+        len(columns), table.rows
+    )
+    for array in (fixed, nulls, unit_starts):
+        if array is not None:
+            array.setflags(write=False)
+    for column in columns.values():
+        for array in (column.values, column.nulls, column.codes):
+            if array is not None:
+                array.setflags(write=False)
+    return ColumnarTable(
+        table.name,
+        table.version,
+        table.rows,
+        columns,
+        table.capacity,
+        unit,
+        unit_starts,
+        fixed,
+        fixed_index,
+        nulls,
+        nulls_index,
+    )
+
+
+def warm_up() -> None:
+    """Compile the kernels of dpsql.engine.clustered now (numba compiles on first use, ~1 s
+    each unless cached on disk), on tiny arrays, so no query waits for it."""
+    from dpsql.engine import clustered
+
+    if not clustered.available():
+        return
+    one = np.zeros(1, dtype=np.int64)
+    fixed, nulls = np.zeros((1, 1), dtype=np.int64), np.zeros((1, 1), dtype=np.bool_)
+    weight = np.ones(1, dtype=np.bool_)
+    spec = [(clustered.SUM, 0, 0, 0, 1)]
+    clustered.bound_units(
+        np.array([0, 1], dtype=np.int64),
+        one,
+        weight,
+        fixed,
+        nulls,
+        spec,
+        one,
+        one,
+        1,
+        1,
+        1,
+        1,
+        True,
+    )
+    clustered.row_sums(one, weight, fixed, nulls, spec, one, one, 1)
+
+
+def warm_up_later() -> None:
+    """:func:`warm_up` on a thread of its own, once per process."""
+    import threading
+
+    if _warming:
+        return
+    _warming.append(threading.Thread(target=warm_up, name="dpsql-kernels", daemon=True))
+    _warming[0].start()
+
+
+_warming: list[Any] = []
+
+
+def _take(column: Column, order: np.ndarray) -> Column:
+    codes = None if column.codes is None else column.codes[order]
+    values = codes if column.codes is column.values else column.values[order]
+    return Column(column.kind, values, column.nulls[order], codes, column.labels)  # type: ignore[arg-type]
 
 
 # DuckDB's day numbers of DATE 'infinity' and '-infinity' (its date_t: int32 days since
@@ -216,19 +405,116 @@ def _run(
                 selected = selected & _in_domain(table.columns[name], policy.columns[name])
     # Fixed shapes from here on: every row and every (unit, group) slot is computed, a row
     # the WHERE drops weighing 0, so the time does not depend on which rows it keeps.
-    weight = selected.astype(np.int64)
     group, size, label = _groups(program.keys, table)
+    compiled = _compiled_pass(program, table, group, size, selected)
+    if compiled is not None:
+        measures, present = compiled
+        return _result(program, policy, measures, present, label)
+    weight = selected.astype(np.int64)
     values = [_row_values(m, table, policy, weight) for m in program.measures]
     if program.unit is None:
         measures, present = _row_level(program, group, size, weight, values, table.capacity)
     else:
         measures, present = _per_unit(program, table, group, size, weight, values)
+    return _result(program, policy, measures, present, label)
+
+
+def _result(
+    program: ColumnProgram,
+    policy: TablePolicy,
+    measures: list[np.ndarray],
+    present: np.ndarray,
+    label: Callable[[int], tuple[Any, ...]],
+) -> EngineResult:
     if not program.keys:
         return EngineResult([()], [[int(t[0])] for t in measures], ())
     keep = np.flatnonzero(present).tolist()
     types = tuple(KEY_TYPES[policy.columns[k].type] for k in program.keys)
     columns = [[int(x) for x in t[keep].tolist()] for t in measures]
     return EngineResult([label(i) for i in keep], columns, types)
+
+
+def _compiled_pass(
+    program: ColumnProgram,
+    table: ColumnarTable,
+    group: np.ndarray,
+    size: int,
+    selected: np.ndarray,
+) -> tuple[list[np.ndarray], np.ndarray] | None:
+    """The program by one compiled pass (dpsql.engine.clustered) over a store
+    (:func:`cluster`; per unit: clustered by the program's unit): the same (measures, present)
+    as :func:`_row_level` / :func:`_per_unit`. None (the numpy program runs) when the kernel
+    is not installed, the table is no such store, or a measure reads a column the store holds
+    no fixed point of at the plan's bounds: decided from the program and the store's layout,
+    never from the values."""
+    from dpsql.engine import clustered
+
+    if table.fixed is None or table.nulls is None or not clustered.available():
+        return None
+    if size > _KERNEL_GROUPS:
+        return None
+    per_unit = program.unit is not None
+    if per_unit and (program.unit != table.unit or table.unit_starts is None):
+        return None
+    fixed_index = table.fixed_index or {}
+    nulls_index = table.nulls_index or {}
+    spec: list[tuple[int, int, int, int, int]] = []
+    fixed_rows: list[int] = []
+    null_rows: list[int] = []
+    value_measures = [m for m in program.measures if m.kind not in ("rows", "units")]
+    for m in value_measures:
+        if m.column not in nulls_index:
+            return None
+        null_rows.append(nulls_index[m.column])  # type: ignore[index]
+        if m.kind == "values":
+            spec.append((clustered.VALUES, 0, 0, 0, m.scale))
+            fixed_rows.append(0)
+            continue
+        held = fixed_index.get(m.column)  # type: ignore[arg-type]
+        if m.kind not in ("sum", "sumsq") or held is None or held[1:] != (m.lo, m.hi):
+            return None
+        kind = clustered.SUM if m.kind == "sum" else clustered.SUMSQ
+        spec.append((kind, 0, m.center, m.center2, m.scale))
+        fixed_rows.append(held[0])
+    fixed = table.fixed if len(table.fixed) else np.zeros((1, 1), dtype=np.int64)  # never read
+    rows_f = np.array(fixed_rows, dtype=np.int64)
+    rows_n = np.array(null_rows, dtype=np.int64)
+    if per_unit:
+        rows_out, units_out, values_out, some = clustered.bound_units(
+            table.unit_starts,  # type: ignore[arg-type]
+            group,
+            selected,
+            fixed,
+            table.nulls,
+            spec,
+            rows_f,
+            rows_n,
+            size,
+            program.max_rows,
+            program.max_groups,
+            program.count_scale,
+            program.group_scaling,
+        )
+    else:
+        rows_out, values_out = clustered.row_sums(
+            group, selected, fixed, table.nulls, spec, rows_f, rows_n, size
+        )
+        units_out, some = rows_out, rows_out
+    measures: list[np.ndarray] = []
+    j = 0
+    for m in program.measures:
+        if m.kind == "rows":
+            measures.append(rows_out)
+        elif m.kind == "units":
+            measures.append(units_out)
+        else:
+            measures.append(values_out[j])
+            j += 1
+    return measures, some > 0
+
+
+# the most group codes the compiled pass accumulates per unit (two small arrays of this size)
+_KERNEL_GROUPS = 1 << 16
 
 
 def _fits(program: ColumnProgram, capacity: int) -> bool:
@@ -414,6 +700,9 @@ def _groups(
         assert column.codes is not None  # key columns: text, int, bool
         per_key.append((column.labels, column.codes))
     size = math.prod(len(labels) for labels, _ in per_key)
+    if len(per_key) == 1:  # one key: its own codes (the mixed radix below, without a copy)
+        ((labels, codes),) = per_key
+        return codes, size, lambda c: (labels[c],)
     code = np.zeros(table.rows, dtype=np.int64)
     if size <= max(4 * table.rows, 4096):
         for labels, codes in per_key:

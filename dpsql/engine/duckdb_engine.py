@@ -12,6 +12,8 @@ import hashlib
 import logging
 import shutil
 import tempfile
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -61,6 +63,10 @@ def _file_digest(path: Path) -> str:
 # in memory for column programs and may have at most this many rows (more fails the start);
 # under "auto" (the default) a CSV source of more rows runs its SQL instead.
 SMALL_ROWS = 200_000
+# The most rows of a table whose store (its columns in memory, clustered by unit) is built in
+# the background: the capacity every exactness bound of its programs is decided from
+# (dpsql.engine.columnar: a constant, never the table's own count).
+LARGE_ROWS = 1 << 27
 _log = logging.getLogger("dpsql.engine")
 
 
@@ -119,6 +125,80 @@ class DuckDBEngine:
             self._con.execute(f"SET threads = {int(threads)}")
         self._con.execute("SET enable_external_access = false")
         self._con.execute("SET lock_configuration = true")
+        self._closed = False
+        self._builds: dict[str, threading.Thread] = {}
+        self._build_lock = threading.Lock()
+        for table in self._large_tables():
+            self._start_build(table)
+
+    # -- the store of a large table: its columns in memory, clustered by unit ------------------
+
+    def _large_tables(self) -> list[TablePolicy]:
+        """Tables that get a store built in the background (dpsql.engine.columnar.cluster):
+        every table not held at connect, unless ``small_tables = "sql"`` turns column programs
+        off; never a public table or one read through a unit path (their plans differ)."""
+        if self.policy.engine.small_tables == "sql":
+            return []
+        return [
+            t
+            for t in self.policy.tables.values()
+            if t.name not in self.columns and not t.public and t.joined is None
+        ]
+
+    def _start_build(self, table: TablePolicy) -> None:
+        """Build ``table``'s store on a thread of its own, on its own cursor (the connection
+        is sealed: the cursor reads what it may read, nothing else), unless one is running."""
+        with self._build_lock:
+            running = self._builds.get(table.name)
+            if self._closed or (running is not None and running.is_alive()):
+                return
+            thread = threading.Thread(
+                target=self._build, args=(table,), name=f"dpsql-store-{table.name}", daemon=True
+            )
+            self._builds[table.name] = thread
+            thread.start()
+
+    def _build(self, table: TablePolicy) -> None:
+        """Load, cluster and install the store; dropped if the data version moved meanwhile
+        (it is built again at the next query) or the engine closed. A failure only leaves the
+        table on its SQL plans (logged for the operator: never an analyst's error)."""
+        started = time.perf_counter()
+        version = self.versions.get(table.name, "")
+        try:
+            cursor = self._con.cursor()
+            try:
+                store = columnar.load_clustered(cursor, table, version or "", LARGE_ROWS)
+            finally:
+                cursor.close()
+            columnar.warm_up()
+        except Exception as exc:  # the SQL plans stay: the operator's log says why
+            if self._closed:
+                return
+            _log.warning(
+                "tables.%s: no in-memory store (%s); its plans run as SQL",
+                table.name,
+                type(exc).__name__,
+            )
+            return
+        with self._build_lock:
+            if self._closed or self.versions.get(table.name, "") != version:
+                return
+            self.columns[table.name] = store
+        _log.info(
+            "tables.%s: in-memory store of %d rows built in %.2f s",
+            table.name,
+            store.rows,
+            time.perf_counter() - started,
+        )
+
+    def wait_for_stores(self, timeout: float | None = None) -> bool:
+        """Wait for the background builds (tests, benchmarks, ``dpsql prepare``); True when
+        none is still running."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in list(self._builds.values()):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            thread.join(left)
+        return not any(t.is_alive() for t in self._builds.values())
 
     def _hold_columns(self) -> dict[str, columnar.ColumnarTable]:
         """Every CSV table in memory for column programs (dpsql.engine.columnar) under
@@ -412,6 +492,14 @@ class DuckDBEngine:
         policy = self.policy.tables.get(program.table)
         if table is None or policy is None or not program.columns <= table.columns.keys():
             return None
+        if table.version != (self.versions.get(program.table) or ""):
+            # a new data version (a Parquet file replaced): the store is stale, never read;
+            # the SQL runs until the new one is built
+            with self._build_lock:
+                if self.columns.get(program.table) is table:
+                    del self.columns[program.table]
+            self._start_build(policy)
+            return None
         if handle is not None and handle.interrupted:
             raise OperationalError("query cancelled", sqlstate="57014")
         try:
@@ -435,6 +523,8 @@ class DuckDBEngine:
         return canonical_rows(np.column_stack(arrays))
 
     def close(self) -> None:
+        with self._build_lock:
+            self._closed = True
         for info in self.stores:
             prepared.unregister(info)
         self.stores = []

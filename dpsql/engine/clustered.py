@@ -1,0 +1,275 @@
+"""One pass over unit-clustered rows: the per-unit bounding of a column program, compiled.
+
+A large table held in memory (dpsql.engine.columnar, ``ColumnarTable.unit_starts``) keeps its
+rows clustered by privacy unit, the units numbered densely in order. Bounding per unit then
+needs no hash table over (unit, group) pairs: each unit's rows are contiguous, so one
+sequential pass accumulates a unit's pairs in a small array indexed by group code (reset after
+the unit), bounds them (R/n of a pair's rows, G/k of the unit's groups) and adds them to the
+group totals. That is the whole plan of ``columnar._per_unit`` (and of the SQL of
+``dpsql.sql.compile._bounded`` under rescaling), integer for integer: the same products, the
+same quotients truncated toward zero, the same int64 sums, so the result is identical
+(tests/test_clustered.py runs both on the same programs).
+
+The loop is compiled by numba when it is installed (a dependency of dpsql); without it
+:func:`available` is False and the numpy program runs instead. Nothing here depends on the
+values for its control flow beyond the rows themselves: every row of every unit is visited,
+a row the WHERE drops weighing 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+_jit: Any
+try:  # pragma: no cover - exercised where numba is installed (pyproject: a dependency)
+    import numba
+
+    _jit = numba.njit(cache=True, nogil=True)
+except ImportError:  # pragma: no cover
+    _jit = None
+
+# measure kinds of the kernel: a count of non-NULL values, a centred sum, a centred sum of
+# squares; row and unit counts are computed from the pairs' row counts
+VALUES, SUM, SUMSQ = 0, 1, 2
+_EXACT = 2**53
+
+
+def _ro(array: np.ndarray) -> np.ndarray:
+    """A read-only view (no copy): numba compiles one kernel per argument type, read-only
+    arrays being a type of their own, so every input is passed read-only (one signature,
+    compiled once, cached on disk)."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+def available() -> bool:
+    """Whether the compiled kernel can run here."""
+    return _jit is not None
+
+
+def _quot(a: Any, b: Any) -> Any:  # pragma: no cover - compiled
+    """``a // b`` truncated toward zero for b > 0 (SQL's integer division). Through float64
+    where that is exact (as columnar._quotient: for 0 <= a and b >= 1 with a + b <= 2^53 the
+    rounded a / b cannot reach the next integer), ~5x faster than 64-bit division."""
+    m = a if a >= 0 else -a
+    q = np.int64(np.floor(np.float64(m) / np.float64(b))) if m + b <= _EXACT else m // b
+    return q if a >= 0 else -q
+
+
+def _bound_units(  # pragma: no cover - compiled
+    starts: np.ndarray,
+    group: np.ndarray,
+    weight: np.ndarray,
+    fixed: np.ndarray,
+    nulls: np.ndarray,
+    fixed_rows: np.ndarray,
+    null_rows: np.ndarray,
+    kinds: np.ndarray,
+    centers: np.ndarray,
+    centers2: np.ndarray,
+    scales: np.ndarray,
+    size: int,
+    R: int,
+    G: int,
+    count_scale: int,
+    group_scaling: bool,
+    rows_out: np.ndarray,
+    units_out: np.ndarray,
+    values_out: np.ndarray,
+    some_out: np.ndarray,
+) -> None:
+    """Per unit (rows ``starts[u]`` .. ``starts[u + 1]``), per group code: the kept rows n and
+    each measure's raw sum; then as columnar._per_unit: capped = min(n, R), partial =
+    raw·scale·capped / max(n, 1); under group scaling with k the unit's non-empty pairs and
+    kept = min(k, G): counts capped·cs·kept / k, units cs·kept / k, partials p·kept / k (all
+    truncated toward zero); summed per group into the ``*_out`` arrays (``some_out``: the
+    non-empty pairs per group).
+
+    Fixed shapes: every row is accumulated with its weight (0 for a row the WHERE drops) and
+    every pair of the unit's rows is bounded (an empty one adds zeros), so the work depends on
+    the table, not on which rows the WHERE keeps (docs/threat_model.md, "Column programs")."""
+    M = kinds.shape[0]
+    n_loc = np.zeros(size, dtype=np.int64)
+    seen = np.zeros(size, dtype=np.bool_)
+    acc = np.zeros((M, size), dtype=np.int64)
+    touched = np.empty(size, dtype=np.int64)
+    for u in range(starts.shape[0] - 1):
+        t = 0
+        for i in range(starts[u], starts[u + 1]):
+            w = np.int64(weight[i])
+            s = group[i]
+            if not seen[s]:
+                seen[s] = True
+                touched[t] = s
+                t += 1
+            n_loc[s] += w
+            for j in range(M):
+                if nulls[null_rows[j], i]:
+                    continue
+                kind = kinds[j]
+                if kind == 0:
+                    acc[j, s] += w
+                else:
+                    x = fixed[fixed_rows[j], i] - centers[j]
+                    if kind == 1:
+                        acc[j, s] += w * x
+                    else:
+                        acc[j, s] += w * (x * x - centers2[j])
+        k = 0
+        for q in range(t):
+            if n_loc[touched[q]] > 0:
+                k += 1
+        kept = min(k, G)
+        divisor_k = max(k, 1)
+        # a quotient whose divisor divides it exactly is computed as the product it is
+        scaled_groups = group_scaling and kept != k
+        unit_share = _quot(count_scale * kept, divisor_k) if group_scaling else 1
+        for q in range(t):
+            s = touched[q]
+            n = n_loc[s]
+            some = np.int64(1) if n > 0 else np.int64(0)
+            capped = min(n, R)
+            some_out[s] += some
+            units_out[s] += some * unit_share
+            if scaled_groups:
+                rows_out[s] += _quot(capped * count_scale * kept, divisor_k)
+            elif group_scaling:
+                rows_out[s] += capped * count_scale
+            else:
+                rows_out[s] += capped
+            for j in range(M):
+                if capped == n:
+                    p = acc[j, s] * scales[j]
+                else:
+                    p = _quot(acc[j, s] * (scales[j] * capped), n)
+                if scaled_groups:
+                    p = _quot(p * kept, divisor_k)
+                values_out[j, s] += p
+                acc[j, s] = 0
+            n_loc[s] = 0
+            seen[s] = False
+
+
+def _row_sums(  # pragma: no cover - compiled
+    group: np.ndarray,
+    weight: np.ndarray,
+    fixed: np.ndarray,
+    nulls: np.ndarray,
+    fixed_rows: np.ndarray,
+    null_rows: np.ndarray,
+    kinds: np.ndarray,
+    centers: np.ndarray,
+    centers2: np.ndarray,
+    rows_out: np.ndarray,
+    values_out: np.ndarray,
+) -> None:
+    """Row-level (columnar._row_level): per group code, the kept rows and each measure's sum
+    of its rows' values (every row visited, a dropped one weighing 0)."""
+    M = kinds.shape[0]
+    for i in range(group.shape[0]):
+        w = np.int64(weight[i])
+        s = group[i]
+        rows_out[s] += w
+        for j in range(M):
+            if nulls[null_rows[j], i]:
+                continue
+            kind = kinds[j]
+            if kind == 0:
+                values_out[j, s] += w
+            else:
+                x = fixed[fixed_rows[j], i] - centers[j]
+                if kind == 1:
+                    values_out[j, s] += w * x
+                else:
+                    values_out[j, s] += w * (x * x - centers2[j])
+
+
+if _jit is not None:
+    _quot = _jit(_quot)
+    _bound_units = _jit(_bound_units)
+    _row_sums = _jit(_row_sums)
+
+
+def bound_units(
+    starts: np.ndarray,
+    group: np.ndarray,
+    weight: np.ndarray,
+    fixed: np.ndarray,
+    nulls: np.ndarray,
+    measures: list[tuple[int, int, int, int, int]],
+    fixed_rows: np.ndarray,
+    null_rows: np.ndarray,
+    size: int,
+    R: int,
+    G: int,
+    count_scale: int,
+    group_scaling: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Run the kernel; ``measures``: per value measure (kind, unused, centre, centre², scale),
+    its value read from row ``fixed_rows[j]`` of ``fixed`` unless row ``null_rows[j]`` of
+    ``nulls`` marks it NULL. Returns per group: bounded row counts, unit counts, each value
+    measure's total (one row each) and the number of non-empty pairs."""
+    m = len(measures)
+    spec = np.array(measures, dtype=np.int64).reshape(m, 5)
+    rows_out = np.zeros(size, dtype=np.int64)
+    units_out = np.zeros(size, dtype=np.int64)
+    values_out = np.zeros((m, size), dtype=np.int64)
+    some_out = np.zeros(size, dtype=np.int64)
+    _bound_units(
+        _ro(starts),
+        _ro(group),
+        _ro(weight),
+        _ro(fixed),
+        _ro(nulls),
+        _ro(fixed_rows),
+        _ro(null_rows),
+        _ro(np.ascontiguousarray(spec[:, 0])),
+        _ro(np.ascontiguousarray(spec[:, 2])),
+        _ro(np.ascontiguousarray(spec[:, 3])),
+        _ro(np.ascontiguousarray(spec[:, 4])),
+        size,
+        R,
+        G,
+        count_scale,
+        group_scaling,
+        rows_out,
+        units_out,
+        values_out,
+        some_out,
+    )
+    return rows_out, units_out, values_out, some_out
+
+
+def row_sums(
+    group: np.ndarray,
+    weight: np.ndarray,
+    fixed: np.ndarray,
+    nulls: np.ndarray,
+    measures: list[tuple[int, int, int, int, int]],
+    fixed_rows: np.ndarray,
+    null_rows: np.ndarray,
+    size: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Run the row-level kernel (``measures`` as for :func:`bound_units`): per group, the
+    kept rows and each value measure's total (one row each)."""
+    m = len(measures)
+    spec = np.array(measures, dtype=np.int64).reshape(m, 5)
+    rows_out = np.zeros(size, dtype=np.int64)
+    values_out = np.zeros((m, size), dtype=np.int64)
+    _row_sums(
+        _ro(group),
+        _ro(weight),
+        _ro(fixed),
+        _ro(nulls),
+        _ro(fixed_rows),
+        _ro(null_rows),
+        _ro(np.ascontiguousarray(spec[:, 0])),
+        _ro(np.ascontiguousarray(spec[:, 2])),
+        _ro(np.ascontiguousarray(spec[:, 3])),
+        rows_out,
+        values_out,
+    )
+    return rows_out, values_out
