@@ -346,3 +346,21 @@ def test_the_reserved_cost_is_the_sum_of_the_measurements_maps(exact: Any) -> No
     assert tree.cost().epsilon == pytest.approx(charged.epsilon)
     assert tree.cost().delta == pytest.approx(charged.delta)
     assert "free" in tree.stability()
+
+
+def test_a_total_row_keeps_the_key_type_and_every_row_its_interval(noisy: Any) -> None:
+    """``SELECT NULL, COUNT(*)`` as a TOTAL row: its NULL takes the other branch's type (as in
+    SQL); parenthesised branches, a constant row and ORDER BY / LIMIT on the result keep each
+    measured row's own interval; the constant row has none."""
+    service, _ = noisy
+    result, _ = run(
+        service,
+        "(SELECT smoker, COUNT(*) AS n FROM visits GROUP BY 1 ORDER BY 1) UNION ALL "
+        "(SELECT NULL, COUNT(*) FROM visits) UNION ALL SELECT NULL, -1 ORDER BY 2 DESC",
+    )
+    assert [d[1] for d in result.description] == ["BOOLEAN", "BIGINT"]
+    assert [row[0] for row in result.rows] == [None, False, True, None]
+    assert result.rows[-1][1] == -1 and result.intervals[-1] == (None, None)
+    for row, (_, interval) in zip(result.rows[:3], result.intervals[:3], strict=True):
+        low, high = interval
+        assert low <= row[1] <= high

@@ -37,6 +37,7 @@ class Policy(Protocol):
 
     def table(self, name: str) -> Any: ...
 
+
 #: The released table of measurement i in the post tree: ``__m0``, ``__m1``, ...
 MEASURED = "__m"
 
@@ -281,7 +282,16 @@ class _Splitter:
                 out.set("with_", exp.With(expressions=kept))
         for query in _own_queries(out):
             where = _describe_position(query)
-            query.replace(self.query(query, scope, f"{name} {where}".strip()))
+            replacement = self.query(query, scope, f"{name} {where}".strip())
+            target = query
+            # a parenthesised set operation branch: replace the parentheses too
+            while (
+                isinstance(target.parent, exp.Subquery | exp.Paren)
+                and not target.parent.alias
+                and isinstance(target.parent.parent, exp.SetOperation)
+            ):
+                target = target.parent
+            target.replace(replacement)
         if isinstance(out, exp.Select):
             for source in _sources(out):
                 if isinstance(source, exp.Table):

@@ -36,7 +36,7 @@ from dpsql.ir.build import plan_tree
 from dpsql.ir.measures import ReleasedPostProcess
 from dpsql.limits import check_plan_rows
 from dpsql.privacy.release import at_confidence, release
-from dpsql.service.postprocess import check_tables, run_post, tagged
+from dpsql.service.postprocess import NULL_TYPE, check_tables, run_post, tagged
 from dpsql.service.results import Result, _convert, type_code
 from dpsql.sql.bind import DIALECT, CompositeQuery, ReleasedQuery, to_literal
 from dpsql.sql.compile import compile_plan
@@ -303,6 +303,20 @@ def _empty(service: Service, plan: Plan) -> Result:
     return service._finish(plan, answer, cost=None, cached=False)
 
 
+def _tables(query: ReleasedQuery, results: Sequence[Result]) -> list[Any]:
+    """The released tables post-processing reads: each measurement's result (description,
+    rows), a column its SELECT list holds as a NULL literal typed NULL (dpsql.service.
+    postprocess: it takes the type of what it is combined with, as in SQL)."""
+    tables = []
+    for bound, result in zip(query.measurements, results, strict=True):
+        description = [
+            (name, NULL_TYPE if isinstance(item.unalias(), exp.Null) else code)
+            for (name, code), item in zip(result.description, bound.post.expressions, strict=True)
+        ]
+        tables.append((description, result.rows))
+    return tables
+
+
 def check_released(
     service: Service, query: ReleasedQuery, plans: Sequence[Plan], analyst: str
 ) -> list[tuple[str, str]]:
@@ -313,11 +327,14 @@ def check_released(
         service._check_drawable(plan)
     check_post(query.post.sql(dialect=DIALECT), query.post)
     check_tables(query.post)
-    empties = [_empty(service, plan) for plan in plans]
-    description, _ = run_post(query.post, [(r.description, r.rows) for r in empties], query.names)
-    dummies = [_dummy(service, plan) for plan in plans]
+    empty = _tables(query, [_empty(service, plan) for plan in plans])
+    description, _ = run_post(query.post, empty, query.names)
+    dummy = _tables(query, [_dummy(service, plan) for plan in plans])
     try:
-        run_post(query.post, [(r.description, r.rows) for r in dummies], query.names)
+        run_post(query.post, dummy, query.names)
+        for tables in (empty, dummy):  # the form that carries intervals, when there is one
+            if (tagged_post := tagged(query.post, tables)) is not None:
+                run_post(tagged_post, tables, query.names)
     except ProgrammingError as exc:
         raise ProgrammingError(
             f"the query's post-processing fails before any data is used: {exc.message}",
@@ -393,7 +410,7 @@ def run_released(
 
 
 def _post_result(query: ReleasedQuery, results: Sequence[Result], cost: Any) -> Result:
-    tables = [(r.description, r.rows) for r in results]
+    tables = _tables(query, results)
     tagged_post = tagged(query.post, tables)
     description, rows = run_post(tagged_post or query.post, tables, query.names)
     if tagged_post is None:
@@ -401,7 +418,12 @@ def _post_result(query: ReleasedQuery, results: Sequence[Result], cost: Any) -> 
         intervals = [tuple(None for _ in range(visible)) for _ in rows]
     else:
         visible = len(description) - 2
-        intervals = [tuple(results[row[-2]].intervals[row[-1]][:visible]) for row in rows]
+        intervals = [
+            tuple(results[row[-2]].intervals[row[-1]][:visible])
+            if row[-2] is not None
+            else tuple(None for _ in range(visible))
+            for row in rows
+        ]
     return Result(
         description=[(name, type_code(t)) for name, t in description[:visible]],
         rows=[tuple(_convert(v) for v in row[:visible]) for row in rows],
@@ -465,6 +487,6 @@ def describe_released(
 ) -> list[tuple[str, str]]:
     """The result's columns without running anything (post-processing over empty tables)."""
     plans = plan_released(service, query, settings, analyst)
-    empties = [_empty(service, plan) for plan in plans]
-    description, _ = run_post(query.post, [(r.description, r.rows) for r in empties], query.names)
+    empty = _tables(query, [_empty(service, plan) for plan in plans])
+    description, _ = run_post(query.post, empty, query.names)
     return [(name, type_code(t)) for name, t in description]

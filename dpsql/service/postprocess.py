@@ -47,6 +47,7 @@ POST_TIMEOUT = 10.0  # seconds the post-processing statement may run
 POST_CAPS = ResultCaps(max_rows=1_000_000, max_bytes=256 << 20)
 _WATCHDOG = Watchdog()
 _CONSTRUCT = "post-processing of released results"
+NULL_TYPE = "NULL"  # a released column that is a NULL literal in its measurement's SELECT list
 _BRANCH = "__branch"
 _ROW = "__row"
 
@@ -77,15 +78,26 @@ def _released_ctes(tables: Sequence[Table]) -> tuple[list[exp.CTE], list[Any]]:
         types = [SQL_TYPES.get(code, "VARCHAR") for _, code in description]
         names = [name for name, _ in description]
         if rows:
+            # a column the measurement's SELECT list holds as a NULL literal (``SELECT NULL,
+            # COUNT(*)``, a TOTAL row's key) stays untyped, as in SQL: a UNION gives it the
+            # other branch's type
             items = [
-                f"UNNEST(CAST(? AS {t}[])) AS {_q(n)}" for n, t in zip(names, types, strict=True)
+                f"NULL AS {_q(n)}" if code == NULL_TYPE else f"UNNEST(CAST(? AS {t}[])) AS {_q(n)}"
+                for n, t, (_, code) in zip(names, types, description, strict=True)
             ]
             items.append(f"UNNEST(CAST(? AS BIGINT[])) AS {_ROW}")
             body = "SELECT " + ", ".join(items)
-            params += [list(column) for column in zip(*rows, strict=True)]
+            params += [
+                list(column)
+                for column, (_, code) in zip(zip(*rows, strict=True), description, strict=True)
+                if code != NULL_TYPE
+            ]
             params.append(list(range(len(rows))))
         else:
-            items = [f"CAST(NULL AS {t}) AS {_q(n)}" for n, t in zip(names, types, strict=True)]
+            items = [
+                f"NULL AS {_q(n)}" if code == NULL_TYPE else f"CAST(NULL AS {t}) AS {_q(n)}"
+                for n, t, (_, code) in zip(names, types, description, strict=True)
+            ]
             body = (
                 "SELECT " + ", ".join([*items, f"CAST(NULL AS BIGINT) AS {_ROW}"]) + " WHERE false"
             )
@@ -119,27 +131,43 @@ def _is_leaf(node: exp.Expression) -> int | None:
     return int(match.group(1)) if match and not source.alias else None
 
 
-def tagged(post: exp.Query, tables: Sequence[Table]) -> exp.Query | None:
-    """``post`` with each row tagged by its measurement and row (two trailing columns), when
-    it is a UNION ALL of whole DP queries; None otherwise."""
+def _is_constant(node: exp.Expression) -> bool:
+    """A branch that reads no table (``SELECT 'TOTAL', 0``): its rows have no interval."""
+    return (
+        isinstance(node, exp.Select)
+        and node.args.get("from_") is None
+        and node.find(exp.Table, exp.Star) is None
+        and not any(v for k, v in node.args.items() if k != "expressions")
+    )
 
-    def leaves(node: exp.Expression) -> list[exp.Expression] | None:
+
+def tagged(post: exp.Query, tables: Sequence[Table]) -> exp.Query | None:
+    """``post`` with each row tagged by its measurement and row (two trailing columns, NULL
+    for a constant branch's rows), when it is a UNION ALL of whole DP queries and constant
+    rows; None otherwise."""
+
+    def leaves(node: exp.Expression, root: bool = True) -> list[exp.Expression] | None:
         if isinstance(node, exp.Union) and not node.args.get("distinct"):
-            if any(node.args.get(k) for k in ("with_",)):
+            if not root and any(node.args.get(k) for k in ("with_", "order", "limit", "offset")):
                 return None
-            left, right = leaves(node.this), leaves(node.expression)
+            left, right = leaves(node.this, False), leaves(node.expression, False)
             return None if left is None or right is None else left + right
-        return [node] if _is_leaf(node) is not None else None
+        return [node] if _is_leaf(node) is not None or _is_constant(node) else None
 
     if not isinstance(post, exp.Union) or post.args.get("with_"):
         return None
     found = leaves(post)
-    if found is None:
+    if found is None or all(_is_leaf(leaf) is None for leaf in found):
         return None
     out = post.copy()
-    for leaf in leaves(out) or []:
+    copies = leaves(out)
+    assert copies is not None and len(copies) == len(found)
+    for leaf in copies:
         index = _is_leaf(leaf)
-        assert index is not None
+        if index is None:  # a constant branch
+            assert isinstance(leaf, exp.Select)
+            leaf.select(exp.alias_(exp.null(), _BRANCH), exp.alias_(exp.null(), _ROW), copy=False)
+            continue
         names = [exp.column(n, quoted=True) for n, _ in tables[index][0]]
         tagged = exp.select(
             *names,
