@@ -47,6 +47,7 @@ import csv
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -67,6 +68,7 @@ DELTA = 1e-5
 LOWER, UPPER = 0.0, 500_000.0
 EDUC = list(range(1, 17))
 R_VALUES = (1, 2, 3, 4)
+PEER_R: tuple[int, ...] = R_VALUES  # --r-values: the R each peer runs on PUMS_dup
 LIBRARIES = ("oracle", "dpsql", "opendp", "pipelinedp", "tumult")
 QUERIES = {
     "hist": ("COUNT(*) BY educ, public keys (PUMS)", "MAE"),
@@ -313,7 +315,7 @@ def oracle_rows(data: Data, t: Truth, reps: int) -> list[Result]:
 
 def dpsql_policy(data: Data) -> dict:
     """What ``dpsql init`` drafts for these files, without R, G or any option it does not write."""
-    educ = {"type": "int", "lower": 1, "upper": 16, "nullable": False}
+    educ = {"type": "int", "nullable": False}  # no bounds: an int's bounds are a public domain
     columns = {
         "pid": {"type": "int", "nullable": False},
         "age": {"type": "int", "lower": 0, "upper": 100, "nullable": False},
@@ -328,7 +330,7 @@ def dpsql_policy(data: Data) -> dict:
         "married": {"type": "int", "lower": 0, "upper": 1, "values": [0, 1], "nullable": False},
         # PUMS_pid.csv writes income as 17000.0: init drafts it as a float (PUMS_dup: int)
         "income": {"type": "float", "lower": 0.0, "upper": 500_000.0, "nullable": False},
-        "educ": {**educ, "values": EDUC},
+        "educ": {**educ, "lower": 1, "upper": 16, "values": EDUC},
     }
     return {
         "privacy": {
@@ -339,7 +341,7 @@ def dpsql_policy(data: Data) -> dict:
         },
         "tables": {
             "pums": {"source": str(data.pums), "privacy_unit": "pid", "columns": columns},
-            # the suppression query: educ with no public list of values
+            # the suppression query: educ with neither values nor bounds (dpsql.sql.domains)
             "pums_keys": {
                 "source": str(data.pums),
                 "privacy_unit": "pid",
@@ -513,7 +515,7 @@ def opendp_rows(data: Data, t: Truth, reps: int, queries: list[str]) -> list[Res
         scalar,
     )
     unit = dp.unit_of(contributions=1, identifier="pid")
-    for r in R_VALUES:
+    for r in PEER_R:
         add(
             "dup_count",
             f"truncate_per_group({r}), len",
@@ -635,7 +637,7 @@ def pipelinedp_rows(data: Data, t: Truth, reps: int, queries: list[str]) -> list
         "SUM, min/max_value (0, 500000)",
         lambda: release(pums, M.SUM, whole, [0], **one, **clip),
     )
-    for r in R_VALUES:
+    for r in PEER_R:
         rg = {"max_partitions_contributed": 1, "max_contributions_per_partition": r}
         add("dup_count", f"COUNT, R={r}", lambda rg=rg: release(dup, M.COUNT, whole, [0], **rg))
         add("dup_sum", f"SUM, R={r}", lambda rg=rg: release(dup, M.SUM, whole, [0], **rg, **clip))
@@ -687,6 +689,7 @@ def tumult_rows(data: Data, t: Truth, reps: int, queries: list[str]) -> list[Res
         .config("spark.sql.shuffle.partitions", "1")
         .config("spark.sql.warehouse.dir", scratch + "/warehouse")
         .config("spark.local.dir", scratch)
+        .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
@@ -799,7 +802,7 @@ def tumult_rows(data: Data, t: Truth, reps: int, queries: list[str]) -> list[Res
             )
         ),
     )
-    for r in R_VALUES:
+    for r in PEER_R:
         add(
             "dup_count",
             f"MaxRowsPerID({r}).count()",
@@ -850,6 +853,7 @@ def tumult_rows(data: Data, t: Truth, reps: int, queries: list[str]) -> list[Res
         return _run_plans("tumult", version, plans, t, reps)
     finally:
         spark.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 # -- table ------------------------------------------------------------------------------------
@@ -942,6 +946,11 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(QUERIES),
         help="comma-separated subset of " + ",".join(QUERIES),
     )
+    parser.add_argument(
+        "--r-values",
+        default=",".join(map(str, R_VALUES)),
+        help="rows per person each peer runs on PUMS_dup (its best is shown)",
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument(
         "--merge",
@@ -971,6 +980,8 @@ def main(argv: list[str] | None = None) -> int:
             print("\n" + detail(results))
         return 0
 
+    global PEER_R
+    PEER_R = tuple(int(r) for r in args.r_values.split(",") if r)
     data = load(args.data)
     truth = Truth(data)
     queries = [q for q in args.queries.split(",") if q]
