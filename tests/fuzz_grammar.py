@@ -1482,3 +1482,73 @@ def time_key_queries(draw: st.DrawFn) -> Query:
     where = draw(st.sampled_from(TIME_WHERES))
     sql = f"SELECT {items}, {draw(aggregate_lists())} FROM {TABLE}{where} GROUP BY {group}"
     return Query(sql, keys=len(keys), grouped=True)
+
+#: Per-unit aggregates (dpsql.frontend.per_unit) and whether each is a number (else a date).
+PER_UNIT_AGGREGATES: tuple[tuple[str, bool], ...] = (
+    ("COUNT(*)", True),
+    ("SUM(cost)", True),
+    ("AVG(age)", True),
+    ("MIN(age)", True),
+    ("MAX(cost)", True),
+    ("COUNT(DISTINCT diagnosis)", True),
+    ("COUNT(cost)", True),
+    ("LEAST(GREATEST(SUM(cost), 0), 1000)", True),
+    ("MAX(age * 2 - 1)", True),
+    ("SUM(CASE WHEN smoker THEN 1 ELSE 0 END)", True),
+    ("MIN(DATE_TRUNC('month', visit_date))", False),
+    ("MAX(visit_date)", False),
+)
+PER_UNIT_WHERES = (
+    "",
+    " WHERE age > 50",
+    f" WHERE patient_id = {EXTRA_UNIT}",
+    " WHERE cost IS NULL",
+)
+PER_UNIT_HAVINGS = ("", " HAVING COUNT(*) >= 2", " HAVING SUM(cost) > 1000")
+
+
+@st.composite
+def per_unit_queries(draw: st.DrawFn) -> Query:
+    """An outer DP query over a per-unit relation (a derived table or CTE grouped by the
+    privacy unit, optionally with an extra key): COUNT/AVG/COUNT(DISTINCT) over the per-unit
+    values, bins of them (a public domain from their derived range), a month of a per-unit
+    date, the extra key; and the privacy unit as an outer key (refused)."""
+    agg, numeric = draw(st.sampled_from(PER_UNIT_AGGREGATES))
+    extra = draw(st.sampled_from(("", "department", "smoker")))
+    where = draw(st.sampled_from(PER_UNIT_WHERES))
+    having = draw(st.sampled_from(PER_UNIT_HAVINGS))
+    cols = ", ".join(["patient_id", *([extra] if extra else []), f"{agg} AS p"])
+    group = ", ".join(["patient_id", *([extra] if extra else [])])
+    inner = f"SELECT {cols} FROM {TABLE}{where} GROUP BY {group}{having}"
+    as_cte = draw(st.booleans())
+    head, source = (f"WITH u AS ({inner}) ", "u") if as_cte else ("", f"({inner}) AS u")
+    forms = ["count", "distinct", "unit_key"]
+    forms += ["avg", "bins"] if numeric else ["month"]
+    forms += ["extra"] if extra else []
+    form = draw(st.sampled_from(forms))
+    if form == "count":
+        return Query(f"{head}SELECT COUNT(*) AS n FROM {source}")
+    if form == "distinct":
+        return Query(f"{head}SELECT COUNT(DISTINCT p) AS d FROM {source}")
+    if form == "unit_key":
+        return Query(f"{head}SELECT patient_id AS k0, COUNT(*) FROM {source} GROUP BY 1", 1, True)
+    if form == "avg":
+        return Query(f"{head}SELECT AVG(p) AS a, SUM(p) AS s, COUNT(*) AS n FROM {source}")
+    if form == "bins":
+        return Query(
+            f"{head}SELECT FLOOR(p / 100) * 100 AS k0, COUNT(*) AS n FROM {source} GROUP BY 1",
+            1,
+            True,
+        )
+    if form == "month":
+        return Query(
+            f"{head}SELECT DATE_TRUNC('month', p) AS k0, COUNT(*) AS n FROM {source} GROUP BY 1",
+            1,
+            True,
+        )
+    agg_outer = "AVG(p)" if numeric else "COUNT(p)"
+    return Query(
+        f"{head}SELECT {extra} AS k0, {agg_outer} AS a, COUNT(*) AS n FROM {source} GROUP BY 1",
+        1,
+        True,
+    )

@@ -673,6 +673,16 @@ def test_series_limits(pair: Pair, query: g.Query) -> None:
     assert_boundary_holds(pair, query)
 
 
+@settings(FUZZ, max_examples=40)
+@given(query=g.per_unit_queries())
+def test_per_unit_relations(pair: Pair, query: g.Query) -> None:
+    """An outer DP query over a per-unit relation (dpsql.frontend.per_unit: a derived table or
+    CTE grouped by the privacy unit, rows bounded before aggregating): the same fate on D and
+    D′ (whose extra unit's extreme values reach every per-unit aggregate), each answer charged
+    its plan's cost, the unit as an outer key refused free."""
+    assert_boundary_holds(pair, query)
+
+
 @settings(FUZZ, max_examples=60)
 @given(query=g.quantile_queries())
 def test_quantiles_and_distinct_counts(pair: Pair, query: g.Query) -> None:
@@ -793,6 +803,10 @@ FRONTEND_SHAPES: dict[str, tuple[Callable[[], Any], str]] = {
     "QUANTILE_CONT": (g.quantile_queries, r"QUANTILE_CONT\("),
     "a quantile by a thresholded key": (g.quantile_queries, r"GROUP BY diagnosis"),
     "COUNT(DISTINCT col)": (g.quantile_queries, r"COUNT\(DISTINCT "),
+    "a per-unit derived table": (g.per_unit_queries, r"FROM \(SELECT patient_id, .* AS u"),
+    "a per-unit CTE": (g.per_unit_queries, r"^WITH u AS \(SELECT patient_id, "),
+    "a per-unit relation with a key": (g.per_unit_queries, r"GROUP BY patient_id, \w+"),
+    "a per-unit HAVING": (g.per_unit_queries, r"GROUP BY patient_id[^)]* HAVING "),
 }
 
 

@@ -16,14 +16,15 @@ Everything here is a pure AST -> AST function of the text and the policy: nothin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlglot import exp
 
 from dpsql.errors import PrivacyError, ProgrammingError, UndefinedColumnError
 from dpsql.frontend.logic import transform_clauses
+from dpsql.frontend.per_unit import per_unit_relation
 from dpsql.frontend.scopes import display_name
-from dpsql.policy import Policy
+from dpsql.policy import Policy, TablePolicy
 from dpsql.sql.positions import position_of, snippet
 
 # Clauses a row-level derived table cannot carry: each would make the relation depend on
@@ -68,13 +69,27 @@ def is_aggregate(select: exp.Select) -> bool:
 
 def flatten(tree: exp.Select, text: str, policy: Policy) -> exp.Select | Wrapped:
     """``tree`` with its CTEs and derived tables resolved (see the module docstring)."""
-    return _Flattener(text, policy).resolve(tree, {})
+    return flatten_relations(tree, text, policy)[0]
+
+
+def flatten_relations(
+    tree: exp.Select, text: str, policy: Policy
+) -> tuple[exp.Select | Wrapped, Policy]:
+    """:func:`flatten`, and the policy with the per-unit tables it made
+    (dpsql.frontend.per_unit): a derived table or CTE grouped by the privacy unit becomes a
+    table of one row per unit (per key), which the outer query reads like any table."""
+    flattener = _Flattener(text, policy)
+    flat = flattener.resolve(tree, {})
+    if flattener.derived:
+        policy = replace(policy, tables={**policy.tables, **flattener.derived})
+    return flat, policy
 
 
 class _Flattener:
     def __init__(self, text: str, policy: Policy) -> None:
         self.text = text
         self.policy = policy
+        self.derived: dict[str, TablePolicy] = {}  # per-unit tables made so far, by name
 
     def refuse(self, message: str, node: exp.Expression | None, hint: str) -> PrivacyError:
         return PrivacyError(
@@ -163,8 +178,33 @@ class _Flattener:
                 alias,
             )
         if is_aggregate(inner_resolved):
+            per_unit = self._per_unit(inner_resolved, select)
+            if per_unit is not None:  # one row per unit: read like a table
+                return self._inline(select, per_unit, alias)
             return Wrapped(inner_resolved, _over_placeholder(select, None, alias), alias)
         return self._inline(select, inner_resolved, alias)
+
+    def _per_unit(self, inner: exp.Select, outer: exp.Select) -> exp.Select | None:
+        """A row-level SELECT over a per-unit table if ``inner`` groups a private table by its
+        privacy unit (dpsql.frontend.per_unit), else None. Its table joins ``derived``."""
+        from dpsql.frontend.private_joins import per_unit_source
+        from dpsql.sql.bind import BoundQuery, _Binder
+
+        policy = replace(self.policy, tables={**self.policy.tables, **self.derived})
+
+        def bind(trial: exp.Select) -> BoundQuery:
+            bound = _Binder(trial, self.text, policy).bind()
+            assert isinstance(bound, BoundQuery)  # a private table's FROM, checked before
+            return bound
+
+        made = per_unit_relation(
+            inner, outer, self.text, policy, bind=bind, make_source=per_unit_source
+        )
+        if made is None:
+            return None
+        relation, table = made
+        self.derived[table.name] = table
+        return relation
 
     def _check_no_cte_elsewhere(self, select: exp.Select, ctes: dict) -> None:
         """CTE names may appear only as the FROM source (a subquery elsewhere is refused by the

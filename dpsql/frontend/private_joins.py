@@ -27,14 +27,17 @@ cross joins, RIGHT/FULL joins and ON conditions other than one equality of colum
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+import sqlglot
 from sqlglot import exp
 
 from dpsql.errors import PrivacyError, ProgrammingError, UndefinedColumnError, UndefinedTableError
 from dpsql.frontend.logic import column_equality, mismatched_join, transform_clauses
+from dpsql.frontend.per_unit import PerUnitSpec, relation
 from dpsql.policy import ColumnPolicy, JoinedSource, JoinStep, Policy, TablePolicy, comparable
 from dpsql.sql.positions import position_of, snippet
 
@@ -61,6 +64,49 @@ class _Side:
     kind: str  # "", "INNER", "LEFT"
 
 
+@dataclass(frozen=True)
+class PerUnitSource(JoinedSource):
+    """A per-unit relation (dpsql.frontend.per_unit): its one step is the base table, its rows
+    one per unit (per key), computed after bounding. A JoinedSource so that every path that
+    reads a private join's own relation (no prepared store, no column program, a shadow table
+    for typing) treats it the same way."""
+
+    spec: PerUnitSpec | None = None
+
+    @functools.cached_property
+    def identity(self) -> str:
+        """V's whole definition (base table, WHERE, keys, aggregates, ranges, R and G)."""
+        return f"per-unit\n{self.spec!r}\n{self.steps[0].table.name}"
+
+    def relation(self) -> exp.Select:
+        """V as engine SQL, from the validated spec only (dpsql.frontend.per_unit.relation)."""
+        from dpsql.sql.compile import keyed_hash, secret_slot
+        from dpsql.sql.safety import guarded_conditions
+
+        assert self.spec is not None
+        base = self.steps[0].table
+        conditions: list[exp.Expression] = []
+        if self.spec.where is not None:
+            where: Any = sqlglot.parse_one(self.spec.where, read="duckdb")
+            conditions.extend(guarded_conditions(where, base))
+        unit = exp.column(self.spec.unit, quoted=True)
+        conditions.append(exp.Not(this=exp.Is(this=unit, expression=exp.Null())))
+        return relation(
+            self.spec,
+            source=_source(base, None),
+            conditions=conditions,
+            stored=[c for c, spec in base.columns.items() if spec.expr is None],
+            keyed_hash=keyed_hash,
+            secret=secret_slot,
+        )
+
+
+def per_unit_source(base: TablePolicy, spec: PerUnitSpec, description: str) -> PerUnitSource:
+    return PerUnitSource(
+        steps=(JoinStep(base, "r"),), outputs=(), description=description, spec=spec
+    )
+
+
 # -- the engine's FROM ----------------------------------------------------------------------
 
 
@@ -74,6 +120,8 @@ def _source(table: TablePolicy, alias: str | None) -> exp.Expression:
     ident = exp.Identifier(this=alias, quoted=False) if alias else None
     if table.public and table.rows is not None:
         return _public_values(table, ident)
+    if isinstance(table.joined, PerUnitSource):
+        return exp.Subquery(this=table.joined.relation(), alias=exp.TableAlias(this=ident))
     if table.joined is None:
         node = exp.Table(this=exp.Identifier(this=table.name, quoted=True))
         if ident is not None:

@@ -17,6 +17,7 @@ from dpsql.ir.relational import (
     Bound,
     ComputedColumn,
     Filter,
+    PerUnit,
     Project,
     PublicJoin,
     Scan,
@@ -29,8 +30,18 @@ def plan_tree(plan: Plan) -> PostProcess:
     """Scan -> [PublicJoin] -> [Filter] -> [Project] -> Bound -> Aggregate -> Release -> Post."""
     query = plan.query
     table = query.table
-    node: Scan | PublicJoin | Filter | Project
+    node: Scan | PerUnit | PublicJoin | Filter | Project
     node = Scan(table.name, table.privacy_unit)  # narrowed: each step wraps what came before
+    spec = getattr(table.joined, "spec", None)  # a per-unit relation (dpsql.frontend.per_unit)
+    if spec is not None:
+        base = table.joined.steps[0].table  # type: ignore[union-attr]
+        node = PerUnit(
+            Scan(base.name, base.privacy_unit),
+            spec.describe(),
+            len(spec.keys),
+            spec.max_rows,
+            spec.max_groups,
+        )
     if query.joins:
         node = PublicJoin(node, query.joins)
     if query.where is not None:

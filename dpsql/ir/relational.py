@@ -39,13 +39,39 @@ class Scan:
 
 
 @dataclass(frozen=True)
+class PerUnit:
+    """A per-unit relation (dpsql.frontend.per_unit): the base table's rows bounded (R rows per
+    (unit, key) for COUNT and SUM, G keys per unit), then grouped by the unit [and keys]. Every
+    output row is a function of one unit's own rows, so neighbours differ by that unit's
+    output rows: at most 1 (at most G with extra keys); value ranges by interval arithmetic.
+    The outer plan reads it as a table with those bounds, and bounds and clamps it again."""
+
+    input: Scan
+    definition: str  # WHERE, GROUP BY and each aggregate, as the spec describes them
+    keys: int  # extra GROUP BY keys besides the unit
+    max_rows: int  # R of the base table
+    max_groups: int  # G of the base table
+
+    def children(self) -> tuple:
+        return (self.input,)
+
+    def describe(self) -> str:
+        return f"PerUnit {self.definition} (R = {self.max_rows}, G = {self.max_groups})"
+
+    def stability(self) -> str:
+        if self.keys:
+            return f"a unit changes <= {self.max_groups} rows (one per kept key)"
+        return "a unit changes <= 1 row (its own)"
+
+
+@dataclass(frozen=True)
 class PublicJoin:
     """Join public tables ON their declared unique keys (dpsql.frontend.joins): each private
     row matches at most one public row, so every output row is one input row with public
     columns added (INNER drops unmatched rows; LEFT keeps them with NULLs). 1-stable: a
     unit's rows are never multiplied, so every sensitivity downstream is unchanged."""
 
-    input: Scan
+    input: Scan | PerUnit
     joins: tuple[str, ...]
 
     def children(self) -> tuple:
@@ -63,7 +89,7 @@ class Filter:
     """Keep the rows a condition accepts (under TRY: a failing row is dropped, never an
     error). 1-stable: a unit's rows can only be removed, never multiplied or moved."""
 
-    input: Scan | PublicJoin
+    input: Scan | PerUnit | PublicJoin
     condition: exp.Expression
 
     def children(self) -> tuple:
@@ -89,7 +115,7 @@ class Project:
     """Computed columns (derived tables, expressions inside aggregates): one output row per
     input row, so 1-stable; each value is clamped to its range in the engine."""
 
-    input: Scan | PublicJoin | Filter
+    input: Scan | PerUnit | PublicJoin | Filter
     columns: tuple[ComputedColumn, ...]
 
     def children(self) -> tuple:
@@ -112,7 +138,7 @@ class Bound:
     (truncated toward zero), so a sum over it is at most R·row_bound in magnitude all the same
     (the measures of a rescaled plan give ``row_bound`` in their fine units)."""
 
-    input: Scan | PublicJoin | Filter | Project
+    input: Scan | PerUnit | PublicJoin | Filter | Project
     unit: str | None
     max_rows: int  # R
     max_groups: int  # G (effective)

@@ -32,7 +32,7 @@ from dpsql.errors import (
     UndefinedTableError,
 )
 from dpsql.frontend.compose import ReleasedFilter, split_released_filter
-from dpsql.frontend.inline import Wrapped, compose_post, flatten
+from dpsql.frontend.inline import Wrapped, compose_post, flatten_relations
 from dpsql.frontend.intervals import NotNumeric, Range, value_range
 from dpsql.frontend.joins import JOINED, PUBLIC_VALUES, resolve_joins
 from dpsql.frontend.logic import conjuncts
@@ -811,7 +811,7 @@ def bind_tree(tree: exp.Expr, text: str, policy: Policy, access: Any = None) -> 
     split = split_released_filter(tree, text)
     if split is not None:
         return _composite(split, text, policy)
-    flat = flatten(tree, text, policy)
+    flat, policy = flatten_relations(tree, text, policy)  # with its per-unit tables
     if isinstance(flat, Wrapped):
         inner = _Binder(flat.inner, text, policy).bind()
         if not isinstance(inner, BoundQuery):

@@ -1,0 +1,809 @@
+"""Per-unit relations: a derived table or CTE grouped by the privacy unit, aggregated again.
+
+    SELECT AVG(per_user) FROM (SELECT patient_id, SUM(cost) AS per_user
+                               FROM visits GROUP BY patient_id) AS t
+
+The inner query is not a DP query of its own (its groups are people): it is a *per-unit
+relation* V, computed in the engine, that the outer DP query reads like a table whose privacy
+unit is still ``patient_id``. Shapes: Tableau's FIXED LOD (a per-unit value, then binned),
+cohorts (each unit's first month, then COUNT by month), ZetaSQL's per-user subqueries.
+
+How V is computed (:func:`relation`, engine SQL generated from the validated spec only):
+
+1. the base table's rows that pass the inner WHERE and have a unit;
+2. contribution bounding, *before* aggregating: each unit keeps its G (unit, key) pairs of
+   smallest keyed hash (only with extra GROUP BY keys); COUNT and SUM read the R rows of
+   smallest keyed hash of each pair (R = max_rows_per_unit, G = max_groups_per_unit of the
+   base table; always by keyed-hash sampling, whatever the table's ``bounding``: a rescaled
+   row has no MIN/MAX), MIN, MAX and AVG every row of the kept pairs (their range is the
+   value's however many rows there are: bounding them would only cost accuracy);
+3. GROUP BY unit [, keys]: one row per unit (per key), each aggregate over clamped values.
+
+Stability (what one unit changes). Every V row is a function of one unit's own rows (its
+GROUP BY holds the unit; WHERE and the keyed hash read one row, the hash's secret is the
+query's), so neighbouring datasets' V differ by exactly one unit's V rows: at most 1 row
+without extra keys, at most G rows (one per kept key) with them. So V is a table whose unit is
+the same column, with ``max_rows_per_unit`` = 1 (G with extra keys, unless the outer query
+groups by all of them: then 1 per group) and ``max_groups_per_unit`` = 1 (G with extra keys);
+the outer query's own bounding and clamping run on V as on any table, so these bounds and the
+value ranges below are enforced there, not trusted. Ranges, by interval arithmetic over the
+declared bounds [L, U] of the aggregated value (after step 2, at most R values per row):
+
+- COUNT(*): [1, R]; COUNT(x), COUNT(DISTINCT x): [0, R]; COUNT(DISTINCT unit): [1, 1]
+- SUM(x): [min(L, R·L), max(U, R·U)]; AVG(x), MIN(x), MAX(x): [L, U]
+- an analyst's clamp LEAST(GREATEST(agg, a), b) (or GREATEST(LEAST(...))) narrows it to [a, b]
+
+A unit's HAVING filters that unit's own V row: it becomes a WHERE over V (1-stable).
+MIN/MAX of a column (any type) or of DATE_TRUNC(unit, column) keep the column's own policy
+(its declared values or public date range): MIN(DATE_TRUNC('month', d)) is computed as
+DATE_TRUNC('month', MIN(d)) (DATE_TRUNC is monotone), so a month key over it has a public
+domain of months.
+
+Refused (with the construct and a hint; nothing read, nothing charged): a per-unit relation
+over a join or over another per-unit relation, GROUP BY keys other than plain columns,
+DISTINCT/LIMIT/OFFSET/windows inside it, a select item that is neither the unit, a key nor an
+aggregate (arithmetic over aggregates other than the clamp), aggregates other than COUNT, SUM,
+AVG, MIN and MAX. Everything a flat query refuses (an unbounded SUM, an unknown function) is
+refused here by the same binder: each aggregate is bound as ``SELECT agg FROM t WHERE ...``.
+
+This module imports nothing of the binder or the policy (it sits below them in the import
+graph): the caller passes the binder and the maker of V's source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import sqlglot
+from sqlglot import exp
+
+from dpsql.errors import PrivacyError, UndefinedColumnError
+from dpsql.sql.positions import position_of, snippet
+
+# Clauses that make a relation depend on other rows than the unit's own, or on an order.
+_REFUSED_CLAUSES = {
+    "distinct": "DISTINCT",
+    "limit": "LIMIT",
+    "offset": "OFFSET",
+    "qualify": "QUALIFY",
+    "windows": "WINDOW",
+    "sample": "TABLESAMPLE",
+    "laterals": "LATERAL",
+    "joins": "JOIN",
+    "into": "INTO",
+    "locks": "FOR UPDATE",
+}
+_KINDS: dict[type, str] = {
+    exp.Count: "count",
+    exp.Sum: "sum",
+    exp.Avg: "avg",
+    exp.Min: "min",
+    exp.Max: "max",
+}
+_HINT = (
+    "a per-unit relation is SELECT unit [, columns], COUNT/SUM/AVG/MIN/MAX(...) AS name FROM t "
+    "[WHERE ...] GROUP BY unit [, columns] [HAVING ...]"
+)
+_WIDEST_INT = 2**62
+
+
+@dataclass(frozen=True)
+class PerUnitColumn:
+    """One aggregate column of V: ``kind`` over ``value`` (DuckDB SQL over the base table's
+    columns; None for COUNT(*)), each row value clamped to ``row_clamp``, the aggregate to
+    ``clamp`` (the analyst's), cast to ``sql_type``."""
+
+    name: str
+    kind: str  # count | count_units | count_distinct | sum | avg | min | max
+    value: str | None
+    computed: bool  # value is an expression: evaluated under TRY
+    row_clamp: tuple[float, float] | None
+    clamp: tuple[float, float] | None
+    sql_type: str
+
+
+@dataclass(frozen=True)
+class PerUnitSpec:
+    """Everything that decides V's rows (its identity keys caches and plan fingerprints)."""
+
+    table: str
+    unit: str
+    keys: tuple[str, ...]
+    where: str | None  # the inner WHERE, validated by the binder (DuckDB SQL)
+    columns: tuple[PerUnitColumn, ...]
+    max_rows: int  # R of the base table: rows kept per (unit, key)
+    max_groups: int  # G of the base table: keys kept per unit
+
+    @property
+    def identity(self) -> str:
+        return repr(self)
+
+    def describe(self) -> str:
+        by = ", ".join((self.unit, *self.keys))
+        cols = ", ".join(f"{c.name}={c.kind}({c.value or '*'})" for c in self.columns)
+        where = f" WHERE {self.where}" if self.where else ""
+        return f"{self.table}{where} GROUP BY {by}: {cols}"
+
+
+def _literal_number(node: exp.Expression) -> float | None:
+    if isinstance(node, exp.Paren):
+        return _literal_number(node.this)
+    if isinstance(node, exp.Neg):
+        inner = _literal_number(node.this)
+        return None if inner is None else -inner
+    if isinstance(node, exp.Literal) and not node.is_string:
+        try:
+            return float(node.this)
+        except ValueError:
+            return None
+    return None
+
+
+def _unwrap(node: exp.Expression) -> exp.Expression:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return node
+
+
+def _granularity(lower: float, upper: float) -> float:
+    """dpsql.policy.default_granularity for a float (a power of 10, ~1e-4 of the magnitude)."""
+    magnitude = max(abs(lower), abs(upper), 1e-12)
+    return 10.0 ** (math.floor(math.log10(magnitude)) - 4)
+
+
+class _Builder:
+    """Recognises and validates one per-unit relation (see the module docstring)."""
+
+    def __init__(
+        self,
+        inner: exp.Select,
+        outer: exp.Select,
+        text: str,
+        policy: Any,
+        bind: Callable[[exp.Select], Any],
+    ) -> None:
+        self.inner = inner
+        self.outer = outer
+        self.text = text
+        self.policy = policy
+        self.bind = bind
+
+    def refuse(
+        self,
+        message: str,
+        node: exp.Expression | None,
+        hint: str = _HINT,
+        construct: str | None = None,
+    ) -> Exception:
+        return PrivacyError(
+            message,
+            construct=construct or (snippet(node) if node is not None else None),
+            position=position_of(node, self.text),
+            hint=hint,
+        )
+
+    # -- recognition ------------------------------------------------------------------------
+    def recognise(self) -> bool:
+        from_ = self.inner.args.get("from_") or self.inner.args.get("from")
+        source = from_.this if from_ is not None else None
+        if not isinstance(source, exp.Table) or not isinstance(source.this, exp.Identifier):
+            return False
+        base = self.policy.table(source.name)
+        if base is None or base.public or base.privacy_unit is None:
+            return False
+        group = self.inner.args.get("group")
+        if group is None:
+            return False
+        self.source = source
+        self.base = base
+        self.unit = base.privacy_unit
+        self.qualifiers = {source.name.lower(), (source.alias or source.name).lower()}
+        self.groups = [self._resolve_group_item(item) for item in group.expressions]
+        return any(self._is_column(g, self.unit) for g in self.groups)
+
+    def _resolve_group_item(self, item: exp.Expression) -> exp.Expression:
+        items = self.inner.expressions
+        if isinstance(item, exp.Literal) and not item.is_string and str(item.this).isdigit():
+            index = int(item.this) - 1
+            if 0 <= index < len(items):
+                return _unwrap(items[index].unalias())
+        if isinstance(item, exp.Column) and not item.table:
+            name = item.name.lower()
+            if name not in self.base.columns:
+                for e in items:
+                    if isinstance(e, exp.Alias) and e.alias.lower() == name:
+                        return _unwrap(e.this)
+        return _unwrap(item)
+
+    def _is_column(self, node: exp.Expression, name: str | None = None) -> bool:
+        node = _unwrap(node)
+        if not isinstance(node, exp.Column) or isinstance(node.this, exp.Star):
+            return False
+        if node.table and node.table.lower() not in self.qualifiers:
+            return False
+        return name is None or node.name.lower() == name
+
+    # -- validation and V -------------------------------------------------------------------
+    def build(self, make_source: Callable[[Any, PerUnitSpec, str], Any]) -> tuple[exp.Select, Any]:
+        base = self.base
+        if base.joined is not None:
+            raise self.refuse(
+                "a per-unit relation (GROUP BY the privacy unit) over a join or over another "
+                "per-unit relation is not supported",
+                self.source,
+                "group one policy table by its privacy unit; join or aggregate per unit once",
+            )
+        for arg, word in _REFUSED_CLAUSES.items():
+            if self.inner.args.get(arg):
+                node = self.inner.args[arg]
+                node = node[0] if isinstance(node, list) else node
+                raise self.refuse(
+                    f"{word} inside a per-unit relation (GROUP BY the privacy unit) is not "
+                    "supported",
+                    node if isinstance(node, exp.Expression) else self.inner,
+                    "move the clause to the outer query",
+                )
+        for window in self.inner.find_all(exp.Window):
+            raise self.refuse(
+                "window functions are not allowed",
+                window,
+                "use GROUP BY with COUNT/SUM/AVG; windows would release individual rows",
+            )
+        keys: list[str] = []
+        for node in self.groups:
+            if self._is_column(node, self.unit):
+                continue
+            if not self._is_column(node):
+                raise self.refuse(
+                    f"a per-unit relation groups by the privacy unit and plain columns, not "
+                    f"{snippet(node)}",
+                    node,
+                    "GROUP BY unit, column; compute expressions of the key in the outer query",
+                )
+            name = node.name.lower()
+            if name not in base.columns:
+                raise UndefinedColumnError(
+                    f"unknown column {node.name!r} in table {base.name!r}",
+                    construct=snippet(node),
+                    position=position_of(node, self.text),
+                    hint="its columns: " + ", ".join(base.columns),
+                )
+            if name not in keys:
+                keys.append(name)
+        self.keys = keys
+        self.R = base.max_rows_per_unit
+        self.G = base.max_groups_per_unit
+        # the WHERE and the keys, validated as a flat query over the base table would be
+        self.probe = self._bind_one(exp.Count(this=exp.Star()))
+        self.columns: list[PerUnitColumn] = []
+        self.policies: dict[str, Any] = {self.unit: replace(base.columns[self.unit])}
+        for k in keys:
+            self.policies[k] = base.columns[k]
+        projection: dict[str, exp.Expression] = {}
+        for item in self.inner.expressions:
+            name, node = self._item_name(item)
+            if name in projection:
+                raise self.refuse(
+                    f"the per-unit relation has two columns named {name!r}",
+                    item,
+                    "give each column its own name",
+                )
+            projection[name] = self._projected(node, name, item)
+        having = self.inner.args.get("having")
+        condition = None
+        if having is not None:
+            condition = self._having(having.this, projection)
+        spec = PerUnitSpec(
+            table=base.name,
+            unit=self.unit,
+            keys=tuple(keys),
+            where=self.probe.where.sql(dialect="duckdb") if self.probe.where is not None else None,
+            columns=tuple(self.columns),
+            max_rows=self.R,
+            max_groups=self.G,
+        )
+        digest = hashlib.sha256(
+            repr([(n, c.type) for n, c in self.policies.items()]).encode()
+        ).hexdigest()[:12]
+        name = f"{base.name} per {self.unit} {digest}".lower()
+        rows, groups = (1, 1)
+        if keys:
+            groups = self.G
+            rows = 1 if self._outer_groups_by(keys, projection) else self.G
+        joined = make_source(base, spec, f"per {self.unit}: {spec.describe()}")
+        table = replace(
+            base,
+            name=name,
+            columns=dict(self.policies),
+            max_rows_per_unit=rows,
+            max_groups_per_unit=groups,
+            unique_keys=(),
+            unit_path=(),
+            rows=None,
+            joined=joined,
+        )
+        relation = exp.Select(
+            expressions=[
+                exp.alias_(e, n, quoted=True)
+                for n, e in projection.items()
+                if not n.startswith("__")
+            ],
+            from_=exp.From(this=exp.Table(this=exp.Identifier(this=name, quoted=True))),
+        )
+        if condition is not None:
+            relation.set("where", exp.Where(this=condition))
+        return relation, table
+
+    def _bind_one(self, aggregate: exp.Expression) -> Any:
+        """``SELECT aggregate FROM base WHERE ... GROUP BY keys``, bound by the binder: the
+        same checks as a flat query (functions, types, bounds, totality)."""
+        trial = exp.Select(expressions=[aggregate.copy()])
+        trial.set("from_", exp.From(this=self.source.copy()))
+        where = self.inner.args.get("where")
+        if where is not None:
+            trial.set("where", where.copy())
+        if self.keys:
+            trial.set("group", exp.Group(expressions=[exp.column(k) for k in self.keys]))
+        return self.bind(trial)
+
+    def _item_name(self, item: exp.Expression) -> tuple[str, exp.Expression]:
+        if isinstance(item, exp.Alias):
+            return item.alias.lower(), _unwrap(item.this)
+        if self._is_column(item):
+            return item.name.lower(), item
+        if isinstance(item, exp.Star) or (
+            isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
+        ):
+            raise self.refuse(
+                "SELECT * in a per-unit relation (GROUP BY the privacy unit) is not supported",
+                item,
+                "select the unit and named aggregates: SELECT unit, SUM(x) AS total ...",
+            )
+        raise self.refuse(
+            f"the per-unit relation's column {snippet(item)} needs a name",
+            item,
+            f"name it: {snippet(item)} AS name",
+        )
+
+    def _projected(self, node: exp.Expression, name: str, item: exp.Expression) -> exp.Expression:
+        """The expression over V that the outer query reads as column ``name``."""
+        if self._is_column(node):
+            column = node.name.lower()
+            if column == self.unit or column in self.keys:
+                return exp.column(column, quoted=True)
+            raise self.refuse(
+                f"column {node.name!r} must appear in the per-unit relation's GROUP BY",
+                node,
+                "group by it too, or aggregate it (MIN, MAX, SUM, ...)",
+            )
+        return self._aggregate(node, name, node)
+
+    def _aggregate(self, node: exp.Expression, name: str, shown: exp.Expression) -> exp.Expression:
+        clamp_lo, clamp_hi = -math.inf, math.inf
+        inner = _unwrap(node)
+        for _ in range(2):  # LEAST(GREATEST(agg, a), b) or GREATEST(LEAST(agg, b), a)
+            if isinstance(inner, exp.Least | exp.Greatest) and len(inner.expressions) == 1:
+                bound = _literal_number(inner.expressions[0])
+                if bound is None:
+                    break
+                if isinstance(inner, exp.Least):
+                    clamp_hi = min(clamp_hi, bound)
+                else:
+                    clamp_lo = max(clamp_lo, bound)
+                inner = _unwrap(inner.this)
+        kind = _KINDS.get(type(inner))
+        if kind is None or any(n is not inner for n in inner.find_all(exp.AggFunc)):
+            found: Any = inner if isinstance(inner, exp.AggFunc) else node.find(exp.AggFunc)
+            if found is not None and _KINDS.get(type(found)) is None:
+                raise self.refuse(
+                    f"aggregate {snippet(found)} is not supported in a per-unit relation",
+                    found,
+                    "per unit: COUNT, COUNT(DISTINCT col), SUM, AVG, MIN or MAX",
+                )
+            written = shown.sql(dialect="duckdb")  # the whole expression, not its first call
+            raise self.refuse(
+                f"the per-unit relation's column {written} must be an aggregate (or "
+                "LEAST(GREATEST(aggregate, low), high)), the unit or a GROUP BY column",
+                shown,
+                "compute other expressions of the per-unit values in the outer query",
+                construct=written,
+            )
+        clamp = None
+        if math.isfinite(clamp_lo) or math.isfinite(clamp_hi):
+            if kind in ("min", "max") and not self._numeric_arg(inner):
+                raise self.refuse(
+                    f"{snippet(shown)}: LEAST/GREATEST clamps a number",
+                    shown,
+                    "clamp SUM, COUNT, AVG, or MIN/MAX of a number",
+                )
+            if clamp_lo > clamp_hi:
+                raise self.refuse(
+                    f"{snippet(shown)}: the clamp's lower end is above its upper end",
+                    shown,
+                    "LEAST(GREATEST(agg, low), high) with low <= high",
+                )
+            clamp = (clamp_lo, clamp_hi)
+        arg = inner.this
+        if kind in ("min", "max"):
+            monotone = self._monotone_column(arg)
+            if monotone is not None:
+                column, wrap = monotone
+                return self._min_max(kind, name, column, wrap, clamp)
+        if kind == "count" and isinstance(arg, exp.Distinct):
+            values = arg.expressions
+            if len(values) == 1 and self._is_column(values[0], self.unit):
+                return self._add(name, "count_units", None, False, None, clamp, (1, 1), "int", 1.0)
+        call_query = self._bind_one(inner)
+        call = call_query.aggregates[0]
+        if call.kind not in ("count", "count_distinct", "count_units", "sum", "avg", "min", "max"):
+            raise self.refuse(
+                f"{snippet(inner)} is not supported in a per-unit relation",
+                inner,
+                "per unit: COUNT, COUNT(DISTINCT col), SUM, AVG, MIN or MAX",
+            )
+        if call.kind == "count_units":
+            return self._add(name, "count_units", None, False, None, clamp, (1, 1), "int", 1.0)
+        col = call_query.table.columns[call.column] if call.column is not None else None
+        value = None if col is None else (col.expr or _quote(col.name))
+        computed = col is not None and col.expr is not None
+        R = self.R
+        if call.kind == "count":
+            low = 1 if col is None else 0
+            return self._add(name, "count", value, computed, None, clamp, (low, R), "int", 1.0)
+        if call.kind == "count_distinct":
+            return self._add(
+                name, "count_distinct", value, computed, None, clamp, (0, R), "int", 1.0
+            )
+        assert col is not None and col.lower is not None and col.upper is not None
+        lo, hi = float(col.lower), float(col.upper)
+        if call.kind == "sum":
+            out = (min(lo, R * lo), max(hi, R * hi))
+            kind_type = "int" if col.type == "int" else "float"
+            granularity = col.granularity
+        else:
+            out = (lo, hi)
+            kind_type = "float" if call.kind == "avg" else col.type
+            granularity = col.granularity
+            if call.kind == "avg" and col.type == "int":
+                granularity = _granularity(lo, hi)
+        return self._add(
+            name,
+            call.kind,
+            value,
+            computed,
+            (lo, hi),
+            clamp,
+            out,
+            kind_type,
+            granularity,
+            nullable=col.nullable or computed,
+        )
+
+    def _numeric_arg(self, agg: exp.Expression) -> bool:
+        monotone = self._monotone_column(agg.this)
+        if monotone is None:
+            return True  # an expression: the binder refuses a non-number
+        spec = self.base.columns.get(monotone[0])
+        return spec is not None and spec.numeric and monotone[1] is None
+
+    def _monotone_column(self, arg: exp.Expression) -> tuple[str, exp.Expression | None] | None:
+        """``col`` or ``DATE_TRUNC(unit, col)`` (monotone: MIN/MAX commute with it)."""
+        arg = _unwrap(arg)
+        if self._is_column(arg):
+            return arg.name.lower(), None
+        if isinstance(arg, exp.TimestampTrunc | exp.DateTrunc) and self._is_column(arg.this):
+            unit = arg.args.get("unit")
+            if isinstance(unit, exp.Var | exp.Literal):
+                return _unwrap(arg.this).name.lower(), arg
+        return None
+
+    def _min_max(
+        self,
+        kind: str,
+        name: str,
+        column: str,
+        wrap: exp.Expression | None,
+        clamp: tuple[float, float] | None,
+    ) -> exp.Expression:
+        spec = self.base.columns.get(column)
+        if spec is None:
+            raise UndefinedColumnError(
+                f"unknown column {column!r} in table {self.base.name!r}",
+                construct=column,
+                hint="its columns: " + ", ".join(self.base.columns),
+            )
+        if column == self.unit:
+            raise self.refuse(
+                f"{kind.upper()} of the privacy unit is meaningless",
+                self.inner,
+                f"COUNT(DISTINCT {column}) counts units",
+            )
+        if spec.expr is not None:
+            raise self.refuse(
+                f"{kind.upper()}({column}) of a computed column is not supported per unit",
+                self.inner,
+                "aggregate a stored column",
+            )
+        if wrap is not None and spec.type != "date":
+            raise self.refuse(
+                f"{kind.upper()}(DATE_TRUNC(..., {column})): {column} is {spec.type}, not a date",
+                self.inner,
+                "DATE_TRUNC a date column",
+            )
+        row_clamp = (
+            (float(spec.lower), float(spec.upper)) if spec.numeric and spec.bounded else None
+        )
+        sql_type = {"int": "BIGINT", "float": "DOUBLE", "text": "VARCHAR", "bool": "BOOLEAN"}.get(
+            spec.type, "DATE"
+        )
+        column_policy = replace(spec, name=name, expr=None)
+        if clamp is not None and spec.numeric and spec.bounded:
+            lo, hi = _clamped((float(spec.lower), float(spec.upper)), clamp)
+            column_policy = replace(column_policy, lower=lo, upper=hi)
+        self.columns.append(
+            PerUnitColumn(name, kind, _quote(column), False, row_clamp, clamp, sql_type)
+        )
+        self.policies[name] = column_policy
+        ref = exp.column(name, quoted=True)
+        if wrap is None:
+            return ref
+        wrapped = wrap.copy()
+        wrapped.set("this", ref)
+        return wrapped
+
+    def _add(
+        self,
+        name: str,
+        kind: str,
+        value: str | None,
+        computed: bool,
+        row_clamp: tuple[float, float] | None,
+        clamp: tuple[float, float] | None,
+        out: tuple[float, float],
+        out_type: str,
+        granularity: float,
+        *,
+        nullable: bool = False,
+    ) -> exp.Expression:
+        lo, hi = _clamped(out, clamp) if clamp is not None else out
+        if (
+            clamp is not None
+            and out_type == "int"
+            and not all(float(v).is_integer() for v in clamp if math.isfinite(v))
+        ):
+            out_type = "float"
+            granularity = min(granularity, _granularity(lo, hi))
+        if out_type == "int" and max(abs(lo), abs(hi)) >= _WIDEST_INT:
+            raise self.refuse(
+                f"the per-unit column {name!r} ranges over [{lo:g}, {hi:g}]: too wide for an "
+                "integer",
+                self.inner,
+                "clamp it: LEAST(GREATEST(agg, low), high)",
+            )
+        sql_type = "BIGINT" if out_type == "int" else "DOUBLE"
+        self.columns.append(PerUnitColumn(name, kind, value, computed, row_clamp, clamp, sql_type))
+        base_col = self.base.columns[self.unit]
+        self.policies[name] = replace(
+            base_col,
+            name=name,
+            type=out_type,
+            lower=float(lo),
+            upper=float(hi),
+            values=None,
+            nullable=nullable,
+            granularity=granularity,
+            expr=None,
+            date_range=None,
+        )
+        return exp.column(name, quoted=True)
+
+    def _having(
+        self, condition: exp.Expression, projection: dict[str, exp.Expression]
+    ) -> exp.Expression:
+        """The inner HAVING as a condition over V: a filter on each unit's own row."""
+        known = {}
+        for item in self.inner.expressions:
+            if isinstance(item, exp.Alias):
+                known[_unwrap(item.this).sql(dialect="duckdb")] = projection[item.alias.lower()]
+        hidden = [0]
+
+        def visit(node: exp.Expression) -> exp.Expression:
+            if isinstance(node, exp.AggFunc):
+                sql = node.sql(dialect="duckdb")
+                if sql not in known:
+                    name = f"__having{hidden[0]}"
+                    hidden[0] += 1
+                    known[sql] = self._aggregate(node, name, node)
+                return known[sql].copy()
+            if isinstance(node, exp.Column) and not isinstance(node.this, exp.Star):
+                name = node.name.lower()
+                if name in projection and (not node.table or self._is_column(node)):
+                    return projection[name].copy()
+                raise self.refuse(
+                    f"HAVING reads {snippet(node)}, which is not a column of the per-unit relation",
+                    node,
+                    "compare the relation's aggregates or GROUP BY columns",
+                )
+            return node
+
+        return condition.copy().transform(visit)
+
+    def _outer_groups_by(self, keys: list[str], projection: dict[str, exp.Expression]) -> bool:
+        """Whether the outer query groups by every extra key (then one V row per unit and
+        outer group). A utility refinement only: the outer bounding enforces it."""
+        group = self.outer.args.get("group")
+        if group is None:
+            return False
+        names = {n for n, e in projection.items() if isinstance(e, exp.Column) and e.name in keys}
+        by_key = {projection[n].name for n in names}
+        aliases = {
+            e.alias.lower(): _unwrap(e.this)
+            for e in self.outer.expressions
+            if isinstance(e, exp.Alias)
+        }
+        grouped: set[str] = set()
+        for item in group.expressions:
+            node = _unwrap(item)
+            if isinstance(node, exp.Literal) and not node.is_string and str(node.this).isdigit():
+                index = int(node.this) - 1
+                if 0 <= index < len(self.outer.expressions):
+                    node = _unwrap(self.outer.expressions[index].unalias())
+            if (
+                isinstance(node, exp.Column)
+                and node.name.lower() in aliases
+                and node.name.lower() not in names
+            ):
+                node = aliases[node.name.lower()]
+            if isinstance(node, exp.Column) and node.name.lower() in names:
+                grouped.add(projection[node.name.lower()].name)
+        return by_key <= grouped and set(keys) <= by_key
+
+
+def _clamped(out: tuple[float, float], clamp: tuple[float, float]) -> tuple[float, float]:
+    lo, hi = clamp
+    return (min(max(out[0], lo), hi), min(max(out[1], lo), hi))
+
+
+def _quote(name: str) -> str:
+    return exp.column(name, quoted=True).sql(dialect="duckdb")
+
+
+def groups_by_unit(select: exp.Select, policy: Any) -> bool:
+    """Whether ``select`` is a per-unit relation (a policy table grouped by its privacy unit):
+    private rows, one per unit, not a DP query of its own (for classifiers of the text, such
+    as dpsql.frontend.released's). From the text and the policy alone."""
+    return _Builder(select, select, "", policy, lambda _trial: None).recognise()
+
+
+def per_unit_relation(
+    inner: exp.Select,
+    outer: exp.Select,
+    text: str,
+    policy: Any,
+    *,
+    bind: Callable[[exp.Select], Any],
+    make_source: Callable[[Any, PerUnitSpec, str], Any],
+) -> tuple[exp.Select, Any] | None:
+    """``(relation, table)``: a row-level SELECT over the per-unit table V and V's policy
+    table, if ``inner`` groups a private table by its privacy unit; None otherwise (then
+    ``inner`` is a DP query of its own). Refuses what the module docstring lists."""
+    builder = _Builder(inner, outer, text, policy, bind)
+    if not builder.recognise():
+        return None
+    return builder.build(make_source)
+
+
+# -- the engine relation ------------------------------------------------------------------------
+
+
+def _clamp(x: exp.Expression, lower: float, upper: float) -> exp.Expression:
+    ifs = []
+    if math.isfinite(lower):
+        ifs.append(exp.If(this=exp.LT(this=x.copy(), expression=_num(lower)), true=_num(lower)))
+    if math.isfinite(upper):
+        ifs.append(exp.If(this=exp.GT(this=x.copy(), expression=_num(upper)), true=_num(upper)))
+    return exp.Case(ifs=ifs, default=x.copy()) if ifs else x
+
+
+def _num(value: float) -> exp.Expression:
+    magnitude = abs(value)
+    text = (
+        str(int(magnitude))
+        if float(magnitude).is_integer() and magnitude < 2**63
+        else repr(float(magnitude))
+    )
+    node: exp.Expression = exp.Literal.number(text)
+    return exp.Neg(this=node) if value < 0 else node
+
+
+def _q(name: str) -> exp.Column:
+    return exp.column(name, quoted=True)
+
+
+def relation(
+    spec: PerUnitSpec,
+    *,
+    source: exp.Expression,
+    conditions: list[exp.Expression],
+    stored: list[str],
+    keyed_hash: Callable[[list[exp.Expression]], exp.Expression],
+    secret: Callable[[], exp.Expression],
+) -> exp.Select:
+    """V as engine SQL: bounded rows (step 2 of the module docstring), then GROUP BY unit
+    [, keys]. ``conditions``: the inner WHERE as the compiler guards it, and unit IS NOT NULL;
+    ``stored``: the base table's stored columns (the row hash)."""
+    pair = [_q(spec.unit), *[_q(k) for k in spec.keys]]
+    row_order = keyed_hash([*[_q(c) for c in stored], secret()])
+    rn = exp.Window(
+        this=exp.RowNumber(),
+        partition_by=[p.copy() for p in pair],
+        order=exp.Order(expressions=[exp.Ordered(this=row_order)]),
+    )
+    keep: exp.Expression | None = None
+    if spec.keys:
+        key_order = keyed_hash([*[p.copy() for p in pair], secret()])
+        dr = exp.Window(
+            this=exp.Anonymous(this="DENSE_RANK", expressions=[]),
+            partition_by=[_q(spec.unit)],
+            order=exp.Order(
+                expressions=[
+                    exp.Ordered(this=key_order),
+                    *[exp.Ordered(this=_q(k)) for k in spec.keys],
+                ]
+            ),
+        )
+        keep = exp.LTE(this=dr, expression=_num(spec.max_groups))
+    rows = exp.Select(expressions=[exp.Star(), exp.alias_(rn, "__rn")]).from_(source)
+    where = None
+    for c in conditions:
+        where = c if where is None else exp.And(this=where, expression=c)
+    if where is not None:
+        rows.set("where", exp.Where(this=where))
+    if keep is not None:
+        rows.set("qualify", exp.Qualify(this=keep))
+    within = exp.LTE(this=exp.column("__rn"), expression=_num(spec.max_rows))
+    items: list[Any] = [exp.alias_(p.copy(), p.name, quoted=True) for p in pair]
+    for col in spec.columns:
+        items.append(exp.alias_(_aggregate_expr(col, within), col.name, quoted=True))
+    return exp.Select(
+        expressions=items,
+        from_=exp.From(
+            this=exp.Subquery(this=rows, alias=exp.TableAlias(this=exp.to_identifier("r")))
+        ),
+        group=exp.Group(expressions=[p.copy() for p in pair]),
+    )
+
+
+def _aggregate_expr(col: PerUnitColumn, within: exp.Expression) -> exp.Expression:
+    """One aggregate of V. COUNT and SUM read only the R kept rows of the pair (``within``:
+    their range grows with the rows); MIN, MAX and AVG every row of the kept pairs (their
+    range is the value's, however many rows: bounding them would only lose accuracy)."""
+    value: Any = None
+    if col.value is not None:
+        value = sqlglot.parse_one(col.value, read="duckdb")
+        if col.computed:
+            value = exp.Try(this=value)
+        if col.row_clamp is not None:
+            value = _clamp(value, *col.row_clamp)
+    if col.kind in ("count", "count_distinct", "sum"):
+        kept = value if value is not None else _num(1)
+        value = exp.Case(ifs=[exp.If(this=within.copy(), true=kept)])
+    node: Any
+    if col.kind == "count_units":
+        node = _num(1)
+    elif col.kind == "count":
+        node = exp.Count(this=value if value is not None else exp.Star())
+    elif col.kind == "count_distinct":
+        assert value is not None
+        node = exp.Count(this=exp.Distinct(expressions=[value]))
+    else:
+        assert value is not None
+        cls = {"sum": exp.Sum, "avg": exp.Avg, "min": exp.Min, "max": exp.Max}[col.kind]
+        node = cls(this=value)
+    if col.clamp is not None:
+        node = _clamp(node, *col.clamp)
+    return exp.Cast(this=node, to=exp.DataType.build(col.sql_type))
