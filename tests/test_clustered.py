@@ -34,17 +34,15 @@ pytestmark = [
 ]
 
 
-def _settings(svc: Service) -> Settings:
-    """The policy's settings, measuring the answer only (no bias estimate, where settings
-    have one: its measures are not among the programs' kinds)."""
+def _settings(svc: Service, bias: bool = False) -> Settings:
+    """The policy's settings, with or without the bias measures (dpsql.sql.bias: the numpy
+    program does not compute them, the compiled pass does)."""
     settings = Settings.from_policy(svc.policy)
-    if hasattr(settings, "bias_estimate"):
-        settings = dataclasses.replace(settings, bias_estimate="off")
-    return settings
+    return dataclasses.replace(settings, bias_estimate="on" if bias else "off")
 
 
-def _compiled(svc: Service, sql: str):
-    settings = _settings(svc)
+def _compiled(svc: Service, sql: str, bias: bool = False):
+    settings = _settings(svc, bias)
     statement = parse_statement(sql, svc.policy)
     prepared = svc._prepare(svc._plans.key(sql, None, settings, "t"), statement, settings, "t")
     return svc._compiled(prepared).with_secret(4242)
@@ -64,6 +62,7 @@ def _spy(monkeypatch) -> list[str]:
     return calls
 
 
+@pytest.mark.parametrize("bias", [False, True], ids=["answer", "with-bias"])
 @pytest.mark.parametrize(
     "unit, options, least",
     [
@@ -74,7 +73,7 @@ def _spy(monkeypatch) -> list[str]:
     ids=["row-level", "unit-G2", "unit-G20"],
 )
 def test_the_compiled_pass_returns_what_the_sql_and_the_program_return(
-    tmp_path, monkeypatch, unit, options, least
+    tmp_path, monkeypatch, unit, options, least, bias
 ):
     policy = _loaded(tmp_path, unit=unit, **options)
     svc = Service(policy, ledger=MemoryLedger(), cache=False)
@@ -88,16 +87,18 @@ def test_the_compiled_pass_returns_what_the_sql_and_the_program_return(
         assert codes is not None and bool(np.all(codes[1:] >= codes[:-1]))
         assert store.unit_starts is not None and store.unit_starts[-1] == store.rows
     rng = random.Random(23 if unit else 29)
-    ran = 0
+    ran = biased = 0
     try:
         for _ in range(250):
             sql = _query(rng)
             try:
-                compiled = _compiled(svc, sql)
+                compiled = _compiled(svc, sql, bias)
             except Exception:  # refused: nothing to run
                 continue
             if compiled.program is None:
                 continue
+            if bias:  # the bias measures are there (a COUNT, SUM or AVG is estimated)
+                biased += any(m.kind in columnar.KERNEL_ONLY for m in compiled.program.measures)
             calls.clear()
             fast = columnar.run(compiled.program, store, table, compiled.swaps)
             if fast is None or not calls:
@@ -108,10 +109,12 @@ def test_the_compiled_pass_returns_what_the_sql_and_the_program_return(
             program = columnar.run(compiled.program, held, table, compiled.swaps)
             if program is not None:
                 assert _canonical(fast) == _canonical(program), sql
+            else:  # only where the numpy program cannot run: the bias measures
+                assert any(m.kind in columnar.KERNEL_ONLY for m in compiled.program.measures)
     finally:
         svc.close()
-    print(f"{ran} compiled passes compared")
-    assert ran >= least
+    print(f"{ran} compiled passes compared ({biased} with bias measures)")
+    assert ran >= least and (biased >= least // 2 if bias else biased == 0)
 
 
 @pytest.mark.parametrize("unit", [False, True], ids=["row-level", "unit"])
@@ -267,3 +270,32 @@ def test_small_tables_sql_builds_no_store(tmp_path):
         assert svc.engine.wait_for_stores(60) and not svc.engine.columns
     finally:
         svc.close()
+
+
+@pytest.mark.parametrize("unit", [False, True], ids=["row-level", "unit"])
+def test_the_compiled_pass_reads_the_same_arrays_whatever_the_where_keeps(
+    tmp_path, monkeypatch, unit
+):
+    """Fixed shapes (docs/threat_model.md, "Column programs"): the kernel is handed every row
+    of the table and every group code whether the WHERE keeps every row, some or none (inside,
+    each row is accumulated with its weight and each pair of a unit's rows bounded)."""
+    svc = Service(_loaded(tmp_path, unit=unit, rows=600), ledger=MemoryLedger(), cache=False)
+    shapes: list[tuple] = []
+    for name in ("bound_units", "row_sums"):
+        original = getattr(clustered, name)
+
+        def spied(*args, _original=original):
+            shapes.append(tuple(getattr(a, "shape", a) for a in args if not isinstance(a, list)))
+            return _original(*args)
+
+        monkeypatch.setattr(clustered, name, spied)
+    seen = []
+    try:
+        for where in ("", " WHERE u = 3", " WHERE a > 1000", " WHERE t = 'beta' OR b"):
+            shapes.clear()
+            compiled = _compiled(svc, f"SELECT t, COUNT(*), SUM(a) FROM t1{where} GROUP BY t", True)
+            assert svc.engine._run_columns(compiled, None) is not None
+            seen.append(list(shapes))
+    finally:
+        svc.close()
+    assert all(s == seen[0] for s in seen) and seen[0]

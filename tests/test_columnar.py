@@ -94,8 +94,12 @@ def _connect(tmp_path: Path, **kw):
     return dpsql.connect(policy=_loaded(tmp_path, **kw), ledger=MemoryLedger(), cache=False)
 
 
-def _compiled(svc: Service, sql: str):
+def _compiled(svc: Service, sql: str, *, bias: bool = True):
+    """The compiled query of ``sql`` (``bias`` False: without the bias measures, which only
+    the compiled pass computes, never the numpy program)."""
     settings = Settings.from_policy(svc.policy)
+    if not bias:
+        settings = dataclasses.replace(settings, bias_estimate="off")
     statement = parse_statement(sql, svc.policy)
     prepared = svc._prepare(svc._plans.key(sql, None, settings, "t"), statement, settings, "t")
     return svc._compiled(prepared).with_secret(4242)
@@ -120,6 +124,16 @@ def _canonical(result):
 
 
 KEYS = ["t", "b", "k", "a", "w", "x"]
+
+
+def _numpy_only(monkeypatch) -> None:
+    """Run the numpy programs, not the compiled pass over the held store (which a table held
+    at connect gets too: dpsql.engine.clustered), for a test of the numpy path itself."""
+    from dpsql.engine import clustered
+
+    monkeypatch.setattr(clustered, "available", lambda: False)
+
+
 AGGREGATES = [
     "COUNT(*)",
     "COUNT(x)",
@@ -299,6 +313,7 @@ def test_a_failing_program_is_the_uniform_charged_engine_error(tmp_path, monkeyp
     try:
         before = budget(conn)["charged_epsilon"]
         monkeypatch.setattr(columnar, "_row_values", lambda *a: 1 / 0)
+        monkeypatch.setattr(columnar, "_compiled_pass", lambda *a: 1 / 0)
         with pytest.raises(OperationalError) as info:
             conn.cursor().execute("SELECT SUM(a) FROM t1")
         assert "ZeroDivision" not in str(info.value) and info.value.sqlstate is not None
@@ -350,12 +365,13 @@ def test_a_programs_work_does_not_depend_on_which_rows_the_where_keeps(tmp_path,
         return original(codes, values, size, bound)
 
     monkeypatch.setattr(columnar, "_sum_by", recorded)
+    _numpy_only(monkeypatch)  # the compiled pass's own test: tests/test_clustered.py
     seen = []
     try:
         for where in ("", " WHERE u = 3", " WHERE a > 1000", " WHERE t = 'beta' OR b"):
             shapes.clear()
             sql = f"SELECT t, COUNT(*), SUM(a) FROM t1{where} GROUP BY t"
-            compiled = _compiled(svc, sql)
+            compiled = _compiled(svc, sql, bias=False)
             assert svc.engine._run_columns(compiled, None) is not None
             seen.append(list(shapes))
     finally:

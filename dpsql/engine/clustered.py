@@ -31,8 +31,11 @@ except ImportError:  # pragma: no cover
     _jit = None
 
 # measure kinds of the kernel: a count of non-NULL values, a centred sum, a centred sum of
-# squares; row and unit counts are computed from the pairs' row counts
-VALUES, SUM, SUMSQ = 0, 1, 2
+# squares (row values, bounded at R/n); a pair's rows cut by R and their mass (the bias
+# measures ``dropped`` and ``cut``, dpsql.sql.bias: per pair, never rescaled by R/n); row and
+# unit counts are computed from the pairs' row counts
+VALUES, SUM, SUMSQ, DROPPED, CUT = 0, 1, 2, 3, 4
+_LARGEST = 2**63 - 1
 _EXACT = 2**53
 
 
@@ -59,6 +62,17 @@ def _quot(a: Any, b: Any) -> Any:  # pragma: no cover - compiled
     return q if a >= 0 else -q
 
 
+def _muldiv(a: Any, f: Any, n: Any) -> Any:  # pragma: no cover - compiled
+    """``(a * f) // n`` truncated toward zero, exactly, for 0 <= f and n > 0 (compile._fraction,
+    whose 128-bit branch this is where a * f would not fit 64 bits: a = q n + r, so
+    a f // n = q f + r f // n with r f < n f)."""
+    m = a if a >= 0 else -a
+    if f == 0 or m <= _LARGEST // f:
+        return _quot(a * f, n)
+    q = (m // n) * f + (m % n) * f // n
+    return q if a >= 0 else -q
+
+
 def _bound_units(  # pragma: no cover - compiled
     starts: np.ndarray,
     group: np.ndarray,
@@ -71,6 +85,7 @@ def _bound_units(  # pragma: no cover - compiled
     centers: np.ndarray,
     centers2: np.ndarray,
     scales: np.ndarray,
+    caps: np.ndarray,
     size: int,
     R: int,
     G: int,
@@ -107,17 +122,17 @@ def _bound_units(  # pragma: no cover - compiled
                 t += 1
             n_loc[s] += w
             for j in range(M):
-                if nulls[null_rows[j], i]:
-                    continue
                 kind = kinds[j]
+                if kind == 3 or nulls[null_rows[j], i]:
+                    continue
                 if kind == 0:
                     acc[j, s] += w
                 else:
                     x = fixed[fixed_rows[j], i] - centers[j]
-                    if kind == 1:
-                        acc[j, s] += w * x
-                    else:
+                    if kind == 2:
                         acc[j, s] += w * (x * x - centers2[j])
+                    else:
+                        acc[j, s] += w * x
         k = 0
         for q in range(t):
             if n_loc[touched[q]] > 0:
@@ -141,7 +156,11 @@ def _bound_units(  # pragma: no cover - compiled
             else:
                 rows_out[s] += capped
             for j in range(M):
-                if capped == n:
+                kind = kinds[j]
+                if kind >= 3:  # the rows R cuts, capped at C, in the fine grid (a pair value)
+                    cut = min(max(n - R, 0), caps[j]) * scales[j]
+                    p = cut if kind == 3 else _muldiv(acc[j, s], cut, max(n, 1))
+                elif capped == n:
                     p = acc[j, s] * scales[j]
                 else:
                     p = _quot(acc[j, s] * (scales[j] * capped), n)
@@ -181,14 +200,15 @@ def _row_sums(  # pragma: no cover - compiled
                 values_out[j, s] += w
             else:
                 x = fixed[fixed_rows[j], i] - centers[j]
-                if kind == 1:
-                    values_out[j, s] += w * x
-                else:
+                if kind == 2:
                     values_out[j, s] += w * (x * x - centers2[j])
+                else:
+                    values_out[j, s] += w * x
 
 
 if _jit is not None:
     _quot = _jit(_quot)
+    _muldiv = _jit(_muldiv)
     _bound_units = _jit(_bound_units)
     _row_sums = _jit(_row_sums)
 
@@ -199,7 +219,7 @@ def bound_units(
     weight: np.ndarray,
     fixed: np.ndarray,
     nulls: np.ndarray,
-    measures: list[tuple[int, int, int, int, int]],
+    measures: list[tuple[int, int, int, int, int, int]],
     fixed_rows: np.ndarray,
     null_rows: np.ndarray,
     size: int,
@@ -208,12 +228,13 @@ def bound_units(
     count_scale: int,
     group_scaling: bool,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Run the kernel; ``measures``: per value measure (kind, unused, centre, centre², scale),
+    """Run the kernel; ``measures``: per value measure (kind, unused, centre, centre², scale,
+    cap),
     its value read from row ``fixed_rows[j]`` of ``fixed`` unless row ``null_rows[j]`` of
     ``nulls`` marks it NULL. Returns per group: bounded row counts, unit counts, each value
     measure's total (one row each) and the number of non-empty pairs."""
     m = len(measures)
-    spec = np.array(measures, dtype=np.int64).reshape(m, 5)
+    spec = np.array(measures, dtype=np.int64).reshape(m, 6)
     rows_out = np.zeros(size, dtype=np.int64)
     units_out = np.zeros(size, dtype=np.int64)
     values_out = np.zeros((m, size), dtype=np.int64)
@@ -230,6 +251,7 @@ def bound_units(
         _ro(np.ascontiguousarray(spec[:, 2])),
         _ro(np.ascontiguousarray(spec[:, 3])),
         _ro(np.ascontiguousarray(spec[:, 4])),
+        _ro(np.ascontiguousarray(spec[:, 5])),
         size,
         R,
         G,
@@ -248,7 +270,7 @@ def row_sums(
     weight: np.ndarray,
     fixed: np.ndarray,
     nulls: np.ndarray,
-    measures: list[tuple[int, int, int, int, int]],
+    measures: list[tuple[int, int, int, int, int, int]],
     fixed_rows: np.ndarray,
     null_rows: np.ndarray,
     size: int,
@@ -256,7 +278,7 @@ def row_sums(
     """Run the row-level kernel (``measures`` as for :func:`bound_units`): per group, the
     kept rows and each value measure's total (one row each)."""
     m = len(measures)
-    spec = np.array(measures, dtype=np.int64).reshape(m, 5)
+    spec = np.array(measures, dtype=np.int64).reshape(m, 6)
     rows_out = np.zeros(size, dtype=np.int64)
     values_out = np.zeros((m, size), dtype=np.int64)
     _row_sums(

@@ -73,14 +73,15 @@ class ColumnarTable:
     rows: int
     columns: dict[str, Column]
     capacity: int
-    # a large table's store (:func:`cluster`): rows clustered by this unit column, its units'
-    # first rows (and the end), and the fixed points of the bounded numeric columns at their
-    # declared bounds, one row each of ``fixed`` (name -> (row, lo, hi)); ``nulls`` one row
-    # per column (name -> row): what the compiled pass (dpsql.engine.clustered) reads
+    # a store (:func:`cluster`): rows clustered by this unit column, its units' first rows
+    # (and the end), and per bounded numeric column one row of ``fixed`` each for its fixed
+    # point at its declared bounds and at a cut measure's widened ones, and for a clamped
+    # measure's excess (``fixed_index``: (role, name, lo, hi) -> row); ``nulls`` one row per
+    # column (name -> row): what the compiled pass (dpsql.engine.clustered) reads
     unit: str | None = None
     unit_starts: np.ndarray | None = None
     fixed: np.ndarray | None = None
-    fixed_index: dict[str, tuple[int, int, int]] | None = None
+    fixed_index: dict[tuple[str, str, int, int], int] | None = None
     nulls: np.ndarray | None = None
     nulls_index: dict[str, int] | None = None
 
@@ -218,17 +219,24 @@ def cluster(table: ColumnarTable, policy: TablePolicy) -> ColumnarTable:
         unit_starts = np.append(starts.astype(np.int64), len(codes))
     else:
         unit, unit_starts = None, None
-    fixed_index: dict[str, tuple[int, int, int]] = {}
+    from dpsql.sql import bias
+
+    fixed_index: dict[tuple[str, str, int, int], int] = {}
     fixed_rows: list[np.ndarray] = []
     with np.errstate(all="ignore"):
         for name, column in columns.items():
             spec = policy.columns[name]
-            if spec.numeric and spec.bounded and column.kind in ("int", "float"):
-                lo, hi = fixed_point_bounds(spec.lower, spec.upper, spec.granularity)  # type: ignore[arg-type]
-                fixed_index[name] = (len(fixed_rows), lo, hi)
-                fixed_rows.append(
-                    np.where(column.nulls, 0, _fixed_point(column.values, spec, lo, hi))
-                )
+            if not (spec.numeric and spec.bounded and column.kind in ("int", "float")):
+                continue
+            lo, hi = fixed_point_bounds(spec.lower, spec.upper, spec.granularity)  # type: ignore[arg-type]
+            for role, (a, b) in (("fixed", (lo, hi)), ("fixed", bias.measure_range("cut", lo, hi))):
+                if max(abs(a), abs(b)) <= 2**53 and ("fixed", name, a, b) not in fixed_index:
+                    fixed_index[(role, name, a, b)] = len(fixed_rows)
+                    values = _fixed_point(column.values, spec, a, b)
+                    fixed_rows.append(np.where(column.nulls, 0, values))
+            fixed_index[("excess", name, lo, hi)] = len(fixed_rows)
+            excess = _clamp_excess(column.values, spec, max(hi - lo, 1))
+            fixed_rows.append(np.where(column.nulls, 0, excess))
     fixed = np.array(fixed_rows, dtype=np.int64).reshape(len(fixed_rows), table.rows)
     nulls_index = {name: i for i, name in enumerate(columns)}
     nulls = np.array([c.nulls for c in columns.values()], dtype=np.bool_).reshape(
@@ -266,7 +274,7 @@ def warm_up() -> None:
     one = np.zeros(1, dtype=np.int64)
     fixed, nulls = np.zeros((1, 1), dtype=np.int64), np.zeros((1, 1), dtype=np.bool_)
     weight = np.ones(1, dtype=np.bool_)
-    spec = [(clustered.SUM, 0, 0, 0, 1)]
+    spec = [(clustered.SUM, 0, 0, 0, 1, 0)]
     clustered.bound_units(
         np.array([0, 1], dtype=np.int64),
         one,
@@ -379,6 +387,11 @@ def run(
     assert table.rows <= table.capacity
     if not _fits(program, table.capacity):
         return None
+    if (
+        any(m.kind in KERNEL_ONLY for m in program.measures)
+        and _kernel_spec(program, table) is None
+    ):
+        return None
     try:
         where = _condition(program.where, table, dict(swaps))
     except NotRunnable:
@@ -434,6 +447,58 @@ def _result(
     return EngineResult([label(i) for i in keep], columns, types)
 
 
+def _kernel_spec(
+    program: ColumnProgram, table: ColumnarTable
+) -> tuple[list[tuple[int, int, int, int, int, int]], list[int], list[int]] | None:
+    """What the compiled pass reads for ``program`` on ``table``: per measure other than row
+    and unit counts its (kind, 0, centre, centre², scale, cap) and rows of ``fixed`` and
+    ``nulls``; None when it cannot run (no kernel, not a store clustered by the program's
+    unit, too many groups, a column without the fixed point at the measure's range): decided
+    from the program and the store's layout only, before any value is read."""
+    from dpsql.engine import clustered
+
+    if table.fixed is None or table.nulls is None or not clustered.available():
+        return None
+    if program.unit is not None and (program.unit != table.unit or table.unit_starts is None):
+        return None
+    fixed_index = table.fixed_index or {}
+    nulls_index = table.nulls_index or {}
+    spec: list[tuple[int, int, int, int, int, int]] = []
+    fixed_rows: list[int] = []
+    null_rows: list[int] = []
+    for m in program.measures:
+        if m.kind in ("rows", "units"):
+            continue
+        if m.kind == "dropped":
+            spec.append((clustered.DROPPED, 0, 0, 0, m.scale, _bias_cap(program)))
+            fixed_rows.append(0)
+            null_rows.append(0)
+            continue
+        if m.column not in nulls_index:
+            return None
+        null_rows.append(nulls_index[m.column])  # type: ignore[index]
+        if m.kind == "values":
+            spec.append((clustered.VALUES, 0, 0, 0, m.scale, 0))
+            fixed_rows.append(0)
+            continue
+        role = "excess" if m.kind == "clamped" else "fixed"
+        held = fixed_index.get((role, m.column, m.lo, m.hi))  # type: ignore[arg-type]
+        if held is None or m.kind not in ("sum", "sumsq", "cut", "clamped"):
+            return None
+        kind = {"sum": clustered.SUM, "clamped": clustered.SUM, "sumsq": clustered.SUMSQ}.get(
+            m.kind, clustered.CUT
+        )
+        spec.append((kind, 0, m.center, m.center2, m.scale, _bias_cap(program)))
+        fixed_rows.append(held)
+    return spec, fixed_rows, null_rows
+
+
+def _bias_cap(program: ColumnProgram) -> int:
+    from dpsql.sql.bias import cap
+
+    return cap(program.max_rows)
+
+
 def _compiled_pass(
     program: ColumnProgram,
     table: ColumnarTable,
@@ -443,43 +508,20 @@ def _compiled_pass(
 ) -> tuple[list[np.ndarray], np.ndarray] | None:
     """The program by one compiled pass (dpsql.engine.clustered) over a store
     (:func:`cluster`; per unit: clustered by the program's unit): the same (measures, present)
-    as :func:`_row_level` / :func:`_per_unit`. None (the numpy program runs) when the kernel
-    is not installed, the table is no such store, or a measure reads a column the store holds
-    no fixed point of at the plan's bounds: decided from the program and the store's layout,
-    never from the values."""
+    as :func:`_row_level` / :func:`_per_unit`, and the bias measures' pair and row values as
+    the SQL computes them (dpsql.sql.compile.pair_measure_expr, clamp_excess_expr). None (the
+    numpy program runs) when :func:`_kernel_spec` says it cannot."""
     from dpsql.engine import clustered
 
-    if table.fixed is None or table.nulls is None or not clustered.available():
+    planned = _kernel_spec(program, table)
+    if planned is None:
         return None
-    if size > _KERNEL_GROUPS:
-        return None
-    per_unit = program.unit is not None
-    if per_unit and (program.unit != table.unit or table.unit_starts is None):
-        return None
-    fixed_index = table.fixed_index or {}
-    nulls_index = table.nulls_index or {}
-    spec: list[tuple[int, int, int, int, int]] = []
-    fixed_rows: list[int] = []
-    null_rows: list[int] = []
-    value_measures = [m for m in program.measures if m.kind not in ("rows", "units")]
-    for m in value_measures:
-        if m.column not in nulls_index:
-            return None
-        null_rows.append(nulls_index[m.column])  # type: ignore[index]
-        if m.kind == "values":
-            spec.append((clustered.VALUES, 0, 0, 0, m.scale))
-            fixed_rows.append(0)
-            continue
-        held = fixed_index.get(m.column)  # type: ignore[arg-type]
-        if m.kind not in ("sum", "sumsq") or held is None or held[1:] != (m.lo, m.hi):
-            return None
-        kind = clustered.SUM if m.kind == "sum" else clustered.SUMSQ
-        spec.append((kind, 0, m.center, m.center2, m.scale))
-        fixed_rows.append(held[0])
+    spec, fixed_rows, null_rows = planned
+    assert table.fixed is not None and table.nulls is not None
     fixed = table.fixed if len(table.fixed) else np.zeros((1, 1), dtype=np.int64)  # never read
     rows_f = np.array(fixed_rows, dtype=np.int64)
     rows_n = np.array(null_rows, dtype=np.int64)
-    if per_unit:
+    if program.unit is not None:
         rows_out, units_out, values_out, some = clustered.bound_units(
             table.unit_starts,  # type: ignore[arg-type]
             group,
@@ -513,8 +555,8 @@ def _compiled_pass(
     return measures, some > 0
 
 
-# the most group codes the compiled pass accumulates per unit (two small arrays of this size)
-_KERNEL_GROUPS = 1 << 16
+#: measure kinds only the compiled pass computes (dpsql.sql.bias); the numpy program does not
+KERNEL_ONLY = ("dropped", "cut", "clamped")
 
 
 def _fits(program: ColumnProgram, capacity: int) -> bool:
@@ -758,6 +800,21 @@ def _fixed_point(values: np.ndarray, spec: ColumnPolicy, lo: int, hi: int) -> np
     whole = np.trunc(clamped)
     rounded = whole + np.trunc(2.0 * (clamped - whole))  # |fraction| >= 1/2 steps outward
     return rounded.astype(np.int64)
+
+
+def _clamp_excess(values: np.ndarray, spec: ColumnPolicy, width: int) -> np.ndarray:
+    """dpsql.sql.compile.clamp_excess_expr: ``CAST(ROUND(clamp((x - clamp(x, lower, upper)) /
+    g, -W, W)) AS BIGINT)`` in doubles, NaN clamped to ``upper`` then its excess (NaN) to W,
+    ROUND half away from zero."""
+    x = values.astype(np.float64)
+    lower, upper = float(spec.lower), float(spec.upper)  # type: ignore[arg-type]
+    inside = np.where(x < lower, lower, np.where(np.isnan(x) | (x > upper), upper, x))
+    quotient = (x - inside) / float(spec.granularity)
+    w = float(width)
+    clamped = np.where(np.isnan(quotient) | (quotient > w), w, quotient)
+    clamped = np.where(clamped < -w, -w, clamped)
+    whole = np.trunc(clamped)
+    return (whole + np.trunc(2.0 * (clamped - whole))).astype(np.int64)
 
 
 # -- the WHERE ----------------------------------------------------------------------------------

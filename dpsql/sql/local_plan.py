@@ -31,7 +31,9 @@ from dpsql.sql.plan import Measure, Plan
 from dpsql.sql.simple_where import KEY_TYPES, readable, stored, stored_column
 
 # measure kinds a program computes (dpsql.sql.compile.measure_aggregate_expr)
-KINDS = ("rows", "units", "values", "sum", "sumsq")
+# the bias measures (dpsql.sql.bias) run only as a compiled pass over a store
+# (dpsql.engine.columnar.KERNEL_ONLY): elsewhere such a program's SQL runs
+KINDS = ("rows", "units", "values", "sum", "sumsq", "dropped", "cut", "clamped")
 
 
 @dataclass(frozen=True)
