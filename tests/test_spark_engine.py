@@ -98,6 +98,26 @@ def test_post_processing_matches_duckdb(clean, sql):
     _same(clean, sql, ordered=True)
 
 
+#: Per-unit relations (dpsql.frontend.per_unit): the same bounded per-unit rows on both
+#: engines (no bound binds on the clean data), so the same exact aggregates over them.
+PER_UNIT = [
+    "SELECT COUNT(*), AVG(s), SUM(s) FROM (SELECT uid, SUM(score) AS s FROM t GROUP BY uid) u",
+    "SELECT FLOOR(s / 5) * 5 AS b, COUNT(*) FROM (SELECT uid, SUM(score) AS s FROM t "
+    "GROUP BY uid) u GROUP BY 1",
+    "WITH f AS (SELECT uid, MIN(DATE_TRUNC('month', day)) AS m FROM t GROUP BY uid) "
+    "SELECT m, COUNT(*) FROM f GROUP BY m",
+    "SELECT grp, AVG(n), COUNT(*) FROM (SELECT uid, grp, COUNT(*) AS n, MAX(age) AS a "
+    "FROM t WHERE flag GROUP BY uid, grp HAVING COUNT(*) >= 1) u GROUP BY grp",
+    "SELECT COUNT(DISTINCT top) FROM (SELECT uid, LEAST(GREATEST(MAX(age), 0), 50) AS top "
+    "FROM t GROUP BY uid) u",
+]
+
+
+@pytest.mark.parametrize("sql", PER_UNIT, ids=[s[:70] for s in PER_UNIT])
+def test_per_unit_relations_match_duckdb(clean, sql):
+    _same(clean, sql)
+
+
 def test_thresholded_keys_match_duckdb(clean):
     """GROUP BY a non-public key: the same groups pass tau (zero noise), with the same values."""
     for conn in clean:
