@@ -14,7 +14,6 @@ import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, ClassVar, cast
@@ -44,8 +43,6 @@ from dpsql.privacy.ledger import Ledger, MemoryLedger
 from dpsql.privacy.release import Released, at_confidence, release
 from dpsql.privacy.samplers import NoiseSource, default_source
 from dpsql.service.bias_notes import answer_notes, bounds_lines
-from dpsql.service.bounds import buy as buy_bounds
-from dpsql.service.bounds import resolve as resolve_bounds
 from dpsql.service.plan_cache import _CheckedSet, _PlanCache, _PostPlan, _Prepared, _SecretTemplate
 from dpsql.service.results import (
     SQL_TYPES_BY_CODE,
@@ -77,12 +74,7 @@ from dpsql.sql.bind import (
     parse_probe,
     parse_statement,
 )
-from dpsql.sql.compile import (
-    CompiledQuery,
-    compile_clip_histograms,
-    compile_plan,
-    contribution_query,
-)
+from dpsql.sql.compile import CompiledQuery, compile_clip_histograms, compile_plan
 from dpsql.sql.domains import key_domain
 from dpsql.sql.plan import Plan, build_plan, with_clip_ranges
 from dpsql.sql.positions import position_of
@@ -257,25 +249,18 @@ class Service:
         another's), so it takes the same time whoever else asked the same shape before.
         """
         query = type_query(query, self.shadow, analyst)
-        return self.plan_typed(query, self._domains(query, analyst), settings, analyst)
+        return self.plan_typed(query, self._domains(query, analyst), settings)
 
     def plan_typed(
-        self,
-        query: BoundQuery,
-        domains: list[tuple | None],
-        settings: Settings,
-        analyst: str | None = None,
+        self, query: BoundQuery, domains: list[tuple | None], settings: Settings
     ) -> Plan:
         """Plan a typed query over its key domains at the session's settings: the one call of
-        the planner (a DP subquery's outer plan comes here too, dpsql.service.composite).
-        "auto" contribution bounds are chosen here from ``analyst``'s kept histograms, or left
-        pending for the run to buy (dpsql.service.bounds): free either way."""
-        query, epsilon, chosen = resolve_bounds(self, query, settings.epsilon, analyst)
+        the planner (a DP subquery's outer plan comes here too, dpsql.service.composite)."""
         try:
-            plan = build_plan(
+            return build_plan(
                 query,
                 domains,
-                epsilon=epsilon,
+                epsilon=settings.epsilon,
                 delta=settings.delta,
                 mechanism=settings.mechanism,
                 data_version=self.data_version(query.table),
@@ -285,10 +270,6 @@ class Service:
                 store=self.store_of(query.table),
                 bias_estimate=settings.bias_estimate == "on",
             )
-            if chosen is not None:
-                plan.extra["bounds"] = chosen
-                plan.extra["bounds_settings"] = (replace(settings), list(domains))
-            return plan
         except (ValueError, OverflowError, ZeroDivisionError):
             # Below 2^-54 no noise measure is drawable (a scale above the exact sampler's
             # 2^54): the planner's arithmetic on such an ε (shares that underflow to 0, an
@@ -380,7 +361,9 @@ class Service:
             if isinstance(statement.query, ReleasedQuery):
                 from dpsql.service.composite import explain_released
 
-                return explain_released(self, statement.query, settings, analyst, statement.format)
+                return explain_released(
+                    self, statement.query, settings, analyst, statement.format
+                )
             plan = self.plan(statement.query, settings, analyst)
             if statement.format == "text":
                 from dpsql.service.explain import explain_text
@@ -489,8 +472,7 @@ class Service:
         if prepared is None:
             prepared = _Prepared(self.plan(statement, settings, analyst))
             _not_cancelled(handle)
-            if "bounds" not in prepared.plan.extra:  # "auto" bounds: per analyst, no shape
-                self._shapes.learn(self, prepared, statement, settings, analyst)
+            self._shapes.learn(self, prepared, statement, settings, analyst)
             _not_cancelled(handle)
         if key is not None:
             self._plans.put(key, prepared)
@@ -514,9 +496,6 @@ class Service:
         confidence: float = 0.95,
     ) -> Result:
         plan = prepared.plan
-        if (bounds := plan.extra.get("bounds")) is not None and bounds.pending is not None:
-            prepared = self._choose_bounds(prepared, analyst, handle)  # may charge the choice
-            plan = prepared.plan
         check_plan_rows(plan, self.policy.limits)  # public bins: decided by text and policy
         if not plan.measures and not plan.quantiles and plan.threshold is None:
             # Public keys only, nothing measured (SELECT DISTINCT dept, GROUP BY dept without
@@ -550,8 +529,6 @@ class Service:
         _not_cancelled(handle)
         self._reserve(analyst, plan.cost, plan.query.text, fingerprint)
         clip_notes: list[str] = []
-        if (bounds := plan.extra.get("bounds")) is not None:
-            clip_notes.extend(bounds.notes())
         with charged_boundary():
             run_plan = plan
             if plan.clips:
@@ -608,40 +585,6 @@ class Service:
         ):
             raise InternalError("the clipped plan costs more than was charged", construct="clip")
         return run, notes
-
-    def _choose_bounds(
-        self, prepared: _Prepared, analyst: str, handle: QueryHandle | None
-    ) -> _Prepared:
-        """A query on "auto" bounds whose histogram this analyst has not bought at this data
-        version (dpsql.service.bounds): planned again, free, if it was bought since the plan
-        was cached; else every free check runs on the placeholder plan, the choice is charged
-        as its own ledger entry (share · ε), its histograms released and kept, and the query
-        planned with the chosen bounds at the rest of its ε (charged next, in _run)."""
-        settings, domains = prepared.plan.extra["bounds_settings"]
-        query = prepared.plan.query  # as bound: the placeholder bounds, "auto" still marked
-        plan = self.plan_typed(query, domains, settings, analyst)
-        pending = plan.extra["bounds"].pending
-        if pending is None:
-            return _Prepared(plan)
-        dataset = self.policy.dataset
-        self.ledger.check(analyst, dataset, pending.cost + plan.cost, self.policy.budget)
-        self._dry_run_post(plan, analyst)
-        self._check_drawable(plan)
-        for histogram in pending.mechanisms:
-            try:
-                histogram.mechanism.sample(self.noise, 0)
-                _ = histogram.threshold
-            except (ValueError, OverflowError):
-                raise _undrawable("the contribution bounds' histogram", bounds=False) from None
-        _not_cancelled(handle)
-        self._reserve(analyst, pending.cost, pending.describe(), pending.needs[0].cache_key)
-        with charged_boundary():
-            chosen_query, measured, chosen = buy_bounds(
-                self, pending, query, analyst, handle, contribution_query
-            )
-            run = self.plan_typed(chosen_query, domains, replace(settings, epsilon=measured))
-            run.extra["bounds"] = chosen
-        return _Prepared(run)
 
     def _check_drawable(self, plan: Plan) -> None:
         """Every mechanism of the plan can run at its ε, or a free refusal before anything is
@@ -938,7 +881,7 @@ class Service:
         if post.projection is not None:
             try:
                 out = _project(post.projection, columns, types, rows, cost=cost, cached=cached)
-                out.bias_notes = answer_notes(plan, out.description, out.biases)
+                out.bias_notes = answer_notes(plan, out.description, out.biases, out.intervals)
                 return out
             except NotPlain:
                 pass  # a value of an unexpected Python type: let DuckDB cast it
@@ -974,7 +917,7 @@ class Service:
             cached=cached,
             biases=biases,
         )
-        out.bias_notes = answer_notes(plan, out.description, out.biases)
+        out.bias_notes = answer_notes(plan, out.description, out.biases, out.intervals)
         return out
 
     def explain(self, plan: Plan, analyst: str | None = None) -> Result:
@@ -1014,25 +957,6 @@ class Service:
                         float(m.mechanism.interval_halfwidth() * g),
                     )
                 )
-        for m in plan.measures:  # what the bounds cut, measured (dpsql.sql.bias)
-            if m.kind in ("dropped", "cut", "clamped"):
-                g = m.unit
-                rows.append(
-                    (
-                        "bias",
-                        f"{m.kind}({m.column or '*'})",
-                        m.mechanism.name,
-                        float(m.l1 * g),
-                        float(m.l2 * g),
-                        float(m.mechanism.scale * g),
-                        m.epsilon,
-                        0.0,
-                        0.0,
-                        float(m.mechanism.interval_halfwidth() * g),
-                    )
-                )
-        for line in bounds_lines(plan):  # e.g. "R = 5 may drop rows of units with more ..."
-            rows.append(("bounds", line, None, None, None, None, None, None, None, None))
         for clip in plan.clips:
             rows.append(
                 (
@@ -1081,6 +1005,25 @@ class Service:
                     None,
                 )
             )
+        for m in plan.measures:  # what the bounds cut, measured (dpsql.sql.bias)
+            if m.kind in ("dropped", "cut", "clamped"):
+                g = m.unit
+                rows.append(
+                    (
+                        "bias",
+                        f"{m.kind}({m.column or '*'})",
+                        m.mechanism.name,
+                        float(m.l1 * g),
+                        float(m.l2 * g),
+                        float(m.mechanism.scale * g),
+                        m.epsilon,
+                        0.0,
+                        0.0,
+                        float(m.mechanism.interval_halfwidth() * g),
+                    )
+                )
+        for line in bounds_lines(plan):  # e.g. "R = 5 may drop rows of units with more ..."
+            rows.append(("bounds", line, None, None, None, None, None, None, None, None))
         from dpsql.ir.build import plan_tree, tree_lines
 
         for line in tree_lines(plan_tree(plan)):  # the plan tree, root first

@@ -124,19 +124,6 @@ def test_count_distinct_over_per_unit_values_and_having(conn) -> None:
     assert abs(n - exact) <= 30
 
 
-def test_sum_distinct_per_unit(conn) -> None:
-    """SUM(DISTINCT x) per unit: the distinct values among a unit's R kept rows, in SUM's
-    range; the outer query reads it like any per-unit SUM."""
-    sql = (
-        "SELECT AVG(s) AS a, COUNT(*) AS n FROM (SELECT patient_id, SUM(DISTINCT cost) AS s "
-        "FROM visits GROUP BY patient_id HAVING SUM(DISTINCT cost) > 0) t"
-    )
-    ((a, n),) = conn.cursor().execute(sql).fetchall()
-    assert 800 < a < 2000 and 4000 < n < 5000
-    text = "\n".join(r[0] for r in conn.cursor().execute("EXPLAIN (FORMAT TEXT) " + sql))
-    assert "s=sum_distinct(" in text
-
-
 def test_per_unit_sql_is_engine_neutral_and_bounded(conn) -> None:
     """The engine SQL reads V from the validated spec (no analyst text), rows bounded first."""
     from dpsql.frontend.private_joins import PerUnitSource
@@ -189,12 +176,6 @@ REFUSED = [
         "SELECT AVG(s) FROM (SELECT patient_id, SUM(age) AS s FROM visits "
         "GROUP BY patient_id HAVING MAX(diagnosis) > 3) t",
         None,  # typed like a flat WHERE diagnosis > 3 (42804)
-        None,
-    ),
-    (
-        "SELECT SUM(DISTINCT s) FROM (SELECT patient_id, SUM(cost) AS s FROM visits "
-        "GROUP BY patient_id) t",
-        "DISTINCT is only supported in COUNT(DISTINCT column)",
         None,
     ),
     (

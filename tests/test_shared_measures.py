@@ -141,6 +141,7 @@ def test_budget_charged_equals_plan_cost_and_the_ir_check_passes(table):
             cur = conn.cursor()
             cur.execute(f"SET mechanism = '{mechanism}'")
             plan = _plan(conn, sql, mechanism=mechanism)
+            cur.execute("SET bias_estimate = off")  # _plan's settings (with it: test_bias.py)
             check_plan(plan)
             cur.execute(sql)
             assert ledger.spent(conn.analyst, conn._service.policy.dataset) == plan.cost
@@ -171,6 +172,7 @@ def test_count_noise_has_the_scale_of_its_share(tmp_path):
     policy = table_policy(path, columns, unit="uid")
     conn = dpsql.connect(policy=policy, ledger=MemoryLedger(), noise=SeededNoise(8), cache=False)
     cur = conn.cursor()
+    cur.execute("SET bias_estimate = off")  # the whole ε on the count
     errors = []
     for _ in range(10):
         cur.execute("SELECT k, COUNT(*), COUNT(age) FROM t GROUP BY k")
@@ -186,6 +188,7 @@ def test_count_noise_has_the_scale_of_its_share(tmp_path):
 def test_explain_shows_the_split_and_the_shared_count(table):
     conn = _connect(table, rows=3)
     cur = conn.cursor()
+    cur.execute("SET bias_estimate = off")  # the answer's measures only (m0, m1)
     cur.execute("EXPLAIN (FORMAT TEXT) SELECT COUNT(*), COUNT(age), AVG(age) FROM t")
     text = "\n".join(r[0] for r in cur.fetchall())
     assert "ε split" in text and "ε_i ∝ C_i^(1/3)" in text

@@ -30,7 +30,7 @@ value ranges below are enforced there, not trusted. Ranges, by interval arithmet
 declared bounds [L, U] of the aggregated value (after step 2, at most R values per row):
 
 - COUNT(*): [1, R]; COUNT(x), COUNT(DISTINCT x): [0, R]; COUNT(DISTINCT unit): [1, 1]
-- SUM(x), SUM(DISTINCT x): [min(L, R·L), max(U, R·U)]; AVG(x), MIN(x), MAX(x): [L, U]
+- SUM(x): [min(L, R·L), max(U, R·U)]; AVG(x), MIN(x), MAX(x): [L, U]
 - an analyst's clamp LEAST(GREATEST(agg, a), b) (or GREATEST(LEAST(...))) narrows it to [a, b]
 
 A unit's HAVING filters that unit's own V row: it becomes a WHERE over V (1-stable).
@@ -98,7 +98,7 @@ class PerUnitColumn:
     ``clamp`` (the analyst's), cast to ``sql_type``."""
 
     name: str
-    kind: str  # count | count_units | count_distinct | sum | sum_distinct | avg | min | max
+    kind: str  # count | count_units | count_distinct | sum | avg | min | max
     value: str | None
     computed: bool  # value is an expression: evaluated under TRY
     row_clamp: tuple[float, float] | None
@@ -437,18 +437,7 @@ class _Builder:
             values = arg.expressions
             if len(values) == 1 and self._is_column(values[0], self.unit):
                 return self._add(name, "count_units", None, False, None, clamp, (1, 1), "int", 1.0)
-        distinct_sum = kind == "sum" and isinstance(arg, exp.Distinct)
-        if distinct_sum:
-            # SUM(DISTINCT x): x bound as in SUM(x); the sum of the distinct values among
-            # the pair's R kept rows lies in SUM's range too (at most R values of [L, U])
-            values = arg.expressions
-            if len(values) != 1:
-                raise self.refuse(
-                    "SUM(DISTINCT ...) takes one value", inner, "SUM(DISTINCT column)"
-                )
-            call_query = self._bind_one(exp.Sum(this=values[0].copy()))
-        else:
-            call_query = self._bind_one(inner)
+        call_query = self._bind_one(inner)
         call = call_query.aggregates[0]
         if call.kind not in ("count", "count_distinct", "count_units", "sum", "avg", "min", "max"):
             raise self.refuse(
@@ -483,7 +472,7 @@ class _Builder:
                 granularity = _granularity(lo, hi)
         return self._add(
             name,
-            "sum_distinct" if distinct_sum else call.kind,
+            call.kind,
             value,
             computed,
             (lo, hi),
@@ -800,7 +789,7 @@ def _aggregate_expr(col: PerUnitColumn, within: exp.Expression) -> exp.Expressio
             value = exp.Try(this=value)
         if col.row_clamp is not None:
             value = _clamp(value, *col.row_clamp)
-    if col.kind in ("count", "count_distinct", "sum", "sum_distinct"):
+    if col.kind in ("count", "count_distinct", "sum"):
         kept = value if value is not None else _num(1)
         value = exp.Case(ifs=[exp.If(this=within.copy(), true=kept)])
     node: Any
@@ -811,9 +800,6 @@ def _aggregate_expr(col: PerUnitColumn, within: exp.Expression) -> exp.Expressio
     elif col.kind == "count_distinct":
         assert value is not None
         node = exp.Count(this=exp.Distinct(expressions=[value]))
-    elif col.kind == "sum_distinct":
-        assert value is not None
-        node = exp.Sum(this=exp.Distinct(expressions=[value]))
     else:
         assert value is not None
         cls = {"sum": exp.Sum, "avg": exp.Avg, "min": exp.Min, "max": exp.Max}[col.kind]

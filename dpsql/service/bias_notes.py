@@ -73,9 +73,16 @@ def bounds_lines(plan: Any) -> list[str]:
     return lines
 
 
-def answer_notes(plan: Any, description: list[tuple[str, str]], biases: list[Any]) -> list[str]:
-    """One note per released column with a bias estimate: the estimate (summed over the
-    groups when there are several) and, for one group, the bias-inclusive interval."""
+def answer_notes(
+    plan: Any,
+    description: list[tuple[str, str]],
+    biases: list[Any],
+    intervals: list[Any] | None = None,
+) -> list[str]:
+    """One note per released column with a bias estimate: the estimate (the range over the
+    groups when there are several) and, for one group, the bias-inclusive interval. An
+    estimate within its own noise (the widened interval reaches past both ends of the noise
+    interval) is reported as such, never as a cut in one direction."""
     notes = []
     for j, (name, _) in enumerate(description):
         cells = [row[j] for row in biases if j < len(row) and row[j] is not None]
@@ -83,12 +90,16 @@ def answer_notes(plan: Any, description: list[tuple[str, str]], biases: list[Any
             continue
         if len(cells) == 1 and len(biases) == 1:
             b, low, high = cells[0]
-            notes.append(
+            span = intervals[0][j] if intervals and intervals[0][j] is not None else None
+            said = (
                 f"bias: {name} is computed from bounded rows; the bounds cut an estimated "
-                f"{_n(b)} from it (the true value is about that much "
-                f"{'higher' if b >= 0 else 'lower'}); the 95% interval with that bias is "
-                f"[{_n(low)}, {_n(high)}]"
+                f"{_n(b)} from it"
             )
+            if span is not None and low < span[0] and high > span[1]:
+                said += " (not distinguishable from 0 at this ε)"
+            else:
+                said += f" (the true value is likely {'higher' if b >= 0 else 'lower'})"
+            notes.append(f"{said}; the 95% interval with that bias is [{_n(low)}, {_n(high)}]")
         else:
             low, high = min(c[0] for c in cells), max(c[0] for c in cells)
             notes.append(

@@ -82,6 +82,13 @@ def share(epsilon: float) -> float:
     return epsilon * BIAS_SHARE
 
 
+def parts(total: float, k: int) -> list[float]:
+    """``total`` in k equal shares fl(total / k): the ledger reads each as total / k
+    (dpsql.privacy.accounting.exact), so they add up to ``total`` (within a float's error
+    where ``total`` itself is no short decimal)."""
+    return [total / k] * k
+
+
 def measure_range(kind: str, lo: int, hi: int) -> tuple[int, int]:
     """The fixed-point range a bias measure reads a column's values in: ``cut`` widens the
     column's [lo, hi] by its width W on each side (so with ``clamped`` it sees what the clamp

@@ -869,6 +869,7 @@ def _bias_measures(
     mechanism: no part of δ). Sensitivity: a unit adds at most ``per_group`` to each of its
     <= G kept groups (under group scaling its k groups at G/k each: the same L1 and L2)."""
     out: list[Measure] = []
+    shares = bias.parts(epsilon, len(specs)) if specs else []
     for i, (kind, column) in enumerate(specs):
         lo = hi = 0
         g = 1.0
@@ -885,7 +886,7 @@ def _bias_measures(
             scale = rescale_factor(row_bound)
         per_group = (row_bound if kind in bias.PAIR_KINDS else R * row_bound) * scale
         l1, l2 = float(G * per_group), math.sqrt(G) * per_group
-        eps = epsilon / len(specs)
+        eps = shares[i]
         out.append(
             Measure(
                 name=f"m{first + i}",
