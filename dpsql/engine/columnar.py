@@ -27,7 +27,7 @@ import datetime
 import math
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -84,6 +84,8 @@ class ColumnarTable:
     fixed_index: dict[tuple[str, str, int, int], int] | None = None
     nulls: np.ndarray | None = None
     nulls_index: dict[str, int] | None = None
+    # (unit, domain keys) -> the rows a per-unit program may read whatever its WHERE
+    masks: dict[Any, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
 
 
 class NotRunnable(Exception):
@@ -410,12 +412,12 @@ def _run(
     where: Callable[[], np.ndarray] | None,
 ) -> EngineResult:
     # never in place: a condition may be a column's own mask
-    selected = where() if where is not None else np.ones(table.rows, dtype=bool)
+    selected = where() if where is not None else None
     if program.unit is not None:
-        selected = selected & ~table.columns[program.unit].nulls
-        for name, domain in zip(program.keys, program.key_domains, strict=True):
-            if domain:
-                selected = selected & _in_domain(table.columns[name], policy.columns[name])
+        static = _static_mask(program, table, policy)
+        selected = static if selected is None else selected & static
+    if selected is None:
+        selected = np.ones(table.rows, dtype=bool)
     # Fixed shapes from here on: every row and every (unit, group) slot is computed, a row
     # the WHERE drops weighing 0, so the time does not depend on which rows it keeps.
     group, size, label = _groups(program.keys, table)
@@ -497,6 +499,22 @@ def _bias_cap(program: ColumnProgram) -> int:
     from dpsql.sql.bias import cap
 
     return cap(program.max_rows)
+
+
+def _static_mask(program: ColumnProgram, table: ColumnarTable, policy: TablePolicy) -> np.ndarray:
+    """The rows a per-unit program may read whatever its WHERE: a unit, and each domain key
+    in its public domain. A property of the table and the policy, kept per (unit, keys) on the
+    table (read-only; computed once per data version: the SQL's conditions, as before)."""
+    domains = tuple(n for n, d in zip(program.keys, program.key_domains, strict=True) if d)
+    key = (program.unit, domains)
+    held = table.masks.get(key)
+    if held is None:
+        held = ~table.columns[program.unit].nulls  # type: ignore[index]
+        for name in domains:
+            held = held & _in_domain(table.columns[name], policy.columns[name])
+        held.setflags(write=False)
+        table.masks[key] = held
+    return held
 
 
 def _compiled_pass(

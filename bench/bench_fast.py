@@ -1,0 +1,171 @@
+"""Issue 28's shape, default policy (no [engine] setting): the store built in the background and
+its compiled pass, side by side with plain DuckDB and with the SQL plans it replaces.
+
+Data (made once per size in bench/data/, a DuckDB file, rows shuffled): units of 10 rows, each
+row of a unit in another of 16 public departments (every unit in 10 groups), age 0-89, cost
+0-6000 with 2% NULL (17% above the declared 5000). Policy: ``tr`` row-level and ``tu`` with
+privacy unit uid, R = 10, G = 1, both over the same table, nothing under [engine].
+
+Query: ``SELECT dept, COUNT(*), SUM(cost), AVG(cost) FROM t WHERE age > -k GROUP BY dept`` with
+a new k each run (no cache can answer it), and the same without the WHERE. Timed in
+interleaved rounds, process CPU (DuckDB's threads included) and wall, medians; ratios to the
+plain query on the same connection. "SQL" rows: the same DP query with the store hidden (the
+plans that ran before it is ready). Session settings as an analyst's connection starts them
+(bias estimates on); ``--no-bias`` measures the answer alone.
+
+    python bench/bench_fast.py --rows 1000000 --reps 5
+    python bench/bench_fast.py --rows 10000000 --reps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import os
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import duckdb  # noqa: E402
+
+from dpsql.pipeline import Service, Settings  # noqa: E402
+from dpsql.privacy.ledger import MemoryLedger  # noqa: E402
+
+DEPTS = [f"d{i:02d}" for i in range(16)]
+COLUMNS = {
+    "uid": {"type": "int", "nullable": False},
+    "age": {"type": "int", "lower": 0, "upper": 100},
+    "dept": {"type": "text", "values": DEPTS},
+    "cost": {"type": "float", "lower": 0.0, "upper": 5000.0, "granularity": 0.01},
+}
+Q = "SELECT dept, COUNT(*), SUM(cost), AVG(cost) FROM {t} WHERE age > -{k} GROUP BY dept"
+Q0 = "SELECT dept, COUNT(*), SUM(cost), AVG(cost) FROM {t} GROUP BY dept"
+
+
+def generate(path: Path, rows: int) -> None:
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    depts = ", ".join(f"'{d}'" for d in DEPTS)
+    con = duckdb.connect(str(tmp))
+    con.execute(
+        f"""CREATE TABLE t AS SELECT CAST(i // 10 AS BIGINT) AS uid,
+          CAST(hash(i // 10, 2) % 90 AS BIGINT) AS age,
+          ([{depts}])[1 + CAST(((i // 10) * 7 + i % 10) % 16 AS BIGINT)] AS dept,
+          CASE WHEN hash(i, 7) % 50 = 0 THEN NULL
+               ELSE CAST(hash(i, 8) % 600000 AS DOUBLE) / 100 END AS cost
+        FROM range({rows}) t(i) ORDER BY hash(i, 11)"""
+    )
+    con.close()
+    tmp.rename(path)
+
+
+def policy() -> dict:
+    return {
+        "privacy": {
+            "epsilon": 1.0,
+            "delta": 1e-6,
+            "budget_epsilon": 1e12,
+            "budget_delta": 0.5,
+            "dataset": "bench",
+        },
+        "tables": {
+            "tr": {"source": "t", "columns": COLUMNS},
+            "tu": {
+                "source": "t",
+                "columns": COLUMNS,
+                "privacy_unit": "uid",
+                "max_rows_per_unit": 10,
+                "max_groups_per_unit": 1,
+            },
+        },
+    }
+
+
+def cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--rows", type=int, default=10_000_000)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--no-bias", action="store_true", help="SET bias_estimate = off")
+    ap.add_argument("--no-sql", action="store_true", help="skip the SQL plans (slow at 10M)")
+    ap.add_argument("--data-dir", type=Path, default=ROOT / "bench" / "data")
+    args = ap.parse_args(argv)
+    db = args.data_dir / f"fast_{args.rows}.duckdb"
+    generate(db, args.rows)
+    print(f"{args.rows:,} rows; load {' '.join(map(str, os.getloadavg()))}", flush=True)
+    c0, w0 = cpu(), time.perf_counter()
+    svc = Service(policy(), str(db), ledger=MemoryLedger(), cache=False)
+    print(f"connect: {time.perf_counter() - w0:.2f} s wall", flush=True)
+    svc.engine.wait_for_stores()
+    print(
+        f"stores ready: {time.perf_counter() - w0:.1f} s wall, {cpu() - c0:.1f} s CPU "
+        f"({(cpu() - c0) / (2 * args.rows) * 1e6:.2f} µs CPU per row per store, two stores)",
+        flush=True,
+    )
+    settings = Settings.from_policy(svc.policy)
+    settings = dataclasses.replace(settings, bias_estimate="off" if args.no_bias else "on")
+    con = svc.engine._con
+    ctr = itertools.count(1)
+    held = dict(svc.engine.columns)
+
+    def sql_plan(fn):
+        def run():
+            svc.engine.columns.clear()
+            try:
+                fn()
+            finally:
+                svc.engine.columns.update(held)
+
+        return run
+
+    runs = {
+        "plain, WHERE": lambda: con.execute(Q.format(t="tr", k=next(ctr))).fetchall(),
+        "plain, no WHERE": lambda: con.execute(Q0.format(t="tr")).fetchall(),
+        "row-level, WHERE": lambda: svc.execute(Q.format(t="tr", k=next(ctr)), None, settings, "a"),
+        "privacy unit, WHERE": lambda: svc.execute(
+            Q.format(t="tu", k=next(ctr)), None, settings, "a"
+        ),
+        "privacy unit, no WHERE": lambda: svc.execute(Q0.format(t="tu"), None, settings, "a"),
+    }
+    if not args.no_sql:
+        runs["row-level, WHERE, SQL"] = sql_plan(runs["row-level, WHERE"])
+        runs["privacy unit, WHERE, SQL"] = sql_plan(runs["privacy unit, WHERE"])
+    cpus: dict[str, list[float]] = {k: [] for k in runs}
+    walls: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(args.reps):
+        for key, fn in runs.items():
+            c, w = cpu(), time.perf_counter()
+            fn()
+            walls[key].append(time.perf_counter() - w)
+            cpus[key].append(cpu() - c)
+    base_c = {w: statistics.median(cpus[f"plain, {w}"]) for w in ("WHERE", "no WHERE")}
+    base_w = {w: statistics.median(walls[f"plain, {w}"]) for w in ("WHERE", "no WHERE")}
+    print(f"{'query':28s} {'CPU ms':>9s} {'ratio':>7s} {'wall ms':>9s} {'ratio':>7s}")
+    for key in runs:
+        which = "no WHERE" if "no WHERE" in key else "WHERE"
+        c, w = statistics.median(cpus[key]), statistics.median(walls[key])
+        print(
+            f"{key:28s} {c * 1e3:9.1f} {c / base_c[which]:6.2f}x {w * 1e3:9.1f} "
+            f"{w / base_w[which]:6.2f}x"
+        )
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS {peak:.0f} MiB; load {' '.join(map(str, os.getloadavg()))}")
+    svc.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
