@@ -287,6 +287,7 @@ def test_post_processing_errors_before_the_charge_are_free(exact: Any) -> None:
             "typo",
         )
     assert "nosuch" in info.value.message and "__m" not in info.value.message
+    assert "Binder" not in info.value.message
     assert reads.count == before
     assert budget(conn)["charged_epsilon"] == 0
 
@@ -364,3 +365,56 @@ def test_a_total_row_keeps_the_key_type_and_every_row_its_interval(noisy: Any) -
     for row, (_, interval) in zip(result.rows[:3], result.intervals[:3], strict=True):
         low, high = interval
         assert low <= row[1] <= high
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT department, COUNT(*) * 100.0 / (SELECT COUNT(*) FROM visits) AS pct "
+        "FROM visits GROUP BY department",
+        "SELECT department, COUNT(*), AVG(age) / (SELECT AVG(age) FROM visits) AS rel "
+        "FROM visits WHERE smoker GROUP BY 1 HAVING COUNT(*) > (SELECT COUNT(*) / 40 FROM visits) "
+        "ORDER BY 2 DESC LIMIT 3",
+        "SELECT COUNT(*) * 1.0 / (SELECT COUNT(DISTINCT patient_id) FROM visits) AS per_patient "
+        "FROM visits",
+    ],
+)
+def test_a_scalar_dp_subquery_inside_a_dp_query(exact: Any, sql: str) -> None:
+    """The query's own keys and aggregates are one measurement, each scalar subquery another,
+    all in one reservation; its SELECT list, HAVING, ORDER BY and LIMIT run over the released
+    tables. Noise off: the same as the SQL on the fixture."""
+    import duckdb
+    from conftest import FIXTURE_CSV
+
+    service, _ = exact
+    result, conn = run(service, sql)
+    ref = duckdb.connect()
+    ref.execute(
+        "CREATE TABLE visits AS SELECT * FROM read_csv(?, header = true)", [str(FIXTURE_CSV)]
+    )
+    expected = ref.execute(sql).fetchall()
+    assert len(result.rows) == len(expected)
+    for row, want in zip(sorted(result.rows), sorted(expected), strict=True):
+        assert row == pytest.approx(want)
+    explain, _ = run(service, "EXPLAIN " + sql, conn.analyst)
+    totals = [r for r in explain.rows if str(r[0]).endswith(": total")]
+    names = [r[0].split(":")[0] for r in totals]
+    assert names[0] == "measurement 1 (query)"
+    assert names[1:] == [f"measurement {i} (scalar subquery)" for i in range(2, len(names) + 1)]
+    assert budget(conn)["charged_epsilon"] == pytest.approx(sum(r[6] for r in totals))
+
+
+def test_a_per_unit_relation_is_not_a_measurement_of_its_own(exact: Any) -> None:
+    """A CTE grouped by the privacy unit is a per-unit relation (dpsql.frontend.per_unit), not
+    a DP query: in a set operation it is read by the DP query over it."""
+    from dpsql.sql.bind import ReleasedQuery, parse_statement
+
+    service, _ = exact
+    query = parse_statement(
+        "WITH pu AS (SELECT patient_id, SUM(cost) AS s FROM visits GROUP BY patient_id) "
+        "SELECT COUNT(*) FROM pu UNION ALL SELECT COUNT(*) FROM visits",
+        service.policy,
+    )
+    assert isinstance(query, ReleasedQuery)
+    assert query.names == ("UNION branch 1", "UNION branch 2")
+    assert len(query.measurements) == 2

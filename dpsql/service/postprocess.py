@@ -213,7 +213,8 @@ def run_post(
                     hint="return fewer or shorter rows",
                 ) from None
             except duckdb.Error as exc:
-                message = str(exc).splitlines()[0]
+                # DuckDB's first line, without its error class ("Binder Error: ")
+                message = re.sub(r"^[A-Za-z ]*Error: ", "", str(exc).splitlines()[0])
                 message = re.sub(
                     rf"\b{MEASURED}(\d+)(__rows)?\b",
                     lambda m: repr(names[int(m.group(1))]),
