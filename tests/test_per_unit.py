@@ -124,6 +124,19 @@ def test_count_distinct_over_per_unit_values_and_having(conn) -> None:
     assert abs(n - exact) <= 30
 
 
+def test_sum_distinct_per_unit(conn) -> None:
+    """SUM(DISTINCT x) per unit: the distinct values among a unit's R kept rows, in SUM's
+    range; the outer query reads it like any per-unit SUM."""
+    sql = (
+        "SELECT AVG(s) AS a, COUNT(*) AS n FROM (SELECT patient_id, SUM(DISTINCT cost) AS s "
+        "FROM visits GROUP BY patient_id HAVING SUM(DISTINCT cost) > 0) t"
+    )
+    ((a, n),) = conn.cursor().execute(sql).fetchall()
+    assert 800 < a < 2000 and 4000 < n < 5000
+    text = "\n".join(r[0] for r in conn.cursor().execute("EXPLAIN (FORMAT TEXT) " + sql))
+    assert "s=sum_distinct(" in text
+
+
 def test_per_unit_sql_is_engine_neutral_and_bounded(conn) -> None:
     """The engine SQL reads V from the validated spec (no analyst text), rows bounded first."""
     from dpsql.frontend.private_joins import PerUnitSource
@@ -179,6 +192,12 @@ REFUSED = [
         None,
     ),
     (
+        "SELECT SUM(DISTINCT s) FROM (SELECT patient_id, SUM(cost) AS s FROM visits "
+        "GROUP BY patient_id) t",
+        "DISTINCT is only supported in COUNT(DISTINCT column)",
+        None,
+    ),
+    (
         "SELECT patient_id, COUNT(*) FROM (SELECT patient_id, SUM(cost) AS s FROM visits "
         "GROUP BY patient_id) t GROUP BY patient_id",
         "GROUP BY the privacy unit",
@@ -215,6 +234,43 @@ def test_refusals_read_nothing_and_spend_nothing(conn, sql, message, construct) 
     assert calls == []
     assert conn.service.ledger.spent(conn.analyst, conn.service.policy.dataset) == spent
     assert spent is None or isinstance(spent, Cost)
+
+
+STAR = FIXTURES / "star" / "star.toml"
+
+
+def test_joins_inside_a_per_unit_relation(tmp_path: Path) -> None:
+    """A join on the unit or with a public table on its key is lowered to one private
+    relation first and bounded after the join (R = 3, G = 2 of visits); a unit_path table
+    (its unit is not among its own columns) stays refused, free."""
+    con = dpsql.connect(policy=str(STAR), ledger=str(tmp_path / "ledger.db"))
+    cur = con.cursor()
+    cur.execute("SET epsilon = 3")
+    private = (
+        "SELECT COUNT(*) AS n FROM (SELECT v.patient_id, SUM(v.cost) AS s FROM visits v "
+        "JOIN patients p ON v.patient_id = p.patient_id WHERE p.age > 40 GROUP BY v.patient_id) t"
+    )
+    ((n,),) = cur.execute(private).fetchall()
+    assert abs(n - 178) <= 15  # 178 patients over 40 with a visit (exact)
+    text = "\n".join(r[0] for r in cur.execute("EXPLAIN (FORMAT TEXT) " + private))
+    assert "PerUnit visits INNER JOIN patients WHERE age > 40 GROUP BY patient_id" in text
+    public = (
+        "SELECT region, COUNT(*) AS n FROM (SELECT v.patient_id, d.region, COUNT(*) AS c "
+        "FROM visits v JOIN departments d ON v.dept_id = d.id GROUP BY v.patient_id, d.region) t "
+        "GROUP BY region ORDER BY region"
+    )
+    rows = cur.execute(public).fetchall()
+    assert [r[0] for r in rows] == ["east", "north", "south"]
+    spent = con.service.ledger.spent(con.analyst, con.service.policy.dataset)
+    with pytest.raises(PrivacyError) as info:
+        cur.execute(
+            "SELECT AVG(n) FROM (SELECT patient_id, COUNT(*) AS n FROM prescriptions "
+            "GROUP BY patient_id) t"
+        )
+    assert "over a unit_path table is not supported" in info.value.message
+    assert info.value.position is not None
+    assert con.service.ledger.spent(con.analyst, con.service.policy.dataset) == spent
+    con.close()
 
 
 # --- neighbouring datasets -----------------------------------------------------------------

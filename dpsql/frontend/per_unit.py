@@ -30,7 +30,7 @@ value ranges below are enforced there, not trusted. Ranges, by interval arithmet
 declared bounds [L, U] of the aggregated value (after step 2, at most R values per row):
 
 - COUNT(*): [1, R]; COUNT(x), COUNT(DISTINCT x): [0, R]; COUNT(DISTINCT unit): [1, 1]
-- SUM(x): [min(L, R·L), max(U, R·U)]; AVG(x), MIN(x), MAX(x): [L, U]
+- SUM(x), SUM(DISTINCT x): [min(L, R·L), max(U, R·U)]; AVG(x), MIN(x), MAX(x): [L, U]
 - an analyst's clamp LEAST(GREATEST(agg, a), b) (or GREATEST(LEAST(...))) narrows it to [a, b]
 
 A unit's HAVING filters that unit's own V row: it becomes a WHERE over V (1-stable).
@@ -39,8 +39,12 @@ MIN/MAX of a column (any type) or of DATE_TRUNC(unit, column) keep the column's 
 DATE_TRUNC('month', MIN(d)) (DATE_TRUNC is monotone), so a month key over it has a public
 domain of months.
 
+A join inside V (private tables on the unit, public tables on a unique key) is lowered to one
+private relation first (dpsql.frontend.private_joins) and bounded after the join, as a flat
+query over it is.
+
 Refused (with the construct and a hint; nothing read, nothing charged): a per-unit relation
-over a join or over another per-unit relation, GROUP BY keys other than plain columns,
+over another per-unit relation or over a unit_path table, GROUP BY keys other than plain columns,
 DISTINCT/LIMIT/OFFSET/windows inside it, a select item that is neither the unit, a key nor an
 aggregate (arithmetic over aggregates other than the clamp), aggregates other than COUNT, SUM,
 AVG, MIN and MAX. Everything a flat query refuses (an unbounded SUM, an unknown function) is
@@ -98,7 +102,7 @@ class PerUnitColumn:
     ``clamp`` (the analyst's), cast to ``sql_type``."""
 
     name: str
-    kind: str  # count | count_units | count_distinct | sum | avg | min | max
+    kind: str  # count | count_units | count_distinct | sum | sum_distinct | avg | min | max
     value: str | None
     computed: bool  # value is an expression: evaluated under TRY
     row_clamp: tuple[float, float] | None
@@ -230,12 +234,18 @@ class _Builder:
     # -- validation and V -------------------------------------------------------------------
     def build(self, make_source: Callable[[Any, PerUnitSpec, str], Any]) -> tuple[exp.Select, Any]:
         base = self.base
-        if base.joined is not None:
+        # A join lowered to one private relation (on the unit, or with public tables on a
+        # unique key) is bounded after the join like any table; V over V, or a unit_path
+        # table (its unit is not among its own columns), is not supported.
+        nested = getattr(base.joined, "spec", None) is not None
+        if nested or (base.joined is not None and self.unit not in base.columns):
+            group = self.inner.args["group"]
             raise self.refuse(
-                "a per-unit relation (GROUP BY the privacy unit) over a join or over another "
-                "per-unit relation is not supported",
-                self.source,
-                "group one policy table by its privacy unit; join or aggregate per unit once",
+                "a per-unit relation (GROUP BY the privacy unit) over another per-unit "
+                "relation or over a unit_path table is not supported",
+                group if position_of(self.source, self.text) is None else self.source,
+                "aggregate per unit once, over a table that holds the unit column",
+                construct=snippet(self.source),
             )
         for arg, word in _REFUSED_CLAUSES.items():
             if self.inner.args.get(arg):
@@ -437,7 +447,18 @@ class _Builder:
             values = arg.expressions
             if len(values) == 1 and self._is_column(values[0], self.unit):
                 return self._add(name, "count_units", None, False, None, clamp, (1, 1), "int", 1.0)
-        call_query = self._bind_one(inner)
+        distinct_sum = kind == "sum" and isinstance(arg, exp.Distinct)
+        if distinct_sum:
+            # SUM(DISTINCT x): x bound as in SUM(x); the sum of the distinct values among
+            # the pair's R kept rows lies in SUM's range too (at most R values of [L, U])
+            values = arg.expressions
+            if len(values) != 1:
+                raise self.refuse(
+                    "SUM(DISTINCT ...) takes one value", inner, "SUM(DISTINCT column)"
+                )
+            call_query = self._bind_one(exp.Sum(this=values[0].copy()))
+        else:
+            call_query = self._bind_one(inner)
         call = call_query.aggregates[0]
         if call.kind not in ("count", "count_distinct", "count_units", "sum", "avg", "min", "max"):
             raise self.refuse(
@@ -472,7 +493,7 @@ class _Builder:
                 granularity = _granularity(lo, hi)
         return self._add(
             name,
-            call.kind,
+            "sum_distinct" if distinct_sum else call.kind,
             value,
             computed,
             (lo, hi),
@@ -789,7 +810,7 @@ def _aggregate_expr(col: PerUnitColumn, within: exp.Expression) -> exp.Expressio
             value = exp.Try(this=value)
         if col.row_clamp is not None:
             value = _clamp(value, *col.row_clamp)
-    if col.kind in ("count", "count_distinct", "sum"):
+    if col.kind in ("count", "count_distinct", "sum", "sum_distinct"):
         kept = value if value is not None else _num(1)
         value = exp.Case(ifs=[exp.If(this=within.copy(), true=kept)])
     node: Any
@@ -800,6 +821,9 @@ def _aggregate_expr(col: PerUnitColumn, within: exp.Expression) -> exp.Expressio
     elif col.kind == "count_distinct":
         assert value is not None
         node = exp.Count(this=exp.Distinct(expressions=[value]))
+    elif col.kind == "sum_distinct":
+        assert value is not None
+        node = exp.Sum(this=exp.Distinct(expressions=[value]))
     else:
         assert value is not None
         cls = {"sum": exp.Sum, "avg": exp.Avg, "min": exp.Min, "max": exp.Max}[col.kind]

@@ -93,7 +93,7 @@ class PerUnitSource(JoinedSource):
         conditions.append(exp.Not(this=exp.Is(this=unit, expression=exp.Null())))
         return relation(
             self.spec,
-            source=_source(base, None),
+            source=_source(base, "__src"),
             conditions=conditions,
             stored=[c for c, spec in base.columns.items() if spec.expr is None],
             keyed_hash=keyed_hash,
