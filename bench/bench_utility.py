@@ -17,6 +17,9 @@ share of true groups suppressed.
     python bench/bench_utility.py --data /path/to/pums     # PUMS_pid.csv in that directory
     python bench/bench_utility.py --reps 200 --sql-only --match educ --epsilons 1
                                    # suppression and AVG by educ through SQL, each selection
+    python bench/bench_utility.py --reps 200 --auto-bounds --epsilons 1
+                                   # the defaults (R, G, clip "auto") against hand-set bounds
+                                   # on the fixture and on PUMS_dup (1-4 rows per pid)
 
 Non-public GROUP BY rows run once per ``partition_selection`` (auto, threshold, optimal);
 ``--baseline`` runs the SQL rows without that setting (for a tree before it existed: copy
@@ -433,6 +436,101 @@ def partition_rows(con, reps: int) -> list[Row]:
     return out
 
 
+# --- "auto" contribution bounds and the defaults (issue 31, item 2) ---------------------------
+
+AUTO_QUERIES = {
+    "visits": [
+        ("COUNT(*)", "SELECT 0, COUNT(*) FROM visits"),
+        ("SUM(cost)", "SELECT 0, SUM(cost) FROM visits"),
+        ("AVG(cost)", "SELECT 0, AVG(cost) FROM visits"),
+        ("histogram COUNT(*) BY department", "SELECT department, COUNT(*) FROM visits GROUP BY 1"),
+        ("AVG(cost) BY department", "SELECT department, AVG(cost) FROM visits GROUP BY 1"),
+    ],
+    "pums": [
+        ("COUNT(*)", "SELECT 0, COUNT(*) FROM pums"),
+        ("SUM(income)", "SELECT 0, SUM(income) FROM pums"),
+        ("histogram COUNT(*) BY educ", "SELECT educ, COUNT(*) FROM pums GROUP BY educ"),
+        ("AVG(income) BY educ", "SELECT educ, AVG(income) FROM pums GROUP BY educ"),
+    ],
+}
+
+
+def _fixture_policy(variant: str) -> dict:
+    import tomllib
+
+    policy = tomllib.loads((ROOT / "fixtures" / "visits.toml").read_text())
+    table = policy["tables"]["visits"]
+    table["source"] = str(ROOT / "fixtures" / "visits.csv")
+    policy["privacy"].update(budget_epsilon=1e12, budget_delta=0.5)
+    if variant == "defaults":  # what dpsql init drafts: R, G and the skewed cost's clamp auto
+        table.update(max_rows_per_unit="auto", max_groups_per_unit="auto")
+        table["columns"]["cost"]["clip"] = "auto"
+    return policy
+
+
+def _pums_dup_policy(csv: Path, variant: str) -> dict:
+    """PUMS_dup (1-4 rows per pid): "R = 1" and "R = 4" hand-set (income clamped to its
+    declared [0, 500000]), "R = 4, auto clip", or "defaults" (R, G and the clamp auto)."""
+    columns = {
+        "pid": {"type": "int", "nullable": False},
+        "educ": {"type": "int", "values": list(range(1, 17)), "nullable": False},
+        "income": {"type": "float", "lower": 0, "upper": 500_000, "nullable": False},
+    }
+    table: dict = {"source": str(csv), "privacy_unit": "pid", "columns": columns}
+    if variant == "defaults":
+        table.update(max_rows_per_unit="auto", max_groups_per_unit="auto")
+    else:
+        table.update(max_rows_per_unit=int(variant.split()[2].rstrip(",")), max_groups_per_unit=1)
+    if "clip" in variant or variant == "defaults":
+        columns["income"]["clip"] = "auto"
+    privacy = {"epsilon": 1.0, "delta": DELTA, "budget_epsilon": 1e12, "budget_delta": 0.5}
+    return {"privacy": privacy, "tables": {"pums": table}}
+
+
+def auto_bounds_rows(data: Path, reps: int, epsilon: float = 1.0) -> list[Row]:
+    """The defaults against hand-set bounds, at ε = ``epsilon`` per query, every repetition a
+    fresh service without the answer cache: each query pays the choice of R and G (the table's
+    bounds_share, 10% of its ε) and of the clamp (clip_share, 10%) out of its own ε."""
+    out = []
+    cases = [
+        ("visits", str(ROOT / "fixtures" / "visits.csv"), ("fixture R = 5, G = 3", "defaults")),
+        ("pums", str(data / "PUMS_dup.csv"), ("R = 1", "R = 4", "R = 4, auto clip", "defaults")),
+    ]
+    for table, csv, variants in cases:
+        con = duckdb.connect()
+        con.execute(f"CREATE TABLE {table} AS SELECT * FROM read_csv_auto('{csv}')")
+        for variant in variants:
+            if table == "visits":
+                pol = _fixture_policy(variant)
+            else:
+                pol = _pums_dup_policy(Path(csv), variant)
+            pol["privacy"]["epsilon"] = epsilon
+            with (
+                warnings.catch_warnings(),
+                dpsql.connect(
+                    policy=pol,
+                    ledger=MemoryLedger(),
+                    cache=False,
+                    noise=SeededNoise(int(epsilon * 1000) + 17),
+                ) as conn,
+            ):
+                warnings.simplefilter("ignore")
+                cur = conn.cursor()
+                for name, sql in AUTO_QUERIES[table]:
+                    true = truth(con, sql)
+                    samples = []
+                    for _ in range(reps):
+                        cur.execute(sql)
+                        samples.append(errors({r[0]: float(r[1]) for r in cur.fetchall()}, true))
+                    label = f"{table}_dup" if table == "pums" else table
+                    method = variant
+                    if variant == "defaults":
+                        method = "defaults: R, G auto (10% of ε), clip auto q = 0.9 (10% of ε)"
+                    out.append(summarise(f"{label}: {name}", epsilon, method, SQL, samples, reps))
+        con.close()
+    return out
+
+
 def markdown(rows: list[Row]) -> str:
     lines = [
         "| query | ε | method | path | rel. error | bias | suppressed |",
@@ -461,6 +559,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--baseline", action="store_true", help="no partition_selection setting (before)"
     )
+    parser.add_argument(
+        "--auto-bounds",
+        action="store_true",
+        help="only the defaults (auto R, G, clip) against hand-set bounds: fixture, PUMS_dup",
+    )
     args = parser.parse_args(argv)
     csv = args.data / "PUMS_pid.csv"
     con = duckdb.connect()
@@ -468,11 +571,13 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()
     start = time.perf_counter()
     rows = (
-        []
+        auto_bounds_rows(args.data, args.reps, args.epsilons[0] if args.epsilons else 1.0)
+        if args.auto_bounds
+        else []
         if args.skip_sql
         else sql_rows(csv, con, args.reps, args.epsilons, args.match, args.baseline, args.delta)
     )
-    if not args.sql_only:
+    if not args.sql_only and not args.auto_bounds:
         rows += (
             quantile_rows(con, args.reps)
             + clipping_rows(con, args.reps)

@@ -14,6 +14,7 @@ import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, ClassVar, cast
@@ -43,6 +44,8 @@ from dpsql.privacy.ledger import Ledger, MemoryLedger
 from dpsql.privacy.release import Released, at_confidence, release
 from dpsql.privacy.samplers import NoiseSource, default_source
 from dpsql.service.bias_notes import answer_notes, bounds_lines
+from dpsql.service.bounds import buy as buy_bounds
+from dpsql.service.bounds import resolve as resolve_bounds
 from dpsql.service.plan_cache import _CheckedSet, _PlanCache, _PostPlan, _Prepared, _SecretTemplate
 from dpsql.service.results import (
     SQL_TYPES_BY_CODE,
@@ -74,7 +77,12 @@ from dpsql.sql.bind import (
     parse_probe,
     parse_statement,
 )
-from dpsql.sql.compile import CompiledQuery, compile_clip_histograms, compile_plan
+from dpsql.sql.compile import (
+    CompiledQuery,
+    compile_clip_histograms,
+    compile_plan,
+    contribution_query,
+)
 from dpsql.sql.domains import key_domain
 from dpsql.sql.plan import Plan, build_plan, with_clip_ranges
 from dpsql.sql.positions import position_of
@@ -249,18 +257,25 @@ class Service:
         another's), so it takes the same time whoever else asked the same shape before.
         """
         query = type_query(query, self.shadow, analyst)
-        return self.plan_typed(query, self._domains(query, analyst), settings)
+        return self.plan_typed(query, self._domains(query, analyst), settings, analyst)
 
     def plan_typed(
-        self, query: BoundQuery, domains: list[tuple | None], settings: Settings
+        self,
+        query: BoundQuery,
+        domains: list[tuple | None],
+        settings: Settings,
+        analyst: str | None = None,
     ) -> Plan:
         """Plan a typed query over its key domains at the session's settings: the one call of
-        the planner (a DP subquery's outer plan comes here too, dpsql.service.composite)."""
+        the planner (a DP subquery's outer plan comes here too, dpsql.service.composite).
+        "auto" contribution bounds are chosen here from ``analyst``'s kept histograms, or left
+        pending for the run to buy (dpsql.service.bounds): free either way."""
+        query, epsilon, chosen = resolve_bounds(self, query, settings.epsilon, analyst)
         try:
-            return build_plan(
+            plan = build_plan(
                 query,
                 domains,
-                epsilon=settings.epsilon,
+                epsilon=epsilon,
                 delta=settings.delta,
                 mechanism=settings.mechanism,
                 data_version=self.data_version(query.table),
@@ -270,6 +285,10 @@ class Service:
                 store=self.store_of(query.table),
                 bias_estimate=settings.bias_estimate == "on",
             )
+            if chosen is not None:
+                plan.extra["bounds"] = chosen
+                plan.extra["bounds_settings"] = (replace(settings), list(domains))
+            return plan
         except (ValueError, OverflowError, ZeroDivisionError):
             # Below 2^-54 no noise measure is drawable (a scale above the exact sampler's
             # 2^54): the planner's arithmetic on such an ε (shares that underflow to 0, an
@@ -361,9 +380,7 @@ class Service:
             if isinstance(statement.query, ReleasedQuery):
                 from dpsql.service.composite import explain_released
 
-                return explain_released(
-                    self, statement.query, settings, analyst, statement.format
-                )
+                return explain_released(self, statement.query, settings, analyst, statement.format)
             plan = self.plan(statement.query, settings, analyst)
             if statement.format == "text":
                 from dpsql.service.explain import explain_text
@@ -472,7 +489,8 @@ class Service:
         if prepared is None:
             prepared = _Prepared(self.plan(statement, settings, analyst))
             _not_cancelled(handle)
-            self._shapes.learn(self, prepared, statement, settings, analyst)
+            if "bounds" not in prepared.plan.extra:  # "auto" bounds: per analyst, no shape
+                self._shapes.learn(self, prepared, statement, settings, analyst)
             _not_cancelled(handle)
         if key is not None:
             self._plans.put(key, prepared)
@@ -496,6 +514,9 @@ class Service:
         confidence: float = 0.95,
     ) -> Result:
         plan = prepared.plan
+        if (bounds := plan.extra.get("bounds")) is not None and bounds.pending is not None:
+            prepared = self._choose_bounds(prepared, analyst, handle)  # may charge the choice
+            plan = prepared.plan
         check_plan_rows(plan, self.policy.limits)  # public bins: decided by text and policy
         if not plan.measures and not plan.quantiles and plan.threshold is None:
             # Public keys only, nothing measured (SELECT DISTINCT dept, GROUP BY dept without
@@ -529,6 +550,8 @@ class Service:
         _not_cancelled(handle)
         self._reserve(analyst, plan.cost, plan.query.text, fingerprint)
         clip_notes: list[str] = []
+        if (bounds := plan.extra.get("bounds")) is not None:
+            clip_notes.extend(bounds.notes())
         with charged_boundary():
             run_plan = plan
             if plan.clips:
@@ -585,6 +608,40 @@ class Service:
         ):
             raise InternalError("the clipped plan costs more than was charged", construct="clip")
         return run, notes
+
+    def _choose_bounds(
+        self, prepared: _Prepared, analyst: str, handle: QueryHandle | None
+    ) -> _Prepared:
+        """A query on "auto" bounds whose histogram this analyst has not bought at this data
+        version (dpsql.service.bounds): planned again, free, if it was bought since the plan
+        was cached; else every free check runs on the placeholder plan, the choice is charged
+        as its own ledger entry (share · ε), its histograms released and kept, and the query
+        planned with the chosen bounds at the rest of its ε (charged next, in _run)."""
+        settings, domains = prepared.plan.extra["bounds_settings"]
+        query = prepared.plan.query  # as bound: the placeholder bounds, "auto" still marked
+        plan = self.plan_typed(query, domains, settings, analyst)
+        pending = plan.extra["bounds"].pending
+        if pending is None:
+            return _Prepared(plan)
+        dataset = self.policy.dataset
+        self.ledger.check(analyst, dataset, pending.cost + plan.cost, self.policy.budget)
+        self._dry_run_post(plan, analyst)
+        self._check_drawable(plan)
+        for histogram in pending.mechanisms:
+            try:
+                histogram.mechanism.sample(self.noise, 0)
+                _ = histogram.threshold
+            except (ValueError, OverflowError):
+                raise _undrawable("the contribution bounds' histogram", bounds=False) from None
+        _not_cancelled(handle)
+        self._reserve(analyst, pending.cost, pending.describe(), pending.needs[0].cache_key)
+        with charged_boundary():
+            chosen_query, measured, chosen = buy_bounds(
+                self, pending, query, analyst, handle, contribution_query
+            )
+            run = self.plan_typed(chosen_query, domains, replace(settings, epsilon=measured))
+            run.extra["bounds"] = chosen
+        return _Prepared(run)
 
     def _check_drawable(self, plan: Plan) -> None:
         """Every mechanism of the plan can run at its ε, or a free refusal before anything is

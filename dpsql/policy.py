@@ -61,6 +61,10 @@ FILE_SUFFIXES = (".csv", ".csv.gz", ".tsv", ".parquet")
 
 BOUNDING_DEFAULT = "scale"
 
+# the largest bound an "auto" max_rows_per_unit / max_groups_per_unit may be chosen as (the
+# last candidate of dpsql.privacy.contribution): planned with it where nothing is chosen
+AUTO_CAP = 64
+
 # A public table is read whole at connect (joins inline its rows as lookups): at most this
 # many rows, or privacy.max_bins if larger.
 PUBLIC_ROWS = 10_000
@@ -83,8 +87,8 @@ class ColumnPolicy:
     quantile_bins: int = 4096
     clip: str = "declared"  # "auto": a DP clipping range per query (dpsql.privacy.clipping)
     clip_share: float = 0.1
-    clip_method: str = "sum"
-    clip_quantile: float = 0.99
+    clip_method: str = "auto"  # "sum" for a total, "quantile" per group (docs/mechanisms.md)
+    clip_quantile: float = 0.9
     # A date column's declared first and last day (lower/upper in the policy): its public
     # range, whose days every date key enumerates (dpsql.sql.domains). Kept apart from the
     # numeric lower/upper, which mean clamping bounds of sums.
@@ -183,6 +187,11 @@ class TablePolicy:
     privacy_unit: str | None = None
     max_rows_per_unit: int = 1
     max_groups_per_unit: int = 1
+    # the bounds declared "auto" ("rows", "groups"): their int fields above hold the largest
+    # value the choice may return (dpsql.privacy.contribution), the fallback of any path that
+    # plans without a choice; dpsql.service.bounds replaces them per query with the chosen ones
+    auto_bounds: tuple[str, ...] = ()
+    bounds_share: float = 0.1  # the share of a query's ε that pays for a choice
     version: str | None = None
     # how a (unit, group) over R rows is bounded: "scale" (R/n of every row) or "sample"
     # (R rows by keyed hash); dpsql.sql.plan's docstring states both
@@ -485,6 +494,11 @@ def _table(
         unit = unit.lower()
     rows = spec.get("max_rows_per_unit", 1)
     groups = spec.get("max_groups_per_unit", 1)
+    auto_bounds = tuple(
+        name
+        for name, value in (("rows", rows), ("groups", groups))
+        if value == "auto"  # checked by the schema: an int >= 1 or "auto"
+    )
     unit_path = _unit_path(rep, key, spec.get("unit_path"), columns)
     if unit_path and unit is not None:
         raise rep.fail(
@@ -498,6 +512,9 @@ def _table(
             "without a privacy_unit every row is its own unit, so the bounds must be 1",
             "declare privacy_unit, or remove max_rows_per_unit / max_groups_per_unit",
         )
+    if auto_bounds:
+        rows = AUTO_CAP if rows == "auto" else rows
+        groups = AUTO_CAP if groups == "auto" else groups
     version = spec.get("version")
     if version is not None:
         version = str(version)
@@ -524,6 +541,8 @@ def _table(
         privacy_unit=unit,
         max_rows_per_unit=rows,
         max_groups_per_unit=groups,
+        auto_bounds=auto_bounds,
+        bounds_share=float(spec.get("bounds_share", 0.1)),
         version=version,
         bounding=bounding,
         public=public,
@@ -819,8 +838,8 @@ def _column(rep: _Reporter, key: str, name: str, spec: Any) -> ColumnPolicy:
     quantile_bins = spec.get("quantile_bins", 4096)
     clip = spec.get("clip", "declared")
     clip_share = float(spec.get("clip_share", 0.1))
-    clip_method = spec.get("clip_method", "sum")
-    clip_quantile = float(spec.get("clip_quantile", 0.99))
+    clip_method = spec.get("clip_method", "auto")
+    clip_quantile = float(spec.get("clip_quantile", 0.9))
     if (clip == "auto" or "clip_share" in spec) and (
         lower is None or col_type not in ("int", "float")
     ):

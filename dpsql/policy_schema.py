@@ -134,6 +134,14 @@ def _values(value: Any, key: str, parent: Mapping[str, Any]) -> tuple[str, str] 
     return f"{bad!r} is not a {kind}", f"list {kind} values only"
 
 
+#: max_rows_per_unit / max_groups_per_unit: a positive integer or "auto"
+_CONTRIBUTION_BOUND = Rule(
+    lambda value, key, parent: (
+        f'must be an integer >= 1 or "auto", got {value!r}',
+        'write e.g. 5, or "auto" to let dpsql choose it privately',
+    )
+)
+
 #: the default of a key whose default is computed from others (or absent): not in the schema
 _UNSET: Any = None
 
@@ -338,22 +346,23 @@ class ColumnSpec(Section):
         share("clip_share = 0.1"),
     ] = 0.1
     clip_method: Annotated[
-        Literal["sum", "quantile", "threshold"],
+        Literal["auto", "sum", "quantile", "threshold"],
         Field(
-            description='"sum" (default: the bound minimising the estimated error of a SUM), '
-            '"quantile" (the clip_quantile of |x|, default 0.99) or "threshold" (ApproxBounds)'
+            description='"auto" (default: "sum" for a query without GROUP BY, "quantile" with '
+            'one), "sum" (the bound minimising the estimated bias + noise of the query\'s SUMs), '
+            '"quantile" (the clip_quantile of |x|) or "threshold" (ApproxBounds)'
         ),
-        choice(Literal["sum", "quantile", "threshold"], "method"),
-    ] = "sum"
+        choice(Literal["auto", "sum", "quantile", "threshold"], "method"),
+    ] = "auto"
     clip_quantile: Annotated[
         float,
         Field(
             gt=0,
             lt=1,
-            description="the level of |x| that method quantile clips at (default 0.99)",
+            description="the level of |x| that method quantile clips at (default 0.9)",
         ),
-        share("clip_quantile = 0.99"),
-    ] = 0.99
+        share("clip_quantile = 0.9"),
+    ] = 0.9
 
 
 class TableSpec(Section):
@@ -379,13 +388,31 @@ class TableSpec(Section):
         ),
     ] = Field(default=_UNSET)
     max_rows_per_unit: Annotated[
-        int,
-        Field(ge=1, description="rows one unit may contribute to each group (default 1)"),
-        integer(),
+        Annotated[int, Field(ge=1)] | Literal["auto"],
+        Field(
+            description='rows one unit may contribute to each group (default 1), or "auto": '
+            "chosen from a DP histogram of rows per unit (dpsql.privacy.contribution)"
+        ),
+        _CONTRIBUTION_BOUND,
     ] = 1
     max_groups_per_unit: Annotated[
-        int, Field(ge=1, description="groups one unit may contribute to (default 1)"), integer()
+        Annotated[int, Field(ge=1)] | Literal["auto"],
+        Field(
+            description='groups one unit may contribute to (default 1), or "auto": chosen '
+            "from a DP histogram of groups per unit"
+        ),
+        _CONTRIBUTION_BOUND,
     ] = 1
+    bounds_share: Annotated[
+        float,
+        Field(
+            gt=0,
+            lt=1,
+            description='the share of a query\'s ε spent choosing "auto" bounds, by the '
+            "analyst's first query that needs them on a data version (default 0.1)",
+        ),
+        share("bounds_share = 0.1"),
+    ] = 0.1
     version: Annotated[
         str | int | float | _dt.date | _dt.datetime,
         Field(description="a data version string; changing it invalidates cached answers"),

@@ -35,6 +35,10 @@ def draft(capsys, tmp_path: Path, *argv: str, name: str = "policy.toml") -> tupl
 # -- init -------------------------------------------------------------------------------------
 
 
+def cols_clip(table: dict) -> dict:
+    return {n: c["clip"] for n, c in table["columns"].items() if "clip" in c}
+
+
 def test_init_visits_drafts_a_policy_that_answers(capsys, tmp_path):
     shutil.copy(FIXTURE_CSV, tmp_path / "visits.csv")
     path, data = draft(capsys, tmp_path, tmp_path / "visits.csv")
@@ -44,8 +48,12 @@ def test_init_visits_drafts_a_policy_that_answers(capsys, tmp_path):
     table = data["tables"]["visits"]
     assert table["source"] == "visits.csv"  # relative to the policy file
     assert table["privacy_unit"] == "patient_id"
-    assert table["max_rows_per_unit"] >= 1 and table["max_groups_per_unit"] >= 1
-    assert "# decide: R, rows one unit keeps" in text.replace("max_rows_per_unit = ", "# ")
+    # the bounds are chosen privately at query time; the observed ones are comments
+    assert table["max_rows_per_unit"] == table["max_groups_per_unit"] == "auto"
+    assert table["bounds_share"] == 0.1
+    assert "# decide: R, rows one unit keeps" in text
+    assert "chosen privately (or R = " in text and "chosen privately (or G = " in text
+    assert cols_clip(table) == {"cost": "auto"}  # skewed: p99 far below the bound
     cols = table["columns"]
     assert cols["patient_id"] == {"type": "int", "nullable": False}
     assert cols["department"]["values"] == [
@@ -78,7 +86,9 @@ def test_init_pums_and_the_query_command(capsys, tmp_path):
     path, data = draft(capsys, tmp_path, tmp_path / "pums_sample.csv")
     table = data["tables"]["pums_sample"]
     assert table["privacy_unit"] == "pid"  # the SmartNoise private_id, found by name
-    assert table["max_rows_per_unit"] == 3  # the sample repeats pids up to 3 times
+    assert table["max_rows_per_unit"] == "auto"  # chosen privately at query time
+    # observed: the sample repeats pids up to 3 times
+    assert "chosen privately (or R = 3 keeps" in path.read_text()
     assert table["columns"]["sex"]["values"] == [0, 1]
     assert table["columns"]["income"]["upper"] == 500000
     code, out, err = run(

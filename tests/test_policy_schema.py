@@ -195,7 +195,7 @@ SHAPES = [
         {"column": {"clip_method": "max"}},
         "tables.t.columns.x.clip_method",
         "unknown method 'max'",
-        'use "sum", "quantile" or "threshold"',
+        'use "auto", "sum", "quantile" or "threshold"',
     ),
     (
         {"column": {"lower": "zero", "upper": 1}},

@@ -476,18 +476,30 @@ def _unit_lines(prof: Profile, unit: UnitProfile, keep: float) -> list[str]:
     others = [c for c in prof.candidates if c != unit.column]
     if others:
         out.append(f"# other id-like columns with repeated values: {', '.join(others)}")
+    # "auto": chosen privately from the data at query time (dpsql.privacy.contribution: the
+    # analyst's first query on a data version pays bounds_share of its ε), so the published
+    # policy reveals nothing the curator read off the data; the observed R and G are comments
     out.append(
         _line(
             "max_rows_per_unit",
-            unit.suggest_r,
-            f"decide: R, rows one unit keeps in each group (keeps >= {keep:.0%} of rows)",
+            "auto",
+            f"decide: R, rows one unit keeps in each group: chosen privately (or R = "
+            f"{unit.suggest_r} keeps >= {keep:.0%} of rows, observed)",
         )
     )
     out.append(
         _line(
             "max_groups_per_unit",
-            unit.suggest_g,
-            "decide: G, groups one unit keeps (COUNT sensitivity is G·R)",
+            "auto",
+            f"decide: G, groups one unit keeps (COUNT sensitivity is G·R): chosen privately "
+            f"(or G = {unit.suggest_g}, observed)",
+        )
+    )
+    out.append(
+        _line(
+            "bounds_share",
+            0.1,
+            'decide: share of a query\'s ε choosing "auto" bounds (once per data version)',
         )
     )
     out.append(f"# observed: {unit.units} units over {prof.rows} rows")
@@ -546,6 +558,16 @@ def _column_lines(prof: Profile, col: ColumnProfile, unit: str | None, rare: int
             out.append(
                 f"# (the p99 is {_show(col.quantiles[2])}: a bound near it clamps ~1% of rows "
                 f"and cuts SUM/AVG noise ~{upper / col.quantiles[2]:.0f}x)"
+            )
+            # skewed: SUM/AVG/VAR clamp to a DP range inside [lower, upper] (the 0.9 quantile
+            # of |x|, clip_share of each query's ε), the best default measured on PUMS income
+            out.append(
+                _line(
+                    "clip",
+                    "auto",
+                    'decide: SUM/AVG/VAR clamp to a DP range inside [lower, upper] ("declared": '
+                    "to the bounds)",
+                )
             )
     if col.type == "float" and bounds is not None:
         from dpsql.policy import default_granularity

@@ -598,6 +598,8 @@ def build_plan(
         )
 
     clips = []
+    # every released group's SUM pays its own noise, the clamp's bias is over all of them
+    released_groups = math.prod(len(d) for d in domains if d is not None) if query.keys else 1
     for column in auto:
         col = table.columns[column]
         sum_share = [e for s, e in zip(specs, eps_shares, strict=True) if s == ("sum", column)]
@@ -612,8 +614,13 @@ def build_plan(
                 ),
                 epsilon=clip_epsilon / len(auto),
                 max_values=R * G,
-                sum_epsilon=sum_share[0] if sum_share else max(eps_shares, default=epsilon),
-                method=col.clip_method,
+                sum_epsilon=(sum_share[0] if sum_share else max(eps_shares, default=epsilon))
+                / released_groups,
+                # "auto" (the default): a total's error is bias + noise ("sum"); per-group
+                # answers, small groups' noise dominates: the clip_quantile of |x| (measured)
+                method=col.clip_method
+                if col.clip_method != "auto"
+                else ("quantile" if released_groups > 1 else "sum"),
                 q=col.clip_quantile,
             )
         )
