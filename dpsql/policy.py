@@ -77,7 +77,13 @@ class ColumnPolicy:
     lower: float | None = None
     upper: float | None = None
     values: tuple[Any, ...] | None = None
+    # NULL is a value of the column's public domain: GROUP BY releases a NULL group. A policy
+    # that does not declare it gets False where the domain is public (values, bool, bounds, a
+    # date range: a NULL bin there would be released whether or not any row is NULL, the
+    # phantom group of issue 31) and True elsewhere (a NULL key is thresholded like any key).
     nullable: bool = True
+    # whether the policy said so (nullable = true/false); an undeclared column may hold NULLs
+    nullable_declared: bool = True
     granularity: float = 1.0
     # A computed column (an expression inside an aggregate, e.g. SUM(a * b)): its SQL over
     # the table's stored columns, and the range derived from their declared bounds. None for
@@ -93,6 +99,11 @@ class ColumnPolicy:
     # range, whose days every date key enumerates (dpsql.sql.domains). Kept apart from the
     # numeric lower/upper, which mean clamping bounds of sums.
     date_range: tuple[_dt.date, _dt.date] | None = None
+
+    @property
+    def may_hold_null(self) -> bool:
+        """False only when declared ``nullable = false`` (then COUNT(col) is COUNT(*))."""
+        return self.nullable or not self.nullable_declared
 
     @property
     def bounded(self) -> bool:
@@ -709,7 +720,9 @@ def _unique_keys(
             if column.lower() not in out:
                 out.append(column.lower())
     if primary is not None:
-        columns[primary.lower()] = replace(columns[primary.lower()], nullable=False)  # type: ignore[index]
+        columns[primary.lower()] = replace(  # type: ignore[index]
+            columns[primary.lower()], nullable=False, nullable_declared=True
+        )
     return tuple(out)
 
 
@@ -773,7 +786,7 @@ def _public_rows(
                 f"column {column!r} has duplicate values in {str(table.source_path)!r}",
                 f"remove the duplicates, or drop {column!r} from {which}",
             )
-    for column in (c for c in names if not table.columns[c].nullable):
+    for column in (c for c in names if not table.columns[c].may_hold_null):
         if any(r[names.index(column)] is None for r in rows):
             raise rep.fail(
                 f"{key}.columns.{column}.nullable",
@@ -824,7 +837,14 @@ def _column(rep: _Reporter, key: str, name: str, spec: Any) -> ColumnPolicy:
         values = tuple(_coerce_value(rep, f"{key}.values", col_type, v) for v in values)
         if len(set(values)) != len(values):
             raise rep.fail(f"{key}.values", "duplicate values", "list each value once")
-    nullable = spec.get("nullable", True)
+    nullable_declared = "nullable" in spec
+    # undeclared: no NULL bin in a public domain (never a phantom group; NULL keys dropped
+    # as keys outside the domain are), a thresholded NULL key otherwise. Decided from the
+    # policy alone, never from the data (docs/threat_model.md, "Nullability").
+    public_domain = (
+        values is not None or col_type == "bool" or lower is not None or date_range is not None
+    )
+    nullable = bool(spec["nullable"]) if nullable_declared else not public_domain
     granularity = spec.get("granularity")
     if granularity is None:
         granularity = default_granularity(col_type, lower, upper)
@@ -857,6 +877,7 @@ def _column(rep: _Reporter, key: str, name: str, spec: Any) -> ColumnPolicy:
         upper=upper,
         values=values,
         nullable=nullable,
+        nullable_declared=nullable_declared,
         granularity=granularity,
         quantile_grid=quantile_grid,
         quantile_bins=quantile_bins,

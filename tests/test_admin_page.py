@@ -493,3 +493,23 @@ def test_in_a_headless_browser(setup, tmp_path):
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     if os.environ.get("DPSQL_CURATOR_SCREENSHOT"):  # refresh docs/curator_page.png
         shutil.copy(shot, os.environ["DPSQL_CURATOR_SCREENSHOT"])
+
+
+def test_undeclared_nullable_is_a_policy_warning_on_the_page():
+    """Issue 31: the curator page flags a column whose nullable the policy does not declare
+    (read off the policy alone: no data is read for it)."""
+    from conftest import fixture_policy
+
+    from dpsql.admin.page import _table
+
+    policy = fixture_policy()
+    del policy["tables"]["visits"]["columns"]["department"]["nullable"]
+    del policy["tables"]["visits"]["columns"]["diagnosis"]["nullable"]
+    table = load_policy(policy).tables["visits"]
+    html = _table("visits", table, None)
+    row = html.split("<td>department</td>", 1)[1].split("</tr>", 1)[0]
+    assert "no <span class=warn>not declared: no NULL group is released" in row
+    row = html.split("<td>diagnosis</td>", 1)[1].split("</tr>", 1)[0]
+    assert "yes <span class=warn>not declared: a NULL key is thresholded" in row
+    row = html.split("<td>age</td>", 1)[1].split("</tr>", 1)[0]
+    assert "<td>no</td>" in row and "warn" not in row

@@ -34,7 +34,7 @@ NAMES = ["alpha", "beta"]
 
 COLUMNS = {
     "uid": {"type": "int", "nullable": False},
-    "grp": {"type": "text", "values": GROUPS},  # nullable: NULL is a released bin
+    "grp": {"type": "text", "values": GROUPS, "nullable": True},  # NULL: a released bin
     "age": {"type": "int", "lower": 0, "upper": 90, "nullable": False},  # data goes to 99
     "score": {"type": "float", "lower": -10.0, "upper": 10.0, "granularity": 0.01},
     "flag": {"type": "bool", "nullable": False},
@@ -470,7 +470,7 @@ def test_bounding_per_unit_and_group_decoded_from_sums(tmp_path: Path, seed):
     path = write_csv(tmp_path / "b.csv", ["uid", "grp", "v"], rows)
     cols = {
         "uid": {"type": "int", "nullable": False},
-        "grp": {"type": "text", "values": ["a", "b", "c"]},
+        "grp": {"type": "text", "values": ["a", "b", "c"], "nullable": True},
         "v": {"type": "int", "lower": 0, "upper": 4**14},
     }
     policy = table_policy(path, cols, unit="uid", rows=R, groups=G)

@@ -357,3 +357,41 @@ def test_check_public_and_unit_path_tables(capsys):
     assert code == 0
     assert "public table: 7 rows read at connect" in out
     assert "privacy unit: patient_id, reached by prescriptions -> visits" in out
+
+
+def test_check_reports_undeclared_nullability(capsys, tmp_path):
+    """Issue 31: an undeclared nullable releases no NULL group (a function of the policy);
+    check tells the curator what the data holds, so they can declare it."""
+    columns = """
+[tables.t.columns.id]
+type = "int"
+nullable = false
+[tables.t.columns.kind]
+type = "text"
+values = ["a", "b"]
+[tables.t.columns.level]
+type = "int"
+lower = 0
+upper = 9
+[tables.t.columns.name]
+type = "text"
+[tables.t.columns.flag]
+type = "bool"
+nullable = true
+"""
+    csv = "id,kind,level,name,flag\n1,a,1,x,true\n2,b,,y,false\n3,a,2,,true\n"
+    code, out, _ = run(capsys, "check", _policy(tmp_path, columns, csv))
+    assert code == 0
+    assert (
+        "warning: tables.t.columns.kind: nullable is not declared; no NULL observed: treated as "
+        "not nullable (GROUP BY releases no NULL group)" in out
+    )
+    assert (
+        "warning: tables.t.columns.level: nullable is not declared; 1 of 3 rows (33.33%) are "
+        "NULL and GROUP BY level drops them" in out
+    )
+    assert "note: tables.t.columns.name: nullable is not declared: a NULL key is released" in out
+    assert "note: tables.t.columns.flag: declared nullable = true but no NULL observed" in out
+    assert "no (not declared)" in out
+    code, _, _ = run(capsys, "check", _policy(tmp_path, columns, csv), "--strict")
+    assert code == 1

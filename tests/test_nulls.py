@@ -6,11 +6,11 @@ All with noise switched off, so each value is the exact bounded aggregate.
 from __future__ import annotations
 
 import pytest
-from conftest import exact_connect, rows_of, table_policy, write_csv
+from conftest import exact_connect, fixture_policy, rows_of, table_policy, write_csv
 
 COLUMNS = {
     "uid": {"type": "int", "nullable": False},
-    "grp": {"type": "text", "values": ["a", "b"]},  # nullable: NULL is a public bin
+    "grp": {"type": "text", "values": ["a", "b"], "nullable": True},  # NULL: a public bin
     "strict": {"type": "text", "values": ["a", "b"], "nullable": False},
     "age": {"type": "int", "lower": 0, "upper": 9, "nullable": False},
     "v": {"type": "float", "lower": 0.0, "upper": 10.0, "granularity": 0.5},
@@ -99,7 +99,7 @@ def _heavy_null_key(tmp_path, null_units: bool = False):
     if null_units:
         rows += [(None, "a")] * 2  # at most R: kept as if one unit (3 rows would be dropped)
     path = write_csv(tmp_path / "h.csv", ["uid", "grp"], rows)
-    cols = {"uid": {"type": "int"}, "grp": {"type": "text", "values": ["a", "b"]}}
+    cols = {"uid": {"type": "int"}, "grp": {"type": "text", "values": ["a", "b"], "nullable": True}}
     return exact_connect(table_policy(path, cols, unit="uid", rows=2, groups=2))
 
 
@@ -141,3 +141,67 @@ def test_out_of_domain_public_key_is_dropped_when_thresholded_too(tmp_path, unit
         assert rows_of(c, "SELECT grp, name, COUNT(*) FROM t GROUP BY grp, name") == [
             ("a", "x", 200)
         ]
+
+
+# --- undeclared nullability: never a phantom NULL group (issue 31) ----------------------------
+
+
+def test_fixture_group_by_undeclared_null_free_column_releases_no_null_group():
+    """The shipped fixture with department's nullable = false removed: department holds no
+    NULL, and no NULL group is released (it used to be: a noisy count of nothing, AVG 0)."""
+    policy = fixture_policy()
+    del policy["tables"]["visits"]["columns"]["department"]["nullable"]
+    with exact_connect(policy) as c:
+        got = rows_of(c, "SELECT department, COUNT(*), AVG(cost) FROM visits GROUP BY department")
+        assert len(got) == 6 and None not in {k for k, *_ in got}
+        (table,) = [t for t in c.service.policy.tables.values() if t.name == "visits"]
+        spec = table.columns["department"]
+        assert (spec.nullable, spec.nullable_declared, spec.may_hold_null) == (False, False, True)
+
+
+def test_undeclared_public_domain_drops_null_keys_and_counts_values(tmp_path):
+    """Undeclared, with NULLs in the data: GROUP BY drops the NULL keys (as keys outside the
+    domain are: a function of the policy, not of whether NULLs occur) and COUNT(col) still
+    counts values, not rows (only a declared nullable = false makes it COUNT(*))."""
+    rows = [(1, "a"), (2, None), (3, "b"), (4, None), (5, "a")]
+    path = write_csv(tmp_path / "n.csv", ["uid", "grp"], rows)
+    cols = {
+        "uid": {"type": "int", "nullable": False},
+        "grp": {"type": "text", "values": ["a", "b"]},
+    }
+    with exact_connect(table_policy(path, cols, unit="uid")) as c:
+        assert dict(rows_of(c, "SELECT grp, COUNT(*) FROM t GROUP BY grp")) == {"a": 2, "b": 1}
+        assert rows_of(c, "SELECT COUNT(grp), COUNT(*) FROM t") == [(3, 5)]
+        assert rows_of(c, "SELECT COUNT(*) FROM t WHERE grp IS NULL") == [(2,)]
+
+
+def test_undeclared_null_free_column_the_same_as_with_nulls(tmp_path):
+    """The released groups of an undeclared column do not depend on whether the data holds
+    a NULL: neighbours that differ by a unit with a NULL key release the same set of keys."""
+    base = [(1, "a"), (2, "b"), (3, "a")]
+    cols = {
+        "uid": {"type": "int", "nullable": False},
+        "grp": {"type": "text", "values": ["a", "b"]},
+    }
+    keys = []
+    for extra in ([], [(4, None)]):
+        path = write_csv(tmp_path / f"k{len(extra)}.csv", ["uid", "grp"], base + extra)
+        with exact_connect(table_policy(path, cols, unit="uid")) as c:
+            keys.append(
+                sorted(k for k, _ in rows_of(c, "SELECT grp, COUNT(*) FROM t GROUP BY grp"))
+            )
+    assert keys[0] == keys[1] == ["a", "b"]
+
+
+def test_undeclared_free_text_key_keeps_its_thresholded_null_key(tmp_path):
+    """Without a public domain a NULL key is thresholded like any key (no phantom: an empty
+    key never passes), so an undeclared free-text column keeps it."""
+    rows = [(i, None if i % 2 else "x") for i in range(400)]
+    path = write_csv(tmp_path / "f.csv", ["uid", "name"], rows)
+    cols = {"uid": {"type": "int", "nullable": False}, "name": {"type": "text"}}
+    policy = table_policy(path, cols, unit="uid", privacy={"epsilon": 100.0})
+    with exact_connect(policy) as c:
+        assert dict(rows_of(c, "SELECT name, COUNT(*) FROM t GROUP BY name")) == {
+            "x": 200,
+            None: 200,
+        }

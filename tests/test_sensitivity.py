@@ -26,7 +26,7 @@ COLUMNS = {
     "uid": {"type": "int", "nullable": False},
     "grp": {"type": "text", "values": ["a", "b", "c", "d", "e", "f"], "nullable": False},
     "flag": {"type": "bool", "nullable": False},
-    "maybe": {"type": "bool"},  # nullable: false, true, NULL
+    "maybe": {"type": "bool", "nullable": True},  # false, true, NULL
     "cost": {"type": "float", "lower": 0.0, "upper": 5000.0},
     "n": {"type": "int", "lower": -5, "upper": 10},
     "name": {"type": "text"},

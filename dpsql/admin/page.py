@@ -305,6 +305,7 @@ table{border-collapse:collapse;margin:6px 0} th,td{border:1px solid #ddd;padding
 vertical-align:top;text-align:left} th{background:#f3f3f3} td.n{text-align:right;
 font-variant-numeric:tabular-nums} .q{font-family:ui-monospace,monospace;white-space:pre-wrap;
 word-break:break-word;max-width:560px} .note{color:#555;max-width:900px} .muted{color:#888}
+.warn{color:#a35a00}
 .bar{display:inline-block;width:120px;height:10px;background:#eee;vertical-align:middle}
 .bar i{display:block;height:10px;background:#3b7dd8} .bar i.full{background:#d8493b}
 nav a{margin-right:12px} .kind-reset{background:#fff6e0} .kind-budget{background:#eef6ff}
@@ -608,7 +609,7 @@ def _table(name: str, table: TablePolicy, access: Any) -> str:
             continue
         out.append(
             f"<tr><td>{esc(col.name)}</td><td>{esc(col.type)}</td>"
-            f"<td>{'yes' if col.nullable else 'no'}</td><td>{_bounds(col)}</td>"
+            f"<td>{_nullable(col)}</td><td>{_bounds(col)}</td>"
             f"<td class=n>{fmt(col.granularity) if col.numeric else ''}</td>"
             f"<td>{_domain(col)}</td><td>{esc(col.clip)}</td>"
         )
@@ -617,6 +618,21 @@ def _table(name: str, table: TablePolicy, access: Any) -> str:
         out.append("</tr>")
     out.append("</table>")
     return "".join(out)
+
+
+def _nullable(col: ColumnPolicy) -> str:
+    """yes / no, and a policy warning where the policy does not say (issue 31): an undeclared
+    column with a public domain releases no NULL group, one without a public domain releases
+    a NULL key only by thresholding. Read off the policy alone (``dpsql check`` counts the
+    NULLs in the data)."""
+    shown = "yes" if col.nullable else "no"
+    if col.nullable_declared:
+        return shown
+    return (
+        f"{shown} <span class=warn>not declared: "
+        f"{'a NULL key is thresholded' if col.nullable else 'no NULL group is released'}; "
+        "declare nullable (dpsql check shows the NULLs in the data)</span>"
+    )
 
 
 def _bounds(col: ColumnPolicy) -> str:

@@ -4,9 +4,10 @@ Errors (exit status 1): the policy does not load; a source cannot be read; a dec
 is missing; values do not convert to the declared type (a CSV then fails to load; a Parquet
 file or database table would read them as NULL), or an int column holds fractions (they would
 be rounded); the engine cannot load the table. Warnings: NULLs in a column declared
-``nullable = false``, values outside declared bounds (clamped) or outside a declared list of
-values, rows without a privacy unit. The counts are read off the private data: this report is
-the operator's own view, never an analyst's.
+``nullable = false``, a column with a public domain whose ``nullable`` is not declared (it
+releases no NULL group: the warning says whether NULLs occur), values outside declared bounds
+(clamped) or outside a declared list of values, rows without a privacy unit. The counts are
+read off the private data: this report is the operator's own view, never an analyst's.
 
 Then, per table, what it will release: its privacy unit and bounds (R, G), the sensitivity of
 a COUNT, each column's public facts, and which GROUP BY keys come from a public domain and
@@ -260,20 +261,7 @@ def _column_findings(
         )
     if got.get("times"):
         tc.add("warning", col.name, f"{_share(got['times'], rows)} have a time of day, dropped")
-    if not col.nullable and got["nulls"]:
-        tc.add(
-            "warning",
-            col.name,
-            f"declared nullable = false, but {_share(got['nulls'], rows)} are NULL: "
-            "they are not in the released domain; declare nullable = true or fill them",
-        )
-    elif not public and col.nullable and not got["nulls"] and (col.values or col.bounded):
-        tc.add(
-            "note",
-            col.name,
-            "nullable (the default) but no NULL observed: GROUP BY releases a NULL group; "
-            "nullable = false drops it",
-        )
+    _check_nullable(tc, col, got["nulls"], rows, public=public)
     if got.get("below") or got.get("above"):
         tc.add(
             "warning",
@@ -287,6 +275,47 @@ def _column_findings(
             col.name,
             f"{_share(got['outside'], rows)} hold values outside the declared values: no "
             "released group holds them",
+        )
+
+
+def _check_nullable(
+    tc: TableCheck, col: ColumnPolicy, nulls: int, rows: int | None, *, public: bool
+) -> None:
+    """Nullability, declared or not, against the NULLs observed (the curator's view only: an
+    undeclared column is released the same whatever the data holds, docs/threat_model.md)."""
+    domain = bool(col.values is not None or col.type == "bool" or col.bounded or col.date_range)
+    if not col.may_hold_null and nulls:
+        tc.add(
+            "warning",
+            col.name,
+            f"declared nullable = false, but {_share(nulls, rows)} are NULL: "
+            "they are not in the released domain; declare nullable = true or fill them",
+        )
+    elif public:
+        return
+    elif not col.nullable_declared and domain:
+        seen = (
+            f"{_share(nulls, rows)} are NULL and GROUP BY {col.name} drops them (no NULL "
+            "group is released); declare nullable = true to release a NULL group"
+            if nulls
+            else "no NULL observed: treated as not nullable (GROUP BY releases no NULL group); "
+            "declare nullable = false to make it explicit, or nullable = true if NULLs may come"
+        )
+        tc.add("warning", col.name, f"nullable is not declared; {seen}")
+    elif not col.nullable_declared:
+        tc.add(
+            "note",
+            col.name,
+            "nullable is not declared: a NULL key is released only by thresholding, like "
+            f"any key of a column without a public domain ({'NULLs' if nulls else 'no NULL'} "
+            "observed)",
+        )
+    elif col.nullable and not nulls and domain:
+        tc.add(
+            "note",
+            col.name,
+            "declared nullable = true but no NULL observed: GROUP BY releases a NULL group "
+            "(a noisy count of nothing while none occurs); nullable = false drops it",
         )
 
 
@@ -405,7 +434,8 @@ def releases(policy: Policy, table: TablePolicy) -> list[str]:
             (
                 col.name,
                 col.type,
-                "yes" if col.nullable else "no",
+                ("yes" if col.nullable else "no")
+                + ("" if col.nullable_declared else " (not declared)"),
                 facts(col),
                 group_by(policy, col),
             )

@@ -279,7 +279,7 @@ def features_from_column(
         out = []
         for c in cuts:
             s = _fmt_num(c)
-            neg = f"{q} < {s}" + (f" OR {q} IS NULL" if col.nullable else "")
+            neg = f"{q} < {s}" + (f" OR {q} IS NULL" if col.may_hold_null else "")
             out.append(
                 Feature(
                     f"{col.name} >= {s}",

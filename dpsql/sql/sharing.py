@@ -35,7 +35,7 @@ def canonical(table: TablePolicy, spec: Spec, units_measured: bool, max_rows: in
     kind, column = spec
     if kind == "values" and column is not None:
         col = table.columns[column]
-        if not col.nullable and col.expr is None:
+        if not col.may_hold_null and col.expr is None:
             kind, column = "rows", None
     if kind == "rows" and units_measured and max_rows == 1:
         kind = "units"
