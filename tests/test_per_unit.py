@@ -261,6 +261,12 @@ def test_joins_inside_a_per_unit_relation(tmp_path: Path) -> None:
     )
     rows = cur.execute(public).fetchall()
     assert [r[0] for r in rows] == ["east", "north", "south"]
+    # the cache key holds the join's own definition, not only its name
+    from dpsql.sql.bind import parse_statement
+
+    statement = parse_statement(private, con.service.policy)
+    base = statement.table.joined.steps[0].table
+    assert base.joined is not None and base.joined.identity in statement.table.joined.identity
     spent = con.service.ledger.spent(con.analyst, con.service.policy.dataset)
     with pytest.raises(PrivacyError) as info:
         cur.execute(

@@ -75,8 +75,11 @@ class PerUnitSource(JoinedSource):
 
     @functools.cached_property
     def identity(self) -> str:
-        """V's whole definition (base table, WHERE, keys, aggregates, ranges, R and G)."""
-        return f"per-unit\n{self.spec!r}\n{self.steps[0].table.name}"
+        """V's whole definition (base table, WHERE, keys, aggregates, ranges, R and G), and
+        the base's own join when it is one (its name alone does not say which rows it yields)."""
+        base = self.steps[0].table
+        joined = base.joined.identity if base.joined is not None else ""
+        return f"per-unit\n{self.spec!r}\n{base.name}\n{joined}"
 
     def relation(self) -> exp.Select:
         """V as engine SQL, from the validated spec only (dpsql.frontend.per_unit.relation)."""
