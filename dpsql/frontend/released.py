@@ -35,6 +35,9 @@ class Policy(Protocol):
     """What this module reads of dpsql.policy.Policy (not imported: this module stays below
     the binder in the import graph)."""
 
+    @property
+    def tables(self) -> Any: ...
+
     def table(self, name: str) -> Any: ...
 
 
@@ -133,6 +136,20 @@ class _Classifier:
             ctes[cte.alias_or_name.lower()] = _Cte(body, ctes, self.kind(body, ctes))
         return ctes
 
+    def per_unit(self, select: exp.Select) -> bool:
+        """Grouped by a privacy unit: a per-unit relation (one row per unit,
+        dpsql.frontend.per_unit), read by a DP query like a row-level one, never a DP query
+        of its own."""
+        group = select.args.get("group")
+        if group is None:
+            return False
+        units = {
+            t.privacy_unit.lower()
+            for t in self.policy.tables.values()
+            if getattr(t, "privacy_unit", None)
+        }
+        return any(isinstance(g, exp.Column) and g.name.lower() in units for g in group.expressions)
+
     def source_kind(self, source: exp.Expression, ctes: dict[str, _Cte]) -> str:
         if isinstance(source, exp.Subquery):
             return self.kind(_unwrap(source.this), ctes)
@@ -164,7 +181,7 @@ class _Classifier:
         if kinds & {DP, POST}:
             return POST if kinds <= {DP, POST} else MIXED
         if PRIVATE in kinds:
-            return DP if is_aggregate(node) else PRIVATE
+            return DP if is_aggregate(node) and not self.per_unit(node) else PRIVATE
         return PUBLIC
 
 
@@ -192,6 +209,8 @@ def split_released_tables(tree: exp.Expression, text: str, policy: Policy) -> Re
             "b AS (...) SELECT ... FROM a JOIN b ON a.k = b.k), or filter a DP query by a DP "
             "subquery (JOIN (SELECT k AS k__ ...) s ON k = k__ ... GROUP BY k)",
         )
+    if kind == DP and isinstance(top, exp.Select):
+        return _with_scalars(top, classifier)
     if kind != POST:
         return None
     split = _Splitter(classifier)
@@ -202,6 +221,139 @@ def split_released_tables(tree: exp.Expression, text: str, policy: Policy) -> Re
     return ReleasedTables(
         tuple(split.measurements), tuple(split.names), post, tuple(_operations(post))
     )
+
+
+# Output names the binder gives unaliased items (dpsql.sql.bind._default_name).
+_AGGREGATE_NAMES = {exp.PercentileCont: "percentile_cont", exp.PercentileDisc: "percentile_disc"}
+
+
+def _default_name(node: exp.Expression, index: int) -> str:
+    if isinstance(node, exp.Column):
+        return node.name.lower()
+    if isinstance(node, exp.AggFunc):
+        return _AGGREGATE_NAMES.get(type(node), type(node).__name__.lower())
+    return f"col{index + 1}"
+
+
+def _outermost_aggregate(node: exp.Expression) -> bool:
+    """An aggregate call as a whole (with its FILTER or WITHIN GROUP), not a part of one."""
+    if isinstance(node, exp.Filter | exp.WithinGroup):
+        return isinstance(node.this, exp.AggFunc)
+    return isinstance(node, exp.AggFunc) and not isinstance(
+        node.parent, exp.Filter | exp.WithinGroup
+    )
+
+
+def _with_scalars(top: exp.Select, classifier: _Classifier) -> ReleasedTables | None:
+    """A DP query whose SELECT list, HAVING or ORDER BY reads scalar subqueries that are DP
+    queries (``SELECT k, COUNT(*) * 100.0 / (SELECT COUNT(*) FROM t) FROM t GROUP BY k``): the
+    query's keys and aggregates become measurement 0 (``__k<i>``, ``__a<j>``), each subquery
+    a measurement of its own, and the SELECT list, HAVING, ORDER BY and LIMIT are evaluated
+    over their released tables. None when it reads no such subquery."""
+    ctes = classifier.scope(top, {})
+    clauses = [*top.expressions, top.args.get("having"), top.args.get("order")]
+    scalars = [
+        q
+        for clause in clauses
+        if clause is not None
+        for q in ([clause] if isinstance(clause, exp.Select) else [])
+        + [
+            n
+            for n in clause.walk(prune=lambda n: isinstance(n, exp.Select | exp.SetOperation))
+            if isinstance(n, exp.Select | exp.SetOperation) and n is not clause
+        ]
+        if classifier.kind(q, ctes) in (DP, POST)
+    ]
+    if not scalars:
+        return None
+    for window in top.find_all(exp.Window):
+        raise classifier.refuse(
+            "a window next to a DP subquery in the same SELECT is not supported",
+            window,
+            "read the subquery's result in a CTE: WITH total AS (SELECT COUNT(*) AS n FROM t) ...",
+        )
+    # the GROUP BY keys, as expressions (ordinals and select aliases resolved)
+    items = {e.alias.lower(): e.this for e in top.expressions if isinstance(e, exp.Alias)}
+    group = top.args.get("group")
+    keys: list[exp.Expression] = []
+    for g in group.expressions if group is not None else []:
+        if isinstance(g, exp.Literal) and g.is_int and 1 <= int(g.name) <= len(top.expressions):
+            g = top.expressions[int(g.name) - 1].unalias()
+        elif isinstance(g, exp.Column) and not g.table and g.name.lower() in items:
+            g = items[g.name.lower()]
+        keys.append(g)
+    key_sql = {k.sql(dialect="duckdb"): i for i, k in enumerate(keys)}
+    marked = {id(q): j for j, q in enumerate(scalars)}
+    for q in scalars:
+        q.meta["dp_scalar"] = marked[id(q)]
+    aggregates: dict[str, int] = {}
+    found: list[exp.Expression] = []
+
+    def visit(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Select | exp.SetOperation) and "dp_scalar" in node.meta:
+            return node.copy()  # a new node: not descended into; measured below
+        if _outermost_aggregate(node):
+            sql = node.sql(dialect="duckdb")
+            if sql not in aggregates:
+                aggregates[sql] = len(found)
+                found.append(node.copy())
+            return exp.column(f"__a{aggregates[sql]}")
+        if isinstance(node, exp.Column | exp.Func | exp.Binary | exp.Case | exp.Paren):
+            index = key_sql.get(node.sql(dialect="duckdb"))
+            if index is not None:
+                return exp.column(f"__k{index}")
+        return node
+
+    post = exp.Select()
+    for i, item in enumerate(top.expressions):
+        name = item.alias if isinstance(item, exp.Alias) else _default_name(item, i)
+        post = post.select(exp.alias_(item.unalias().transform(visit), name, quoted=True))
+    having = top.args.get("having")
+    if having is not None:
+        post = post.where(having.this.transform(visit))
+    order = top.args.get("order")
+    if order is not None:
+        post.set("order", order.transform(visit))
+    for arg in ("limit", "offset", "distinct"):
+        if top.args.get(arg) is not None:
+            post.set(arg, top.args[arg].copy())
+    for q in scalars:
+        del q.meta["dp_scalar"]
+    # measurement 0: the query's own keys and aggregates
+    first = top.copy()
+    first.set(
+        "expressions",
+        [exp.alias_(k.copy(), f"__k{i}") for i, k in enumerate(keys)]
+        + [exp.alias_(a, f"__a{j}") for j, a in enumerate(found)],
+    )
+    for arg in ("having", "order", "limit", "offset", "distinct"):
+        first.set(arg, None)
+    if keys:
+        first.set("group", exp.Group(expressions=[k.copy() for k in keys]))
+    if not first.expressions:
+        first.set("expressions", [exp.alias_(exp.Count(this=exp.Star()), "__a0")])
+    split = _Splitter(classifier)
+    split.measurements.append(first)
+    split.names.append("query")
+    for node in list(post.walk()):
+        if isinstance(node, exp.Select | exp.SetOperation) and "dp_scalar" in node.meta:
+            node.meta.pop("dp_scalar")
+            target = node.parent if isinstance(node.parent, exp.Subquery) else node
+            body = split.query(node, ctes, "scalar subquery")
+            target.replace(exp.Subquery(this=body))
+    for column in post.find_all(exp.Column):
+        if (
+            not column.name.startswith(("__k", "__a"))
+            and column.find_ancestor(exp.Subquery) is None
+            and not (column.find_ancestor(exp.Order) is not None and not column.table)
+        ):
+            raise classifier.refuse(
+                f"column {column.name!r} is used outside an aggregate and not in GROUP BY",
+                column,
+                f"aggregate it (e.g. COUNT({column.name})) or add it to GROUP BY",
+            )
+    post.set("from_", exp.From(this=exp.to_table(f"{MEASURED}0")))
+    return ReleasedTables(tuple(split.measurements), tuple(split.names), post, ("scalar subquery",))
 
 
 def _linear(post: exp.Expression) -> bool:
