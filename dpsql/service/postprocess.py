@@ -1,4 +1,4 @@
-"""Post-processing over several DP queries' released tables, on a connection of its own.
+"""Post-processing over several DP queries' released tables, on a database of its own.
 
 A :class:`dpsql.sql.bind.ReleasedQuery` (dpsql.frontend.released) is measurements M1..Mk and
 one post-processing step P over their released results (a set operation, a join, windows, CTE
@@ -10,10 +10,11 @@ chains, scalar subqueries). Privacy:
    execute all -> release -> remember): when it does not fit the budget nothing runs and
    nothing is released. A failure after the charge is the uniform charged failure.
 3. P reads the released (noisy) rows only: post-processing, free. It runs on a DuckDB
-   connection of its own, opened empty for the statement (no policy table, not even an empty
-   shadow copy; external access off, configuration locked) with the released rows as typed
-   parameters. Its SQL is rendered from the validated post tree (tables ``__m0..`` and its
-   own CTEs only, functions on the post-processing whitelist), never the analyst's text.
+   database of its own that stays empty (no policy table, not even an empty shadow copy;
+   nothing is created in it; external access off, configuration locked), a cursor per
+   statement, with the released rows as CTEs over typed list parameters. Its SQL is
+   rendered from the validated post tree (tables ``__m0..`` and its own CTEs only,
+   functions on the post-processing whitelist), never the analyst's text.
    Whatever fails there fails on released values and the text only; it is still checked
    before the charge on empty tables and on one public dummy row per measurement, so a
    mistyped column or a cast that cannot work is a free refusal.
