@@ -418,3 +418,24 @@ def test_a_per_unit_relation_is_not_a_measurement_of_its_own(exact: Any) -> None
     assert isinstance(query, ReleasedQuery)
     assert query.names == ("UNION branch 1", "UNION branch 2")
     assert len(query.measurements) == 2
+
+
+def test_the_post_processing_database_is_empty_and_locked() -> None:
+    """What post-processing runs on holds no table (not even an empty shadow), reads no file
+    and cannot be reconfigured: only released values ever reach it."""
+    import duckdb
+
+    from dpsql.service.postprocess import _connection
+
+    cur = _connection()
+    try:
+        assert cur.execute("SELECT COUNT(*) FROM duckdb_tables()").fetchone() == (0,)
+        assert cur.execute("SELECT COUNT(*) FROM duckdb_views() WHERE NOT internal").fetchone() == (
+            0,
+        )
+        with pytest.raises(duckdb.Error):
+            cur.execute("SET enable_external_access = true")
+        with pytest.raises(duckdb.Error):
+            cur.execute("SELECT * FROM read_csv('/etc/hostname')")
+    finally:
+        cur.close()
