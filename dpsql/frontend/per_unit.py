@@ -93,6 +93,8 @@ _HINT = (
     "[WHERE ...] GROUP BY unit [, columns] [HAVING ...]"
 )
 _WIDEST_INT = 2**62
+# Aggregates whose range grows with the rows they read: over a pair's R kept rows only.
+_ROW_BOUNDED = ("count", "count_distinct", "sum", "sum_distinct")
 
 
 @dataclass(frozen=True)
@@ -778,7 +780,11 @@ def relation(
             ),
         )
         keep = exp.LTE(this=dr, expression=_num(spec.max_groups))
-    rows = exp.Select(expressions=[exp.Star(), exp.alias_(rn, "__rn")]).from_(source)
+    # the row number only where a COUNT or SUM reads it (a window over every row is the
+    # costly step: docs/performance.md); MIN/MAX/AVG alone read every row of a kept pair
+    counted = any(c.kind in _ROW_BOUNDED for c in spec.columns)
+    items_rows: list[Any] = [exp.Star(), *([exp.alias_(rn, "__rn")] if counted else [])]
+    rows = exp.Select(expressions=items_rows).from_(source)
     where = None
     for c in conditions:
         where = c if where is None else exp.And(this=where, expression=c)
@@ -810,7 +816,7 @@ def _aggregate_expr(col: PerUnitColumn, within: exp.Expression) -> exp.Expressio
             value = exp.Try(this=value)
         if col.row_clamp is not None:
             value = _clamp(value, *col.row_clamp)
-    if col.kind in ("count", "count_distinct", "sum", "sum_distinct"):
+    if col.kind in _ROW_BOUNDED:
         kept = value if value is not None else _num(1)
         value = exp.Case(ifs=[exp.If(this=within.copy(), true=kept)])
     node: Any
