@@ -390,6 +390,8 @@ def run_released(
                 for plan in plans
             ]
             stored = json.dumps({"measurements": encoded})
+            if any(service.data_version(p.query.table) != p.data_version for p in plans):
+                cache_key = None  # the data moved while it ran: answered, never replayed
         if cache_key is not None:
             not_cached = remember_paid(service.ledger, analyst, dataset, cache_key, stored)
         charged: Any = cost
