@@ -175,6 +175,25 @@ def test_its_share_is_charged_in_the_query_reservation(data) -> None:
     assert service.ledger.spent(conn.analyst, service.policy.dataset) == plan.cost
 
 
+@pytest.mark.parametrize("epsilon", [1.0, 0.3, 0.7, 2.2, 0.0142])
+def test_the_charge_never_exceeds_the_querys_epsilon(tmp_path: Path, epsilon: float) -> None:
+    """The shares are floats: the last bias share absorbs their rounding, so the charge is
+    the query's ε or (by < 1e-15 of it) below, never above: a query spending exactly the
+    budget that is left is answered, not refused for a rounding."""
+    rows = generated(seed=5, units=50)
+    path = write_csv(tmp_path / "t.csv", ["uid", "dept", "x"], rows)
+    pol = policy(path, epsilon=epsilon, budget_epsilon=epsilon)
+    conn = exact_connect(pol)
+    service = conn._service
+    for sql in ("SELECT SUM(x) FROM t", "SELECT dept, COUNT(*), AVG(x) FROM t GROUP BY dept"):
+        plan = service.plan(parse_statement(sql, service.policy), conn._settings)
+        assert plan.cost.exact_epsilon <= Cost(epsilon=epsilon).exact_epsilon
+        assert plan.cost.epsilon == pytest.approx(epsilon, rel=1e-15)
+    cur = conn.cursor()
+    cur.execute("SELECT dept, COUNT(*), AVG(x) FROM t GROUP BY dept")  # the whole budget
+    assert cur.fetchall() and cur.cost.epsilon == pytest.approx(epsilon, rel=1e-15)
+
+
 def test_bias_estimate_off_spends_nothing_on_it(data) -> None:
     """SET bias_estimate = off: no bias measure in the plan or its engine SQL, the whole ε on
     the answer (the same charge), no bias column or note."""

@@ -42,7 +42,7 @@ from typing import cast
 from dpsql.aggregates import KINDS, quantile_target
 from dpsql.errors import NotSupportedError, PrivacyError
 from dpsql.policy import ColumnPolicy, TablePolicy
-from dpsql.privacy.accounting import Cost
+from dpsql.privacy.accounting import Cost, exact
 from dpsql.privacy.clipping import ApproxBounds, LogHistogram
 from dpsql.privacy.mechanisms import Gaussian, Laplace, Mechanism
 from dpsql.privacy.partition import OptimalSelection, Unreleased
@@ -638,6 +638,8 @@ def build_plan(
         cost = cost + qm.cost
     for clip in clips:
         cost = cost + clip.cost
+    if bias_specs and cost.exact_rho == 0:
+        measures, cost = _bias_to_total(measures, cost, epsilon)
     plan = Plan(
         query=query,
         keys=tuple(KeyPlan(key, d) for key, d in zip(query.keys, domains, strict=True)),
@@ -915,6 +917,29 @@ def _bias_measures(
             )
         )
     return out
+
+
+def _bias_to_total(
+    measures: list[Measure], cost: Cost, epsilon: float
+) -> tuple[list[Measure], Cost]:
+    """The last bias measure's ε adjusted by what the float shares miss or exceed of the
+    query's ε as the ledger reads it (dpsql.privacy.accounting.exact): the charge is then ε
+    exactly where that share reads back exactly, else the nearest float below (never more
+    than ε: a query at the budget's edge is not refused for a rounding)."""
+    gap = exact(epsilon) - cost.exact_epsilon
+    if gap == 0:
+        return measures, cost
+    i = max(j for j, m in enumerate(measures) if m.kind in bias.KINDS)
+    m = measures[i]
+    target = exact(m.epsilon) + gap
+    if target <= 0:
+        return measures, cost
+    e = float(target)
+    while exact(e) > target:
+        e = math.nextafter(e, 0.0)
+    mech = Laplace(l1=m.l1, epsilon=e)
+    out = [*measures[:i], replace(m, epsilon=e, mechanism=mech), *measures[i + 1 :]]
+    return out, cost + Cost(epsilon=exact(e) - exact(m.epsilon))
 
 
 def _exact_units(name: str, G: int) -> Measure:
