@@ -439,3 +439,38 @@ def test_the_post_processing_database_is_empty_and_locked() -> None:
             cur.execute("SELECT * FROM read_csv('/etc/hostname')")
     finally:
         cur.close()
+
+
+@pytest.mark.parametrize(
+    ("analyst", "sql"),
+    [
+        # carol may not read diagnosis: not in a UNION branch, a CTE or a scalar subquery
+        (
+            "carol",
+            "SELECT department, COUNT(*) FROM visits GROUP BY 1 UNION ALL "
+            "SELECT diagnosis, COUNT(*) FROM visits GROUP BY 1",
+        ),
+        (
+            "carol",
+            "WITH a AS (SELECT department, COUNT(*) AS n FROM visits GROUP BY 1), "
+            "b AS (SELECT department, COUNT(DISTINCT diagnosis) AS d FROM visits GROUP BY 1) "
+            "SELECT * FROM a JOIN b ON a.department = b.department",
+        ),
+        (
+            "bob",  # bob may not read cost
+            "SELECT department, COUNT(*) / (SELECT SUM(cost) FROM visits) FROM visits GROUP BY 1",
+        ),
+        ("dave", UNION_TOTAL),  # dave reads nothing
+    ],
+)
+def test_access_rules_hold_in_every_measurement(tmp_path: Any, analyst: str, sql: str) -> None:
+    from test_authorization import write_policy
+
+    service = dpsql.Service(write_policy(tmp_path), ledger=MemoryLedger())
+    reads = Reads(service)
+    conn = service.connect(analyst)
+    with pytest.raises(PrivacyError) as info:
+        service.execute(sql, None, conn._settings, analyst)
+    assert info.value.sqlstate == "42501"
+    assert reads.count == 0 and budget(conn)["charged_epsilon"] == 0
+    service.close()
