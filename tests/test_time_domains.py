@@ -318,8 +318,8 @@ def _mirror_rows(seed: int = 5) -> list[tuple]:
 def _mirror_policy(path: Path, unit: bool) -> dict:
     cols = {
         "uid": {"type": "int", "nullable": False},
-        "d": {"type": "date", "lower": FIRST.isoformat(), "upper": "2024-02-29"},
-        "n": {"type": "int", "lower": 0, "upper": 59},
+        "d": {"type": "date", "lower": FIRST.isoformat(), "upper": "2024-02-29", "nullable": True},
+        "n": {"type": "int", "lower": 0, "upper": 59, "nullable": True},
     }
     return table_policy(
         path,
