@@ -284,9 +284,14 @@ class ColumnSpec(Section):
     ] = Field(default=_UNSET)
     nullable: Annotated[
         bool,
-        Field(description="whether NULL may occur (default true)"),
+        Field(
+            description="whether NULL is a value of the column's public domain (GROUP BY "
+            "releases a NULL group). Not declared: false for a column with declared values, "
+            "bool, bounds or days (no NULL group; dpsql check warns), true otherwise (a NULL "
+            "key is thresholded); never inferred from the data"
+        ),
         fixed("must be true or false", "write nullable = false"),
-    ] = True
+    ] = Field(default=_UNSET)
     allow: Annotated[
         list[_NAME],
         Field(
