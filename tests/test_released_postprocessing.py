@@ -474,3 +474,21 @@ def test_access_rules_hold_in_every_measurement(tmp_path: Any, analyst: str, sql
     assert info.value.sqlstate == "42501"
     assert reads.count == 0 and budget(conn)["charged_epsilon"] == 0
     service.close()
+
+
+def test_a_sum_over_released_rows_has_the_sum_of_their_bounds(noisy: Any) -> None:
+    """``SELECT SUM(n) FROM (DP query)`` (filtered or grouped again): the interval is the sum
+    of the summed rows' bounds; COUNT(*) of released rows has none."""
+    service, _ = noisy
+    per_group, _ = run(service, "SELECT department, COUNT(*) AS n FROM visits GROUP BY 1")
+    result, _ = run(
+        service,
+        "SELECT SUM(n) AS total, COUNT(*) AS groups FROM "
+        "(SELECT department, COUNT(*) AS n FROM visits GROUP BY department) AS s",
+    )
+    (total, groups), ((low, high), none) = result.rows[0], result.intervals[0]
+    assert groups == 6 and none is None
+    assert low <= total <= high and high - low > 0
+    # the same noise is not replayed (cache off): only the width is comparable
+    width = sum(iv[1][1] - iv[1][0] for iv in per_group.intervals)
+    assert high - low == pytest.approx(width)

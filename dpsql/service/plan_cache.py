@@ -94,12 +94,61 @@ class _PostPlan:
                     exp.alias_(exp.column(f"{inner.name}_bhi"), f"__bhi{j}"),
                     copy=False,
                 )
-            elif (bounds := _window_interval(inner)) is not None:
+            elif (bounds := _window_interval(inner) or _sum_interval(post, inner)) is not None:
                 low, high = bounds
                 post = post.select(
                     exp.alias_(low, f"__lo{j}"), exp.alias_(high, f"__hi{j}"), copy=False
                 )
         return post.sql(dialect=DIALECT)
+
+
+def _sum_interval(
+    post: exp.Select, node: exp.Expression
+) -> tuple[exp.Expression, exp.Expression] | None:
+    """``SUM(n)`` over a DP query's released rows (``SELECT SUM(n) FROM (SELECT k0 AS d, a0 AS
+    n FROM __released) AS s``, how an outer query over a DP subquery is composed): the sum of
+    the picked aggregate's bounds, exposed by the subquery (in ``post``, a copy) as hidden
+    columns. It holds whenever every summed value's interval does; a row without an interval
+    makes it NULL. None for anything else (a star or DISTINCT outside, DISTINCT inside)."""
+    if not isinstance(node, exp.Sum) or node.args.get("expression") is not None:
+        return None
+    column = node.this
+    source = post.args.get("from_")
+    sub = source.this if isinstance(source, exp.From) else None
+    if (
+        not isinstance(column, exp.Column)
+        or not isinstance(sub, exp.Subquery)
+        or not isinstance(sub.this, exp.Select)
+        or column.table not in ("", sub.alias_or_name)
+        or post.args.get("joins")
+        or post.args.get("distinct")
+        or sub.this.args.get("distinct")
+        or any(
+            isinstance(e, exp.Star) or (isinstance(e, exp.Column) and isinstance(e.this, exp.Star))
+            for e in post.expressions
+        )
+    ):
+        return None
+    inner = sub.this
+    picked = None
+    for item in inner.expressions:
+        if isinstance(item, exp.Alias) and item.alias.lower() == column.name.lower():
+            picked = item.this
+    if not isinstance(picked, exp.Column) or not _is_output(picked.name):
+        return None
+    bounds = []
+    for suffix in ("lo", "hi"):
+        hidden = f"__{suffix}__{column.name}"
+        if not any(isinstance(e, exp.Alias) and e.alias == hidden for e in inner.expressions):
+            inner.select(
+                exp.alias_(exp.column(f"{picked.name}_{suffix}"), hidden, quoted=True), copy=False
+            )
+        ref = exp.column(hidden, table=column.table or None, quoted=True)
+        same_rows = exp.EQ(
+            this=exp.Count(this=column.copy()), expression=exp.Count(this=ref.copy())
+        )
+        bounds.append(exp.Case(ifs=[exp.If(this=same_rows, true=exp.Sum(this=ref))]))
+    return bounds[0], bounds[1]
 
 
 # Window functions whose interval follows from their argument's: a pick of another released
