@@ -487,30 +487,37 @@ def _pums_dup_policy(csv: Path, variant: str) -> dict:
     return {"privacy": privacy, "tables": {"pums": table}}
 
 
+DEFAULTS = ("defaults", "defaults, choice kept")
+
+
 def auto_bounds_rows(data: Path, reps: int, epsilon: float = 1.0) -> list[Row]:
-    """The defaults against hand-set bounds, at ε = ``epsilon`` per query, every repetition a
-    fresh service without the answer cache: each query pays the choice of R and G (the table's
-    bounds_share, 10% of its ε) and of the clamp (clip_share, 10%) out of its own ε."""
+    """The defaults against hand-set bounds, at ε = ``epsilon`` per query. "defaults": without
+    the answer cache, so every repetition is an analyst's first query on the data version and
+    pays the choice of R and G (bounds_share, 10% of its ε) out of its own ε. "defaults, choice
+    kept": every repetition buys a fresh histogram with another statement first (the same
+    query with LIMIT 1000: its own text), then the measured query chooses R and G from it free
+    and spends its whole ε on its measures — what every query after an analyst's first sees.
+    Both pay the clamp's clip_share (10% of the rest) on every query."""
     out = []
     cases = [
-        ("visits", str(ROOT / "fixtures" / "visits.csv"), ("fixture R = 5, G = 3", "defaults")),
-        ("pums", str(data / "PUMS_dup.csv"), ("R = 1", "R = 4", "R = 4, auto clip", "defaults")),
+        ("visits", str(ROOT / "fixtures" / "visits.csv"), ("fixture R = 5, G = 3", *DEFAULTS)),
+        ("pums", str(data / "PUMS_dup.csv"), ("R = 1", "R = 4", "R = 4, auto clip", *DEFAULTS)),
     ]
     for table, csv, variants in cases:
         con = duckdb.connect()
         con.execute(f"CREATE TABLE {table} AS SELECT * FROM read_csv_auto('{csv}')")
         for variant in variants:
-            if table == "visits":
-                pol = _fixture_policy(variant)
-            else:
-                pol = _pums_dup_policy(Path(csv), variant)
+            kept = variant == "defaults, choice kept"
+            base = "defaults" if kept else variant
+            pol = _fixture_policy(base) if table == "visits" else _pums_dup_policy(Path(csv), base)
+            ledger = MemoryLedger()
             pol["privacy"]["epsilon"] = epsilon
             with (
                 warnings.catch_warnings(),
                 dpsql.connect(
                     policy=pol,
-                    ledger=MemoryLedger(),
-                    cache=False,
+                    ledger=ledger,
+                    cache=kept,
                     noise=SeededNoise(int(epsilon * 1000) + 17),
                 ) as conn,
             ):
@@ -520,12 +527,18 @@ def auto_bounds_rows(data: Path, reps: int, epsilon: float = 1.0) -> list[Row]:
                     true = truth(con, sql)
                     samples = []
                     for _ in range(reps):
+                        if kept:  # a fresh histogram, bought by another statement
+                            ledger._cache.clear()
+                            cur.execute(sql + " LIMIT 1000")
+                            cur.fetchall()
                         cur.execute(sql)
                         samples.append(errors({r[0]: float(r[1]) for r in cur.fetchall()}, true))
                     label = f"{table}_dup" if table == "pums" else table
                     method = variant
                     if variant == "defaults":
-                        method = "defaults: R, G auto (10% of ε), clip auto q = 0.9 (10% of ε)"
+                        method = "defaults, first query: R, G auto (pays 10% of ε), clip auto"
+                    elif kept:
+                        method = "defaults, later queries: R, G from the kept histogram, clip auto"
                     out.append(summarise(f"{label}: {name}", epsilon, method, SQL, samples, reps))
         con.close()
     return out
