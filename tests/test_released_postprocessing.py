@@ -489,6 +489,7 @@ def test_a_sum_over_released_rows_has_the_sum_of_their_bounds(noisy: Any) -> Non
     (total, groups), ((low, high), none) = result.rows[0], result.intervals[0]
     assert groups == 6 and none is None
     assert low <= total <= high and high - low > 0
-    # the same noise is not replayed (cache off): only the width is comparable
+    # another release (cache off): only the width is comparable, and each interval is itself
+    # simulated, so roughly
     width = sum(iv[1][1] - iv[1][0] for iv in per_group.intervals)
-    assert high - low == pytest.approx(width)
+    assert high - low == pytest.approx(width, rel=0.25)
