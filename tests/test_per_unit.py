@@ -20,6 +20,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from sqlglot import exp
 from test_frontend_audit import first_value, pair, run_queries, sum_audit
 from test_privacy_audit import EXTRA, RUNS, R, exact_values, rows_d, write_csv
 
@@ -321,6 +322,41 @@ def test_the_worst_case_unit_moves_a_sum_of_sums_by_its_per_unit_range(neighbour
     )
     assert 0 < moved <= R * 50.0 + 1e-9
     assert d.plan.query.table.columns["s"].upper == R * 50.0
+
+
+def test_the_per_unit_relation_bounds_rows_before_aggregating(tmp_path: Path) -> None:
+    """V itself, run in DuckDB on D′: the worst-case unit (2(R + 1) rows, each far above the
+    bound, in two departments) has one row whose COUNT(*) is R, SUM R · 50 (its R kept rows,
+    each clamped), MAX 50 over every row; with the department as an extra key, G rows of R
+    rows each. Without bounding before aggregating these would be 2(R + 1) and (R + 1) · 50."""
+    from test_privacy_audit import G, policy
+
+    from dpsql.policy import load_policy
+    from dpsql.sql.bind import parse_statement
+    from dpsql.sql.compile import is_secret, render
+
+    source = write_csv(tmp_path / "d2.csv", rows_d() + EXTRA)
+    loaded = load_policy(policy(source, "laplace"))
+    con = duckdb.connect()
+    con.execute(f"CREATE VIEW t AS SELECT * FROM read_csv_auto('{source}')")
+
+    def v_rows(sql: str) -> list[tuple]:
+        table = parse_statement(sql, loaded).table
+        tree = table.joined.relation().transform(
+            lambda n: exp.Literal.number(12345) if is_secret(n) else n
+        )
+        return con.execute(render(tree, "duckdb") + " ORDER BY ALL").fetchall()
+
+    one = v_rows(
+        "SELECT COUNT(*) FROM (SELECT pid, COUNT(*) AS n, SUM(amount) AS s, MAX(amount) AS m "
+        "FROM t GROUP BY pid) u"
+    )
+    assert [r for r in one if r[0] == 999] == [(999, R, R * 50.0, 50.0)]
+    assert all(r[1] <= R for r in one)
+    keyed = v_rows(
+        "SELECT COUNT(*) FROM (SELECT pid, dept, COUNT(*) AS n FROM t GROUP BY pid, dept) u"
+    )
+    assert [r for r in keyed if r[0] == 999] == [(999, "c", R), (999, "d", R)][:G]
 
 
 @pytest.mark.slow
