@@ -125,6 +125,26 @@ def test_count_distinct_over_per_unit_values_and_having(conn) -> None:
     assert abs(n - exact) <= 30
 
 
+def test_a_chain_over_a_per_unit_relation_and_a_window_over_its_dp_query(conn) -> None:
+    """A row-level CTE over V is inlined; a DP query over V is post-processed like any other
+    (a running total of the cohort)."""
+    chain = (
+        "WITH first AS (SELECT patient_id, MIN(DATE_TRUNC('month', visit_date)) AS m FROM visits "
+        "GROUP BY patient_id), early AS (SELECT m FROM first WHERE m < DATE '2025-01-01') "
+        "SELECT m, COUNT(*) AS n FROM early GROUP BY m ORDER BY m"
+    )
+    rows = conn.cursor().execute(chain).fetchall()
+    assert len(rows) == 12  # the months of 2024 only: the WHERE restricts the public domain
+    running = (
+        "SELECT m, n, SUM(n) OVER (ORDER BY m) AS total FROM (SELECT m, COUNT(*) AS n FROM "
+        "(SELECT patient_id, MIN(DATE_TRUNC('month', visit_date)) AS m FROM visits "
+        "GROUP BY patient_id) f GROUP BY m) c ORDER BY m"
+    )
+    rows = conn.cursor().execute(running).fetchall()
+    assert len(rows) == 24
+    assert rows[-1][2] == pytest.approx(sum(r[1] for r in rows))
+
+
 def test_sum_distinct_per_unit(conn) -> None:
     """SUM(DISTINCT x) per unit: the distinct values among a unit's R kept rows, in SUM's
     range; the outer query reads it like any per-unit SUM."""
