@@ -493,17 +493,3 @@ def test_a_sum_over_released_rows_has_the_sum_of_their_bounds(noisy: Any) -> Non
     # simulated, so roughly
     width = sum(iv[1][1] - iv[1][0] for iv in per_group.intervals)
     assert high - low == pytest.approx(width, rel=0.25)
-
-
-def test_scalar_dp_subqueries_without_from(exact: Any) -> None:
-    """``SELECT (SELECT COUNT(*) FROM visits) AS n, (SELECT AVG(age) FROM visits) AS a``: two
-    measurements, one reservation; a scalar subquery over private rows stays refused."""
-    service, _ = exact
-    result, conn = run(
-        service, "SELECT (SELECT COUNT(*) FROM visits) AS n, (SELECT AVG(age) FROM visits) AS a"
-    )
-    assert budget(conn)["charged_epsilon"] == pytest.approx(result.cost.epsilon)
-    assert [d[0] for d in result.description] == ["n", "a"]
-    assert result.rows[0][0] == sum(counts(service).values())
-    with pytest.raises(PrivacyError):
-        run(service, "SELECT (SELECT age FROM visits LIMIT 1)")
