@@ -80,12 +80,10 @@ def test_optimal_release_rate_is_pi_of_n(sized):
 def test_threshold_release_rate_is_its_noise_tail(sized):
     conn = _connect(sized, seed=12)
     conn.cursor().execute("SET partition_selection = 'threshold'")
-    # the query's plan is _plan's (no bias share): the fitted p(τ − 1) depends on the ε
-    conn.cursor().execute("SET bias_estimate = off")
     keys = _released(conn, "SELECT name, COUNT(*) FROM t GROUP BY name")
     plan = _plan(conn, "SELECT name, COUNT(*) FROM t GROUP BY name", "threshold")
     units = plan.measure(plan.threshold.measure)
-    supp = threshold_suppression(units.mechanism, plan.threshold.tau, plan.threshold.below)
+    supp = threshold_suppression(units.mechanism, plan.threshold.tau)
     for prefix, n in (("a", 4), ("b", 5)):
         rate = sum(k.startswith(prefix) for k in keys) / GROUPS
         p = 1 - supp(n)
@@ -209,6 +207,7 @@ def test_suppression_probability_per_released_group(sized):
     conn = _connect(sized, seed=4)
     cur = conn.cursor()
     cur.execute("SET partition_selection = 'optimal'")
+    cur.execute("SET bias_estimate = off")  # _plan's split (the selection's share of ε)
     cur.execute("SELECT name, COUNT(*), dp_suppression_probability() FROM t GROUP BY name")
     rows = cur.fetchall()
     plan = _plan(conn, "SELECT name, COUNT(*) FROM t GROUP BY name", "optimal")

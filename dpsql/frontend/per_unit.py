@@ -337,9 +337,6 @@ class _Builder:
             unit_path=(),
             rows=None,
             joined=joined,
-            # V's bounds are its own (1, or G with extra keys), never chosen per query; an
-            # "auto" bound of the base is read above at its cap (the largest it may be chosen)
-            auto_bounds=(),
         )
         relation = exp.Select(
             expressions=[

@@ -44,9 +44,10 @@ from dpsql.errors import NotSupportedError, PrivacyError
 from dpsql.policy import ColumnPolicy, TablePolicy
 from dpsql.privacy.accounting import Cost, exact
 from dpsql.privacy.clipping import ApproxBounds, LogHistogram
-from dpsql.privacy.mechanisms import Gaussian, Laplace, Mechanism, threshold_below
+from dpsql.privacy.mechanisms import Gaussian, Laplace, Mechanism
 from dpsql.privacy.partition import OptimalSelection, Unreleased
 from dpsql.privacy.quantiles import Grid
+from dpsql.privacy.samplers import SecureNoise
 from dpsql.sql import bias, sharing
 from dpsql.sql.bind import QUANTILE_KINDS, AggregateCall, BoundQuery, GroupKey
 
@@ -221,9 +222,6 @@ class Threshold:
     measure: str  # the units measure it reads
     tau: float
     delta: float
-    # a key whose noisy count is τ − 1 is kept with this probability, so the threshold spends
-    # all of ``delta`` (dpsql.privacy.mechanisms.threshold_below)
-    below: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -561,17 +559,32 @@ def build_plan(
             OutputAggregate(call, tuple(names[p] for p in parts), lower=lower, upper=upper)
         )
 
-    measures += _bias_measures(
+    cut = _bias_measures(
         query, bias_specs, bias_epsilon, len(measures), R, G, bounding, group_scaling
     )
+    if not all(_drawable(m.mechanism) for m in cut):
+        # at an ε so small that a bias measure's noise cannot be drawn (its share is a tenth
+        # of ε, its sensitivity C·M): the query as if bias_estimate were off, not a refusal
+        return build_plan(
+            query,
+            domains,
+            epsilon=epsilon,
+            delta=delta,
+            mechanism=mechanism,
+            data_version=data_version,
+            quantile_method=quantile_method,
+            partition_selection=partition_selection,
+            engine=engine,
+            store=store,
+            bias_estimate=False,
+        )
+    measures += cut
 
     threshold = None
     if selection is not None and selection.mode == "threshold":
         units = measures[specs.index(("units", None))]
-        mech = cast(Mechanism, units.mechanism)
-        tau = mech.threshold(threshold_delta, G)
-        below = threshold_below(mech, tau, threshold_delta, G)
-        threshold = Threshold(measure=units.name, tau=tau, delta=threshold_delta, below=below)
+        tau = units.mechanism.threshold(threshold_delta, G)  # type: ignore[union-attr]
+        threshold = Threshold(measure=units.name, tau=tau, delta=threshold_delta)
 
     quantiles = []
     for i, (column, found) in enumerate(quantile_targets.items()):
@@ -820,8 +833,7 @@ def _choose_layout(
                     l2=math.sqrt(G), epsilon=eps_u, delta=(delta - threshold_delta) / k
                 )
             tau = units.threshold(threshold_delta, G)
-            below = threshold_below(units, tau, threshold_delta, G)
-            n_half = sharing.half_keep(sharing.threshold_suppression(units, tau, below))
+            n_half = sharing.half_keep(sharing.threshold_suppression(units, tau))
             error = _output_error(query, specs, output_specs, R, shares)
             candidates.append((n_half, error, specs, output_specs, shares, None))
         else:
@@ -923,6 +935,17 @@ def _bias_measures(
             )
         )
     return out
+
+
+def _drawable(mechanism: Mechanism | Unreleased) -> bool:
+    """Whether the exact sampler can draw this noise and its interval be found (what the
+    service's free pre-run check asks of every measure)."""
+    try:
+        mechanism.sample(SecureNoise(), 0)
+        mechanism.interval_halfwidth()
+    except (ValueError, OverflowError):
+        return False
+    return True
 
 
 def _bias_to_total(
