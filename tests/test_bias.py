@@ -13,12 +13,13 @@ from __future__ import annotations
 import io
 import math
 import random
+import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import exact_connect, fixture_policy, table_policy, write_csv
+from conftest import FIXTURE_CSV, exact_connect, fixture_policy, table_policy, write_csv
 
 import dpsql
 from dpsql.commands import run_statement
@@ -27,6 +28,9 @@ from dpsql.privacy.audit import audit, threshold_events
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import SeededNoise
 from dpsql.server.backend import DpBackend
+from dpsql.server.server import Server, ServerThread
+from dpsql.server.testing import RawClient
+from dpsql.server.users import UserStore, users_path
 from dpsql.sql import bias
 from dpsql.sql.bind import parse_statement
 from dpsql.sql.compile import compile_plan
@@ -348,6 +352,33 @@ def test_the_wire_protocol_sends_a_notice() -> None:
     outcome = DpBackend(conn).execute("SELECT COUNT(*) AS n FROM visits", None)
     texts = [text for severity, code, text in outcome.notices if severity == "NOTICE"]
     assert any(t.startswith("dpsql: bias: n is computed from bounded rows") for t in texts)
+
+
+def test_a_wire_client_gets_the_notice_end_to_end(tmp_path: Path) -> None:
+    """Over the real PostgreSQL protocol (RawClient, SCRAM login): the NOTICE arrives with
+    the rows, and SET bias_estimate = off over the wire removes it."""
+    for name in ("visits.toml", "visits.csv"):
+        shutil.copy(FIXTURE_CSV.parent / name, tmp_path / name)
+    policy_path = tmp_path / "visits.toml"
+    users = UserStore(users_path(policy_path))
+    users.add("alice", "pw")
+    service = dpsql.Service(policy_path, cache=False, ledger=MemoryLedger())
+    thread = ServerThread(lambda: Server(service, UserStore(users_path(policy_path))))
+    thread.start()
+    try:
+        client = RawClient("127.0.0.1", thread.port)
+        assert client.login("alice", "pw").status == "I"
+        reply = client.query("SELECT COUNT(*) AS n FROM visits")
+        said = [n.get("M", "") for n in reply.notices()]
+        assert any(m.startswith("dpsql: bias: n is computed from bounded rows") for m in said)
+        assert any(m.startswith("dpsql: charged") for m in said)
+        client.query("SET bias_estimate = off")
+        reply = client.query("SELECT COUNT(*) AS n FROM visits")
+        assert not [n for n in reply.notices() if "bias:" in n.get("M", "")]
+        client.sock.close()
+    finally:
+        thread.stop()
+        service.close()
 
 
 def test_explain_says_beforehand_what_the_bounds_may_cut() -> None:
