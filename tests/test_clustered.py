@@ -12,6 +12,7 @@ source), including a new data version, which the old store must never answer.
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import time
 
@@ -299,3 +300,33 @@ def test_the_compiled_pass_reads_the_same_arrays_whatever_the_where_keeps(
     finally:
         svc.close()
     assert all(s == seen[0] for s in seen) and seen[0]
+
+
+def test_closing_or_exiting_while_a_store_is_built(tmp_path):
+    """A build still reading is interrupted and waited for: close() does not meet DuckDB's
+    'connection is busy' refusal, and a process that exits mid-build exits cleanly (a thread
+    inside DuckDB at interpreter exit used to abort it)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "v.parquet"
+    _parquet(path, 300_000, 1)
+    for delay in (0.0, 0.3):
+        svc = Service(load_policy(_large_policy(path)), ledger=MemoryLedger(), cache=False)
+        time.sleep(delay)
+        svc.close()  # raises nothing
+    script = (
+        "import json, sys, time\n"
+        "from dpsql.pipeline import Service\n"
+        "from dpsql.privacy.ledger import MemoryLedger\n"
+        "svc = Service(json.loads(sys.argv[1]), ledger=MemoryLedger(), cache=False)\n"
+        "time.sleep(float(sys.argv[2]))\n"
+    )
+    for delay in ("0", "0.3"):
+        proc = subprocess.run(
+            [sys.executable, "-c", script, json.dumps(_large_policy(path)), delay],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]

@@ -8,12 +8,15 @@ After loading, the connection is sealed: only the policy's own files stay readab
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import hashlib
 import logging
 import shutil
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -127,9 +130,12 @@ class DuckDBEngine:
         self._con.execute("SET lock_configuration = true")
         self._closed = False
         self._builds: dict[str, threading.Thread] = {}
+        self._build_cursors: dict[str, duckdb.DuckDBPyConnection] = {}
         self._build_lock = threading.Lock()
         for table in self._large_tables():
             self._start_build(table)
+        if self._builds:
+            _BUILDING.add(self)
         if self.columns:
             columnar.warm_up_later()  # compile (or load from numba's cache) the kernels
 
@@ -167,10 +173,16 @@ class DuckDBEngine:
         started = time.perf_counter()
         version = self.versions.get(table.name, "")
         try:
-            cursor = self._con.cursor()
+            with self._build_lock:
+                if self._closed:
+                    return
+                cursor = self._con.cursor()
+                self._build_cursors[table.name] = cursor
             try:
                 store = columnar.load_clustered(cursor, table, version or "", LARGE_ROWS)
             finally:
+                with self._build_lock:
+                    self._build_cursors.pop(table.name, None)
                 cursor.close()
             columnar.warm_up()
         except Exception as exc:  # the SQL plans stay: the operator's log says why
@@ -526,14 +538,35 @@ class DuckDBEngine:
             return np.zeros((0, 0), dtype=np.int64)
         return canonical_rows(np.column_stack(arrays))
 
-    def close(self) -> None:
+    def _stop_builds(self) -> None:
+        """Interrupt the builds still reading and wait for them: DuckDB refuses to close a
+        connection one of its cursors is busy on, and a thread inside DuckDB when the
+        interpreter exits aborts the process (so this also runs at exit)."""
         with self._build_lock:
             self._closed = True
+            for cursor in self._build_cursors.values():
+                with contextlib.suppress(duckdb.Error):
+                    cursor.interrupt()
+        for thread in list(self._builds.values()):
+            thread.join()
+
+    def close(self) -> None:
+        self._stop_builds()
         for info in self.stores:
             prepared.unregister(info)
         self.stores = []
         self._con.close()
         shutil.rmtree(self._spill, ignore_errors=True)
+
+
+# engines with background builds, stopped at exit (DuckDBEngine._stop_builds)
+_BUILDING: weakref.WeakSet[DuckDBEngine] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all_builds() -> None:
+    for engine in list(_BUILDING):
+        engine._stop_builds()
 
 
 def _describe_load_error(exc: Exception) -> str:
