@@ -213,6 +213,18 @@ REFUSED = [
         None,
     ),
     (
+        "SELECT AVG(s) FROM (SELECT patient_id, SUM(cost) AS s FROM visits "
+        "GROUP BY patient_id WITH ROLLUP) t",
+        "ROLLUP/CUBE/GROUPING SETS are not supported",
+        None,
+    ),
+    (
+        "SELECT AVG(s) FROM (SELECT patient_id, SUM(cost) AS s FROM visits "
+        "GROUP BY patient_id, ROLLUP(department)) t",
+        "groups by the privacy unit and plain columns",
+        None,
+    ),
+    (
         "SELECT SUM(DISTINCT s) FROM (SELECT patient_id, SUM(cost) AS s FROM visits "
         "GROUP BY patient_id) t",
         "DISTINCT is only supported in COUNT(DISTINCT column)",
@@ -255,6 +267,23 @@ def test_refusals_read_nothing_and_spend_nothing(conn, sql, message, construct) 
     assert calls == []
     assert conn.service.ledger.spent(conn.analyst, conn.service.policy.dataset) == spent
     assert spent is None or isinstance(spent, Cost)
+
+
+def test_an_auto_bound_is_read_at_its_cap_inside_a_per_unit_relation(tmp_path: Path) -> None:
+    """max_rows_per_unit = "auto": V bounds each unit at the cap (64, the largest the choice
+    may return), a valid bound; V itself is never given a chosen bound (1 row per unit)."""
+    shutil.copy(FIXTURES / "visits.csv", tmp_path / "visits.csv")
+    text = (FIXTURES / "visits.toml").read_text()
+    text = text.replace("max_rows_per_unit = 5 ", 'max_rows_per_unit = "auto" ')
+    (tmp_path / "visits.toml").write_text(text)
+    con = dpsql.connect(policy=str(tmp_path / "visits.toml"), ledger=str(tmp_path / "l.db"))
+    explain = "EXPLAIN (FORMAT TEXT) " + PER_USER
+    lines = [r[0] for r in con.cursor().execute(explain).fetchall()]
+    assert any("PerUnit visits GROUP BY patient_id" in x and "(R = 64, G = 3)" in x for x in lines)
+    assert any("Bound per patient_id: <= 1 rows per group, <= 1 groups" in x for x in lines)
+    ((a,),) = con.cursor().execute(PER_USER).fetchall()
+    assert a is not None
+    con.close()
 
 
 STAR = FIXTURES / "star" / "star.toml"

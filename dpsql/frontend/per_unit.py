@@ -249,6 +249,16 @@ class _Builder:
                 "aggregate per unit once, over a table that holds the unit column",
                 construct=snippet(self.source),
             )
+        group = self.inner.args["group"]
+        extra = next(
+            (k for k in ("rollup", "cube", "grouping_sets", "totals") if group.args.get(k)), None
+        )
+        if extra is not None:
+            raise self.refuse(
+                "ROLLUP/CUBE/GROUPING SETS are not supported",
+                group,
+                "send one query per grouping",
+            )
         for arg, word in _REFUSED_CLAUSES.items():
             if self.inner.args.get(arg):
                 node = self.inner.args[arg]
@@ -337,6 +347,9 @@ class _Builder:
             unit_path=(),
             rows=None,
             joined=joined,
+            # V's bounds are its own (1, or G with extra keys), never chosen per query; an
+            # "auto" bound of the base is read above at its cap (the largest it may be chosen)
+            auto_bounds=(),
         )
         relation = exp.Select(
             expressions=[
