@@ -233,3 +233,72 @@ def test_rule_list_that_spends_nothing_says_nothing():
     with warnings.catch_warnings():
         warnings.simplefilter("error", UnrecordedSpendWarning)
         DPGreedyRuleList(mechanism="none", max_length=2).fit(X, y)
+
+
+# --- bounds="auto": DP bounds bought with a stated share of the fit's ε ----------------------
+
+
+def test_auto_bounds_bins_are_public_and_signed():
+    from dpsql.models import approx_bounds as ab
+
+    x = np.array([0.0, 3.0, -3.0, 1e300, -1e300, np.nan, 2.0**-20])
+    idx = ab.bin_index(x)
+    assert idx[5] == -1 and idx[0] == idx[6] == ab.N_SIDE  # NaN: no bin; ~0: the zero bin
+    assert (ab.LOWER_EDGES[idx[1]], ab.UPPER_EDGES[idx[1]]) == (2.0, 4.0)
+    assert (ab.LOWER_EDGES[idx[2]], ab.UPPER_EDGES[idx[2]]) == (-4.0, -2.0)
+    assert idx[3] == ab.N_BINS - 1 and idx[4] == 0  # beyond ±2^48: the outermost bins
+    assert np.all(ab.LOWER_EDGES < ab.UPPER_EDGES)
+
+
+def test_auto_bounds_histogram_moves_by_at_most_r_per_feature():
+    """The sensitivity the noise is calibrated to: adding a unit of R rows changes each
+    feature's bin counts by at most R in L1 (so R·d over the d features)."""
+    from dpsql.models import approx_bounds as ab
+    from dpsql.models import dpsgd
+
+    rng = np.random.default_rng(4)
+    X = rng.normal(0, 1e3, (300, 3))
+    extra = np.array([[1e9, -1e-9, 5.0]] * 7)  # one unit with 7 rows; R = 3 of them count
+    units = np.r_[np.arange(300), np.full(7, 999)]
+    R = 3
+
+    def hist(data, ids):
+        rows = dpsgd.unit_rows(ids, len(data), R)
+        kept = data[rows[rows >= 0]]
+        return np.stack(
+            [np.bincount(ab.bin_index(kept[:, j]), minlength=ab.N_BINS) for j in range(3)]
+        )
+
+    before = hist(X, np.arange(300))
+    after = hist(np.vstack([X, extra]), units)
+    assert np.abs(after - before).sum(axis=1).tolist() == [R, R, R]
+
+
+def test_auto_bounds_fit_charges_the_whole_epsilon_once():
+    X, y = raw_data()
+    acct = account()
+    est = DPLogisticRegression(
+        epsilon=4, delta=1e-6, bounds="auto", ledger=acct, random_state=0
+    ).fit(X, y)
+    lo, hi = est.bounds_
+    assert lo[0] <= 18 and hi[0] >= 90 and lo[1] >= 0 and hi[1] >= 200_000  # powers of two
+    assert est.bounds_cost_.epsilon == pytest.approx(0.4)
+    assert est.mechanism_.config.epsilon == pytest.approx(3.6)
+    assert est.cost_ == Cost(4, 1e-6) == acct.ledger.spent("alice", "ds")
+    assert len(acct.ledger.log) == 1  # type: ignore[attr-defined]
+    majority = max(y.mean(), 1 - y.mean())
+    assert est.score(X, y) > majority + 0.02
+    assert est.model(["age", "income"]).upper == tuple(hi)  # released with the model
+
+
+def test_auto_bounds_linear_sufficient_statistics():
+    rng = np.random.default_rng(7)
+    X = np.column_stack([rng.uniform(0, 1000, 5000), rng.uniform(-50, 50, 5000)])
+    y = 2.0 + 0.01 * X[:, 0] - 0.05 * X[:, 1] + rng.normal(0, 0.5, 5000)
+    acct = account(epsilon=20)
+    est = DPLinearRegression(
+        epsilon=8, delta=1e-6, bounds="auto", label_bounds=(-10, 30), ledger=acct,
+        random_state=1, intervals=False,
+    ).fit(X, y)  # fmt: skip
+    assert est.cost_ == Cost(8, 1e-6) == acct.ledger.spent("alice", "ds")
+    assert est.score(X, y) > 0.8

@@ -6,8 +6,10 @@
 without importing it, and are clone-able. Features are clipped to their declared ``bounds``
 and scaled to [−1, 1]; the linear label likewise to ``label_bounds``. Both must be given: a
 default range would clip silently (a [0, 1] default made a fit on raw data predict the majority
-class), so a fit without them is refused, free, with the fix. Both land on the lattice 2⁻¹⁰ the
-SQL path uses, so the estimator and ``dp_linear_regression`` fit the same design.
+class), so a fit without them is refused, free, with the fix; ``bounds="auto"`` buys DP
+feature bounds with 10% of ε instead (:mod:`dpsql.models.approx_bounds`). Both land on the
+lattice 2⁻¹⁰ the SQL path uses, so the estimator and ``dp_linear_regression`` fit the same
+design.
 
 ``ledger=`` (a dpsql connection, a Service with ``analyst=``, or a
 :class:`~dpsql.privacy.spend.LedgerAccount`) charges the fit's cost before it reads X; without
@@ -26,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from dpsql.errors import PrivacyError
-from dpsql.models import dpsgd
+from dpsql.models import approx_bounds, dpsgd
 from dpsql.models import sufficient_stats as ss
 from dpsql.privacy import spend
 from dpsql.privacy.accounting import Cost
@@ -56,7 +58,12 @@ def _bounds(
             "sensitivity, so a default range would clip silently",
             construct=what,
             hint=f"pass {what}=(lower, upper) from public knowledge, not from the data, one "
-            f"value or one list entry per column, e.g. {example}",
+            f"value or one list entry per column, e.g. {example}"
+            + (
+                ", or bounds='auto' (10% of epsilon buys DP bounds, docs/regression.md)"
+                if what == "bounds"
+                else ""
+            ),
         )
     try:
         lo_, hi_ = bounds
@@ -228,7 +235,8 @@ class _Params:
         """Charge the fit's cost before it reads X (or warn that no ledger records it)."""
         name = type(self).__name__
         text = spend.params_text(name, self.get_params())
-        spend.charge(account, cost, f"{name}.fit", text, stacklevel=4)  # fit -> _pay -> charge
+        # fit -> _pay_and_bound -> _pay -> charge: the warning names the caller of fit
+        spend.charge(account, cost, f"{name}.fit", text, stacklevel=5)
 
     def _source(self) -> NoiseSource:
         rs = self.random_state  # type: ignore[attr-defined]
@@ -238,9 +246,8 @@ class _Params:
         d = self.delta  # type: ignore[attr-defined]
         return float(d) if d is not None else 1.0 / max(n, 2) ** 2
 
-    def _prepare(
-        self, X: Any, groups: Any
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    def _prepare(self, X: Any, groups: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(X as floats, the (units × R) row matrix); declared bounds checked into bounds_."""
         if self.bounds is None:  # type: ignore[attr-defined]
             _bounds(None, 0)  # refused before X is read
         names = [str(c) for c in X.columns] if hasattr(X, "columns") else None
@@ -248,16 +255,47 @@ class _Params:
         if X.ndim != 2:
             raise ValueError("X must be 2-dimensional")
         d = X.shape[1]
-        lo, hi = _bounds(self.bounds, d)  # type: ignore[attr-defined]
+        if not self._auto_bounds():
+            self.bounds_ = _bounds(self.bounds, d)  # type: ignore[attr-defined]
         rows = dpsgd.unit_rows(groups, len(X), self.rows_per_unit)  # type: ignore[attr-defined]
         self.n_features_in_ = d
         self.feature_names_in_ = names or [f"x{i}" for i in range(d)]
-        self.bounds_ = (lo, hi)
-        return X, lo, hi, rows, self.feature_names_in_
+        return X, rows
+
+    def _auto_bounds(self) -> bool:
+        bounds = self.bounds  # type: ignore[attr-defined]
+        return isinstance(bounds, str) and bounds == "auto"
+
+    def _fit_epsilon(self) -> float:
+        """The ε the model's mechanism gets: all of it, or what ``bounds="auto"`` leaves."""
+        epsilon = float(self.epsilon)  # type: ignore[attr-defined]
+        return epsilon * (1 - approx_bounds.SHARE) if self._auto_bounds() else epsilon
+
+    def _pay_and_bound(
+        self,
+        account: spend.LedgerAccount | None,
+        cost: Cost,
+        X: np.ndarray,
+        rows: np.ndarray,
+        source: NoiseSource,
+    ) -> tuple[np.ndarray, np.ndarray, Cost]:
+        """Charge the fit (the model's ``cost``, plus the bounds' share under "auto"), then
+        the feature bounds: declared, or chosen privately (dpsql.models.approx_bounds)."""
+        if not self._auto_bounds():
+            self._pay(account, cost)
+            return self.bounds_[0], self.bounds_[1], cost
+        # exact rationals: the share and the model's part add up to the ε asked for
+        share = Cost(float(self.epsilon)) + -Cost(self._fit_epsilon())  # type: ignore[attr-defined]
+        total = share + cost
+        self._pay(account, total)
+        r = int(self.rows_per_unit)  # type: ignore[attr-defined]
+        self.bounds_ = approx_bounds.approximate_bounds(X, rows, r, share.epsilon, source)
+        self.bounds_cost_ = share
+        return self.bounds_[0], self.bounds_[1], total
 
     def _dpsgd_config(self, delta: float) -> dpsgd.DPSGDConfig:
         return dpsgd.DPSGDConfig(
-            epsilon=float(self.epsilon),  # type: ignore[attr-defined]
+            epsilon=self._fit_epsilon(),
             delta=delta,
             steps=int(self.steps),  # type: ignore[attr-defined]
             sample_rate=float(self.sample_rate),  # type: ignore[attr-defined]
@@ -349,9 +387,8 @@ class DPLinearRegression(_Params):
             raise ValueError(f"method must be one of {METHODS}")
         account = self._account()
         (ylo,), (yhi,) = _bounds(self.label_bounds, 1, "label_bounds", "label_bounds=(0, 5000)")
-        X, lo, hi, rows, _ = self._prepare(X, groups)
+        X, rows = self._prepare(X, groups)
         keep = rows[rows >= 0]
-        Z = design(X, lo, hi)
         ys = scale_to_lattice(np.asarray(y, dtype=np.float64)[:, None], ylo, yhi)[:, 0]
         source = self._source()
         delta = self._delta(len(keep))
@@ -360,11 +397,11 @@ class DPLinearRegression(_Params):
         plan: ss.StatsPlan | dpsgd.DPSGDPlan
         if self.method == "sufficient_stats":
             plan = ss.plan_sufficient_stats(
-                float(self.epsilon), delta, X.shape[1], int(self.rows_per_unit), self.noise
+                self._fit_epsilon(), delta, X.shape[1], int(self.rows_per_unit), self.noise
             )
             ss.check_drawable(plan)
-            self._pay(account, plan.cost)
-            released = ss.noisy_statistics(plan, Z[keep], ys[keep], source)
+            lo, hi, cost = self._pay_and_bound(account, plan.cost, X, rows, source)
+            released = ss.noisy_statistics(plan, design(X[keep], lo, hi), ys[keep], source)
             ridge = ss.default_ridge(plan) if self.ridge is None else float(self.ridge)
             xtx, xty, _ = ss.unpack(plan, released)
             w = ss.ridge_solve(xtx, xty, ridge)
@@ -376,7 +413,8 @@ class DPLinearRegression(_Params):
             self.n_noisy_ = float(xtx[0, 0])
         else:
             plan = dpsgd.plan_dpsgd(self._dpsgd_config(delta))
-            self._pay(account, plan.cost)
+            lo, hi, cost = self._pay_and_bound(account, plan.cost, X, rows, source)
+            Z = design(X, lo, hi)
             with fit_progress(plan.config.steps, "DP-SGD", self.verbose) as advance:
                 w, self.n_noisy_ = dpsgd.train_dpsgd(
                     plan, "squared", Z, ys, rows, source, check=advance
@@ -384,7 +422,7 @@ class DPLinearRegression(_Params):
         b0, bc = unscale(w, lo, hi, label)
         self.intercept_, self.coef_ = float(b0[0]), bc[0]
         self.mechanism_ = plan
-        self.cost_ = plan.cost
+        self.cost_ = cost
         return self
 
     def predict(self, X: Any) -> np.ndarray:
@@ -446,7 +484,7 @@ class DPLogisticRegression(_Params):
 
     def fit(self, X: Any, y: Any, groups: Any = None) -> DPLogisticRegression:
         account = self._account()
-        X, lo, hi, rows, _ = self._prepare(X, groups)
+        X, rows = self._prepare(X, groups)
         y = np.asarray(y)
         classes = np.unique(y)
         if len(classes) != 2:
@@ -455,15 +493,16 @@ class DPLogisticRegression(_Params):
         y01 = (y == classes[1]).astype(np.float64)
         delta = self._delta(int((rows >= 0).sum()))
         plan = dpsgd.plan_dpsgd(self._dpsgd_config(delta))
-        self._pay(account, plan.cost)
+        source = self._source()
+        lo, hi, cost = self._pay_and_bound(account, plan.cost, X, rows, source)
         with fit_progress(plan.config.steps, "DP-SGD", self.verbose) as advance:
             w, self.n_noisy_ = dpsgd.train_dpsgd(
-                plan, "logistic", design(X, lo, hi), y01, rows, self._source(), check=advance
+                plan, "logistic", design(X, lo, hi), y01, rows, source, check=advance
             )
         b0, bc = unscale(w, lo, hi, None)
         self.intercept_, self.coef_ = float(b0[0]), bc[0]
         self.mechanism_ = plan
-        self.cost_: Cost = plan.cost
+        self.cost_: Cost = cost
         return self
 
     def decision_function(self, X: Any) -> np.ndarray:
