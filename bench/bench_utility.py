@@ -48,7 +48,7 @@ import duckdb  # noqa: E402
 import dpsql  # noqa: E402
 from dpsql.privacy.clipping import ApproxBounds, LogHistogram  # noqa: E402
 from dpsql.privacy.ledger import MemoryLedger  # noqa: E402
-from dpsql.privacy.mechanisms import Laplace  # noqa: E402
+from dpsql.privacy.mechanisms import Laplace, threshold_below  # noqa: E402
 from dpsql.privacy.partition import (  # noqa: E402
     GaussianSelection,
     OptimalSelection,
@@ -61,6 +61,7 @@ from dpsql.privacy.quantiles import (  # noqa: E402
     target,
 )
 from dpsql.privacy.samplers import SeededNoise  # noqa: E402
+from dpsql.sql.sharing import threshold_suppression  # noqa: E402
 
 EPSILONS = (0.1, 1.0, 10.0)
 DELTA = 1e-6
@@ -404,7 +405,7 @@ def clipping_rows(con, reps: int, share: float = 0.1) -> list[Row]:
     return out
 
 
-def partition_rows(con, reps: int) -> list[Row]:
+def partition_rows(con, reps: int, delta: float = DELTA) -> list[Row]:
     counts = np.array(
         [
             r[1]
@@ -414,10 +415,33 @@ def partition_rows(con, reps: int) -> list[Row]:
     out = []
     for eps in EPSILONS:
         source = SeededNoise(int(eps * 100) + 13)
+        # the Laplace τ-threshold on the released count itself (R = G = 1: COUNT(*) = units),
+        # the integer τ alone and with τ − 1 kept at the fitted probability (all of δ)
+        units = Laplace(l1=1.0, epsilon=eps)
+        tau = units.threshold(delta, 1)
+        below = threshold_below(units, tau, delta, 1)
+        for name, b in (
+            ("Laplace τ-threshold, integer τ", 0.0),
+            ("Laplace τ-threshold, all of δ", below),
+        ):
+            lost = threshold_suppression(units, tau, b)
+            exact = float(np.mean([lost(int(n)) for n in counts]))
+            out.append(
+                Row(
+                    "COUNT(*) BY educ (no domain)",
+                    eps,
+                    f"{name} (τ = {tau:g}, p(τ − 1) = {b:.3f}); expected {exact:.4f}",
+                    MECH,
+                    math.nan,
+                    math.nan,
+                    exact,
+                    reps,
+                )
+            )
         for name, sel in (
-            ("optimal (keys only, whole (ε, δ))", OptimalSelection(eps, DELTA)),
-            ("optimal at (ε/2, δ) + COUNT at ε/2", OptimalSelection(eps / 2, DELTA)),
-            ("Gaussian threshold, counts reused", GaussianSelection(eps, DELTA)),
+            ("optimal (keys only, whole (ε, δ)): the floor", OptimalSelection(eps, delta)),
+            ("optimal at (ε/2, δ) + COUNT at ε/2", OptimalSelection(eps / 2, delta)),
+            ("Gaussian threshold, counts reused", GaussianSelection(eps, delta)),
         ):
             sup = [1 - float(np.mean(sel.keep(counts, source))) for _ in range(reps)]
             exact = expected_suppression(sel, counts)
@@ -594,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += (
             quantile_rows(con, args.reps)
             + clipping_rows(con, args.reps)
-            + partition_rows(con, args.reps)
+            + partition_rows(con, args.reps, args.delta)
         )
     elapsed = time.perf_counter() - start
     if args.json:

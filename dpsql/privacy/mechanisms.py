@@ -342,3 +342,33 @@ class Gaussian:
 
 
 Mechanism = Laplace | Gaussian
+
+
+# Relative margin kept below δ/G by the fitted keep probability: covers the float error of
+# the tail sums (~1e-15 relative) and of the keep draw (a 53-bit uniform: P(u < p) <= p + 2^-53).
+_BELOW_MARGIN = 1e-9
+
+
+def threshold_below(mech: Mechanism, tau: float, delta: float, max_groups: int) -> float:
+    """The probability p of keeping a key whose noisy unit count is τ − 1 exactly, so that the
+    threshold spends all of its δ instead of what the integer τ happens to spend.
+
+    τ is the smallest integer with P(1 + X >= τ) <= δ/G (:meth:`Laplace.threshold`). A key held
+    by one unit alone (exact count 1) is then released with probability
+
+        P(1 + X >= τ) + p · P(1 + X = τ − 1)  =  δ/G · (1 − 1e-9)        (p in [0, 1))
+
+    and by the union bound over the <= G keys one unit creates, with probability <= δ: the
+    same (ε, δ) as the integer threshold (whose own tail is often well below δ/G: 4.5e-6 of
+    δ = 1e-5 at ε = 1, R = G = 1). Keys present in both neighbours are released as a function
+    of their ε-DP noisy count and an independent coin: post-processing. p < 1 because τ − 1
+    fails the threshold's test (P(1 + X >= τ − 1) > δ/G)."""
+    if not (0 < delta < 1) or max_groups < 1:
+        raise ValueError("thresholding needs 0 < delta < 1 and max_groups >= 1")
+    target = delta / max_groups * (1 - _BELOW_MARGIN)
+    m = int(tau) - 1  # P(1 + X >= τ) = P(X >= m)
+    above = mech._tail(m)
+    at = mech._tail(m - 1) - above  # P(X = m − 1) = P(1 + X = τ − 1)
+    if at <= 0 or above >= target:
+        return 0.0
+    return min(max((target - above) / at, 0.0), 1.0 - 2.0**-30)

@@ -126,7 +126,12 @@ def explain_lines(service: Service, plan: Plan, analyst: str | None) -> list[str
     if plan.threshold is not None:
         lines.append(
             f"  a group is released when its noisy unit count reaches {_n(plan.threshold.tau)} "
-            f"(δ {_n(plan.threshold.delta)})"
+            + (
+                f"(or is {_n(plan.threshold.tau - 1)}, with probability "
+                f"{plan.threshold.below:.3f}: all of δ {_n(plan.threshold.delta)} spent)"
+                if plan.threshold.below
+                else f"(δ {_n(plan.threshold.delta)})"
+            )
         )
     lines.extend(_selection_lines(plan))
     unit = plan.query.table.privacy_unit

@@ -44,7 +44,7 @@ from dpsql.errors import NotSupportedError, PrivacyError
 from dpsql.policy import ColumnPolicy, TablePolicy
 from dpsql.privacy.accounting import Cost, exact
 from dpsql.privacy.clipping import ApproxBounds, LogHistogram
-from dpsql.privacy.mechanisms import Gaussian, Laplace, Mechanism
+from dpsql.privacy.mechanisms import Gaussian, Laplace, Mechanism, threshold_below
 from dpsql.privacy.partition import OptimalSelection, Unreleased
 from dpsql.privacy.quantiles import Grid
 from dpsql.privacy.samplers import SecureNoise
@@ -222,6 +222,9 @@ class Threshold:
     measure: str  # the units measure it reads
     tau: float
     delta: float
+    # a key whose noisy count is τ − 1 is kept with this probability, so the threshold spends
+    # all of ``delta`` (dpsql.privacy.mechanisms.threshold_below)
+    below: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -583,8 +586,10 @@ def build_plan(
     threshold = None
     if selection is not None and selection.mode == "threshold":
         units = measures[specs.index(("units", None))]
-        tau = units.mechanism.threshold(threshold_delta, G)  # type: ignore[union-attr]
-        threshold = Threshold(measure=units.name, tau=tau, delta=threshold_delta)
+        mech = cast(Mechanism, units.mechanism)
+        tau = mech.threshold(threshold_delta, G)
+        below = threshold_below(mech, tau, threshold_delta, G)
+        threshold = Threshold(measure=units.name, tau=tau, delta=threshold_delta, below=below)
 
     quantiles = []
     for i, (column, found) in enumerate(quantile_targets.items()):
@@ -833,7 +838,8 @@ def _choose_layout(
                     l2=math.sqrt(G), epsilon=eps_u, delta=(delta - threshold_delta) / k
                 )
             tau = units.threshold(threshold_delta, G)
-            n_half = sharing.half_keep(sharing.threshold_suppression(units, tau))
+            below = threshold_below(units, tau, threshold_delta, G)
+            n_half = sharing.half_keep(sharing.threshold_suppression(units, tau, below))
             error = _output_error(query, specs, output_specs, R, shares)
             candidates.append((n_half, error, specs, output_specs, shares, None))
         else:

@@ -115,10 +115,17 @@ def half_keep(suppression: Callable[[int], float], start: int = 1, limit: int = 
     return lo
 
 
-def threshold_suppression(units: Mechanism, tau: float) -> Callable[[int], float]:
-    """n ↦ P(n + X < τ): a key with n units is suppressed by the τ-threshold (exact pmf)."""
+def threshold_suppression(
+    units: Mechanism, tau: float, below: float = 0.0
+) -> Callable[[int], float]:
+    """n ↦ P(n + X < τ) − below · P(n + X = τ − 1): a key with n units is suppressed by the
+    τ-threshold, which keeps a key at τ − 1 with probability ``below`` (exact pmf)."""
 
     def suppression(n: int) -> float:
-        return 1.0 - units._tail(math.ceil(tau - n))
+        m = math.ceil(tau - n)
+        kept = units._tail(m)
+        if below:
+            kept += below * (units._tail(m - 1) - kept)
+        return 1.0 - kept
 
     return suppression
