@@ -192,7 +192,7 @@ def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) ->
             values = np.where(nulls, 0, np.asarray(data, dtype=np.int64))
         else:
             dtype: type = {"int": np.int64, "float": np.float64, "bool": np.bool_}[c.type]
-            values = np.array(data, dtype=dtype)
+            values = np.asarray(data, dtype=dtype)  # no copy where the type is DuckDB's
         columns[c.name] = Column(c.type, values, nulls, codes, labels.get(c.name, ()))
     del fetched
     return cluster(ColumnarTable(table.name, version, rows, columns, capacity), table)
@@ -239,7 +239,14 @@ def cluster(table: ColumnarTable, policy: TablePolicy) -> ColumnarTable:
             fixed_index[("excess", name, lo, hi)] = len(fixed_rows)
             excess = _clamp_excess(column.values, spec, max(hi - lo, 1))
             fixed_rows.append(np.where(column.nulls, 0, excess))
-    fixed = np.array(fixed_rows, dtype=np.int64).reshape(len(fixed_rows), table.rows)
+    # every row lies within its range ([lo, hi], the cut's widened one, or [-W, W] for the
+    # excess): int32 when all ranges fit (decided from the policy's bounds), half the memory
+    ranges = [abs(b) for (_, _, lo_, hi_) in fixed_index for b in (lo_, hi_)]
+    widths = [3 * max(hi_ - lo_, 1) for (_, _, lo_, hi_) in fixed_index]
+    small = max([*ranges, *widths, 0]) < 2**31 - 1
+    fixed = np.array(fixed_rows, dtype=np.int32 if small else np.int64).reshape(
+        len(fixed_rows), table.rows
+    )
     nulls_index = {name: i for i, name in enumerate(columns)}
     nulls = np.array([c.nulls for c in columns.values()], dtype=np.bool_).reshape(
         len(columns), table.rows
@@ -274,25 +281,14 @@ def warm_up() -> None:
     if not clustered.available():
         return
     one = np.zeros(1, dtype=np.int64)
-    fixed, nulls = np.zeros((1, 1), dtype=np.int64), np.zeros((1, 1), dtype=np.bool_)
+    nulls = np.zeros((1, 1), dtype=np.bool_)
     weight = np.ones(1, dtype=np.bool_)
     spec = [(clustered.SUM, 0, 0, 0, 1, 0)]
-    clustered.bound_units(
-        np.array([0, 1], dtype=np.int64),
-        one,
-        weight,
-        fixed,
-        nulls,
-        spec,
-        one,
-        one,
-        1,
-        1,
-        1,
-        1,
-        True,
-    )
-    clustered.row_sums(one, weight, fixed, nulls, spec, one, one, 1)
+    starts = np.array([0, 1], dtype=np.int64)
+    for dtype in (np.int32, np.int64):  # a store's fixed points: int32 where they fit
+        fixed = np.zeros((1, 1), dtype=dtype)
+        clustered.bound_units(starts, one, weight, fixed, nulls, spec, one, one, 1, 1, 1, 1, True)
+        clustered.row_sums(one, weight, fixed, nulls, spec, one, one, 1)
 
 
 def warm_up_later() -> None:
