@@ -493,3 +493,34 @@ def test_a_sum_over_released_rows_has_the_sum_of_their_bounds(noisy: Any) -> Non
     # simulated, so roughly
     width = sum(iv[1][1] - iv[1][0] for iv in per_group.intervals)
     assert high - low == pytest.approx(width, rel=0.25)
+
+
+def test_scalar_dp_subqueries_without_from(exact: Any) -> None:
+    """``SELECT (SELECT COUNT(*) FROM visits) AS n, (SELECT AVG(age) FROM visits) AS a``: two
+    measurements, one reservation; a scalar subquery over private rows stays refused."""
+    service, _ = exact
+    result, conn = run(
+        service, "SELECT (SELECT COUNT(*) FROM visits) AS n, (SELECT AVG(age) FROM visits) AS a"
+    )
+    assert budget(conn)["charged_epsilon"] == pytest.approx(result.cost.epsilon)
+    assert [d[0] for d in result.description] == ["n", "a"]
+    assert result.rows[0][0] == sum(counts(service).values())
+    with pytest.raises(PrivacyError):
+        run(service, "SELECT (SELECT age FROM visits LIMIT 1)")
+
+
+def test_a_join_of_released_results_keeps_each_picked_value_interval(noisy: Any) -> None:
+    """Cohort A vs B: each picked count keeps its own measurement's interval (a LEFT JOIN's
+    missing side has none); the ratio has none."""
+    service, _ = noisy
+    result, _ = run(
+        service,
+        "SELECT a.department, a.n, b.n AS m, a.n * 1.0 / b.n AS ratio "
+        "FROM (SELECT department, COUNT(*) AS n FROM visits WHERE smoker GROUP BY 1) a "
+        "LEFT JOIN (SELECT department, COUNT(*) AS n FROM visits WHERE NOT smoker GROUP BY 1) b "
+        "ON a.department = b.department ORDER BY ratio",
+    )
+    assert len(result.rows) == 6
+    for row, (key, n, m, ratio) in zip(result.rows, result.intervals, strict=True):
+        assert key is None and ratio is None
+        assert n[0] <= row[1] <= n[1] and m[0] <= row[2] <= m[1]

@@ -177,9 +177,11 @@ class _Classifier:
         kinds = {self.source_kind(s, ctes) for s in _sources(node)}
         if not kinds:
             nested = {self.kind(q, ctes) for q in _own_queries(node)}
+            if nested - {DP, POST, CONSTANT}:
+                return MIXED  # a subquery over private (or public) rows
             return POST if nested & {DP, POST} else CONSTANT
         if kinds & {DP, POST}:
-            return POST if kinds <= {DP, POST} else MIXED
+            return POST if kinds <= {DP, POST, CONSTANT} else MIXED
         if PRIVATE in kinds:
             return DP if is_aggregate(node) and not self.per_unit(node) else PRIVATE
         return PUBLIC
@@ -201,7 +203,7 @@ def split_released_tables(tree: exp.Expression, text: str, policy: Policy) -> Re
             "SELECT k, COUNT(*) FROM t GROUP BY k UNION ALL SELECT 'TOTAL', COUNT(*) FROM t",
         )
     top = _unwrap(tree)
-    if kind == MIXED and isinstance(top, exp.Select) and not is_aggregate(top):
+    if kind == MIXED and isinstance(top, exp.Select) and _sources(top) and not is_aggregate(top):
         raise classifier.refuse(
             "a join of a released result with private rows is not supported",
             top,
@@ -362,11 +364,15 @@ def _linear(post: exp.Expression) -> bool:
     picked aggregates' intervals and the plan cache). Deeper chains come here."""
     selects = list(post.find_all(exp.Select))
     tables = list(post.find_all(exp.Table))
+    inner = [s for s in selects if s is not post]
     return (
         len(selects) == 2
         and len(tables) <= 2
         and post.find(exp.Join, exp.SetOperation) is None
         and isinstance(post, exp.Select)
+        # read as a derived table or a CTE, not as a scalar subquery
+        and isinstance(inner[0].parent, exp.Subquery | exp.CTE)
+        and isinstance(inner[0].parent.parent, exp.From | exp.With)
     )
 
 

@@ -36,7 +36,7 @@ from dpsql.ir.build import plan_tree
 from dpsql.ir.measures import ReleasedPostProcess
 from dpsql.limits import check_plan_rows
 from dpsql.privacy.release import at_confidence, release
-from dpsql.service.postprocess import NULL_TYPE, check_tables, run_post, tagged
+from dpsql.service.postprocess import NULL_TYPE, check_tables, picked, run_post, tagged
 from dpsql.service.results import Result, _convert, type_code
 from dpsql.sql.bind import DIALECT, CompositeQuery, ReleasedQuery, to_literal
 from dpsql.sql.compile import compile_plan
@@ -417,8 +417,28 @@ def run_released(
 def _post_result(query: ReleasedQuery, results: Sequence[Result], cost: Any) -> Result:
     tables = _tables(query, results)
     tagged_post = tagged(query.post, tables)
-    description, rows = run_post(tagged_post or query.post, tables, query.names)
-    if tagged_post is None:
+    picks = picked(query.post, tables) if tagged_post is None else None
+    if picks is not None:
+        try:
+            description, rows = run_post(picks[0], tables, query.names)
+        except ProgrammingError:  # the tagged form only adds columns; without them, no interval
+            picks = None
+    if tagged_post is None and picks is None:
+        description, rows = run_post(query.post, tables, query.names)
+    elif tagged_post is not None:
+        description, rows = run_post(tagged_post, tables, query.names)
+    if picks is not None:
+        visible = len(query.post.expressions)
+        intervals = [
+            tuple(
+                None
+                if pick is None or row[visible + pick[0]] is None
+                else results[pick[1]].intervals[row[visible + pick[0]]][pick[2]]
+                for pick in picks[1]
+            )
+            for row in rows
+        ]
+    elif tagged_post is None:
         visible = len(description)
         intervals = [tuple(None for _ in range(visible)) for _ in rows]
     else:

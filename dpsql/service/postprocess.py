@@ -191,6 +191,101 @@ def tagged(post: exp.Query, tables: Sequence[Table]) -> exp.Query | None:
     return out
 
 
+def _sources(select: exp.Select) -> list[exp.Expression]:
+    from_ = select.args.get("from_")
+    return ([from_.this] if from_ is not None else []) + [
+        j.this for j in select.args.get("joins") or []
+    ]
+
+
+Pick = tuple[int, int, int]  # (hidden row column, measurement, released column)
+
+
+def picked(post: exp.Query, tables: Sequence[Table]) -> tuple[exp.Query, list[Pick | None]] | None:
+    """``post`` with, per source that is a whole DP query read as a CTE or derived table, its
+    row number as a hidden trailing column, and for each output column that picks one of its
+    released values (``a.n``) where that value comes from; None when the query has no such
+    pick, or merges or reshapes rows in a way a row number could not follow (an aggregate, a
+    star, a set operation, DISTINCT, GROUP BY, a NATURAL join)."""
+    if not isinstance(post, exp.Select) or post.find(exp.SetOperation):
+        return None
+    for star in post.find_all(exp.Star):  # a star would show the hidden row numbers
+        leaf = isinstance(star.parent, exp.Select) and _is_leaf(star.parent) is not None
+        if not leaf and not isinstance(star.parent, exp.Count):
+            return None
+    if post.args.get("group") or post.args.get("distinct"):
+        return None
+    if any(
+        not isinstance(a.parent, exp.Window) and a.find_ancestor(exp.Select) is post
+        for e in post.expressions
+        for a in e.find_all(exp.AggFunc)
+    ):
+        return None
+    if any(
+        (j.args.get("kind") or "").upper() == "NATURAL" or j.args.get("method")
+        for j in post.args.get("joins") or []
+    ):
+        return None
+    ctes = {
+        c.alias_or_name.lower(): c
+        for c in (post.args["with_"].expressions if post.args.get("with_") else [])
+    }
+    measured: dict[str, int] = {}  # source alias -> measurement
+    for source in _sources(post):
+        body = None
+        if isinstance(source, exp.Subquery):
+            body = source.this
+        elif isinstance(source, exp.Table) and source.name.lower() in ctes:
+            body = ctes[source.name.lower()].this
+        index = _is_leaf(body) if body is not None else None
+        if index is not None:
+            measured[source.alias_or_name.lower()] = index
+    if not measured:
+        return None
+    complete = len(measured) == len(_sources(post))
+    picks: list[Pick | None] = []
+    hidden: dict[str, int] = {}
+    for item in post.expressions:
+        column = item.unalias()
+        pick = None
+        if isinstance(column, exp.Column):
+            owners = (
+                [column.table.lower()]
+                if column.table
+                else [
+                    alias
+                    for alias, k in measured.items()
+                    if any(n.lower() == column.name.lower() for n, _ in tables[k][0])
+                ]
+            )
+            if len(owners) == 1 and owners[0] in measured and (column.table or complete):
+                k = measured[owners[0]]
+                names = [n.lower() for n, _ in tables[k][0]]
+                if column.name.lower() in names:
+                    slot = hidden.setdefault(owners[0], len(hidden))
+                    pick = (slot, k, names.index(column.name.lower()))
+        picks.append(pick)
+    if not hidden:
+        return None
+    out = post.copy()
+    out_ctes = {
+        c.alias_or_name.lower(): c
+        for c in (out.args["with_"].expressions if out.args.get("with_") else [])
+    }
+    for source in _sources(out):
+        alias = source.alias_or_name.lower()
+        if alias not in hidden:
+            continue
+        rows = exp.select("*").from_(exp.to_table(f"{MEASURED}{measured[alias]}__rows"))
+        if isinstance(source, exp.Subquery):
+            source.set("this", rows)
+        else:
+            out_ctes[source.name.lower()].set("this", rows)
+    for alias, slot in sorted(hidden.items(), key=lambda a: a[1]):
+        out.select(exp.alias_(exp.column(_ROW, table=alias), f"__src{slot}"), copy=False)
+    return out, picks
+
+
 def run_post(
     post: exp.Query, tables: Sequence[Table], names: Sequence[str]
 ) -> tuple[list[tuple[str, str]], list[tuple[Any, ...]]]:
