@@ -1225,6 +1225,78 @@ def series_limit_queries(draw: st.DrawFn) -> Query:
     return Query(sql, grouped=True, rows_vary=True)
 
 
+#: Windows over a DP query's released aggregates (``{a}``: the aggregate, ``{k}``: the key).
+POST_WINDOWS = (
+    "SUM({a}) OVER (ORDER BY {k})",
+    "{a} * 100.0 / NULLIF(SUM({a}) OVER (), 0)",
+    "RANK() OVER (ORDER BY {a} DESC)",
+    "LAG({a}) OVER (ORDER BY {k})",
+    "ROW_NUMBER() OVER (ORDER BY {k})",
+    "NTILE(2) OVER (ORDER BY {a})",
+    "AVG({a}) OVER (ORDER BY {k} ROWS BETWEEN 1 PRECEDING AND CURRENT ROW)",
+)
+SET_OPERATIONS = ("UNION ALL", "UNION", "INTERSECT", "EXCEPT")
+
+
+@st.composite
+def released_queries(draw: st.DrawFn) -> Query:
+    """Relational post-processing over released tables (issue 27, item 2): a window over a DP
+    query's aggregates, a set operation of two DP queries (or one and a constant row), a join
+    of two released CTEs, a scalar subquery over one, a CTE ranking another; and what stays
+    refused (a window or a set operation over private rows). Which rows come out depends on
+    the released values, so only the outcome, the messages, the types and the charge (all the
+    measurements, in one reservation) must agree."""
+    key = draw(st.sampled_from(SERIES_KEYS))
+    a, b = draw(st.lists(st.sampled_from(SERIES_MEASURES), min_size=2, max_size=2))
+    wheres = ("", f" WHERE {PROBES[0]}", " WHERE age > 50", f" WHERE {PROBES[2]}")
+    w1, w2 = draw(st.lists(st.sampled_from(wheres), min_size=2, max_size=2))
+    first = f"SELECT {key} AS k0, {a} AS v FROM {TABLE}{w1} GROUP BY {key}"
+    second = f"SELECT {key} AS k0, {b} AS v FROM {TABLE}{w2} GROUP BY {key}"
+    form = draw(
+        st.sampled_from(
+            ("window", "setop", "total", "join", "scalar", "dp_scalar", "rank", "refused")
+        )
+    )
+    if form == "window":
+        window = draw(st.sampled_from(POST_WINDOWS)).format(a=a, k=key)
+        sql = f"SELECT {key} AS k0, {a} AS v, {window} AS w FROM {TABLE}{w1} GROUP BY {key}"
+    elif form == "setop":
+        sql = f"{first} {draw(st.sampled_from(SET_OPERATIONS))} {second}"
+    elif form == "total":
+        sql = f"{first} UNION ALL SELECT NULL, {b} FROM {TABLE}{w2}"
+    elif form == "join":
+        side = draw(st.sampled_from(("JOIN", "LEFT JOIN")))
+        sql = (
+            f"WITH a AS ({first}), b AS ({second}) SELECT a.k0, a.v, b.v AS w FROM a {side} b "
+            "ON a.k0 = b.k0"
+        )
+    elif form == "scalar":
+        sql = f"WITH a AS ({first}) SELECT k0, v, v - (SELECT AVG(v) FROM a) AS d FROM a"
+    elif form == "dp_scalar":
+        sql = (
+            f"SELECT {key} AS k0, {a} AS v, {a} - (SELECT {b} FROM {TABLE}{w2}) AS d "
+            f"FROM {TABLE}{w1} GROUP BY {key} HAVING {a} >= (SELECT {b} FROM {TABLE}) - 1e300"
+        )
+    elif form == "rank":
+        sql = (
+            f"WITH a AS ({first}), r AS (SELECT k0, v, RANK() OVER (ORDER BY v DESC) AS rk "
+            "FROM a) SELECT k0, v FROM r WHERE rk <= 3"
+        )
+    else:
+        column = draw(st.sampled_from(("cost", "age", "department", "patient_id")))
+        sql = draw(
+            st.sampled_from(
+                (
+                    f"SELECT {column}, COUNT({column}) OVER () FROM {TABLE}",
+                    f"SELECT {column}, RANK() OVER (ORDER BY {column}) FROM {TABLE}{w1}",
+                    f"SELECT {column} AS k0, 1 AS v FROM {TABLE} UNION ALL {first}",
+                    f"WITH a AS ({first}) SELECT * FROM a JOIN {TABLE} t ON a.k0 = t.{column}",
+                )
+            )
+        )
+    return Query(sql, grouped=True, rows_vary=True)
+
+
 #: Private tables joined with visits (tests/test_differential_fuzz.py writes them): ``people``,
 #: one row per patient (primary_key patient_id), and ``labs``, whose unit is reached along
 #: ``unit_path = ["patient_ref -> people.patient_id"]``.
@@ -1482,6 +1554,7 @@ def time_key_queries(draw: st.DrawFn) -> Query:
     where = draw(st.sampled_from(TIME_WHERES))
     sql = f"SELECT {items}, {draw(aggregate_lists())} FROM {TABLE}{where} GROUP BY {group}"
     return Query(sql, keys=len(keys), grouped=True)
+
 
 #: Per-unit aggregates (dpsql.frontend.per_unit) and whether each is a number (else a date).
 PER_UNIT_AGGREGATES: tuple[tuple[str, bool], ...] = (

@@ -674,6 +674,16 @@ def test_series_limits(pair: Pair, query: g.Query) -> None:
 
 
 @settings(FUZZ, max_examples=40)
+@given(query=g.released_queries())
+def test_post_processing_of_released_tables(pair: Pair, query: g.Query) -> None:
+    """Windows over released aggregates, set operations, joins, scalar subqueries and CTE
+    chains over released results (several measurements in one reservation), and windows or
+    set operations over private rows (refused, free): the same fate on D and D′, every
+    answer charged the sum of its measurements (EXPLAIN's totals)."""
+    assert_boundary_holds(pair, query)
+
+
+@settings(FUZZ, max_examples=40)
 @given(query=g.per_unit_queries())
 def test_per_unit_relations(pair: Pair, query: g.Query) -> None:
     """An outer DP query over a per-unit relation (dpsql.frontend.per_unit: a derived table or
