@@ -37,7 +37,9 @@ repository) with dpsql's own base dependencies; dpsql is imported from this chec
 A missing peer is reported as "not installed" and its column left empty; the project's own
 venv runs the dpsql and oracle rows alone. ``--libraries`` picks the columns to run and
 ``--merge a.json b.json`` prints one table from runs made apart (Tumult's Spark queries take
-about 2 s each, so ``--tumult-reps`` can cap its repetitions).
+about 2 s each unloaded, ~10 s on a busy machine, so ``--tumult-reps`` caps its repetitions,
+``--r-values`` the R it runs and ``--method-match`` the variants). The figures and their
+commands are in docs/mechanisms.md, "Side by side with OpenDP, PipelineDP, Tumult".
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ LOWER, UPPER = 0.0, 500_000.0
 EDUC = list(range(1, 17))
 R_VALUES = (1, 2, 3, 4)
 PEER_R: tuple[int, ...] = R_VALUES  # --r-values: the R each peer runs on PUMS_dup
+METHOD_MATCH = ""  # --method-match: run only the peer variants whose method names contain it
 LIBRARIES = ("oracle", "dpsql", "opendp", "pipelinedp", "tumult")
 QUERIES = {
     "hist": ("COUNT(*) BY educ, public keys (PUMS)", "MAE"),
@@ -514,6 +517,38 @@ def opendp_rows(data: Data, t: Truth, reps: int, queries: list[str]) -> list[Res
         lambda: release(pums, lambda q: q.select(income.dp.sum((LOWER, UPPER)))),
         scalar,
     )
+
+    def two_step(alpha: float, second: Callable[[Any, float], Any]) -> Callable[[], Any]:
+        """A DP quantile of income on 10% of ε as the clip, then the query on the other 90%."""
+
+        def run() -> Any:
+            ctx = dp.Context.compositor(
+                data=pums,
+                privacy_unit=dp.unit_of(contributions=1),
+                privacy_loss=dp.loss_of(epsilon=EPSILON),
+                split_by_weights=[0.1, 0.9],
+                margins=margins,
+            )
+            clip = scalar(ctx.query().select(income.dp.quantile(alpha, log)).release().collect())
+            return second(ctx.query(), max(clip, log[1])).release().collect()
+
+        return run
+
+    add(
+        "avg",
+        "dp.quantile(0.9) clip (10% of ε), then dp.mean",
+        lambda: two_step(
+            0.9,
+            lambda q, c: q.group_by("educ").agg(income.dp.mean((LOWER, c))).with_keys(keys),
+        ),
+        grouped,
+    )
+    add(
+        "sum",
+        "dp.quantile(0.99) clip (10% of ε), then dp.sum",
+        lambda: two_step(0.99, lambda q, c: q.select(income.dp.sum((LOWER, c)))),
+        scalar,
+    )
     unit = dp.unit_of(contributions=1, identifier="pid")
     for r in PEER_R:
         add(
@@ -564,6 +599,8 @@ def _run_plans(library: str, version: str, plans: dict, t: Truth, reps: int) -> 
     out = []
     for q, variants in plans.items():
         for method, prepare in variants:
+            if METHOD_MATCH not in method:
+                continue
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
@@ -731,10 +768,9 @@ def tumult_rows(data: Data, t: Truth, reps: int, queries: list[str]) -> list[Res
         """get_bounds on share·ε, then the query with (max(0, lower), upper) on the rest."""
 
         def run() -> Any:
-            b = ev(
-                row_sess, QueryBuilder("pums").get_bounds("income"), PureDPBudget(share * EPSILON)
-            )
-            lo, hi = max(LOWER, float(b.iloc[0, 0])), min(UPPER, float(b.iloc[0, 1]))
+            bounds = QueryBuilder("pums").get_bounds("income", "lo", "hi")
+            b = ev(row_sess, bounds, PureDPBudget(share * EPSILON))
+            lo, hi = max(LOWER, float(b["lo"][0])), min(UPPER, float(b["hi"][0]))
             return column_query(lo, max(hi, lo + 1), PureDPBudget((1 - share) * EPSILON))
 
         return run
@@ -904,8 +940,9 @@ def table(results: list[Result], absent: dict[str, str]) -> str:
 def _r_words(method: str) -> list[str]:
     import re
 
-    m = re.search(r"(?:R=|\()(\d)\b", method)
-    return [f"R={m.group(1)}"] if m else []
+    # the last number in the method is R ("MaxGroupsPerID(1), MaxRowsPerGroupPerID(4)")
+    found = re.findall(r"(?:R=|\()(\d)\b", method)
+    return [f"R={found[-1]}"] if found else []
 
 
 def detail(results: list[Result]) -> str:
@@ -951,6 +988,7 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(map(str, R_VALUES)),
         help="rows per person each peer runs on PUMS_dup (its best is shown)",
     )
+    parser.add_argument("--method-match", default="", help="peer variants whose method has this")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument(
         "--merge",
@@ -980,8 +1018,9 @@ def main(argv: list[str] | None = None) -> int:
             print("\n" + detail(results))
         return 0
 
-    global PEER_R
+    global PEER_R, METHOD_MATCH
     PEER_R = tuple(int(r) for r in args.r_values.split(",") if r)
+    METHOD_MATCH = args.method_match
     data = load(args.data)
     truth = Truth(data)
     queries = [q for q in args.queries.split(",") if q]
