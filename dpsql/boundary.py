@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from dpsql.errors import DataError, OperationalError
@@ -24,6 +25,12 @@ POST_PROCESSING_FAILED = (
 )
 CANCELLED_AFTER_READ = "query cancelled after it started reading data; its cost was charged"
 CANCELLED = "57014"
+CHARGED_HINT = (
+    "no detail is given, since it could depend on the data; re-running it costs "
+    "again; if it keeps failing, report the query to the operator"
+)
+# the SQLSTATEs a statement can end with after its cost was charged (every door keeps them)
+CHARGED_STATES = frozenset({"58000", "22000", CANCELLED})
 NOT_CACHED = (
     "this answer was charged and is returned, but it could not be stored in the answer cache "
     "(a ledger write failed): re-running the same query will cost again"
@@ -70,11 +77,24 @@ def charged_boundary() -> Iterator[None]:
                 hint="the budget for this query was spent; re-running it costs again",
             ) from None
         log.info("query failed after its cost was charged", exc_info=True)
-        raise ChargedFailure(
-            FAILED_AFTER_READ,
-            hint="no detail is given, since it could depend on the data; re-running it costs "
-            "again; if it keeps failing, report the query to the operator",
-        ) from None
+        raise ChargedFailure(FAILED_AFTER_READ, hint=CHARGED_HINT) from None
+
+
+STATEMENT_CHARGED: ContextVar[bool] = ContextVar("dpsql_statement_charged", default=False)
+"""Whether the running statement's cost is (or may be) charged. The service sets it False
+when a statement starts and True before the ledger is asked to charge (a ledger that fails
+with anything but its own refusal may have committed: the analyst is told it was charged);
+read and set inline, never through a function that could itself fail between the charge and
+the mark."""
+
+
+def uniform_charged_failure(exc: BaseException) -> ChargedFailure:
+    """The error of a statement that failed after its charge, outside the narrower
+    boundaries (a step the release transaction of its kind did not wrap): the same fixed
+    error as :func:`charged_boundary`, so where the failure happened cannot tell the
+    analyst anything either."""
+    log.info("statement failed after its cost was charged", exc_info=exc)
+    return ChargedFailure(FAILED_AFTER_READ, hint=CHARGED_HINT)
 
 
 def remember_paid(

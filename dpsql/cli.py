@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 import warnings
@@ -63,6 +64,25 @@ def show_warning(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. A failure that is not dpsql's own, anywhere (the parser, a handler,
+    the output), ends as the one uniform internal error line and exit status 1; the cause goes
+    to the ``dpsql`` log (silent unless the operator configures it), never to the terminal."""
+    try:
+        return _main(argv)
+    except (SystemExit, KeyboardInterrupt, BrokenPipeError):
+        raise
+    except Exception as exc:
+        from dpsql.commands import error_text
+        from dpsql.errors import Error, internal_error
+
+        if not isinstance(exc, Error):
+            logging.getLogger("dpsql").error("internal error in the command", exc_info=exc)
+            exc = internal_error()
+        print(error_text(exc), file=sys.stderr)
+        return 1
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import logging
 import os
 import threading
 import time
@@ -28,6 +29,7 @@ from dpsql.errors import (
     ProgrammingError,
     Warning,
     check_analyst,
+    door,
 )
 from dpsql.pipeline import Result, Service, Settings, _ResetRequest, reset_setting
 from dpsql.policy import Policy, load_policy
@@ -164,16 +166,20 @@ class Connection:
         if self._closed:
             raise InterfaceError("connection is closed", hint="open a new connection")
 
+    @door
     def cursor(self) -> Cursor:
         self._check_open()
         return Cursor(self)
 
+    @door
     def commit(self) -> None:
         self._check_open()
 
+    @door
     def rollback(self) -> None:
         self._check_open()
 
+    @door
     def close(self) -> None:
         if not self._closed:
             self._closed = True
@@ -184,6 +190,7 @@ class Connection:
         """Cancel the engine query running for this connection (from another thread)."""
         self._handle.interrupt()
 
+    @door
     def describe(self, sql: str, parameters: Sequence[Any] | None = None) -> list[tuple]:
         """PEP 249 description of a statement's result, without running it or spending."""
         self._check_open()
@@ -191,6 +198,7 @@ class Connection:
             self._service.describe(sql, self._settings, parameters, analyst=self.analyst)
         )
 
+    @door
     def execute(self, sql: str, parameters: Sequence[Any] | None = None) -> Cursor:
         return self.cursor().execute(sql, parameters)
 
@@ -329,11 +337,6 @@ class Cursor:
         return None if self._result is None else self._result.intervals
 
     @property
-    def confidence(self) -> float:
-        """The level of :attr:`intervals` for the last statement."""
-        return self._confidence
-
-    @property
     def biases(self) -> list[tuple[tuple[float, float, float] | None, ...]] | None:
         """Per row, per column: (estimated bias, low, high) of a released COUNT, SUM or AVG
         computed from bounded rows -- what the contribution bounds and clamps cut from it
@@ -347,6 +350,11 @@ class Cursor:
     def bias_notes(self) -> list[str]:
         """What the bounds cut from the last answer, one line per column (docs/bias.md)."""
         return [] if self._result is None else list(self._result.bias_notes)
+
+    @property
+    def confidence(self) -> float:
+        """The level of :attr:`intervals` for the last statement."""
+        return self._confidence
 
     @property
     def interval_description(self) -> list[tuple] | None:
@@ -398,6 +406,7 @@ class Cursor:
     def statusmessage(self) -> str | None:
         return None if self._result is None else self._result.status
 
+    @door
     def execute(self, sql: str, parameters: Sequence[Any] | Mapping | None = None) -> Cursor:
         if self._closed:
             raise InterfaceError("cursor is closed", hint="open a new cursor")
@@ -412,9 +421,19 @@ class Cursor:
         self._result = self.connection._run(sql, parameters)
         self._pos = 0
         if self._result.cost is not None:
-            self._remaining = self.connection._remaining()
-            if self._remaining.low and self.connection._warn_low_budget:
-                warnings.warn(self._remaining.warning(), BudgetWarning, stacklevel=2)
+            # the answer was paid for and is returned whatever happens to this report about
+            # it (like dpsql.boundary.remember_paid); the operator's log has the cause
+            try:
+                self._remaining = self.connection._remaining()
+                low = self._remaining.low and self.connection._warn_low_budget
+                warning = self._remaining.warning() if low else None
+            except Exception:
+                logging.getLogger("dpsql").error(
+                    "the budget left could not be read after a charged answer", exc_info=True
+                )
+                self._remaining, warning = None, None
+            if warning is not None:
+                warnings.warn(warning, BudgetWarning, stacklevel=2)
         return self
 
     def callproc(self, procname: str, parameters: Sequence[Any] = ()) -> None:
@@ -429,6 +448,7 @@ class Cursor:
             "a statement returns one result set", construct="nextset", hint="call execute() again"
         )
 
+    @door
     def executemany(self, sql: str, seq_of_parameters: Sequence[Sequence[Any]]) -> Cursor:
         for params in seq_of_parameters:
             self.execute(sql, params)
@@ -443,6 +463,7 @@ class Cursor:
             raise ProgrammingError("the last statement returned no rows")
         return self._result.rows
 
+    @door
     def fetchone(self) -> tuple[Any, ...] | None:
         rows = self._rows()
         if self._pos >= len(rows):
@@ -450,6 +471,7 @@ class Cursor:
         self._pos += 1
         return rows[self._pos - 1]
 
+    @door
     def fetchmany(self, size: int | None = None) -> list[tuple[Any, ...]]:
         rows = self._rows()
         n = self.arraysize if size is None else size
@@ -457,6 +479,7 @@ class Cursor:
         self._pos += len(out)
         return out
 
+    @door
     def fetchall(self) -> list[tuple[Any, ...]]:
         rows = self._rows()
         out = rows[self._pos :]
@@ -467,6 +490,7 @@ class Cursor:
         while (row := self.fetchone()) is not None:
             yield row
 
+    @door
     def fetchall_intervals(self) -> list[tuple[Any, ...]]:
         """The remaining rows, each released aggregate followed by its interval's low and
         high bound (the columns of :attr:`interval_description`)."""
@@ -482,12 +506,14 @@ class Cursor:
             flat = [_with_bias(f, b, columns) for f, b in zip(flat, cut, strict=True)]
         return flat
 
+    @door
     def fetch_records(self) -> list[dict[str, Any]]:
         """The remaining rows as dicts, with ``x_low``/``x_high`` interval fields."""
         rows = self.fetchall_intervals()
         names = [d[0] for d in self.interval_description or []]
         return [dict(zip(names, row, strict=True)) for row in rows]
 
+    @door
     def fetch_df(self, *, intervals: bool = True) -> Any:
         """The remaining rows as a pandas DataFrame, with ``x_low``/``x_high`` columns."""
         try:
@@ -510,6 +536,7 @@ class Cursor:
     def setoutputsize(self, size: Any, column: Any = None) -> None:
         """PEP 249: accepted and ignored (results are small and fetched whole)."""
 
+    @door
     def close(self) -> None:
         self._closed = True
 

@@ -7,7 +7,14 @@ and what the analyst can do instead. Messages never contain private values.
 
 from __future__ import annotations
 
+import functools
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ParamSpec, TypeVar
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,36 @@ class IntegrityError(DatabaseError):
 
 class InternalError(DatabaseError):
     sqlstate = "XX000"
+
+
+def internal_error() -> InternalError:
+    """The one error a door shows for a failure that is not dpsql's own: it names no value
+    and no internal class (the operator's log has the cause). Before the reserve such a
+    failure is decided by the text and the policy; after it, the charged boundary
+    (dpsql.boundary) has already turned it into the uniform charged error."""
+    return InternalError(
+        "internal error: dpsql could not process this statement",
+        hint="report the statement to the operator (SHOW budget shows any charge)",
+    )
+
+
+def door(method: Callable[P, R]) -> Callable[P, R]:
+    """Guard a door's public method: a non-dpsql exception raised anywhere below it (the
+    door's own bookkeeping included, not only the service) leaves as :func:`internal_error`,
+    logged for the operator. tests/test_fault_walk.py fails every function in turn to hold
+    every door to it."""
+
+    @functools.wraps(method)
+    def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(*args, **kwargs)
+        except Error:
+            raise
+        except Exception:
+            logging.getLogger("dpsql").exception("internal error in a door")
+            raise internal_error() from None
+
+    return guarded
 
 
 class ProgrammingError(DatabaseError):

@@ -23,7 +23,15 @@ import numpy as np
 from sqlglot import exp
 
 from dpsql.access import access_for
-from dpsql.boundary import charged_boundary, post_processing_boundary, remember_paid
+from dpsql.boundary import (
+    STATEMENT_CHARGED,
+    ChargedFailure,
+    ChargedPostProcessingFailure,
+    charged_boundary,
+    post_processing_boundary,
+    remember_paid,
+    uniform_charged_failure,
+)
 from dpsql.engine.api import EngineResult, QueryHandle, cancel_check
 from dpsql.engine.base import open_engine
 from dpsql.engine.scratch import (
@@ -37,6 +45,7 @@ from dpsql.errors import (
     InternalError,
     OperationalError,
     ProgrammingError,
+    internal_error,
 )
 from dpsql.limits import check_parameters, check_plan_rows, check_text, too_complex
 from dpsql.policy import Policy, TablePolicy, load_policy
@@ -319,19 +328,27 @@ class Service:
         an exception that is not dpsql's own reaches the door as one InternalError (XX000)
         that names no value and no internal class; the operator's log has the cause. Before
         the reserve such a failure is decided by the text and the policy; after it, the
-        charged boundary has already made it the uniform charged error."""
+        charged boundary has already made it the uniform charged error, and whatever a
+        statement kind's own boundary did not wrap becomes that same error here (a statement
+        is marked charged by the reserve: dpsql.boundary.STATEMENT_CHARGED)."""
+        token = STATEMENT_CHARGED.set(False)
         try:
             return self._execute(text, parameters, settings, analyst, handle)
-        except (Error, _ResetRequest):
+        except _ResetRequest:
             raise
-        except RecursionError:  # before the reserve (after it the boundary made it charged)
-            raise too_complex() from None
-        except Exception:
+        except (ChargedFailure, ChargedPostProcessingFailure):
+            raise
+        except Exception as exc:
+            if STATEMENT_CHARGED.get():
+                raise uniform_charged_failure(exc) from None
+            if isinstance(exc, Error):
+                raise
+            if isinstance(exc, RecursionError):
+                raise too_complex() from None
             _log.exception("internal error while processing a statement")
-            raise InternalError(
-                "internal error: dpsql could not process this statement",
-                hint="report the statement to the operator (SHOW budget shows any charge)",
-            ) from None
+            raise internal_error() from None
+        finally:
+            STATEMENT_CHARGED.reset(token)
 
     def _execute(
         self,
@@ -683,14 +700,19 @@ class Service:
         Raises BudgetExhaustedError (nothing written) when another query of the analyst's
         spent the budget since the check. From here on every failure is charged.
         """
-        self.ledger.charge(
-            analyst,
-            self.policy.dataset,
-            cost,
-            self.policy.budget,
-            query_text=query_text,
-            plan_hash=plan_hash,
-        )
+        STATEMENT_CHARGED.set(True)  # from here on every failure is charged ...
+        try:
+            self.ledger.charge(
+                analyst,
+                self.policy.dataset,
+                cost,
+                self.policy.budget,
+                query_text=query_text,
+                plan_hash=plan_hash,
+            )
+        except Error:
+            STATEMENT_CHARGED.set(False)  # ... but the ledger's own refusal wrote nothing
+            raise
 
     def show_budget(
         self, analyst: str, settings: Settings | None = None, *, wide: bool = False

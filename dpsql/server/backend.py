@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import datetime as dt
 import inspect
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dpsql.boundary import uniform_charged_failure
 from dpsql.server import types as t
 from dpsql.server.sqltext import _skip, keywords
+
+log = logging.getLogger("dpsql.server")
 
 _PLACEHOLDER = re.compile(r"\$(\d+)")
 # LIMIT $1 / OFFSET $2, with psycopg 3's cast (LIMIT $1::INTEGER) or a CAST(... AS type).
@@ -33,6 +37,7 @@ class Outcome:
     rows: list[tuple] = field(default_factory=list)
     tag: str = "SELECT"
     notices: tuple[tuple[str, str, str], ...] = ()  # (severity, SQLSTATE, text)
+    charged: bool = False  # its cost was charged (a failure from here on is the charged one)
 
 
 def placeholder_count(sql: str) -> int:
@@ -172,26 +177,37 @@ class DpBackend:
         try:
             sql = inline_limits(sql, params) if params else sql
             cur.execute(sql, list(params) if params else None)
-            columns = _columns(cur.description)
-            rows = [tuple(r) for r in cur.fetchall()] if columns else []
-            status = getattr(cur, "statusmessage", None)
-            notices = (
-                tuple(("WARNING", "01000", str(text)) for _, text in getattr(cur, "messages", ()))
-                + tuple(  # what the bounds cut from each value (docs/bias.md)
-                    ("NOTICE", "00000", f"dpsql: {note}") for note in getattr(cur, "bias_notes", ())
-                )
-                + _cost_notice(
-                    getattr(cur, "cost", None),
-                    getattr(cur, "cached", False),
-                    getattr(cur, "remaining", None),
-                )
-            )
-            tag = command_tag(sql, len(rows), status, columns is not None)
-            return Outcome(columns, rows, tag, notices)
+            charged = getattr(cur, "cost", None) is not None
+            try:
+                return self._outcome(cur, sql, charged)
+            except Exception as exc:
+                if charged:  # the answer was paid for: the one charged error, as in the service
+                    raise uniform_charged_failure(exc) from None
+                raise
         finally:
-            close = getattr(cur, "close", None)
-            if close:
-                close()
+            try:
+                cur.close()
+            except Exception:  # bookkeeping: never the statement's outcome (it may be paid)
+                log.exception("closing a cursor failed")
+
+    def _outcome(self, cur: Any, sql: str, charged: bool) -> Outcome:
+        """The statement's columns, rows, notices and tag, read off the executed cursor."""
+        columns = _columns(cur.description)
+        rows = [tuple(r) for r in cur.fetchall()] if columns else []
+        status = getattr(cur, "statusmessage", None)
+        notices = (
+            tuple(("WARNING", "01000", str(text)) for _, text in getattr(cur, "messages", ()))
+            + tuple(  # what the bounds cut from each value (docs/bias.md)
+                ("NOTICE", "00000", f"dpsql: {note}") for note in getattr(cur, "bias_notes", ())
+            )
+            + _cost_notice(
+                getattr(cur, "cost", None),
+                getattr(cur, "cached", False),
+                getattr(cur, "remaining", None),
+            )
+        )
+        tag = command_tag(sql, len(rows), status, columns is not None)
+        return Outcome(columns, rows, tag, notices, charged)
 
     def describe(self, sql: str, params: Sequence[object] | None) -> tuple[tuple[str, int], ...]:
         """Result columns; plans the query, runs nothing, spends nothing."""

@@ -150,8 +150,8 @@ class Turn:
     """One statement's place in the scheduler: waiting, then running, then done."""
 
     __slots__ = (
-        "analyst", "clock", "cpu", "cpu0", "granted", "paused", "running", "seq", "waited",
-        "watched",
+        "analyst", "clock", "cpu", "cpu0", "finished", "granted", "paused", "running", "seq",
+        "waited", "watched",
     )  # fmt: skip
 
     def __init__(self, analyst: _Analyst, seq: int, granted: asyncio.Future[None]) -> None:
@@ -165,6 +165,7 @@ class Turn:
         self.waited = 0.0  # seconds it waited for its turn
         self.paused = 0.0  # seconds it slept to yield to lighter analysts
         self.watched = False  # run with the yield hook
+        self.finished = False  # its call returned (set by the pool thread)
 
     def live_cpu(self) -> float:
         clock = self.clock
@@ -263,11 +264,26 @@ class FairScheduler:
         turn = Turn(self._analyst(analyst), self._seq, loop.create_future())
         turn.waited = time.monotonic()
         self._waiting.append(turn)
-        self._dispatch()
+        try:
+            self._dispatch()
+        except BaseException:  # a turn its caller never got back must not hold a slot:
+            turn.finished = True  # the next dispatch takes it back if the release fails too,
+            turn.granted.cancel()  # and a cancelled turn is never granted
+            self._release(turn)
+            raise
         return turn
 
     def leave(self, turn: Turn) -> None:
         """The statement ended (or stopped waiting): account its CPU, hand its slot on."""
+        self._release(turn)
+        self._dispatch()
+
+    def _release(self, turn: Turn) -> None:
+        """Take ``turn`` out of the line or out of its slot (idempotent), accounting its CPU.
+
+        Also called by :meth:`_dispatch` for a running turn whose call has finished, so a
+        slot comes back even if the ``leave`` that should have followed never ran (a failure
+        on the loop between the call and the leave): no failure can shrink the server."""
         a = turn.analyst
         if turn.running:
             turn.running = False
@@ -281,9 +297,11 @@ class FairScheduler:
             self._waiting.remove(turn)
         if not turn.granted.done():
             turn.granted.cancel()
-        self._dispatch()
 
     def _dispatch(self) -> None:
+        for a in list(self._analysts.values()):
+            for turn in [t for t in a.running if t.finished]:
+                self._release(turn)
         now = time.monotonic()
         heavy_cpu = self.limits.heavy_cpu
         usage = {name: self._usage(a, now) for name, a in self._analysts.items()}
@@ -370,6 +388,7 @@ class FairScheduler:
                     sys.setprofile(None)
                 turn.cpu = max(0.0, time.thread_time() - turn.cpu0)
                 turn.clock = None
+                turn.finished = True
 
         return call
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dpsql import errors as dperr
+from dpsql.boundary import CHARGED_HINT, CHARGED_STATES, FAILED_AFTER_READ
 from dpsql.limits import (
     DEFAULT_LIMITS,
     Limits,
@@ -197,6 +198,7 @@ class Session:
         self._cancelled = False
         self._timed_out = False
         self._closing = False
+        self._charged = False  # the running statement's cost was charged (dpsql.boundary)
         self._auth_deadline: asyncio.Timeout | None = None
         self._auth_stage = "startup"  # "startup", "tls", "login" (what the timeout ends)
         self.login_counted = ""  # the login counted in server.logins (dpsql.server.connections)
@@ -297,7 +299,11 @@ class Session:
             raise
         finally:
             if turn is not None:
-                self.server.scheduler.leave(turn)
+                try:
+                    self.server.scheduler.leave(turn)
+                except Exception:  # the statement's outcome stands; the slot comes back at
+                    turn.finished = True  # the next dispatch (dpsql.server.fairness)
+                    log.exception("leaving the scheduler failed")
             self._interrupt = None
             self._timed_out = False
             if timer is not None:
@@ -531,6 +537,9 @@ class Session:
             await self.queue.put(None)
         except p.ProtocolViolation as exc:
             await self.queue.put(exc)
+        except Exception:  # the main loop must hear of it, or the session waits forever
+            log.exception("session %s: reading a message failed", self.pid)
+            await self.queue.put(SqlError("XX000", "internal error in dpsql server", fatal=True))
 
     async def _main_loop(self) -> None:
         reader = asyncio.create_task(self._reader_task())
@@ -539,7 +548,7 @@ class Session:
                 item = await self.queue.get()
                 if item is None:
                     return
-                if isinstance(item, p.ProtocolViolation):
+                if isinstance(item, p.ProtocolViolation | SqlError):
                     await self.fatal(item.sqlstate, item.message)
                     return
                 kind, body = item
@@ -578,12 +587,13 @@ class Session:
         if handler is None:
             await self.fatal("08P01", f"invalid frontend message type {kind[0]}")
             return False
+        self._charged = False
         try:
             await handler(body)
         except _Closed:
             return False
         except Exception as exc:
-            err = as_sql_error(exc)
+            err = self._statement_error(exc)
             if err.fatal:
                 await self.fatal(err.sqlstate, err.message)
                 return False
@@ -596,6 +606,16 @@ class Session:
                 self.send(p.ready_for_query(self.tx))
             await self.flush()
         return True
+
+    def _statement_error(self, exc: Exception) -> SqlError:
+        """The error to send for ``exc``: after the statement's charge, a failure that is not
+        already one of the charged errors (encoding or sending the paid answer) is the one
+        uniform charged error, so the analyst hears that the cost stands."""
+        err = as_sql_error(exc)
+        if self._charged and not err.fatal and err.sqlstate not in CHARGED_STATES:
+            log.error("sending a charged answer failed", exc_info=exc)
+            return SqlError("58000", FAILED_AFTER_READ, hint=CHARGED_HINT)
+        return err
 
     def _send_error(self, err: SqlError, offset: int, text: str | None) -> None:
         position = None
@@ -696,6 +716,7 @@ class Session:
             outcome = await self._blocking(
                 self.dp.execute, sql, list(params) or None, interrupt=self.dp.interrupt
             )
+            self._charged = outcome.charged
             return outcome
         assert self.shadow is not None
         result = await self._blocking(
@@ -861,6 +882,7 @@ class Session:
         if not statements:
             self.send(p.empty_query_response())
         for st in statements:
+            self._charged = False
             try:
                 kind = await self._small(len(st.text), LOOP_TEXT, self.classify, st.text)
                 outcome = await self.run_statement(st.text, kind, ())
@@ -881,7 +903,7 @@ class Session:
             except _Closed:
                 raise
             except Exception as exc:
-                err = as_sql_error(exc)
+                err = self._statement_error(exc)
                 if err.fatal:
                     raise
                 self._send_error(err, st.offset, text)
