@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, cast
@@ -166,11 +167,13 @@ def release(
             qm, _bin_counts(qm, bins, key_values, len(plan.keys)), source, check
         )
     outputs = [_evaluate(o, plan, kept) for o in plan.outputs]
-    memo: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # shared sets (VAR and STDDEV)
-    intervals = [
-        _interval(o, plan, kept, value, memo)
-        for o, value in zip(plan.outputs, outputs, strict=True)
-    ]
+    token = _SHARED_SETS.set({})  # VAR and STDDEV of one column share one set (this call)
+    try:
+        intervals = [
+            _interval(o, plan, kept, value) for o, value in zip(plan.outputs, outputs, strict=True)
+        ]
+    finally:
+        _SHARED_SETS.reset(token)
     biases = bias.estimates(plan, kept, outputs)  # what the bounds cut: post-processing
     return Released(key_values, outputs, intervals, suppressed, biases)
 
@@ -277,12 +280,14 @@ def _select(
     return keep, suppressed
 
 
+# per release() call (a context variable: releases run in many threads at once)
+_SHARED_SETS: ContextVar[dict[tuple, tuple[np.ndarray, np.ndarray]] | None] = ContextVar(
+    "dpsql_shared_sets", default=None
+)
+
+
 def _interval(
-    output: OutputAggregate,
-    plan: Plan,
-    noisy: dict[str, np.ndarray],
-    value: np.ndarray,
-    memo: dict[tuple, tuple[np.ndarray, np.ndarray]] | None = None,
+    output: OutputAggregate, plan: Plan, noisy: dict[str, np.ndarray], value: np.ndarray
 ) -> np.ndarray:
     """95% interval of the released value's noise, by simulating the plan's own mechanisms.
 
@@ -305,6 +310,7 @@ def _interval(
         return np.stack([low, value + half], axis=1)
     if isinstance(kind, Mean | Variance):
         # a ratio of noisy measures: the range over the box they allow (dpsql.privacy.coverage)
+        memo = _SHARED_SETS.get()
         return _box_interval(output, plan, kind, noisy, value, {} if memo is None else memo)
     names = kind.interval_measures(output, plan)
     draws = min(INTERVAL_DRAWS, max(200, 200_000 // max(n, 1)))
