@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import ctypes
 import datetime
+import functools
 import math
 import operator
 from collections.abc import Callable
@@ -224,29 +225,29 @@ def cluster(table: ColumnarTable, policy: TablePolicy) -> ColumnarTable:
     from dpsql.sql import bias
 
     fixed_index: dict[tuple[str, str, int, int], int] = {}
-    fixed_rows: list[np.ndarray] = []
-    with np.errstate(all="ignore"):
-        for name, column in columns.items():
-            spec = policy.columns[name]
-            if not (spec.numeric and spec.bounded and column.kind in ("int", "float")):
-                continue
-            lo, hi = fixed_point_bounds(spec.lower, spec.upper, spec.granularity)  # type: ignore[arg-type]
-            for role, (a, b) in (("fixed", (lo, hi)), ("fixed", bias.measure_range("cut", lo, hi))):
-                if max(abs(a), abs(b)) <= 2**53 and ("fixed", name, a, b) not in fixed_index:
-                    fixed_index[(role, name, a, b)] = len(fixed_rows)
-                    values = _fixed_point(column.values, spec, a, b)
-                    fixed_rows.append(np.where(column.nulls, 0, values))
-            fixed_index[("excess", name, lo, hi)] = len(fixed_rows)
-            excess = _clamp_excess(column.values, spec, max(hi - lo, 1))
-            fixed_rows.append(np.where(column.nulls, 0, excess))
+    rows_of: list[Callable[[], np.ndarray]] = []  # each row's values, computed when filled
+    for name, column in columns.items():
+        spec = policy.columns[name]
+        if not (spec.numeric and spec.bounded and column.kind in ("int", "float")):
+            continue
+        lo, hi = fixed_point_bounds(spec.lower, spec.upper, spec.granularity)  # type: ignore[arg-type]
+        for a, b in ((lo, hi), bias.measure_range("cut", lo, hi)):
+            if max(abs(a), abs(b)) <= 2**53 and ("fixed", name, a, b) not in fixed_index:
+                fixed_index[("fixed", name, a, b)] = len(rows_of)
+                rows_of.append(functools.partial(_fixed_point, column.values, spec, a, b))
+        fixed_index[("excess", name, lo, hi)] = len(rows_of)
+        rows_of.append(functools.partial(_clamp_excess, column.values, spec, max(hi - lo, 1)))
     # every row lies within its range ([lo, hi], the cut's widened one, or [-W, W] for the
-    # excess): int32 when all ranges fit (decided from the policy's bounds), half the memory
+    # excess): int32 when all ranges fit (decided from the policy's bounds), half the memory;
+    # filled one row at a time (one row's temporaries at the peak, not every row's)
     ranges = [abs(b) for (_, _, lo_, hi_) in fixed_index for b in (lo_, hi_)]
     widths = [3 * max(hi_ - lo_, 1) for (_, _, lo_, hi_) in fixed_index]
     small = max([*ranges, *widths, 0]) < 2**31 - 1
-    fixed = np.array(fixed_rows, dtype=np.int32 if small else np.int64).reshape(
-        len(fixed_rows), table.rows
-    )
+    fixed = np.empty((len(rows_of), table.rows), dtype=np.int32 if small else np.int64)
+    row_nulls = {i: columns[name].nulls for (_, name, _, _), i in fixed_index.items()}
+    with np.errstate(all="ignore"):
+        for i, compute in enumerate(rows_of):
+            fixed[i] = np.where(row_nulls[i], 0, compute())
     nulls_index = {name: i for i, name in enumerate(columns)}
     nulls = np.array([c.nulls for c in columns.values()], dtype=np.bool_).reshape(
         len(columns), table.rows
