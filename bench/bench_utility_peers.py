@@ -941,8 +941,8 @@ def _r_words(method: str) -> list[str]:
     import re
 
     # the last number in the method is R ("MaxGroupsPerID(1), MaxRowsPerGroupPerID(4)")
-    found = re.findall(r"(?:R=|\()(\d)\b", method)
-    return [f"R={found[-1]}"] if found else []
+    found = re.findall(r"R=(\d)\b|\((\d)\)", method)
+    return [f"R={found[-1][0] or found[-1][1]}"] if found else []
 
 
 def detail(results: list[Result]) -> str:
