@@ -403,7 +403,10 @@ def compose_post(outer: exp.Select, inner_post: exp.Select, alias: str) -> exp.S
                 hint="an outer query may read only its DP subquery's released columns",
             )
     keeps_rows = not any(inner_post.args.get(a) for a in ("order", "limit", "offset", "distinct"))
-    if keeps_rows and not is_aggregate(outer) and not outer.args.get("distinct"):
+    # a window reads every released row: substituted into the outer query it would be computed
+    # after the outer's WHERE (and the row-level inliner refuses windows), so it stays nested
+    windowed = inner_post.find(exp.Window) is not None
+    if keeps_rows and not windowed and not is_aggregate(outer) and not outer.args.get("distinct"):
         names = {item.alias.lower(): item.this for item in inner_post.expressions if item.alias}
         if all(
             c.name.lower() in names or c.table.lower() not in ("", (alias or "_").lower())
@@ -416,6 +419,16 @@ def compose_post(outer: exp.Select, inner_post: exp.Select, alias: str) -> exp.S
             flat.meta.pop("dp_unchecked", None)
             return flat
     result = outer.copy()
+    # the released table's columns by name: a star is spelled out (the post step reads its
+    # output columns from the select list, where a bare * would count as one column)
+    if any(_is_star(item) for item in result.expressions):
+        items: list[exp.Expression] = []
+        for item in result.expressions:
+            if _is_star(item):
+                items += [exp.column(e.alias_or_name, quoted=True) for e in inner_post.expressions]
+            else:
+                items.append(item)
+        result.set("expressions", items)
     result.set(
         "from_",
         exp.From(
