@@ -25,6 +25,7 @@ import itertools
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -113,6 +114,23 @@ def check(svc: Service, settings: Settings) -> None:
             print(f"check: {table} compiled pass = SQL ({len(plan.measures)} measures): {text}")
 
 
+def memory_child(db: Path, kind: str) -> int:
+    """One query in this fresh process; prints its peak RSS in MiB."""
+    if kind == "plain":
+        con = duckdb.connect()
+        con.execute(f"ATTACH '{db}' AS s (READ_ONLY)")
+        con.execute(Q.format(t="s.t", k=1)).fetchall()
+    else:
+        pol = policy()
+        del pol["tables"]["tr"]
+        svc = Service(pol, str(db), ledger=MemoryLedger(), cache=False)
+        svc.engine.wait_for_stores()
+        svc.execute(Q.format(t="tu", k=1), None, Settings.from_policy(svc.policy), "a")
+        svc.close()
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    return 0
+
+
 def cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -125,9 +143,42 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-bias", action="store_true", help="SET bias_estimate = off")
     ap.add_argument("--no-sql", action="store_true", help="skip the SQL plans (slow at 10M)")
     ap.add_argument("--data-dir", type=Path, default=ROOT / "bench" / "data")
+    ap.add_argument(
+        "--memory",
+        action="store_true",
+        help="peak RSS of plain DuckDB and of dpsql (one unit table, its store ready), each in a "
+        "fresh process running the WHERE query once",
+    )
+    ap.add_argument("--memory-child", choices=["plain", "dpsql"], help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     db = args.data_dir / f"fast_{args.rows}.duckdb"
     generate(db, args.rows)
+    if args.memory_child:
+        return memory_child(db, args.memory_child)
+    if args.memory:
+        peaks = {}
+        for kind in ("plain", "dpsql"):
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--rows",
+                    str(args.rows),
+                    "--data-dir",
+                    str(args.data_dir),
+                    "--memory-child",
+                    kind,
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            peaks[kind] = float(out.split()[-1])
+        print(
+            f"peak RSS, {args.rows:,} rows: plain {peaks['plain']:.0f} MiB, dpsql "
+            f"{peaks['dpsql']:.0f} MiB ({peaks['dpsql'] / peaks['plain']:.1f}x)"
+        )
+        return 0
     print(f"{args.rows:,} rows; load {' '.join(map(str, os.getloadavg()))}", flush=True)
     c0, w0 = cpu(), time.perf_counter()
     svc = Service(policy(), str(db), ledger=MemoryLedger(), cache=False)
