@@ -125,6 +125,33 @@ def test_a_probe_of_a_refused_relation_is_refused_with_its_reason(sql, reason, c
         assert spy.calls == 0 and len(service.ledger.log) == before
 
 
+PER_UNIT = (
+    "SELECT patient_id, COUNT(*) AS n, SUM(cost) AS total, MIN(dept_id) AS first_dept "
+    "FROM visits GROUP BY patient_id"
+)
+PER_UNIT_COLUMNS = [
+    ("patient_id", "BIGINT"),
+    ("n", "BIGINT"),
+    ("total", "DOUBLE"),
+    ("first_dept", "BIGINT"),
+]
+
+
+@pytest.mark.parametrize("limit", [0, 1])
+def test_a_probe_of_a_per_unit_relation_answers_its_columns_free(limit, conn, service, spy):
+    """One private row per patient (a per-unit relation): Superset 6.1 saves such a virtual
+    dataset by sending its SQL with LIMIT 1 (captured: tests/bi_shapes/superset_run.toml,
+    per_unit_dataset_probe); it was refused (GROUP BY the privacy unit) and Superset could not
+    save the dataset. Its probe is a row-level relation's: columns, no row, nothing read."""
+    probe = f"{PER_UNIT}\nLIMIT {limit}"
+    before = len(service.ledger.log)
+    cur = conn.cursor()
+    cur.execute(probe)
+    assert [d[:2] for d in cur.description] == PER_UNIT_COLUMNS
+    assert cur.fetchall() == [] and cur.cost is None
+    assert spy.calls == 0 and len(service.ledger.log) == before
+
+
 def test_dp_queries_and_public_tables_are_not_probes(conn, service):
     """LIMIT 1 over a released result keeps a released row (charged); a public table's row
     is public and returned as it is."""
@@ -134,9 +161,15 @@ def test_dp_queries_and_public_tables_are_not_probes(conn, service):
     assert len(cur.fetchall()) == 1 and len(service.ledger.log) == before + 1
     cur.execute("SELECT * FROM (SELECT name FROM departments) AS virtual_table LIMIT 1")
     assert len(cur.fetchall()) == 1
-    # a row preview (LIMIT 100) is still the row-level refusal
+    # a row preview (LIMIT 100) is still the row-level refusal, of a per-unit relation too
     with pytest.raises(PrivacyError):
         cur.execute(wrapped("SELECT cost FROM visits", 100))
+    for sql in (
+        "SELECT patient_id, COUNT(*) AS n FROM visits GROUP BY patient_id LIMIT 5",
+        wrapped("SELECT patient_id, COUNT(*) AS n FROM visits GROUP BY patient_id", 100),
+    ):
+        with pytest.raises(PrivacyError, match=r"privacy unit|individual rows"):
+            cur.execute(sql)
 
 
 def test_types_come_from_the_schema_not_the_data(tmp_path):
@@ -205,6 +238,14 @@ def test_a_probe_through_the_wire(name, sql, columns, server, service, spy):
             assert [o for _, o in described] == [PG_OIDS[t] for _, t in columns], probe
         assert rows == []
         assert spy.calls == 0 and len(service.ledger.log) == before
+
+
+def test_a_per_unit_probe_through_the_wire(server, service, spy):
+    before = len(service.ledger.log)
+    described, rows = _wire(server, f"{PER_UNIT}\nLIMIT 1")
+    assert described == [(n, PG_OIDS[t]) for n, t in PER_UNIT_COLUMNS]
+    assert rows == []
+    assert spy.calls == 0 and len(service.ledger.log) == before
 
 
 @pytest.mark.parametrize(("sql", "reason"), REFUSED[:2], ids=[r[1] for r in REFUSED[:2]])

@@ -36,6 +36,7 @@ from dpsql.frontend.inline import Wrapped, compose_post, flatten_relations
 from dpsql.frontend.intervals import NotNumeric, Range, value_range
 from dpsql.frontend.joins import JOINED, PUBLIC_VALUES, resolve_joins
 from dpsql.frontend.logic import conjuncts
+from dpsql.frontend.per_unit import groups_by_unit
 from dpsql.frontend.private_joins import resolve_private_joins
 from dpsql.frontend.released import split_released_tables
 from dpsql.frontend.rewrite import normalise, timestamp_literals
@@ -513,7 +514,9 @@ def parse_probe(
     forget_tokens()
     reading(text, dialect)
     tree = _statement_tree(text, policy, parameters, models, dialect)
-    if not isinstance(tree, exp.Select) or not _probe_shape(tree):
+    if not isinstance(tree, exp.Select) or not (
+        _probe_shape(tree) or _per_unit_probe_shape(tree, policy)
+    ):
         return None
     relation = tree.copy()
     for arg in ("limit", "offset", "order"):
@@ -558,6 +561,25 @@ def _probe_shape(tree: exp.Select) -> bool:
     if tree.find(exp.AggFunc, exp.Group, exp.Having, exp.Distinct) is not None:
         return False
     return not any(isinstance(t.this, exp.Anonymous) for t in tree.find_all(exp.Table))
+
+
+def _per_unit_probe_shape(tree: exp.Select, policy: Policy) -> bool:
+    """A top-level LIMIT 0 or 1 over a per-unit relation (a policy table grouped by its
+    privacy unit: one private row per unit, dpsql.frontend.per_unit), without CTEs: private
+    rows like a row-level relation's (Superset 6.1 saving a virtual dataset of one row per
+    patient sends its SQL with LIMIT 1), so its probe is answered with its columns, where a
+    DP query's LIMIT is not. ``SELECT * FROM (<per-unit relation>) AS v LIMIT 0`` is not
+    recognised yet (refused as SELECT * over private rows)."""
+    limit = tree.args.get("limit")
+    value = limit.expression if isinstance(limit, exp.Limit) else None
+    if not (isinstance(value, exp.Literal) and not value.is_string and value.this in ("0", "1")):
+        return False
+    if tree.args.get("with_") is not None or tree.args.get("distinct") is not None:
+        return False
+    relation = tree.copy()
+    for arg in ("limit", "offset", "order"):
+        relation.set(arg, None)
+    return groups_by_unit(relation, policy)
 
 
 _READER = DuckDB()
