@@ -9,14 +9,16 @@ with an admin login, and ``python tests/bi_shapes/capture_server.py --port 15433
     python bench/superset_run.py --log LOG [--superset http://127.0.0.1:8088] [--port 15433]
         [--shapes-out /tmp/superset_draft.toml]
 
-It creates (again, under fresh names) a database, the physical dataset ``public.visits``,
-three virtual datasets (percent of total, cohort in the CTE form, per-patient first month),
-a dashboard, and the charts: daily, weekly and monthly line charts of COUNT(*) (time grains
-P1D, P1W, P1M), a table with a percent-of-total metric (Superset's own ``contribution``
-post-processing), a table over a virtual dataset computing ``COUNT(*) * 100.0 /
-SUM(COUNT(*)) OVER ()`` in SQL, and two cohort charts. Each chart's data is fetched through
-``/api/v1/chart/data`` with ``force`` (no Superset cache), as the dashboard does. Uses only
-``requests`` (run it with any Python that has it, e.g. Superset's venv).
+It creates (or reuses: Superset's SQLite metadata keeps table names unique) the database
+``dpsql visits`` and the physical dataset ``public.visits``; then four virtual datasets named
+by the time (percent of total, cohort in the CTE form, each patient's first month, a row-level
+column list), a dashboard, and the charts: daily, weekly and monthly line charts of COUNT(*)
+(time grains P1D, P1W, P1M), a table with a percent-of-total metric (Superset's own
+``contribution`` post-processing), a table over a virtual dataset computing ``COUNT(*) *
+100.0 / SUM(COUNT(*)) OVER ()`` in SQL, two cohort charts and AVG(cost) by decade. Each
+chart's data is fetched through ``/api/v1/chart/data`` with ``force`` (no Superset cache), as
+the dashboard does. Uses only ``requests`` (run it with any Python that has it, e.g.
+Superset's venv).
 """
 
 from __future__ import annotations
