@@ -241,8 +241,18 @@ REFUSED = [
         "SELECT regexp_replace(department, 'a', 'b') AS r, COUNT(*) FROM visits GROUP BY 1",
         "regexp_replace",
     ),
-    ("SELECT COUNT(*) FROM visits WHERE visit_date > NOW() - INTERVAL '3 years'", "NOW()"),
+    ("SELECT COUNT(*) FROM visits WHERE random() < 0.5", "random"),
 ]
+
+
+def test_now_and_current_date_are_the_public_clock(server, reference):
+    """NOW() - INTERVAL '3 years' and CURRENT_DATE - INTERVAL '3 years' (PostgreSQL's
+    spellings) are filters on the instant of the statement, answered (grammar_notes.md)."""
+    for clock in ("NOW()", "CURRENT_TIMESTAMP", "CURRENT_DATE"):
+        rows = _wire(
+            server, f"SELECT COUNT(*) FROM visits WHERE visit_date > {clock} - INTERVAL '3 years'"
+        )
+        assert len(rows) == 1 and int(rows[0][0]) > 0
 
 
 @pytest.mark.parametrize("sql,name", REFUSED, ids=[r[1] for r in REFUSED])

@@ -183,13 +183,22 @@ REFUSALS = [
     ("SELECT COUNT(*) FROM t QUALIFY COUNT(*) > 1", P, S, "QUALIFY", "QUALIFY", "one"),
     # non-deterministic and system functions
     ("SELECT COUNT(*) FROM t WHERE random() < 0.5", P, S, "non-deterministic", "random", "literal"),
-    ("SELECT COUNT(*) FROM t WHERE d < now()", P, S, "non-deterministic", "now()", "literal"),
+    # (NOW() and CURRENT_TIMESTAMP are the public clock, read once per statement:
+    # tests/test_time_domains.py::test_now_is_a_public_clock_read_once_per_statement)
     (
-        "SELECT COUNT(*) FROM t WHERE d < current_timestamp",
+        "SELECT COUNT(*) FROM t WHERE gen_random_uuid() IS NULL",
         P,
         S,
         "non-deterministic",
-        "current_timestamp",
+        "gen_random_uuid",
+        "literal",
+    ),
+    (
+        "SELECT COUNT(*) FROM t WHERE current_setting('x') = 'y'",
+        P,
+        S,
+        "non-deterministic",
+        "current_setting",
         "lit",
     ),
     ("SELECT COUNT(*) FROM t WHERE uuid() IS NULL", P, S, "non-deterministic", "uuid", "literal"),

@@ -471,3 +471,80 @@ def test_time_keys_hold_the_boundary_on_neighbours(fuzz_pair: Pair, query: g.Que
     assert not found, f"{query.sql!r}:\n  " + "\n  ".join(found)
     assert a.kind == b.kind == "answered", (query.sql, a.error)
     assert a.plan_cost is not None and a.plan_cost[1] == 0.0, query.sql  # public: no delta
+
+
+# -- the public clock: NOW() / CURRENT_TIMESTAMP read once per statement -------------------------
+class _Clock(dt.datetime):
+    """A datetime whose now() is the instant the test sets."""
+
+    current = dt.datetime(2025, 6, 30, 12, 0, tzinfo=dt.UTC)
+
+    @classmethod
+    def now(cls, tz: Any = None) -> dt.datetime:  # type: ignore[override]
+        return cls.current
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    import types
+
+    import dpsql.frontend.rewrite as rewrite
+
+    shim = types.SimpleNamespace(**{k: getattr(dt, k) for k in dir(dt) if not k.startswith("_")})
+    shim.datetime = _Clock
+    monkeypatch.setattr(rewrite, "dt", shim)
+    yield _Clock
+    _Clock.current = dt.datetime(2025, 6, 30, 12, 0, tzinfo=dt.UTC)
+
+
+def test_now_is_a_public_clock_read_once_per_statement(clock):
+    """NOW(), CURRENT_TIMESTAMP, LOCALTIMESTAMP and PostgreSQL's now() are one instant per
+    statement (a literal from then on), CURRENT_DATE its date; a relative filter answers as
+    the same filter with the instant written out."""
+    import sqlglot
+
+    from dpsql.frontend.rewrite import normalise
+
+    tree = normalise(
+        sqlglot.parse_one(
+            "SELECT NOW(), CURRENT_TIMESTAMP, LOCALTIMESTAMP, transaction_timestamp(), "
+            "CURRENT_DATE",
+            read="duckdb",
+        )
+    )
+    literals = [e.sql() for e in tree.expressions]
+    assert len(set(literals[:4])) == 1 and "2025-06-30 12:00:00" in literals[0]
+    assert "'2025-06-30'" in literals[4]
+    pg = normalise(sqlglot.parse_one("SELECT now()", read="postgres"))
+    assert pg.expressions[0].sql() == literals[0]
+
+    conn = exact_connect(fixture_policy())
+    relative = rows_of(
+        conn,
+        "SELECT DATE_TRUNC('month', visit_date) AS m, COUNT(*) FROM visits "
+        "WHERE visit_date >= NOW() - INTERVAL '90 days' GROUP BY 1 ORDER BY 1",
+    )
+    written = rows_of(
+        conn,
+        "SELECT DATE_TRUNC('month', visit_date) AS m, COUNT(*) FROM visits "
+        "WHERE visit_date >= TIMESTAMP '2025-04-01 12:00:00' GROUP BY 1 ORDER BY 1",
+    )
+    assert relative == written and len(relative) == 9  # April .. December 2025, empty too
+    conn.close()
+
+
+def test_a_relative_filter_is_not_replayed_on_another_day(clock):
+    """The instant is in the plan, so the answer cache (which replays a paid answer free)
+    replays a NOW() query within the same instant only: tomorrow it is a new query, charged."""
+    conn = dpsql.connect(policy=fixture_policy(), ledger=MemoryLedger(), analyst="clock")
+    sql = "SELECT COUNT(*) FROM visits WHERE visit_date >= NOW() - INTERVAL 30 DAY"
+    cur = conn.cursor()
+    cur.execute(sql)
+    first = cur.fetchall()
+    assert cur.cost is not None
+    cur.execute(sql)
+    assert cur.cached and cur.fetchall() == first  # the same instant: the same query
+    clock.current = clock.current + dt.timedelta(days=1)
+    cur.execute(sql)
+    assert not cur.cached and cur.cost is not None  # another day: charged again
+    conn.close()

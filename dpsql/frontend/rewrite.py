@@ -1,10 +1,10 @@
 """BI dialect spellings, rewritten to the one form the binder checks.
 
-Each rewrite is a pure function of the query text (and the bind-time clock for CURRENT_DATE),
-so it can neither read data nor change what a query may reveal: it only lets the binder see
-`VAR(x)` as `VAR_SAMP(x)`, `COUNT(*) FILTER (WHERE c)` as `COUNT(CASE WHEN c THEN 1 END)`,
-`TO_DATE('2024-01-31')` as `DATE '2024-01-31'`, `date_part('dow', d)` as `EXTRACT(dow FROM d)`,
-and so on. grammar_notes.md lists them.
+Each rewrite is a pure function of the query text (and the bind-time clock for CURRENT_DATE
+and NOW()), so it can neither read data nor change what a query may reveal: it only lets the
+binder see `VAR(x)` as `VAR_SAMP(x)`, `COUNT(*) FILTER (WHERE c)` as
+`COUNT(CASE WHEN c THEN 1 END)`, `TO_DATE('2024-01-31')` as `DATE '2024-01-31'`,
+`date_part('dow', d)` as `EXTRACT(dow FROM d)`, and so on. grammar_notes.md lists them.
 """
 
 from __future__ import annotations
@@ -46,9 +46,24 @@ _FORMAT_TOKENS = (
 )
 
 
-def normalise(tree: exp.Expression, *, today: dt.date | None = None) -> exp.Expr:
-    """``tree`` with the spellings above replaced (in place: the binder owns the parsed tree)."""
-    today = today or dt.datetime.now(dt.UTC).date()
+#: PostgreSQL's and DuckDB's spellings of "the current timestamp" (a public clock).
+_CLOCK_FUNCTIONS = ("now", "transaction_timestamp", "statement_timestamp", "get_current_time")
+
+
+def normalise(
+    tree: exp.Expression, *, today: dt.date | None = None, now: dt.datetime | None = None
+) -> exp.Expr:
+    """``tree`` with the spellings above replaced (in place: the binder owns the parsed tree).
+
+    The clock is public and read once per statement (``now``, UTC): ``CURRENT_DATE`` is its
+    date, ``NOW()`` / ``CURRENT_TIMESTAMP`` / ``LOCALTIMESTAMP`` its timestamp, each a literal
+    from here on, so every reference in one statement sees the same instant (PostgreSQL's
+    statement-start semantics) and the plan, its fingerprint and the answer cache's key carry
+    the instant: a relative filter (``WHERE d > NOW() - INTERVAL '30 days'``) is never
+    replayed from another day's answer."""
+    now = now or dt.datetime.now(dt.UTC)
+    today = today or now.date()
+    instant = now.astimezone(dt.UTC).replace(tzinfo=None).isoformat(sep=" ")
 
     def visit(node: exp.Expr) -> exp.Expr:
         if isinstance(node, exp.Filter) and isinstance(node.this, exp.AggFunc):
@@ -73,6 +88,12 @@ def normalise(tree: exp.Expression, *, today: dt.date | None = None) -> exp.Expr
                 return _date_part(node)
         if isinstance(node, exp.CurrentDate):
             return exp.cast(exp.Literal.string(today.isoformat()), exp.DataType.build("DATE"))
+        if isinstance(node, exp.CurrentTimestamp | exp.Localtimestamp) or (
+            isinstance(node, exp.Anonymous)
+            and node.name.lower() in _CLOCK_FUNCTIONS
+            and not node.expressions
+        ):
+            return exp.cast(exp.Literal.string(instant), exp.DataType.build("TIMESTAMP"))
         if isinstance(node, exp.UnixToTime | exp.StrToTime | exp.StrToDate):
             return _to_timestamp(node)
         if isinstance(node, exp.Select) and node.args.get("joins"):

@@ -205,6 +205,13 @@ class _SecretTemplate:
 
 # CURRENT_DATE and TODAY() (the same node in sqlglot) become the date at bind
 _DATED = re.compile(r"current_date|today", re.IGNORECASE)
+# NOW(), CURRENT_TIMESTAMP and the like become the instant at bind (dpsql.frontend.rewrite):
+# a plan bound a moment ago is not this statement's, so such a text is never a plan-cache key
+_CLOCKED = re.compile(
+    r"\b(now|current_timestamp|localtimestamp|transaction_timestamp|statement_timestamp"
+    r"|get_current_time)\b",
+    re.IGNORECASE,
+)
 
 
 class _PlanCache:
@@ -226,7 +233,7 @@ class _PlanCache:
         self, text: str, parameters: Sequence[Any] | None, settings: Settings, analyst: str
     ) -> tuple | None:
         # dp_predict reads a stored model, which the same name can replace: never cached.
-        if self._limit <= 0 or "dp_predict" in text.lower():
+        if self._limit <= 0 or "dp_predict" in text.lower() or _CLOCKED.search(text):
             return None
         params = None
         if parameters is not None:
