@@ -143,12 +143,13 @@ def test_a_probe_of_a_per_unit_relation_answers_its_columns_free(limit, conn, se
     dataset by sending its SQL with LIMIT 1 (captured: tests/bi_shapes/superset_run.toml,
     per_unit_dataset_probe); it was refused (GROUP BY the privacy unit) and Superset could not
     save the dataset. Its probe is a row-level relation's: columns, no row, nothing read."""
-    probe = f"{PER_UNIT}\nLIMIT {limit}"
     before = len(service.ledger.log)
     cur = conn.cursor()
-    cur.execute(probe)
-    assert [d[:2] for d in cur.description] == PER_UNIT_COLUMNS
-    assert cur.fetchall() == [] and cur.cost is None
+    # as sent, and wrapped as a BI tool wraps a virtual dataset's probe
+    for probe in (f"{PER_UNIT}\nLIMIT {limit}", wrapped(PER_UNIT, limit)):
+        cur.execute(probe)
+        assert [d[:2] for d in cur.description] == PER_UNIT_COLUMNS
+        assert cur.fetchall() == [] and cur.cost is None
     assert spy.calls == 0 and len(service.ledger.log) == before
 
 

@@ -514,6 +514,8 @@ def parse_probe(
     forget_tokens()
     reading(text, dialect)
     tree = _statement_tree(text, policy, parameters, models, dialect)
+    if isinstance(tree, exp.Select):
+        tree = _unwrapped_probe(tree, policy)
     if not isinstance(tree, exp.Select) or not (
         _probe_shape(tree) or _per_unit_probe_shape(tree, policy)
     ):
@@ -563,13 +565,36 @@ def _probe_shape(tree: exp.Select) -> bool:
     return not any(isinstance(t.this, exp.Anonymous) for t in tree.find_all(exp.Table))
 
 
+def _unwrapped_probe(tree: exp.Select, policy: Policy) -> exp.Select:
+    """``SELECT * FROM (<per-unit relation>) AS v LIMIT 0|1`` (a BI tool's probe of a virtual
+    dataset, wrapped) is the probe of the relation itself: the same columns, no row. Any other
+    statement is returned as it is."""
+    source = tree.args.get("from_")
+    inner = source.this if isinstance(source, exp.From) else None
+    if not (
+        isinstance(inner, exp.Subquery)
+        and isinstance(inner.this, exp.Select)
+        and len(tree.expressions) == 1
+        and isinstance(tree.expressions[0], exp.Star)
+        and not any(
+            tree.args.get(arg)
+            for arg in ("joins", "where", "group", "having", "distinct", "with_", "offset")
+        )
+        and inner.this.args.get("limit") is None
+    ):
+        return tree
+    candidate = inner.this.copy()
+    candidate.set("limit", tree.args.get("limit").copy() if tree.args.get("limit") else None)
+    return candidate if _per_unit_probe_shape(candidate, policy) else tree
+
+
 def _per_unit_probe_shape(tree: exp.Select, policy: Policy) -> bool:
     """A top-level LIMIT 0 or 1 over a per-unit relation (a policy table grouped by its
     privacy unit: one private row per unit, dpsql.frontend.per_unit), without CTEs: private
     rows like a row-level relation's (Superset 6.1 saving a virtual dataset of one row per
     patient sends its SQL with LIMIT 1), so its probe is answered with its columns, where a
-    DP query's LIMIT is not. ``SELECT * FROM (<per-unit relation>) AS v LIMIT 0`` is not
-    recognised yet (refused as SELECT * over private rows)."""
+    DP query's LIMIT is not; wrapped in ``SELECT * FROM (…) AS v LIMIT 0`` too
+    (:func:`_unwrapped_probe`)."""
     limit = tree.args.get("limit")
     value = limit.expression if isinstance(limit, exp.Limit) else None
     if not (isinstance(value, exp.Literal) and not value.is_string and value.this in ("0", "1")):
