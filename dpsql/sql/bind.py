@@ -225,6 +225,7 @@ class AggregateCall:
     ``shown`` is the expression as the analyst wrote it."""
 
     # count | count_units | count_distinct (COUNT(DISTINCT col), col not the unit) | sum | avg
+    # | sum_distinct (SUM(DISTINCT col))
     # | var_samp | var_pop | stddev_samp | stddev_pop
     # | median | percentile_cont | percentile_disc | min | max
     kind: str
@@ -236,6 +237,8 @@ class AggregateCall:
     def label(self) -> str:
         if self.kind in ("count_units", "count_distinct"):
             return f"COUNT(DISTINCT {self.shown or self.column})"
+        if self.kind == "sum_distinct":
+            return f"SUM(DISTINCT {self.shown or self.column})"
         if self.level is not None:
             shown = self.shown or self.column
             return f"{self.kind.upper()}({self.level:g}) WITHIN GROUP (ORDER BY {shown})"
@@ -584,7 +587,8 @@ def _unwrapped_probe(tree: exp.Select, policy: Policy) -> exp.Select:
     ):
         return tree
     candidate = inner.this.copy()
-    candidate.set("limit", tree.args.get("limit").copy() if tree.args.get("limit") else None)
+    limit = tree.args.get("limit")
+    candidate.set("limit", limit.copy() if limit is not None else None)
     return candidate if _per_unit_probe_shape(candidate, policy) else tree
 
 
@@ -1719,13 +1723,14 @@ class _Binder:
             return self._expression_aggregate(kind, node, arg, level)
         column = self._column_name(arg)
         spec = self.table.columns[column]
-        if distinct:
-            if kind != "count":
-                raise self.refuse(
-                    f"{snippet(node)}: DISTINCT is only supported in COUNT(DISTINCT column)",
-                    node,
-                    f"{kind.upper()}({column}), or COUNT(DISTINCT {column})",
-                )
+        if distinct and kind not in ("count", "sum"):
+            raise self.refuse(
+                f"{snippet(node)}: DISTINCT is only supported in COUNT(DISTINCT column)"
+                " and SUM(DISTINCT column)",
+                node,
+                f"{kind.upper()}({column}), or COUNT(DISTINCT {column})",
+            )
+        if distinct and kind == "count":
             if column == self.table.privacy_unit:
                 return AggregateCall("count_units", column)
             return AggregateCall("count_distinct", column)
@@ -1750,6 +1755,8 @@ class _Binder:
                 f"declare lower and upper for {column} in the policy "
                 f"([tables.{self.table.name}.columns.{column}])",
             )
+        if distinct:  # SUM(DISTINCT x): the distinct fixed-point values of x (bounded rows)
+            return AggregateCall("sum_distinct", column)
         return AggregateCall(kind, column, level=level)
 
     def _quantile_level(self, node: exp.AggFunc) -> float:
