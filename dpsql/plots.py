@@ -27,6 +27,7 @@ MEASURE_WORDS = {
     "values": "its count of values",
     "units": "its count of units",
     "sum": "its sum",
+    "distinct_sum": "its sum of distinct values",
     "sumsq": "its sum of squares",
 }
 

@@ -225,7 +225,7 @@ REFUSED = [
         None,
     ),
     (
-        "SELECT SUM(DISTINCT s) FROM (SELECT patient_id, SUM(cost) AS s FROM visits "
+        "SELECT AVG(DISTINCT s) FROM (SELECT patient_id, SUM(cost) AS s FROM visits "
         "GROUP BY patient_id) t",
         "DISTINCT is only supported in COUNT(DISTINCT column)",
         None,

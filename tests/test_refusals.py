@@ -224,7 +224,9 @@ REFUSALS = [
     ("SELECT SUM(y / x) FROM t", P, S, "the divisor", "SUM(y / x)", "clamp"),
     ("SELECT AVG(LENGTH(name)) FROM t", P, S, "no range is known", "AVG(", "a number"),
     ("SELECT SUM(uid + y) FROM t", P, S, "privacy unit", "SUM(uid + y)", "COUNT(DISTINCT"),
-    ("SELECT SUM(DISTINCT y) FROM t", P, S, "DISTINCT", "SUM(DISTINCT y)", "COUNT(DISTINCT y)"),
+    ("SELECT AVG(DISTINCT y) FROM t", P, S, "DISTINCT", "AVG(DISTINCT y)", "COUNT(DISTINCT y)"),
+    ("SELECT SUM(DISTINCT uid) FROM t", P, S, "privacy unit", "SUM(DISTINCT", "COUNT(DISTINCT"),
+    ("SELECT SUM(DISTINCT x) FROM t", P, S, "needs declared bounds", "SUM(DISTINCT", "lower"),
     # unknown names
     ("SELECT COUNT(*) FROM nope", U, "42P01", "unknown table 'nope'", "nope", "t"),
     ("SELECT COUNT(*) FROM other.t", U, "42P01", "unknown table", "other.t", "t"),

@@ -177,6 +177,8 @@ def _row_bound(m: Measure, R: int) -> int:
         return 1
     if m.kind in bias.KINDS:
         return bias.row_bound(m.kind, m.lo, m.hi, R)
+    if m.kind == "distinct_sum":  # one distinct value per row, never centred (dpsql.sql.plan)
+        return max(abs(m.lo), abs(m.hi))
     centred = max(abs(m.lo - m.center), abs(m.hi - m.center))
     if m.kind == "sum":
         return centred

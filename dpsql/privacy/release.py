@@ -32,7 +32,7 @@ from dpsql.privacy.mechanisms import Gaussian, Mechanism
 from dpsql.privacy.partition import Unreleased
 from dpsql.privacy.quantiles import ExponentialQuantile, JointQuantiles, SmoothMedian, target
 from dpsql.privacy.samplers import NoiseSource
-from dpsql.sql.plan import OutputAggregate, Plan, QuantileMeasure, Threshold
+from dpsql.sql.plan import DISTINCT_KINDS, OutputAggregate, Plan, QuantileMeasure, Threshold
 from dpsql.sql.typecheck import canonical_key_value, key_sort_value
 
 INTERVAL_DRAWS = 2000
@@ -101,12 +101,13 @@ def group_index(plan: Plan, result: EngineResult) -> tuple[list[tuple], np.ndarr
 def _fill_distinct(
     plan: Plan, result: EngineResult, position: dict[tuple, int], exact: np.ndarray
 ) -> None:
-    """COUNT(DISTINCT col) of a bounded plan: from its own query over the bounded rows (the
-    main query holds 0 for it), after the quantiles' bin counts in ``result.extras``."""
+    """COUNT(DISTINCT col) and SUM(DISTINCT col) of a bounded plan: from its own query over
+    the bounded rows (the main query holds 0 for it), after the quantiles' bin counts in
+    ``result.extras``."""
     extras = result.extras[len(plan.quantiles) :]
     if not extras:
         return
-    distinct = [j for j, m in enumerate(plan.measures) if m.kind == "distinct"]
+    distinct = [j for j, m in enumerate(plan.measures) if m.kind in DISTINCT_KINDS]
     for j, counts in zip(distinct, extras, strict=True):
         for i, _, c in _released_rows(counts, position, len(plan.keys)):
             exact[i, j] += c

@@ -46,7 +46,7 @@ from dpsql.sql import fold
 from dpsql.sql.bind import GroupKey, to_literal
 from dpsql.sql.domains import SQL_TYPES
 from dpsql.sql.local_plan import ColumnProgram, column_program
-from dpsql.sql.plan import ClipEstimate, Measure, Plan, QuantileMeasure
+from dpsql.sql.plan import DISTINCT_KINDS, ClipEstimate, Measure, Plan, QuantileMeasure
 from dpsql.sql.safety import guarded_conditions
 from dpsql.sql.typecheck import _DECIMAL, _WIDE_INTEGERS
 
@@ -433,6 +433,11 @@ def _count_distinct(value: exp.Expression) -> exp.Count:
     return exp.Count(this=exp.Distinct(expressions=[value]))
 
 
+def _sum_distinct(value: exp.Expression) -> exp.Sum:
+    """``SUM(DISTINCT value)`` (NULLs are not summed)."""
+    return exp.Sum(this=exp.Distinct(expressions=[value]))
+
+
 def _row_number(partition: list[exp.Expression], order: list[exp.Expression]) -> exp.Window:
     """``ROW_NUMBER() OVER (PARTITION BY ... ORDER BY ...)``, NULLs last as in DuckDB (so
     Spark, whose NULLs sort first, is told explicitly)."""
@@ -596,6 +601,8 @@ def measure_aggregate_expr(m: Measure, table: TablePolicy) -> exp.Expression:
         return exp.Count(this=_col(col))
     if m.kind == "distinct":  # row-level plans only (bounded ones count it in CompiledQuery.extras)
         return _count_distinct(_col(col))
+    if m.kind == "distinct_sum":  # likewise: SUM(DISTINCT fixed-point value), NULLs out
+        return _sum_distinct(fixed_point_expr(col, m.lo, m.hi))
     if m.kind == "clamped":
         return exp.Sum(this=clamp_excess_expr(m, col))
     return exp.Sum(this=_centred(m, col) if m.kind == "sum" else _squared(m, col))
@@ -794,9 +801,9 @@ def compile_plan(plan: Plan, secret: int, *, store: object = None) -> CompiledQu
         for qm in plan.quantiles
     )
     extras += tuple(
-        CompiledQuery(_histogram(plan, m.column, None), keys, ("c",), secret)  # type: ignore[arg-type]
+        CompiledQuery(_distinct_query(plan, m), keys, ("c",), secret)
         for m in plan.measures
-        if m.kind == "distinct" and plan.query.table.privacy_unit is not None
+        if m.kind in DISTINCT_KINDS and plan.query.table.privacy_unit is not None
     )
     main_keys = keys if plan.measures else ()
     return CompiledQuery(
@@ -881,23 +888,38 @@ def bin_expr(qm: QuantileMeasure, col: ColumnPolicy) -> exp.Expression:
     return exp.Least(this=_number(grid.bins - 1), expressions=[inside], ignore_nulls=True)
 
 
+def _distinct_query(plan: Plan, m: Measure) -> exp.Select:
+    """A distinct measure's own query over the bounded rows: ``COUNT(DISTINCT col)``, or
+    ``SUM(DISTINCT value)`` of the row's fixed-point value in [lo, hi] (``distinct_sum``)."""
+    if m.kind == "distinct":
+        return _histogram(plan, m.column, None)  # type: ignore[arg-type]
+    return _histogram(plan, m.column, None, (m.lo, m.hi))  # type: ignore[arg-type]
+
+
 def _histogram(
-    plan: Plan, column: str, bins: Callable[[ColumnPolicy], exp.Expression] | None
+    plan: Plan,
+    column: str,
+    bins: Callable[[ColumnPolicy], exp.Expression] | None,
+    fixed: tuple[int, int] | None = None,
 ) -> exp.Select:
     """``SELECT keys, bin AS b, COUNT(*) AS c`` over the rows the main query aggregates: the
     same scan conditions and, with a privacy unit, the same bounding (the R rows of smallest
     keyed hash per (unit, group), then the G groups of smallest keyed hash per unit, with the
     run's secret), so the quantiles are of the very values the sums are of. NULLs have no
     bin and are not counted. ``bins`` None: ``SELECT keys, COUNT(DISTINCT column) AS c`` over
-    those rows instead (COUNT(DISTINCT col): a unit's <= R rows per group add <= R values)."""
+    those rows instead (COUNT(DISTINCT col): a unit's <= R rows per group add <= R values);
+    with ``fixed`` (lo, hi) too, ``SUM(DISTINCT v) AS c`` of the rows' fixed-point values v in
+    [lo, hi] (SUM(DISTINCT col): those <= R values are each at most max(|lo|, |hi|))."""
     table = plan.query.table
     col = table.columns[column]
     keys = [lowered_key(kp.key) for kp in plan.keys]
     not_null = exp.Not(this=exp.Is(this=_col(col), expression=exp.Null()))
+    value = _col(col) if fixed is None else fixed_point_expr(col, *fixed)
     if table.privacy_unit is None:
         items: list[exp.Expression] = [_alias(k, f"k{i}") for i, k in enumerate(keys)]
         if bins is None:
-            items.append(_alias(_count_distinct(_col(col)), "c"))
+            distinct = _count_distinct(_col(col)) if fixed is None else _sum_distinct(value)
+            items.append(_alias(distinct, "c"))
         else:
             items += [_alias(bins(col), "b"), _alias(_count_star(), "c")]
         n_group = len(keys) + (bins is not None)
@@ -912,7 +934,7 @@ def _histogram(
     gc = ["__u", *ks]
     items = [_alias(_quoted(table.privacy_unit), "__u")]  # type: ignore[arg-type]
     items += [_alias(k, name) for k, name in zip(keys, ks, strict=True)]
-    value_bin = _col(col) if bins is None else exp.Case(ifs=[exp.If(this=not_null, true=bins(col))])
+    value_bin = value if bins is None else exp.Case(ifs=[exp.If(this=not_null, true=bins(col))])
     items.append(_alias(value_bin, "__b"))
     # the main query filters bare-column keys to their domain on its pairs, before bounding
     domain = _column_key_domains(plan, ks)
@@ -942,7 +964,8 @@ def _histogram(
         joins = [_join(_table("ranked", "g"), "SEMI", _and(match))]
     out: list[exp.Expression] = [_alias(_name(k), f"k{i}") for i, k in enumerate(ks)]
     if bins is None:
-        out.append(_alias(_count_distinct(_name("__b")), "c"))
+        each = _count_distinct if fixed is None else _sum_distinct
+        out.append(_alias(each(_name("__b")), "c"))
     else:
         out += [_alias(_name("__b"), "b"), _alias(_count_star(), "c")]
     final = _select(
@@ -1041,7 +1064,9 @@ def _bounds_groups(plan: Plan) -> bool:
 def _value_measures(plan: Plan) -> list[Measure]:
     """Measures summed from row values (not counted per row or unit): those need sampling."""
     return [
-        m for m in plan.measures if m.kind not in ("rows", "units", "distinct", "dropped", "cut")
+        m
+        for m in plan.measures
+        if m.kind not in ("rows", "units", *DISTINCT_KINDS, "dropped", "cut")
     ]
 
 
@@ -1256,7 +1281,7 @@ def _finish_bounded(
             total: exp.Expression = exp.Sum(this=_name("__n"))
         elif m.kind == "units":
             total = exp.Sum(this=_name("__units")) if plan.group_scaling else _count_star()
-        elif m.kind == "distinct":
+        elif m.kind in DISTINCT_KINDS:
             total = _number(0)  # from its own query over the bounded rows (CompiledQuery.extras)
         else:
             total = exp.Sum(this=_name(f"v_{m.name}"))

@@ -57,13 +57,33 @@ from dpsql.sql.bind import QUANTILE_KINDS, AggregateCall, BoundQuery, GroupKey
 #   units  - 1 per (unit, group)                   (COUNT(DISTINCT unit), thresholding)
 #   distinct - distinct non-NULL values of a column over the bounded rows (COUNT(DISTINCT col)):
 #            a unit's <= R rows in a group add at most R values to it, so its bound is R
+#   distinct_sum - SUM(DISTINCT col): the sum of the distinct non-NULL values round(clamp(x)/g)
+#            in [lo, hi] over the bounded rows of a group, never centred. Proof of its bound:
+#            the group's set S of such values changes, when one unit's <= R rows leave it, only
+#            by values of those rows (a value still held by another row stays), so at most R
+#            values leave S and none enters; each is at most M = max(|lo|, |hi|) in magnitude,
+#            so the sum moves by <= R·M (row_bound M, per group R·M) in each of the unit's <= G
+#            groups: L1 = G·R·M, L2 = sqrt(G)·R·M, as "distinct" with M in place of 1.
 #   sum    - round(clamp(x)/g) - center, 0 if NULL (SUM, AVG, VAR)
 #   sumsq  - (round(clamp(x)/g) - center)^2 - center2, 0 if NULL (VAR, STDDEV)
 # and the bias estimates (setting bias_estimate, docs/bias.md; proofs in dpsql.sql.bias):
 #   dropped - per kept (unit, group) pair: min(max(n - R, 0), C), its rows cut by R, capped
 #   cut     - per kept pair: the pair's clamped sum of x times min(max(n - R, 0), C) / n
 #   clamped - per bounded row: round((x - clamp(x)) / g) within [-W, W], W = hi - lo
-MEASURE_KINDS = ("rows", "values", "units", "distinct", "sum", "sumsq", "dropped", "cut", "clamped")
+MEASURE_KINDS = (
+    "rows",
+    "values",
+    "units",
+    "distinct",
+    "distinct_sum",
+    "sum",
+    "sumsq",
+    "dropped",
+    "cut",
+    "clamped",
+)
+# measures counted by their own engine query over the bounded rows (CompiledQuery.extras)
+DISTINCT_KINDS = ("distinct", "distinct_sum")
 
 
 @dataclass(frozen=True)
@@ -337,7 +357,7 @@ def effective_bounding(table: TablePolicy, kinds: Sequence[str], quantiles: bool
     queries count values of the kept rows) or the table is row-level (nothing to bound)."""
     if table.privacy_unit is None or table.bounding != "scale":
         return "sample"
-    if quantiles or "distinct" in kinds:
+    if quantiles or any(k in DISTINCT_KINDS for k in kinds):
         return "sample"
     return "scale"
 
@@ -501,7 +521,7 @@ def build_plan(
             col = table.columns[column]  # type: ignore[index]
             g = col.granularity
             lo, hi = fixed_point_bounds(col.lower, col.upper, g)  # type: ignore[arg-type]
-            if column in counted:
+            if column in counted and kind != "distinct_sum":
                 center = (lo + hi) // 2
             row_bound = max(abs(lo - center), abs(hi - center))
             # The engine computes per-row values (and their squares) in 64-bit integers: an
