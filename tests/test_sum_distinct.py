@@ -205,3 +205,37 @@ def test_other_distinct_aggregates_stay_refused_free(sql, construct):
     assert "DISTINCT is only supported in COUNT(DISTINCT column)" in info.value.message
     assert construct in info.value.message
     assert conn.service.ledger.spent(conn.analyst, conn.service.policy.dataset) == Cost()
+
+
+def test_spark_rendering_widens_inside_distinct():
+    """Spark's SUM(BIGINT) wraps past 2^63, so the renderer sums DECIMAL(38, 0): inside the
+    DISTINCT (``SUM(CAST(DISTINCT v ...))`` does not parse)."""
+    import sqlglot
+
+    from dpsql.sql.compile import compile_plan
+
+    svc = dpsql.Service(fixture_policy())
+    try:
+        sql = "SELECT department, SUM(DISTINCT cost) FROM visits GROUP BY department"
+        plan = svc.plan(parse_statement(sql, svc.policy), Settings(1.0, 1e-6, "laplace"))
+        (extra,) = compile_plan(plan, 7).extras
+        text = extra.render("spark")
+        assert "SUM(DISTINCT CAST(" in text
+        sqlglot.parse_one(text, read="spark")
+    finally:
+        svc.close()
+
+
+def test_spark_matches_duckdb_when_bounds_do_not_bind():
+    from conftest import local_spark, require_spark
+
+    require_spark()
+    policy = fixture_policy(table=WIDE)
+    on_duckdb = exact_connect(policy)
+    on_spark = exact_connect(policy, engine="spark", spark_session=local_spark())
+    for sql in (
+        "SELECT department, SUM(DISTINCT cost), SUM(DISTINCT age) FROM visits GROUP BY 1",
+        "SELECT SUM(DISTINCT per_user) FROM (SELECT patient_id, SUM(cost) AS per_user "
+        "FROM visits GROUP BY patient_id) v",
+    ):
+        assert_same_rows(rows_of(on_spark, sql), rows_of(on_duckdb, sql))

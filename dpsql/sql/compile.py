@@ -262,6 +262,10 @@ def _spark_safe(expression: exp.Expression) -> exp.Expression:
     outer = expression if isinstance(expression, exp.Select) else None
     if outer is not None:
         for total in [s for item in outer.expressions for s in item.find_all(exp.Sum)]:
+            if isinstance(total.this, exp.Distinct):  # SUM(DISTINCT CAST(v AS ...))
+                (value,) = total.this.expressions
+                value.replace(exp.Cast(this=value.copy(), to=_decimal(38, 0)))
+                continue
             total.set("this", exp.Cast(this=total.this, to=_decimal(38, 0)))
     for inner in [q for q in expression.find_all(exp.Subquery) if q.alias == fold.INNER]:
         for total in list(inner.this.find_all(exp.Sum)):  # a folded plan's inner sums too
