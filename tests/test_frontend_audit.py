@@ -14,6 +14,9 @@ and estimator: D, D′ = D + one worst-case unit, Laplace at ε = 1, Clopper–P
   ``SELECT * FROM (...) WHERE n > 2``, audited on what the analyst sees (the outer query
   applied to each bulk release; ``test_end_to_end_equals_release_then_wrapper`` checks that
   this is what the pipeline returns);
+- **windows over the released aggregates** (percent of total, running total: issue 27's
+  relational post-processing), audited on each department's share and running total as the
+  analyst sees them, and tied to the pipeline by ``test_end_to_end_equals_release_then_wrapper``;
 - a **broken mechanism**: a plan whose interval arithmetic under-states the computed
   column's range 4x ([0, 2] for a [0, 8] CASE). With the engine clamping to the plan's range
   the release stays DP (the clamp *is* the sensitivity: no violation); with the noise
@@ -91,11 +94,24 @@ QUERIES = {
     "avg-clamp": "SELECT AVG(LEAST(GREATEST(amount, 10), 30)) AS m FROM t",
     "wrapper-sum": f"SELECT SUM(n) AS total FROM ({HISTOGRAM}) AS s",
     "wrapper-where": f"SELECT * FROM ({HISTOGRAM}) AS s WHERE n > 2",
+    # windows over the released aggregates (issue 27 item 2): post-processing of one DP query
+    "window-share": (
+        "SELECT dept, COUNT(*) AS n, COUNT(*) * 100.0 / SUM(COUNT(*)) OVER () AS pct "
+        "FROM t GROUP BY dept"
+    ),
+    "window-running": (
+        "SELECT dept, COUNT(*) AS n, SUM(COUNT(*)) OVER (ORDER BY dept) AS running "
+        "FROM t GROUP BY dept"
+    ),
 }
 #: The outer query of each wrapper, applied in Python to one release {(dept,): n}.
 WRAPPERS: dict[str, Callable[[dict[tuple, float]], list[tuple[Any, ...]]]] = {
     "wrapper-sum": lambda out: [(sum(out.values()),)],
     "wrapper-where": lambda out: [(*k, v) for k, v in out.items() if v > 2],
+    "window-share": lambda out: [(*k, v, v * 100.0 / sum(out.values())) for k, v in out.items()],
+    "window-running": lambda out: [
+        (*k, v, sum(w for j, w in out.items() if j <= k)) for k, v in out.items()
+    ],
 }
 SEEDS = {"D": 41, "D′": 42}
 
@@ -379,6 +395,35 @@ def test_wrapper_where_on_released_values_audit_finds_no_violation(
     print(f"\n[audit] wrapper-where  correct: {report}")
     assert not report.violated, str(report)
     assert report.epsilon_lower >= 0.25 * report.epsilon, str(report)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["window-share", "window-running"])
+def test_a_window_over_released_aggregates_audit_finds_no_violation(
+    runs: dict[str, dict[str, list[Recorded]]], name: str
+) -> None:
+    """Windows over a DP histogram's released counts (percent of total, running total):
+    the window reads only noisy outputs, so the statement's loss is the histogram's ε at
+    most. Audited on what the analyst sees: each department's share (or running total) of
+    the released rows, on a grid fixed from the plan's public scale."""
+    d, d2 = pair(runs, name)
+    window = WRAPPERS[name]
+    _, scale = shift_and_scale(d.plan)
+    dept = "d"  # empty on D, 3 rows of the extra unit on D′: its share and the running total
+
+    def statistic(out: dict[tuple, float]) -> float:
+        return next((r[2] for r in window(out) if r[0] == dept), 0.0)
+
+    if name == "window-share":
+        grid = np.linspace(-60.0, 60.0, 25)
+    else:  # around the exact running total, wide enough for the unit's move and the noise
+        exact = statistic(exact_values(d.plan, d.result))
+        grid = exact + np.linspace(-6 * scale, 6 * scale + 2 * d.plan.max_rows, 25)
+    report, _ = scalar_audit(d, d2, statistic, grid, 590, RUNS)
+    print(f"\n[audit] {name:<14} correct: {report}")
+    assert not report.violated, str(report)
+    # power: ε̂_lo 0.355 (share) and 0.298 (running total) with these seeds
+    assert report.epsilon_lower >= 0.15 * report.epsilon, str(report)
 
 
 # --- a broken mechanism: an under-stated range of a computed column --------------------------
