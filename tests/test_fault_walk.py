@@ -235,7 +235,7 @@ def swapped(code: CodeType) -> Iterator[bool]:
 
 
 OWN_MODULES = ("server/", "cli.py", "commands.py", "terminal.py", "shell.py", "plots.py")
-SAMPLE = 7  # every 7th function of the shared path (walked whole through the DB-API)
+SAMPLE = 15  # every 15th function of the shared path (walked whole through the DB-API)
 
 
 # Release functions of pools, run in a ``finally`` only: their failing on entry is a fault
@@ -255,7 +255,9 @@ def _door_codes(seen: dict[CodeType, None]) -> list[CodeType]:
     return own + shared[::SAMPLE]
 
 
-WIRE_STATEMENTS = ["public keys", "explain", "show budget", "set", "probe", "public select"]
+# EXPLAIN's server-side functions are the public keys'; the shared path of every kind is
+# walked whole through the DB-API
+WIRE_STATEMENTS = ["public keys", "show budget", "set", "probe", "public select"]
 
 
 @pytest.fixture(scope="module")
@@ -352,7 +354,7 @@ def test_every_function_of_a_wire_statement_fails_cleanly(faults, wire, kind, pr
     assert not send(_wire_client(wire)).errors()  # the server still answers
 
 
-@pytest.mark.parametrize("kind", ["public keys", "explain", "show budget"])
+@pytest.mark.parametrize("kind", ["public keys", "show budget"])
 def test_every_function_of_a_cli_statement_fails_cleanly(faults, tmp_path, capsys, kind):
     import shutil
 
