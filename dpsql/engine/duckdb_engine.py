@@ -432,7 +432,8 @@ class DuckDBEngine:
             # limit, so a timing difference can show which side it is on (docs/threat_model.md,
             # "Column programs"): declaring small_tables pins it (dpsql init writes it).
             _log.warning(
-                "%s: more than %s rows: its plans run as SQL, not column programs; declare "
+                "%s: more than %s rows: not held at connect, its plans run as SQL until its "
+                "store is built in the background; declare "
                 '[engine] small_tables = "sql" (or "columns") to pin the path',
                 where,
                 f"{SMALL_ROWS:,}",
