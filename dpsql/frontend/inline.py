@@ -22,26 +22,10 @@ from sqlglot import exp
 
 from dpsql.errors import PrivacyError, ProgrammingError, UndefinedColumnError
 from dpsql.frontend.logic import transform_clauses
-from dpsql.frontend.per_unit import per_unit_relation
+from dpsql.frontend.per_unit import ROW_CHANGING_CLAUSES, per_unit_relation
 from dpsql.frontend.scopes import display_name
 from dpsql.policy import Policy, TablePolicy
 from dpsql.sql.positions import position_of, snippet
-
-# Clauses a row-level derived table cannot carry: each would make the relation depend on
-# other rows (DISTINCT merges rows, LIMIT keeps a data-dependent subset, windows read other
-# rows), so it is not a per-row projection and inlining it would change its meaning.
-_ROW_CHANGING = {
-    "distinct": "DISTINCT",
-    "limit": "LIMIT",
-    "offset": "OFFSET",
-    "qualify": "QUALIFY",
-    "windows": "WINDOW",
-    "sample": "TABLESAMPLE",
-    "laterals": "LATERAL",
-    "joins": "JOIN",
-    "into": "INTO",
-    "locks": "FOR UPDATE",
-}
 
 
 @dataclass(frozen=True)
@@ -226,7 +210,9 @@ class _Flattener:
         ``expand_star`` (post-processing only) turns ``*`` into inner's columns; over private
         rows a star stays, for the binder to refuse.
         """
-        for arg, word in _ROW_CHANGING.items():
+        # each would make the relation depend on other rows (DISTINCT merges rows, LIMIT keeps
+        # a data-dependent subset, windows read other rows): not a per-row projection
+        for arg, word in ROW_CHANGING_CLAUSES.items():
             if inner.args.get(arg):
                 node = inner.args[arg]
                 node = node[0] if isinstance(node, list) else node

@@ -68,8 +68,9 @@ from sqlglot import exp
 from dpsql.errors import PrivacyError, UndefinedColumnError
 from dpsql.sql.positions import position_of, snippet
 
-# Clauses that make a relation depend on other rows than the unit's own, or on an order.
-_REFUSED_CLAUSES = {
+# Clauses that make a relation depend on other rows than its own, or on an order: refused in
+# a per-unit relation here and in a row-level one (dpsql.frontend.inline), one list for both.
+ROW_CHANGING_CLAUSES = {
     "distinct": "DISTINCT",
     "limit": "LIMIT",
     "offset": "OFFSET",
@@ -259,7 +260,7 @@ class _Builder:
                 group,
                 "send one query per grouping",
             )
-        for arg, word in _REFUSED_CLAUSES.items():
+        for arg, word in ROW_CHANGING_CLAUSES.items():
             if self.inner.args.get(arg):
                 node = self.inner.args[arg]
                 node = node[0] if isinstance(node, list) else node
