@@ -22,7 +22,7 @@ import hashlib
 import json
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -65,16 +65,23 @@ def plan_composite(
             size = n if n is not None else max(outer_query.table.max_groups_per_unit, 1)
             domains[i] = tuple(_Placeholder(j) for j in range(max(size, 1)))
     outer = service.plan_typed(outer_query, domains, settings)
-    for plan in (inner, outer):
+    _refuse_auto_clips(
+        (inner, outer), "inside a query filtered by a DP subquery", "the two queries"
+    )
+    return inner, outer
+
+
+def _refuse_auto_clips(plans: Sequence[Plan], where: str, what: str) -> None:
+    """Automatic clipping spends a share of each plan's ε on a range the statement's other
+    measurements would depend on: refused (free, before anything runs) in combined statements."""
+    for plan in plans:
         if plan.clips:
             column = plan.clips[0].column
             raise NotSupportedError(
-                f"{column}: automatic clipping is not supported inside a query filtered by "
-                "a DP subquery",
+                f"{column}: automatic clipping is not supported {where}",
                 construct=column,
-                hint='run the two queries separately, or declare clip = "declared" for it',
+                hint=f'run {what} separately, or declare clip = "declared" for it',
             )
-    return inner, outer
 
 
 class _Placeholder:
@@ -144,6 +151,48 @@ def _released_values(
     return list(dict.fromkeys(v for v in values if v is not None))
 
 
+def _paid_once(
+    service: Service,
+    analyst: str,
+    text: str,
+    fingerprint: str,
+    cost: Any,
+    handle: QueryHandle | None,
+    check: Callable[[], None],
+    execute: Callable[[], tuple[str, bool]],
+) -> tuple[str, Any, str | None]:
+    """The release transaction of a statement of several measurements: its stored answer
+    (replayed free), or check (free refusals) -> reserve the whole cost once -> ``execute``
+    under the charged boundary -> remember. Returns the stored answer, what was charged (None:
+    replayed) and the note of a failed cache write (the answer was paid for: dpsql.boundary).
+    ``execute`` returns the answer to store and whether it may be replayed."""
+    from dpsql.pipeline import _not_cancelled
+
+    dataset = service.policy.dataset
+    cache_key = fingerprint if service.cache else None
+    stored = service.ledger.cached(analyst, dataset, cache_key) if cache_key else None
+    if stored is not None:
+        return stored, None, None
+    service.ledger.check(analyst, dataset, cost, service.policy.budget)
+    check()
+    _not_cancelled(handle)
+    service._reserve(analyst, cost, text, fingerprint)
+    with charged_boundary():
+        stored, replayable = execute()
+    if cache_key is None or not replayable:
+        return stored, cost, None
+    return stored, cost, remember_paid(service.ledger, analyst, dataset, cache_key, stored)
+
+
+def _measured(service: Service, plan: Plan, handle: QueryHandle | None) -> Any:
+    """One measurement run and released (after the reserve, inside the charged boundary)."""
+    from dpsql.pipeline import _encode
+
+    result = service.engine.execute(_compile(plan), handle)
+    answer = release(plan, result, service.noise, cancel_check(handle))
+    return _encode(answer, service._key_types(plan))
+
+
 def run_composite(
     service: Service,
     query: CompositeQuery,
@@ -151,50 +200,26 @@ def run_composite(
     analyst: str,
     handle: QueryHandle | None,
 ) -> Result:
-    from dpsql.pipeline import _decode, _encode, _not_cancelled
+    from dpsql.pipeline import _decode
 
     inner, outer = plan_composite(service, query, settings, analyst)
-    dataset = service.policy.dataset
-    fingerprint = _fingerprint(inner, outer, query)
-    cache_key = fingerprint if service.cache else None
-    stored = service.ledger.cached(analyst, dataset, cache_key) if cache_key else None
     cost = inner.cost + outer.cost
-    not_cached = None
-    if stored is None:
-        service.ledger.check(analyst, dataset, cost, service.policy.budget)
+
+    def check() -> None:
         for plan in (inner, outer):
             service._dry_run_post(plan, analyst)
             service._check_drawable(plan)
-        _not_cancelled(handle)
-        service._reserve(analyst, cost, query.text, fingerprint)
-        with charged_boundary():
-            inner_encoded = _encode(
-                release(
-                    inner,
-                    service.engine.execute(_compile(inner), handle),
-                    service.noise,
-                    cancel_check(handle),
-                ),
-                service._key_types(inner),
-            )
-            values = _released_values(service, inner, _decode(inner_encoded), query)
-            bound = bind_released(outer, query, values)
-            outer_encoded = _encode(
-                release(
-                    bound,
-                    service.engine.execute(_compile(bound), handle),
-                    service.noise,
-                    cancel_check(handle),
-                ),
-                service._key_types(bound),
-            )
-            stored = json.dumps({"inner": inner_encoded, "outer": outer_encoded})
-        # paid for: a failed cache write returns the answer with a note (dpsql.boundary)
-        if cache_key is not None:
-            not_cached = remember_paid(service.ledger, analyst, dataset, cache_key, stored)
-        charged: Any = cost
-    else:
-        charged = None
+
+    def execute() -> tuple[str, bool]:
+        inner_encoded = _measured(service, inner, handle)
+        values = _released_values(service, inner, _decode(inner_encoded), query)
+        outer_encoded = _measured(service, bind_released(outer, query, values), handle)
+        return json.dumps({"inner": inner_encoded, "outer": outer_encoded}), True
+
+    fingerprint = _fingerprint(inner, outer, query)
+    stored, charged, not_cached = _paid_once(
+        service, analyst, query.text, fingerprint, cost, handle, check, execute
+    )
     with post_processing_boundary():
         data = json.loads(stored)
         values = _released_values(service, inner, _decode(data["inner"]), query)
@@ -245,15 +270,7 @@ def plan_released(
 ) -> tuple[Plan, ...]:
     """Every measurement's plan, as charged (refusals here are free)."""
     plans = tuple(service.plan(m, settings, analyst) for m in query.measurements)
-    for plan in plans:
-        if plan.clips:
-            column = plan.clips[0].column
-            raise NotSupportedError(
-                f"{column}: automatic clipping is not supported in post-processing of several "
-                "DP queries",
-                construct=column,
-                hint='run the queries separately, or declare clip = "declared" for it',
-            )
+    _refuse_auto_clips(plans, "in post-processing of several DP queries", "the queries")
     return plans
 
 
@@ -357,46 +374,28 @@ def run_released(
 ) -> Result:
     """One release transaction: reserve all -> execute all -> release -> remember; then the
     post-processing of the released tables (free)."""
-    from dpsql.pipeline import _decode, _encode, _not_cancelled
+    from dpsql.pipeline import _decode
 
     plans = plan_released(service, query, settings, analyst)
     for plan in plans:
         check_plan_rows(plan, service.policy.limits)
-    dataset = service.policy.dataset
     fingerprint = _released_fingerprint(plans, query)
-    cache_key = fingerprint if service.cache else None
-    stored = service.ledger.cached(analyst, dataset, cache_key) if cache_key else None
-    cost = _released_cost(plans)
-    not_cached = None
-    if stored is None:
-        service.ledger.check(analyst, dataset, cost, service.policy.budget)
+
+    def check() -> None:
         checked = ("released", analyst, fingerprint)  # the text's checks passed before
         if checked not in service._post_checked:
             check_released(service, query, plans, analyst)
             service._post_checked.add(checked)
-        _not_cancelled(handle)
-        service._reserve(analyst, cost, query.text, fingerprint)
-        with charged_boundary():
-            encoded = [
-                _encode(
-                    release(
-                        plan,
-                        service.engine.execute(_compile(plan), handle),
-                        service.noise,
-                        cancel_check(handle),
-                    ),
-                    service._key_types(plan),
-                )
-                for plan in plans
-            ]
-            stored = json.dumps({"measurements": encoded})
-            if any(service.data_version(p.query.table) != p.data_version for p in plans):
-                cache_key = None  # the data moved while it ran: answered, never replayed
-        if cache_key is not None:
-            not_cached = remember_paid(service.ledger, analyst, dataset, cache_key, stored)
-        charged: Any = cost
-    else:
-        charged = None
+
+    def execute() -> tuple[str, bool]:
+        encoded = [_measured(service, plan, handle) for plan in plans]
+        # the data moved while it ran: answered, never replayed
+        moved = any(service.data_version(p.query.table) != p.data_version for p in plans)
+        return json.dumps({"measurements": encoded}), not moved
+
+    stored, charged, not_cached = _paid_once(
+        service, analyst, query.text, fingerprint, _released_cost(plans), handle, check, execute
+    )
     with post_processing_boundary():
         data = json.loads(stored)
         results = [
