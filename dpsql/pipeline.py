@@ -27,9 +27,7 @@ from dpsql.boundary import (
     STATEMENT_CHARGED,
     ChargedFailure,
     ChargedPostProcessingFailure,
-    charged_boundary,
     post_processing_boundary,
-    remember_paid,
     uniform_charged_failure,
 )
 from dpsql.engine.api import EngineResult, QueryHandle, cancel_check
@@ -43,7 +41,6 @@ from dpsql.errors import (
     DataError,
     Error,
     InternalError,
-    OperationalError,
     ProgrammingError,
     internal_error,
 )
@@ -73,6 +70,8 @@ from dpsql.service.results import (
 from dpsql.service.settings import Settings, _ResetRequest, apply_setting, reset_setting
 from dpsql.service.shape_cache import ShapeCache
 from dpsql.service.text_shapes import TextShapes
+from dpsql.service.transaction import not_cancelled as _not_cancelled
+from dpsql.service.transaction import paid_once
 from dpsql.sql.bind import (
     DIALECT,
     BoundQuery,
@@ -544,54 +543,59 @@ class Service:
             with post_processing_boundary():
                 answer = _decode(_encode(free, self._key_types(plan)))
                 return self._finish(plan, answer, cost=None, cached=False, prepared=prepared)
-        dataset = self.policy.dataset
         fingerprint = prepared.fingerprint
-        cache_key = fingerprint if self.cache else None
-        if cache_key is not None:
-            stored = self.ledger.cached(analyst, dataset, cache_key)
-            if stored is not None:
-                with post_processing_boundary():
-                    return self._finish(
-                        plan,
-                        at_confidence(plan, _decode(stored), confidence),
-                        cost=None,
-                        cached=True,
-                        prepared=prepared,
-                    )
-        self.ledger.check(analyst, dataset, plan.cost, self.policy.budget)
-        if not prepared.post_checked:
-            self._dry_run_post(plan, analyst)
-            prepared.post_checked = True
-        self._check_drawable(plan)
-        compiled = self._compiled(prepared)
-        _not_cancelled(handle)
-        self._reserve(analyst, plan.cost, plan.query.text, fingerprint)
+        compiled = None
+        run_plan = plan
         clip_notes: list[str] = []
-        if (bounds := plan.extra.get("bounds")) is not None:
-            clip_notes.extend(bounds.notes())
-        with charged_boundary():
-            run_plan = plan
+
+        def check() -> None:
+            nonlocal compiled
+            if not prepared.post_checked:
+                self._dry_run_post(plan, analyst)
+                prepared.post_checked = True
+            self._check_drawable(plan)
+            compiled = self._compiled(prepared)
+
+        def execute() -> tuple[str, bool]:
+            nonlocal compiled, run_plan, clip_notes
+            assert compiled is not None  # check() ran before the reserve
             if plan.clips:
                 # automatic clipping: release the ranges, then run the plan planned with them
                 run_plan, clip_notes = self._clip(plan, compiled.secret, handle)
                 compiled = compile_plan(run_plan, compiled.secret)
             result: EngineResult = self.engine.execute(compiled, handle)
             released = release(run_plan, result, self.noise, cancel_check(handle))
-            if cache_key is not None and self.data_version(plan.query.table) != plan.data_version:
-                cache_key = None  # the data moved while it ran: answered, never replayed
+            # the data moved while it ran: answered, never replayed
+            replayable = not self.cache or (
+                self.data_version(plan.query.table) == plan.data_version
+            )
             key_types = self._key_types(plan)  # from the plan: the same on every dataset
-            encoded = _encode(released, key_types)
-            # Decode what is stored, so a fresh answer and its cached replay look the same.
-            answer = _decode(encoded)
-        # Paid for and released: a failed cache write returns it with a note, never discards it.
-        if cache_key is not None and (
-            note := remember_paid(self.ledger, analyst, dataset, cache_key, encoded)
-        ):
-            clip_notes.append(note)
+            return _encode(released, key_types), replayable
+
+        paid = paid_once(
+            self, analyst, text=plan.query.text, plan_hash=fingerprint, cost=plan.cost,
+            handle=handle, check=check, execute=execute, cache_key=fingerprint,
+        )  # fmt: skip
         with post_processing_boundary():
+            # Decode what is stored, so a fresh answer and its cached replay look the same.
+            answer = _decode(paid.answer)
+            if paid.replayed:
+                return self._finish(
+                    plan,
+                    at_confidence(plan, answer, confidence),
+                    cost=None,
+                    cached=True,
+                    prepared=prepared,
+                )
+            notes: list[str] = []
+            if (bounds := plan.extra.get("bounds")) is not None:
+                notes.extend(bounds.notes())
+            notes.extend(clip_notes)
+            if paid.note:
+                notes.append(paid.note)  # paid for and released: returned with the note
             answer = at_confidence(run_plan, answer, confidence)  # the cache keeps the 95% ones
             out = self._finish(plan, answer, cost=plan.cost, cached=False, prepared=prepared)
-            out.notes.extend(clip_notes)
+            out.notes.extend(notes)
             return out
 
     def _clip(self, plan: Plan, secret: int, handle: QueryHandle | None) -> tuple[Plan, list[str]]:
@@ -640,24 +644,33 @@ class Service:
         pending = plan.extra["bounds"].pending
         if pending is None:
             return _Prepared(plan)
-        dataset = self.policy.dataset
-        self.ledger.check(analyst, dataset, pending.cost + plan.cost, self.policy.budget)
-        self._dry_run_post(plan, analyst)
-        self._check_drawable(plan)
-        for histogram in pending.mechanisms:
-            try:
-                histogram.mechanism.sample(self.noise, 0)
-                _ = histogram.threshold
-            except (ValueError, OverflowError):
-                raise _undrawable("the contribution bounds' histogram", bounds=False) from None
-        _not_cancelled(handle)
-        self._reserve(analyst, pending.cost, pending.describe(), pending.needs[0].cache_key)
-        with charged_boundary():
+
+        def check() -> None:
+            self._dry_run_post(plan, analyst)
+            self._check_drawable(plan)
+            for histogram in pending.mechanisms:
+                try:
+                    histogram.mechanism.sample(self.noise, 0)
+                    _ = histogram.threshold
+                except (ValueError, OverflowError):
+                    raise _undrawable("the contribution bounds' histogram", bounds=False) from None
+
+        def execute() -> tuple[Plan, bool]:
             chosen_query, measured, chosen = buy_bounds(
                 self, pending, query, analyst, handle, contribution_query
             )
-            run = self.plan_typed(chosen_query, domains, replace(settings, epsilon=measured))
-            run.extra["bounds"] = chosen
+            chosen_plan = self.plan_typed(
+                chosen_query, domains, replace(settings, epsilon=measured)
+            )
+            chosen_plan.extra["bounds"] = chosen
+            return chosen_plan, False  # kept by buy_bounds per analyst and data version
+
+        # its own ledger entry; the budget check asks room for the query that follows it too
+        run = paid_once(
+            self, analyst, text=pending.describe(), plan_hash=pending.needs[0].cache_key,
+            cost=pending.cost, budget_cost=pending.cost + plan.cost, handle=handle,
+            check=check, execute=execute,
+        ).answer  # fmt: skip
         return _Prepared(run)
 
     def _check_drawable(self, plan: Plan) -> None:
@@ -1165,11 +1178,3 @@ def _undrawable(what: str, *, bounds: bool = True) -> DataError:
         construct="epsilon",
         hint=f"raise epsilon (SET epsilon = ...){fix}; nothing was spent",
     )
-
-
-def _not_cancelled(handle: QueryHandle | None) -> None:
-    """A query cancelled before its cost is reserved has read nothing: a free refusal."""
-    if handle is not None and handle.interrupted:
-        raise OperationalError(
-            "query cancelled before it ran", sqlstate="57014", hint="nothing was spent"
-        )

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dpsql.boundary import charged_boundary, remember_paid
 from dpsql.errors import PrivacyError, ProgrammingError, UndefinedColumnError
 from dpsql.models import dpsgd
 from dpsql.models import sufficient_stats as ss
@@ -31,6 +30,7 @@ from dpsql.policy import ColumnPolicy, TablePolicy
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.samplers import NoiseSource
 from dpsql.rulelist.table_function import _typed_positive, check_model_name
+from dpsql.service.transaction import paid_once
 from dpsql.sql.identifiers import quote_ident
 from dpsql.sql.rows import bounded_rows_sql
 
@@ -464,31 +464,26 @@ def run_regression(
     """dpsql.rulelist.sql_run.run_rule_list's order, for the regression table functions."""
     from dpsql.engine.api import cancel_check
     from dpsql.engine.scratch import check_post
-    from dpsql.pipeline import DIALECT, _not_cancelled
+    from dpsql.pipeline import DIALECT
 
     plan = _plan_call(service, call, settings)
     check_post(call.post.sql(dialect=DIALECT), call.post)
-    dataset = service.policy.dataset
     fingerprint = _fingerprint(service, call, settings)
-    cache_key = "regression:" + fingerprint if service.cache else None
-    answer = service.ledger.cached(analyst, dataset, cache_key) if cache_key else None
-    cost = None
-    not_cached = None
-    if answer is None:
-        _check_budget_delta(service, plan, analyst)
-        service.ledger.check(analyst, dataset, plan.cost, service.policy.budget)
-        table = call.table
-        sql = bounded_rows_sql(table, plan.select_list(table.privacy_unit), secrets.randbits(62))
-        _not_cancelled(handle)
-        service._reserve(analyst, plan.cost, call.text, fingerprint)
-        with charged_boundary():
-            matrix = service.engine.fetch_matrix(sql, handle)
-            fitted = release_regression(plan, matrix, service.noise, cancel_check(handle))
-            answer = json.dumps(fitted)
-        # paid for: a failed cache write returns the answer with a note (dpsql.boundary)
-        if cache_key is not None:
-            not_cached = remember_paid(service.ledger, analyst, dataset, cache_key, answer)
-        cost = plan.cost
+    table = call.table
+    sql = bounded_rows_sql(table, plan.select_list(table.privacy_unit), secrets.randbits(62))
+
+    def execute() -> tuple[str, bool]:
+        matrix = service.engine.fetch_matrix(sql, handle)
+        return json.dumps(
+            release_regression(plan, matrix, service.noise, cancel_check(handle))
+        ), True
+
+    paid = paid_once(
+        service, analyst, text=call.text, plan_hash=fingerprint, cost=plan.cost, handle=handle,
+        execute=execute, cache_key="regression:" + fingerprint,
+        before_budget=lambda: _check_budget_delta(service, plan, analyst),
+    )  # fmt: skip
+    answer, cost, not_cached = paid.answer, paid.charged, paid.note
     result, data = service.table_function_result(call, answer, cost, COLUMNS)
     if not_cached:
         result.notes.append(not_cached)

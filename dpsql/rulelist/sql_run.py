@@ -17,10 +17,10 @@ import secrets
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from dpsql.boundary import charged_boundary, remember_paid
 from dpsql.engine.api import cancel_check
 from dpsql.engine.scratch import check_post
 from dpsql.errors import ProgrammingError
+from dpsql.service.transaction import paid_once
 from dpsql.sql.bind import DIALECT, RuleListCall
 from dpsql.sql.rows import pattern_counts_sql
 from dpsql.sql.typecheck import check_binds
@@ -72,13 +72,11 @@ def run_rule_list(
     analyst: str,
     handle: QueryHandle | None,
 ) -> Result:
-    from dpsql.pipeline import _not_cancelled
     from dpsql.rulelist.table_function import COLUMNS, release_rule_list
 
     plan = plan_rule_list_call(service, call, settings)
     # The post-processing's functions are checked before the charge: a refusal is free.
     check_post(call.post.sql(dialect=DIALECT), call.post)
-    dataset = service.policy.dataset
     fingerprint = hashlib.sha256(
         repr(
             (
@@ -89,39 +87,33 @@ def run_rule_list(
             )
         ).encode()
     ).hexdigest()
-    cache_key = "rulelist:" + fingerprint if service.cache else None
-    answer = service.ledger.cached(analyst, dataset, cache_key) if cache_key else None
-    cost = None
-    not_cached = None
-    if answer is None:
-        service.ledger.check(analyst, dataset, plan.cost, service.policy.budget)
-        columns = [f"f{i}" for i in range(len(plan.feature_sql))] + ["y"]
-        sql = pattern_counts_sql(call.table, plan.select_list(), columns, secrets.randbits(62))
-        _not_cancelled(handle)
-        service._reserve(analyst, plan.cost, call.text, fingerprint)
-        with charged_boundary():
-            counted = service.engine.fetch_matrix(sql, handle)
-            # One row per distinct (features, label) pattern with its count: the learner
-            # works on these weights, never on one row per sample.
-            released = release_rule_list(
-                plan,
-                counted[:, :-2],
-                counted[:, -2],
-                service.noise,
-                weights=counted[:, -1],
-                check=cancel_check(handle),
-            )
-            answer = json.dumps(
-                {
-                    "rows": [list(r) for r in released.rows],
-                    "notes": list(released.notes),
-                    "model": plan.model_payload(released.rule_list),
-                }
-            )
-        # paid for: a failed cache write returns the answer with a note (dpsql.boundary)
-        if cache_key is not None:
-            not_cached = remember_paid(service.ledger, analyst, dataset, cache_key, answer)
-        cost = plan.cost
+    columns = [f"f{i}" for i in range(len(plan.feature_sql))] + ["y"]
+    sql = pattern_counts_sql(call.table, plan.select_list(), columns, secrets.randbits(62))
+
+    def execute() -> tuple[str, bool]:
+        counted = service.engine.fetch_matrix(sql, handle)
+        # One row per distinct (features, label) pattern with its count: the learner
+        # works on these weights, never on one row per sample.
+        released = release_rule_list(
+            plan,
+            counted[:, :-2],
+            counted[:, -2],
+            service.noise,
+            weights=counted[:, -1],
+            check=cancel_check(handle),
+        )
+        answer = {
+            "rows": [list(r) for r in released.rows],
+            "notes": list(released.notes),
+            "model": plan.model_payload(released.rule_list),
+        }
+        return json.dumps(answer), True
+
+    paid = paid_once(
+        service, analyst, text=call.text, plan_hash=fingerprint, cost=plan.cost, handle=handle,
+        execute=execute, cache_key="rulelist:" + fingerprint,
+    )  # fmt: skip
+    answer, cost, not_cached = paid.answer, paid.charged, paid.note
     result, data = service.table_function_result(call, answer, cost, COLUMNS)
     if not_cached:
         result.notes.append(not_cached)

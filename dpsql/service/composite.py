@@ -22,13 +22,13 @@ import hashlib
 import json
 import math
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 from sqlglot import exp
 
-from dpsql.boundary import charged_boundary, post_processing_boundary, remember_paid
+from dpsql.boundary import post_processing_boundary
 from dpsql.engine.api import cancel_check
 from dpsql.engine.scratch import check_post
 from dpsql.errors import InternalError, NotSupportedError, ProgrammingError
@@ -38,6 +38,7 @@ from dpsql.limits import check_plan_rows
 from dpsql.privacy.release import at_confidence, release
 from dpsql.service.postprocess import NULL_TYPE, check_tables, picked, run_post, tagged
 from dpsql.service.results import Result, _convert, type_code
+from dpsql.service.transaction import paid_once
 from dpsql.sql.bind import DIALECT, CompositeQuery, ReleasedQuery, to_literal
 from dpsql.sql.compile import compile_plan
 from dpsql.sql.domains import _ordered
@@ -151,39 +152,6 @@ def _released_values(
     return list(dict.fromkeys(v for v in values if v is not None))
 
 
-def _paid_once(
-    service: Service,
-    analyst: str,
-    text: str,
-    fingerprint: str,
-    cost: Any,
-    handle: QueryHandle | None,
-    check: Callable[[], None],
-    execute: Callable[[], tuple[str, bool]],
-) -> tuple[str, Any, str | None]:
-    """The release transaction of a statement of several measurements: its stored answer
-    (replayed free), or check (free refusals) -> reserve the whole cost once -> ``execute``
-    under the charged boundary -> remember. Returns the stored answer, what was charged (None:
-    replayed) and the note of a failed cache write (the answer was paid for: dpsql.boundary).
-    ``execute`` returns the answer to store and whether it may be replayed."""
-    from dpsql.pipeline import _not_cancelled
-
-    dataset = service.policy.dataset
-    cache_key = fingerprint if service.cache else None
-    stored = service.ledger.cached(analyst, dataset, cache_key) if cache_key else None
-    if stored is not None:
-        return stored, None, None
-    service.ledger.check(analyst, dataset, cost, service.policy.budget)
-    check()
-    _not_cancelled(handle)
-    service._reserve(analyst, cost, text, fingerprint)
-    with charged_boundary():
-        stored, replayable = execute()
-    if cache_key is None or not replayable:
-        return stored, cost, None
-    return stored, cost, remember_paid(service.ledger, analyst, dataset, cache_key, stored)
-
-
 def _measured(service: Service, plan: Plan, handle: QueryHandle | None) -> Any:
     """One measurement run and released (after the reserve, inside the charged boundary)."""
     from dpsql.pipeline import _encode
@@ -217,9 +185,11 @@ def run_composite(
         return json.dumps({"inner": inner_encoded, "outer": outer_encoded}), True
 
     fingerprint = _fingerprint(inner, outer, query)
-    stored, charged, not_cached = _paid_once(
-        service, analyst, query.text, fingerprint, cost, handle, check, execute
-    )
+    paid = paid_once(
+        service, analyst, text=query.text, plan_hash=fingerprint, cost=cost, handle=handle,
+        check=check, execute=execute, cache_key=fingerprint,
+    )  # fmt: skip
+    stored, charged, not_cached = paid.answer, paid.charged, paid.note
     with post_processing_boundary():
         data = json.loads(stored)
         values = _released_values(service, inner, _decode(data["inner"]), query)
@@ -393,9 +363,11 @@ def run_released(
         moved = any(service.data_version(p.query.table) != p.data_version for p in plans)
         return json.dumps({"measurements": encoded}), not moved
 
-    stored, charged, not_cached = _paid_once(
-        service, analyst, query.text, fingerprint, _released_cost(plans), handle, check, execute
-    )
+    paid = paid_once(
+        service, analyst, text=query.text, plan_hash=fingerprint, cost=_released_cost(plans),
+        handle=handle, check=check, execute=execute, cache_key=fingerprint,
+    )  # fmt: skip
+    stored, charged, not_cached = paid.answer, paid.charged, paid.note
     with post_processing_boundary():
         data = json.loads(stored)
         results = [
