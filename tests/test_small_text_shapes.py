@@ -7,6 +7,7 @@ analysts, data versions) takes the full path.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -254,3 +255,56 @@ def test_the_date_of_today_is_bound_again_each_day(monkeypatch: pytest.MonkeyPat
         _run(service, text, settings)
         got = service._plans.get(service._plans.key(text, None, settings, "a"))  # type: ignore[arg-type]
         assert got is not None and "2099-01-02" in got.plan.query.where.sql()  # type: ignore[union-attr]
+
+
+# The wire server reads PostgreSQL (dpsql.sql.dialect): its texts are learned, re-bound and
+# served in that dialect. The division shapes are where the dialects bind differently
+# (PostgreSQL divides two integers as integers, DuckDB does not).
+PG_SHAPES = [
+    SHAPES[1],
+    SHAPES[2],
+    SHAPES[6],
+    "SELECT COUNT(*) FROM visits WHERE age / 7 > {a}",
+    "SELECT SUM(cost) FROM visits WHERE age / 3 >= {a} AND cost / 2 < {b}.5",
+]
+
+
+def _pg(service: Service) -> Settings:
+    return replace(_settings(service), dialect="postgres")
+
+
+def _fresh_in(service: Service, text: str, settings: Settings) -> _Prepared:
+    statement = parse_statement(text, service.policy, dialect=settings.dialect)
+    return _Prepared(service.plan(statement, settings, "a"))
+
+
+@pytest.mark.parametrize("shape", PG_SHAPES)
+def test_a_postgres_text_shape_plans_exactly_as_a_fresh_one(shape: str) -> None:
+    service = _service()
+    settings = _pg(service)
+    parsed = service.parsed
+    for a, b in VALUES[:4]:
+        text = shape.format(a=a, b=b)
+        _run(service, text, settings)
+        got = service._plans.get(service._plans.key(text, None, settings, "a"))  # type: ignore[arg-type]
+        assert got is not None
+        _same(got, _fresh_in(service, text, settings))
+    assert service.parsed - parsed == 3  # seen, shape, learned; then from the text
+
+
+def test_dialects_never_share_a_text_shape() -> None:
+    """The same text learned in one dialect is parsed again in the other, and each gets its
+    own dialect's plan (age / 7 is an integer division only in PostgreSQL)."""
+    service = _service()
+    duck, pg = _settings(service), _pg(service)
+    shape = PG_SHAPES[3]
+    for a, _ in VALUES[:3]:
+        _run(service, shape.format(a=a), duck)
+    text = shape.format(a=9)
+    before = service.parsed
+    _run(service, text, pg)
+    assert service.parsed == before + 1
+    got = service._plans.get(service._plans.key(text, None, pg, "a"))  # type: ignore[arg-type]
+    assert got is not None
+    _same(got, _fresh_in(service, text, pg))
+    assert got.plan != _fresh_in(service, text, duck).plan

@@ -22,7 +22,10 @@ numbers, and takes the plan from the shape cache's live entry (its policy and da
 checked there, as on every shape hit).
 
 Keyed, like both other caches, by the analyst (a hit is faster than a miss) and every
-setting a plan depends on. Never reused: the secret, the budget check and charge, the noise.
+setting a plan depends on, the statement dialect included: the wire server reads PostgreSQL
+(dpsql.sql.dialect), where the same text can bind to another query (``7 / 2`` is 3), so a
+skeleton is learned, re-bound with its sentinels and served in the dialect it was read in,
+and never across dialects. Never reused: the secret, the budget check and charge, the noise.
 """
 
 from __future__ import annotations
@@ -131,6 +134,7 @@ class TextShapes:
             settings.quantile_method,
             settings.partition_selection,
             settings.bias_estimate,
+            settings.dialect,  # the same text binds to another query in another dialect
         )
 
     @staticmethod
@@ -149,8 +153,6 @@ class TextShapes:
     def lookup(self, service: Service, text: str, settings: Settings, analyst: str):
         """A prepared statement for ``text`` from a learned skeleton, or None."""
         if self._limit <= 0 or not self._items or not self._usable(service, text):
-            return None
-        if settings.dialect != "duckdb":  # skeletons are learned and re-bound as DuckDB text
             return None
         scanned = scan(text)
         if scanned is None:
@@ -192,8 +194,6 @@ class TextShapes:
         agrees (see the module docstring). Called after the statement ran from its shape."""
         if self._limit <= 0 or statement.where is None or not self._usable(service, text):
             return
-        if settings.dialect != "duckdb":
-            return
         scanned = scan(text)
         if scanned is None:
             return
@@ -202,7 +202,7 @@ class TextShapes:
         with self._lock:
             if key in self._items:
                 return
-        entry = self._entry(service, text, statement, numbers, shape_key)
+        entry = self._entry(service, text, statement, numbers, shape_key, settings.dialect)
         if entry is None:
             return
         with self._lock:
@@ -218,6 +218,7 @@ class TextShapes:
         statement: BoundQuery,
         numbers: list[tuple[int, str]],
         shape_key: tuple,
+        dialect: str,
     ) -> _Entry | None:
         assert statement.where is not None
         at = {offset: i for i, (offset, _) in enumerate(numbers)}
@@ -242,7 +243,8 @@ class TextShapes:
             pos = offset + len(literal)
         pieces.append(text[pos:])
         try:
-            other = parse_statement("".join(pieces), service.policy)
+            # read in the statement's own dialect: the fresh bind it must equal was
+            other = parse_statement("".join(pieces), service.policy, dialect=dialect)
         except Exception:  # the sentinel text is refused: this skeleton is bound every time
             return None
         if (
