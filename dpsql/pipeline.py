@@ -92,7 +92,7 @@ from dpsql.sql.compile import (
     contribution_query,
 )
 from dpsql.sql.domains import key_domain
-from dpsql.sql.plan import Plan, build_plan, with_clip_ranges
+from dpsql.sql.plan import Plan, QuantileMeasure, build_plan, with_clip_ranges
 from dpsql.sql.positions import position_of
 from dpsql.sql.typecheck import (
     BOOLEAN_TYPES,
@@ -689,9 +689,13 @@ class Service:
                 raise _undrawable(f"{m.kind}({m.column or '*'})") from None
         for qm in plan.quantiles:
             try:
+                if not isinstance(qm, QuantileMeasure):
+                    qm.check_drawable()  # its own mechanism (MODE's noisy max)
+                    continue
                 quantiles_drawable(qm.grid, qm.part_epsilon, [len(p) for p in qm.parts], qm.method)
             except (ValueError, OverflowError):
-                raise _undrawable(f"the quantiles of {qm.column}", bounds=False) from None
+                what = "quantiles" if isinstance(qm, QuantileMeasure) else qm.kind
+                raise _undrawable(f"the {what} of {qm.column}", bounds=False) from None
         for clip in plan.clips:
             try:
                 approx = clip.mechanism
@@ -1017,16 +1021,18 @@ class Service:
         for o in plan.outputs:
             if not o.measures:  # a quantile (EXPLAIN (FORMAT TEXT) explains its guarantee)
                 qm = plan.quantile_of(o)
-                n = len(qm.parts) * qm.groups
+                quantile = isinstance(qm, QuantileMeasure)
                 rows.append(
                     (
                         o.call.label,
-                        f"quantiles({qm.column}) on {qm.grid.bins} bins",
-                        "exponential_mechanism",
+                        f"quantiles({qm.column}) on {qm.bins} bins"
+                        if quantile
+                        else f"mode({qm.column}) over {qm.bins} public values",
+                        "exponential_mechanism" if quantile else "report_noisy_max",
                         float(qm.max_values),
                         None,
                         None,
-                        qm.part_epsilon * n,
+                        float(qm.cost.epsilon),
                         0.0,
                         0.0,
                         None,

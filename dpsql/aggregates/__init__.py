@@ -12,15 +12,24 @@ the interval code and the released-table schema:
 - ``error_terms``: the linearised noise of a formula (for intervals at other levels);
 - ``released_type`` and ``output_bounds``: the released column's SQL type and clamp range.
 
-New kinds (quantiles, MIN/MAX) are one more object here.
+- ``explain``: the one-line formula EXPLAIN shows; ``summed`` (automatic clipping reads it),
+  ``histogram`` (the kind of histogram measure a rank- or value-released kind reads:
+  "quantile", "mode"; dpsql.sql.plan builds it through ``histogram_measure``);
+- ``column_problem``: why the kind cannot aggregate a column (the binder's refusal, free);
+- ``FUNCTIONS``: the analyst's aggregate functions (sqlglot nodes) bound to each kind.
+
+New kinds are one more object here (MODE: :class:`ModeKind` and dpsql.aggregates.mode).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
+from sqlglot import exp
+
+from dpsql.aggregates.mode import MAX_MODE_DOMAIN, ModeMeasure, group_epsilon
 
 if TYPE_CHECKING:
     from dpsql.policy import ColumnPolicy
@@ -41,6 +50,29 @@ def _values_measure(plan: Plan, sum_measure: Measure) -> Measure:
 class AggregateKind:
     name: ClassVar[str]
     floor_zero: ClassVar[bool] = False
+    explain: ClassVar[str] = ""
+    summed: ClassVar[bool] = False  # sums a column's values (automatic clipping applies)
+    histogram: ClassVar[str | None] = None  # "quantile" | "mode": read from a histogram measure
+    takes_expressions: ClassVar[bool] = True  # SUM(a * b): a computed column's range
+
+    def column_problem(
+        self, upper: str, column: ColumnPolicy, table: str
+    ) -> tuple[str, str] | None:
+        """Why this kind (``upper``: its name as the message shows it) cannot aggregate
+        ``column`` (what is wrong, what to do), or None: the binder refuses with it before
+        any data is read. Default: a bounded number."""
+        if not column.numeric:
+            return (
+                f"{upper}({column.name}): column is {column.type}, not a number",
+                "aggregate an int or float column",
+            )
+        if not column.bounded:
+            return (
+                f"{upper}({column.name}) needs declared bounds",
+                f"declare lower and upper for {column.name} in the policy "
+                f"([tables.{table}.columns.{column.name}])",
+            )
+        return None
 
     def measures(self, column: str | None) -> list[tuple[str, str | None]]:
         raise NotImplementedError
@@ -62,6 +94,13 @@ class AggregateKind:
     ) -> tuple[tuple[Mechanism, ...], np.ndarray]:
         raise NotImplementedError
 
+    def histogram_measure(
+        self, name: str, column: ColumnPolicy, max_values: int, groups: int, epsilon: float
+    ) -> Any:
+        """The histogram measure of a ``histogram`` kind other than "quantile" (whose targets
+        of one column are released jointly: dpsql.sql.plan builds those)."""
+        raise NotImplementedError
+
     def released_type(self, column: ColumnPolicy | None) -> str:
         return "DOUBLE"
 
@@ -75,6 +114,7 @@ class Count(AggregateKind):
 
     name: ClassVar[str] = "count"
     floor_zero: ClassVar[bool] = True
+    explain: ClassVar[str] = "the noisy count, clamped at 0"
 
     def measures(self, column: str | None) -> list[tuple[str, str | None]]:
         return [("rows", None) if column is None else ("values", column)]
@@ -94,6 +134,7 @@ class CountUnits(Count):
     """COUNT(DISTINCT unit): one per (unit, group) after bounding."""
 
     name: ClassVar[str] = "count_units"
+    explain: ClassVar[str] = "the noisy count of units, clamped at 0"
 
     def measures(self, column):
         return [("units", None)]
@@ -105,6 +146,7 @@ class CountDistinct(Count):
     the bounded rows; a unit's <= R rows per group add <= R of them (sensitivity as COUNT)."""
 
     name: ClassVar[str] = "count_distinct"
+    explain: ClassVar[str] = "the noisy count of distinct values, clamped at 0"
 
     def measures(self, column):
         return [("distinct", column)]
@@ -116,6 +158,8 @@ class Sum(AggregateKind):
     measured anyway (SUM(x - c) + c * COUNT(x): half the per-row range)."""
 
     name: ClassVar[str] = "sum"
+    explain: ClassVar[str] = "the noisy sum"
+    summed: ClassVar[bool] = True
 
     def measures(self, column):
         return [("sum", column)]
@@ -157,6 +201,7 @@ class SumDistinct(AggregateKind):
     measured). Released as SUM is: the noisy integer times the granularity."""
 
     name: ClassVar[str] = "sum_distinct"
+    explain: ClassVar[str] = "the noisy sum of distinct values"
 
     def measures(self, column):
         return [("distinct_sum", column)]
@@ -182,6 +227,8 @@ class Mean(AggregateKind):
     sensitivity")."""
 
     name: ClassVar[str] = "avg"
+    explain: ClassVar[str] = "noisy sum / noisy count, clamped to the column's range"
+    summed: ClassVar[bool] = True
 
     def measures(self, column):
         return [("sum", column), ("values", column)]
@@ -212,8 +259,10 @@ class Variance(AggregateKind):
     squares, clamped to [0, (range / 2)²]."""
 
     name: ClassVar[str] = "var_samp"
+    summed: ClassVar[bool] = True
     sample: bool = True
     root: bool = False
+    explain: str = "from noisy sum, count and sum of squares (sample variance)"  # type: ignore[misc]
 
     def measures(self, column):
         return [("sum", column), ("values", column), ("sumsq", column)]
@@ -260,6 +309,8 @@ class Quantile(AggregateKind):
     released table's interval columns are NULL for it."""
 
     name: ClassVar[str] = "quantile"
+    histogram: ClassVar[str | None] = "quantile"
+    explain: str = "exponential mechanism on a public grid"  # type: ignore[misc]
 
     def measures(self, column):
         return []
@@ -278,23 +329,135 @@ class Quantile(AggregateKind):
         return column.lower, column.upper
 
 
-KINDS: dict[str, AggregateKind] = {
-    "count": Count(),
-    "count_units": CountUnits(),
-    "count_distinct": CountDistinct(),
-    "sum": Sum(),
-    "sum_distinct": SumDistinct(),
-    "avg": Mean(),
-    "var_samp": Variance(sample=True),
-    "var_pop": Variance(sample=False),
-    "stddev_samp": Variance(sample=True, root=True),
-    "stddev_pop": Variance(sample=False, root=True),
-    "median": Quantile(),
-    "percentile_cont": Quantile(),
-    "percentile_disc": Quantile(),
-    "min": Quantile(),
-    "max": Quantile(),
-}
+_MODE_TYPES = {"int": "BIGINT", "float": "DOUBLE", "text": "VARCHAR", "bool": "BOOLEAN"}
+
+
+def mode_domain(column: ColumnPolicy) -> tuple[Any, ...] | None:
+    """The public values MODE(column) chooses among, from the policy alone: declared
+    ``values``, a bool's two, or a bounded int's range; None when there is none (or it has
+    more than MAX_MODE_DOMAIN values, or the type has no released form here)."""
+    if column.type not in _MODE_TYPES:
+        return None
+    if column.values is not None:
+        domain: tuple[Any, ...] = tuple(column.values)
+    elif column.type == "bool":
+        domain = (False, True)
+    elif column.type == "int" and column.bounded:
+        lo, hi = int(column.lower), int(column.upper)  # type: ignore[arg-type]
+        if hi - lo + 1 > MAX_MODE_DOMAIN:
+            return None
+        domain = tuple(range(lo, hi + 1))
+    else:
+        return None
+    return domain if 0 < len(domain) <= MAX_MODE_DOMAIN else None
+
+
+@dataclass(frozen=True)
+class ModeKind(AggregateKind):
+    """MODE(col): the most frequent value of a column with a public domain, per group, by
+    report-noisy-max over the domain's counts (dpsql.aggregates.mode: mechanism, privacy map
+    and proof). Released as one of the domain's values, with no interval."""
+
+    name: ClassVar[str] = "mode"
+    histogram: ClassVar[str | None] = "mode"
+    takes_expressions: ClassVar[bool] = False
+    explain: ClassVar[str] = "report-noisy-max over the column's public values"
+
+    def column_problem(self, upper, column, table):
+        if mode_domain(column) is None:
+            return (
+                f"MODE({column.name}) needs a public domain of at most {MAX_MODE_DOMAIN:,} "
+                "values: its value is chosen among them",
+                f"declare values = [...] for {column.name} in the policy "
+                f"([tables.{table}.columns.{column.name}]), or a bool or bounded int column",
+            )
+        return None
+
+    def measures(self, column):
+        return []
+
+    def histogram_measure(
+        self, name: str, column: ColumnPolicy, max_values: int, groups: int, epsilon: float
+    ) -> ModeMeasure:
+        return ModeMeasure(
+            name=name,
+            column=column.name,
+            domain=mode_domain(column),  # type: ignore[arg-type]
+            max_values=max_values,
+            groups=groups,
+            group_epsilon=group_epsilon(epsilon, groups),
+            epsilon=epsilon,
+        )
+
+    def evaluate(self, output, plan, values):
+        return values[plan.quantile_of(output).name][:, 0]
+
+    def released_type(self, column):
+        return _MODE_TYPES[column.type] if column is not None else "VARCHAR"
+
+
+KINDS: dict[str, AggregateKind] = {}
+#: the analyst's aggregate functions (sqlglot nodes, after dpsql.frontend.rewrite) -> kind;
+#: COUNT(DISTINCT ...) and SUM(DISTINCT ...) are chosen by the binder from COUNT and SUM
+FUNCTIONS: dict[type[exp.Expr], str] = {}
+
+
+def _register(name: str, kind: AggregateKind, *functions: type[exp.Expr]) -> None:
+    KINDS[name] = kind
+    for function in functions:
+        FUNCTIONS[function] = name
+
+
+_register("count", Count(), exp.Count)
+_register("count_units", CountUnits())
+_register("count_distinct", CountDistinct())
+_register("sum", Sum(), exp.Sum)
+_register("sum_distinct", SumDistinct())
+_register("avg", Mean(), exp.Avg)
+_register("var_samp", Variance(sample=True), exp.Variance)
+_register(
+    "var_pop",
+    Variance(
+        sample=False, explain="from noisy sum, count and sum of squares (population variance)"
+    ),
+    exp.VariancePop,
+)
+_register(
+    "stddev_samp",
+    Variance(sample=True, root=True, explain="square root of the sample variance from noisy sums"),
+    exp.Stddev,
+    exp.StddevSamp,
+)
+_register(
+    "stddev_pop",
+    Variance(
+        sample=False, root=True, explain="square root of the population variance from noisy sums"
+    ),
+    exp.StddevPop,
+)
+_register(
+    "median",
+    Quantile(explain="exponential mechanism on a public grid (the 0.5 quantile)"),
+    exp.Median,
+)
+_register("percentile_cont", Quantile(), exp.PercentileCont)
+_register("percentile_disc", Quantile(), exp.PercentileDisc)
+_register(
+    "min",
+    Quantile(explain="exponential mechanism on a public grid (the smallest value's bin)"),
+    exp.Min,
+)
+_register(
+    "max",
+    Quantile(explain="exponential mechanism on a public grid (the largest value's bin)"),
+    exp.Max,
+)
+_register("mode", ModeKind(), exp.Mode)
+
+#: aggregates that sum a column's values (automatic clipping applies to them)
+SUMMED_KINDS = tuple(name for name, kind in KINDS.items() if kind.summed)
+#: released by the exponential mechanism on a public grid (dpsql.privacy.quantiles)
+QUANTILE_KINDS = tuple(name for name, kind in KINDS.items() if kind.histogram == "quantile")
 
 
 def kind_of(output: OutputAggregate) -> AggregateKind:

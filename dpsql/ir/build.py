@@ -23,7 +23,7 @@ from dpsql.ir.relational import (
     Scan,
 )
 from dpsql.sql import bias
-from dpsql.sql.plan import Measure, OutputAggregate, Plan
+from dpsql.sql.plan import Measure, OutputAggregate, Plan, QuantileMeasure
 
 
 def plan_tree(plan: Plan) -> PostProcess:
@@ -101,6 +101,8 @@ def plan_tree(plan: Plan) -> PostProcess:
             bound.max_groups,
             q.grid.bins,
         )
+        if isinstance(q, QuantileMeasure)
+        else q.node(bound.max_rows, bound.max_groups)  # its own node (MODE)
         for q in plan.quantiles
     )
     clips = tuple(

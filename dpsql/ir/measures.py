@@ -22,6 +22,7 @@ from fractions import Fraction
 
 from sqlglot import exp
 
+from dpsql.aggregates.mode import ModeMeasurement
 from dpsql.ir.relational import Aggregate
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.mechanisms import Gaussian, Laplace, Mechanism
@@ -160,7 +161,8 @@ class Release:
     measurements: tuple[Measurement, ...]
     threshold: Threshold | None
     outputs: tuple[str, ...]  # AVG(x) = m0 / m1 ...
-    quantiles: tuple[QuantileMeasurement, ...] = ()
+    # histogram measurements: quantiles, and MODE's (dpsql.aggregates.mode.ModeMeasurement)
+    quantiles: tuple[QuantileMeasurement | ModeMeasurement, ...] = ()
     clips: tuple[ClipMeasurement, ...] = ()
     selection: Selection | None = None
 

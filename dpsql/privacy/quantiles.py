@@ -558,6 +558,38 @@ def check_drawable(
         _epsilon_below(part_epsilon if size <= 1 else joint.level_epsilon(size))
 
 
+# --- report-noisy-max (MODE: dpsql.aggregates.mode) ---------------------------------------------
+
+
+def report_noisy_max(
+    counts: np.ndarray, epsilon: float, sensitivity: int, source: NoiseSource
+) -> int:
+    """The index of a noisy largest count: the exponential mechanism with utility c_b and
+    sensitivity Δ, P(b) ∝ exp(ε'·c_b / (2Δ)) (ε' <= ε exactly rational), i.e. report-noisy-
+    max with Gumbel noise, drawn exactly by inverting the CDF (:func:`_sample`): ε-DP whenever
+    one unit moves each count by at most Δ. ZeroNoise: the first largest count."""
+    counts = np.asarray(counts, dtype=np.int64)
+    if counts.ndim != 1 or counts.size == 0 or (counts.size and counts.min() < 0):
+        raise ValueError("report_noisy_max needs a non-empty vector of counts >= 0")
+    if not (isinstance(sensitivity, int) and sensitivity >= 1):
+        raise ValueError("the sensitivity must be an integer >= 1")
+    scale = _epsilon_below(epsilon) / (2 * sensitivity)
+    steps = _integers(counts.max() - counts, int(counts.max()))
+    return _sample(_Scores(steps, scale.numerator, scale.denominator), source)
+
+
+def noisy_max_probabilities(counts: np.ndarray, epsilon: float, sensitivity: int) -> np.ndarray:
+    """report_noisy_max's output distribution (float, for tests and audits: never released)."""
+    counts = np.asarray(counts, dtype=np.float64)
+    w = np.exp(float(_epsilon_below(epsilon)) * (counts - counts.max()) / (2 * sensitivity))
+    return w / w.sum()
+
+
+def check_noisy_max(epsilon: float) -> None:
+    """ValueError unless a noisy max can be drawn at ``epsilon`` (checked before the charge)."""
+    _epsilon_below(epsilon)
+
+
 # --- smooth-sensitivity median ----------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ from typing import Any, cast
 import numpy as np
 
 from dpsql.aggregates import Mean, Sum, Variance, kind_of
+from dpsql.aggregates.mode import ModeMeasure
 from dpsql.engine.api import EngineResult
 from dpsql.errors import PrivacyError
 from dpsql.privacy import bias
@@ -164,9 +165,11 @@ def release(
     kept = {k: v[keep] for k, v in noisy.items()}
     key_values = [g for g, k in zip(groups, keep, strict=True) if k]
     for qm, bins in zip(plan.quantiles, result.extras[: len(plan.quantiles)], strict=True):
-        kept[qm.name] = _release_quantiles(
-            qm, _bin_counts(qm, bins, key_values, len(plan.keys)), source, check
-        )
+        counts = _bin_counts(qm, bins, key_values, len(plan.keys))
+        if isinstance(qm, QuantileMeasure):
+            kept[qm.name] = _release_quantiles(qm, counts, source, check)
+        else:  # another histogram measure releases itself (MODE: dpsql.aggregates.mode)
+            kept[qm.name] = qm.release_all(counts, source, check)
     outputs = [_evaluate(o, plan, kept) for o in plan.outputs]
     token = _SHARED_SETS.set({})  # VAR and STDDEV of one column share one set (this call)
     try:
@@ -204,12 +207,12 @@ def _threshold_loss(threshold: Threshold, units: np.ndarray, sim: np.ndarray) ->
 
 
 def _bin_counts(
-    qm: QuantileMeasure, bins: EngineResult, groups: list[tuple], n_keys: int
+    qm: QuantileMeasure | ModeMeasure, bins: EngineResult, groups: list[tuple], n_keys: int
 ) -> np.ndarray:
     """Per released group (in release order), the count of its bounded values in each bin;
     groups without a value have all-zero counts (their release is uniform on the grid)."""
     position = {g: i for i, g in enumerate(groups)}
-    counts = np.zeros((len(groups), qm.grid.bins), dtype=np.int64)
+    counts = np.zeros((len(groups), qm.bins), dtype=np.int64)
     for i, (b,), c in _released_rows(bins, position, n_keys):
         counts[i, int(b)] += c
     return counts

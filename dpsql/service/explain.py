@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 import sqlglot
 
+from dpsql.aggregates import KINDS
+from dpsql.aggregates.mode import ModeMeasure
 from dpsql.ir.build import plan_tree, tree_lines
 from dpsql.service.bias_notes import bounds_lines
 from dpsql.sql.compile import compile_plan
@@ -36,23 +38,8 @@ WHAT = {
     "clamped": "mass of {column} cut by its clamp",
 }
 WHAT_CUT = ("dropped", "cut", "clamped")
-FORMULA = {
-    "count": "the noisy count, clamped at 0",
-    "count_units": "the noisy count of units, clamped at 0",
-    "count_distinct": "the noisy count of distinct values, clamped at 0",
-    "sum": "the noisy sum",
-    "sum_distinct": "the noisy sum of distinct values",
-    "avg": "noisy sum / noisy count, clamped to the column's range",
-    "var_samp": "from noisy sum, count and sum of squares (sample variance)",
-    "var_pop": "from noisy sum, count and sum of squares (population variance)",
-    "stddev_samp": "square root of the sample variance from noisy sums",
-    "stddev_pop": "square root of the population variance from noisy sums",
-    "median": "exponential mechanism on a public grid (the 0.5 quantile)",
-    "percentile_cont": "exponential mechanism on a public grid",
-    "percentile_disc": "exponential mechanism on a public grid",
-    "min": "exponential mechanism on a public grid (the smallest value's bin)",
-    "max": "exponential mechanism on a public grid (the largest value's bin)",
-}
+# each kind's formula: its object says it (dpsql.aggregates.AggregateKind.explain)
+FORMULA = {name: kind.explain for name, kind in KINDS.items()}
 
 
 _CLIP_CHOICE = {
@@ -98,7 +85,11 @@ def explain_lines(service: Service, plan: Plan, analyst: str | None) -> list[str
         label = output.call.label
         lines.append(f"  {label}: {FORMULA.get(output.call.kind, output.call.kind)}")
         if not output.measures:
-            lines.extend(_quantile_lines(plan, output))
+            qm = plan.quantile_of(output)
+            # a histogram measure other than a quantile explains itself (MODE)
+            lines.extend(
+                qm.explain() if isinstance(qm, ModeMeasure) else _quantile_lines(plan, output)
+            )
             continue
         for name in output.measures:
             lines.append(_measure_line(plan, plan.measure(name)))
@@ -205,8 +196,10 @@ def _quantile_lines(plan: Plan, output: OutputAggregate) -> list[str]:
     """A quantile's mechanism, grid, ε and its public 95% guarantee, which is in ranks."""
     from dpsql.aggregates import quantile_target
     from dpsql.privacy.quantiles import ExponentialQuantile, target
+    from dpsql.sql.plan import QuantileMeasure
 
     qm = plan.quantile_of(output)
+    assert isinstance(qm, QuantileMeasure)
     kind, q = quantile_target(output.call)
     grid = qm.grid
     tgt = target(kind, q)

@@ -209,7 +209,11 @@ def _encode(released: Released, key_types: Sequence[str]) -> str:
             "keys": [[_jsonable(v) for v in k] for k in released.key_values],
             "key_types": list(key_types),
             # float64 .tolist(): the same Python floats as float(x) per element, in C
-            "outputs": [_floats(o).tolist() for o in released.outputs],
+            # a value-released kind (MODE: a domain value) keeps its own values
+            "outputs": [
+                [_jsonable(v) for v in o] if np.asarray(o).dtype == object else _floats(o).tolist()
+                for o in released.outputs
+            ],
             "intervals": [_floats(iv).reshape(-1, 2).tolist() for iv in released.intervals],
             "suppressed": (
                 None

@@ -22,6 +22,7 @@ from sqlglot.dialects.duckdb import DuckDB
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import Token, TokenType
 
+from dpsql.aggregates import FUNCTIONS, KINDS, QUANTILE_KINDS
 from dpsql.errors import (
     DataError,
     Position,
@@ -141,23 +142,9 @@ SCALAR_NODES: tuple[type[exp.Expression], ...] = (
     exp.TimeToStr,  # strftime(d, '%Y-%m'): its format is a constant (DuckDB binds it)
 )
 
-AGGREGATE_KINDS: dict[type[exp.Expr], str] = {
-    exp.Count: "count",
-    exp.Sum: "sum",
-    exp.Avg: "avg",
-    exp.Variance: "var_samp",
-    exp.VariancePop: "var_pop",
-    exp.Stddev: "stddev_samp",
-    exp.StddevSamp: "stddev_samp",
-    exp.StddevPop: "stddev_pop",
-    exp.Median: "median",
-    exp.PercentileCont: "percentile_cont",
-    exp.PercentileDisc: "percentile_disc",
-    exp.Min: "min",
-    exp.Max: "max",
-}
-# Released by the exponential mechanism on a public grid (dpsql.privacy.quantiles).
-QUANTILE_KINDS = ("median", "percentile_cont", "percentile_disc", "min", "max")
+# The analyst's aggregate functions and the kinds they bind to: each kind's object declares
+# its own (dpsql.aggregates.FUNCTIONS), as it declares everything else about it.
+AGGREGATE_KINDS: dict[type[exp.Expr], str] = FUNCTIONS
 
 REFUSED_STATEMENTS: dict[type[exp.Expression], str] = {
     exp.Insert: "INSERT",
@@ -227,7 +214,8 @@ class AggregateCall:
     # count | count_units | count_distinct (COUNT(DISTINCT col), col not the unit) | sum | avg
     # | sum_distinct (SUM(DISTINCT col))
     # | var_samp | var_pop | stddev_samp | stddev_pop
-    # | median | percentile_cont | percentile_disc | min | max
+    # | median | percentile_cont | percentile_disc | min | max | mode (MODE(col), public domain)
+    # (each kind's object: dpsql.aggregates.KINDS)
     kind: str
     column: str | None
     shown: str | None = field(default=None, compare=False)
@@ -1689,7 +1677,7 @@ class _Binder:
                 f"aggregate {name} is not supported",
                 node,
                 "use COUNT, SUM, AVG, VARIANCE, STDDEV, MEDIAN, PERCENTILE_CONT/DISC, "
-                "QUANTILE_CONT/DISC, MIN or MAX",
+                "QUANTILE_CONT/DISC, MIN, MAX or MODE",
             )
         level = None
         if kind in ("percentile_cont", "percentile_disc"):
@@ -1720,6 +1708,12 @@ class _Binder:
                 raise self.refuse(
                     "DISTINCT takes one column", node, "COUNT(DISTINCT <privacy unit>)"
                 )
+            if not KINDS[kind].takes_expressions:
+                raise self.refuse(
+                    f"{kind.upper()} takes a column, not an expression",
+                    node,
+                    f"{kind.upper()}(column) of a column with a public domain",
+                )
             return self._expression_aggregate(kind, node, arg, level)
         column = self._column_name(arg)
         spec = self.table.columns[column]
@@ -1742,19 +1736,9 @@ class _Binder:
                 node,
                 f"COUNT(DISTINCT {column}) counts units",
             )
-        if not spec.numeric:
-            raise self.refuse(
-                f"{kind.upper()}({column}): column is {spec.type}, not a number",
-                node,
-                "aggregate an int or float column",
-            )
-        if not spec.bounded:
-            raise self.refuse(
-                f"{kind.upper()}({column}) needs declared bounds",
-                node,
-                f"declare lower and upper for {column} in the policy "
-                f"([tables.{self.table.name}.columns.{column}])",
-            )
+        problem = KINDS[kind].column_problem(kind.upper(), spec, self.table.name)
+        if problem is not None:  # each kind says what it can aggregate (dpsql.aggregates)
+            raise self.refuse(problem[0], node, problem[1])
         if distinct:  # SUM(DISTINCT x): the distinct fixed-point values of x (bounded rows)
             return AggregateCall("sum_distinct", column)
         return AggregateCall(kind, column, level=level)

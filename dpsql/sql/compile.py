@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 import sqlglot
 from sqlglot import exp
 
+from dpsql.aggregates.mode import ModeMeasure
 from dpsql.policy import ColumnPolicy, TablePolicy
 from dpsql.sql import fold
 from dpsql.sql.bind import GroupKey, to_literal
@@ -843,8 +844,12 @@ def compile_clip_histograms(plan: Plan, secret: int) -> tuple[CompiledQuery, ...
     )
 
 
-def _grid_bin(qm: QuantileMeasure) -> Callable[[ColumnPolicy], exp.Expression]:
-    return lambda col: bin_expr(qm, col)
+def _grid_bin(qm: QuantileMeasure | ModeMeasure) -> Callable[[ColumnPolicy], exp.Expression]:
+    """A histogram measure's bin of a row: a quantile's public grid, or the measure's own
+    lowering (MODE: the value's index in its public domain, dpsql.aggregates.mode)."""
+    if isinstance(qm, QuantileMeasure):
+        return lambda col: bin_expr(qm, col)
+    return lambda col: qm.bin_of(_col(col))
 
 
 def _log_bin(clip: ClipEstimate) -> Callable[[ColumnPolicy], exp.Expression]:

@@ -39,18 +39,18 @@ from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import cast
 
-from dpsql.aggregates import KINDS, quantile_target
+from dpsql.aggregates import KINDS, QUANTILE_KINDS, SUMMED_KINDS, quantile_target
+from dpsql.aggregates.mode import ModeMeasure
 from dpsql.errors import NotSupportedError, PrivacyError
 from dpsql.policy import ColumnPolicy, TablePolicy
 from dpsql.privacy.accounting import Cost, exact
 from dpsql.privacy.clipping import ApproxBounds, LogHistogram
-from dpsql.privacy.defaults import quantile_grid as default_quantile_grid
 from dpsql.privacy.mechanisms import Gaussian, Laplace, Mechanism, threshold_below
 from dpsql.privacy.partition import OptimalSelection, Unreleased
 from dpsql.privacy.quantiles import Grid
 from dpsql.privacy.samplers import SecureNoise
 from dpsql.sql import bias, sharing
-from dpsql.sql.bind import QUANTILE_KINDS, AggregateCall, BoundQuery, GroupKey
+from dpsql.sql.bind import AggregateCall, BoundQuery, GroupKey
 
 # Measure kinds and the value one row contributes (before summing):
 #   rows   - 1 for every row                       (COUNT(*))
@@ -117,8 +117,8 @@ class Measure:
         return self.granularity / self.scale
 
 
-# aggregates that sum a column's values (automatic clipping applies to them)
-SUMMED_KINDS = ("sum", "avg", "var_samp", "var_pop", "stddev_samp", "stddev_pop")
+# SUMMED_KINDS: aggregates that sum a column's values (automatic clipping applies to them),
+# declared by each kind's object (dpsql.aggregates), as QUANTILE_KINDS are
 QuantileTarget = tuple[str, float | None]  # ("min", None), ("quantile", q), ("max", None)
 
 
@@ -141,6 +141,12 @@ class QuantileMeasure:
     part_epsilon: float
     epsilon: float  # the share of the query's ε it was given (>= its cost)
     method: str = "em"  # "em", "pf" (permute-and-flip) or "smooth" (MEDIAN alone)
+
+    kind = "quantile"  # the histogram kind (dpsql.aggregates: AggregateKind.histogram)
+
+    @property
+    def bins(self) -> int:
+        return self.grid.bins
 
     @property
     def parts(self) -> tuple[tuple[QuantileTarget, ...], ...]:
@@ -200,7 +206,7 @@ def quantile_target_order(target: QuantileTarget) -> tuple[float, float]:
 
 def quantile_grid(col: ColumnPolicy) -> Grid:
     """The column's public grid: unit bins for a small integer range, else its declared
-    ``quantile_bins`` bins (linear, log, or "auto": chosen from the declared range)."""
+    ``quantile_bins`` bins (linear or log)."""
     lower, upper = float(col.lower), float(col.upper)  # type: ignore[arg-type]
     integer = col.type == "int"
     if not integer and not upper > lower:
@@ -209,9 +215,8 @@ def quantile_grid(col: ColumnPolicy) -> Grid:
             construct=col.name,
             hint=f"declare a wider range for {col.name}, or select the constant",
         )
-    # the policy's grid, or the default for its declared range (dpsql.privacy.defaults)
-    return default_quantile_grid(
-        lower, upper, integer=integer, scale=col.quantile_grid, bins=col.quantile_bins
+    return Grid.for_column(
+        lower, upper, integer=integer, bins=col.quantile_bins, scale=col.quantile_grid
     )
 
 
@@ -282,7 +287,10 @@ class Plan:
     max_groups: int  # G (effective)
     cost: Cost
     data_version: str = ""
-    quantiles: tuple[QuantileMeasure, ...] = ()
+    # histogram measures: per-group bin counts of bounded rows, released per group (the
+    # quantiles of a column; MODE's value counts, dpsql.aggregates.mode), in the order of
+    # the compiled query's extras
+    quantiles: tuple[QuantileMeasure | ModeMeasure, ...] = ()
     clips: tuple[ClipEstimate, ...] = ()
     selection: Selection | None = None
     bounding: str = "sample"  # how pairs over R are bounded: "sample" or "scale" (see above)
@@ -299,8 +307,10 @@ class Plan:
     def measure(self, name: str) -> Measure:
         return next(m for m in self.measures if m.name == name)
 
-    def quantile_of(self, output: OutputAggregate) -> QuantileMeasure:
-        return next(q for q in self.quantiles if q.column == output.call.column)
+    def quantile_of(self, output: OutputAggregate) -> QuantileMeasure | ModeMeasure:
+        """The histogram measure an output is read from (its kind's and its column's)."""
+        want = KINDS[output.call.kind].histogram
+        return next(q for q in self.quantiles if q.column == output.call.column and q.kind == want)
 
     @property
     def bounded_by_unit(self) -> bool:
@@ -459,6 +469,15 @@ def build_plan(
     for call in query.aggregates:
         if call.kind in QUANTILE_KINDS:
             quantile_targets.setdefault(call.column, set()).add(quantile_target(call))  # type: ignore[arg-type]
+    # other histogram kinds (MODE): one measure per (kind, column), built by the kind's object
+    histograms = list(
+        dict.fromkeys(
+            (call.kind, call.column)
+            for call in query.aggregates
+            if KINDS[call.kind].histogram not in (None, "quantile")
+        )
+    )
+    n_histograms = len(quantile_targets) + len(histograms)
     auto: list[str] = list(
         dict.fromkeys(
             call.column
@@ -489,13 +508,13 @@ def build_plan(
     layout = choose(epsilon_rest)
     quantile_epsilon = 0.0
     epsilon_main = epsilon_rest
-    if quantile_targets:
+    if n_histograms:
         slots = len(layout[0]) + (
             1 if layout[3] is not None and layout[3].mechanism is not None else 0
         )
-        quantile_epsilon = epsilon_rest / (slots + len(quantile_targets))
+        quantile_epsilon = epsilon_rest / (slots + n_histograms)
         if slots:
-            epsilon_main = epsilon_rest - quantile_epsilon * len(quantile_targets)
+            epsilon_main = epsilon_rest - quantile_epsilon * n_histograms
             layout = choose(epsilon_main)
     specs, output_specs, eps_shares, selection = layout
     # k = 0: only public keys are asked for (SELECT grp ... GROUP BY grp): nothing to noise.
@@ -504,7 +523,7 @@ def build_plan(
     if mechanism == "gaussian" and specs:
         measure_delta = (delta - threshold_delta) / k
 
-    bounding = effective_bounding(table, [kind for kind, _ in specs], bool(quantile_targets))
+    bounding = effective_bounding(table, [kind for kind, _ in specs], n_histograms > 0)
     group_scaling = bounding == "scale" and groups_over
     # Centre sums on the midpoint when a count of the same column is released anyway.
     count_of = _count_specs(query, specs, R)
@@ -613,7 +632,7 @@ def build_plan(
         below = threshold_below(mech, tau, threshold_delta, G)
         threshold = Threshold(measure=units.name, tau=tau, delta=threshold_delta, below=below)
 
-    quantiles = []
+    quantiles: list[QuantileMeasure | ModeMeasure] = []
     for i, (column, found) in enumerate(quantile_targets.items()):
         targets = tuple(sorted(found, key=quantile_target_order))
         n_parts = sum(
@@ -641,6 +660,15 @@ def build_plan(
                 method=quantile_method,
             )
         )
+    for kind, column in histograms:  # MODE: its own measure, one slot of the ε split
+        measure = KINDS[kind].histogram_measure(
+            f"q{len(quantiles)}",
+            table.columns[cast(str, column)],
+            R,
+            G,
+            quantile_epsilon,
+        )
+        quantiles.append(measure)
 
     clips = []
     # every released group's SUM pays its own noise, the clamp's bias is over all of them
@@ -737,7 +765,9 @@ def with_clip_ranges(plan: Plan, ranges: dict[str, tuple[float, float]]) -> Plan
         delta=plan.delta,
         mechanism=plan.mechanism,
         data_version=plan.data_version,
-        quantile_method=plan.quantiles[0].method if plan.quantiles else "em",
+        quantile_method=next(
+            (q.method for q in plan.quantiles if isinstance(q, QuantileMeasure)), "em"
+        ),
         partition_selection=plan.selection.requested if plan.selection else "auto",
         engine=plan.engine,
         store=plan.store,
