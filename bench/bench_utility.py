@@ -108,11 +108,16 @@ def policy(csv: Path, epsilon: float, delta: float = DELTA) -> dict:
             "budget_epsilon": 1e12,
             "budget_delta": 0.5,
         },
+        # PUMS_pid has one row per pid: declared primary_key, so R = G = 1 (an unstated bound
+        # of a unit with several rows would be "auto", chosen per analyst and data version)
         "tables": {
-            "pums": {"source": str(csv), "privacy_unit": "pid", "columns": columns},
-            "pumsd": {"source": str(csv), "privacy_unit": "pid", "columns": declared},
-            "pumsc": {"source": str(csv), "privacy_unit": "pid", "columns": clipped},
-            "pumsdc": {"source": str(csv), "privacy_unit": "pid", "columns": declared_clipped},
+            name: {"source": str(csv), "privacy_unit": "pid", "primary_key": "pid", "columns": c}
+            for name, c in (
+                ("pums", columns),
+                ("pumsd", declared),
+                ("pumsc", clipped),
+                ("pumsdc", declared_clipped),
+            )
         },
     }
 

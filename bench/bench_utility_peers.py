@@ -343,11 +343,19 @@ def dpsql_policy(data: Data) -> dict:
             "budget_delta": 0.5,
         },
         "tables": {
-            "pums": {"source": str(data.pums), "privacy_unit": "pid", "columns": columns},
+            # PUMS_pid: one row per pid (dpsql init drafts it row-level: pid is a row id);
+            # declared the primary key, its R and G are 1 and cut nothing (no bias measure)
+            "pums": {
+                "source": str(data.pums),
+                "privacy_unit": "pid",
+                "primary_key": "pid",
+                "columns": columns,
+            },
             # the suppression query: educ with neither values nor bounds (dpsql.sql.domains)
             "pums_keys": {
                 "source": str(data.pums),
                 "privacy_unit": "pid",
+                "primary_key": "pid",
                 "columns": {**columns, "educ": educ},
             },
             "pums_dup": {

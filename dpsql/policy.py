@@ -206,6 +206,15 @@ class TablePolicy:
     version: str | None = None
     # how a (unit, group) over R rows is bounded: "scale" (R/n of every row) or "sample"
     # (R rows by keyed hash); dpsql.sql.plan's docstring states both
+    # the bounds planned where an "auto" one is never chosen (a private join on the unit, a
+    # per-unit relation): the cap for a declared "auto"; 1 for a bound the policy left
+    # unstated (its default "auto" is chosen on single-table queries only, so these paths
+    # keep the former default rather than plan at the cap)
+    unchosen_fallback: tuple[int, int] = (AUTO_CAP, AUTO_CAP)
+    # set by dpsql.service.bounds on the statement that paid for its "auto" bounds' histogram:
+    # its one overhead share bought the histogram, whose estimate of what R cuts stands for
+    # the per-query bias measures (dpsql.sql.bias.bias_specs plans none)
+    bias_by_histogram: bool = False
     bounding: str = BOUNDING_DEFAULT
     # A public table: no privacy unit, never charged; its rows (typed, in file order) are
     # public facts read at connect, like declared values (dpsql.frontend.joins).
@@ -227,6 +236,26 @@ class TablePolicy:
 
 @dataclass(frozen=True)
 class EngineConfig:
+    @property
+    def unit_is_row(self) -> bool:
+        """A unit has at most one row: none is declared, or it is the primary_key / unique
+        (the declaration is trusted for what the bounds may cut, never for privacy: R = 1
+        bounds a unit's rows whatever the data holds)."""
+        return self.privacy_unit is None or (
+            self.privacy_unit in self.unique_keys
+            and self.max_rows_per_unit == 1
+            and self.max_groups_per_unit == 1
+        )
+
+    def unchosen_bounds(self) -> tuple[int, int]:
+        """(R, G) where "auto" bounds are not chosen: :attr:`unchosen_fallback` for each."""
+        rows, groups = self.max_rows_per_unit, self.max_groups_per_unit
+        if "rows" in self.auto_bounds:
+            rows = self.unchosen_fallback[0]
+        if "groups" in self.auto_bounds:
+            groups = self.unchosen_fallback[1]
+        return rows, groups
+
     """Which engine runs the compiled plans, and (for Spark) how to reach it."""
 
     name: str = "duckdb"
@@ -503,8 +532,12 @@ def _table(
                 f"declare it under [{key}.columns.{unit}] or fix the name",
             )
         unit = unit.lower()
-    rows = spec.get("max_rows_per_unit", 1)
-    groups = spec.get("max_groups_per_unit", 1)
+    # Unstated bounds (issue 31): "auto" where a unit may have several rows, 1 where it
+    # cannot (no privacy unit: a row is its unit; a unit declared primary_key / unique: one
+    # row per unit, so R = 1 and G = 1 never cut a row). Explicit values stay the curator's.
+    one_row = unit is None or unit in _declared_unique(spec)
+    rows = spec.get("max_rows_per_unit", 1 if one_row else "auto")
+    groups = spec.get("max_groups_per_unit", 1 if one_row else "auto")
     auto_bounds = tuple(
         name
         for name, value in (("rows", rows), ("groups", groups))
@@ -526,6 +559,10 @@ def _table(
     if auto_bounds:
         rows = AUTO_CAP if rows == "auto" else rows
         groups = AUTO_CAP if groups == "auto" else groups
+    fallback = (
+        1 if "max_rows_per_unit" not in spec else AUTO_CAP,
+        1 if "max_groups_per_unit" not in spec else AUTO_CAP,
+    )
     version = spec.get("version")
     if version is not None:
         version = str(version)
@@ -557,6 +594,7 @@ def _table(
         version=version,
         bounding=bounding,
         public=public,
+        unchosen_fallback=fallback,
         unique_keys=unique_keys,
         unit_path=unit_path,
     )
@@ -703,6 +741,15 @@ def _check_shared_units(rep: _Reporter, tables: Mapping[str, TablePolicy]) -> No
 def _unique_keys(
     rep: _Reporter, key: str, spec: Mapping[str, Any], columns: Mapping[str, ColumnPolicy]
 ) -> tuple[str, ...]:
+def _declared_unique(spec: Mapping[str, Any]) -> set[str]:
+    """The lowercased columns a table spec declares primary_key or unique (unchecked)."""
+    unique = spec.get("unique", [])
+    names = [unique] if isinstance(unique, str) else list(unique)
+    if spec.get("primary_key"):
+        names.append(spec["primary_key"])
+    return {str(n).lower() for n in names}
+
+
     """``primary_key = "id"`` and ``unique = ["code"]``: single declared columns."""
     out: list[str] = []
     primary = spec.get("primary_key")

@@ -395,19 +395,22 @@ class TableSpec(Section):
     max_rows_per_unit: Annotated[
         Annotated[int, Field(ge=1)] | Literal["auto"],
         Field(
-            description='rows one unit may contribute to each group (default 1), or "auto": '
-            "chosen from a DP histogram of rows per unit (dpsql.privacy.contribution)"
+            description='rows one unit may contribute to each group, or "auto": chosen from '
+            'a DP histogram of rows per unit (dpsql.privacy.contribution). Default: "auto" '
+            "with a privacy_unit; 1 without one (a row is its unit) or where the privacy_unit "
+            "is the primary_key (or unique): one row per unit, which R = 1 never cuts"
         ),
         _CONTRIBUTION_BOUND,
-    ] = 1
+    ] = Field(default=_UNSET)
     max_groups_per_unit: Annotated[
         Annotated[int, Field(ge=1)] | Literal["auto"],
         Field(
-            description='groups one unit may contribute to (default 1), or "auto": chosen '
-            "from a DP histogram of groups per unit"
+            description='groups one unit may contribute to, or "auto": chosen from a DP '
+            'histogram of groups per unit. Default: as max_rows_per_unit ("auto" with a '
+            "privacy_unit, 1 without one or where it is the primary_key or unique)"
         ),
         _CONTRIBUTION_BOUND,
-    ] = 1
+    ] = Field(default=_UNSET)
     bounds_share: Annotated[
         float,
         Field(

@@ -298,8 +298,8 @@ class _Builder:
             if name not in keys:
                 keys.append(name)
         self.keys = keys
-        self.R = base.max_rows_per_unit
-        self.G = base.max_groups_per_unit
+        # "auto" bounds are not chosen here: the base's fallback (dpsql.policy.TablePolicy)
+        self.R, self.G = base.unchosen_bounds()
         # the WHERE and the keys, validated as a flat query over the base table would be
         self.probe = self._bind_one(exp.Count(this=exp.Star()))
         self.columns: list[PerUnitColumn] = []
@@ -349,7 +349,7 @@ class _Builder:
             rows=None,
             joined=joined,
             # V's bounds are its own (1, or G with extra keys), never chosen per query; an
-            # "auto" bound of the base is read above at its cap (the largest it may be chosen)
+            # "auto" bound of the base is read above at its fallback (the cap when declared)
             auto_bounds=(),
         )
         relation = exp.Select(

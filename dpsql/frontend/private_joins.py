@@ -492,8 +492,9 @@ class _Lowering:
             source_path=None,
             columns=columns,
             privacy_unit=unit,
-            max_rows_per_unit=driver.table.max_rows_per_unit,
-            max_groups_per_unit=driver.table.max_groups_per_unit,
+            # "auto" bounds are chosen on single-table queries only: the driver's fallback
+            max_rows_per_unit=driver.table.unchosen_bounds()[0],
+            max_groups_per_unit=driver.table.unchosen_bounds()[1],
             version="|".join(versions) if any(versions) else None,
             joined=JoinedSource(steps, tuple(outputs), description + f" (on the unit {unit})"),
         )

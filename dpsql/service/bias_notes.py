@@ -34,7 +34,12 @@ def bounds_lines(plan: Any) -> list[str]:
     """Which bounds may cut this query's values, and how the cut is estimated (EXPLAIN)."""
     table = plan.query.table
     lines = []
-    if table.privacy_unit is not None and plan.outputs:
+    if table.privacy_unit is not None and table.unit_is_row and plan.outputs:
+        lines.append(
+            f"each unit ({table.privacy_unit}) is one row (declared unique): R = 1 and G = 1 "
+            "cut nothing, and nothing is measured for them"
+        )
+    elif table.privacy_unit is not None and plan.outputs:
         R = plan.max_rows
         lines.append(
             f"R = {R} may drop rows of units ({table.privacy_unit}) with more than {R} rows "
@@ -68,6 +73,14 @@ def bounds_lines(plan: Any) -> list[str]:
             + ", ".join(what)
             + "; SET bias_estimate = off gives it to the answer"
         )
+    elif lines and table.bias_by_histogram:
+        lines.append(
+            "bias estimate: this query's share buys the contribution bounds' DP histogram, "
+            "whose estimate of the rows beyond R is given instead (later queries on this data "
+            "version measure the rows and the mass the bounds cut)"
+        )
+    elif lines and plan.extra.get("bias_estimate") and table.unit_is_row and not _summed(plan):
+        lines.append("bias estimate: nothing to measure (no bound of this query can cut a row)")
     elif lines:
         lines.append("bias estimate: off for this query (SET bias_estimate = on measures it)")
     return lines
@@ -107,6 +120,7 @@ def answer_notes(
                 f"{_n(low)} to {_n(high)} per group over its {len(cells)} groups (each one "
                 "and the 95% interval with it: SET bias_interval = on)"
             )
-    if notes and plan.query.keys and plan.query.table.privacy_unit is not None:
+    table = plan.query.table
+    if notes and plan.query.keys and table.privacy_unit is not None and not table.unit_is_row:
         notes.append(f"bias: G = {plan.max_groups} may cut groups too; that is not estimated")
     return notes

@@ -111,6 +111,7 @@ class Chosen:
     dropped_pairs: float | None  # ... of (unit, group) pairs G cuts
     pending: Pending | None = None
     epsilon_measures: float = 0.0
+    paid: bool = False  # this statement bought the histogram (no bias measure of its own)
 
     def notes(self) -> list[str]:
         if self.pending is not None:
@@ -130,6 +131,12 @@ class Chosen:
                 f"max_groups_per_unit = {self.groups} chosen privately (auto): the DP "
                 f"histogram shows about {self.dropped_pairs or 0:.1%} of the (unit, group) "
                 "pairs beyond it"
+            )
+        if self.paid:
+            out.append(
+                "bias: this query's overhead share bought the contribution histogram, so the "
+                "estimate above stands for its own bias measures (the clamps' cut is not "
+                "estimated here; a later query on this data version measures both)"
             )
         return out
 
@@ -205,7 +212,7 @@ def resolve(
         return query, measured, Chosen(None, None, None, None, pending, measured)
     paid_here = any(tuple(d.get("payer", ())) == payer for d in found.values())
     measured = measured if paid_here else epsilon
-    return _with_chosen(query, found, measured)
+    return _with_chosen(query, found, measured, paid=paid_here)
 
 
 def _split(epsilon: float, needs: tuple[Need, ...]) -> list[float]:
@@ -218,9 +225,11 @@ def _split(epsilon: float, needs: tuple[Need, ...]) -> list[float]:
 
 
 def _with_chosen(
-    query: BoundQuery, found: dict[Need, dict[str, Any]], measured: float
+    query: BoundQuery, found: dict[Need, dict[str, Any]], measured: float, paid: bool
 ) -> tuple[BoundQuery, float, Chosen]:
-    """Choose G first (its noise per unit: one group's), then R given G (post-processing)."""
+    """Choose G first (its noise per unit: one group's), then R given G (post-processing).
+    ``paid``: this statement bought a histogram; its overhead share went there, so no bias
+    measure is planned for it (the histogram's estimate of what R cuts is its note)."""
     k = measure_count(query)
     table = query.table
     rows = table.max_rows_per_unit
@@ -240,8 +249,14 @@ def _with_chosen(
         rows = chosen_rows = choose(noisy, d["threshold"], g * k / measured)
         dropped_rows = dropped_share(noisy, d["threshold"], rows)
     # chosen: no longer "auto", so planning it again never asks for another choice
-    bounded = replace(table, max_rows_per_unit=rows, max_groups_per_unit=groups, auto_bounds=())
-    chosen = Chosen(chosen_rows, chosen_groups, dropped_rows, dropped_pairs, None, measured)
+    bounded = replace(
+        table,
+        max_rows_per_unit=rows,
+        max_groups_per_unit=groups,
+        auto_bounds=(),
+        bias_by_histogram=paid,
+    )
+    chosen = Chosen(chosen_rows, chosen_groups, dropped_rows, dropped_pairs, None, measured, paid)
     return replace(query, table=bounded), measured, chosen
 
 
@@ -282,4 +297,4 @@ def buy(
             remember_paid(
                 service.ledger, analyst, service.policy.dataset, need.cache_key, json.dumps(data)
             )
-    return _with_chosen(query, found, pending.measured)
+    return _with_chosen(query, found, pending.measured, paid=True)

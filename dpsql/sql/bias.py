@@ -119,9 +119,11 @@ def bias_specs(
     COUNT or AVG is released, ``cut`` and ``clamped`` per SUM / AVG column (``clamped``
     on row-level tables too: only the clamps cut there). ``fixed``: a column's fixed-point
     range. Columns whose bounds are too large for 64-bit sums are left out."""
-    if not on:
+    if not on or query.table.bias_by_histogram:
         return []
-    bounded = query.table.privacy_unit is not None
+    # R and G can cut a row only where a unit may have several: not on a row-level table, nor
+    # where the unit is declared primary_key / unique with R = G = 1 (TablePolicy.unit_is_row)
+    bounded = not query.table.unit_is_row
     specs: list[tuple[str, str | None]] = []
     calls = [c for c in query.aggregates if c.kind in ESTIMATED]
     if bounded and any(c.kind in ("count", "avg") for c in calls):  # SUM reads cut mass only
