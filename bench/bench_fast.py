@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT))
 
 import duckdb  # noqa: E402
 
-from dpsql.pipeline import Service, Settings  # noqa: E402
+from dpsql.dbapi import Service  # noqa: E402
+from dpsql.pipeline import Settings  # noqa: E402
 from dpsql.privacy.ledger import MemoryLedger  # noqa: E402
 from dpsql.sql.bind import parse_statement  # noqa: E402
 from dpsql.sql.compile import compile_plan  # noqa: E402

@@ -36,8 +36,9 @@ sys.path.insert(0, str(ROOT))
 
 import duckdb  # noqa: E402
 
+from dpsql.dbapi import Service  # noqa: E402
 from dpsql.frontend import private_joins  # noqa: E402
-from dpsql.pipeline import Service, Settings  # noqa: E402
+from dpsql.pipeline import Settings  # noqa: E402
 from dpsql.privacy.ledger import MemoryLedger  # noqa: E402
 from dpsql.privacy.samplers import ZeroNoise  # noqa: E402
 

@@ -26,8 +26,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_core import COLUMNS, FLOORS, QUERIES, generate  # noqa: E402
 
+from dpsql.dbapi import Service  # noqa: E402
 from dpsql.engine import prepared  # noqa: E402
-from dpsql.pipeline import Service, Settings  # noqa: E402
+from dpsql.pipeline import Settings  # noqa: E402
 from dpsql.policy import load_policy  # noqa: E402
 from dpsql.privacy.ledger import MemoryLedger  # noqa: E402
 from dpsql.sql.bind import parse_statement  # noqa: E402

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         Cursor,
         Date,
         DateFromTicks,
+        Service,
         Time,
         TimeFromTicks,
         Timestamp,
@@ -47,7 +48,6 @@ if TYPE_CHECKING:
         connect,
         read_sql,
     )
-    from dpsql.pipeline import Service
     from dpsql.privacy.ledger import EphemeralBudgetWarning
     from dpsql.privacy.sqlite_ledger import LedgerPermissionWarning
 
@@ -77,7 +77,7 @@ _LAZY = {
     "connect": "dpsql.dbapi",
     "read_sql": "dpsql.dbapi",
     **dict.fromkeys(_PEP249, "dpsql.dbapi"),
-    "Service": "dpsql.dbapi",  # loads the DB-API too, which registers service.connect
+    "Service": "dpsql.dbapi",  # the service with the DB-API door (service.connect)
     "EphemeralBudgetWarning": "dpsql.privacy.ledger",
     "LedgerPermissionWarning": "dpsql.privacy.sqlite_ledger",
 }

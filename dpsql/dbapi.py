@@ -11,11 +11,10 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpsql.engine.api import QueryHandle
+from dpsql import pipeline
 from dpsql.errors import (
     BudgetWarning,
     DatabaseError,
@@ -31,17 +30,16 @@ from dpsql.errors import (
     check_analyst,
     door,
 )
-from dpsql.pipeline import Result, Service, Settings, _ResetRequest, reset_setting
+from dpsql.pipeline import Result, Settings
 from dpsql.policy import Policy, load_policy
 from dpsql.privacy.ledger import EphemeralBudgetWarning, Ledger, MemoryLedger
+from dpsql.service.session import LOW_BUDGET as LOW_BUDGET
+from dpsql.service.session import Remaining, Session
 from dpsql.sql.dialect import check_dialect
-from dpsql.tables import number
 
 apilevel = "2.0"
 threadsafety = 1  # threads may share the module, not connections
 paramstyle = "qmark"  # ? placeholders; $1, $2 ... are accepted too
-
-LOW_BUDGET = 0.10  # warn when less than this fraction of a budget remains
 
 
 # -- PEP 249 type objects and constructors ---------------------------------------------------
@@ -92,30 +90,15 @@ def TimestampFromTicks(ticks: float) -> dt.datetime:
     return Timestamp(*time.localtime(ticks)[:6])
 
 
-@dataclass(frozen=True)
-class Remaining:
-    """An analyst's budget left after a charge: (ε, δ) left and the totals they come from."""
+class Service(pipeline.Service):
+    """``dpsql.Service``: the service (:class:`dpsql.pipeline.Service`: one policy, its data and
+    ledger, shared by every session) with the DB-API's door on it. ``connect(analyst)`` opens a
+    PEP 249 connection over it; the service itself imports no front door."""
 
-    epsilon: float
-    delta: float
-    budget_epsilon: float
-    budget_delta: float
-
-    @property
-    def low(self) -> bool:
-        """Less than :data:`LOW_BUDGET` of the ε (or of a nonzero δ) budget remains."""
-        eps_low = self.epsilon < LOW_BUDGET * self.budget_epsilon
-        delta_low = self.budget_delta > 0 and self.delta < LOW_BUDGET * self.budget_delta
-        return eps_low or delta_low
-
-    def __str__(self) -> str:
-        return (
-            f"remaining epsilon={number(self.epsilon)} of {number(self.budget_epsilon)}, "
-            f"delta={number(self.delta)} of {number(self.budget_delta)}"
-        )
-
-    def warning(self) -> str:
-        return f"less than {LOW_BUDGET:.0%} of the privacy budget remains: {self}"
+    def connect(self, analyst: str = "default", dialect: str = "duckdb") -> Connection:
+        """A DB-API session of ``analyst`` over this service, reading statements in
+        ``dialect`` (dpsql.sql.dialect)."""
+        return Connection(self, analyst, dialect=dialect)
 
 
 class Connection:
@@ -135,32 +118,35 @@ class Connection:
 
     def __init__(
         self,
-        service: Service,
+        service: pipeline.Service,
         analyst: str,
         *,
         owns_service: bool = False,
         warn_low_budget: bool = False,
         dialect: str = "duckdb",
     ) -> None:
-        self._service = service
+        self._session = Session(service, analyst, dialect=dialect)
         self.analyst = analyst
-        self._defaults = Settings.from_policy(service.policy)
-        self._settings = Settings.from_policy(service.policy)
-        # the SQL dialect statements are read in (dpsql.sql.dialect); RESET keeps it
-        self._defaults.dialect = self._settings.dialect = check_dialect(dialect)
         self._owns_service = owns_service
         self._closed = False
-        self._handle = QueryHandle()
-        self._lock = threading.Lock()
         self._warn_low_budget = warn_low_budget  # also as a Python warning (in-process users)
 
     @property
-    def service(self) -> Service:
-        return self._service
+    def service(self) -> pipeline.Service:
+        return self._session.service
+
+    @property
+    def _service(self) -> pipeline.Service:
+        return self._session.service
+
+    @property
+    def _settings(self) -> Settings:
+        """This session's settings (the service session's)."""
+        return self._session.settings
 
     @property
     def settings(self) -> dict[str, Any]:
-        return self._settings.shown()
+        return self._session.settings.shown()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -184,19 +170,17 @@ class Connection:
         if not self._closed:
             self._closed = True
             if self._owns_service:
-                self._service.close()
+                self._session.service.close()
 
     def interrupt(self) -> None:
         """Cancel the engine query running for this connection (from another thread)."""
-        self._handle.interrupt()
+        self._session.interrupt()
 
     @door
     def describe(self, sql: str, parameters: Sequence[Any] | None = None) -> list[tuple]:
         """PEP 249 description of a statement's result, without running it or spending."""
         self._check_open()
-        return _description(
-            self._service.describe(sql, self._settings, parameters, analyst=self.analyst)
-        )
+        return _description(self._session.describe(sql, parameters))
 
     @door
     def execute(self, sql: str, parameters: Sequence[Any] | None = None) -> Cursor:
@@ -204,30 +188,11 @@ class Connection:
 
     def _run(self, sql: str, parameters: Sequence[Any] | None) -> Result:
         self._check_open()
-        with self._lock:
-            self._handle = QueryHandle()
-            try:
-                return self._service.execute(
-                    sql, parameters, self._settings, self.analyst, self._handle
-                )
-            except _ResetRequest as reset:
-                return reset_setting(self._settings, self._defaults, reset.name)
+        return self._session.run(sql, parameters)
 
     def _remaining(self) -> Remaining:
         """What the analyst has left now (read after a charge: SHOW budget's figures)."""
-        service = self._service
-        dataset = service.policy.dataset
-        ledger, default = service.ledger, service.policy.budget
-        standing = getattr(ledger, "standing", None)  # both at once, where the ledger can
-        if standing is not None:
-            budget, spent = standing(self.analyst, dataset, default)
-        else:
-            budget, spent = (
-                ledger.budget(self.analyst, dataset, default),
-                ledger.spent(self.analyst, dataset),
-            )
-        left_eps, left_delta = budget.remaining(spent)
-        return Remaining(left_eps, left_delta, budget.epsilon, budget.delta)
+        return self._session.remaining()
 
     def __enter__(self) -> Connection:
         return self
@@ -641,11 +606,8 @@ def data_identity(policy: Policy) -> str:
 
 
 def connect_service(
-    service: Service, analyst: str = "default", dialect: str = "duckdb"
+    service: pipeline.Service, analyst: str = "default", dialect: str = "duckdb"
 ) -> Connection:
-    """A connection (one analyst's session) over an existing :class:`Service`: the front door
+    """A connection (one analyst's session) over an existing service: the front door
     depends on the service, never the other way."""
     return Connection(service, analyst, dialect=dialect)
-
-
-Service.session_class = Connection  # service.connect(analyst) opens one of these

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from typing import Any, cast
 
 import numpy as np
 from sqlglot import exp
@@ -213,17 +213,6 @@ class Service:
         from dpsql.privacy.sqlite_ledger import SQLiteLedger
 
         return SQLiteLedger(self.policy.ledger_path)
-
-    #: The DB-API's Connection class, registered by dpsql.dbapi when it is imported: the
-    #: service opens sessions without importing a front door.
-    session_class: ClassVar[Any] = None
-
-    def connect(self, analyst: str = "default", dialect: str = "duckdb"):
-        """A DB-API session of ``analyst`` over this service (see dpsql.dbapi), reading
-        statements in ``dialect`` (dpsql.sql.dialect)."""
-        if Service.session_class is None:
-            import dpsql.dbapi  # noqa: F401  (a convenience: loading it registers the class)
-        return Service.session_class(self, analyst, dialect=dialect)
 
     def close(self) -> None:
         self.engine.close()

@@ -21,9 +21,10 @@ import numpy as np
 import pytest
 from test_columnar import _canonical, _loaded, _query
 
+from dpsql.dbapi import Service
 from dpsql.engine import clustered, columnar
 from dpsql.engine.duckdb_engine import LARGE_ROWS
-from dpsql.pipeline import Service, Settings
+from dpsql.pipeline import Settings
 from dpsql.policy import load_policy
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import ZeroNoise

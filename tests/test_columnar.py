@@ -19,8 +19,9 @@ import pytest
 from conftest import budget, write_csv
 
 import dpsql
+from dpsql.dbapi import Service
 from dpsql.errors import OperationalError
-from dpsql.pipeline import Service, Settings
+from dpsql.pipeline import Settings
 from dpsql.policy import load_policy
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.sql.bind import parse_statement

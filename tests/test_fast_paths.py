@@ -19,10 +19,11 @@ import pytest
 
 import dpsql.pipeline as pipeline
 import dpsql.service.plan_cache as plan_cache
+from dpsql.dbapi import Service
 from dpsql.engine import scratch
 from dpsql.engine.scratch import NotPlain, Projection, cast_value, plain_projection
 from dpsql.errors import DataError, Error, ProgrammingError
-from dpsql.pipeline import Result, Service, _released_table
+from dpsql.pipeline import Result, _released_table
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import SeededNoise
 from dpsql.sql.bind import parse_statement

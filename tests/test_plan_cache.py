@@ -16,9 +16,9 @@ import pytest
 
 import dpsql
 import dpsql.pipeline as pipeline
-from dpsql.dbapi import connect_service
+from dpsql.dbapi import Service, connect_service
 from dpsql.errors import BudgetExhaustedError, Error
-from dpsql.pipeline import Service, Settings, _SecretTemplate
+from dpsql.pipeline import Settings, _SecretTemplate
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import ZeroNoise
 from dpsql.sql.bind import parse_statement

@@ -18,8 +18,9 @@ import duckdb
 import pytest
 from conftest import fixture_policy, table_policy, write_csv
 
+from dpsql.dbapi import Service
 from dpsql.engine import prepared
-from dpsql.pipeline import Service, Settings
+from dpsql.pipeline import Settings
 from dpsql.policy import load_policy
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.sql.bind import parse_statement
