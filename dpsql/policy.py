@@ -738,9 +738,6 @@ def _check_shared_units(rep: _Reporter, tables: Mapping[str, TablePolicy]) -> No
             )
 
 
-def _unique_keys(
-    rep: _Reporter, key: str, spec: Mapping[str, Any], columns: Mapping[str, ColumnPolicy]
-) -> tuple[str, ...]:
 def _declared_unique(spec: Mapping[str, Any]) -> set[str]:
     """The lowercased columns a table spec declares primary_key or unique (unchecked)."""
     unique = spec.get("unique", [])
@@ -750,6 +747,9 @@ def _declared_unique(spec: Mapping[str, Any]) -> set[str]:
     return {str(n).lower() for n in names}
 
 
+def _unique_keys(
+    rep: _Reporter, key: str, spec: Mapping[str, Any], columns: Mapping[str, ColumnPolicy]
+) -> tuple[str, ...]:
     """``primary_key = "id"`` and ``unique = ["code"]``: single declared columns."""
     out: list[str] = []
     primary = spec.get("primary_key")
