@@ -346,6 +346,32 @@ def _tighten(path: Path) -> None:
     )
 
 
+def _own_error(exc: Exception) -> Exception:
+    """A charge's own failure inside a batch, as :meth:`SQLiteLedger._transaction` would
+    raise it for a lone charge."""
+    if isinstance(exc, UnicodeEncodeError):  # an analyst, dataset or cache key
+        return InterfaceError(
+            "a ledger key (analyst, dataset or cache key) is not valid Unicode",
+            construct="ledger",
+            hint="use names without lone surrogate characters",
+        )
+    return exc
+
+
+class _Pending:
+    """One charge waiting for its group commit (:meth:`SQLiteLedger._grouped`): its
+    statements, run by whichever thread leads the batch it lands in, and what became of it."""
+
+    __slots__ = ("error", "finished", "lead", "wake", "work")
+
+    def __init__(self, work: Callable[[sqlite3.Connection], None]) -> None:
+        self.work = work
+        self.wake = threading.Event()  # set when finished, or when handed the lead
+        self.lead = False
+        self.finished = False
+        self.error: BaseException | None = None
+
+
 class _Handle:
     """Holds one thread's connection (sqlite3.Connection cannot be weakly referenced)."""
 
@@ -382,6 +408,10 @@ class SQLiteLedger:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
+        # group commit of charges (:meth:`_grouped`): those waiting, and whether a thread leads
+        self._queue: list[_Pending] = []
+        self._queue_lock = threading.Lock()
+        self._leading = False
         self._handles: weakref.WeakSet[_Handle] = weakref.WeakSet()
         self._closed = False
         self._opened = False  # messages name the file until it is open (operator-facing)
@@ -919,6 +949,78 @@ class SQLiteLedger:
             ),
         )
 
+    def _grouped(self, work: Callable[[sqlite3.Connection], None]) -> None:
+        """Run one charge's statements (``work``) in a write transaction, committed, when this
+        returns, together with the charges other threads of this process queued meanwhile:
+        group commit, one ``BEGIN IMMEDIATE`` ... ``COMMIT`` (one fsync) for the batch.
+
+        Nothing is weaker than one transaction a charge: each charge's ``work`` re-reads the
+        committed total *and* the batch's earlier charges (the same connection), so the budget
+        check is as strict as one charge after another; a charge returns only after the
+        ``COMMIT`` that holds it (pay before reading: the caller runs nothing before). A
+        charge's own failure (a refusal: budget exhausted) is undone to its savepoint and
+        raised to it alone, nothing written for it; an SQLite error, or a failed ``COMMIT``,
+        fails every charge of the batch with the error a lone charge would have got ("nothing
+        was charged", or "may have been charged" when the COMMIT itself failed). A batch of
+        one runs exactly the statements a charge ran before.
+
+        The first thread to queue leads: it takes the queue, runs and commits it, wakes the
+        batch, and hands the lead to the first charge queued meanwhile (which then takes the
+        queue, and so on), so under load each batch holds the charges that arrived while the
+        previous one was being fsynced."""
+        item = _Pending(work)
+        with self._queue_lock:
+            self._queue.append(item)
+            if not self._leading:
+                self._leading = item.lead = True
+        while not item.lead:
+            item.wake.wait()
+            if item.finished:
+                break
+        if not item.finished:
+            self._lead()
+        if item.error is not None:
+            raise item.error
+
+    def _lead(self) -> None:
+        with self._queue_lock:
+            batch, self._queue = self._queue, []
+        try:
+            self._commit_batch(batch)
+        finally:
+            for item in batch:
+                item.finished = True
+                item.wake.set()
+            with self._queue_lock:
+                if self._queue:
+                    nxt = self._queue[0]
+                    nxt.lead = True
+                    nxt.wake.set()
+                else:
+                    self._leading = False
+
+    def _commit_batch(self, batch: list[_Pending]) -> None:
+        lone = len(batch) == 1
+        try:
+            with self._write() as conn:
+                for item in batch:
+                    if lone:
+                        item.work(conn)
+                        continue
+                    conn.execute("SAVEPOINT dpsql_charge")
+                    try:
+                        item.work(conn)
+                    except sqlite3.Error:
+                        raise  # the batch fails as one
+                    except Exception as exc:  # this charge's refusal: nothing of it stays
+                        conn.execute("ROLLBACK TO dpsql_charge")
+                        item.error = _own_error(exc)
+                    conn.execute("RELEASE dpsql_charge")
+        except BaseException as exc:
+            for item in batch:
+                if item.error is None:
+                    item.error = exc
+
     def _fault(self, stage: str) -> None:
         if self._fault_hook is not None:
             self._fault_hook(stage)
@@ -1034,7 +1136,8 @@ class SQLiteLedger:
                 analyst, dataset, cost, default, rules, (query_text, plan_hash, cache_key, answer)
             )
             return
-        with self._write() as conn:
+
+        def work(conn: sqlite3.Connection) -> None:
             found = self._standing_in(conn, analyst, dataset, default, legacy=True)
             assert found is not None
             budget, spent, charges = found
@@ -1047,6 +1150,8 @@ class SQLiteLedger:
             if cache_key is not None and answer is not None:
                 self._store(conn, analyst, dataset, cache_key, answer, charge_id)
             self._fault("written")
+
+        self._grouped(work)
 
     def _charge_shared(
         self,
@@ -1062,7 +1167,8 @@ class SQLiteLedger:
         records the charge in all of them. A renewed analyst total is released first (a
         logged "reset" row), in the same transaction, so the log still sums to the total."""
         query_text, plan_hash, cache_key, answer = query
-        with self._write() as conn:
+
+        def work(conn: sqlite3.Connection) -> None:
             now = self._clock()
             limits, released = self._limits_in(conn, analyst, dataset, default, rules, now)
             refuse_unless_fits(limits, cost)
@@ -1091,6 +1197,8 @@ class SQLiteLedger:
             if cache_key is not None and answer is not None:
                 self._store(conn, analyst, dataset, cache_key, answer, charge_id)
             self._fault("written")
+
+        self._grouped(work)
 
     @staticmethod
     def _has_total(conn: sqlite3.Connection, analyst: str, dataset: str) -> bool:
