@@ -33,6 +33,7 @@ from dpsql.engine.api import cancel_check
 from dpsql.engine.scratch import check_post
 from dpsql.errors import InternalError, NotSupportedError, ProgrammingError
 from dpsql.ir.build import plan_tree
+from dpsql.ir.canonical import answer_key
 from dpsql.ir.measures import ReleasedPostProcess
 from dpsql.limits import check_plan_rows
 from dpsql.privacy.release import at_confidence, release
@@ -137,7 +138,7 @@ def _is_placeholder(domain: tuple | None) -> bool:
 
 
 def _fingerprint(inner: Plan, outer: Plan, query: CompositeQuery) -> str:
-    parts = ["composite", inner.fingerprint(), outer.fingerprint(), query.column, query.output]
+    parts = ["composite", answer_key(inner), answer_key(outer), query.column, query.output]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
@@ -262,7 +263,7 @@ def _released_cost(plans: Sequence[Plan]) -> Any:
 
 
 def _released_fingerprint(plans: Sequence[Plan], query: ReleasedQuery) -> str:
-    parts = ["released", *(p.fingerprint() for p in plans), query.post.sql(dialect=DIALECT)]
+    parts = ["released", *(answer_key(p) for p in plans), query.post.sql(dialect=DIALECT)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 

@@ -17,6 +17,7 @@ from dpsql.engine.scratch import (
     Projection,
     plain_projection,
 )
+from dpsql.ir.canonical import answer_key
 from dpsql.service.results import _is_output
 from dpsql.service.settings import Settings
 from dpsql.sql.bind import (
@@ -56,7 +57,8 @@ class _Prepared:
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
-        self.fingerprint = plan.fingerprint()
+        # the answer cache's key: the plan's canonical measured tree (dpsql.ir.canonical)
+        self.fingerprint = answer_key(plan)
         self.template: _SecretTemplate | None = None
         self.post: _PostPlan | None = None  # how its post-processing runs (first use)
         self.post_checked = False  # the free dry run of its post-processing has passed

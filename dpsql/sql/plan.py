@@ -32,7 +32,6 @@ How a unit's pair over R is brought down to R rows (the table's ``bounding``):
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -42,6 +41,7 @@ from typing import cast
 from dpsql.aggregates import KINDS, QUANTILE_KINDS, SUMMED_KINDS, quantile_target
 from dpsql.aggregates.mode import ModeMeasure
 from dpsql.errors import NotSupportedError, PrivacyError
+from dpsql.ir.canonical import answer_key
 from dpsql.policy import ColumnPolicy, TablePolicy
 from dpsql.privacy.accounting import Cost, exact
 from dpsql.privacy.clipping import ApproxBounds, LogHistogram
@@ -317,32 +317,9 @@ class Plan:
         return self.query.table.privacy_unit is not None
 
     def fingerprint(self) -> str:
-        """Hash of everything that determines the released distribution (not post-processing)."""
-        q = self.query
-        parts = [
-            q.table.name,
-            # a join's relation (ON columns, kinds, public rows), not only its tables' names
-            q.table.joined.identity if q.table.joined is not None else "",
-            "|".join(f"{c.name}={c.expr}" for c in q.table.columns.values() if c.expr),
-            q.where.sql(dialect="duckdb") if q.where is not None else "",
-            "|".join(k.key.sql + repr(k.domain) for k in self.keys),
-            "|".join(
-                f"{m.name}:{m.kind}:{m.column}:{m.granularity!r}:{m.center}:{m.center2}:"
-                f"{m.lo}:{m.hi}:{m.scale}:{m.mechanism!r}"
-                for m in self.measures
-            ),
-            # the cached answer stores one array per output, so outputs are part of the key
-            "|".join(f"{o.call.label}:{','.join(o.measures)}" for o in self.outputs),
-            repr(self.threshold),
-            repr(self.quantiles),
-            repr(self.clips),
-            f"{self.max_rows}:{self.max_groups}:{self.mechanism}:{self.epsilon!r}:{self.delta!r}",
-            f"{self.bounding}:{self.group_scaling}",
-            self.data_version,
-        ]
-        if self.selection is not None:
-            parts.append(repr(self.selection))
-        return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+        """The answer cache's key: a digest of the plan's canonical measured tree (everything
+        that determines the released distribution, not post-processing; dpsql.ir.canonical)."""
+        return answer_key(self)
 
 
 # measure kinds summed from row values: the ones a rescaled bounding multiplies by R/n (a row
