@@ -89,8 +89,11 @@ class ColumnPolicy:
     # the table's stored columns, and the range derived from their declared bounds. None for
     # a column stored in the source.
     expr: str | None = None
-    quantile_grid: str = "linear"  # the public grid of its quantiles (dpsql.privacy.quantiles)
-    quantile_bins: int = 4096
+    # the public grid of its quantiles (dpsql.privacy.quantiles): "auto" is chosen from the
+    # declared range (dpsql.privacy.defaults: log for a wide non-negative one), bins None its
+    # default count
+    quantile_grid: str = "auto"
+    quantile_bins: int | None = None
     clip: str = "declared"  # "auto": a DP clipping range per query (dpsql.privacy.clipping)
     clip_share: float = 0.1
     clip_method: str = "auto"  # "sum" for a total, "quantile" per group (docs/mechanisms.md)
@@ -901,8 +904,8 @@ def _column(rep: _Reporter, key: str, name: str, spec: Any) -> ColumnPolicy:
                 f"{key}.granularity", "only float columns take a granularity", "remove it"
             )
         granularity = float(granularity)
-    quantile_grid = spec.get("quantile_grid", "linear")
-    quantile_bins = spec.get("quantile_bins", 4096)
+    quantile_grid = spec.get("quantile_grid", "auto")
+    quantile_bins = spec.get("quantile_bins")
     clip = spec.get("clip", "declared")
     clip_share = float(spec.get("clip_share", 0.1))
     clip_method = spec.get("clip_method", "auto")

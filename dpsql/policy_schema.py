@@ -315,20 +315,23 @@ class ColumnSpec(Section):
         number(positive=True),
     ] = Field(default=_UNSET)
     quantile_grid: Annotated[
-        Literal["linear", "log"],
+        Literal["auto", "linear", "log"],
         Field(
-            description='the public grid of MEDIAN/PERCENTILE/MIN/MAX: "linear" (default) or '
-            '"log" (constant relative resolution, for skewed columns such as income)'
+            description='the public grid of MEDIAN/PERCENTILE/MIN/MAX: "auto" (default: one '
+            "bin per value for an integer range of <= 4096 values, else log for a non-negative "
+            'range >= 1000 wide, else linear), "linear" or "log" (constant relative '
+            "resolution, for skewed columns such as income)"
         ),
-        choice(Literal["linear", "log"], "grid"),
-    ] = "linear"
+        choice(Literal["auto", "linear", "log"], "grid"),
+    ] = "auto"
     quantile_bins: Annotated[
         int,
         Field(
             ge=2,
             le=1 << 17,
-            description="how many grid bins (default 4096; integer columns with a smaller "
-            "range get one bin per value)",
+            description="how many grid bins (default 4096, or 6 per e-fold of the range for "
+            "the auto log grid: 79 on [0, 500000]; integer columns with a smaller range get "
+            "one bin per value)",
         ),
         integer(2, 1 << 17, "e.g. quantile_bins = 4096"),
     ] = 4096

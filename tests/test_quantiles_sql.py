@@ -227,7 +227,9 @@ def test_explain_states_the_mechanism_grid_and_rank_guarantee():
             "GROUP BY department",
         )
     )
-    assert "4096 public bins on [0, 5,000]" in text
+    # the default grid of a wide non-negative float range: log, 6 bins per e-fold (52 = ⌈6 ln
+    # 5001⌉; dpsql.privacy.defaults); an int range of <= 4096 values keeps one bin per value
+    assert "52 public bins on [0, 5,000] (log bins)" in text
     assert "101 public bins on [0, 101] (one bin per value)" in text
     assert "utility sensitivity 5 x max(q, 1 − q)" in text
     assert "Quantiles q0 of cost: exponential mechanism" in text

@@ -45,6 +45,7 @@ from dpsql.ir.canonical import answer_key
 from dpsql.policy import ColumnPolicy, TablePolicy
 from dpsql.privacy.accounting import Cost, exact
 from dpsql.privacy.clipping import ApproxBounds, LogHistogram
+from dpsql.privacy.defaults import quantile_grid as default_quantile_grid
 from dpsql.privacy.mechanisms import Gaussian, Laplace, Mechanism, threshold_below
 from dpsql.privacy.partition import OptimalSelection, Unreleased
 from dpsql.privacy.quantiles import Grid
@@ -206,7 +207,7 @@ def quantile_target_order(target: QuantileTarget) -> tuple[float, float]:
 
 def quantile_grid(col: ColumnPolicy) -> Grid:
     """The column's public grid: unit bins for a small integer range, else its declared
-    ``quantile_bins`` bins (linear or log)."""
+    ``quantile_bins`` bins (linear, log, or "auto": chosen from the declared range)."""
     lower, upper = float(col.lower), float(col.upper)  # type: ignore[arg-type]
     integer = col.type == "int"
     if not integer and not upper > lower:
@@ -215,8 +216,9 @@ def quantile_grid(col: ColumnPolicy) -> Grid:
             construct=col.name,
             hint=f"declare a wider range for {col.name}, or select the constant",
         )
-    return Grid.for_column(
-        lower, upper, integer=integer, bins=col.quantile_bins, scale=col.quantile_grid
+    # the policy's grid, or the default for its declared range (dpsql.privacy.defaults)
+    return default_quantile_grid(
+        lower, upper, integer=integer, scale=col.quantile_grid, bins=col.quantile_bins
     )
 
 
