@@ -27,6 +27,7 @@ from dpsql.pipeline import Settings
 from dpsql.sql import compile as compile_module
 from dpsql.sql.bind import parse_statement
 from dpsql.sql.compile import compile_plan
+from dpsql.sql.plan import ROUNDING_MULTIPLIER
 
 R = 3
 DEPTS = ["a", "b", "c"]
@@ -81,7 +82,10 @@ def _trunc_div(a: int, b: int) -> int:
 def _reference(rows: list[tuple], plan, where=lambda r: True) -> dict[tuple, list[int]]:
     """Per dept: Σ_pairs min(n, R) and Σ_pairs trunc(v·M·min(n, R)/n) per value measure; with
     plan.group_scaling (G below the 3 depts) each of a unit's k > G pairs times min(k, G)/k,
-    truncated again (counts: trunc(min(n, R)·M·min(k, G)/k))."""
+    truncated again (counts: trunc(min(n, R)·M·min(k, G)/k)). A count on a fine grid F
+    (m.fine > 1) has each unit's shares w rounded by systematic rounding over its depts in
+    order: c = (A + U) // F - (A - w + U) // F, A the running sum, U = ((uid mod F) ·
+    ROUNDING_MULTIPLIER) mod F (dpsql.sql.plan)."""
     pairs: dict[tuple, list[tuple]] = defaultdict(list)
     for r in rows:
         if where(r):
@@ -91,20 +95,26 @@ def _reference(rows: list[tuple], plan, where=lambda r: True) -> dict[tuple, lis
         k_of[uid] += 1
     G = plan.max_groups
     out: dict[tuple, list[int]] = defaultdict(lambda: [0] * len(plan.measures))
-    for (uid, dept), members in pairs.items():
+    running: dict[tuple[int, int], int] = defaultdict(int)  # (uid, measure) -> A so far
+    for (uid, dept), members in sorted(pairs.items()):  # each unit's depts in key order
         n, k = len(members), k_of[uid]
         for j, m in enumerate(plan.measures):
+            grid = m.fine if m.fine > 1 else m.scale
             if m.kind == "rows":
                 value = min(n, R)
                 if plan.group_scaling:
-                    value = _trunc_div(value * m.scale * min(k, G), k)
-                out[(dept,)][j] += value
-                continue
-            ages = [min(max(r[2], 0), 90) for r in members if r[2] is not None]
-            v = len(ages) if m.kind == "values" else sum(a - m.center for a in ages)
-            value = _trunc_div(v * m.scale * min(n, R), n)
-            if plan.group_scaling:
-                value = _trunc_div(value * min(k, G), k)
+                    value = _trunc_div(value * grid * min(k, G), k)
+            else:
+                ages = [min(max(r[2], 0), 90) for r in members if r[2] is not None]
+                v = len(ages) if m.kind == "values" else sum(a - m.center for a in ages)
+                value = _trunc_div(v * grid * min(n, R), n)
+                if plan.group_scaling:
+                    value = _trunc_div(value * min(k, G), k)
+            if m.fine > 1:
+                offset = (uid % m.fine) * ROUNDING_MULTIPLIER % m.fine
+                running[(uid, j)] += value
+                a = running[(uid, j)]
+                value = (a + offset) // m.fine - (a - value + offset) // m.fine
             out[(dept,)][j] += value
     return dict(out)
 
@@ -122,7 +132,9 @@ def test_the_engine_computes_the_rescaled_sums_exactly(data):
         sql = "SELECT dept, COUNT(*), SUM(age), COUNT(age) FROM t GROUP BY dept"
         plan, got = _exact(conn, sql)
         assert plan.bounding == "scale" and plan.max_groups == 3  # G covers every bin: no rank
-        assert [m.scale for m in plan.measures] == [1, 2**15, 2**20]  # rows, sum(age), values
+        # rows, sum(age), values: COUNT(age)'s R/n shares on 2^20, rounded per unit to rows
+        assert [m.scale for m in plan.measures] == [1, 2**15, 1]
+        assert [m.fine for m in plan.measures] == [1, 1, 2**20]
         assert got == _reference(rows, plan)
         plan, got = _exact(conn, sql.replace("GROUP BY", "WHERE day <= 10 GROUP BY"))
         # n is the pair's rows after the WHERE: a pair the filter leaves within R is whole
@@ -142,7 +154,8 @@ def test_units_over_g_groups_keep_all_of_them_at_g_over_k(data, where):
         if where:
             sql = sql.replace("GROUP BY", f"WHERE {where} GROUP BY")
         plan, got = _exact(conn, sql)
-        assert plan.group_scaling and [m.scale for m in plan.measures] == [2**20, 2**15, 2**20]
+        assert plan.group_scaling and [m.scale for m in plan.measures] == [1, 2**15, 1]
+        assert [m.fine for m in plan.measures] == [2**20, 1, 2**20]  # counts: rounded
         keep = (lambda r: r[3] <= 10) if where else (lambda r: True)
         assert got == _reference(rows, plan, where=keep)
     finally:

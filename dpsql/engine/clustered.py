@@ -82,10 +82,12 @@ def _bound_units(  # pragma: no cover - compiled
     fixed_rows: np.ndarray,
     null_rows: np.ndarray,
     kinds: np.ndarray,
+    grids: np.ndarray,
     centers: np.ndarray,
     centers2: np.ndarray,
     scales: np.ndarray,
     caps: np.ndarray,
+    offsets: np.ndarray,
     size: int,
     R: int,
     G: int,
@@ -101,7 +103,10 @@ def _bound_units(  # pragma: no cover - compiled
     raw·scale·capped / max(n, 1); under group scaling with k the unit's non-empty pairs and
     kept = min(k, G): counts capped·cs·kept / k, units cs·kept / k, partials p·kept / k (all
     truncated toward zero); summed per group into the ``*_out`` arrays (``some_out``: the
-    non-empty pairs per group).
+    non-empty pairs per group). Counts' fine shares (row and unit counts under group scaling,
+    a measure with ``grids[j]`` > 0) are rounded per unit to integers as
+    dpsql.sql.compile.rounded_counts does: over the unit's pairs in group-code order, with
+    A the running sum of the shares w and U = ``offsets[u]``, (A + U) // F - (A - w + U) // F.
 
     Fixed shapes: every row is accumulated with its weight (0 for a row the WHERE drops) and
     every pair of the unit's rows is bounded (an empty one adds zeros), so the work depends on
@@ -111,6 +116,7 @@ def _bound_units(  # pragma: no cover - compiled
     seen = np.zeros(size, dtype=np.bool_)
     acc = np.zeros((M, size), dtype=np.int64)
     touched = np.empty(size, dtype=np.int64)
+    running = np.zeros(M, dtype=np.int64)
     for u in range(starts.shape[0] - 1):
         t = 0
         for i in range(starts[u], starts[u + 1]):
@@ -142,18 +148,34 @@ def _bound_units(  # pragma: no cover - compiled
         # a quotient whose divisor divides it exactly is computed as the product it is
         scaled_groups = group_scaling and kept != k
         unit_share = _quot(count_scale * kept, divisor_k) if group_scaling else 1
+        # the rounding's order: the unit's pairs by group code
+        touched[:t] = np.sort(touched[:t])
+        off = offsets[u]
+        run_rows = np.int64(0)
+        run_units = np.int64(0)
+        for j in range(M):
+            running[j] = 0
         for q in range(t):
             s = touched[q]
             n = n_loc[s]
             some = np.int64(1) if n > 0 else np.int64(0)
             capped = min(n, R)
             some_out[s] += some
-            units_out[s] += some * unit_share
-            if scaled_groups:
-                rows_out[s] += _quot(capped * count_scale * kept, divisor_k)
-            elif group_scaling:
-                rows_out[s] += capped * count_scale
+            if group_scaling:  # counts on the fine grid, rounded per unit
+                w = some * unit_share
+                run_units += w
+                units_out[s] += (run_units + off) // count_scale - (
+                    run_units - w + off
+                ) // count_scale
+                w = (
+                    _quot(capped * count_scale * kept, divisor_k)
+                    if scaled_groups
+                    else capped * count_scale
+                )
+                run_rows += w
+                rows_out[s] += (run_rows + off) // count_scale - (run_rows - w + off) // count_scale
             else:
+                units_out[s] += some
                 rows_out[s] += capped
             for j in range(M):
                 kind = kinds[j]
@@ -166,6 +188,9 @@ def _bound_units(  # pragma: no cover - compiled
                     p = _quot(acc[j, s] * (scales[j] * capped), n)
                 if scaled_groups:
                     p = _quot(p * kept, divisor_k)
+                if grids[j] > 0:  # a count's fine share, rounded per unit
+                    running[j] += p
+                    p = (running[j] + off) // grids[j] - (running[j] - p + off) // grids[j]
                 values_out[j, s] += p
                 acc[j, s] = 0
             n_loc[s] = 0
@@ -227,11 +252,13 @@ def bound_units(
     G: int,
     count_scale: int,
     group_scaling: bool,
+    offsets: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Run the kernel; ``measures``: per value measure (kind, unused, centre, centre², scale,
-    cap),
-    its value read from row ``fixed_rows[j]`` of ``fixed`` unless row ``null_rows[j]`` of
-    ``nulls`` marks it NULL. Returns per group: bounded row counts, unit counts, each value
+    """Run the kernel; ``measures``: per value measure (kind, grid, centre, centre², scale,
+    cap), its value read from row ``fixed_rows[j]`` of ``fixed`` unless row ``null_rows[j]``
+    of ``nulls`` marks it NULL; grid > 0: a count whose fine shares (on that grid) are
+    rounded per unit, with ``offsets`` per unit in the store's order (0s where none is).
+    Returns per group: bounded row counts, unit counts, each value
     measure's total (one row each) and the number of non-empty pairs."""
     m = len(measures)
     spec = np.array(measures, dtype=np.int64).reshape(m, 6)
@@ -248,10 +275,12 @@ def bound_units(
         _ro(fixed_rows),
         _ro(null_rows),
         _ro(np.ascontiguousarray(spec[:, 0])),
+        _ro(np.ascontiguousarray(spec[:, 1])),
         _ro(np.ascontiguousarray(spec[:, 2])),
         _ro(np.ascontiguousarray(spec[:, 3])),
         _ro(np.ascontiguousarray(spec[:, 4])),
         _ro(np.ascontiguousarray(spec[:, 5])),
+        _ro(np.ascontiguousarray(offsets, dtype=np.int64)),
         size,
         R,
         G,

@@ -288,7 +288,9 @@ def warm_up() -> None:
     starts = np.array([0, 1], dtype=np.int64)
     for dtype in (np.int32, np.int64):  # a store's fixed points: int32 where they fit
         fixed = np.zeros((1, 1), dtype=dtype)
-        clustered.bound_units(starts, one, weight, fixed, nulls, spec, one, one, 1, 1, 1, 1, True)
+        clustered.bound_units(
+            starts, one, weight, fixed, nulls, spec, one, one, 1, 1, 1, 1, True, one
+        )
         clustered.row_sums(one, weight, fixed, nulls, spec, one, one, 1)
 
 
@@ -477,7 +479,8 @@ def _kernel_spec(
             return None
         null_rows.append(nulls_index[m.column])  # type: ignore[index]
         if m.kind == "values":
-            spec.append((clustered.VALUES, 0, 0, 0, m.scale, 0))
+            # a rescaled COUNT(col): shares on its fine grid, rounded per unit (grid > 0)
+            spec.append((clustered.VALUES, m.fine if m.fine > 1 else 0, 0, 0, m.pair_scale, 0))
             fixed_rows.append(0)
             continue
         role = "excess" if m.kind == "clamped" else "fixed"
@@ -551,6 +554,7 @@ def _compiled_pass(
             program.max_groups,
             program.count_scale,
             program.group_scaling,
+            _store_offsets(program, table),
         )
     else:
         rows_out, values_out = clustered.row_sums(
@@ -570,6 +574,25 @@ def _compiled_pass(
     return measures, some > 0
 
 
+def _store_offsets(program: ColumnProgram, table: ColumnarTable) -> np.ndarray:
+    """Per unit of the store, in its order, the rounding offset of :func:`unit_offsets`
+    (zeros when the program rounds no count)."""
+    assert table.unit_starts is not None
+    units = len(table.unit_starts) - 1
+    grid = _rounding_grid(program)
+    if not grid:
+        return np.zeros(units, dtype=np.int64)
+    codes = table.columns[program.unit].codes  # type: ignore[index]
+    assert codes is not None
+    offsets = unit_offsets(table, program.unit, grid)  # type: ignore[arg-type]
+    return offsets[codes[table.unit_starts[:-1]]]
+
+
+def _rounding_grid(program: ColumnProgram) -> int:
+    """The fine grid of the program's rounded counts (all share it: row bound 1), 0: none."""
+    return next((m.fine for m in program.measures if m.fine > 1), 0)
+
+
 #: measure kinds only the compiled pass computes (dpsql.sql.bias); the numpy program does not
 KERNEL_ONLY = ("dropped", "cut", "clamped")
 
@@ -585,7 +608,7 @@ def _fits(program: ColumnProgram, capacity: int) -> bool:
     over at most C units at most C·R·b·s. Every one is at most C·R·G·b·s."""
     factor = max(program.max_rows, 1) * max(program.max_groups, 1)
     for m in program.measures:
-        if capacity * max(m.row_bound, 1) * max(m.scale, 1) * factor >= _EXACT_INT:
+        if capacity * max(m.row_bound, 1) * max(m.pair_scale, 1) * factor >= _EXACT_INT:
             return False
     return capacity * factor * max(program.count_scale, 1) < _EXACT_INT
 
@@ -637,7 +660,8 @@ def _per_unit(
             continue
         bound = capacity * max(m.row_bound, 1)
         raw = slots.total(v, bound)
-        partials.append(_quotient(raw * (m.scale * capped), divisor, bound * m.scale * R))
+        scale = m.pair_scale
+        partials.append(_quotient(raw * (scale * capped), divisor, bound * scale * R))
     counts: np.ndarray = capped
     units_per_pair: np.ndarray = some
     if program.group_scaling:
@@ -649,9 +673,22 @@ def _per_unit(
         partials = [
             None
             if p is None
-            else _quotient(p * kept, k, R * max(m.row_bound, 1) * max(m.scale, 1) * G)
+            else _quotient(p * kept, k, R * max(m.row_bound, 1) * max(m.pair_scale, 1) * G)
             for m, p in zip(program.measures, partials, strict=True)
         ]
+    grid = _rounding_grid(program)
+    if grid:
+        # counts' fine shares back to integers per unit (dpsql.sql.compile.rounded_counts)
+        offsets = unit_offsets(table, program.unit, grid)  # type: ignore[arg-type]
+        for i, m in enumerate(program.measures):
+            if m.fine <= 1:
+                continue
+            if m.kind == "rows":
+                counts = slots.rounded(counts, offsets, m.fine)
+            elif m.kind == "units":
+                units_per_pair = slots.rounded(units_per_pair, offsets, m.fine)
+            else:
+                partials[i] = slots.rounded(partials[i], offsets, m.fine)  # type: ignore[arg-type]
     present = slots.per_group(some) > 0
     measures = []
     for m, p in zip(program.measures, partials, strict=True):
@@ -697,6 +734,24 @@ class _Slots:
             return np.repeat(x.reshape(self.units, self.size).sum(axis=1), self.size)
         return np.bincount(self.pair_unit, weights=x).astype(np.int64)[self.pair_unit]
 
+    def rounded(self, x: np.ndarray, offsets: np.ndarray, grid: int) -> np.ndarray:
+        """Per pair, its unit's fine shares ``x`` (>= 0, on ``grid``) rounded to integers by
+        systematic rounding over the unit's pairs in group-code order (the keys ascending,
+        NULL last: the SQL's window order), ``offsets`` per unit code (U_u in [0, grid)):
+        c = (A + U) // grid - (A - x + U) // grid with A the running sum of x in the unit."""
+        if self.dense:
+            shares = x.reshape(self.units, self.size)
+            running = np.cumsum(shares, axis=1)
+            off = offsets[: self.units, None]
+            out = (running + off) // grid - (running - shares + off) // grid
+            return out.reshape(-1)
+        total = np.cumsum(x)
+        first = np.r_[True, self.pair_unit[1:] != self.pair_unit[:-1]]
+        before = np.repeat((total - x)[first], np.diff(np.r_[np.flatnonzero(first), len(x)]))
+        running = total - before
+        off = offsets[self.pair_unit]
+        return (running + off) // grid - (running - x + off) // grid
+
     def per_group(self, x: np.ndarray) -> np.ndarray:
         """Per group, the exact int64 sum of ``x`` over its pairs."""
         if self.dense:
@@ -708,6 +763,23 @@ class _Slots:
 # temporary is 8 bytes a slot: at most 16 MiB)
 _DENSE_SLOTS = 8
 _DENSE_MOST = 1 << 21
+
+
+def unit_offsets(table: ColumnarTable, unit: str, grid: int) -> np.ndarray:
+    """Per unit code of an integer unit column, the rounding offset U_u = ((u mod grid) ·
+    ROUNDING_MULTIPLIER) mod grid (dpsql.sql.compile.unit_offset: the same integers; NULL 0),
+    computed once per table and kept on it (read-only)."""
+    from dpsql.sql.plan import ROUNDING_MULTIPLIER
+
+    key = ("offsets", unit, grid)
+    held = table.masks.get(key)
+    if held is None:
+        column = table.columns[unit]
+        ids = np.array(column.labels[:-1], dtype=np.int64)
+        held = np.append((ids % grid) * ROUNDING_MULTIPLIER % grid, 0).astype(np.int64)
+        held.setflags(write=False)
+        table.masks[key] = held
+    return held
 
 
 def _quotient(numerator: np.ndarray, denominator: np.ndarray, bound: int) -> np.ndarray:

@@ -42,7 +42,7 @@ import sqlglot
 from sqlglot import exp
 
 from dpsql.aggregates.mode import ModeMeasure
-from dpsql.policy import ColumnPolicy, TablePolicy
+from dpsql.policy import ColumnPolicy, TablePolicy, declared_type
 from dpsql.sql import fold
 from dpsql.sql.bind import GroupKey, to_literal
 from dpsql.sql.domains import SQL_TYPES
@@ -1125,8 +1125,8 @@ def scaled_partial(m: Measure, R: int, n: exp.Expression) -> exp.Expression:
     integer): ``(v · scale · LEAST(n, R)) // n``, truncated toward zero, so its magnitude is at
     most scale · R · row_bound (n rows of at most row_bound each) — sampling's bound."""
     capped = exp.Least(this=n.copy(), expressions=[_number(R)], ignore_nulls=True)
-    factor = exp.Mul(this=_number(m.scale), expression=capped)
-    return _fraction(_name(f"v_{m.name}"), factor, m.scale * R, n)
+    factor = exp.Mul(this=_number(m.pair_scale), expression=capped)
+    return _fraction(_name(f"v_{m.name}"), factor, m.pair_scale * R, n)
 
 
 def _fraction(
@@ -1199,16 +1199,102 @@ def group_scaled(
     )
     items.append(_alias(units, "__units"))
     for m in _value_measures(plan) + _pair_measures(plan):
-        scaled = _fraction(_name(f"v_{m.name}"), capped.copy(), G, k, bound=m.per_group_bound)
+        bound = m.per_group_bound * m.fine  # a rounded count's share: on its fine grid
+        scaled = _fraction(_name(f"v_{m.name}"), capped.copy(), G, k, bound=bound)
         items.append(_alias(scaled, f"v_{m.name}"))
     return _select(items, src)
 
 
 def count_scale(plan: Plan) -> int:
-    """The fine grid of the plan's row and unit counts (all share it: row bound 1)."""
+    """The fine grid of the plan's row and unit counts' pair shares (all share it: row bound
+    1), before the per-unit rounding (:func:`rounded_counts`) brings them back to integers."""
     from dpsql.sql.plan import rescale_factor
 
-    return next((m.scale for m in plan.measures if m.kind in ("rows", "units")), rescale_factor(1))
+    return next(
+        (m.pair_scale for m in plan.measures if m.kind in ("rows", "units")), rescale_factor(1)
+    )
+
+
+def rounded_columns(plan: Plan) -> list[tuple[str, int]]:
+    """The pair columns holding a count's fine-grid shares (dpsql.sql.plan.ROUNDED_KINDS), each
+    with its grid: what :func:`rounded_counts` rounds per unit."""
+    column = {"rows": "__n", "units": "__units"}
+    return [(column.get(m.kind, f"v_{m.name}"), m.fine) for m in plan.measures if m.fine > 1]
+
+
+def unit_offset(plan: Plan, grid: int) -> exp.Expression:
+    """U_u in [0, grid): the per-unit offset of the systematic rounding, a public function of
+    the unit's id ``__u`` (dpsql.sql.plan.ROUNDING_MULTIPLIER): for an integer unit
+    ((u mod grid)·multiplier) mod grid, the same integers in every engine and in the column
+    programs (dpsql.engine.columnar); else the engine's hash of u, no secret, mod grid."""
+    from dpsql.sql.plan import ROUNDING_MULTIPLIER
+
+    table = plan.query.table
+    unit_type = declared_type(table, table.privacy_unit)  # type: ignore[arg-type]
+    g = _number(grid)
+    if unit_type == "int":
+        residue: exp.Expression = exp.Mod(this=_cast(_name("__u"), "BIGINT"), expression=g)
+        mixed = exp.Mul(this=_positive_mod(residue, grid), expression=_number(ROUNDING_MULTIPLIER))
+        return exp.Mod(this=exp.Paren(this=mixed), expression=g.copy())
+    return _positive_mod(exp.Mod(this=keyed_hash([_name("__u")]), expression=g), grid)
+
+
+def _positive_mod(residue: exp.Expression, grid: int) -> exp.Expression:
+    """``(residue + grid) % grid``: SQL's remainder takes the dividend's sign."""
+    shifted = exp.Add(this=residue, expression=_number(grid))
+    return exp.Mod(this=exp.Paren(this=shifted), expression=_number(grid))
+
+
+def rounded_counts(plan: Plan, ks: list[str], source: str) -> exp.Select:
+    """The pairs of ``source`` with each count's fine-grid shares w rounded per unit to
+    integers by systematic rounding (proof and notation: dpsql.sql.plan, ROUNDED_KINDS): over
+    the unit's pairs in key order (NULLs last) A = the running sum of w, then
+    c = (A + U_u) // F - (A - w + U_u) // F, every operand >= 0 (floor = truncation). A unit
+    within R and G has w = F·c already: unchanged. Other columns pass as they are."""
+    rounded = dict(rounded_columns(plan))
+    src = _table(source)
+    grids = set(rounded.values())
+    assert len(grids) == 1  # counts: row bound 1, one fine grid
+    (grid,) = grids
+    with_offset = _select([_star(), _alias(unit_offset(plan, grid), "__off")], src)
+    order = exp.Order(
+        expressions=[exp.Ordered(this=_name(k), desc=False, nulls_first=False) for k in ks]
+    )
+    items: list[exp.Expression] = []
+    for column in _pair_columns(plan, ks):
+        if column not in rounded:
+            items.append(_name(column))
+            continue
+        w = _name(column)
+        running: exp.Expression = w.copy()
+        if ks:  # one pair per unit without keys: A = w
+            running = exp.Window(
+                this=exp.Sum(this=w.copy()),
+                partition_by=[_name("__u")],
+                order=order.copy(),
+                spec=exp.WindowSpec(
+                    kind="ROWS", start="UNBOUNDED", start_side="PRECEDING", end="CURRENT ROW"
+                ),
+                over="OVER",
+            )
+        upper = exp.Add(this=running, expression=_name("__off"))
+        lower = exp.Sub(this=upper.copy(), expression=w.copy())
+        c = exp.Sub(
+            this=exp.IntDiv(this=exp.Paren(this=upper), expression=_number(grid)),
+            expression=exp.IntDiv(this=exp.Paren(this=lower), expression=_number(grid)),
+        )
+        items.append(_alias(c, column))
+    return _select(items, _subquery(with_offset, "o"))
+
+
+def _pair_columns(plan: Plan, ks: list[str]) -> list[str]:
+    """The columns of the bounded pairs the final GROUP BY reads (after group scaling: with
+    the unit counts ``__units``)."""
+    out = ["__u", *ks, "__n"]
+    if plan.group_scaling:
+        out.append("__units")
+    out += [f"v_{m.name}" for m in _value_measures(plan) + _pair_measures(plan)]
+    return out
 
 
 def rescaled(plan: Plan, ks: list[str], pairs: str, keep: tuple[str, ...] = ()) -> exp.Select:
@@ -1284,6 +1370,9 @@ def _finish_bounded(
         # groups, not the same groups for everyone. Only units over G are ranked.
         ctes.append(_cte("ranked", _ranked(ks, G)))
         final_source = "ranked"
+    if rounded_columns(plan):  # counts' fine shares back to integers, per unit
+        ctes.append(_cte("rounded", rounded_counts(plan, ks, final_source)))
+        final_source = "rounded"
     items: list[exp.Expression] = [_alias(_name(k), f"k{i}") for i, k in enumerate(ks)]
     for m in plan.measures:
         if m.kind == "rows":

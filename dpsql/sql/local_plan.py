@@ -84,6 +84,8 @@ def column_program(plan: Plan) -> ColumnProgram | None:
         rescaling = plan.bounding == "scale" or not _value_measures(plan)
         if not rescaling or not (plan.group_scaling or not _bounds_groups(plan)):
             return None
+        if unit.type != "int" and any(m.fine > 1 for m in plan.measures):
+            return None  # a rounded count's offset is the engine's hash of such a unit
     for m in plan.measures:
         if m.column is not None and max(abs(m.lo), abs(m.hi)) > 2**53:
             return None

@@ -110,6 +110,17 @@ class Measure:
     # returns the measure times ``scale``; l1, l2, per_group_bound and the mechanism are in
     # those fine units, the release divides the noisy integer by ``scale``)
     scale: int = 1
+    # counts (rows, values, units) of a rescaled plan: the engine computes each pair's share
+    # on this fine grid (units per row), then rounds each unit's shares to integers by
+    # systematic rounding (:data:`ROUNDED_KINDS`), so the measure is an integer count
+    # (``scale`` 1) with the sensitivities of sampling; 1: no rounding step
+    fine: int = 1
+
+    @property
+    def pair_scale(self) -> int:
+        """The grid of this measure's per-pair partials in the engine: ``fine`` before the
+        per-unit rounding, else ``scale``."""
+        return self.fine if self.fine > 1 else self.scale
 
     @property
     def unit(self) -> float:
@@ -332,6 +343,36 @@ RESCALED_KINDS = ("values", "sum", "sumsq")
 RESCALE_UNITS = 1 << 20
 
 
+# Counts of a rescaled plan are rounded back to integers per unit (issue 31 item 3). A count's
+# pair shares w_g >= 0 (rows: min(n, R)·F·min(k, G)/k; units: F·min(k, G)/k; COUNT(col):
+# its non-NULL rows times F·min(n, R)/n, then times min(k, G)/k; each truncated toward zero,
+# F = Measure.fine = 2^20) are integers on the fine grid. For unit u, its kept pairs in a
+# fixed order (the group keys ascending, NULL last), A_g = Σ_{h <= g} w_h, and an offset
+# U_u in [0, F) that is a function of u's id alone (:data:`ROUNDING_MULTIPLIER`):
+#
+#     c_g = floor((A_g + U_u) / F) - floor((A_g - w_g + U_u) / F)      (an integer >= 0)
+#
+# Proof that the sensitivities are those of sampling, for every U_u:
+# (1) floor(x + y) - floor(x) <= ceil(y), so c_g <= ceil(w_g / F) <= R (w_g <= R·F; a unit
+#     count: <= 1), the per-group bound;
+# (2) the c_g telescope: Σ_g c_g = floor((A + U_u) / F) - floor(U_u / F) <= ceil(A / F) with
+#     A = Σ_g w_g <= G·R·F (k pairs of <= R·F·min(k, G)/k; without group scaling <= G pairs
+#     of <= R·F), so Σ_g c_g <= G·R: the L1 bound; with (1), Σ_g c_g² <= G·R², so L2 <= √G·R;
+# (3) c_g depends on u's rows only (its pairs, their keys, its id), so adding or removing u
+#     changes no other unit's c: the measure's sensitivities are G·R (L1), √G·R (L2), R per
+#     group (units: G, √G, 1), as sampled, and the mechanism draws integer noise at them.
+# A unit within R and G has every w_g a multiple of F, so c_g = w_g / F exactly whatever U_u:
+# such units count as the sampled plan counts them. For a rescaled unit, over U_u uniform in
+# [0, F) the expectation of c_g is w_g / F (the scaling's expectation, unbiased), and
+# |c_g - w_g / F| < 1. U_u is public (privacy does not need it secret, as shown); it is mixed
+# from the id so that the rounding errors of different units do not line up:
+# U_u = ((u mod F) · ROUNDING_MULTIPLIER) mod F for an integer unit (an odd multiplier: a
+# bijection of the residues, consecutive ids spread as a golden-ratio sequence), the hash
+# of u (the engine's HASH / XXHASH64, no secret) mod F for any other unit type.
+ROUNDED_KINDS = ("rows", "values", "units")
+ROUNDING_MULTIPLIER = 648_055  # odd, ~ 0.618 · 2^20
+
+
 def rescale_factor(row_bound: int) -> int:
     """The fine grid (a power of two) of a rescaled measure whose rows are at most
     ``row_bound`` in magnitude: the smallest M with M·row_bound >= 2^20 (1 when the row range
@@ -540,11 +581,14 @@ def build_plan(
                 center2 = span // 2
                 row_bound = max(center2, span - center2)
                 g = g * g
-        scale = 1
+        scale = fine = 1
         if (bounding == "scale" and kind in RESCALED_KINDS) or (
             group_scaling and kind in ("rows", "units")
         ):
             scale = rescale_factor(row_bound)
+        if kind in ROUNDED_KINDS and scale > 1:
+            # shares on the fine grid, rounded per unit to an integer count (ROUNDED_KINDS)
+            fine, scale = scale, 1
         per_group = (row_bound if kind == "units" else R * row_bound) * scale
         l1 = float(G * per_group)
         l2 = math.sqrt(G) * per_group
@@ -571,6 +615,7 @@ def build_plan(
                 mechanism=mech,
                 count=names[count_of[column]] if center and column in count_of else None,
                 scale=scale,
+                fine=fine,
             )
         )
 

@@ -331,13 +331,17 @@ def _two_phase(plan: Plan, store: StoreInfo) -> exp.Select:
         G = plan.max_groups
         ctes.append(c._cte("ranked", c._ranked(ks, G)))
         source = "ranked"
+    if c.rounded_columns(plan):  # counts' fine shares back to integers, per unit
+        ctes.append(c._cte("rounded", c.rounded_counts(plan, ks, source)))
+        source = "rounded"
     if not split:
         ctes.append(c._cte("direct", _grouped(plan, store, ks, safe, by_unit=False)))
     parts = [*ks, "__n", *[f"v_{m.name}" for m in c._value_measures(plan)]]
     direct: list[exp.Expression] = [c._name(n) for n in ks]
     rows: exp.Expression = c._name("__n")
-    if plan.group_scaling:  # a direct pair's unit is within G: its row count in the fine grid
-        rows = c._alias(exp.Mul(this=rows, expression=c._number(c.count_scale(plan))), "__n")
+    rows_scale = next((m.scale for m in plan.measures if m.kind == "rows"), 1)
+    if rows_scale != 1:  # a direct pair's unit is within G: its row count in the rows' grid
+        rows = c._alias(exp.Mul(this=rows, expression=c._number(rows_scale)), "__n")
     direct.append(rows)
     for m in c._value_measures(plan):  # a direct pair is within R: its partial times the scale
         v: exp.Expression = c._name(f"v_{m.name}")
