@@ -320,7 +320,8 @@ def plan_regression(
         )
     label_term, positive = _label(kind, lab, positive)
     terms = _terms(table, _columns(table, lab, features))
-    rows_per_unit = 1 if table.row_level else table.max_rows_per_unit
+    # an "auto" R is chosen on aggregate queries only: its fallback here (dpsql.policy)
+    rows_per_unit = 1 if table.row_level else table.unchosen_bounds()[0]
     mechanism: dpsgd.DPSGDPlan | ss.StatsPlan
     if method == "dpsgd":
         config = dpsgd.DPSGDConfig(

@@ -377,7 +377,8 @@ def plan_rule_list(
         mechanism=mechanism,
         confidence=confidence,
         strict_sensitivity=strict_sensitivity,
-        rows_per_unit=1 if table.row_level else table.max_rows_per_unit,
+        # an "auto" R is chosen on aggregate queries only: its fallback (dpsql.policy)
+        rows_per_unit=1 if table.row_level else table.unchosen_bounds()[0],
     )
     params.validate()
     budget = plan_budget(params, None)  # raises when δ is needed and missing
