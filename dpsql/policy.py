@@ -236,9 +236,6 @@ class TablePolicy:
         """Each row is its own privacy unit."""
         return self.privacy_unit is None
 
-
-@dataclass(frozen=True)
-class EngineConfig:
     @property
     def unit_is_row(self) -> bool:
         """A unit has at most one row: none is declared, or it is the primary_key / unique
@@ -259,6 +256,9 @@ class EngineConfig:
             groups = self.unchosen_fallback[1]
         return rows, groups
 
+
+@dataclass(frozen=True)
+class EngineConfig:
     """Which engine runs the compiled plans, and (for Spark) how to reach it."""
 
     name: str = "duckdb"
