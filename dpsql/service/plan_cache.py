@@ -222,6 +222,18 @@ class _PlanCache:
     The key is the analyst, the exact text, the parameters (type and repr, so 1, 1.0, True and
     -0.0 differ), and the session's settings (repr). The policy is fixed per Service; the
     table's data version is checked on every hit. A statement that is refused is never stored.
+
+    Why an entry keyed by text holds the tree a fresh bind and plan of that text would give
+    (so two different canonical trees, dpsql.ir.canonical, never share an entry): binding and
+    planning are functions of the text, the parameters, the policy, the analyst (access
+    rules), the dialect, the settings they read (epsilon, delta, mechanism, quantile_method,
+    partition_selection, bias_estimate; confidence and bias_interval only post-process), the
+    data version and the clock. All but the clock are in the key or checked on a hit; the
+    clock reaches a plan only as a literal: CURRENT_DATE keys by the date, NOW() and the like
+    are never keyed, and dp_predict (a model the same name can replace) never. A plan on
+    "auto" bounds is planned again at run time with the bounds bought (dpsql.service.bounds),
+    and keys its answer by that plan. Tested by
+    tests/test_canonical_keys.py (entries against fresh plans, by canonical tree).
     """
 
     _PARAMETER_TYPES = (type(None), bool, int, float, str, dt.date, dt.datetime)
