@@ -25,7 +25,14 @@ The design (docs/mechanisms.md "Contribution bounds chosen privately", docs/thre
   the histograms, and plans it again with the chosen bounds before anything else is read
   (dpsql.pipeline). EXPLAIN shows the placeholder and says the bounds are chosen at run time.
 
-Tables without a privacy unit, and private joins, plan with the declared cap.
+- One overhead share per query: the statement that pays for a histogram plans no bias measure
+  (dpsql.sql.bias: ``TablePolicy.bias_by_histogram``); the histogram's estimate of what R
+  cuts is its note. Later queries, choosing free, spend their bias share on the measures.
+- An unstated bound of a table with a privacy unit is "auto" (dpsql.policy); where no
+  choice is made (private joins, per-unit relations, estimators) it plans at 1, a declared
+  "auto" at the cap (``TablePolicy.unchosen_bounds``).
+
+Tables without a privacy unit plan with R = G = 1.
 """
 
 from __future__ import annotations
