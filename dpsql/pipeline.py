@@ -539,9 +539,6 @@ class Service:
 
         def check() -> None:
             nonlocal compiled
-            if not prepared.post_checked:
-                self._dry_run_post(plan, analyst)
-                prepared.post_checked = True
             self._check_drawable(plan)
             compiled = self._compiled(prepared)
 
@@ -561,6 +558,12 @@ class Service:
             key_types = self._key_types(plan)  # from the plan: the same on every dataset
             return _encode(released, key_types), replayable
 
+        if not prepared.post_checked:
+            # before a replay too: the answer key leaves post-processing out, so a query whose
+            # release another query paid for is refused (free) as on a fresh connection, not
+            # run on the released values to fail there
+            self._dry_run_post(plan, analyst)
+            prepared.post_checked = True
         paid = paid_once(
             self, analyst, text=plan.query.text, plan_hash=fingerprint, cost=plan.cost,
             handle=handle, check=check, execute=execute, cache_key=fingerprint,

@@ -95,3 +95,38 @@ SPELLINGS = {
 @pytest.mark.parametrize("spelling", SPELLINGS.values(), ids=SPELLINGS.keys())
 def test_queries_that_differ_in_spelling_share_the_answer(service, spelling):
     assert _second_is_cached(service, BASE, spelling)
+
+
+VISITS = Path(__file__).resolve().parent.parent / "fixtures" / "visits.toml"
+
+
+def test_a_having_refused_fresh_is_refused_alike_after_a_query_sharing_its_release(monkeypatch):
+    """The answer key leaves post-processing out (it is replayed afresh), so a query whose
+    release another query paid for replays it; its post-processing's free checks still run
+    first. A HAVING on a text column was refused 42804 on a fresh connection, and after
+    ``GROUP BY department`` ran through the cache to fail on the released values (22000,
+    'the query's cost was charged': nothing was)."""
+    service = dpsql.Service(VISITS, ledger=MemoryLedger())
+    reads: list[object] = []
+    real = service.engine.execute
+    monkeypatch.setattr(service.engine, "execute", lambda *a, **k: reads.append(a) or real(*a, **k))
+    try:
+        having = "SELECT department, COUNT(*) FROM visits GROUP BY department HAVING department"
+        for first in (None, "SELECT department, COUNT(*) FROM visits GROUP BY department"):
+            analyst = f"having-{next(_analysts)}"
+            conn = connect_service(service, analyst)
+            cur = conn.cursor()
+            if first is not None:
+                cur.execute(first)
+                cur.fetchall()
+            spent = service.ledger.spent(analyst, service.policy.dataset)
+            before = len(reads)
+            with pytest.raises(dpsql.Error) as refused:
+                cur.execute(having)
+            assert len(reads) == before  # no data read
+            assert refused.value.sqlstate == "42804"
+            assert "a HAVING condition must be BOOLEAN, but it is VARCHAR" in refused.value.message
+            assert service.ledger.spent(analyst, service.policy.dataset) == spent  # free
+            conn.close()
+    finally:
+        service.close()
