@@ -82,9 +82,10 @@ def test_count_group_by_public_key(service):
     plan = plan_of(service, "SELECT grp, COUNT(*) FROM t GROUP BY grp")  # 6 bins >= G
     m = only(plan, "rows")
     assert plan.max_groups == G
-    # more bins than G (public keys, rescaled): a unit's k groups count G/k each, so the count
-    # is in a fine grid of m.scale units per row (1 when G groups are chosen by hash)
-    assert plan.group_scaling and m.scale == 2**20
+    # more bins than G (public keys, rescaled): a unit's k groups count G/k each, on a fine
+    # grid of 2^20 units per row, rounded per unit back to whole rows (dpsql.sql.plan,
+    # ROUNDED_KINDS): an integer count with the sampled plan's sensitivities
+    assert plan.group_scaling and (m.scale, m.fine) == (1, 2**20)
     assert m.l1 == G * R * m.scale
     assert m.l2 == pytest.approx(math.sqrt(G) * R * m.scale)
 
@@ -98,7 +99,8 @@ def test_groups_capped_by_number_of_public_bins(service, keys, bins):
     assert plan.threshold is None
     assert plan.max_groups == min(G, bins)
     m = only(plan, "rows")
-    assert plan.group_scaling == (bins > G) and m.scale == (2**20 if bins > G else 1)
+    assert plan.group_scaling == (bins > G) and m.fine == (2**20 if bins > G else 1)
+    assert m.scale == 1  # rounded per unit to whole rows
     assert m.l1 == min(G, bins) * R * m.scale
     assert m.l2 == pytest.approx(math.sqrt(min(G, bins)) * R * m.scale)
 

@@ -22,7 +22,8 @@ How a unit's pair over R is brought down to R rows (the table's ``bounding``):
 
               Groups beyond G: with public keys (every bin released, no threshold) a unit in
               k > G groups keeps all of them, each pair's scaled partial times G/k (again
-              truncated toward zero; row and unit counts then in a fine grid too): per group
+              truncated toward zero; row and unit counts then in a fine grid too, and every
+              count rounded per unit back to integers: ROUNDED_KINDS): per group
               <= R·row_bound·G/k, over its k groups L1 <= G·R·row_bound and
               L2 <= sqrt(k)·R·row_bound·G/k <= sqrt(G)·R·row_bound — the bounds of keeping G
               groups. With thresholded keys a group's presence is released, so G groups are
