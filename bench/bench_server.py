@@ -20,6 +20,10 @@ single-process one (``--workers 1``), in alternating rounds, and each gets its o
 so every ledger check is exact per server.
 
     python bench/bench_server.py --connections 16 --seconds 10 --soak 10000 --workers 2,3
+
+Each server first runs ``--warmup`` seconds of the same DP queries (a line "warm wN", not in
+the rounds): the figures are a running server's, whose analysts' text shapes are learned.
+Every DP query of the rounds is charged (the answer cache is off): none is a cache replay.
 """
 
 from __future__ import annotations
@@ -292,6 +296,15 @@ def main() -> int:
     )
     parser.add_argument("--rounds", type=int, default=2, help="alternating direct/server rounds")
     parser.add_argument(
+        "--warmup",
+        type=float,
+        default=5.0,
+        help="seconds of the DP queries on each server before the rounds (0: none), printed "
+        "apart: each analyst's first texts of a shape are parsed, bound and verified before its "
+        "text shapes serve the rest (dpsql.service.text_shapes), and a worker's first queries "
+        "load its compiled kernels",
+    )
+    parser.add_argument(
         "--workers",
         default="1",
         help="worker counts to compare with the single-process server, e.g. 2 or 2,3",
@@ -323,6 +336,9 @@ def main() -> int:
         try:
             for n in counts:
                 servers[n] = start_server(policy, n)
+            for n, server in servers.items():  # steady state: not counted in the rounds
+                if args.warmup > 0:
+                    run_server(server, args.connections, args.warmup, None, f"warm w{n}")
             # Alternate them so that load from other jobs on the machine hits all alike.
             ratios: dict[int, list[float]] = {n: [] for n in counts}
             scaling: dict[int, list[float]] = {n: [] for n in counts if n > 1}

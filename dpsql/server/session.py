@@ -65,6 +65,8 @@ QUEUE_DEPTH = 8
 # text up to LOOP_TEXT characters (~8 ms to scan at most), results up to LOOP_VALUES values.
 LOOP_TEXT = 4096
 LOOP_VALUES = 1024
+# Queued reply bytes handed to the transport at once past this size, before the next flush.
+_OUT_CHUNK = 64 << 10
 
 _TX_WORDS = {"begin", "start", "commit", "end", "rollback", "abort", "savepoint", "release"}
 _NOOP_WORDS = {"discard", "deallocate", "listen", "unlisten", "close", "checkpoint"}
@@ -202,15 +204,34 @@ class Session:
         self._auth_deadline: asyncio.Timeout | None = None
         self._auth_stage = "startup"  # "startup", "tls", "login" (what the timeout ends)
         self.login_counted = ""  # the login counted in server.logins (dpsql.server.connections)
+        # messages sent since the last flush, written to the socket together (see send)
+        self._out: list[bytes] = []
+        self._out_bytes = 0
 
     # ---------------------------------------------------------------------------------------
     # plumbing
 
     def send(self, data: bytes) -> None:
-        if not self.writer.is_closing():
-            self.writer.write(data)
+        """Queue one message; :meth:`flush` writes those queued in one socket write. As
+        PostgreSQL does, a reply's messages (NOTICEs, RowDescription, DataRows, CommandComplete,
+        ReadyForQuery) leave together: asyncio's transport sent each ``write`` at once, one
+        system call (and one client wake-up) per message. Every path that waits for the client
+        flushes first (ReadyForQuery, Sync, Flush, authentication, FATAL)."""
+        self._out.append(data)
+        self._out_bytes += len(data)
+        if self._out_bytes >= _OUT_CHUNK:  # a large result: to the transport in chunks
+            self._write_out()
+
+    def _write_out(self) -> None:
+        if self._out:
+            data = b"".join(self._out) if len(self._out) > 1 else self._out[0]
+            self._out.clear()
+            self._out_bytes = 0
+            if not self.writer.is_closing():
+                self.writer.write(data)
 
     async def flush(self) -> None:
+        self._write_out()
         try:
             await self.writer.drain()
         except (ConnectionError, RuntimeError) as exc:
@@ -394,6 +415,7 @@ class Session:
                         await loop.run_in_executor(self.server.executor, backend.close)
         finally:  # also when the server shuts down and cancels this task
             with contextlib.suppress(Exception):
+                self._write_out()
                 self.writer.close()
 
     async def _startup(self) -> p.Startup | None:
@@ -881,7 +903,7 @@ class Session:
         statements = await self._small(len(text), LOOP_TEXT, split_statements, text)
         if not statements:
             self.send(p.empty_query_response())
-        for st in statements:
+        for i, st in enumerate(statements):
             self._charged = False
             try:
                 kind = await self._small(len(st.text), LOOP_TEXT, self.classify, st.text)
@@ -899,7 +921,8 @@ class Session:
                 else:
                     self._send_notices(outcome)
                 self.send(p.command_complete(outcome.tag))
-                await self.flush()
+                if i + 1 < len(statements):  # the last one leaves with ReadyForQuery
+                    await self.flush()
             except _Closed:
                 raise
             except Exception as exc:
