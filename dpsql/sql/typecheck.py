@@ -29,17 +29,18 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 import duckdb
+import sqlglot
 from sqlglot import exp
 
-from dpsql.errors import DataError, ProgrammingError
+from dpsql.errors import DataError, Position, ProgrammingError
 from dpsql.policy import Policy, TablePolicy
 from dpsql.sql.bind import DIALECT, BoundQuery, GroupKey
 from dpsql.sql.domains import SQL_TYPES
 from dpsql.sql.identifiers import quote_ident
-from dpsql.sql.positions import position_of, snippet
+from dpsql.sql.positions import offset_position, position_of, snippet
 from dpsql.sql.safety import conjuncts
 from dpsql.sql.simple_where import readable, stored_column
 
@@ -197,8 +198,11 @@ def type_query(query: BoundQuery, shadow: ShadowTypes, owner: str | None = None)
     """``query`` with every key's type known, or a refusal (free: text and schema only).
     ``owner``: the analyst whose earlier typings of the same expressions may be reused."""
     table = query.table.name
+    # aggregate arguments over computed columns (SUM(CASE WHEN c THEN x END), the rewritten
+    # AGG(x) FILTER (WHERE c) and COUNT_IF(c)): typed as the WHERE is, their conditions BOOLEAN
+    computed = [c.expr for c in query.table.columns.values() if c.expr]
     declared = declared_key_types(query)
-    if declared is not None:  # nothing to ask the binder: see declared_key_types
+    if declared is not None and not computed:  # nothing to ask the binder: declared_key_types
         known = zip(query.keys, declared, strict=True)
         return _typed(query, tuple(replace(k, type=t) for k, t in known))
     if query.table.joined is not None:
@@ -206,21 +210,26 @@ def type_query(query: BoundQuery, shadow: ShadowTypes, owner: str | None = None)
     keys = [k.sql for k in query.keys]
     where = [query.where.sql(dialect=DIALECT)] if query.where is not None else []
     contexts = list(_boolean_contexts(query.where)) if query.where is not None else []
+    located = len(contexts)  # conditions after these are re-parsed (no source position)
+    for sql in computed:
+        contexts += _boolean_contexts(_parsed(sql), top=False)
+    whole = where + computed
     sqls = keys + [node.sql(dialect=DIALECT) for node, _ in contexts]
     try:  # one binder call in the common case: the keys and every condition together
-        types: list[str | None] = list(shadow.types(table, keys + where + sqls[len(keys) :], owner))
-        del types[len(keys) : len(keys) + len(where)]
+        types: list[str | None] = list(shadow.types(table, keys + whole + sqls[len(keys) :], owner))
+        del types[len(keys) : len(keys) + len(whole)]
     except duckdb.Error:
-        check_binds(shadow, table, keys + where)  # raises the refusal for the whole query
+        check_binds(shadow, table, keys + whole)  # raises the refusal for the whole query
         types = _types_or_none(shadow, table, sqls)
     key_types, condition_types = types[: len(keys)], types[len(keys) :]
-    for (node, role), duck_type in zip(contexts, condition_types, strict=True):
+    for i, ((node, role), duck_type) in enumerate(zip(contexts, condition_types, strict=True)):
         if duck_type is not None and duck_type not in BOOLEAN_TYPES:
+            at = position_of(node, query.text) if i < located else _found_at(node, query.text)
             raise ProgrammingError(
                 f"{role} must be BOOLEAN, but {snippet(node)} is {duck_type}",
                 sqlstate="42804",
                 construct=snippet(node),
-                position=position_of(node, query.text),
+                position=at,
                 hint="compare it with a value (e.g. col = 'x', col IS NOT NULL), or cast it "
                 "explicitly with TRY_CAST(... AS BOOLEAN)",
             )
@@ -321,16 +330,34 @@ _ALWAYS_BOOLEAN = (
 )  # fmt: skip
 
 
-def _boolean_contexts(where: exp.Expression) -> Iterator[tuple[exp.Expression, str]]:
+def _parsed(sql: str) -> exp.Expression:
+    """A computed column's expression (the binder keeps its DuckDB text only)."""
+    return cast(exp.Expression, sqlglot.parse_one(sql, read=DIALECT))
+
+
+def _found_at(node: exp.Expression, text: str) -> Position | None:
+    """Where a re-parsed condition (a computed column's) is written in ``text``, when it is
+    written as it renders; else None."""
+    bare = node.transform(
+        lambda n: exp.to_identifier(n.name) if isinstance(n, exp.Identifier) else n
+    )
+    offset = text.lower().find(bare.sql(dialect=DIALECT).lower())
+    return None if offset < 0 else offset_position(text, offset)
+
+
+def _boolean_contexts(
+    where: exp.Expression, top: bool = True
+) -> Iterator[tuple[exp.Expression, str]]:
     """Every sub-expression the engine evaluates as a condition, with its role (those typed
-    BOOLEAN by their own node, :data:`_ALWAYS_BOOLEAN`, left out)."""
+    BOOLEAN by their own node, :data:`_ALWAYS_BOOLEAN`, left out). ``top`` False: ``where``
+    is a value (an aggregate's argument), only the conditions inside it."""
 
     def needs_type(node: exp.Expression) -> bool:
         while isinstance(node, exp.Paren):
             node = node.this
         return not isinstance(node, _ALWAYS_BOOLEAN)
 
-    for part in conjuncts(where):
+    for part in conjuncts(where) if top else ():
         if needs_type(part):
             yield part, "a WHERE condition"
     for node in where.walk():
