@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as _dt
+import functools
 import getpass
 import logging
 import math
@@ -31,7 +32,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from fractions import Fraction
 from pathlib import Path
@@ -247,9 +248,15 @@ def _exact_texts(cost: Cost) -> tuple[str, str, str]:
     return str(cost.exact_epsilon), str(cost.exact_delta), str(cost.exact_rho)
 
 
-def _stored_cost(
-    reals: tuple[Any, ...], texts: tuple[Any, ...], zrho_text: str | None = None
-) -> Cost:
+def _stored_cost(reals: Sequence[Any], texts: Sequence[Any], zrho_text: str | None = None) -> Cost:
+    """A cost read back (see :func:`_read_cost`), memoised: a pure function of the stored
+    values (Cost is immutable), and a query reads its analyst's total three times (check,
+    charge, remaining); parsing the exact fractions was most of the Python a read costs."""
+    return _read_cost(tuple(reals), tuple(texts), zrho_text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _read_cost(reals: tuple[Any, ...], texts: tuple[Any, ...], zrho_text: str | None) -> Cost:
     """A cost read back: the exact text, unless it is missing or disagrees with the REAL.
 
     Missing: a row of schema version 1. Disagreeing: a version-1 process that was already
