@@ -422,12 +422,12 @@ def releases(policy: Policy, table: TablePolicy) -> list[str]:
             f"(bounding = {table.bounding})"
         )
         if table.auto_bounds:  # the int fields hold the cap: say what is chosen, and where not
-            rows, groups = table.unchosen_bounds()
+            r_join, g_join = table.unchosen_bounds()
             out.append(
                 f"  {' and '.join('R' if b == 'rows' else 'G' for b in table.auto_bounds)} "
                 '"auto": chosen per analyst and data version from a DP histogram (at most '
                 f"{r if 'rows' in table.auto_bounds else g}, figures below at that cap); joins "
-                f"on the unit and per-unit relations plan R = {rows}, G = {groups}"
+                f"on the unit and per-unit relations plan R = {r_join}, G = {g_join}"
             )
         out.append(
             f"  one unit changes a COUNT by at most G·R = {g * r} in total (L1; L2 "
