@@ -12,7 +12,7 @@ import duckdb
 
 import dpsql
 from dpsql.dbapi import connect_service
-from dpsql.engine.versions import SourceVersions
+from dpsql.engine.versions import SourceVersions, storage_digest_sql
 from dpsql.privacy.sqlite_ledger import SQLiteLedger
 
 QUERY = "SELECT COUNT(*) AS n FROM t"
@@ -136,3 +136,70 @@ def test_declared_version_is_the_operators_word(tmp_path) -> None:
     assert cached  # declared unchanged: no digest, the operator decides
     _, cached = _restart_ask(_policy("src_t", "v2"), db, ledger)
     assert not cached
+
+
+def test_duckdb_table_updated_in_place_is_a_new_version_and_a_new_store(
+    tmp_path, monkeypatch
+) -> None:
+    """An attached table's version is its file's identity and a digest of its storage
+    metadata (issue 28: no row is read for it; the rows' digest never runs): one value
+    UPDATEd, the row count the same and the file's mtime put back, is still a new version,
+    so the answer is fresh and charged, and the background store is the new data's."""
+    import dpsql.engine.duckdb_engine as duckdb_engine
+
+    def no_row_digest(*args, **kwargs):
+        raise AssertionError("an attached table's version read its rows")
+
+    monkeypatch.setattr(duckdb_engine, "table_digest_sql", no_row_digest)
+    db, ledger = tmp_path / "data.duckdb", tmp_path / "l.sqlite"
+    con = duckdb.connect(str(db))
+    con.execute("CREATE TABLE src_t AS SELECT range % 9 AS x, range // 3 AS u FROM range(3000)")
+    con.close()
+    policy = _policy("src_t")
+    policy["tables"]["t"]["columns"]["u"] = {"type": "int", "nullable": False}
+    policy["tables"]["t"].update(privacy_unit="u", max_rows_per_unit=3, max_groups_per_unit=1)
+    policy["engine"] = {"small_tables": "columns"}
+
+    def start() -> tuple[dpsql.Service, str]:
+        service = dpsql.Service(policy, str(db), ledger=SQLiteLedger(ledger))
+        service.engine.wait_for_stores()
+        held = service.engine.columns["t"]
+        assert held.version == service.engine.versions["t"]  # its store: this version's
+        return service, held.version
+
+    service, first = start()
+    try:
+        _, cached, _ = _ask(connect_service(service, "ann").cursor())
+        assert not cached
+    finally:
+        service.close()
+    service, again = start()
+    try:
+        assert again == first
+        _, cached, _ = _ask(connect_service(service, "ann").cursor())
+        assert cached  # same table, another process: replayed
+    finally:
+        service.close()
+
+    def metadata() -> tuple:
+        con = duckdb.connect()
+        con.execute(f"ATTACH '{db}' AS src (READ_ONLY)")
+        row = con.execute(storage_digest_sql('src."src_t"', "'src.\"src_t\"'")).fetchone()
+        con.close()
+        return tuple(row or ())
+
+    before, digest = os.stat(db), metadata()
+    con = duckdb.connect(str(db))
+    con.execute("UPDATE src_t SET x = (x + 1) % 9 WHERE u = 7")
+    con.close()
+    os.utime(db, ns=(before.st_atime_ns, before.st_mtime_ns))  # the mtime put back
+    assert metadata()[0] == digest[0] == 3000 and metadata()[1] != digest[1]
+    service, changed = start()
+    try:
+        assert changed != first
+        _, cached, _ = _ask(connect_service(service, "ann").cursor())
+        assert not cached
+    finally:
+        service.close()
+    with SQLiteLedger(ledger) as led:
+        assert led.spent("ann", "d").epsilon == 2 * EPS

@@ -32,6 +32,7 @@ from dpsql.engine.versions import (
     file_version,
     files_version,
     identity,
+    storage_digest_sql,
     table_digest_sql,
     table_version,
 )
@@ -119,6 +120,10 @@ class DuckDBEngine:
             "SET allowed_paths = [" + ", ".join(_sql_string(p) for p in allowed) + "]"
         )
         self._con.execute(f"SET perfect_ht_threshold = {int(policy.engine.perfect_hash_bits)}")
+        # give memory back to the system after each large query (DuckDB's allocator keeps a
+        # query's peak otherwise: a store's build held ~4x its own size at 10M rows)
+        self._con.execute("SET allocator_flush_threshold = '32MiB'")
+        self._con.execute("SET allocator_background_threads = true")
         threads = policy.engine.threads
         if threads is None and self._small:
             # Small in-memory tables: one thread per query costs ~20% less CPU and the same
@@ -404,10 +409,14 @@ class DuckDBEngine:
                 )
             self._con.execute(f"SELECT * FROM {_q(table.name)} LIMIT 0").fetchall()
             if relation is not None and path is None and not table.version:
-                # an attached or remote table: a digest of its rows at connect
-                digest = self._con.execute(
-                    table_digest_sql(_q(table.name), [_q(c) for c in table.columns])
-                ).fetchone()
+                # an attached table: a digest of its storage metadata at connect (no row
+                # read); a remote one (loaded here): of its rows
+                if is_remote(table.source):
+                    query = table_digest_sql(_q(table.name), [_q(c) for c in table.columns])
+                else:
+                    stored = f"src.{_q(table.source)}"
+                    query = storage_digest_sql(stored, _sql_string(stored))
+                digest = self._con.execute(query).fetchone()
                 self.versions[table.name] = table_version(
                     table.source if is_remote(table.source) else database, digest or ()
                 )
