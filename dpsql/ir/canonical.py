@@ -75,6 +75,7 @@ _MEMOISED = frozenset(
         "OutputAggregate",
     }
 )
+_ONCE_PER_CALL = frozenset({"GroupKey", "AggregateCall"})
 _LONG = 16  # tuples this long (public domains, IN lists' values) are memoised too
 _SCALARS = frozenset({type(None), bool, int, str})
 
@@ -104,11 +105,26 @@ def canonical(value: Any, *, skip: frozenset[tuple[str, str]] = frozenset()) -> 
     further (class name, field) pairs to leave out (the answer key leaves out the
     post-processing, which runs afresh on every replay)."""
     out: list[str] = []
-    _write(value, out, skip)
+    _write(value, out, _Ctx(skip))
     return "".join(out)
 
 
-def _write(value: Any, out: list[str], skip: frozenset[tuple[str, str]]) -> None:
+class _Ctx:
+    """One serialisation: the fields it skips, and the values that may hold a sqlglot tree
+    already written in it (a GroupKey sits in the query and in its KeyPlan; an aggregate call
+    in the query and in its output): written once per call, never memoised across calls."""
+
+    __slots__ = ("seen", "skip")
+
+    def __init__(self, skip: frozenset[tuple[str, str]]) -> None:
+        self.skip = skip
+        self.seen: dict[int, tuple[object, str]] = {}
+
+
+_PLAIN = _Ctx(frozenset())  # for a sqlglot node's plain arguments (never a plan value)
+
+
+def _write(value: Any, out: list[str], ctx: _Ctx) -> None:
     cls = value.__class__
     if cls in _SCALARS:
         out.append(repr(value))  # bool and int apart: True and 1 differ
@@ -116,20 +132,20 @@ def _write(value: Any, out: list[str], skip: frozenset[tuple[str, str]]) -> None
         out.append(f"f{value!r}")  # repr is exact (round-trips); -0.0 and 0.0 differ
     elif cls is tuple or cls is list:
         if cls is tuple and len(value) >= _LONG:  # a public domain: shared by a shape's plans
-            hit = _MEMO.get((id(value), skip))
+            hit = _MEMO.get((id(value), ctx.skip))
             if hit is not None and hit[0] is value:
                 out.append(hit[1])
                 return
         start = len(out)
         out.append("(")
         for item in value:
-            _write(item, out, skip)
+            _write(item, out, ctx)
             out.append(",")
         out.append(")")
         if cls is tuple and len(value) >= _LONG:
-            _remember(value, skip, out, start)
+            _remember(value, ctx.skip, out, start)
     elif cls in _FIELDS or (dataclasses.is_dataclass(value) and not isinstance(value, type)):
-        _dataclass(value, out, skip)
+        _dataclass(value, out, ctx)
     elif isinstance(value, exp.Expression):
         _expression(value, out)
     elif isinstance(value, (bool, int, str)):
@@ -137,17 +153,17 @@ def _write(value: Any, out: list[str], skip: frozenset[tuple[str, str]]) -> None
     elif isinstance(value, float):
         out.append(f"f{float(value)!r}")
     elif isinstance(value, tuple):
-        _write(tuple(value), out, skip)
+        _write(tuple(value), out, ctx)
     elif isinstance(value, Mapping):
         out.append("{")
         for k, v in value.items():  # insertion order: the same tree builds it alike
-            _write(k, out, skip)
+            _write(k, out, ctx)
             out.append(":")
-            _write(v, out, skip)
+            _write(v, out, ctx)
             out.append(",")
         out.append("}")
     elif isinstance(value, (set, frozenset)):
-        out.append("{" + ",".join(sorted(canonical(v, skip=skip) for v in value)) + "}")
+        out.append("{" + ",".join(sorted(canonical(v, skip=ctx.skip) for v in value)) + "}")
     elif isinstance(value, (Fraction, Decimal, dt.date, dt.datetime, dt.time, dt.timedelta)):
         out.append(f"{cls.__name__}({value!s})")
     elif isinstance(value, enum.Enum):
@@ -162,37 +178,43 @@ def _write(value: Any, out: list[str], skip: frozenset[tuple[str, str]]) -> None
         out.append(f"<{cls.__qualname__}@{id(value)}>")
 
 
-def _dataclass(value: Any, out: list[str], skip: frozenset[tuple[str, str]]) -> None:
+def _dataclass(value: Any, out: list[str], ctx: _Ctx) -> None:
     cls = type(value)
     fields = _FIELDS.get(cls) or _fields(cls)
     name = cls.__name__
     memo = name in _MEMOISED
-    if memo:
-        hit = _MEMO.get((id(value), skip))
+    local = name in _ONCE_PER_CALL
+    if memo or local:
+        hit = ctx.seen.get(id(value)) if local else _MEMO.get((id(value), ctx.skip))
         if hit is not None and hit[0] is value:
             out.append(hit[1])
             return
         start = len(out)
     out.append(name + "(")
     for field_name, how in fields:
-        if skip and (name, field_name) in skip:
+        if ctx.skip and (name, field_name) in ctx.skip:
             continue
         item = getattr(value, field_name)
         out.append(field_name + "=")
         if how == "value":
-            _write(item, out, skip)
+            _write(item, out, ctx)
         elif how == "rows":
             out.append("None" if item is None else _digest(repr(item)))
         elif how == "set" and isinstance(item, tuple):
-            out.append("(" + ",".join(sorted(canonical(v, skip=skip) for v in item)) + ")")
+            out.append("(" + ",".join(sorted(canonical(v, skip=ctx.skip) for v in item)) + ")")
         elif how == "where" and isinstance(item, exp.Expression):
             _where(item, out)
         else:
-            _write(item, out, skip)
+            _write(item, out, ctx)
         out.append(";")
     out.append(")")
     if memo:
-        _remember(value, skip, out, start)
+        _remember(value, ctx.skip, out, start)
+    elif local:
+        text = "".join(out[start:])
+        del out[start:]
+        out.append(text)
+        ctx.seen[id(value)] = (value, text)
 
 
 def _remember(value: object, skip: frozenset, out: list[str], start: int) -> None:
@@ -301,7 +323,7 @@ def _expression(root: exp.Expression, out: list[str]) -> None:
                     stack.append(("v", arg))
                     stack.append(("t", f"{key}="))
         else:
-            _write(node, out, frozenset())  # a plain argument: a string, bool, enum, number
+            _write(node, out, _PLAIN)  # a plain argument: a string, bool, enum, number
 
 
 # x < y is y > x, x <= y is y >= x: both operands are evaluated either way, so the mirrored
