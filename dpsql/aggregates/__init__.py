@@ -23,6 +23,7 @@ New kinds are one more object here (MODE: :class:`ModeKind` and dpsql.aggregates
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
     from dpsql.privacy.mechanisms import Mechanism
     from dpsql.sql.bind import AggregateCall
     from dpsql.sql.plan import Measure, OutputAggregate, Plan
+
+Spec = tuple[str, str | None]  # a measure's (kind, column), as dpsql.sql.sharing names it
 
 
 def _values_measure(plan: Plan, sum_measure: Measure) -> Measure:
@@ -94,6 +97,21 @@ class AggregateKind:
     ) -> tuple[tuple[Mechanism, ...], np.ndarray]:
         raise NotImplementedError
 
+    def label(self, call: AggregateCall) -> str:
+        """The call as EXPLAIN, messages and the answer's column show it."""
+        shown = call.shown or call.column
+        if call.level is not None:
+            return f"{call.kind.upper()}({call.level:g}) WITHIN GROUP (ORDER BY {shown})"
+        return f"{call.kind.upper()}({shown or '*'})"
+
+    def noise_weights(
+        self, parts: Sequence[Spec], sum_scale: Callable[[Spec], tuple[float, float, float]]
+    ) -> dict[Spec, float]:
+        """Per measure it reads, the weight of its noise in this output's relative error
+        (times N), for the split of ε (dpsql.sql.sharing.output_coefficients: the formula
+        and ``sum_scale``). Default: equal weights."""
+        return dict.fromkeys(parts, 1.0)
+
     def histogram_measure(
         self, name: str, column: ColumnPolicy, max_values: int, groups: int, epsilon: float
     ) -> Any:
@@ -128,6 +146,9 @@ class Count(AggregateKind):
     def released_type(self, column):
         return "BIGINT"
 
+    def noise_weights(self, parts, sum_scale):
+        return {parts[0]: 1.0}  # error X_N / N
+
 
 @dataclass(frozen=True)
 class CountUnits(Count):
@@ -138,6 +159,9 @@ class CountUnits(Count):
 
     def measures(self, column):
         return [("units", None)]
+
+    def label(self, call):
+        return f"COUNT(DISTINCT {call.shown or call.column})"
 
 
 @dataclass(frozen=True)
@@ -151,6 +175,9 @@ class CountDistinct(Count):
     def measures(self, column):
         return [("distinct", column)]
 
+    def label(self, call):
+        return f"COUNT(DISTINCT {call.shown or call.column})"
+
 
 @dataclass(frozen=True)
 class Sum(AggregateKind):
@@ -163,6 +190,13 @@ class Sum(AggregateKind):
 
     def measures(self, column):
         return [("sum", column)]
+
+    def noise_weights(self, parts, sum_scale):
+        h, c, m = sum_scale(parts[0])  # error (X_S + c X_N) / (N M)
+        out = {parts[0]: h / m}
+        if c and len(parts) > 1:
+            out[parts[1]] = abs(c) / m
+        return out
 
     def evaluate(self, output, plan, values):
         first = plan.measure(output.measures[0])
@@ -206,6 +240,9 @@ class SumDistinct(AggregateKind):
     def measures(self, column):
         return [("distinct_sum", column)]
 
+    def label(self, call):
+        return f"SUM(DISTINCT {call.shown or call.column})"
+
     def evaluate(self, output, plan, values):
         first = plan.measure(output.measures[0])
         return values[first.name].astype(float) * first.granularity
@@ -232,6 +269,10 @@ class Mean(AggregateKind):
 
     def measures(self, column):
         return [("sum", column), ("values", column)]
+
+    def noise_weights(self, parts, sum_scale):
+        h, _, m = sum_scale(parts[0])  # error (X_S − μ_c X_N) / (N M), |μ_c| <= h at worst
+        return {parts[0]: h / m, parts[1]: h / m}
 
     def evaluate(self, output, plan, values):
         first = plan.measure(output.measures[0])

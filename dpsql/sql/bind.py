@@ -223,14 +223,7 @@ class AggregateCall:
 
     @property
     def label(self) -> str:
-        if self.kind in ("count_units", "count_distinct"):
-            return f"COUNT(DISTINCT {self.shown or self.column})"
-        if self.kind == "sum_distinct":
-            return f"SUM(DISTINCT {self.shown or self.column})"
-        if self.level is not None:
-            shown = self.shown or self.column
-            return f"{self.kind.upper()}({self.level:g}) WITHIN GROUP (ORDER BY {shown})"
-        return f"{self.kind.upper()}({self.shown or self.column or '*'})"
+        return KINDS[self.kind].label(self)  # each kind shows itself (dpsql.aggregates)
 
 
 @dataclass(frozen=True)

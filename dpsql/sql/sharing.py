@@ -22,6 +22,7 @@ import math
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 
+from dpsql.aggregates import KINDS
 from dpsql.policy import TablePolicy
 from dpsql.privacy.mechanisms import Mechanism
 
@@ -58,18 +59,9 @@ def output_coefficients(
     |μ_c| <= h at worst (the minimax weight). VAR/STDDEV: equal weights on its three measures.
     Each weight multiplies the measure's own per-row bound, so C_i = Σ_o (weight × bound)².
     """
-    if kind in ("count", "count_units"):
-        return {parts[0]: 1.0}
-    if kind == "sum":
-        h, c, m = sum_scale(parts[0])
-        out = {parts[0]: h / m}
-        if c and len(parts) > 1:
-            out[parts[1]] = abs(c) / m
-        return out
-    if kind == "avg":
-        h, _, m = sum_scale(parts[0])
-        return {parts[0]: h / m, parts[1]: h / m}
-    return dict.fromkeys(parts, 1.0)  # variance family: as before, an equal split
+    # each kind's own formula (dpsql.aggregates.AggregateKind.noise_weights); the variance
+    # family and the distinct kinds: an equal split
+    return KINDS[kind].noise_weights(parts, sum_scale)
 
 
 def split(epsilon: float, weights: Sequence[float]) -> list[float]:
