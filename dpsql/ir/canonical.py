@@ -76,7 +76,9 @@ _MEMOISED = frozenset(
     }
 )
 _ONCE_PER_CALL = frozenset({"GroupKey", "AggregateCall"})
-_LONG = 16  # tuples this long (public domains, IN lists' values) are memoised too
+# tuples this long of plain values (public domains, IN lists' values) are memoised too
+_LONG = 4
+_FLAT = frozenset({type(None), bool, int, float, str, dt.date, dt.datetime, Decimal})
 _SCALARS = frozenset({type(None), bool, int, str})
 
 
@@ -142,8 +144,8 @@ def _write(value: Any, out: list[str], ctx: _Ctx) -> None:
             _write(item, out, ctx)
             out.append(",")
         out.append(")")
-        if cls is tuple and len(value) >= _LONG:
-            _remember(value, ctx.skip, out, start)
+        if cls is tuple and len(value) >= _LONG and all(v.__class__ in _FLAT for v in value):
+            _remember(value, ctx.skip, out, start)  # immutable all the way down
     elif cls in _FIELDS or (dataclasses.is_dataclass(value) and not isinstance(value, type)):
         _dataclass(value, out, ctx)
     elif isinstance(value, exp.Expression):
@@ -220,6 +222,8 @@ def _dataclass(value: Any, out: list[str], ctx: _Ctx) -> None:
 def _remember(value: object, skip: frozenset, out: list[str], start: int) -> None:
     """Join what ``value`` wrote (from ``start``) into one piece and memoise it."""
     text = "".join(out[start:])
+    if type(value).__name__ == "TablePolicy":  # kilobytes, in every key that reads it
+        text = f"TablePolicy#{_digest(text)}"
     del out[start:]
     out.append(text)
     if len(_MEMO) >= _MEMO_LIMIT:
