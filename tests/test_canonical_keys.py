@@ -504,11 +504,9 @@ def test_different_trees_never_share_a_cached_answer(visits, first, second):
         conn.close()
 
 
-@settings(max_examples=6, deadline=None, derandomize=True, database=None)
-@given(q=visits_queries().filter(lambda q: q.cte is None and len(q.filters) >= 1))
-def test_text_keyed_entries_hold_the_tree_a_fresh_plan_gives(visits, q):
-    """Plan cache (the same text), shape cache (other WHERE numbers) and text shapes (other
-    digits in the same text): what each serves is the tree a fresh bind and plan gives."""
+def _entries_hold_fresh_trees(visits: Service, q: Query) -> list[Any]:
+    """Run ``q`` four times with its WHERE numbers shifted, then once more; after each, the
+    plan-cache entry of the text must hold the canonical tree of a fresh bind and plan."""
     settings = Settings.from_policy(visits.policy)
     analyst = f"texts-{next(_analysts)}"
     texts = []
@@ -518,6 +516,7 @@ def test_text_keyed_entries_hold_the_tree_a_fresh_plan_gives(visits, q):
         )
         texts.append(render(replace(q, filters=filters)))
     texts.append(texts[-1])  # the plan cache's own text
+    entries = []
     for text in texts:
         try:
             visits.execute(text, None, settings, analyst)
@@ -529,3 +528,24 @@ def test_text_keyed_entries_hold_the_tree_a_fresh_plan_gives(visits, q):
         fresh = _plan(visits, text, settings)
         assert plan_text(got.plan) == plan_text(fresh), text
         assert got.fingerprint == answer_key(fresh)
+        entries.append(got)
+    return entries
+
+
+@settings(max_examples=6, deadline=None, derandomize=True, database=None)
+@given(q=visits_queries().filter(lambda q: q.cte is None and len(q.filters) >= 1))
+def test_text_keyed_entries_hold_the_tree_a_fresh_plan_gives(visits, q):
+    """Plan cache (the same text), shape cache (other WHERE numbers) and text shapes (other
+    digits in the same text): what each serves is the tree a fresh bind and plan gives."""
+    _entries_hold_fresh_trees(visits, q)
+
+
+def test_the_shape_caches_are_exercised(visits):
+    """A guard on the test above: a WHERE number is a slot, so the third text is served by the
+    shape cache and the fourth from the text alone, each with the fresh tree."""
+    q = Query((("cmp", "age", ">", 40), ("bool", "smoker", False)), "department", ("COUNT(*)",))
+    texts_before = len(visits._texts)
+    entries = _entries_hold_fresh_trees(visits, q)
+    assert entries[2].shape_key is not None  # from the verified shape
+    assert len(visits._texts) == texts_before + 1  # learned, then served the fourth text
+    assert entries[4] is entries[3]  # the same text: the plan cache's entry
