@@ -405,9 +405,12 @@ class Service:
         assert isinstance(statement, BoundQuery)
         prepared = self._prepare(key, statement, settings, analyst, handle)
         result = self._run(prepared, analyst, handle, settings.confidence)
-        if prepared.shape_key is not None and parameters is None:
-            # served from its shape and run: the next text like it may skip parse and bind
-            self._texts.learn(self, text, statement, settings, analyst, prepared.shape_key)
+        if prepared.shape_key is not None:
+            # served from its shape and run: the next text like it (with its parameters, if
+            # any) may skip parse and bind
+            self._texts.learn(
+                self, text, statement, settings, analyst, prepared.shape_key, parameters
+            )
         return result
 
     def _parse(
@@ -450,11 +453,12 @@ class Service:
         settings: Settings,
         analyst: str,
     ) -> _Prepared | None:
-        """A verified shape found from the text alone (dpsql.service.text_shapes), cached
-        under ``key`` like a planned statement; None: parse and bind it."""
-        if key is None or parameters is not None:
+        """A verified shape found from the text and its parameters alone
+        (dpsql.service.text_shapes), cached under ``key`` like a planned statement; None:
+        parse and bind it."""
+        if key is None:
             return None
-        prepared = self._texts.lookup(self, text, settings, analyst)
+        prepared = self._texts.lookup(self, text, settings, analyst, parameters)
         if prepared is not None:
             self._plans.put(key, prepared)
         return prepared

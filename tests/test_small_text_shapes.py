@@ -308,3 +308,54 @@ def test_dialects_never_share_a_text_shape() -> None:
     assert got is not None
     _same(got, _fresh_in(service, text, pg))
     assert got.plan != _fresh_in(service, text, duck).plan
+
+
+# Statements with parameters (the wire server's extended protocol, $n bound per execution):
+# a slot fed by an integer parameter is served from the text and the parameters.
+PARAM_SHAPES = [
+    ("SELECT COUNT(*) FROM visits WHERE age > $1", 1),
+    ("SELECT department, COUNT(*) FROM visits WHERE age BETWEEN $2 AND $1 GROUP BY department", 2),
+    ("SELECT SUM(cost) FROM visits WHERE age / 3 >= $1 AND cost < $1", 1),
+]
+
+
+def _fresh_params(service: Service, text: str, params: list, settings: Settings) -> _Prepared:
+    statement = parse_statement(text, service.policy, params, dialect=settings.dialect)
+    return _Prepared(service.plan(statement, settings, "a"))
+
+
+@pytest.mark.parametrize("shape", PARAM_SHAPES)
+def test_a_parameter_text_shape_plans_exactly_as_a_fresh_one(shape: tuple[str, int]) -> None:
+    text, count = shape
+    service = _service()
+    settings = _pg(service)
+    before = service.parsed
+    for a, b in VALUES[:4]:
+        params = [b, a][:count] if count == 2 else [a]
+        service.execute(text, params, settings, "a")
+        got = service._plans.get(service._plans.key(text, params, settings, "a"))  # type: ignore[arg-type]
+        assert got is not None
+        _same(got, _fresh_params(service, text, params, settings))
+    assert service.parsed - before == 3  # seen, shape, learned; then from text + parameters
+
+
+def test_other_parameters_take_the_full_path() -> None:
+    """A parameter that is not a WHERE slot must be equal; a non-integer parameter, and a
+    slot written as a number beside a parameter, are bound every time."""
+    service = _service()
+    settings = _pg(service)
+    text = "SELECT department, COUNT(*) AS n FROM visits WHERE age > $1 GROUP BY 1 LIMIT $2"
+    for a, _ in VALUES[:3]:
+        service.execute(text, [a, 5], settings, "a")
+    for params in ([40, 5], [41, 6], [41.5, 5], [-3, 5], [True, 5]):
+        before = service.parsed
+        service.execute(text, params, settings, "a")
+        assert service.parsed == before + (params != [40, 5]), params
+        got = service._plans.get(service._plans.key(text, params, settings, "a"))  # type: ignore[arg-type]
+        assert got is not None
+        _same(got, _fresh_params(service, text, params, settings))
+    mixed = "SELECT COUNT(*) FROM visits WHERE age > $1 AND cost < 100"
+    for a, _ in VALUES:
+        before = service.parsed
+        service.execute(mixed, [a], settings, "a")
+        assert service.parsed == before + 1

@@ -21,6 +21,14 @@ hit builds the bound query from the entry's, its WHERE slots swapped for the tex
 numbers, and takes the plan from the shape cache's live entry (its policy and data version
 checked there, as on every shape hit).
 
+A statement with parameters (``$n``, the wire server's extended protocol) is served the same
+way when each of its WHERE slots is fed by an integer parameter (0 <= v < 10^15): which
+parameter feeds which slot is found by binding the text with distinct sentinel values, then
+the text is bound with sentinels in those parameters only and must equal the fresh bind but
+for the slots; every other parameter, and every number token of its text, must be equal for
+a hit. Anything else (a float or text parameter, a slot written as a number beside a
+parameter) is parsed and bound every time.
+
 Keyed, like both other caches, by the analyst (a hit is faster than a miss) and every
 setting a plan depends on, the statement dialect included: the wire server reads PostgreSQL
 (dpsql.sql.dialect), where the same text can bind to another query (``7 / 2`` is 3), so a
@@ -34,14 +42,15 @@ import random
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlglot import exp
 
 from dpsql.service.plan_cache import _Prepared
 from dpsql.service.settings import Settings
-from dpsql.sql.bind import BoundQuery, parse_statement
+from dpsql.sql.bind import BoundQuery, parse_statement, to_literal
 
 if TYPE_CHECKING:
     from dpsql.pipeline import Service
@@ -51,13 +60,15 @@ _TOKEN = re.compile(
     r"|(?P<word>[A-Za-z_][A-Za-z0-9_]*)|(?P<other>[0-9.(),*=<>!+\-/%;:|&^~\[\]{}])"
 )
 _SLOT = re.compile(r"(0|[1-9]\d{0,14})(\.\d{1,15})?")
+_PLACEHOLDER = re.compile(r"\$[1-9]\d{0,3}(?![\w$])")
 _RANDOM = random.SystemRandom()
 _MARK = "\x00"
 
 
-def scan(text: str) -> tuple[str, list[tuple[int, str]]] | None:
+def scan(text: str, placeholders: bool = False) -> tuple[str, list[tuple[int, str]]] | None:
     """(skeleton, number tokens as (offset, text)), or None for text the scanner does not
-    accept (it then takes the usual path)."""
+    accept (it then takes the usual path). ``placeholders``: ``$n`` tokens are accepted too,
+    kept in the skeleton as written (a statement with parameters)."""
     if not text.isascii() or "--" in text or "/*" in text:
         return None
     pieces: list[str] = []
@@ -65,6 +76,10 @@ def scan(text: str) -> tuple[str, list[tuple[int, str]]] | None:
     pos, end = 0, len(text)
     while pos < end:
         m = _TOKEN.match(text, pos)
+        if m is None and placeholders and (m := _PLACEHOLDER.match(text, pos)) is not None:
+            pieces.append(m.group())
+            pos = m.end()
+            continue
         if m is None:
             return None
         if m.lastgroup == "num":
@@ -103,6 +118,22 @@ def _with_slots(where: exp.Expression, values: list[str]) -> exp.Expression:
     return with_slots(where, [exp.Literal.number(v) for v in values])
 
 
+def _where_with(where: exp.Expression, values: list[exp.Expression]) -> exp.Expression:
+    from dpsql.service.shape_cache import _with_slots as with_slots
+
+    return with_slots(where, values)
+
+
+def _slot_parameters(parameters: Sequence[Any]) -> bool:
+    """Every parameter an integer that prints as a slot literal (0 <= v < 10^15): what the
+    parameter path serves; anything else is bound every time."""
+    return all(type(v) is int and 0 <= v < 10**15 for v in parameters)
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b
+
+
 @dataclass(frozen=True)
 class _Entry:
     """One learned skeleton: which number tokens are the WHERE slots (in the slots' walk
@@ -113,6 +144,10 @@ class _Entry:
     classes: tuple[str, ...]
     statement: BoundQuery
     shape_key: tuple
+    # a statement with parameters: the parameter feeding each slot (walk order), and the
+    # other parameters' values, which must be equal (none of its number tokens is a slot)
+    slot_params: tuple[int, ...] = ()
+    fixed_params: tuple[tuple[int, Any], ...] = ()
 
 
 class TextShapes:
@@ -124,10 +159,13 @@ class TextShapes:
         self._lock = threading.Lock()
 
     @staticmethod
-    def _key(skeleton: str, settings: Settings, analyst: str) -> tuple:
+    def _key(
+        skeleton: str, settings: Settings, analyst: str, parameters: Sequence[Any] | None = None
+    ) -> tuple:
         return (
             analyst,
             skeleton,
+            None if parameters is None else len(parameters),
             repr(settings.epsilon),
             repr(settings.delta),
             settings.mechanism,
@@ -150,15 +188,25 @@ class TextShapes:
             and "now" not in lowered
         )
 
-    def lookup(self, service: Service, text: str, settings: Settings, analyst: str):
-        """A prepared statement for ``text`` from a learned skeleton, or None."""
+    def lookup(
+        self,
+        service: Service,
+        text: str,
+        settings: Settings,
+        analyst: str,
+        parameters: Sequence[Any] | None = None,
+    ):
+        """A prepared statement for ``text`` (with ``parameters``) from a learned skeleton,
+        or None."""
         if self._limit <= 0 or not self._items or not self._usable(service, text):
             return None
-        scanned = scan(text)
+        if parameters is not None and not _slot_parameters(parameters):
+            return None
+        scanned = scan(text, placeholders=parameters is not None)
         if scanned is None:
             return None
         skeleton, numbers = scanned
-        key = self._key(skeleton, settings, analyst)
+        key = self._key(skeleton, settings, analyst, parameters)
         with self._lock:
             entry = self._items.get(key)
             if entry is not None:
@@ -167,7 +215,14 @@ class TextShapes:
             return None
         if any(numbers[i][1] != value for i, value in entry.fixed):
             return None
-        literals = [numbers[i][1] for i in entry.slot_tokens]
+        if parameters is None:
+            literals = [numbers[i][1] for i in entry.slot_tokens]
+            values: list[exp.Expression] = [exp.Literal.number(v) for v in literals]
+        else:
+            if any(not _same_value(parameters[j], v) for j, v in entry.fixed_params):
+                return None
+            literals = [str(parameters[j]) for j in entry.slot_params]
+            values = [to_literal(parameters[j]) for j in entry.slot_params]  # as bound
         if any(_class(v) != cls for v, cls in zip(literals, entry.classes, strict=True)):
             return None
         shape = service._shapes.verified(service, entry.shape_key, entry.statement.table)
@@ -176,7 +231,7 @@ class TextShapes:
             return None
         assert entry.statement.where is not None
         statement = replace(
-            entry.statement, text=text, where=_with_slots(entry.statement.where, literals)
+            entry.statement, text=text, where=_where_with(entry.statement.where, values)
         )
         prepared: _Prepared = shape.prepared(statement, literals)
         return prepared
@@ -189,20 +244,29 @@ class TextShapes:
         settings: Settings,
         analyst: str,
         shape_key: tuple,
+        parameters: Sequence[Any] | None = None,
     ) -> None:
-        """Remember ``text``'s skeleton, if its slots are number tokens and a sentinel bind
-        agrees (see the module docstring). Called after the statement ran from its shape."""
+        """Remember ``text``'s skeleton, if its slots are number tokens (or, with
+        ``parameters``, placeholders) and a sentinel bind agrees (see the module docstring).
+        Called after the statement ran from its shape."""
         if self._limit <= 0 or statement.where is None or not self._usable(service, text):
             return
-        scanned = scan(text)
+        if parameters is not None and not _slot_parameters(parameters):
+            return
+        scanned = scan(text, placeholders=parameters is not None)
         if scanned is None:
             return
         skeleton, numbers = scanned
-        key = self._key(skeleton, settings, analyst)
+        key = self._key(skeleton, settings, analyst, parameters)
         with self._lock:
             if key in self._items:
                 return
-        entry = self._entry(service, text, statement, numbers, shape_key, settings.dialect)
+        if parameters is None:
+            entry = self._entry(service, text, statement, numbers, shape_key, settings.dialect)
+        else:
+            entry = _parameter_entry(
+                service, text, statement, numbers, shape_key, settings.dialect, parameters
+            )
         if entry is None:
             return
         with self._lock:
@@ -271,3 +335,66 @@ class TextShapes:
     def __len__(self) -> int:
         with self._lock:
             return len(self._items)
+
+
+def _parameter_entry(
+    service: Service,
+    text: str,
+    statement: BoundQuery,
+    numbers: list[tuple[int, str]],
+    shape_key: tuple,
+    dialect: str,
+    parameters: Sequence[Any],
+) -> _Entry | None:
+    """The entry of a statement with parameters (``$n``), whose every WHERE slot is fed by a
+    parameter: which one is found by binding the text with distinct sentinel values for all of
+    them; then the text is bound again with sentinels for the slots' parameters only (the
+    others keep their values, which an entry requires equal), and kept only if that bound
+    query equals the fresh one but for the slots' values — the same check as for number
+    tokens (see the module docstring). The text's number tokens all stay fixed."""
+    assert statement.where is not None
+    fresh = _slots(statement.where)
+    if not fresh:
+        return None
+    probe = [int(_sentinel("i")) for _ in parameters]
+    if len(set(probe)) != len(probe):
+        return None
+    try:
+        other = parse_statement(text, service.policy, probe, dialect=dialect)
+    except Exception:  # refused with the sentinels: bound every time
+        return None
+    if not isinstance(other, BoundQuery) or other.where is None:
+        return None
+    index = {str(v): j for j, v in enumerate(probe)}
+    slot_params = [index.get(str(node.this)) for node in _slots(other.where)]
+    if len(slot_params) != len(fresh) or any(j is None for j in slot_params):
+        return None  # a slot not fed by a parameter (a number token): not served here
+    feeds = [j for j in slot_params if j is not None]
+    if any(str(n.this) != str(parameters[j]) for n, j in zip(fresh, feeds, strict=True)):
+        return None
+    sentinels = {j: int(_sentinel("i")) for j in set(feeds)}
+    if len(set(sentinels.values())) != len(sentinels):
+        return None
+    values = [sentinels.get(j, v) for j, v in enumerate(parameters)]
+    try:
+        other = parse_statement(text, service.policy, values, dialect=dialect)
+    except Exception:
+        return None
+    if (
+        not isinstance(other, BoundQuery)
+        or other.where is None
+        or not (
+            other.table == statement.table
+            and other.keys == statement.keys
+            and other.aggregates == statement.aggregates
+            and other.post == statement.post
+            and other.joins == statement.joins
+        )
+        or [str(n.this) for n in _slots(other.where)] != [str(sentinels[j]) for j in feeds]
+        or _where_with(other.where, [to_literal(parameters[j]) for j in feeds]) != statement.where
+    ):
+        return None
+    fixed = tuple((i, literal) for i, (_, literal) in enumerate(numbers))
+    fixed_params = tuple((j, v) for j, v in enumerate(parameters) if j not in sentinels)
+    classes = ("i",) * len(feeds)
+    return _Entry((), fixed, classes, statement, shape_key, tuple(feeds), fixed_params)
