@@ -13,12 +13,15 @@ pairs; a public table's rows as a digest), the WHERE, the keys and their public 
 measure with its range, centre, granularity and mechanism, the outputs, the threshold, the
 selection, quantile and clipping estimators, ε, δ, the mechanism, the bounding, the engine and
 the data version. Under ``compare=False`` sit only what the analyst wrote (source positions,
-an aggregate's text as shown) and caches of the plan (its engine store, ``extra``).
+an aggregate's text as shown), bookkeeping derived from compared fields (a cost's zCDP total)
+and caches of the plan (its engine store, ``extra``): a new field that must stay out of the key
+is declared so.
 
 What it leaves out, because it is spelling: the statement's text; parentheses (the tree's shape
 already says what they grouped); comments and source positions (not sqlglot arguments); the
-order of the WHERE's top-level conjuncts (see :func:`_where`); table aliases, keyword case,
-``<>`` against ``!=`` and ``INNER JOIN`` against ``JOIN`` are already gone from the bound tree.
+order of the WHERE's top-level conjuncts (see :func:`_where`); ``x < y`` against ``y > x`` and
+the two sides of ``=`` and ``<>`` (see :data:`_MIRRORED`); table aliases, keyword case, ``<>``
+against ``!=`` and ``INNER JOIN`` against ``JOIN`` are already gone from the bound tree.
 Literals become typed values: an integer is its value (DuckDB types an integer literal by its
 value: ``0100`` is INTEGER 100), an exponent number its DOUBLE value (``1e2`` = ``1E+2``); a
 decimal keeps its digits, because DuckDB types ``01.50`` as DECIMAL(4,2) and ``1.50`` as
@@ -55,10 +58,9 @@ _SETS = {("GroupKey", "conditions")}
 
 _fields_lock = threading.Lock()
 _FIELDS: dict[type, tuple[tuple[str, str], ...]] = {}  # class -> (field name, how)
-# Policy tables are long-lived and serialised by every plan that reads them: memoised by
-# identity (the entry holds the object, so its id cannot be reused while it is cached).
-# Memoised: values that hold no sqlglot tree (those are mutable) and that a plan shares with
-# the plans made from it (a shape cache hit keeps the measures, the estimators, the table).
+# Memoised by identity (an entry holds its object, so the id cannot be reused while cached):
+# values that hold no sqlglot tree (those are mutable) and that plans share: the policy tables
+# every plan reads, and what a shape-cache hit keeps of its plan (measures, estimators).
 _MEMO: dict[tuple[int, frozenset], tuple[object, str]] = {}
 _MEMO_LIMIT = 4096
 _MEMOISED = frozenset(
