@@ -549,3 +549,35 @@ def test_the_shape_caches_are_exercised(visits):
     assert entries[2].shape_key is not None  # from the verified shape
     assert len(visits._texts) == texts_before + 1  # learned, then served the fourth text
     assert entries[4] is entries[3]  # the same text: the plan cache's entry
+
+
+LEARNERS = [
+    "SELECT * FROM dp_linear_regression('visits', label => 'cost', "
+    "features => ['age', 'smoker'], epsilon => 1.0)",
+    "SELECT * FROM dp_rule_list('visits', label => 'smoker', epsilon => 1.0, max_length => 2)",
+]
+
+
+@pytest.mark.parametrize("query", LEARNERS, ids=["regression", "rule list"])
+def test_a_policy_edit_of_the_table_is_another_model(query):
+    """Rule lists and regressions key their releases by their call, not a plan tree; the table
+    as the policy declares it (canonical text) is part of that key, so a curator's edit of it
+    (here age's range) is not answered with the model fitted under the old declaration."""
+    ledger = MemoryLedger()  # one ledger behind both services: a restart on an edited policy
+    edited = _visits_policy()
+    edited["tables"]["visits"]["columns"]["age"]["upper"] = 90
+    services = [
+        dpsql.Service(_visits_policy(), ledger=ledger),
+        dpsql.Service(edited, ledger=ledger),
+    ]
+    try:
+        cached = []
+        for service in (*services, services[1]):
+            cur = connect_service(service, "learner").cursor()
+            cur.execute(query)
+            cur.fetchall()
+            cached.append(cur.cached)
+        assert cached == [False, False, True]
+    finally:
+        for service in services:
+            service.close()

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dpsql.errors import PrivacyError, ProgrammingError, UndefinedColumnError
+from dpsql.ir.canonical import canonical
 from dpsql.models import dpsgd
 from dpsql.models import sufficient_stats as ss
 from dpsql.models.regression import SCALE, RegressionModel, unscale
@@ -439,6 +440,7 @@ def _fingerprint(service: Service, call: Any, settings: Settings) -> str:
             (
                 call.function,
                 call.table.name,
+                canonical(call.table),  # the table as declared: a policy edit is another fit
                 # model => only names where the release is kept: naming it re-uses the fit
                 sorted((k, v) for k, v in call.arguments.items() if k != "model"),
                 settings.as_dict(),

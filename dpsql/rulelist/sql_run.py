@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from dpsql.engine.api import cancel_check
 from dpsql.engine.scratch import check_post
 from dpsql.errors import ProgrammingError
+from dpsql.ir.canonical import canonical
 from dpsql.service.transaction import paid_once
 from dpsql.sql.bind import DIALECT, RuleListCall
 from dpsql.sql.rows import pattern_counts_sql
@@ -81,6 +82,9 @@ def run_rule_list(
         repr(
             (
                 call.table.name,
+                # the table as the policy declares it (dpsql.ir.canonical): an edit of its
+                # columns, bounds or unit is another model, not a replay of the old one
+                canonical(call.table),
                 sorted(call.arguments.items()),
                 settings.as_dict(),
                 service.data_version(call.table),
