@@ -82,6 +82,7 @@ def _bound_units(  # pragma: no cover - compiled
     null_codes: np.ndarray,
     lut: np.ndarray,
     lut_starts: np.ndarray,
+    lut_strides: np.ndarray,
     kinds: np.ndarray,
     grids: np.ndarray,
     centers: np.ndarray,
@@ -138,7 +139,7 @@ def _bound_units(  # pragma: no cover - compiled
                 if kind == 0:
                     acc[j, s] += w
                 else:
-                    x = lut[lut_starts[j] + c] - centers[j]
+                    x = lut[lut_starts[j] + c * lut_strides[j]] - centers[j]
                     if kind == 2:
                         acc[j, s] += w * (x * x - centers2[j])
                     else:
@@ -209,6 +210,7 @@ def _row_sums(  # pragma: no cover - compiled
     null_codes: np.ndarray,
     lut: np.ndarray,
     lut_starts: np.ndarray,
+    lut_strides: np.ndarray,
     kinds: np.ndarray,
     centers: np.ndarray,
     centers2: np.ndarray,
@@ -230,7 +232,7 @@ def _row_sums(  # pragma: no cover - compiled
             if kind == 0:
                 values_out[j, s] += w
             else:
-                x = lut[lut_starts[j] + c] - centers[j]
+                x = lut[lut_starts[j] + c * lut_strides[j]] - centers[j]
                 if kind == 2:
                     values_out[j, s] += w * (x * x - centers2[j])
                 else:
@@ -271,6 +273,7 @@ def bound_units(
     null_codes: np.ndarray,
     lut: np.ndarray,
     lut_starts: np.ndarray,
+    lut_strides: np.ndarray,
     size: int,
     R: int,
     G: int,
@@ -280,7 +283,8 @@ def bound_units(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Run the kernel; ``measures``: per value measure (kind, grid, centre, centre², scale,
     cap), its column's codes the row ``code_rows[j]`` of ``codes`` (NULL where a code is
-    ``null_codes[j]``), its row values ``lut[lut_starts[j] + code]``; grid > 0: a count whose
+    ``null_codes[j]``), its row values ``lut[lut_starts[j] + code * lut_strides[j]]`` (a
+    column's lookup tables interleaved: a value's measures side by side); grid > 0: a count whose
     fine shares (on that grid) are rounded per unit, with ``offsets`` per unit in the store's
     order (0s where none is). Returns per group: bounded row counts, unit counts, each value
     measure's total (one row each) and the number of non-empty pairs."""
@@ -299,6 +303,7 @@ def bound_units(
         _ro(null_codes),
         _ro(lut),
         _ro(lut_starts),
+        _ro(lut_strides),
         _ro(np.ascontiguousarray(spec[:, 0])),
         _ro(np.ascontiguousarray(spec[:, 1])),
         _ro(np.ascontiguousarray(spec[:, 2])),
@@ -328,6 +333,7 @@ def row_sums(
     null_codes: np.ndarray,
     lut: np.ndarray,
     lut_starts: np.ndarray,
+    lut_strides: np.ndarray,
     size: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Run the row-level kernel (``measures`` and the rest as for :func:`bound_units`): per
@@ -344,6 +350,7 @@ def row_sums(
         _ro(null_codes),
         _ro(lut),
         _ro(lut_starts),
+        _ro(lut_strides),
         _ro(np.ascontiguousarray(spec[:, 0])),
         _ro(np.ascontiguousarray(spec[:, 2])),
         _ro(np.ascontiguousarray(spec[:, 3])),

@@ -516,9 +516,9 @@ def warm_up() -> None:
     for dtype in (np.int32, np.int64):  # group codes: one key's own (int32), or combined
         group = np.zeros(1, dtype=dtype)
         clustered.bound_units(
-            starts, group, weight, codes, spec, one, one, one, one, 1, 1, 1, 1, True, one
+            starts, group, weight, codes, spec, one, one, one, one, one, 1, 1, 1, 1, True, one
         )
-        clustered.row_sums(group, weight, codes, spec, one, one, one, one, 1)
+        clustered.row_sums(group, weight, codes, spec, one, one, one, one, one, 1)
 
 
 def warm_up_later() -> None:
@@ -679,14 +679,16 @@ def _result(
 class _KernelSpec:
     """What the compiled pass reads for a program: per value measure its (kind, 0, centre,
     centre², scale, cap), the row of the store's ``codes`` it reads, its column's NULL code
-    (-1: none) and where its lookup table starts in ``lut`` (a row's integer value is
-    ``lut[lut_starts[j] + code]``)."""
+    (-1: none) and where its lookup table starts in ``lut`` and its stride (a row's integer
+    value is ``lut[lut_starts[j] + code * lut_strides[j]]``: the tables of one column are
+    interleaved, a code's values side by side, so a row's measures share one cache miss)."""
 
     measures: list[tuple[int, int, int, int, int, int]]
     code_rows: np.ndarray
     null_codes: np.ndarray
     lut: np.ndarray
     lut_starts: np.ndarray
+    lut_strides: np.ndarray
 
 
 def _kernel_spec(program: ColumnProgram, table: ColumnarTable, policy: TablePolicy) -> Any:
@@ -703,9 +705,8 @@ def _kernel_spec(program: ColumnProgram, table: ColumnarTable, policy: TablePoli
     spec: list[tuple[int, int, int, int, int, int]] = []
     code_rows: list[int] = []
     null_codes: list[int] = []
-    luts: list[np.ndarray] = []
-    starts: list[int] = []
-    at = 0
+    wanted: dict[str, list[tuple[str, int, int]]] = {}  # column -> its tables, in order
+    uses: list[tuple[str, int] | None] = []  # per value measure: (column, its table's index)
     for m in program.measures:
         if m.kind in ("rows", "units"):
             continue
@@ -713,7 +714,7 @@ def _kernel_spec(program: ColumnProgram, table: ColumnarTable, policy: TablePoli
             spec.append((clustered.DROPPED, 0, 0, 0, m.scale, _bias_cap(program)))
             code_rows.append(0)
             null_codes.append(-1)
-            starts.append(0)
+            uses.append(None)
             continue
         if m.column not in table.codes_index:
             return None
@@ -722,27 +723,41 @@ def _kernel_spec(program: ColumnProgram, table: ColumnarTable, policy: TablePoli
         if m.kind == "values":
             # a rescaled COUNT(col): shares on its fine grid, rounded per unit (grid > 0)
             spec.append((clustered.VALUES, m.fine if m.fine > 1 else 0, 0, 0, m.pair_scale, 0))
-            starts.append(0)
+            uses.append(None)
             continue
         if m.kind not in ("sum", "sumsq", "cut", "clamped"):
             return None
         role = "excess" if m.kind == "clamped" else "fixed"
-        lut = _lut(table, policy, role, m.column, m.lo, m.hi)
-        if lut is None:
+        if _lut(table, policy, role, m.column, m.lo, m.hi) is None:
             return None
+        tables = wanted.setdefault(m.column, [])  # type: ignore[arg-type]
+        if (role, m.lo, m.hi) not in tables:
+            tables.append((role, m.lo, m.hi))
+        uses.append((m.column, tables.index((role, m.lo, m.hi))))  # type: ignore[arg-type]
         kind = {"sum": clustered.SUM, "clamped": clustered.SUM, "sumsq": clustered.SUMSQ}.get(
             m.kind, clustered.CUT
         )
         spec.append((kind, 0, m.center, m.center2, m.scale, _bias_cap(program)))
-        luts.append(lut)
-        starts.append(at)
-        at += len(lut)
+    blocks: list[np.ndarray] = []
+    begin: dict[str, int] = {}
+    at = 0
+    for name, tables in wanted.items():
+        block = np.stack(
+            [_lut(table, policy, r, name, a, b) for r, a, b in tables],  # type: ignore[misc]
+            axis=1,
+        ).reshape(-1)
+        begin[name] = at
+        blocks.append(block)
+        at += len(block)
+    starts = [0 if u is None else begin[u[0]] + u[1] for u in uses]
+    strides = [0 if u is None else len(wanted[u[0]]) for u in uses]
     return _KernelSpec(
         spec,
         np.array(code_rows, dtype=np.int64),
         np.array(null_codes, dtype=np.int64),
-        np.concatenate(luts) if luts else np.zeros(1, dtype=np.int64),
+        np.concatenate(blocks) if blocks else np.zeros(1, dtype=np.int64),
         np.array(starts, dtype=np.int64),
+        np.array(strides, dtype=np.int64),
     )
 
 
@@ -834,6 +849,7 @@ def _compiled_pass(
             planned.null_codes,
             planned.lut,
             planned.lut_starts,
+            planned.lut_strides,
             size,
             program.max_rows,
             program.max_groups,
@@ -851,6 +867,7 @@ def _compiled_pass(
             planned.null_codes,
             planned.lut,
             planned.lut_starts,
+            planned.lut_strides,
             size,
         )
         units_out, some = rows_out, rows_out
