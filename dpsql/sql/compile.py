@@ -1245,23 +1245,50 @@ def _positive_mod(residue: exp.Expression, grid: int) -> exp.Expression:
     return exp.Mod(this=exp.Paren(this=shifted), expression=_number(grid))
 
 
-def rounded_counts(plan: Plan, ks: list[str], source: str) -> exp.Select:
+def rounded_counts(plan: Plan, ks: list[str], source: str) -> exp.Expression:
     """The pairs of ``source`` with each count's fine-grid shares w rounded per unit to
     integers by systematic rounding (proof and notation: dpsql.sql.plan, ROUNDED_KINDS): over
     the unit's pairs in key order (NULLs last) A = the running sum of w, then
-    c = (A + U_u) // F - (A - w + U_u) // F, every operand >= 0 (floor = truncation). A unit
-    within R and G has w = F·c already: unchanged. Other columns pass as they are."""
+    c = (A + U_u) // F - (A - w + U_u) // F, every operand >= 0 (floor = truncation). Other
+    columns pass as they are.
+
+    A share that is a multiple of F gets w / F whatever A is (⌊x + m⌋ - ⌊x⌋ = m for an integer
+    m), and adds a multiple of F to the running sums after it, which changes no later c. So
+    the pairs whose shares are all whole rows (every pair of a unit within R and G: nearly all)
+    take w // F with no window, and the running sums run over the other pairs alone: the same
+    integers as one window over every pair, at a fraction of its sort."""
     rounded = dict(rounded_columns(plan))
-    src = _table(source)
     grids = set(rounded.values())
     assert len(grids) == 1  # counts: row bound 1, one fine grid
     (grid,) = grids
-    with_offset = _select([_star(), _alias(unit_offset(plan, grid), "__off")], src)
+    fractional: exp.Expression = exp.NEQ(
+        this=exp.Mod(this=_name(next(iter(rounded))), expression=_number(grid)),
+        expression=_number(0),
+    )
+    for name in list(rounded)[1:]:
+        share = exp.Mod(this=_name(name), expression=_number(grid))
+        fractional = exp.Or(this=fractional, expression=exp.NEQ(this=share, expression=_number(0)))
+    columns = _pair_columns(plan, ks)
+    whole = _select(
+        [
+            _alias(exp.IntDiv(this=_name(name), expression=_number(grid)), name)
+            if name in rounded
+            else _name(name)
+            for name in columns
+        ],
+        _table(source),
+        where=[exp.Not(this=exp.Paren(this=fractional.copy()))],
+    )
+    with_offset = _select(
+        [_star(), _alias(unit_offset(plan, grid), "__off")],
+        _table(source),
+        where=[fractional],
+    )
     order = exp.Order(
         expressions=[exp.Ordered(this=_name(k), desc=False, nulls_first=False) for k in ks]
     )
     items: list[exp.Expression] = []
-    for column in _pair_columns(plan, ks):
+    for column in columns:
         if column not in rounded:
             items.append(_name(column))
             continue
@@ -1285,7 +1312,8 @@ def rounded_counts(plan: Plan, ks: list[str], source: str) -> exp.Select:
             expression=exp.IntDiv(this=exp.Paren(this=lower), expression=_number(grid)),
         )
         items.append(_alias(c, column))
-    return _select(items, _subquery(with_offset, "o"))
+    scaled = _select(items, _subquery(with_offset, "o"))
+    return exp.Union(this=whole, expression=scaled, distinct=False)
 
 
 def _pair_columns(plan: Plan, ks: list[str]) -> list[str]:
