@@ -12,7 +12,8 @@ columns, bounds, units and R/G as this query reads them; a private join's steps,
 pairs; a public table's rows as a digest), the WHERE, the keys and their public domains, each
 measure with its range, centre, granularity and mechanism, the outputs, the threshold, the
 selection, quantile and clipping estimators, ε, δ, the mechanism, the bounding, the engine and
-the data version. Under ``compare=False`` sit only what the analyst wrote (source positions,
+the data version (the answer key leaves out the engine: see :data:`_POST`). Under
+``compare=False`` sit only what the analyst wrote (source positions,
 an aggregate's text as shown), bookkeeping derived from compared fields (a cost's zCDP total)
 and caches of the plan (its engine store, ``extra``): a new field that must stay out of the key
 is declared so.
@@ -366,7 +367,11 @@ def plan_text(plan: Any) -> str:
 
 # The post-processing over the released table runs afresh on every replay of an answer
 # (it is free), so two queries that measure alike share the release whatever they do with it.
-_POST = frozenset({("BoundQuery", "post")})
+# The engine that runs a plan is not part of its answer either: DuckDB and Spark compute the
+# same exact aggregates for the same secret (tests/test_spark_engine.py, test_spark_store.py
+# check them equal), so the released distribution is the same and an answer paid on one
+# engine replays on the other at the same data version.
+_POST = frozenset({("BoundQuery", "post"), ("Plan", "engine")})
 
 
 def answer_key(plan: Any) -> str:
