@@ -328,7 +328,7 @@ def reference_unit_sql(plan: Any, secret: int) -> str:
     if plan.bounding == "scale":
         r = plan.max_rows
         scaled = "".join(
-            f", CAST(SUM(v_{m.name}) AS HUGEINT) * ({m.scale} * LEAST(COUNT(*), {r})) "
+            f", CAST(SUM(v_{m.name}) AS HUGEINT) * ({m.pair_scale} * LEAST(COUNT(*), {r})) "
             f"// COUNT(*) AS v_{m.name}"
             for m in vm
         )
@@ -340,10 +340,10 @@ def reference_unit_sql(plan: Any, secret: int) -> str:
     src = "bounded"
     if plan.group_scaling:  # public keys, scale: a unit's k > G groups all kept at G/k
         g = plan.max_groups
-        rows_scale = next(m.scale for m in plan.measures if m.kind in ("rows", "units"))
+        rows_scale = next(m.pair_scale for m in plan.measures if m.kind in ("rows", "units"))
         parts = "".join(f", (v_{m.name} * LEAST(__g, {g})) // __g AS v_{m.name}" for m in vm)
         sql += (
-            f", ranked AS (SELECT {', '.join(keys)}, (__n * {rows_scale} * LEAST(__g, {g})) "
+            f", ranked AS (SELECT __u, {', '.join(keys)}, (__n * {rows_scale} * LEAST(__g, {g})) "
             f"// __g AS __n{parts} FROM (SELECT *, COUNT(*) OVER (PARTITION BY __u) AS __g "
             "FROM bounded))"
         )
@@ -357,6 +357,29 @@ def reference_unit_sql(plan: Any, secret: int) -> str:
             f"<= {plan.max_groups})"
         )
         src = "ranked"
+    rounded = [
+        ("__n" if m.kind == "rows" else f"v_{m.name}", m.fine)
+        for m in plan.measures
+        if m.fine > 1 and m.kind != "units"
+    ]
+    if rounded:
+        # counts on the fine grid, rounded per unit (dpsql.sql.plan, ROUNDED_KINDS): one
+        # window over every pair of the unit in key order, NULLs last; U_u from the unit id
+        from dpsql.sql.plan import ROUNDING_MULTIPLIER
+
+        grid = rounded[0][1]
+        off = f"((((__u % {grid}) + {grid}) % {grid}) * {ROUNDING_MULTIPLIER}) % {grid}"
+        order = ", ".join(f"{k} ASC NULLS LAST" for k in keys)
+        window = f"OVER (PARTITION BY __u ORDER BY {order} ROWS UNBOUNDED PRECEDING)"
+        parts = []
+        for col, f in rounded:
+            run = f"SUM(CAST({col} AS HUGEINT)) {window}" if keys else f"CAST({col} AS HUGEINT)"
+            parts.append(f"(({run}) + __off) // {f} - (({run}) - {col} + __off) // {f} AS {col}")
+        sql += (
+            f", offs AS (SELECT *, {off} AS __off FROM {src}), "
+            f"rounded AS (SELECT * REPLACE ({', '.join(parts)}) FROM offs)"
+        )
+        src = "rounded"
     sel = list(keys)
     for m in plan.measures:
         sel.append(
