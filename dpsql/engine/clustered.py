@@ -77,12 +77,10 @@ def _bound_units(  # pragma: no cover - compiled
     starts: np.ndarray,
     group: np.ndarray,
     weight: np.ndarray,
-    codes: np.ndarray,
-    code_rows: np.ndarray,
-    null_codes: np.ndarray,
-    lut: np.ndarray,
-    lut_starts: np.ndarray,
-    lut_strides: np.ndarray,
+    fixed: np.ndarray,
+    nulls: np.ndarray,
+    fixed_rows: np.ndarray,
+    null_rows: np.ndarray,
     kinds: np.ndarray,
     grids: np.ndarray,
     centers: np.ndarray,
@@ -131,15 +129,12 @@ def _bound_units(  # pragma: no cover - compiled
             n_loc[s] += w
             for j in range(M):
                 kind = kinds[j]
-                if kind == 3:
-                    continue
-                c = codes[code_rows[j], i]
-                if c == null_codes[j]:
+                if kind == 3 or nulls[null_rows[j], i]:
                     continue
                 if kind == 0:
                     acc[j, s] += w
                 else:
-                    x = lut[lut_starts[j] + c * lut_strides[j]] - centers[j]
+                    x = fixed[fixed_rows[j], i] - centers[j]
                     if kind == 2:
                         acc[j, s] += w * (x * x - centers2[j])
                     else:
@@ -205,12 +200,10 @@ def _bound_units(  # pragma: no cover - compiled
 def _row_sums(  # pragma: no cover - compiled
     group: np.ndarray,
     weight: np.ndarray,
-    codes: np.ndarray,
-    code_rows: np.ndarray,
-    null_codes: np.ndarray,
-    lut: np.ndarray,
-    lut_starts: np.ndarray,
-    lut_strides: np.ndarray,
+    fixed: np.ndarray,
+    nulls: np.ndarray,
+    fixed_rows: np.ndarray,
+    null_rows: np.ndarray,
     kinds: np.ndarray,
     centers: np.ndarray,
     centers2: np.ndarray,
@@ -225,38 +218,20 @@ def _row_sums(  # pragma: no cover - compiled
         s = group[i]
         rows_out[s] += w
         for j in range(M):
-            c = codes[code_rows[j], i]
-            if c == null_codes[j]:
+            if nulls[null_rows[j], i]:
                 continue
             kind = kinds[j]
             if kind == 0:
                 values_out[j, s] += w
             else:
-                x = lut[lut_starts[j] + c * lut_strides[j]] - centers[j]
+                x = fixed[fixed_rows[j], i] - centers[j]
                 if kind == 2:
                     values_out[j, s] += w * (x * x - centers2[j])
                 else:
                     values_out[j, s] += w * x
 
 
-def _counting_order(  # pragma: no cover - compiled
-    keys: np.ndarray, first_key: int, starts: np.ndarray, order: np.ndarray
-) -> bool:
-    """A counting sort's order: row i of key k (``first_key`` + its index into ``starts``) is
-    placed at the next free slot of ``starts[k]`` .. ``starts[k + 1]``; False (nothing past
-    the arrays written) when a key is out of range or has more rows than its slots."""
-    free = starts[:-1].copy()
-    for i in range(keys.shape[0]):
-        k = np.int64(keys[i]) - first_key
-        if k < 0 or k >= free.shape[0] or free[k] >= starts[k + 1]:
-            return False
-        order[free[k]] = i
-        free[k] += 1
-    return True
-
-
 if _jit is not None:
-    _counting_order = _jit(_counting_order)
     _quot = _jit(_quot)
     _muldiv = _jit(_muldiv)
     _bound_units = _jit(_bound_units)
@@ -267,13 +242,11 @@ def bound_units(
     starts: np.ndarray,
     group: np.ndarray,
     weight: np.ndarray,
-    codes: np.ndarray,
+    fixed: np.ndarray,
+    nulls: np.ndarray,
     measures: list[tuple[int, int, int, int, int, int]],
-    code_rows: np.ndarray,
-    null_codes: np.ndarray,
-    lut: np.ndarray,
-    lut_starts: np.ndarray,
-    lut_strides: np.ndarray,
+    fixed_rows: np.ndarray,
+    null_rows: np.ndarray,
     size: int,
     R: int,
     G: int,
@@ -282,11 +255,10 @@ def bound_units(
     offsets: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Run the kernel; ``measures``: per value measure (kind, grid, centre, centre², scale,
-    cap), its column's codes the row ``code_rows[j]`` of ``codes`` (NULL where a code is
-    ``null_codes[j]``), its row values ``lut[lut_starts[j] + code * lut_strides[j]]`` (a
-    column's lookup tables interleaved: a value's measures side by side); grid > 0: a count whose
-    fine shares (on that grid) are rounded per unit, with ``offsets`` per unit in the store's
-    order (0s where none is). Returns per group: bounded row counts, unit counts, each value
+    cap), its value read from row ``fixed_rows[j]`` of ``fixed`` unless row ``null_rows[j]``
+    of ``nulls`` marks it NULL; grid > 0: a count whose fine shares (on that grid) are
+    rounded per unit, with ``offsets`` per unit in the store's order (0s where none is).
+    Returns per group: bounded row counts, unit counts, each value
     measure's total (one row each) and the number of non-empty pairs."""
     m = len(measures)
     spec = np.array(measures, dtype=np.int64).reshape(m, 6)
@@ -298,12 +270,10 @@ def bound_units(
         _ro(starts),
         _ro(group),
         _ro(weight),
-        _ro(codes),
-        _ro(code_rows),
-        _ro(null_codes),
-        _ro(lut),
-        _ro(lut_starts),
-        _ro(lut_strides),
+        _ro(fixed),
+        _ro(nulls),
+        _ro(fixed_rows),
+        _ro(null_rows),
         _ro(np.ascontiguousarray(spec[:, 0])),
         _ro(np.ascontiguousarray(spec[:, 1])),
         _ro(np.ascontiguousarray(spec[:, 2])),
@@ -327,17 +297,15 @@ def bound_units(
 def row_sums(
     group: np.ndarray,
     weight: np.ndarray,
-    codes: np.ndarray,
+    fixed: np.ndarray,
+    nulls: np.ndarray,
     measures: list[tuple[int, int, int, int, int, int]],
-    code_rows: np.ndarray,
-    null_codes: np.ndarray,
-    lut: np.ndarray,
-    lut_starts: np.ndarray,
-    lut_strides: np.ndarray,
+    fixed_rows: np.ndarray,
+    null_rows: np.ndarray,
     size: int,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Run the row-level kernel (``measures`` and the rest as for :func:`bound_units`): per
-    group, the kept rows and each value measure's total (one row each)."""
+    """Run the row-level kernel (``measures`` as for :func:`bound_units`): per group, the
+    kept rows and each value measure's total (one row each)."""
     m = len(measures)
     spec = np.array(measures, dtype=np.int64).reshape(m, 6)
     rows_out = np.zeros(size, dtype=np.int64)
@@ -345,12 +313,10 @@ def row_sums(
     _row_sums(
         _ro(group),
         _ro(weight),
-        _ro(codes),
-        _ro(code_rows),
-        _ro(null_codes),
-        _ro(lut),
-        _ro(lut_starts),
-        _ro(lut_strides),
+        _ro(fixed),
+        _ro(nulls),
+        _ro(fixed_rows),
+        _ro(null_rows),
         _ro(np.ascontiguousarray(spec[:, 0])),
         _ro(np.ascontiguousarray(spec[:, 2])),
         _ro(np.ascontiguousarray(spec[:, 3])),
@@ -358,23 +324,3 @@ def row_sums(
         values_out,
     )
     return rows_out, values_out
-
-
-def counting_order(keys: np.ndarray, first_key: int, starts: np.ndarray) -> np.ndarray:
-    """The order that sorts ``keys`` (codes ``first_key`` ..) into the slots ``starts`` (the
-    first row of each key, and the end), as a store's build places a chunk's rows by unit
-    (dpsql.engine.columnar.load_clustered): one pass, compiled; without numba a stable
-    argsort, checked against the slots. ValueError when the keys do not fill them exactly
-    (the table changed while the store was built)."""
-    starts = np.ascontiguousarray(starts, dtype=np.int64)
-    if _jit is None:  # pragma: no cover
-        counts = np.bincount(keys.astype(np.int64) - first_key, minlength=len(starts) - 1)
-        if len(counts) != len(starts) - 1 or not np.array_equal(counts, np.diff(starts)):
-            raise ValueError("the table changed while its store was built")
-        return np.argsort(keys, kind="stable")
-    order = np.empty(len(keys), dtype=np.int64)
-    if len(keys) != starts[-1] - starts[0] or not _counting_order(
-        _ro(keys), first_key, _ro(starts), order
-    ):
-        raise ValueError("the table changed while its store was built")
-    return order

@@ -22,16 +22,15 @@ scaled row value) fits 64 bits, and sums in floating point only below 2^53.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import ctypes
 import datetime
-import itertools
+import functools
 import math
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 from sqlglot import exp
@@ -75,145 +74,19 @@ class ColumnarTable:
     rows: int
     columns: dict[str, Column]
     capacity: int
-    # a store (:func:`cluster`, :func:`load_clustered`): rows clustered by this unit column,
-    # its units' first rows (and the end), and what the compiled pass (dpsql.engine.clustered)
-    # reads: one row of int32 ``codes`` per column (``codes_index``: name -> row), each row's
-    # index into the column's sorted distinct values (``label_values``: those of a numeric
-    # column, the fixed points of a measure are computed over them once, a lookup table),
-    # NULL the last code
+    # a store (:func:`cluster`): rows clustered by this unit column, its units' first rows
+    # (and the end), and per bounded numeric column one row of ``fixed`` each for its fixed
+    # point at its declared bounds and at a cut measure's widened ones, and for a clamped
+    # measure's excess (``fixed_index``: (role, name, lo, hi) -> row); ``nulls`` one row per
+    # column (name -> row): what the compiled pass (dpsql.engine.clustered) reads
     unit: str | None = None
     unit_starts: np.ndarray | None = None
-    codes: np.ndarray | None = None
-    codes_index: dict[str, int] | None = None
-    label_values: dict[str, np.ndarray] | None = None
-    # (unit, domain keys) -> the rows a per-unit program may read whatever its WHERE; and
-    # ("lut", role, column, lo, hi) -> a measure's lookup table
+    fixed: np.ndarray | None = None
+    fixed_index: dict[tuple[str, str, int, int], int] | None = None
+    nulls: np.ndarray | None = None
+    nulls_index: dict[str, int] | None = None
+    # (unit, domain keys) -> the rows a per-unit program may read whatever its WHERE
     masks: dict[Any, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
-
-
-class Labels(Sequence[Any]):
-    """A numeric column's sorted distinct values and None (NULL) last, over a numpy array
-    (a tuple of Python numbers costs ~36 bytes a value: 10M units, 360 MB): an item is a
-    Python number, a slice a numpy array."""
-
-    def __init__(self, values: np.ndarray) -> None:
-        self.array = values
-
-    def __len__(self) -> int:
-        return len(self.array) + 1
-
-    @overload
-    def __getitem__(self, index: int) -> Any: ...
-    @overload
-    def __getitem__(self, index: slice) -> Any: ...
-    def __getitem__(self, index: int | slice) -> Any:
-        if isinstance(index, slice):
-            span = range(len(self))[index]
-            if span.step == 1 and span.stop <= len(self.array):
-                return self.array[span.start : span.stop]
-            return tuple(self[i] for i in span)
-        if index == len(self.array) or index == -1:
-            return None
-        return self.array[index].item()
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Sequence) and tuple(self) == tuple(other)
-
-    def __hash__(self) -> int:
-        return hash(tuple(self))
-
-
-class CodedColumn(Column):
-    """A column of a large table's store (:func:`load_clustered`): only its int32 codes (a
-    row of the store's ``codes``) and its sorted distinct values (``labels`` for a text, int
-    or bool column, as :class:`Column`'s; ``label_values`` for a numeric one), 4 bytes a row
-    whatever its type. Its values and NULL mask are computed from them where a numpy program
-    needs them; the WHERE (:meth:`_Builder._coded`) and the compiled pass read the codes.
-    ``codes`` (for grouping) is None for a float or a date column, as :class:`Column`'s."""
-
-    def __init__(
-        self,
-        kind: str,
-        coded: np.ndarray | None,
-        labels: Sequence[Any],
-        label_values: np.ndarray | None,
-    ) -> None:
-        object.__setattr__(self, "kind", kind)
-        object.__setattr__(self, "_coded", coded)
-        object.__setattr__(self, "labels", labels)
-        object.__setattr__(self, "label_values", label_values)
-        n = len(labels) - 1 if label_values is None else len(label_values)
-        object.__setattr__(self, "null_code", n)
-
-    _coded: np.ndarray | None
-    label_values: np.ndarray | None  # numeric kinds; None for text
-    null_code: int
-
-    @property
-    def coded(self) -> np.ndarray:
-        """Each row's code (NULL: ``null_code``)."""
-        assert self._coded is not None
-        return self._coded
-
-    @property  # type: ignore[override]
-    def codes(self) -> np.ndarray | None:
-        return self.coded if self.kind in ("text", "int", "bool") else None
-
-    @property  # type: ignore[override]
-    def nulls(self) -> np.ndarray:
-        return self.coded == self.null_code
-
-    @property  # type: ignore[override]
-    def values(self) -> np.ndarray:
-        if self.label_values is None:
-            return self.coded
-        return _with_null(self.label_values)[self.coded]
-
-    def on_labels(self) -> Column:
-        """The column whose rows are this one's distinct values and NULL: a condition
-        evaluated there and looked up by code is the condition evaluated on the rows."""
-        n = self.null_code + 1
-        nulls = np.zeros(n, dtype=np.bool_)
-        nulls[-1] = True
-        dense = np.arange(n, dtype=np.int64)
-        if self.label_values is None:
-            return Column(self.kind, dense, nulls, dense, self.labels)
-        values = _with_null(self.label_values)
-        codes = dense if self.kind in ("int", "bool") else None
-        return Column(self.kind, values, nulls, codes, self.labels)
-
-
-class UnitColumn(CodedColumn):
-    """The privacy unit's column of a store: its codes are implied by the order (the rows of
-    the k-th unit present are ``unit_starts[k]`` .. ``unit_starts[k + 1]``), so none is held
-    (4 bytes a row saved); they are computed when a numpy program or a condition on the unit
-    reads them, and its NULL mask (the NULL unit comes last) without them."""
-
-    def __init__(
-        self, kind: str, labels: Sequence[Any], label_values: Any, present: Any, starts: Any
-    ):
-        super().__init__(kind, None, labels, label_values)
-        object.__setattr__(self, "present", present)
-        object.__setattr__(self, "starts", starts)
-
-    present: np.ndarray  # the codes of the units present, in order
-    starts: np.ndarray
-
-    @property
-    def coded(self) -> np.ndarray:
-        return np.repeat(self.present.astype(np.int32), np.diff(self.starts))
-
-    @property  # type: ignore[override]
-    def nulls(self) -> np.ndarray:
-        out = np.zeros(int(self.starts[-1]), dtype=np.bool_)
-        if len(self.present) and self.present[-1] == self.null_code:
-            out[int(self.starts[-2]) :] = True
-        return out
-
-
-def _with_null(values: np.ndarray) -> np.ndarray:
-    """``values`` and one more slot for NULL's code, holding 0 (a value no NULL row reads)."""
-    return np.append(values, np.zeros(1, dtype=values.dtype))
 
 
 class NotRunnable(Exception):
@@ -256,20 +129,12 @@ def load(con: Any, table: TablePolicy, version: str, capacity: int) -> ColumnarT
     return ColumnarTable(table.name, version, rows, columns, capacity)
 
 
-#: rows fetched by one query of a store's build (its transient memory: ~40 bytes a row)
-CHUNK_ROWS = 1 << 22
-
-
 def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) -> ColumnarTable:
-    """A large table's store: the rows of :func:`load` then :func:`cluster`, each column held
-    as int32 codes into its sorted distinct values (:class:`CodedColumn`), the unit's implied
-    by the order (:class:`UnitColumn`), built in bounded memory (issue 28: ~2 GiB at 100M
-    rows). DuckDB numbers each column's distinct values in a temporary table of this cursor
-    and counts each unit's rows, which places every unit (a counting sort); the rows are then
-    read in chunks of ~CHUNK_ROWS (a range of units each; for a row-level table a hash
-    partition), their codes found by joins to those tables, and copied into one preallocated
-    int32 matrix. Within a unit the rows keep no order (every sum over them is an integer)."""
-    from dpsql.engine import clustered
+    """:func:`load` then :func:`cluster`, for a large table: the same arrays, with the codes
+    of text, int and bool columns and the order by unit computed by DuckDB (a join to each
+    column's sorted distinct values and one sort, on all its threads) instead of numpy's
+    ``unique`` (a sort per column, ~5 µs a row for text) and a stable argsort. A text column's
+    values are never fetched, only its codes."""
     from dpsql.sql.identifiers import quote_ident
 
     _keep_heap_pad()
@@ -279,169 +144,70 @@ def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) ->
     if rows > capacity:
         raise ValueError(f"{rows} rows, more than the declared {capacity}")
     readable = [c for c in table.columns.values() if c.expr is None and c.type in _KINDS]
-    unit = table.privacy_unit if any(c.name == table.privacy_unit for c in readable) else None
-    temps: list[str] = []
-    try:
-        labels: dict[str, Sequence[Any]] = {}
-        label_values: dict[str, np.ndarray] = {}
-        for i, c in enumerate(readable):
-            q = quote_ident(c.name)
-            temp = f"{_TEMP}{i}"
-            # the unit's with its rows' count (one aggregation over the table for both)
-            with_n, count = (", n", ", count(*) AS n") if c.name == unit else ("", "")
-            con.execute(
-                f"CREATE TEMP TABLE {temp} AS SELECT v, "
-                f"CAST(row_number() OVER (ORDER BY v) - 1 AS INTEGER) AS code{with_n} "
-                f"FROM (SELECT {q} AS v{count} FROM {name} WHERE {q} IS NOT NULL GROUP BY {q})"
-            )
-            temps.append(temp)
-            ordered = f"FROM {temp} ORDER BY code"
+    if not readable:
+        return cluster(ColumnarTable(table.name, version, rows, {}, capacity), table)
+    labels: dict[str, tuple[Any, ...]] = {}
+    ctes, joins, items = [], [], []
+    order = "1"
+    for i, c in enumerate(readable):
+        q = quote_ident(c.name)
+        if c.type in ("text", "int", "bool"):
+            distinct = con.execute(
+                f"SELECT DISTINCT {q} FROM {name} WHERE {q} IS NOT NULL ORDER BY {q}"
+            ).fetchall()
             if c.type == "text":
-                labels[c.name] = (
-                    *(str(r[0]) for r in con.execute(f"SELECT v {ordered}").fetchall()),
-                    None,
-                )
-                continue
-            fetched = con.execute(
-                f"SELECT {_FETCH.get(c.type, '{}').format('v')} AS v {ordered}"
-            ).fetchnumpy()["v"]
-            dtype: type = {"float": np.float64, "bool": np.bool_}.get(c.type, np.int64)
-            values: np.ndarray = np.asarray(np.ma.getdata(fetched), dtype=dtype)
-            label_values[c.name] = values
-            if c.type == "int":
-                labels[c.name] = Labels(values)
-            elif c.type == "bool":
-                labels[c.name] = (*(bool(v) for v in values.tolist()), None)
+                labels[c.name] = (*(str(r[0]) for r in distinct), None)
+            elif c.type == "int":
+                labels[c.name] = (*(int(r[0]) for r in distinct), None)
             else:
-                labels[c.name] = ()
-        index = {c.name: i for i, c in enumerate(readable)}
-        nulls = {
-            c.name: len(labels[c.name]) - 1 if c.type == "text" else len(label_values[c.name])
-            for c in readable
-        }
-        held = [c for c in readable if c.name != unit]
-        codes = np.empty((len(held), rows), dtype=np.int32)
-        items = [
-            f"COALESCE(l{index[c.name]}.code, {nulls[c.name]}) AS __c{j}"
-            for j, c in enumerate(held)
-        ]
-        joins = [
-            f"LEFT JOIN {_TEMP}{index[c.name]} AS l{index[c.name]} "
-            f"ON r.{quote_ident(c.name)} = l{index[c.name]}.v"
-            for c in held
-        ]
-        if unit is None:
-            parts = max(1, -(-rows // CHUNK_ROWS))
-            every = ", ".join(f"r.{quote_ident(c.name)}" for c in readable) or "1"
-            at = 0
-            for part in range(parts):
-                where = f"WHERE hash({every}) % {parts} = {part}" if parts > 1 else ""
-                got = _fetch_codes(con, items, f"FROM {name} AS r {' '.join(joins)} {where}")
-                n = len(got[0])
-                if at + n > rows:
-                    raise ValueError("the table changed while its store was built")
-                for j, array in enumerate(got[: len(held)]):
-                    codes[j, at : at + n] = array
-                del got
-                at += n
-            if at != rows:
-                raise ValueError("the table changed while its store was built")
-            unit_column: UnitColumn | None = None
-            unit_starts: np.ndarray | None = None
-        else:
-            u = quote_ident(unit)
-            k = index[unit]
-            got = con.execute(f"SELECT n FROM {_TEMP}{k} ORDER BY code").fetchnumpy()
-            counts = np.zeros(nulls[unit] + 1, dtype=np.int64)
-            counts[:-1] = np.asarray(np.ma.getdata(got["n"]), dtype=np.int64)
-            none = con.execute(f"SELECT count(*) FROM {name} WHERE {u} IS NULL").fetchone()
-            counts[-1] = int(none[0]) if none else 0
-            if int(counts.sum()) != rows:
-                raise ValueError("the table changed while its store was built")
-            first = np.concatenate([[0], np.cumsum(counts)])  # per code, its first row
-            # chunks: ranges of unit codes of ~CHUNK_ROWS rows (a larger unit alone)
-            cuts = [0]
-            while cuts[-1] < len(counts) - 1:
-                c0 = cuts[-1]
-                c1 = int(np.searchsorted(first, first[c0] + CHUNK_ROWS, side="right")) - 1
-                cuts.append(min(max(c1, c0 + 1), len(counts) - 1))
-            ranges = [*itertools.pairwise(cuts), (len(counts) - 1, len(counts))]
-            for c0, c1 in ranges:
-                lo, hi = int(first[c0]), int(first[c1])
-                if hi == lo:
-                    continue
-                if c0 == len(counts) - 1:  # the rows without a unit
-                    source = f"FROM {name} AS r {' '.join(joins)} WHERE r.{u} IS NULL"
-                    unit_code = f"{c0}"
-                else:
-                    source = (
-                        f"FROM {name} AS r JOIN {_TEMP}{k} AS lu ON r.{u} = lu.v "
-                        f"AND lu.code >= {c0} AND lu.code < {c1} {' '.join(joins)}"
-                    )
-                    unit_code = "lu.code"
-                *got, units = _fetch_codes(con, [*items, f"{unit_code} AS __u"], source)
-                if len(units) != hi - lo:
-                    raise ValueError("the table changed while its store was built")
-                order = clustered.counting_order(units, c0, first[c0 : c1 + 1] - lo)
-                del units
-                for j, array in enumerate(got):
-                    codes[j, lo:hi] = array[order]
-                del got, order
-            present = np.flatnonzero(counts).astype(np.int64)
-            unit_starts = np.append(first[present], rows).astype(np.int64)
-            c = table.columns[unit]
-            unit_column = UnitColumn(
-                c.type, labels[unit], label_values.get(unit), present, unit_starts
+                labels[c.name] = (*(bool(r[0]) for r in distinct), None)
+            ctes.append(
+                f"d{i} AS (SELECT v, CAST(row_number() OVER (ORDER BY v) - 1 AS BIGINT) AS code "
+                f"FROM (SELECT DISTINCT {q} AS v FROM {name} WHERE {q} IS NOT NULL))"
             )
-    finally:
-        for temp in temps:
-            with contextlib.suppress(Exception):  # interrupted: the cursor's close drops it
-                con.execute(f"DROP TABLE IF EXISTS {temp}")
-    codes.setflags(write=False)
-    position = {c.name: j for j, c in enumerate(held)}
+            joins.append(f"LEFT JOIN d{i} ON r.{q} = d{i}.v")
+            code = f"COALESCE(d{i}.code, {len(distinct)})"
+            items.append(f"{code} AS __c{i}")
+            if c.name == table.privacy_unit:
+                order = f"__c{i}"
+        if c.type != "text":
+            items.append(_FETCH.get(c.type, "{}").format(f"r.{q}") + f" AS __v{i}")
+        items.append(f"r.{q} IS NULL AS __n{i}")
+    with_ = f"WITH {', '.join(ctes)} " if ctes else ""
+    fetched = con.execute(
+        f"{with_}SELECT {', '.join(items)} FROM {name} AS r {' '.join(joins)} ORDER BY {order}"
+    ).fetchnumpy()
     columns: dict[str, Column] = {}
-    for c in readable:
-        if c.name == unit and unit_column is not None:
-            columns[c.name] = unit_column
+    for i, c in enumerate(readable):
+        nulls = np.asarray(np.ma.getdata(fetched[f"__n{i}"]), dtype=bool)
+        codes = (
+            np.asarray(np.ma.getdata(fetched[f"__c{i}"]), dtype=np.int64)
+            if c.name in labels
+            else None
+        )
+        if c.type == "text":
+            columns[c.name] = Column("text", codes, nulls, codes, labels[c.name])  # type: ignore[arg-type]
+            continue
+        data = np.ma.getdata(fetched[f"__v{i}"])
+        if c.type == "date":
+            values = np.where(nulls, 0, np.asarray(data, dtype=np.int64))
         else:
-            row = codes[position[c.name]]
-            columns[c.name] = CodedColumn(c.type, row, labels[c.name], label_values.get(c.name))
-    for array in label_values.values():
-        array.setflags(write=False)
-    if unit_starts is not None:
-        unit_starts.setflags(write=False)
-    return ColumnarTable(
-        table.name,
-        version,
-        rows,
-        columns,
-        capacity,
-        unit,
-        unit_starts,
-        codes,
-        position,
-        {c.name: label_values[c.name] for c in readable if c.name in label_values},
-    )
-
-
-_TEMP = "__dp_labels_"
-
-
-def _fetch_codes(con: Any, items: list[str], source: str) -> list[np.ndarray]:
-    """One chunk of a build: the int32 code columns ``items`` over ``source``; with no item,
-    one empty array per row counted (its length is the chunk's)."""
-    if not items:
-        got = con.execute(f"SELECT count(*) {source}").fetchone()
-        return [np.empty(int(got[0]) if got else 0, dtype=np.int32)]
-    fetched = con.execute(f"SELECT {', '.join(items)} {source}").fetchnumpy()
-    return [np.asarray(np.ma.getdata(array), dtype=np.int32) for array in fetched.values()]
+            dtype: type = {"int": np.int64, "float": np.float64, "bool": np.bool_}[c.type]
+            values = np.asarray(data, dtype=dtype)  # no copy where the type is DuckDB's
+        columns[c.name] = Column(c.type, values, nulls, codes, labels.get(c.name, ()))
+    del fetched
+    return cluster(ColumnarTable(table.name, version, rows, columns, capacity), table)
 
 
 def cluster(table: ColumnarTable, policy: TablePolicy) -> ColumnarTable:
     """``table`` as a store for the compiled pass (dpsql.engine.clustered): its rows ordered
     by privacy unit (its dense codes, NULL last; a stable sort, and none when the rows come
-    ordered), each unit's first row, and every column's codes (:func:`_codes_of`). The same
-    rows as ``table``: every program's result is the same integers."""
+    ordered), each unit's first row, the fixed point of every bounded numeric column at its
+    declared bounds (dpsql.sql.compile.fixed_point_expr, as :func:`_fixed_point`) and every
+    column's NULLs, one row each. The same rows as ``table``: every program's result is the
+    same integers."""
+    from dpsql.sql.plan import fixed_point_bounds
+
     unit = policy.privacy_unit
     columns = dict(table.columns)
     if unit is not None and unit in columns:
@@ -456,8 +222,37 @@ def cluster(table: ColumnarTable, policy: TablePolicy) -> ColumnarTable:
         unit_starts = np.append(starts.astype(np.int64), len(codes))
     else:
         unit, unit_starts = None, None
-    matrix, codes_index, label_values = _codes_of(columns, table.rows)
-    for array in (matrix, unit_starts):
+    from dpsql.sql import bias
+
+    fixed_index: dict[tuple[str, str, int, int], int] = {}
+    rows_of: list[Callable[[], np.ndarray]] = []  # each row's values, computed when filled
+    for name, column in columns.items():
+        spec = policy.columns[name]
+        if not (spec.numeric and spec.bounded and column.kind in ("int", "float")):
+            continue
+        lo, hi = fixed_point_bounds(spec.lower, spec.upper, spec.granularity)  # type: ignore[arg-type]
+        for a, b in ((lo, hi), bias.measure_range("cut", lo, hi)):
+            if max(abs(a), abs(b)) <= 2**53 and ("fixed", name, a, b) not in fixed_index:
+                fixed_index[("fixed", name, a, b)] = len(rows_of)
+                rows_of.append(functools.partial(_fixed_point, column.values, spec, a, b))
+        fixed_index[("excess", name, lo, hi)] = len(rows_of)
+        rows_of.append(functools.partial(_clamp_excess, column.values, spec, max(hi - lo, 1)))
+    # every row lies within its range ([lo, hi], the cut's widened one, or [-W, W] for the
+    # excess): int32 when all ranges fit (decided from the policy's bounds), half the memory;
+    # filled one row at a time (one row's temporaries at the peak, not every row's)
+    ranges = [abs(b) for (_, _, lo_, hi_) in fixed_index for b in (lo_, hi_)]
+    widths = [3 * max(hi_ - lo_, 1) for (_, _, lo_, hi_) in fixed_index]
+    small = max([*ranges, *widths, 0]) < 2**31 - 1
+    fixed = np.empty((len(rows_of), table.rows), dtype=np.int32 if small else np.int64)
+    row_nulls = {i: columns[name].nulls for (_, name, _, _), i in fixed_index.items()}
+    with np.errstate(all="ignore"):
+        for i, compute in enumerate(rows_of):
+            fixed[i] = np.where(row_nulls[i], 0, compute())
+    nulls_index = {name: i for i, name in enumerate(columns)}
+    nulls = np.array([c.nulls for c in columns.values()], dtype=np.bool_).reshape(
+        len(columns), table.rows
+    )
+    for array in (fixed, nulls, unit_starts):
         if array is not None:
             array.setflags(write=False)
     for column in columns.values():
@@ -472,33 +267,11 @@ def cluster(table: ColumnarTable, policy: TablePolicy) -> ColumnarTable:
         table.capacity,
         unit,
         unit_starts,
-        matrix,
-        codes_index,
-        label_values,
+        fixed,
+        fixed_index,
+        nulls,
+        nulls_index,
     )
-
-
-def _codes_of(
-    columns: dict[str, Column], rows: int
-) -> tuple[np.ndarray, dict[str, int], dict[str, np.ndarray]]:
-    """The compiled pass's view of held columns: per column one row of int32 codes into its
-    sorted distinct values (NULL last: a text, int or bool column's own codes; a float's or a
-    date's from numpy's ``unique``, NaN last as DuckDB orders it, -0.0 with 0.0: equal values,
-    the same fixed point), and a numeric column's distinct values."""
-    codes = np.empty((len(columns), rows), dtype=np.int32)
-    label_values: dict[str, np.ndarray] = {}
-    for i, (name, column) in enumerate(columns.items()):
-        if column.codes is not None:
-            codes[i] = column.codes
-            if column.kind != "text":
-                label_values[name] = np.asarray(column.labels[:-1], dtype=column.values.dtype)
-            continue
-        distinct, inverse = np.unique(column.values[~column.nulls], return_inverse=True)
-        row = np.full(rows, len(distinct), dtype=np.int32)
-        row[~column.nulls] = inverse.reshape(-1)
-        codes[i] = row
-        label_values[name] = distinct
-    return codes, {name: i for i, name in enumerate(columns)}, label_values
 
 
 def warm_up() -> None:
@@ -509,16 +282,16 @@ def warm_up() -> None:
     if not clustered.available():
         return
     one = np.zeros(1, dtype=np.int64)
-    codes = np.zeros((1, 1), dtype=np.int32)
+    nulls = np.zeros((1, 1), dtype=np.bool_)
     weight = np.ones(1, dtype=np.bool_)
     spec = [(clustered.SUM, 0, 0, 0, 1, 0)]
     starts = np.array([0, 1], dtype=np.int64)
-    for dtype in (np.int32, np.int64):  # group codes: one key's own (int32), or combined
-        group = np.zeros(1, dtype=dtype)
+    for dtype in (np.int32, np.int64):  # a store's fixed points: int32 where they fit
+        fixed = np.zeros((1, 1), dtype=dtype)
         clustered.bound_units(
-            starts, group, weight, codes, spec, one, one, one, one, one, 1, 1, 1, 1, True, one
+            starts, one, weight, fixed, nulls, spec, one, one, 1, 1, 1, 1, True, one
         )
-        clustered.row_sums(group, weight, codes, spec, one, one, one, one, one, 1)
+        clustered.row_sums(one, weight, fixed, nulls, spec, one, one, 1)
 
 
 def warm_up_later() -> None:
@@ -617,7 +390,7 @@ def run(
         return None
     if (
         any(m.kind in KERNEL_ONLY for m in program.measures)
-        and _kernel_spec(program, table, policy) is None
+        and _kernel_spec(program, table) is None
     ):
         return None
     try:
@@ -647,7 +420,7 @@ def _run(
     # Fixed shapes from here on: every row and every (unit, group) slot is computed, a row
     # the WHERE drops weighing 0, so the time does not depend on which rows it keeps.
     group, size, label = _groups(program.keys, table)
-    compiled = _compiled_pass(program, table, policy, group, size, selected)
+    compiled = _compiled_pass(program, table, group, size, selected)
     if compiled is not None:
         measures, present = compiled
         return _result(program, policy, measures, present, label)
@@ -675,125 +448,51 @@ def _result(
     return EngineResult([label(i) for i in keep], columns, types)
 
 
-@dataclass(frozen=True)
-class _KernelSpec:
-    """What the compiled pass reads for a program: per value measure its (kind, 0, centre,
-    centre², scale, cap), the row of the store's ``codes`` it reads, its column's NULL code
-    (-1: none) and where its lookup table starts in ``lut`` and its stride (a row's integer
-    value is ``lut[lut_starts[j] + code * lut_strides[j]]``: the tables of one column are
-    interleaved, a code's values side by side, so a row's measures share one cache miss)."""
-
-    measures: list[tuple[int, int, int, int, int, int]]
-    code_rows: np.ndarray
-    null_codes: np.ndarray
-    lut: np.ndarray
-    lut_starts: np.ndarray
-    lut_strides: np.ndarray
-
-
-def _kernel_spec(program: ColumnProgram, table: ColumnarTable, policy: TablePolicy) -> Any:
-    """The :class:`_KernelSpec` of ``program`` on ``table``; None when the compiled pass
-    cannot run it (no kernel, not a store clustered by the program's unit, a measure over a
-    column without codes or outside what a lookup table holds exactly): decided from the
-    program, the policy and the store's layout only, before any value is read."""
+def _kernel_spec(
+    program: ColumnProgram, table: ColumnarTable
+) -> tuple[list[tuple[int, int, int, int, int, int]], list[int], list[int]] | None:
+    """What the compiled pass reads for ``program`` on ``table``: per measure other than row
+    and unit counts its (kind, 0, centre, centre², scale, cap) and rows of ``fixed`` and
+    ``nulls``; None when it cannot run (no kernel, not a store clustered by the program's
+    unit, too many groups, a column without the fixed point at the measure's range): decided
+    from the program and the store's layout only, before any value is read."""
     from dpsql.engine import clustered
 
-    if table.codes is None or table.codes_index is None or not clustered.available():
+    if table.fixed is None or table.nulls is None or not clustered.available():
         return None
     if program.unit is not None and (program.unit != table.unit or table.unit_starts is None):
         return None
+    fixed_index = table.fixed_index or {}
+    nulls_index = table.nulls_index or {}
     spec: list[tuple[int, int, int, int, int, int]] = []
-    code_rows: list[int] = []
-    null_codes: list[int] = []
-    wanted: dict[str, list[tuple[str, int, int]]] = {}  # column -> its tables, in order
-    uses: list[tuple[str, int] | None] = []  # per value measure: (column, its table's index)
+    fixed_rows: list[int] = []
+    null_rows: list[int] = []
     for m in program.measures:
         if m.kind in ("rows", "units"):
             continue
         if m.kind == "dropped":
             spec.append((clustered.DROPPED, 0, 0, 0, m.scale, _bias_cap(program)))
-            code_rows.append(0)
-            null_codes.append(-1)
-            uses.append(None)
+            fixed_rows.append(0)
+            null_rows.append(0)
             continue
-        if m.column not in table.codes_index:
+        if m.column not in nulls_index:
             return None
-        code_rows.append(table.codes_index[m.column])  # type: ignore[index]
-        null_codes.append(_null_code(table, m.column))  # type: ignore[arg-type]
+        null_rows.append(nulls_index[m.column])  # type: ignore[index]
         if m.kind == "values":
             # a rescaled COUNT(col): shares on its fine grid, rounded per unit (grid > 0)
             spec.append((clustered.VALUES, m.fine if m.fine > 1 else 0, 0, 0, m.pair_scale, 0))
-            uses.append(None)
+            fixed_rows.append(0)
             continue
-        if m.kind not in ("sum", "sumsq", "cut", "clamped"):
-            return None
         role = "excess" if m.kind == "clamped" else "fixed"
-        if _lut(table, policy, role, m.column, m.lo, m.hi) is None:
+        held = fixed_index.get((role, m.column, m.lo, m.hi))  # type: ignore[arg-type]
+        if held is None or m.kind not in ("sum", "sumsq", "cut", "clamped"):
             return None
-        tables = wanted.setdefault(m.column, [])  # type: ignore[arg-type]
-        if (role, m.lo, m.hi) not in tables:
-            tables.append((role, m.lo, m.hi))
-        uses.append((m.column, tables.index((role, m.lo, m.hi))))  # type: ignore[arg-type]
         kind = {"sum": clustered.SUM, "clamped": clustered.SUM, "sumsq": clustered.SUMSQ}.get(
             m.kind, clustered.CUT
         )
         spec.append((kind, 0, m.center, m.center2, m.scale, _bias_cap(program)))
-    blocks: list[np.ndarray] = []
-    begin: dict[str, int] = {}
-    at = 0
-    for name, tables in wanted.items():
-        block = np.stack(
-            [_lut(table, policy, r, name, a, b) for r, a, b in tables],  # type: ignore[misc]
-            axis=1,
-        ).reshape(-1)
-        begin[name] = at
-        blocks.append(block)
-        at += len(block)
-    starts = [0 if u is None else begin[u[0]] + u[1] for u in uses]
-    strides = [0 if u is None else len(wanted[u[0]]) for u in uses]
-    return _KernelSpec(
-        spec,
-        np.array(code_rows, dtype=np.int64),
-        np.array(null_codes, dtype=np.int64),
-        np.concatenate(blocks) if blocks else np.zeros(1, dtype=np.int64),
-        np.array(starts, dtype=np.int64),
-        np.array(strides, dtype=np.int64),
-    )
-
-
-def _null_code(table: ColumnarTable, name: str) -> int:
-    """NULL's code in a column's row of a store's ``codes``: the last, after its distinct
-    values (a numeric column's ``label_values``, else its labels but the NULL)."""
-    values = (table.label_values or {}).get(name)
-    return len(values) if values is not None else len(table.columns[name].labels) - 1
-
-
-def _lut(
-    table: ColumnarTable, policy: TablePolicy, role: str, name: str | None, lo: int, hi: int
-) -> np.ndarray | None:
-    """A measure's integer per code of its column: the fixed point at [lo, hi] ("fixed",
-    :func:`_fixed_point`) or the clamp's excess ("excess", :func:`_clamp_excess`) of each
-    distinct value, 0 for NULL's code: the very functions the numpy program applies to each
-    row, applied to each distinct value (a row's is its value's). Kept on the table. None
-    for a column that is not a bounded number, or bounds past 2^53 (not exact in doubles)."""
-    spec = policy.columns.get(name) if name is not None else None
-    values = (table.label_values or {}).get(name) if name is not None else None
-    if spec is None or values is None or not (spec.numeric and spec.bounded):
-        return None
-    if table.columns[name].kind not in ("int", "float") or max(abs(lo), abs(hi)) > 2**53:  # type: ignore[index]
-        return None
-    key = ("lut", role, name, lo, hi)
-    held = table.masks.get(key)
-    if held is None:
-        with np.errstate(all="ignore"):
-            if role == "fixed":
-                out = _fixed_point(values, spec, lo, hi)
-            else:
-                out = _clamp_excess(values, spec, max(hi - lo, 1))
-        held = np.append(out.astype(np.int64), np.int64(0))
-        held.setflags(write=False)
-        table.masks[key] = held
-    return held
+        fixed_rows.append(held)
+    return spec, fixed_rows, null_rows
 
 
 def _bias_cap(program: ColumnProgram) -> int:
@@ -821,7 +520,6 @@ def _static_mask(program: ColumnProgram, table: ColumnarTable, policy: TablePoli
 def _compiled_pass(
     program: ColumnProgram,
     table: ColumnarTable,
-    policy: TablePolicy,
     group: np.ndarray,
     size: int,
     selected: np.ndarray,
@@ -833,23 +531,24 @@ def _compiled_pass(
     numpy program runs) when :func:`_kernel_spec` says it cannot."""
     from dpsql.engine import clustered
 
-    planned = _kernel_spec(program, table, policy)
+    planned = _kernel_spec(program, table)
     if planned is None:
         return None
-    assert table.codes is not None
-    codes = table.codes if len(table.codes) else np.zeros((1, 1), dtype=np.int32)  # never read
+    spec, fixed_rows, null_rows = planned
+    assert table.fixed is not None and table.nulls is not None
+    fixed = table.fixed if len(table.fixed) else np.zeros((1, 1), dtype=np.int64)  # never read
+    rows_f = np.array(fixed_rows, dtype=np.int64)
+    rows_n = np.array(null_rows, dtype=np.int64)
     if program.unit is not None:
         rows_out, units_out, values_out, some = clustered.bound_units(
             table.unit_starts,  # type: ignore[arg-type]
             group,
             selected,
-            codes,
-            planned.measures,
-            planned.code_rows,
-            planned.null_codes,
-            planned.lut,
-            planned.lut_starts,
-            planned.lut_strides,
+            fixed,
+            table.nulls,
+            spec,
+            rows_f,
+            rows_n,
             size,
             program.max_rows,
             program.max_groups,
@@ -859,16 +558,7 @@ def _compiled_pass(
         )
     else:
         rows_out, values_out = clustered.row_sums(
-            group,
-            selected,
-            codes,
-            planned.measures,
-            planned.code_rows,
-            planned.null_codes,
-            planned.lut,
-            planned.lut_starts,
-            planned.lut_strides,
-            size,
+            group, selected, fixed, table.nulls, spec, rows_f, rows_n, size
         )
         units_out, some = rows_out, rows_out
     measures: list[np.ndarray] = []
@@ -892,12 +582,9 @@ def _store_offsets(program: ColumnProgram, table: ColumnarTable) -> np.ndarray:
     grid = _rounding_grid(program)
     if not grid:
         return np.zeros(units, dtype=np.int64)
-    offsets = unit_offsets(table, program.unit, grid)  # type: ignore[arg-type]
-    column = table.columns[program.unit]  # type: ignore[index]
-    if isinstance(column, UnitColumn):  # a large store: its units' codes, none per row
-        return offsets[column.present]
-    codes = column.codes
+    codes = table.columns[program.unit].codes  # type: ignore[index]
     assert codes is not None
+    offsets = unit_offsets(table, program.unit, grid)  # type: ignore[arg-type]
     return offsets[codes[table.unit_starts[:-1]]]
 
 
@@ -960,7 +647,7 @@ def _per_unit(
     unit = table.columns[program.unit]  # type: ignore[index]
     assert unit.codes is not None
     capacity = table.capacity  # the bounds that choose how to sum: public (ColumnarTable)
-    slots = _Slots(unit.codes.astype(np.int64) * size + group, len(unit.labels), size, table.rows)
+    slots = _Slots(unit.codes * size + group, len(unit.labels), size, table.rows)
     n = slots.count(weight)
     some = (n > 0).astype(np.int64)
     divisor = np.maximum(n, 1)  # a pair with no row has nothing to divide
@@ -1242,9 +929,6 @@ class _Builder:
         self._masks: dict[int, np.ndarray] = {}  # id(column) -> its non-NULL mask
 
     def __call__(self, node: exp.Expression) -> Callable[[], Truth]:
-        coded = self._coded(node)
-        if coded is not None:
-            return coded
         if isinstance(node, exp.Paren):
             return self(node.this)
         if isinstance(node, exp.And):
@@ -1289,32 +973,6 @@ class _Builder:
 
             return member
         raise NotRunnable
-
-    def _coded(self, node: exp.Expression) -> Callable[[], Truth] | None:
-        """A condition on one column of a store (:class:`CodedColumn`): evaluated, as any
-        condition here, on the column of its distinct values and NULL (a few rows, or at most
-        as many as the table), then each row's truth looked up by its code. None: not such a
-        condition (an AND, OR or NOT, a constant, another kind of column)."""
-        if not isinstance(node, (exp.Column, exp.Is, exp.Between, exp.In, *COMPARISONS)):
-            return None
-        names = {c.name for c in node.find_all(exp.Column)}
-        if len(names) != 1:
-            return None
-        name = names.pop()
-        column = self.table.columns.get(name)
-        if not isinstance(column, CodedColumn):
-            return None
-        on_labels = column.on_labels()
-        rows = len(on_labels.nulls)
-        labels = ColumnarTable(self.table.name, "", rows, {name: on_labels}, self.table.capacity)
-        truth = _Builder(labels, self.swaps)(node)
-        codes = column.coded
-
-        def looked_up() -> Truth:
-            holds, fails = truth()
-            return holds[codes], fails[codes]
-
-        return looked_up
 
     def _member(self, node: exp.In) -> Callable[[], Truth] | None:
         """``column IN (literal, ...)`` as one membership test over the column, linear in rows
@@ -1518,10 +1176,7 @@ def _or(a: Truth, b: Truth) -> Truth:
 
 def _in_domain(column: Column, spec: ColumnPolicy) -> np.ndarray:
     """dpsql.sql.compile._domain_condition on the key column: its declared values, or its
-    bounds, or not NULL; OR NULL where the column is nullable (a store's coded column: on its
-    distinct values, looked up by code)."""
-    if isinstance(column, CodedColumn):
-        return _in_domain(column.on_labels(), spec)[column.coded]
+    bounds, or not NULL; OR NULL where the column is nullable."""
     if spec.values is not None:
         if column.kind == "text":
             wanted = [i for i, v in enumerate(column.categories) if v in set(spec.values)]
