@@ -102,7 +102,13 @@ def _counts(plan: Any, result: Any) -> np.ndarray:
     return counts
 
 
-def test_mode_at_high_epsilon_is_the_exact_mode():
+def test_mode_at_high_epsilon_is_the_exact_mode(monkeypatch):
+    # One secret for both services: a unit over R keeps R rows chosen by a keyed hash, so two
+    # runs with different secrets count different bounded rows, and close departments can
+    # swap places; the subject here is the release of one run's bounded counts
+    import secrets
+
+    monkeypatch.setattr(secrets, "randbits", lambda bits: 0x5EC12E7 % (1 << bits))
     service = dpsql.Service(
         fixture_policy(privacy={"budget_epsilon": 1e6}),
         ledger=MemoryLedger(),
