@@ -129,6 +129,17 @@ def test_a_new_ledger_never_shows_an_empty_file(tmp_path: Path):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
+def test_a_creator_that_lost_the_race_uses_the_winners_ledger(tmp_path: Path):
+    """A creator that found no ledger, then sees a -wal because another creator linked its
+    ledger and charged meanwhile, uses that ledger: it is not an orphaned -wal (CI, 2026-12-06)."""
+    path = tmp_path / "budget.sqlite"
+    with SQLiteLedger(path) as winner:
+        charge(winner, 0.25)
+        assert Path(f"{path}-wal").stat().st_size > 0
+        winner._create()  # what the loser runs after its lexists() said "no ledger"
+        assert winner.spent("alice", "ds") == Cost(0.25)
+
+
 # -- backup and restore ----------------------------------------------------------------------
 
 

@@ -612,7 +612,11 @@ class SQLiteLedger:
         taken for a new ledger. A ``-wal`` file without its ledger (the ledger was moved or
         deleted without it) is refused too: SQLite would replay it into the new file."""
         wal = Path(f"{self.path}-wal")
+        # The -wal is read before the ledger: a -wal only appears once a ledger is linked into
+        # place, so a -wal next to a ledger that now exists is another creator's, who won.
         if _size(wal) > 0:
+            if os.path.lexists(self.path):
+                return
             raise LedgerUnavailableError(
                 f"the budget ledger {str(self.path)!r} is missing but its -wal file {str(wal)!r} "
                 "is there: the ledger was moved or deleted without it (its newest charges are "
