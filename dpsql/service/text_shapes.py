@@ -311,18 +311,11 @@ class TextShapes:
             other = parse_statement("".join(pieces), service.policy, dialect=dialect)
         except Exception:  # the sentinel text is refused: this skeleton is bound every time
             return None
+        where = _same_but_where(other, statement)
         if (
-            not isinstance(other, BoundQuery)
-            or other.where is None
-            or not (
-                other.table == statement.table
-                and other.keys == statement.keys
-                and other.aggregates == statement.aggregates
-                and other.post == statement.post
-                and other.joins == statement.joins
-            )
-            or [str(n.this) for n in _slots(other.where)] != sentinels
-            or _with_slots(other.where, [numbers[i][1] for i in slot_tokens]) != statement.where
+            where is None
+            or [str(n.this) for n in _slots(where)] != sentinels
+            or _with_slots(where, [numbers[i][1] for i in slot_tokens]) != statement.where
         ):
             return None
         fixed = tuple((i, literal) for i, (_, literal) in enumerate(numbers) if i not in swap)
@@ -335,6 +328,23 @@ class TextShapes:
     def __len__(self) -> int:
         with self._lock:
             return len(self._items)
+
+
+def _same_but_where(other: object, statement: BoundQuery) -> exp.Expression | None:
+    """The WHERE of ``other`` (the text bound again with sentinels) when ``other`` is the
+    fresh ``statement`` in all but its WHERE (same table, keys, aggregates, post-processing
+    and joins), else None. Both entries (number tokens, ``$n`` parameters) ask it, then
+    compare that WHERE's slots each in its own way."""
+    if not isinstance(other, BoundQuery) or other.where is None:
+        return None
+    same = (
+        other.table == statement.table
+        and other.keys == statement.keys
+        and other.aggregates == statement.aggregates
+        and other.post == statement.post
+        and other.joins == statement.joins
+    )
+    return other.where if same else None
 
 
 def _parameter_entry(
@@ -380,18 +390,11 @@ def _parameter_entry(
         other = parse_statement(text, service.policy, values, dialect=dialect)
     except Exception:
         return None
+    where = _same_but_where(other, statement)
     if (
-        not isinstance(other, BoundQuery)
-        or other.where is None
-        or not (
-            other.table == statement.table
-            and other.keys == statement.keys
-            and other.aggregates == statement.aggregates
-            and other.post == statement.post
-            and other.joins == statement.joins
-        )
-        or [str(n.this) for n in _slots(other.where)] != [str(sentinels[j]) for j in feeds]
-        or _where_with(other.where, [to_literal(parameters[j]) for j in feeds]) != statement.where
+        where is None
+        or [str(n.this) for n in _slots(where)] != [str(sentinels[j]) for j in feeds]
+        or _where_with(where, [to_literal(parameters[j]) for j in feeds]) != statement.where
     ):
         return None
     fixed = tuple((i, literal) for i, (_, literal) in enumerate(numbers))
