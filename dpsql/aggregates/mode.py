@@ -34,7 +34,7 @@ import numpy as np
 from sqlglot import exp
 
 from dpsql.privacy.accounting import Cost
-from dpsql.privacy.quantiles import check_noisy_max, report_noisy_max
+from dpsql.privacy.quantiles import check_noisy_max, exponential_map, report_noisy_max
 
 #: The largest public domain MODE releases over (the engine's CASE has one branch per value).
 MAX_MODE_DOMAIN = 10_000
@@ -69,8 +69,7 @@ class ModeMeasure:
     @property
     def cost(self) -> Cost:
         """G releases of ε_g each (basic composition); zCDP ε_g²/2 each."""
-        e = Fraction(self.group_epsilon)
-        return Cost(epsilon=e * self.groups, zrho=self.groups * e * e / 2)
+        return exponential_map(self.group_epsilon, self.groups)
 
     def bin_of(self, value: exp.Expression) -> exp.Expression:
         """A row's bin: the index of its value in the domain, NULL for NULL or a value outside
@@ -120,8 +119,8 @@ class ModeMeasure:
 class ModeMeasurement:
     """The plan tree's node: per group one ε_g-DP noisy max calibrated for ``calibrated_values``
     rows per unit; the Bound node lets a unit put ``max_values`` rows in each of ``groups``
-    groups. The EM's loss grows linearly with the utility change, so the map is
-    groups · ε_g · max(1, max_values / calibrated_values)."""
+    groups. The map is groups · ε_g · max(1, max_values / calibrated_values)
+    (dpsql.privacy.quantiles.exponential_map, with its proof)."""
 
     measure: str
     column: str
@@ -132,9 +131,9 @@ class ModeMeasurement:
     bins: int
 
     def privacy_map(self) -> Cost:
-        scale = max(Fraction(1), Fraction(self.max_values, self.calibrated_values))
-        e = Fraction(self.group_epsilon) * scale
-        return Cost(epsilon=e * self.groups, zrho=self.groups * e * e / 2)
+        return exponential_map(
+            self.group_epsilon, self.groups, self.max_values, self.calibrated_values
+        )
 
     def describe(self) -> str:
         return (

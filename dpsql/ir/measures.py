@@ -27,6 +27,7 @@ from dpsql.ir.relational import Aggregate
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.mechanisms import Gaussian, Laplace, Mechanism
 from dpsql.privacy.partition import OptimalSelection, Unreleased
+from dpsql.privacy.quantiles import exponential_map
 
 
 @dataclass(frozen=True)
@@ -81,9 +82,9 @@ class Threshold:
 class QuantileMeasurement:
     """Per group, ``parts`` exponential mechanisms of ε ``part_epsilon`` each on a column's
     bin counts, calibrated for ``calibrated_values`` values per unit and group. The bound node
-    lets a unit put <= ``max_values`` values in each of <= ``groups`` groups; an EM's privacy
-    loss grows linearly with the utility change, so the map is
-    parts · groups · part_epsilon · max(1, max_values / calibrated_values)."""
+    lets a unit put <= ``max_values`` values in each of <= ``groups`` groups; the map is
+    parts · groups · part_epsilon · max(1, max_values / calibrated_values)
+    (dpsql.privacy.quantiles.exponential_map, with its proof)."""
 
     measure: str
     column: str
@@ -95,10 +96,9 @@ class QuantileMeasurement:
     bins: int
 
     def privacy_map(self) -> Cost:
-        scale = max(Fraction(1), Fraction(self.max_values, self.calibrated_values))
-        n = self.parts * self.groups
-        e = Fraction(self.part_epsilon) * scale
-        return Cost(epsilon=e * n, zrho=n * e * e / 2)
+        return exponential_map(
+            self.part_epsilon, self.parts * self.groups, self.max_values, self.calibrated_values
+        )
 
     def describe(self) -> str:
         return (

@@ -558,6 +558,30 @@ def check_drawable(
         _epsilon_below(part_epsilon if size <= 1 else joint.level_epsilon(size))
 
 
+# --- the privacy map of exponential-mechanism releases --------------------------------------
+
+
+def exponential_map(
+    epsilon: float, releases: int, max_values: int = 1, calibrated_values: int = 1
+) -> Cost:
+    """The cost of ``releases`` exponential mechanisms of ``epsilon`` each (a quantile
+    measure's parts in every group, MODE's one noisy max per group), each calibrated for a
+    unit with ``calibrated_values`` values in its group, when the plan's Bound node lets a
+    unit hold ``max_values`` there (equal: the cost the planner charges).
+
+    Proof (stated once for both plan-tree nodes: dpsql.ir.measures.QuantileMeasurement and
+    dpsql.aggregates.mode.ModeMeasurement). An EM calibrated for utility sensitivity Δ with
+    P(b) ∝ exp(ε·u_b / (2Δ)) is ε-DP (McSherry & Talwar 2007). Its utilities move by Δ per
+    ``calibrated_values`` values of one unit (a rank distance by at most max(q, 1 − q) per
+    value, a count by at most 1), so with ``max_values`` values they move by at most
+    Δ' = Δ·max_values / calibrated_values; each weight's exponent and the normaliser's log
+    then move by at most ε·Δ' / (2Δ), and the loss is at most ε·max(1, Δ'/Δ) (never below ε:
+    the planner charged that much). The releases compose (pure ε: their sum; zCDP: each
+    ε_r-DP release charged ε_r²/2, a safe upper bound on the EM's ε_r²/8, summed)."""
+    e = Fraction(epsilon) * max(Fraction(1), Fraction(max_values, calibrated_values))
+    return Cost(epsilon=e * releases, zrho=releases * e * e / 2)
+
+
 # --- report-noisy-max (MODE: dpsql.aggregates.mode) ---------------------------------------------
 
 

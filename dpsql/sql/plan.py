@@ -49,7 +49,7 @@ from dpsql.privacy.clipping import ApproxBounds, LogHistogram
 from dpsql.privacy.defaults import quantile_grid as default_quantile_grid
 from dpsql.privacy.mechanisms import Gaussian, Laplace, Mechanism, threshold_below
 from dpsql.privacy.partition import OptimalSelection, Unreleased
-from dpsql.privacy.quantiles import Grid
+from dpsql.privacy.quantiles import Grid, exponential_map
 from dpsql.privacy.samplers import SecureNoise
 from dpsql.sql import bias, sharing
 from dpsql.sql.bind import AggregateCall, BoundQuery, GroupKey
@@ -173,9 +173,7 @@ class QuantileMeasure:
     def cost(self) -> Cost:
         """ε = n·e for its n = parts·G releases of e each; in zCDP each is e²/2, so n·e²/2
         (zCDP composes by addition: less than (n·e)²/2 under the zCDP filter)."""
-        n = len(self.parts) * self.groups
-        e = Fraction(self.part_epsilon)
-        return Cost(epsilon=e * n, zrho=n * e * e / 2)
+        return exponential_map(self.part_epsilon, len(self.parts) * self.groups)
 
 
 @dataclass(frozen=True)
