@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import fixture_policy, rows_of, table_policy, write_csv
+from recording import RecordingService
 from scipy import stats
 
 import dpsql
 from dpsql.dbapi import connect_service
 from dpsql.errors import PrivacyError
-from dpsql.pipeline import Service
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.quantiles import noisy_max_probabilities, report_noisy_max
 from dpsql.privacy.release import release
@@ -52,32 +52,6 @@ def rows_d() -> list[tuple[Any, ...]]:
 
 # the worst case for the neighbour: more rows than R, all of the runner-up value
 EXTRA = [(999, "b", "x", "n999", 0.5)] * (R + 1)
-
-
-class RecordingService(Service):
-    """Records each plan and each engine result (the bin counts are its extras)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.plans: list[Any] = []
-        self.results: list[Any] = []
-        engine, results = self.engine, self.results
-
-        class Recorder:
-            def __getattr__(self, name: str) -> Any:
-                return getattr(engine, name)
-
-            def execute(self, compiled: Any, handle: Any = None) -> Any:
-                result = engine.execute(compiled, handle)
-                results.append(result)
-                return result
-
-        self.engine = Recorder()  # type: ignore[assignment]
-
-    def plan(self, query: Any, settings: Any, analyst: str = "") -> Any:
-        plan = super().plan(query, settings, analyst)
-        self.plans.append(plan)
-        return plan
 
 
 def _policy(path: Path, **privacy: Any) -> dict:

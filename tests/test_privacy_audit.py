@@ -40,13 +40,13 @@ from unittest import mock
 
 import numpy as np
 import pytest
+import recording
 from conftest import as_released
 from scipy import stats
 
 import dpsql.privacy.release as release_module
 from dpsql.dbapi import connect_service
 from dpsql.engine.api import EngineResult
-from dpsql.pipeline import Service
 from dpsql.privacy.audit import (
     AuditReport,
     BufferedNoise,
@@ -251,32 +251,17 @@ def policy(source: Path, mechanism: str) -> dict[str, Any]:
 # --- test hooks -----------------------------------------------------------------------------
 
 
-class RecordingService(Service):
-    """A Service that records each plan and exact engine result, and can break τ on purpose."""
+class RecordingService(recording.RecordingService):
+    """Records each plan and exact engine result (tests/recording.py), and can break τ on
+    purpose."""
 
     def __init__(self, *args: Any, tau: float | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.plans: list[Plan] = []
-        self.results: list[EngineResult] = []
         self.tau = tau
-        engine, results = self.engine, self.results
 
-        class Recorder:
-            def __getattr__(self, name: str) -> Any:
-                return getattr(engine, name)
-
-            def execute(self, compiled: Any, handle: Any = None) -> Any:
-                result = engine.execute(compiled, handle)
-                results.append(result)
-                return result
-
-        self.engine = Recorder()  # type: ignore[assignment]
-
-    def plan(self, query: Any, settings: Any, analyst: str = "") -> Plan:
-        plan = super().plan(query, settings, analyst)
+    def adjust(self, plan: Plan) -> Plan:
         if self.tau is not None and plan.threshold is not None:
             plan = replace(plan, threshold=replace(plan.threshold, tau=self.tau))
-        self.plans.append(plan)
         return plan
 
 
