@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import logging
 import os
 import threading
 import time
@@ -30,11 +29,15 @@ from dpsql.errors import (
     check_analyst,
     door,
 )
-from dpsql.pipeline import Result, Settings
+from dpsql.pipeline import Settings
 from dpsql.policy import Policy, load_policy
 from dpsql.privacy.ledger import EphemeralBudgetWarning, Ledger, MemoryLedger
-from dpsql.service.session import LOW_BUDGET as LOW_BUDGET
-from dpsql.service.session import Remaining, Session
+from dpsql.service.answer import LOW_BUDGET as LOW_BUDGET
+from dpsql.service.answer import Answer, Remaining
+from dpsql.service.answer import bias_names as bias_names
+from dpsql.service.answer import interval_names as interval_names
+from dpsql.service.answer import with_intervals as with_intervals
+from dpsql.service.session import Session
 from dpsql.sql.dialect import check_dialect
 
 apilevel = "2.0"
@@ -186,9 +189,9 @@ class Connection:
     def execute(self, sql: str, parameters: Sequence[Any] | None = None) -> Cursor:
         return self.cursor().execute(sql, parameters)
 
-    def _run(self, sql: str, parameters: Sequence[Any] | None) -> Result:
+    def _run(self, sql: str, parameters: Sequence[Any] | None) -> Answer:
         self._check_open()
-        return self._session.run(sql, parameters)
+        return self._session.execute(sql, parameters)
 
     def _remaining(self) -> Remaining:
         """What the analyst has left now (read after a charge: SHOW budget's figures)."""
@@ -205,74 +208,16 @@ def _description(columns: Sequence[tuple[str, str]]) -> list[tuple]:
     return [(name, code, None, None, None, None, None) for name, code in columns]
 
 
-def interval_names(name: str, taken: Sequence[str] = ()) -> tuple[str, str]:
-    """The two columns holding ``name``'s interval: ``name_low`` and ``name_high``."""
-    low, high = f"{name}_low", f"{name}_high"
-    while low in taken or high in taken:  # never shadow a column the query itself returns
-        low, high = low + "_", high + "_"
-    return low, high
-
-
-def bias_names(name: str, taken: Sequence[str] = ()) -> tuple[str, str, str]:
-    """The columns of ``name``'s bias (``SET bias_interval = on``): the estimate and the
-    interval widened by it (docs/bias.md)."""
-    cols = (f"{name}_bias", f"{name}_bias_low", f"{name}_bias_high")
-    while any(c in taken for c in cols):
-        cols = (cols[0] + "_", cols[1] + "_", cols[2] + "_")
-    return cols
-
-
-def _with_bias(flat: tuple[Any, ...], biases: Sequence[Any], columns: set[int]) -> tuple[Any, ...]:
-    """A row of :func:`with_intervals` with (bias, low, high) after each interval."""
-    out: list[Any] = []
-    i = 0
-    for j, cut in enumerate(biases):
-        if j in columns:
-            out.extend(flat[i : i + 3])
-            out.extend(cut if cut is not None else (None, None, None))
-            i += 3
-        else:
-            out.append(flat[i])
-            i += 1
-    return tuple(out)
-
-
-def with_intervals(
-    names: Sequence[str],
-    rows: Sequence[Sequence[Any]],
-    intervals: Sequence[Sequence[tuple[float, float] | None]],
-    columns: set[int] | None = None,
-) -> tuple[list[str], list[tuple[Any, ...]]]:
-    """Columns and rows with each released aggregate followed by its two interval bounds
-    (``columns``: which columns have intervals; default, those with one in some row)."""
-    if columns is None:
-        columns = {j for ivs in intervals for j, iv in enumerate(ivs) if iv is not None}
-    out_names: list[str] = []
-    for j, name in enumerate(names):
-        out_names.append(name)
-        if j in columns:
-            out_names.extend(interval_names(name, names))
-    out_rows = []
-    for row, ivs in zip(rows, intervals, strict=True):
-        cells: list[Any] = []
-        for j, value in enumerate(row):
-            cells.append(value)
-            if j in columns:
-                interval = ivs[j]
-                cells.extend(interval if interval is not None else (None, None))
-        out_rows.append(tuple(cells))
-    return out_names, out_rows
-
-
 class Cursor:
+    """A PEP 249 cursor: the last statement's :class:`~dpsql.service.answer.Answer` (what every
+    door shows), fetched row by row."""
+
     arraysize = 1
 
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
-        self._result: Result | None = None
-        self._remaining: Remaining | None = None
+        self._answer: Answer | None = None
         self._confidence = 0.95
-        self._bias_interval = False
         self._pos = 0
         self._closed = False
         self.arraysize = 1
@@ -281,25 +226,25 @@ class Cursor:
 
     @property
     def rownumber(self) -> int | None:
-        return None if self._result is None else self._pos
+        return None if self._answer is None else self._pos
 
     @property
     def description(self) -> list[tuple] | None:
-        if self._result is None or not self._result.description:
+        if self._answer is None or not self._answer.description:
             return None
-        return _description(self._result.description)
+        return _description(self._answer.description)
 
     @property
     def rowcount(self) -> int:
-        if self._result is None or not self._result.description:
+        if self._answer is None or not self._answer.description:
             return -1
-        return len(self._result.rows)
+        return len(self._answer.rows)
 
     @property
     def intervals(self) -> list[tuple[tuple[float, float] | None, ...]] | None:
         """Per row, per column: the noise interval of a released aggregate, else None, at
         :attr:`confidence` (95% unless ``SET confidence = ...``)."""
-        return None if self._result is None else self._result.intervals
+        return None if self._answer is None else self._answer.intervals
 
     @property
     def biases(self) -> list[tuple[tuple[float, float, float] | None, ...]] | None:
@@ -307,14 +252,12 @@ class Cursor:
         computed from bounded rows -- what the contribution bounds and clamps cut from it
         (true value minus released, estimated privately: docs/bias.md) and the interval
         widened by it -- else None (``SET bias_estimate = off``, or a kind not estimated)."""
-        if self._result is None:
-            return None
-        return self._result.biases or [(None,) * len(r) for r in self._result.rows]
+        return None if self._answer is None else self._answer.biases
 
     @property
     def bias_notes(self) -> list[str]:
         """What the bounds cut from the last answer, one line per column (docs/bias.md)."""
-        return [] if self._result is None else list(self._result.bias_notes)
+        return [] if self._answer is None else self._answer.bias_notes
 
     @property
     def confidence(self) -> float:
@@ -325,51 +268,35 @@ class Cursor:
     def interval_description(self) -> list[tuple] | None:
         """:attr:`description` with ``x_low``/``x_high`` after each column with intervals:
         the columns of :meth:`fetchall_intervals`, :meth:`fetch_records` and :meth:`fetch_df`."""
-        if self._result is None or not self._result.description:
+        if self._answer is None or not self._answer.description:
             return None
-        columns = self._interval_columns()
-        out: list[tuple[str, str]] = []
-        taken = [n for n, _ in self._result.description]
-        for j, (name, code) in enumerate(self._result.description):
-            out.append((name, code))
-            if j in columns:
-                out.extend((n, "DOUBLE") for n in interval_names(name, taken))
-                if self._bias_interval:  # SET bias_interval = on (docs/bias.md)
-                    out.extend((n, "DOUBLE") for n in bias_names(name, taken))
-        return _description(out)
-
-    def _interval_columns(self) -> set[int]:
-        assert self._result is not None
-        return {j for ivs in self._result.intervals for j, iv in enumerate(ivs) if iv is not None}
+        return _description(self._answer.interval_description())
 
     @property
     def cost(self) -> Any:
         """The privacy cost charged for the last statement (None if cached or free)."""
-        return None if self._result is None else self._result.cost
+        return None if self._answer is None else self._answer.cost
 
     @property
     def remaining(self) -> Remaining | None:
         """The analyst's budget left after the last statement's charge (None if nothing was
         charged)."""
-        return self._remaining
+        return None if self._answer is None else self._answer.remaining
 
     @property
     def messages(self) -> list[tuple[type, str]]:
         """PEP 249 extension: notes from the last statement (e.g. why a rule list is short)."""
-        if self._result is None:
+        if self._answer is None:
             return []
-        notes: list[tuple[type, str]] = [(Warning, note) for note in self._result.notes]
-        if self._remaining is not None and self._remaining.low:
-            notes.append((Warning, self._remaining.warning()))
-        return notes
+        return [(Warning, note) for note in self._answer.warnings]
 
     @property
     def cached(self) -> bool:
-        return bool(self._result and self._result.cached)
+        return bool(self._answer and self._answer.cached)
 
     @property
     def statusmessage(self) -> str | None:
-        return None if self._result is None else self._result.status
+        return None if self._answer is None else self._answer.status
 
     @door
     def execute(self, sql: str, parameters: Sequence[Any] | Mapping | None = None) -> Cursor:
@@ -379,26 +306,13 @@ class Cursor:
             raise ProgrammingError(
                 "named parameters are not supported", hint="use ? placeholders and a sequence"
             )
-        self._result = None
-        self._remaining = None
+        self._answer = None
         self._confidence = self.connection._settings.confidence
-        self._bias_interval = self.connection._settings.bias_interval == "on"
-        self._result = self.connection._run(sql, parameters)
+        self._answer = self.connection._run(sql, parameters)
         self._pos = 0
-        if self._result.cost is not None:
-            # the answer was paid for and is returned whatever happens to this report about
-            # it (like dpsql.boundary.remember_paid); the operator's log has the cause
-            try:
-                self._remaining = self.connection._remaining()
-                low = self._remaining.low and self.connection._warn_low_budget
-                warning = self._remaining.warning() if low else None
-            except Exception:
-                logging.getLogger("dpsql").error(
-                    "the budget left could not be read after a charged answer", exc_info=True
-                )
-                self._remaining, warning = None, None
-            if warning is not None:
-                warnings.warn(warning, BudgetWarning, stacklevel=2)
+        warning = self._answer.budget_warning
+        if warning is not None and self.connection._warn_low_budget:
+            warnings.warn(warning, BudgetWarning, stacklevel=2)
         return self
 
     def callproc(self, procname: str, parameters: Sequence[Any] = ()) -> None:
@@ -422,11 +336,11 @@ class Cursor:
     def _rows(self) -> list[tuple[Any, ...]]:
         if self._closed:
             raise InterfaceError("cursor is closed", hint="open a new cursor")
-        if self._result is None:
+        if self._answer is None:
             raise ProgrammingError("no statement executed", hint="call execute() first")
-        if not self._result.description:
+        if not self._answer.description:
             raise ProgrammingError("the last statement returned no rows")
-        return self._result.rows
+        return self._answer.rows
 
     @door
     def fetchone(self) -> tuple[Any, ...] | None:
@@ -461,15 +375,8 @@ class Cursor:
         high bound (the columns of :attr:`interval_description`)."""
         start = self._pos
         rows = self.fetchall()
-        assert self._result is not None
-        names = [n for n, _ in self._result.description]
-        intervals = self._result.intervals[start : start + len(rows)]
-        columns = self._interval_columns()
-        _, flat = with_intervals(names, rows, intervals, columns)
-        if self._bias_interval:  # each interval followed by the bias and its widened interval
-            cut = (self.biases or [])[start : start + len(rows)]
-            flat = [_with_bias(f, b, columns) for f, b in zip(flat, cut, strict=True)]
-        return flat
+        assert self._answer is not None
+        return self._answer.rows_with_intervals(start, start + len(rows))
 
     @door
     def fetch_records(self) -> list[dict[str, Any]]:

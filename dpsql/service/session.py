@@ -1,60 +1,41 @@
 """One analyst's session over the service: their settings, dialect and the statement running.
 
-A session is what every front door opens: the DB-API's Connection, the wire server's
-connection, the command line. It holds what is per analyst and per session (settings and the
-defaults ``RESET`` returns to, the SQL dialect, the handle that cancels the running statement)
-and runs statements through the service one at a time; the budget and the answer cache are the
-service's, per analyst, so they are shared by all of an analyst's sessions.
+A session is what every front door opens, each over the service directly: the DB-API's
+Connection, the wire server's connection (``dpsql.server``), the command line
+(``dpsql.commands``, ``dpsql.shell``). It holds what is per analyst and per session (settings
+and the defaults ``RESET`` returns to, the SQL dialect, the handle that cancels the running
+statement) and runs statements through the service one at a time; the budget and the answer
+cache are the service's, per analyst, so they are shared by all of an analyst's sessions.
+:meth:`Session.execute` returns the :class:`~dpsql.service.answer.Answer` every door renders.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from dpsql.engine.api import QueryHandle
+from dpsql.service.answer import LOW_BUDGET as LOW_BUDGET
+from dpsql.service.answer import Answer, Remaining
 from dpsql.service.results import Result
 from dpsql.service.settings import Settings, _ResetRequest, reset_setting
 from dpsql.sql.dialect import check_dialect
-from dpsql.tables import number
 
-LOW_BUDGET = 0.10  # warn when less than this fraction of a budget remains
-
-
-@dataclass(frozen=True)
-class Remaining:
-    """An analyst's budget left after a charge: (ε, δ) left and the totals they come from."""
-
-    epsilon: float
-    delta: float
-    budget_epsilon: float
-    budget_delta: float
-
-    @property
-    def low(self) -> bool:
-        """Less than :data:`LOW_BUDGET` of the ε (or of a nonzero δ) budget remains."""
-        eps_low = self.epsilon < LOW_BUDGET * self.budget_epsilon
-        delta_low = self.budget_delta > 0 and self.delta < LOW_BUDGET * self.budget_delta
-        return eps_low or delta_low
-
-    def __str__(self) -> str:
-        return (
-            f"remaining epsilon={number(self.epsilon)} of {number(self.budget_epsilon)}, "
-            f"delta={number(self.delta)} of {number(self.budget_delta)}"
-        )
-
-    def warning(self) -> str:
-        return f"less than {LOW_BUDGET:.0%} of the privacy budget remains: {self}"
+log = logging.getLogger("dpsql")
 
 
 class Session:
     """One analyst's session over a shared service (``dpsql.pipeline.Service``)."""
 
-    def __init__(self, service: Any, analyst: str, *, dialect: str = "duckdb") -> None:
+    def __init__(
+        self, service: Any, analyst: str, *, dialect: str = "duckdb", owns_service: bool = False
+    ) -> None:
         self.service = service
         self.analyst = analyst
+        self.owns_service = owns_service  # close() closes the service too (a one-session door)
+        self.closed = False
         self.defaults = Settings.from_policy(service.policy)
         self.settings = Settings.from_policy(service.policy)
         # the SQL dialect statements are read in (dpsql.sql.dialect); RESET keeps it
@@ -72,6 +53,24 @@ class Session:
                 )
             except _ResetRequest as reset:
                 return reset_setting(self.settings, self.defaults, reset.name)
+
+    def execute(self, sql: str, parameters: Sequence[Any] | None = None) -> Answer:
+        """Run one statement and return its answer with the budget left after its charge (read
+        only when it was charged) and the interval settings it ran under."""
+        settings = self.settings
+        confidence, bias_interval = settings.confidence, settings.bias_interval == "on"
+        result = self.run(sql, parameters)
+        remaining, warning = None, None
+        if result.cost is not None:
+            # the answer was paid for and is returned whatever happens to this report about
+            # it (like dpsql.boundary.remember_paid); the operator's log has the cause
+            try:
+                remaining = self.remaining()
+                warning = remaining.warning() if remaining.low else None
+            except Exception:
+                log.error("the budget left could not be read after a charged answer", exc_info=True)
+                remaining, warning = None, None
+        return Answer(result, remaining, confidence, bias_interval, warning)
 
     def describe(self, sql: str, parameters: Sequence[Any] | None = None) -> list[tuple[str, str]]:
         """A statement's result columns (name, type code), without running it or spending."""
@@ -96,3 +95,16 @@ class Session:
             )
         left_eps, left_delta = budget.remaining(spent)
         return Remaining(left_eps, left_delta, budget.epsilon, budget.delta)
+
+    def close(self) -> None:
+        """End the session (and the service, when the session owns it)."""
+        if not self.closed:
+            self.closed = True
+            if self.owns_service:
+                self.service.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
