@@ -130,11 +130,15 @@ def test_auto_without_a_privacy_unit_is_refused(tmp_path: Path):
 # --- the mechanism ------------------------------------------------------------------------------
 
 
-def test_the_service_layer_copy_of_the_summed_kinds_is_the_planners():
+def test_the_service_layer_reads_the_summed_kinds_from_the_kind_objects():
+    """dpsql.service.bounds keeps no copy of the summed kinds: a call asks its kind's object."""
+    from dpsql.aggregates import KINDS, SUMMED_KINDS
     from dpsql.service import bounds
-    from dpsql.sql import plan
+    from dpsql.sql.bind import AggregateCall
 
-    assert bounds.SUMMED_KINDS == plan.SUMMED_KINDS
+    assert not hasattr(bounds, "SUMMED_KINDS")
+    assert SUMMED_KINDS == ("sum", "avg", "var_samp", "var_pop", "stddev_samp", "stddev_pop")
+    assert [k for k in KINDS if AggregateCall(k, "x").summed] == list(SUMMED_KINDS)
 
 
 def test_bins_and_the_contiguous_choice():

@@ -23,10 +23,10 @@ def _n(x: float) -> str:
 
 
 def _summed(plan: Any) -> list[str]:
-    """Columns whose values a released SUM / AVG / VAR / STDDEV clamps."""
-    kinds = ("sum", "avg", "var_samp", "var_pop", "stddev_samp", "stddev_pop")
+    """Columns whose values a released SUM / AVG / VAR / STDDEV clamps (the kinds whose
+    object is ``summed``: dpsql.sql.bind.AggregateCall.summed)."""
     return list(
-        dict.fromkeys(o.call.column for o in plan.outputs if o.call.kind in kinds and o.call.column)
+        dict.fromkeys(o.call.column for o in plan.outputs if o.call.summed and o.call.column)
     )
 
 

@@ -58,8 +58,6 @@ from dpsql.privacy.contribution import (
 # a bound query is passed in as ``Any`` (dpsql.sql.bind.BoundQuery), the engine query of a
 # histogram is built by the caller's ``histogram_query`` (dpsql.sql.compile.contribution_query).
 BoundQuery = Any
-#: dpsql.sql.plan.SUMMED_KINDS (tests/test_auto_bounds.py keeps the two equal)
-SUMMED_KINDS = ("sum", "avg", "var_samp", "var_pop", "stddev_samp", "stddev_pop")
 
 
 @dataclass(frozen=True)
@@ -166,7 +164,7 @@ def measure_count(query: BoundQuery) -> int:
     COUNT one, SUM one per column, AVG a sum and the count, VAR/STDDEV a sum of squares too)."""
     parts: set[tuple[str, str | None]] = set()
     for call in query.aggregates:
-        if call.kind in SUMMED_KINDS:
+        if call.summed:  # the kind's object says so (dpsql.sql.bind.AggregateCall.summed)
             parts |= {("sum", call.column), ("count", None)}
             if call.kind not in ("sum", "avg"):
                 parts.add(("sumsq", call.column))

@@ -225,6 +225,14 @@ class AggregateCall:
     def label(self) -> str:
         return KINDS[self.kind].label(self)  # each kind shows itself (dpsql.aggregates)
 
+    @property
+    def summed(self) -> bool:
+        """Whether its kind sums the column's values (SUM, AVG, VAR, STDDEV: automatic
+        clipping and the default clamp apply), as the kind's object declares it; read by
+        modules below the planner (dpsql.service.bounds, dpsql.service.bias_notes), which
+        take the call and import no kind."""
+        return KINDS[self.kind].summed
+
 
 @dataclass(frozen=True)
 class GroupKey:
