@@ -21,16 +21,6 @@ from typing import Any
 
 from dpsql.errors import Error, InterfaceError, ProgrammingError
 
-# What each measure's noise is, in words (plan.MEASURE_KINDS).
-MEASURE_WORDS = {
-    "rows": "its row count",
-    "values": "its count of values",
-    "units": "its count of units",
-    "sum": "its sum",
-    "distinct_sum": "its sum of distinct values",
-    "sumsq": "its sum of squares",
-}
-
 
 @dataclass(frozen=True)
 class Series:
@@ -139,7 +129,8 @@ def _centred_sum_halfwidth(total: Any, count: Any, confidence: float) -> float:
 
 
 def _words(measure: Any) -> str:
-    return "noise in " + MEASURE_WORDS.get(measure.kind, measure.kind)
+    # what each measure's noise is, in words: its kind's object says (dpsql.sql.measure_kinds)
+    return "noise in " + (measure.measure_kind.shown or measure.kind)
 
 
 @dataclass(frozen=True)

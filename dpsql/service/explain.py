@@ -25,20 +25,9 @@ if TYPE_CHECKING:
     from dpsql.pipeline import Result, Service
     from dpsql.sql.plan import Measure, OutputAggregate, Plan
 
-WHAT = {
-    "rows": "count of rows",
-    "values": "count of non-NULL {column}",
-    "units": "count of distinct units",
-    "distinct": "count of distinct non-NULL {column} over the bounded rows",
-    "distinct_sum": "sum of distinct non-NULL {column} over the bounded rows",
-    "sum": "sum of {column}",
-    "sumsq": "sum of squares of {column}",
-    "dropped": "rows cut by R per unit and group, up to 2R",
-    "cut": "mass of {column} in the rows cut by R",
-    "clamped": "mass of {column} cut by its clamp",
-}
-WHAT_CUT = ("dropped", "cut", "clamped")
-# each kind's formula: its object says it (dpsql.aggregates.AggregateKind.explain)
+# each kind's formula: its object says it (dpsql.aggregates.AggregateKind.explain); what
+# each measure sums, and whether it is a bias measure: Measure.measure_kind
+# (dpsql.sql.measure_kinds)
 FORMULA = {name: kind.explain for name, kind in KINDS.items()}
 
 
@@ -68,7 +57,7 @@ def _shown_column(plan: Plan, column: str | None) -> str:
 
 def _measure_line(plan: Plan, m: Measure) -> str:
     g = m.unit
-    what = WHAT[m.kind].format(column=_shown_column(plan, m.column))
+    what = m.measure_kind.what.format(column=_shown_column(plan, m.column))
     cost = m.mechanism.cost
     share = f"ε {_n(m.epsilon)}" if cost.rho == 0 else f"ρ {_n(float(cost.rho))}"
     return (
@@ -151,7 +140,7 @@ def explain_lines(service: Service, plan: Plan, analyst: str | None) -> list[str
         lines.extend(
             _measure_line(plan, m).replace("    ", "    bias: ", 1)
             for m in plan.measures
-            if m.kind in WHAT_CUT
+            if m.measure_kind.bias
         )
     if plan.clips:
         lines.append("Automatic clipping")

@@ -53,6 +53,7 @@ from dpsql.privacy.quantiles import Grid, exponential_map
 from dpsql.privacy.samplers import SecureNoise
 from dpsql.sql import bias, sharing
 from dpsql.sql.bind import AggregateCall, BoundQuery, GroupKey
+from dpsql.sql.measure_kinds import MEASURE_KINDS, MeasureKind
 
 # Measure kinds and the value one row contributes (before summing):
 #   rows   - 1 for every row                       (COUNT(*))
@@ -73,18 +74,7 @@ from dpsql.sql.bind import AggregateCall, BoundQuery, GroupKey
 #   dropped - per kept (unit, group) pair: min(max(n - R, 0), C), its rows cut by R, capped
 #   cut     - per kept pair: the pair's clamped sum of x times min(max(n - R, 0), C) / n
 #   clamped - per bounded row: round((x - clamp(x)) / g) within [-W, W], W = hi - lo
-MEASURE_KINDS = (
-    "rows",
-    "values",
-    "units",
-    "distinct",
-    "distinct_sum",
-    "sum",
-    "sumsq",
-    "dropped",
-    "cut",
-    "clamped",
-)
+# (their objects, with what differs between them: dpsql.sql.measure_kinds.MEASURE_KINDS)
 # measures counted by their own engine query over the bounded rows (CompiledQuery.extras)
 DISTINCT_KINDS = ("distinct", "distinct_sum")
 
@@ -116,6 +106,12 @@ class Measure:
     # systematic rounding (:data:`ROUNDED_KINDS`), so the measure is an integer count
     # (``scale`` 1) with the sensitivities of sampling; 1: no rounding step
     fine: int = 1
+
+    @property
+    def measure_kind(self) -> MeasureKind:
+        """Its kind's object: what differs between kinds is asked of it
+        (dpsql.sql.measure_kinds), not switched on ``kind``."""
+        return MEASURE_KINDS[self.kind]
 
     @property
     def pair_scale(self) -> int:

@@ -1,0 +1,131 @@
+"""Measure kinds as objects: what differs between the exact integer aggregates a plan measures.
+
+A plan's :class:`dpsql.sql.plan.Measure` names its kind (``rows``, ``values``, ``units``,
+``distinct``, ``distinct_sum``, ``sum``, ``sumsq`` and the bias measures ``dropped``, ``cut``,
+``clamped``; each one's definition and bound: dpsql.sql.plan's comment above MEASURE_KINDS,
+dpsql.sql.bias). Everything a consumer used to switch on that name for is asked of the kind's
+object here (``Measure.measure_kind``), so a new measure kind is one more object in
+:data:`MEASURE_KINDS`, plus its lowerings:
+
+- ``what``: what the engine sums, as EXPLAIN says it; ``shown``: the noise's words in a plot;
+- ``counted``: each row (value, pair) adds 0 or 1, so a row's bound is 1 and no column range
+  is read; ``per_pair``: one value per kept (unit, group) pair rather than per row, so a
+  unit's bound in a group is the row bound, not R times it;
+- ``row_scaled`` / ``group_scaled``: a rescaled bounding multiplies it by R/n (summed from row
+  values) and by G/k (every measure read from the bounded rows but distinct ones);
+  ``rounded``: a count, rounded per unit back to integers when rescaled (the proof:
+  dpsql.sql.plan above ROUNDING_MULTIPLIER);
+- ``distinct``: counted by its own engine query over the bounded rows (sampling is kept);
+- ``bias``: a bias estimate (dpsql.sql.bias), never an answer;
+- ``centred`` and ``squared``: fixed-point values centred on the range's midpoint when the
+  column's count is measured anyway; a sum of squares;
+- :meth:`MeasureKind.row_bound`: the largest |value| one row (or pair) adds, from the measure's
+  fixed-point range alone (the plan tree re-derives each sensitivity from it: dpsql.ir.build).
+
+A leaf module (it imports dpsql.sql.bias only): the planner, the compiler, the engines, the
+plan tree, the release and EXPLAIN all read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dpsql.sql import bias
+
+
+@dataclass(frozen=True)
+class MeasureKind:
+    name: str
+    what: str  # EXPLAIN: what the engine sums ({column}: as the analyst wrote it)
+    shown: str | None = None  # a plot's words for its noise (None: never an error bar's part)
+    counted: bool = False
+    per_pair: bool = False
+    row_scaled: bool = False
+    group_scaled: bool = False
+    rounded: bool = False
+    distinct: bool = False
+    bias: bool = False
+    centred: bool = False
+    squared: bool = False
+
+    def row_bound(self, lo: int, hi: int, center: int, center2: int, R: int) -> int:
+        """The largest |value| one row (one pair: ``per_pair``) adds to a measure of this
+        kind with the fixed-point range [lo, hi], centre and (sumsq) second centre; a bias
+        measure's from R and the range (dpsql.sql.bias.row_bound)."""
+        if self.counted:
+            return 1
+        if self.bias:
+            return bias.row_bound(self.name, lo, hi, R)
+        c = center if self.centred else 0  # SUM(DISTINCT x) is never centred
+        centred = max(abs(lo - c), abs(hi - c))
+        if not self.squared:
+            return centred
+        span = centred * centred  # squared centred values lie in [0, span], less center2
+        return max(center2, span - center2)
+
+
+def _kinds(*kinds: MeasureKind) -> dict[str, MeasureKind]:
+    return {k.name: k for k in kinds}
+
+
+#: every measure kind, in the order dpsql.sql.plan documents them
+MEASURE_KINDS: dict[str, MeasureKind] = _kinds(
+    MeasureKind(
+        "rows",
+        "count of rows",
+        "its row count",
+        counted=True,
+        group_scaled=True,
+        rounded=True,
+    ),
+    MeasureKind(
+        "values",
+        "count of non-NULL {column}",
+        "its count of values",
+        counted=True,
+        row_scaled=True,
+        group_scaled=True,
+        rounded=True,
+    ),
+    MeasureKind(
+        "units",
+        "count of distinct units",
+        "its count of units",
+        counted=True,
+        per_pair=True,
+        group_scaled=True,
+        rounded=True,
+    ),
+    MeasureKind(
+        "distinct",
+        "count of distinct non-NULL {column} over the bounded rows",
+        counted=True,
+        distinct=True,
+    ),
+    MeasureKind(
+        "distinct_sum",
+        "sum of distinct non-NULL {column} over the bounded rows",
+        "its sum of distinct values",
+        distinct=True,
+    ),
+    MeasureKind(
+        "sum",
+        "sum of {column}",
+        "its sum",
+        row_scaled=True,
+        group_scaled=True,
+        centred=True,
+    ),
+    MeasureKind(
+        "sumsq",
+        "sum of squares of {column}",
+        "its sum of squares",
+        row_scaled=True,
+        group_scaled=True,
+        centred=True,
+        squared=True,
+    ),
+    MeasureKind("dropped", "rows cut by R per unit and group, up to 2R", per_pair=True, bias=True),
+    MeasureKind("cut", "mass of {column} in the rows cut by R", per_pair=True, bias=True),
+    MeasureKind("clamped", "mass of {column} cut by its clamp", bias=True),
+)
