@@ -22,7 +22,6 @@ from dpsql.ir.relational import (
     PublicJoin,
     Scan,
 )
-from dpsql.sql import bias
 from dpsql.sql.plan import Measure, OutputAggregate, Plan, QuantileMeasure
 
 
@@ -72,7 +71,7 @@ def plan_tree(plan: Plan) -> PostProcess:
             m.kind,
             m.column,
             _row_bound(m, plan.max_rows) * m.scale,
-            per_unit=m.kind == "units" or m.kind in bias.PAIR_KINDS,
+            per_unit=m.measure_kind.per_pair,
         )
         for m in plan.measures
     )
@@ -174,15 +173,6 @@ def tree_lines(root: object) -> list[str]:
 
 def _row_bound(m: Measure, R: int) -> int:
     """The largest |value| one row adds to a measure, from its fixed-point range alone (a
-    bias measure: one pair or row, from R and the range: dpsql.sql.bias)."""
-    if m.kind in ("rows", "values", "units", "distinct"):
-        return 1
-    if m.kind in bias.KINDS:
-        return bias.row_bound(m.kind, m.lo, m.hi, R)
-    if m.kind == "distinct_sum":  # one distinct value per row, never centred (dpsql.sql.plan)
-        return max(abs(m.lo), abs(m.hi))
-    centred = max(abs(m.lo - m.center), abs(m.hi - m.center))
-    if m.kind == "sum":
-        return centred
-    span = centred * centred  # sumsq: squared centred values lie in [0, span], less center2
-    return max(m.center2, span - m.center2)
+    bias measure: one pair or row, from R and the range: dpsql.sql.bias), as its kind's
+    object derives it (dpsql.sql.measure_kinds.MeasureKind.row_bound), not the planner."""
+    return m.measure_kind.row_bound(m.lo, m.hi, m.center, m.center2, R)
