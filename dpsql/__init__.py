@@ -49,7 +49,7 @@ if TYPE_CHECKING:
         read_sql,
     )
     from dpsql.privacy.ledger import EphemeralBudgetWarning
-    from dpsql.privacy.sqlite_ledger import LedgerPermissionWarning
+    from dpsql.privacy.ledger_file import LedgerPermissionWarning
 
 # PEP 249 module globals (also in dpsql.dbapi).
 apilevel = "2.0"
@@ -79,7 +79,7 @@ _LAZY = {
     **dict.fromkeys(_PEP249, "dpsql.dbapi"),
     "Service": "dpsql.dbapi",  # the service with the DB-API door (service.connect)
     "EphemeralBudgetWarning": "dpsql.privacy.ledger",
-    "LedgerPermissionWarning": "dpsql.privacy.sqlite_ledger",
+    "LedgerPermissionWarning": "dpsql.privacy.ledger_file",
 }
 
 

@@ -13,7 +13,8 @@ import pytest
 from dpsql.errors import BudgetExhaustedError, InterfaceError, InternalError, OperationalError
 from dpsql.privacy.accounting import Budget, Cost
 from dpsql.privacy.ledger import MemoryLedger
-from dpsql.privacy.sqlite_ledger import SCHEMA_VERSION, SQLiteLedger, open_ledger
+from dpsql.privacy.ledger_file import SCHEMA_VERSION
+from dpsql.privacy.sqlite_ledger import SQLiteLedger, open_ledger
 
 # delta > 0: pure and Gaussian charges share one zCDP filter (rho cap ~0.0202 at delta 1e-7),
 # or the pure filter (sum of epsilon <= 1) while no Gaussian rho is spent.

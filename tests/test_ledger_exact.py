@@ -18,7 +18,8 @@ import pytest
 from dpsql.errors import BudgetExhaustedError, InterfaceError, InternalError
 from dpsql.privacy.accounting import SLACK, Budget, Cost, exact
 from dpsql.privacy.ledger import MemoryLedger
-from dpsql.privacy.sqlite_ledger import SCHEMA_VERSION, LedgerPermissionWarning, SQLiteLedger
+from dpsql.privacy.ledger_file import SCHEMA_VERSION, LedgerPermissionWarning
+from dpsql.privacy.sqlite_ledger import SQLiteLedger
 
 ONE = Budget(epsilon=1.0, delta=1e-6)
 TEN_MIXED = Budget(epsilon=10.0, delta=1e-6)

@@ -1,10 +1,9 @@
-"""Group commit of charges (SQLiteLedger._grouped): charges queued by several threads while
-another batch commits share one transaction and one fsync, and each is exactly as strict and
-as durable as a lone charge — checked against the running total including the batch's earlier
-charges, refused alone (nothing of it written), returned only after the COMMIT that holds it,
-and a batch that fails in SQLite fails every charge in it with nothing written.
-
-The batches are made deterministic by holding the ledger's write lock while the threads queue.
+"""Group commit of charges (dpsql.privacy.ledger_group_commit): charges queued by several threads
+while another batch commits share one transaction and one fsync, and each is exactly as strict
+and as durable as a lone charge — checked against the running total including the batch's
+earlier charges, refused alone (nothing of it written), returned only after the COMMIT that
+holds it, and a batch that fails in SQLite fails every charge in it with nothing written. The
+batches are made deterministic by holding the ledger's write lock while the threads queue.
 """
 
 from __future__ import annotations
@@ -33,13 +32,14 @@ def _batched(
     leads a batch of itself and the rest queue for the next batch; returns each charge's
     outcome (None: charged) and the sizes of the batches committed."""
     sizes: list[int] = []
-    commit = ledger._commit_batch
+    group = ledger._group_commit
+    commit = group._commit_batch
 
     def counting(batch: list[Any]) -> None:
         sizes.append(len(batch))
         commit(batch)
 
-    ledger._commit_batch = counting  # type: ignore[method-assign]
+    group._commit_batch = counting  # type: ignore[method-assign]
     outcomes: list[BaseException | None] = [None] * len(charges)
 
     def run(i: int) -> None:
@@ -51,12 +51,12 @@ def _batched(
     ledger._write_lock.acquire()
     first = threading.Thread(target=run, args=(0,))
     first.start()
-    while not ledger._leading or ledger._queue:  # the leader took its batch of one
+    while not group._leading or group._queue:  # the leader took its batch of one
         time.sleep(0.001)
     rest = [threading.Thread(target=run, args=(i,)) for i in range(1, len(charges))]
     for queued, t in enumerate(rest, 1):
         t.start()
-        while len(ledger._queue) < queued:  # queued behind the leader, in order
+        while len(group._queue) < queued:  # queued behind the leader, in order
             time.sleep(0.001)
     ledger._write_lock.release()
     for t in [first, *rest]:

@@ -21,7 +21,8 @@ from dpsql.dbapi import connect_service
 from dpsql.errors import LedgerUnavailableError, OperationalError
 from dpsql.privacy.accounting import Budget, Cost
 from dpsql.privacy.samplers import ZeroNoise
-from dpsql.privacy.sqlite_ledger import SQLiteLedger, backup_ledger, restore_ledger
+from dpsql.privacy.ledger_backup import backup_ledger, restore_ledger
+from dpsql.privacy.sqlite_ledger import SQLiteLedger
 
 BUDGET = Budget(epsilon=1000.0, delta=1e-6)
 QUERY = "SELECT department, COUNT(*) AS n FROM visits GROUP BY department"

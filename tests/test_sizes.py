@@ -23,7 +23,6 @@ OVERSIZE = {
     ("dpsql/pipeline.py", "Service"): 985,
     ("dpsql/pipeline.py", "Service.explain"): 131,
     ("dpsql/policy.py", "_table"): 123,
-    ("dpsql/privacy/sqlite_ledger.py", "SQLiteLedger"): 1093,
     ("dpsql/rulelist/table_function.py", "plan_rule_list"): 180,
     ("dpsql/server/session.py", "Session"): 905,
     ("dpsql/sql/bind.py", "_Binder"): 1063,

@@ -21,7 +21,8 @@ from dpsql.errors import Error
 from dpsql.policy import Policy, load_policy
 from dpsql.privacy.accounting import Budget, Cost
 from dpsql.privacy.ledger import AnalystStatus, LogEntry
-from dpsql.privacy.sqlite_ledger import SQLiteLedger, backup_ledger, restore_ledger
+from dpsql.privacy.ledger_backup import backup_ledger, restore_ledger
+from dpsql.privacy.sqlite_ledger import SQLiteLedger
 from dpsql.tables import number, render
 
 _ADMIN_NOTE = (
