@@ -331,3 +331,26 @@ def test_closing_or_exiting_while_a_store_is_built(tmp_path):
             timeout=300,
         )
         assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_the_rounding_order_and_divisions_are_numpy_s():
+    """The pass's helpers for the per-unit rounding (no copy per unit, shifts for the
+    power-of-two grids) give numpy's sort and Python's floor division: every branch (codes
+    read off the seen flags, insertion sort, in-place sort; shift or division), any sign."""
+    rng = np.random.default_rng(5)
+    for size, t in [(17, 10), (17, 1), (40, 2), (500, 3), (500, 32), (5000, 33), (5000, 400)]:
+        for _ in range(20):
+            codes = rng.choice(size, size=t, replace=False).astype(np.int64)
+            touched = np.zeros(size, dtype=np.int64)
+            touched[:t] = codes
+            seen = np.zeros(size, dtype=np.bool_)
+            seen[codes] = True
+            clustered._order_pairs(touched, t, seen, size)
+            assert touched[:t].tolist() == sorted(codes.tolist()), (size, t)
+    for d in [1, 2, 3, 8, 1000, 1 << 20, (1 << 20) + 1, 1 << 40]:
+        shift = clustered._shift(d)
+        assert shift == (d.bit_length() - 1 if d & (d - 1) == 0 else -1)
+        xs = [0, 1, -1, d - 1, d, -d, -d - 1, 2**62, -(2**62), 2**63 - 1, -(2**63)]
+        xs += rng.integers(-(2**62), 2**62, size=50).tolist()
+        for x in xs:
+            assert clustered._floordiv(x, d, shift) == x // d, (x, d)

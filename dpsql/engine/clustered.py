@@ -73,6 +73,49 @@ def _muldiv(a: Any, f: Any, n: Any) -> Any:  # pragma: no cover - compiled
     return q if a >= 0 else -q
 
 
+def _shift(d: Any) -> Any:  # pragma: no cover - compiled
+    """log2(d) when d > 0 is a power of two (every fine grid is: plan.rescale_factor), else -1."""
+    if d <= 0 or d & (d - 1) != 0:
+        return -1
+    s = 0
+    while (1 << s) < d:
+        s += 1
+    return s
+
+
+def _floordiv(x: Any, d: Any, shift: Any) -> Any:  # pragma: no cover - compiled
+    """``x // d`` (floor, any sign): an arithmetic shift when ``shift`` = log2(d) >= 0 (the
+    same integer: x >> s is floor(x / 2^s) for every int64), else a 64-bit division, several
+    times slower and, per pair, most of the rounding's cost."""
+    return x >> shift if shift >= 0 else x // d
+
+
+def _order_pairs(  # pragma: no cover - compiled
+    touched: np.ndarray, t: int, seen: np.ndarray, size: int
+) -> None:
+    """Put the unit's ``t`` group codes ``touched[:t]`` in ascending order (the rounding's
+    order), in place, with no allocation (np.sort's copy per unit was a quarter of the pass):
+    read off ``seen`` when the codes are few (one look per code), else an insertion sort (a
+    unit's few pairs) or an in-place sort. Which one depends on the table's rows only (t
+    counts the unit's pairs whatever the WHERE keeps), as the pass's other work does."""
+    if size <= 4 * t + 32:
+        q = 0
+        for s in range(size):
+            if seen[s]:
+                touched[q] = s
+                q += 1
+    elif t <= 32:
+        for i in range(1, t):
+            v = touched[i]
+            j = i - 1
+            while j >= 0 and touched[j] > v:
+                touched[j + 1] = touched[j]
+                j -= 1
+            touched[j + 1] = v
+    else:
+        touched[:t].sort()
+
+
 def _bound_units(  # pragma: no cover - compiled
     starts: np.ndarray,
     group: np.ndarray,
@@ -117,6 +160,12 @@ def _bound_units(  # pragma: no cover - compiled
     acc = np.zeros((M, size), dtype=np.int64)
     touched = np.empty(size, dtype=np.int64)
     running = np.zeros(M, dtype=np.int64)
+    count_shift = _shift(count_scale)
+    grid_shifts = np.empty(M, dtype=np.int64)
+    rounds = group_scaling  # rounded row and unit counts
+    for j in range(M):
+        grid_shifts[j] = _shift(grids[j])
+        rounds = rounds or grids[j] > 0
     for u in range(starts.shape[0] - 1):
         t = 0
         for i in range(starts[u], starts[u + 1]):
@@ -148,8 +197,8 @@ def _bound_units(  # pragma: no cover - compiled
         # a quotient whose divisor divides it exactly is computed as the product it is
         scaled_groups = group_scaling and kept != k
         unit_share = _quot(count_scale * kept, divisor_k) if group_scaling else 1
-        # the rounding's order: the unit's pairs by group code
-        touched[:t] = np.sort(touched[:t])
+        if rounds:  # the rounding's order: the unit's pairs by group code (else any order)
+            _order_pairs(touched, t, seen, size)
         off = offsets[u]
         run_rows = np.int64(0)
         run_units = np.int64(0)
@@ -164,16 +213,18 @@ def _bound_units(  # pragma: no cover - compiled
             if group_scaling:  # counts on the fine grid, rounded per unit
                 w = some * unit_share
                 run_units += w
-                units_out[s] += (run_units + off) // count_scale - (
-                    run_units - w + off
-                ) // count_scale
+                units_out[s] += _floordiv(run_units + off, count_scale, count_shift) - _floordiv(
+                    run_units - w + off, count_scale, count_shift
+                )
                 w = (
                     _quot(capped * count_scale * kept, divisor_k)
                     if scaled_groups
                     else capped * count_scale
                 )
                 run_rows += w
-                rows_out[s] += (run_rows + off) // count_scale - (run_rows - w + off) // count_scale
+                rows_out[s] += _floordiv(run_rows + off, count_scale, count_shift) - _floordiv(
+                    run_rows - w + off, count_scale, count_shift
+                )
             else:
                 units_out[s] += some
                 rows_out[s] += capped
@@ -190,7 +241,9 @@ def _bound_units(  # pragma: no cover - compiled
                     p = _quot(p * kept, divisor_k)
                 if grids[j] > 0:  # a count's fine share, rounded per unit
                     running[j] += p
-                    p = (running[j] + off) // grids[j] - (running[j] - p + off) // grids[j]
+                    p = _floordiv(running[j] + off, grids[j], grid_shifts[j]) - _floordiv(
+                        running[j] - p + off, grids[j], grid_shifts[j]
+                    )
                 values_out[j, s] += p
                 acc[j, s] = 0
             n_loc[s] = 0
@@ -234,6 +287,9 @@ def _row_sums(  # pragma: no cover - compiled
 if _jit is not None:
     _quot = _jit(_quot)
     _muldiv = _jit(_muldiv)
+    _shift = _jit(_shift)
+    _floordiv = _jit(_floordiv)
+    _order_pairs = _jit(_order_pairs)
     _bound_units = _jit(_bound_units)
     _row_sums = _jit(_row_sums)
 

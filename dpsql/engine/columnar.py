@@ -576,16 +576,23 @@ def _compiled_pass(
 
 def _store_offsets(program: ColumnProgram, table: ColumnarTable) -> np.ndarray:
     """Per unit of the store, in its order, the rounding offset of :func:`unit_offsets`
-    (zeros when the program rounds no count)."""
+    (zeros when the program rounds no count); computed once per table, unit column and grid
+    and kept on it read-only (a gather over every unit: ~1 ms a million, each query)."""
     assert table.unit_starts is not None
-    units = len(table.unit_starts) - 1
     grid = _rounding_grid(program)
-    if not grid:
-        return np.zeros(units, dtype=np.int64)
-    codes = table.columns[program.unit].codes  # type: ignore[index]
-    assert codes is not None
-    offsets = unit_offsets(table, program.unit, grid)  # type: ignore[arg-type]
-    return offsets[codes[table.unit_starts[:-1]]]
+    key = ("store offsets", program.unit, grid)
+    held = table.masks.get(key)
+    if held is None:
+        if not grid:
+            held = np.zeros(len(table.unit_starts) - 1, dtype=np.int64)
+        else:
+            codes = table.columns[program.unit].codes  # type: ignore[index]
+            assert codes is not None
+            offsets = unit_offsets(table, program.unit, grid)  # type: ignore[arg-type]
+            held = np.ascontiguousarray(offsets[codes[table.unit_starts[:-1]]], dtype=np.int64)
+        held.setflags(write=False)
+        table.masks[key] = held
+    return held
 
 
 def _rounding_grid(program: ColumnProgram) -> int:
