@@ -33,7 +33,7 @@ from dpsql.privacy.mechanisms import Gaussian, Mechanism
 from dpsql.privacy.partition import Unreleased
 from dpsql.privacy.quantiles import ExponentialQuantile, JointQuantiles, SmoothMedian, target
 from dpsql.privacy.samplers import NoiseSource
-from dpsql.sql.plan import DISTINCT_KINDS, OutputAggregate, Plan, QuantileMeasure, Threshold
+from dpsql.sql.plan import OutputAggregate, Plan, QuantileMeasure, Threshold
 from dpsql.sql.typecheck import canonical_key_value, key_sort_value
 
 INTERVAL_DRAWS = 2000
@@ -108,7 +108,7 @@ def _fill_distinct(
     extras = result.extras[len(plan.quantiles) :]
     if not extras:
         return
-    distinct = [j for j, m in enumerate(plan.measures) if m.kind in DISTINCT_KINDS]
+    distinct = [j for j, m in enumerate(plan.measures) if m.measure_kind.distinct]
     for j, counts in zip(distinct, extras, strict=True):
         for i, _, c in _released_rows(counts, position, len(plan.keys)):
             exact[i, j] += c

@@ -30,10 +30,10 @@ from sqlglot import exp
 from dpsql.sql.plan import Measure, Plan
 from dpsql.sql.simple_where import KEY_TYPES, readable, stored, stored_column
 
-# measure kinds a program computes (dpsql.sql.compile.measure_aggregate_expr)
-# the bias measures (dpsql.sql.bias) run only as a compiled pass over a store
-# (dpsql.engine.columnar.KERNEL_ONLY): elsewhere such a program's SQL runs
-KINDS = ("rows", "units", "values", "sum", "sumsq", "dropped", "cut", "clamped")
+# the measure kinds a program computes (MeasureKind.programmed; its SQL:
+# dpsql.sql.compile.measure_aggregate_expr); the bias measures (dpsql.sql.bias) run only as a
+# compiled pass over a store (dpsql.engine.columnar.KERNEL_ONLY): elsewhere such a program's
+# SQL runs
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def column_program(plan: Plan) -> ColumnProgram | None:
     table = query.table
     if not plan.measures or plan.quantiles or plan.clips or table.joined is not None:
         return None
-    if any(m.kind not in KINDS for m in plan.measures):
+    if not all(m.measure_kind.programmed for m in plan.measures):
         return None
     if table.privacy_unit is not None:
         unit = table.columns.get(table.privacy_unit)

@@ -19,6 +19,10 @@ object here (``Measure.measure_kind``), so a new measure kind is one more object
 - ``bias``: a bias estimate (dpsql.sql.bias), never an answer;
 - ``centred`` and ``squared``: fixed-point values centred on the range's midpoint when the
   column's count is measured anyway; a sum of squares;
+- ``stored`` / ``programmed``: the lowerings besides engine SQL that know the kind: the
+  prepared store's plans (dpsql.sql.prepared_plan) and the numpy column programs
+  (dpsql.sql.local_plan); a kind either does not know (a new one, by default) keeps the plain
+  engine SQL;
 - :meth:`MeasureKind.row_bound`: the largest |value| one row (or pair) adds, from the measure's
   fixed-point range alone (the plan tree re-derives each sensitivity from it: dpsql.ir.build).
 
@@ -47,6 +51,8 @@ class MeasureKind:
     bias: bool = False
     centred: bool = False
     squared: bool = False
+    stored: bool = False
+    programmed: bool = False
 
     def row_bound(self, lo: int, hi: int, center: int, center2: int, R: int) -> int:
         """The largest |value| one row (one pair: ``per_pair``) adds to a measure of this
@@ -77,6 +83,8 @@ MEASURE_KINDS: dict[str, MeasureKind] = _kinds(
         counted=True,
         group_scaled=True,
         rounded=True,
+        stored=True,
+        programmed=True,
     ),
     MeasureKind(
         "values",
@@ -86,6 +94,8 @@ MEASURE_KINDS: dict[str, MeasureKind] = _kinds(
         row_scaled=True,
         group_scaled=True,
         rounded=True,
+        stored=True,
+        programmed=True,
     ),
     MeasureKind(
         "units",
@@ -95,6 +105,8 @@ MEASURE_KINDS: dict[str, MeasureKind] = _kinds(
         per_pair=True,
         group_scaled=True,
         rounded=True,
+        stored=True,
+        programmed=True,
     ),
     MeasureKind(
         "distinct",
@@ -115,6 +127,8 @@ MEASURE_KINDS: dict[str, MeasureKind] = _kinds(
         row_scaled=True,
         group_scaled=True,
         centred=True,
+        stored=True,
+        programmed=True,
     ),
     MeasureKind(
         "sumsq",
@@ -124,8 +138,18 @@ MEASURE_KINDS: dict[str, MeasureKind] = _kinds(
         group_scaled=True,
         centred=True,
         squared=True,
+        stored=True,
+        programmed=True,
     ),
-    MeasureKind("dropped", "rows cut by R per unit and group, up to 2R", per_pair=True, bias=True),
-    MeasureKind("cut", "mass of {column} in the rows cut by R", per_pair=True, bias=True),
-    MeasureKind("clamped", "mass of {column} cut by its clamp", bias=True),
+    MeasureKind(
+        "dropped",
+        "rows cut by R per unit and group, up to 2R",
+        per_pair=True,
+        bias=True,
+        programmed=True,
+    ),
+    MeasureKind(
+        "cut", "mass of {column} in the rows cut by R", per_pair=True, bias=True, programmed=True
+    ),
+    MeasureKind("clamped", "mass of {column} cut by its clamp", bias=True, programmed=True),
 )

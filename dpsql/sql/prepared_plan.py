@@ -33,22 +33,22 @@ from dpsql.policy import TablePolicy
 from dpsql.sql import compile as c
 from dpsql.sql.plan import Measure, Plan
 
-_KINDS = frozenset({"rows", "values", "units", "sum", "sumsq"})
-
 
 def store_tree(plan: Plan, keys: tuple[str, ...], store: StoreInfo) -> exp.Expression | None:
     """The plan's engine query over ``store``; None when the store cannot serve it (COUNT of
     distinct units per group, which needs the pairs of every unit; measure kinds it does not
     know)."""
-    # only the measure kinds this module knows (a kind added later keeps the plain plan); a
-    # join (or a unit_path table) reads its joined source, not one table's store
-    if not plan.measures or any(m.kind not in _KINDS for m in plan.measures):
+    # only the measure kinds this module knows (MeasureKind.stored: a kind added later keeps
+    # the plain plan); a join (or a unit_path table) reads its joined source, not one
+    # table's store
+    if not plan.measures or not all(m.measure_kind.stored for m in plan.measures):
         return None
     if plan.query.table.joined is not None:
         return None
     if plan.query.table.privacy_unit is None:
         return _row_level(plan, keys, store)
-    if any(m.kind == "units" for m in plan.measures) or store.unit_rows is None:
+    # a measure per (unit, group) pair (the unit count) needs every unit's pairs
+    if any(m.measure_kind.per_pair for m in plan.measures) or store.unit_rows is None:
         return None
     partials = _partials(plan, store)
     if partials is not None:
@@ -89,9 +89,9 @@ def _partial_value(m: Measure, store: StoreInfo) -> exp.Expression:
 def _centred(m: Measure, s: exp.Expression, q: exp.Expression, n: exp.Expression) -> exp.Expression:
     """m's exact total from the sum s, sum of squares q and count n of its fixed-point values:
     COUNT(col) = n; SUM(fp - k) = s - k n; SUM((fp - k)^2 - k2) = q - 2k s + (k^2 - k2) n."""
-    if m.kind == "values":
+    if m.measure_kind.counted:  # COUNT(col)
         return n
-    if m.kind == "sum":
+    if not m.measure_kind.squared:
         return exp.Sub(this=s, expression=_times(n, m.center)) if m.center else s
     total: exp.Expression = q
     if m.center:
@@ -137,7 +137,7 @@ def _fixed(m: Measure, table: TablePolicy, store: StoreInfo) -> exp.Expression |
     spec = store.fixed.get(m.column or "")
     if spec is None or table.columns[m.column].expr is not None:  # type: ignore[index]
         return None
-    if m.kind != "values" and spec[:2] != (m.lo, m.hi):
+    if not m.measure_kind.counted and spec[:2] != (m.lo, m.hi):  # a count reads no range
         return None
     return c._name(spec[2])
 
@@ -149,7 +149,7 @@ def _times(node: exp.Expression, factor: int) -> exp.Expression:
 
 def aggregate(m: Measure, table: TablePolicy, store: StoreInfo) -> exp.Expression:
     """m aggregated over store rows: the stored fixed point, centred after summing."""
-    fp = _fixed(m, table, store) if m.kind in ("sum", "sumsq", "values") else None
+    fp = _fixed(m, table, store) if m.column is not None else None
     if fp is None:
         return c.measure_aggregate_expr(m, table)
     # the fixed point is NULL exactly where the column is: COUNT(fp) is COUNT(col)
