@@ -12,10 +12,14 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from dpsql.errors import Error
+from dpsql.errors import Error, door
 from dpsql.tables import number, render, tidy
+
+if TYPE_CHECKING:
+    from dpsql.service.answer import Answer
+    from dpsql.service.session import Session
 
 TRUST_NOTE = (
     "Front doors and trust: `dpsql serve` authenticates each analyst (SCRAM passwords, "
@@ -166,7 +170,7 @@ def read_statements(args: argparse.Namespace, stdin: TextIO | None = None) -> li
     return statements
 
 
-def apply_options(cur: Any, args: argparse.Namespace) -> None:
+def apply_options(session: Any, args: argparse.Namespace) -> None:
     """--epsilon, --delta, --mechanism, --confidence, --bias-estimate, --bias-interval as the
     session's SET statements."""
     words = ("mechanism", "bias_estimate", "bias_interval")
@@ -174,7 +178,7 @@ def apply_options(cur: Any, args: argparse.Namespace) -> None:
         value = getattr(args, setting, None)
         if value is not None:
             literal = f"'{value}'" if setting in words else repr(value)
-            cur.execute(f"SET {setting} = {literal}")
+            session.execute(f"SET {setting} = {literal}")
 
 
 def _explainable(sql: str) -> bool:
@@ -184,8 +188,9 @@ def _explainable(sql: str) -> bool:
     return bool(words) and words[0] in ("select", "with", "from")
 
 
+@door
 def run_statement(
-    cur: Any,
+    session: Any,
     sql: str,
     *,
     analyst: str,
@@ -194,43 +199,43 @@ def run_statement(
     out: TextIO,
     err: TextIO,
 ) -> None:
-    """Execute one statement and print its rows (out) and what it cost (err)."""
-    cur.execute(sql)
-    if cur.description:
-        if intervals and any(iv is not None for ivs in cur.intervals or [] for iv in ivs):
-            names = [d[0] for d in cur.interval_description]
-            rows = cur.fetchall_intervals()
+    """Run one statement on the analyst's session over the service
+    (:class:`dpsql.service.session.Session`) and print its rows (out) and what it cost (err)."""
+    answer = session.execute(sql)
+    if answer.description:
+        if intervals and answer.has_intervals:
+            names = [name for name, _ in answer.interval_description()]
+            rows = answer.rows_with_intervals()
         else:
-            names = [d[0] for d in cur.description]
-            rows = cur.fetchall()
+            names = [name for name, _ in answer.description]
+            rows = answer.rows
         if names == ["QUERY PLAN"] and fmt == "table":  # EXPLAIN (FORMAT TEXT): as written
             for (line,) in rows:
                 print(line, file=out)
         else:
             print_rows(names, rows, fmt, out)
-    report(cur, analyst, err)
+    report(answer, analyst, err)
 
 
-def report(cur: Any, analyst: str, err: TextIO) -> None:
+def report(answer: Answer, analyst: str, err: TextIO) -> None:
     """The charge and what remains, a cached replay, notes and the low-budget warning."""
-    if cur.cost is not None:
-        c = cur.cost
+    if answer.cost is not None:
+        c = answer.cost
         line = (
             f"-- charged epsilon={number(c.epsilon)} delta={number(c.delta)} "
             f"rho={number(c.rho)} to {analyst!r}"
         )
-        if cur.remaining is not None:
-            line += f"; {cur.remaining}"
+        if answer.remaining is not None:
+            line += f"; {answer.remaining}"
         print(line, file=err)
-    elif cur.cached:
+    elif answer.cached:
         print("-- cached answer: nothing charged", file=err)
-    for _, message in cur.messages:
+    for message in answer.warnings:
         print(f"-- warning: {message}", file=err)
-    for note in getattr(cur, "bias_notes", ()):  # what the bounds cut (docs/bias.md)
+    for note in answer.bias_notes:  # what the bounds cut (docs/bias.md)
         print(f"-- {note}", file=err)
-    shown = cur.intervals and any(iv is not None for ivs in cur.intervals for iv in ivs)
-    if shown and cur.confidence != 0.95:
-        print(f"-- intervals at confidence {number(cur.confidence)}", file=err)
+    if answer.has_intervals and answer.confidence != 0.95:
+        print(f"-- intervals at confidence {number(answer.confidence)}", file=err)
 
 
 def print_rows(names: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str, out: TextIO) -> None:
@@ -274,12 +279,11 @@ def error_text(exc: Error) -> str:
 # -- handlers -----------------------------------------------------------------------------------
 
 
-def _connect(args: argparse.Namespace) -> Any:
-    import dpsql
+def _connect(args: argparse.Namespace) -> Session:
+    """The analyst's session over a service of its own for the policy (closed with it)."""
+    from dpsql.service.opening import open_session
 
-    return dpsql.connect(
-        args.database, policy=args.policy, analyst=args.analyst, engine=args.engine
-    )
+    return open_session(args.policy, args.database, analyst=args.analyst, engine=args.engine)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -287,9 +291,8 @@ def _run(args: argparse.Namespace) -> int:
     if statements is None:
         return 2
     try:
-        with _connect(args) as conn:
-            cur = conn.cursor()
-            apply_options(cur, args)
+        with _connect(args) as session:
+            apply_options(session, args)
             for i, sql in enumerate(statements):
                 if i:
                     print(file=sys.stdout)
@@ -298,7 +301,7 @@ def _run(args: argparse.Namespace) -> int:
                     text = args.format == "table"
                     sql = ("EXPLAIN (FORMAT TEXT) " if text else "EXPLAIN ") + sql
                 run_statement(
-                    cur,
+                    session,
                     sql,
                     analyst=args.analyst,
                     fmt=args.format,
@@ -316,10 +319,9 @@ def _shell(args: argparse.Namespace) -> int:
     from dpsql import shell
 
     try:
-        with _connect(args) as conn:
-            cur = conn.cursor()
-            apply_options(cur, args)
-            return shell.run(conn, args)
+        with _connect(args) as session:
+            apply_options(session, args)
+            return shell.run(session, args)
     except Error as exc:
         print(error_text(exc), file=sys.stderr)
         return 1

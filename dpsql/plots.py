@@ -349,17 +349,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _plot_error(args: argparse.Namespace) -> int:
-    import dpsql
     from dpsql.pipeline import Settings
+    from dpsql.service.opening import open_session
 
     try:
-        with dpsql.connect(policy=args.policy, analyst=args.analyst) as conn:
-            settings = Settings.from_policy(conn.service.policy)
+        with open_session(args.policy, analyst=args.analyst) as session:
+            service = session.service
+            settings = Settings.from_policy(service.policy)
             for name in ("epsilon", "delta", "mechanism", "confidence"):
                 if getattr(args, name) is not None:
                     setattr(settings, name, getattr(args, name))
             curves = error_curves(
-                conn.service, args.sql, settings, args.analyst, rows_per_group=args.rows_per_group
+                service, args.sql, settings, args.analyst, rows_per_group=args.rows_per_group
             )
         path = draw_error(curves, args.output)
     except Error as exc:

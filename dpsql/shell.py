@@ -1,4 +1,4 @@
-"""``dpsql shell``: an interactive session over one connection.
+"""``dpsql shell``: an interactive session over the service (dpsql.service.session).
 
 Statements end with ``;`` and may span lines. Backslash commands: ``\\q`` quits, ``\\d`` lists
 the policy's tables, ``\\d TABLE`` its columns, ``\\x`` toggles expanded rows, ``\\?`` lists the
@@ -57,20 +57,20 @@ def history_path() -> Path:
     return user_data_path("dpsql", appauthor=False) / "shell_history"
 
 
-def completion_words(conn: Any) -> tuple[dict[str, list[str]], tuple[str, ...]]:
+def completion_words(session: Any) -> tuple[dict[str, list[str]], tuple[str, ...]]:
     """(table -> its columns, functions and keywords): what this analyst may name, as the
     policy's access rules show it (dpsql.access.visible_tables)."""
     from dpsql.access import visible_tables
 
-    return visible_tables(conn.service.policy, conn.analyst), FUNCTIONS + KEYWORDS
+    return visible_tables(session.service.policy, session.analyst), FUNCTIONS + KEYWORDS
 
 
-def completer(conn: Any) -> Any:
-    """A prompt_toolkit completer of the tables, columns and functions ``conn`` may use:
+def completer(session: Any) -> Any:
+    """A prompt_toolkit completer of the tables, columns and functions ``session`` may use:
     ``TABLE.`` completes that table's columns; otherwise any name, case-insensitively."""
     from prompt_toolkit.completion import Completer, Completion
 
-    tables, words = completion_words(conn)
+    tables, words = completion_words(session)
     columns = sorted({c for cols in tables.values() for c in cols})
 
     class PolicyCompleter(Completer):
@@ -96,7 +96,7 @@ def completer(conn: Any) -> Any:
     return PolicyCompleter()
 
 
-def prompt_reader(conn: Any, *, input: Any = None, output: Any = None) -> Callable[[str], str]:
+def prompt_reader(session: Any, *, input: Any = None, output: Any = None) -> Callable[[str], str]:
     """``read(prompt)`` on a prompt_toolkit session: completion from the policy, a history
     file. Raises EOFError on Ctrl-D and KeyboardInterrupt on Ctrl-C, as input() does."""
     from prompt_toolkit import PromptSession
@@ -109,14 +109,14 @@ def prompt_reader(conn: Any, *, input: Any = None, output: Any = None) -> Callab
         history = FileHistory(str(path))
     except OSError:
         history = InMemoryHistory()
-    session: Any = PromptSession(
-        completer=completer(conn),
+    reader: Any = PromptSession(
+        completer=completer(session),
         history=history,
         complete_while_typing=False,
         input=input,
         output=output,
     )
-    return lambda prompt: session.prompt(prompt)
+    return lambda prompt: reader.prompt(prompt)
 
 
 @contextlib.contextmanager
@@ -151,11 +151,11 @@ def _balanced(text: str) -> bool:
     return bool(parts) and not strip_comments(parts[-1].text).strip().endswith(";")
 
 
-def describe_tables(conn: Any, name: str | None, out: TextIO) -> None:
+def describe_tables(session: Any, name: str | None, out: TextIO) -> None:
     from dpsql.access import visible_tables
 
-    policy = conn.service.policy
-    visible = visible_tables(policy, conn.analyst)  # what this analyst may query ([access])
+    policy = session.service.policy
+    visible = visible_tables(policy, session.analyst)  # what this analyst may query ([access])
     if not name:
         tables = [
             (t.name, t.privacy_unit or "(each row)", len(visible[t.name]))
@@ -179,7 +179,7 @@ def describe_tables(conn: Any, name: str | None, out: TextIO) -> None:
 
 
 def run(
-    conn: Any,
+    session: Any,
     args: argparse.Namespace,
     read: Callable[[str], str] | None = None,
     out: TextIO | None = None,
@@ -192,12 +192,11 @@ def run(
     interactive = read is None and sys.stdin.isatty()
     history = interactive
     if read is None and interactive and sys.stdout.isatty():
-        read, history = prompt_reader(conn), False  # prompt_toolkit keeps its own history
+        read, history = prompt_reader(session), False  # prompt_toolkit keeps its own history
     elif read is None:
         read = input if interactive else _reader(sys.stdin)
     if interactive:
-        print(f"dpsql shell as {conn.analyst!r}: \\? for help, \\q to quit", file=err)
-    cur = conn.cursor()
+        print(f"dpsql shell as {session.analyst!r}: \\? for help, \\q to quit", file=err)
     buffer = ""
     expanded = False
     with _history(history):
@@ -217,7 +216,7 @@ def run(
                 if word in ("\\q", "\\quit"):
                     return 0
                 if word == "\\d":
-                    describe_tables(conn, rest.strip() or None, out)
+                    describe_tables(session, rest.strip() or None, out)
                 elif word == "\\x":
                     expanded = {"on": True, "off": False}.get(rest.strip().lower(), not expanded)
                     print(f"Expanded display is {'on' if expanded else 'off'}.", file=out)
@@ -233,9 +232,9 @@ def run(
             for statement in statements:
                 try:
                     run_statement(
-                        cur,
+                        session,
                         statement.text.strip(),
-                        analyst=conn.analyst,
+                        analyst=session.analyst,
                         fmt="expanded" if expanded and args.format == "table" else args.format,
                         intervals=args.intervals,
                         out=out,

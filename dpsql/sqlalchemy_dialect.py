@@ -8,6 +8,11 @@ holding the sources), ``engine`` (``duckdb`` or ``spark``).
 
 Like every in-process front door it trusts its caller to name the analyst; the policy's
 ``[privacy] analysts`` list restricts the names. Only ``dpsql serve`` authenticates.
+
+It is the one door built on another: a SQLAlchemy dialect's contract is a PEP 249 module, so
+its connections are :class:`dpsql.dbapi.Connection` objects (each over its own session of the
+service). The wire server and the command line open service sessions directly
+(docs/architecture.md, "The doors").
 """
 
 from __future__ import annotations

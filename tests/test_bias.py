@@ -31,6 +31,7 @@ from dpsql.server.backend import DpBackend
 from dpsql.server.server import Server, ServerThread
 from dpsql.server.testing import RawClient
 from dpsql.server.users import UserStore, users_path
+from dpsql.service.session import Session
 from dpsql.sql import bias
 from dpsql.sql.bind import parse_statement
 from dpsql.sql.compile import compile_plan
@@ -332,10 +333,10 @@ def test_the_dbapi_gives_each_value_its_bias_and_widened_interval() -> None:
 def test_the_cli_prints_the_bias_beside_the_charge() -> None:
     conn = exact_connect(fixture_policy(privacy={"budget_epsilon": 1e9}))
     out, err = io.StringIO(), io.StringIO()
-    cur = conn.cursor()
-    cur.execute("SET bias_interval = on")
+    session = Session(conn.service, "default")  # the CLI's door: a session over the service
+    session.execute("SET bias_interval = on")
     run_statement(
-        cur,
+        session,
         "SELECT COUNT(*) AS n FROM visits",
         analyst="default",
         fmt="csv",
@@ -349,7 +350,8 @@ def test_the_cli_prints_the_bias_beside_the_charge() -> None:
 
 def test_the_wire_protocol_sends_a_notice() -> None:
     conn = exact_connect(fixture_policy(privacy={"budget_epsilon": 1e9}))
-    outcome = DpBackend(conn).execute("SELECT COUNT(*) AS n FROM visits", None)
+    session = Session(conn.service, "default", dialect="postgres")  # as the server opens it
+    outcome = DpBackend(session).execute("SELECT COUNT(*) AS n FROM visits", None)
     texts = [text for severity, code, text in outcome.notices if severity == "NOTICE"]
     assert any(t.startswith("dpsql: bias: n is computed from bounded rows") for t in texts)
 

@@ -266,7 +266,8 @@ def test_explain_explains_each_select_of_a_script(capsys, policy):
 
 
 def test_shell_runs_statements_and_backslash_commands(policy):
-    from dpsql import dbapi, shell
+    from dpsql import shell
+    from dpsql.service.opening import open_session
 
     lines = iter(
         [
@@ -287,8 +288,8 @@ def test_shell_runs_statements_and_backslash_commands(policy):
 
     out, err = io.StringIO(), io.StringIO()
     args = argparse.Namespace(format="table", intervals=True)
-    with dbapi.connect(policy=policy, analyst="eve") as conn:
-        assert shell.run(conn, args, read, out, err) == 0
+    with open_session(policy, analyst="eve") as session:  # the shell's door over the service
+        assert shell.run(session, args, read, out, err) == 0
     text = out.getvalue()
     assert "visits  patient_id" in text and "[0, 5000]" in text
     assert "n_low" in text and "(1 row)" in text and "a;b" in text and "\\q" in text

@@ -33,6 +33,12 @@ DOORS = (
     "dpsql.admin",
 )
 
+#: The wire server and the command line: doors over the service's session
+#: (dpsql.service.session), each built on the service alone (issue 26 item 5).
+SERVER_AND_CLI = ("dpsql.server", "dpsql.cli", "dpsql.commands", "dpsql.shell", "dpsql.plots")
+#: The PEP 249 door, and the SQLAlchemy dialect built on it (PEP 249 is a dialect's contract).
+DBAPI_DOORS = ("dpsql.dbapi", "dpsql.sqlalchemy_dialect")
+
 #: The import cycles that remain (issue 26 removes them); each may only shrink.
 KNOWN_CYCLES = [
     {"dpsql.models.predict", "dpsql.models.regression"},
@@ -221,3 +227,80 @@ def test_the_graph_sees_lazy_imports(tmp_path):
     graph = import_graph()
     # imported inside Service._default_ledger
     assert "dpsql.privacy.sqlite_ledger" in graph["dpsql.pipeline"]
+
+
+def _within(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    """``start`` and every module it imports, directly or through others."""
+    seen, stack = {start}, [start]
+    while stack:
+        for target in graph.get(stack.pop(), ()):
+            if target not in seen:
+                seen.add(target)
+                stack.append(target)
+    return seen
+
+
+def _package_names(path: Path) -> set[str]:
+    """Names a module takes from the package itself, which the import graph leaves out:
+    ``from dpsql import X`` (X not a submodule) and ``dpsql.X`` after ``import dpsql`` (the
+    package's lazy names, ``dpsql.connect`` and ``dpsql.Service`` among them)."""
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+    plain = False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "dpsql" and not node.level:
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            plain |= any(a.name == "dpsql" and a.asname is None for a in node.names)
+    if plain:
+        names.update(
+            node.attr
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "dpsql"
+        )
+    return names
+
+
+def test_the_server_and_the_cli_are_not_built_on_the_dbapi():
+    """The wire server and the CLI open sessions over the service: neither they nor anything
+    they import reaches the DB-API (or the dialect over it), lazily or through the package's
+    ``dpsql.connect`` / ``dpsql.Service``; and the DB-API reaches neither of them."""
+    import dpsql
+
+    dbapi_names = {name for name, module in dpsql._LAZY.items() if module in DBAPI_DOORS}
+    graph, paths = import_graph(), _modules()
+    doors = [m for m in graph if _within(m, SERVER_AND_CLI)]
+    assert "dpsql.server.backend" in doors and "dpsql.commands" in doors
+    for door in doors:
+        reached = _reach(graph, door)
+        hit = sorted(m for m in reached if _within(m, DBAPI_DOORS))
+        assert not hit, (
+            f"{door} imports {hit}, directly or through another module: open a "
+            "dpsql.service.session.Session over the service instead"
+        )
+        for module in reached:
+            used = _package_names(paths[module]) & dbapi_names
+            assert not used, (
+                f"{module} (imported by {door}) uses dpsql.{sorted(used)[0]}, the DB-API's: "
+                "use dpsql.pipeline.Service and dpsql.service.session instead"
+            )
+    for door in DBAPI_DOORS:
+        back = {m for m in _reach(graph, door) if _within(m, SERVER_AND_CLI)}
+        assert not back, f"{door} imports {sorted(back)}: a door is built on the service only"
+
+
+def test_the_rule_sees_the_package_names(tmp_path):
+    """The check finds ``dpsql.connect`` after ``import dpsql`` and ``from dpsql import
+    Service``, and ignores a submodule import and another name's attribute."""
+    path = tmp_path / "door.py"
+    path.write_text(
+        "import dpsql\nfrom dpsql import Service, errors\nimport os\n"
+        "def f():\n    return dpsql.connect(), os.path\n"
+    )
+    assert _package_names(path) == {"connect", "Service", "errors"}

@@ -1,7 +1,9 @@
-"""The wire protocol against a stand-in Service (fixed rows), byte by byte.
+"""The wire protocol against a stand-in service session (fixed rows), byte by byte.
 
-The stand-in makes the protocol testable on its own: authentication, simple and extended query,
-portals and row limits, binary formats, transaction states, cancellation and hostile input.
+The server opens one session over the service per login (dpsql.service.session.Session) and
+renders its answers; the stand-in session makes the protocol testable on its own:
+authentication, simple and extended query, portals and row limits, binary formats, transaction
+states, cancellation and hostile input.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from dpsql.server import types as t
 from dpsql.server.server import Server, ServerThread
 from dpsql.server.testing import RawClient, cancel_request, cancel_until_answered
 from dpsql.server.users import UserStore
+from dpsql.service.answer import Answer
+from dpsql.service.results import Result
 
 ROWS = [
     (1, 1.5, "a", True, dt.date(2024, 1, 1)),
@@ -39,26 +43,31 @@ DESCRIPTION = [
 ]
 
 
-class FakeCursor:
-    def __init__(self, conn: FakeConnection) -> None:
-        self.conn = conn
-        self.description = None
-        self._rows: list[tuple] = []
-        self.messages: list = []
-        self.cost = None
-        self.cached = False
-        self.statusmessage = "SELECT"
+def _answer(description: list[tuple], rows: list[tuple], status: str = "SELECT") -> Answer:
+    return Answer(Result(description=[(d[0], d[1]) for d in description], rows=rows, status=status))
 
-    def execute(self, sql: str, parameters=None) -> FakeCursor:
-        self.conn.log.append((sql, parameters))
+
+class FakeSession:
+    """Stands in for the service's session (dpsql.service.session.Session) the server opens
+    for each analyst: fixed rows, a slow query, a refusal, the parameters it was given."""
+
+    def __init__(self) -> None:
+        self.settings = _Shown({"epsilon": 1.0, "delta": 0.0, "mechanism": "laplace"})
+        self.log: list = []
+        self.started = threading.Event()
+        self.interrupted = threading.Event()
+        self.closed = False
+        self.described: list[str] = []
+
+    def execute(self, sql: str, parameters=None) -> Answer:
+        self.log.append((sql, parameters))
         low = sql.lower()
         if low.startswith("set "):
-            self.description, self._rows, self.statusmessage = None, [], "SET"
-            return self
+            return _answer([], [], "SET")
         if "slow" in low:
-            self.conn.started.set()
-            if self.conn.interrupted.wait(20):
-                self.conn.interrupted.clear()
+            self.started.set()
+            if self.interrupted.wait(20):
+                self.interrupted.clear()
                 raise errors.OperationalError("query cancelled", sqlstate="57014")
         if "refuse" in low:
             raise errors.PrivacyError(
@@ -67,43 +76,30 @@ class FakeCursor:
                 hint="ask differently",
             )
         if "params" in low:
-            self.description = [("p", "VARCHAR", None, None, None, None, None)]
-            self._rows = [(repr(parameters),)]
-            return self
-        self.description = DESCRIPTION
-        self._rows = list(ROWS)
-        return self
-
-    def fetchall(self) -> list[tuple]:
-        return self._rows
-
-    def close(self) -> None:
-        pass
-
-
-class FakeConnection:
-    def __init__(self) -> None:
-        self.settings = {"epsilon": 1.0, "delta": 0.0, "mechanism": "laplace"}
-        self.log: list = []
-        self.started = threading.Event()
-        self.interrupted = threading.Event()
-        self.closed = False
-        self.described: list[str] = []
-
-    def cursor(self) -> FakeCursor:
-        return FakeCursor(self)
+            return _answer([("p", "VARCHAR")], [(repr(parameters),)])
+        return _answer(DESCRIPTION, list(ROWS))
 
     def interrupt(self) -> None:
         self.interrupted.set()
 
-    def describe(self, sql: str) -> list[tuple]:
+    def describe(self, sql: str, parameters=None) -> list[tuple]:
         self.described.append(sql)
         if "params" in sql.lower():
-            return [("p", "VARCHAR", None, None, None, None, None)]
-        return DESCRIPTION
+            return [("p", "VARCHAR")]
+        return [(d[0], d[1]) for d in DESCRIPTION]
 
     def close(self) -> None:
         self.closed = True
+
+
+class _Shown:
+    """The session's settings, as far as the server reads them (their names)."""
+
+    def __init__(self, values: dict) -> None:
+        self.values = values
+
+    def shown(self) -> dict:
+        return dict(self.values)
 
 
 class FakeService:
@@ -122,13 +118,17 @@ class FakeService:
                 },
             }
         )
-        self.connections: list[FakeConnection] = []
+        self.connections: list[FakeSession] = []  # the sessions the server opened
 
-    def connect(self, analyst: str = "default", dialect: str = "duckdb") -> FakeConnection:
-        conn = FakeConnection()
-        conn.analyst = analyst  # type: ignore[attr-defined]
-        self.connections.append(conn)
-        return conn
+
+class FakeServer(Server):
+    """The real server, opening a stand-in session for each login."""
+
+    def open_session(self, analyst: str) -> FakeSession:
+        session = FakeSession()
+        session.analyst = analyst  # type: ignore[attr-defined]
+        self.service.connections.append(session)
+        return session
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +137,7 @@ def server(tmp_path_factory):
     users.add("alice", "pw-alice")
     users.add("bob", "pw-bob")
     service = FakeService()
-    thread = ServerThread(lambda: Server(service, users, max_message=64 * 1024))
+    thread = ServerThread(lambda: FakeServer(service, users, max_message=64 * 1024))
     thread.start()
     thread.service = service  # type: ignore[attr-defined]
     yield thread
@@ -590,7 +590,7 @@ def test_terminate_closes_cleanly(server):
 def test_too_many_connections(tmp_path):
     users = UserStore(tmp_path / "u.json")
     users.add("alice", "pw")
-    with ServerThread(lambda: Server(FakeService(), users, max_connections=1)) as th:
+    with ServerThread(lambda: FakeServer(FakeService(), users, max_connections=1)) as th:
         first = RawClient("127.0.0.1", th.port)
         assert first.login("alice", "pw").status == "I"
         second = RawClient("127.0.0.1", th.port)

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURE_TOML
 
-from dpsql import cli, dbapi, shell
+from dpsql import cli, shell
+from dpsql.service.opening import open_session
 from dpsql.terminal import render_expanded, render_fit, step_progress
 
 pt_input = pytest.importorskip("prompt_toolkit.input")
@@ -24,8 +25,9 @@ from prompt_toolkit.output import DummyOutput  # noqa: E402
 
 @pytest.fixture
 def conn():
-    with dbapi.connect(policy=str(FIXTURE_TOML), analyst="eve") as c:
-        yield c
+    """The shell's door: eve's session over a service of its own (dpsql.service.opening)."""
+    with open_session(str(FIXTURE_TOML), analyst="eve") as session:
+        yield session
 
 
 def _completions(conn, text: str) -> list[str]:
@@ -70,10 +72,10 @@ def test_completion_respects_access_rules(tmp_path):
     policy = tmp_path / "visits.toml"
     policy.write_text(text)
     (tmp_path / "visits.csv").symlink_to(Path(FIXTURE_TOML).parent / "visits.csv")
-    with dbapi.connect(policy=str(policy), analyst="eve") as eve:
+    with open_session(str(policy), analyst="eve") as eve:
         assert "cost" not in _completions(eve, "SELECT co")
         assert "cost" not in _completions(eve, "SELECT visits.co")
-    with dbapi.connect(policy=str(policy), analyst="bob") as bob:
+    with open_session(str(policy), analyst="bob") as bob:
         assert "cost" in _completions(bob, "SELECT co")
 
 

@@ -1,4 +1,4 @@
-"""Adapters from a session to its two answerers: the DP pipeline and the catalog shadow.
+"""Adapters from a session to its two answerers: the DP service and the catalog shadow.
 
 Both return :class:`Outcome` (columns with PostgreSQL OIDs, rows, command tag), so the protocol
 layer never cares which one answered. Calls here are blocking; the session runs them in the
@@ -8,7 +8,6 @@ server's thread pool.
 from __future__ import annotations
 
 import datetime as dt
-import inspect
 import logging
 import re
 from collections.abc import Sequence
@@ -16,8 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dpsql.boundary import uniform_charged_failure
+from dpsql.errors import door
 from dpsql.server import types as t
 from dpsql.server.sqltext import _skip, keywords
+from dpsql.service.answer import Answer
 
 log = logging.getLogger("dpsql.server")
 
@@ -137,6 +138,7 @@ def _whole(value: object) -> int | None:
 
 
 def _columns(description: Sequence[Sequence[Any]] | None) -> tuple[tuple[str, int], ...] | None:
+    """(name, OID) of each (name, type code, ...) column; None for no columns."""
     if not description:
         return None
     return tuple((str(d[0]), t.DPSQL_TYPE_OIDS.get(str(d[1]).upper(), t.TEXT)) for d in description)
@@ -155,83 +157,67 @@ def command_tag(sql: str, rows: int, status: str | None, has_rows: bool) -> str:
 
 
 class DpBackend:
-    """One analyst's dpsql connection, as used by one wire-protocol session."""
+    """One analyst's session over the service (:class:`dpsql.service.session.Session`), as used
+    by one wire-protocol session: its :class:`~dpsql.service.answer.Answer` becomes the
+    protocol's columns, rows, NOTICEs and command tag."""
 
-    def __init__(self, connection: Any) -> None:
-        self.connection = connection
-        try:
-            params = inspect.signature(connection.describe).parameters
-            self._describe_takes_params = "parameters" in params
-        except (TypeError, ValueError):
-            self._describe_takes_params = False
+    def __init__(self, session: Any) -> None:
+        self.session = session
 
     @property
     def setting_names(self) -> set[str]:
         try:
-            return {str(k).lower() for k in self.connection.settings}
+            return {str(k).lower() for k in self.session.settings.shown()}
         except Exception:
             return set()
 
+    @door
     def execute(self, sql: str, params: Sequence[object] | None) -> Outcome:
-        cur = self.connection.cursor()
+        sql = inline_limits(sql, params) if params else sql
+        answer = self.session.execute(sql, list(params) if params else None)
+        charged = answer.cost is not None
         try:
-            sql = inline_limits(sql, params) if params else sql
-            cur.execute(sql, list(params) if params else None)
-            charged = getattr(cur, "cost", None) is not None
-            try:
-                return self._outcome(cur, sql, charged)
-            except Exception as exc:
-                if charged:  # the answer was paid for: the one charged error, as in the service
-                    raise uniform_charged_failure(exc) from None
-                raise
-        finally:
-            try:
-                cur.close()
-            except Exception:  # bookkeeping: never the statement's outcome (it may be paid)
-                log.exception("closing a cursor failed")
+            return _outcome(answer, sql, charged)
+        except Exception as exc:
+            if charged:  # the answer was paid for: the one charged error, as in the service
+                raise uniform_charged_failure(exc) from None
+            raise
 
-    def _outcome(self, cur: Any, sql: str, charged: bool) -> Outcome:
-        """The statement's columns, rows, notices and tag, read off the executed cursor."""
-        columns = _columns(cur.description)
-        rows = [tuple(r) for r in cur.fetchall()] if columns else []
-        status = getattr(cur, "statusmessage", None)
-        notices = (
-            tuple(("WARNING", "01000", str(text)) for _, text in getattr(cur, "messages", ()))
-            + tuple(  # what the bounds cut from each value (docs/bias.md)
-                ("NOTICE", "00000", f"dpsql: {note}") for note in getattr(cur, "bias_notes", ())
-            )
-            + _cost_notice(
-                getattr(cur, "cost", None),
-                getattr(cur, "cached", False),
-                getattr(cur, "remaining", None),
-            )
-        )
-        tag = command_tag(sql, len(rows), status, columns is not None)
-        return Outcome(columns, rows, tag, notices, charged)
-
+    @door
     def describe(self, sql: str, params: Sequence[object] | None) -> tuple[tuple[str, int], ...]:
         """Result columns; plans the query, runs nothing, spends nothing."""
         count = placeholder_count(sql)
         sql = inline_limits(sql, params)
         values = list(params) if params is not None else [None] * count
-        if self._describe_takes_params:
-            description = self.connection.describe(sql, parameters=values or None)
-        else:
-            description = self.connection.describe(inline_parameters(sql, values))
-        return _columns(description) or ()
+        return _columns(self.session.describe(sql, values or None)) or ()
 
     def interrupt(self) -> None:
-        self.connection.interrupt()
+        self.session.interrupt()
 
     def close(self) -> None:
-        self.connection.close()
+        self.session.close()
+
+
+def _outcome(answer: Answer, sql: str, charged: bool) -> Outcome:
+    """The statement's columns, rows, notices and tag, read off its answer."""
+    columns = _columns(answer.description)
+    rows = [tuple(r) for r in answer.rows] if columns else []
+    notices = (
+        tuple(("WARNING", "01000", str(text)) for text in answer.warnings)
+        + tuple(  # what the bounds cut from each value (docs/bias.md)
+            ("NOTICE", "00000", f"dpsql: {note}") for note in answer.bias_notes
+        )
+        + _cost_notice(answer.cost, answer.cached, answer.remaining)
+    )
+    tag = command_tag(sql, len(rows), answer.status, columns is not None)
+    return Outcome(columns, rows, tag, notices, charged)
 
 
 def _cost_notice(
     cost: Any, cached: bool, remaining: Any = None
 ) -> tuple[tuple[str, str, str], ...]:
     """A NOTICE telling the client what the statement was charged and what remains (clients
-    can total it); the low-budget WARNING comes with the cursor's messages."""
+    can total it); the low-budget WARNING comes with the answer's warnings."""
     if cached:
         return (("NOTICE", "00000", "dpsql: cached answer, charged epsilon=0 delta=0 rho=0"),)
     if cost is None:

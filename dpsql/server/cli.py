@@ -194,7 +194,8 @@ def _fairness(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import dpsql
+    from dpsql.errors import Error
+    from dpsql.pipeline import Service
     from dpsql.server.fairness import FairnessError
     from dpsql.server.server import Server, tls_context, tune_interpreter
 
@@ -212,10 +213,8 @@ def _serve(args: argparse.Namespace) -> int:
     if workers > 1:
         return _serve_workers(args, workers, fairness, connections)
     try:
-        service = dpsql.Service(
-            args.policy, args.database, cache=not args.no_cache, engine=args.engine
-        )
-    except dpsql.Error as exc:
+        service = Service(args.policy, args.database, cache=not args.no_cache, engine=args.engine)
+    except Error as exc:
         print(f"dpsql: {exc}", file=sys.stderr)
         return 1
     if not _check_users(args):
@@ -257,7 +256,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _serve_workers(args: argparse.Namespace, workers: int, fairness: Any, connections: Any) -> int:
     """Check what can be checked once (policy, engine, TLS files, ledger), then supervise."""
-    import dpsql
+    from dpsql.errors import Error
     from dpsql.policy import load_policy
     from dpsql.privacy.sqlite_ledger import SQLiteLedger
     from dpsql.server import supervisor
@@ -271,7 +270,7 @@ def _serve_workers(args: argparse.Namespace, workers: int, fairness: Any, connec
         if policy.ledger_path is not None:
             # Create the file and switch it to WAL once, before N processes open it at once.
             SQLiteLedger(policy.ledger_path).close()
-    except (dpsql.Error, OSError) as exc:
+    except (Error, OSError) as exc:
         print(f"dpsql: {exc}", file=sys.stderr)
         return 1
     if (args.engine or policy.engine.name) != "duckdb":

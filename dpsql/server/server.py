@@ -17,7 +17,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import dpsql.dbapi  # noqa: F401  (registers the DB-API session class on the service)
 from dpsql.server import protocol as p
 from dpsql.server.catalog import Shadow
 from dpsql.server.connections import (
@@ -31,6 +30,7 @@ from dpsql.server.fairness import FairnessLimits, FairScheduler
 from dpsql.server.session import Session
 from dpsql.server.settings import DEFAULTS
 from dpsql.server.users import UserStore
+from dpsql.service.session import Session as ServiceSession
 
 log = logging.getLogger("dpsql.server")
 
@@ -65,7 +65,7 @@ def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
 
 
 class Server:
-    """A PostgreSQL v3 front door to one :class:`dpsql.Service`.
+    """A PostgreSQL v3 front door to one service (:class:`dpsql.pipeline.Service`).
 
     ``users`` maps logins to SCRAM verifiers; each login is the analyst charged in the ledger.
     """
@@ -132,9 +132,12 @@ class Server:
             if pid not in self.sessions:
                 return pid
 
-    def connect_analyst(self, analyst: str) -> Any:
-        # PostgreSQL clients mean PostgreSQL: 7 / 2 is 3, TO_CHAR, date_part (dpsql.sql.dialect)
-        return self.service.connect(analyst=analyst, dialect="postgres")
+    def open_session(self, analyst: str) -> Any:
+        """The analyst's session over the service (dpsql.service.session), which the wire
+        session runs its DP statements on: the server is a door over the service, not over
+        the DB-API. PostgreSQL clients mean PostgreSQL: 7 / 2 is 3, TO_CHAR, date_part
+        (dpsql.sql.dialect)."""
+        return ServiceSession(self.service, analyst, dialect="postgres")
 
     def unregister(self, session: Session) -> None:
         if self.sessions.get(session.pid) is session:

@@ -1,7 +1,8 @@
 """One client connection: startup, TLS, SCRAM, then the simple and extended query protocols.
 
 Statements are routed by what they reference: anything naming a private table (or a dpsql
-privacy setting) goes to the analyst's dpsql connection; everything else — catalog and session
+privacy setting) goes to the analyst's session over the service (``dpsql.service.session``,
+through :class:`~dpsql.server.backend.DpBackend`); everything else — catalog and session
 queries — goes to the empty shadow database. Blocking work runs in the server's thread pool so
 the event loop keeps serving other clients; a reader task keeps reading while a query runs, so a
 client that disconnects mid-query interrupts it.
@@ -527,12 +528,12 @@ class Session:
 
     async def _open_backends(self, startup: p.Startup) -> bool:
         try:
-            conn = await self._blocking(self.server.connect_analyst, self.user, scheduled=False)
+            opened = await self._blocking(self.server.open_session, self.user, scheduled=False)
         except Exception as exc:
             err = as_sql_error(exc)
             await self.fatal(err.sqlstate, err.message, err.hint)
             return False
-        self.dp = DpBackend(conn)
+        self.dp = DpBackend(opened)
         self.shadow = await self._blocking(self.server.shadow.cursor, scheduled=False)
         self.settings = SessionSettings(self.user, startup.params.get("application_name", ""))
         for key, value in _startup_options(startup.params).items():

@@ -2,8 +2,8 @@
 
 A worker is started by the supervisor (:mod:`dpsql.server.supervisor`) as
 ``python -m dpsql.server.worker INDEX FD`` with one end of a Unix ``SOCK_SEQPACKET`` socket pair
-as FD: the control channel. It builds its own :class:`dpsql.Service` (DuckDB engine, scratch,
-shadow catalog, thread pool) and serves every client socket the supervisor passes over the
+as FD: the control channel. It builds its own :class:`dpsql.pipeline.Service` (DuckDB engine,
+scratch, shadow catalog, thread pool) and serves every client socket the supervisor passes over the
 channel with the unchanged :class:`~dpsql.server.session.Session` code (TLS included). All
 workers charge the one SQLite ledger, whose ``BEGIN IMMEDIATE`` transactions serialise charges
 across processes exactly as across threads.
@@ -171,7 +171,7 @@ async def _serve(server: object, ctrl: socket.socket) -> None:
 
 def run(index: int, ctrl: socket.socket) -> int:
     """The worker's life: read the config, build the Service and Server, serve, clean up."""
-    import dpsql
+    from dpsql.pipeline import Service
     from dpsql.server.connections import ConnectionLimits
     from dpsql.server.fairness import FairnessLimits
     from dpsql.server.server import Server, tls_context, tune_interpreter
@@ -187,9 +187,7 @@ def run(index: int, ctrl: socket.socket) -> int:
     )
     service = None
     try:
-        service = dpsql.Service(
-            config.policy, config.database, cache=config.cache, engine=config.engine
-        )
+        service = Service(config.policy, config.database, cache=config.cache, engine=config.engine)
         ctx = tls_context(config.tls_cert, config.tls_key or "") if config.tls_cert else None
         server = Server(
             service,
