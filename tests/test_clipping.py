@@ -37,7 +37,7 @@ def test_range_is_inside_the_declared_bounds() -> None:
     hist = LogHistogram.for_bounds(-1000, 500)
     rng = np.random.default_rng(3)
     counts = hist.counts(rng.normal(0, 20, 500))
-    for method in ("threshold", "quantile", "sum"):
+    for method in ("threshold", "quantile", "sum", "mse"):
         ab = ApproxBounds(hist, 0.5, method=method, sum_epsilon=0.5)
         for seed in range(20):
             r = ab.release(counts, SeededNoise(seed), -1000, 500)
@@ -56,6 +56,21 @@ def test_sum_method_finds_a_near_optimal_bound_without_noise() -> None:
     true_error = [np.maximum(x - c, 0).sum() + c / 0.9 for c in tops]
     best = tops[int(np.argmin(true_error))]
     assert abs(math.log(chosen / best)) <= math.log(hist.ratio) + 1e-9
+
+
+def test_mse_method_minimises_squared_bias_plus_noise_variance_without_noise() -> None:
+    """With the exact histogram "mse" is within one bin of the edge minimising the true
+    bias² + 2 (C/ε)² (a Laplace SUM's mean squared error)."""
+    x = _income()
+    hist = LogHistogram.for_bounds(0, 500_000, ratio=2**0.25)
+    chosen = ApproxBounds(hist, 0.1, method="mse", sum_epsilon=0.9)
+    bound = chosen.release(hist.counts(x), ZeroNoise(), 0, 500_000).bound
+    tops = hist.edges()[1:]
+    true_error = [np.maximum(x - c, 0).sum() ** 2 + 2 * (c / 0.9) ** 2 for c in tops]
+    best = tops[int(np.argmin(true_error))]
+    assert abs(math.log(bound / best)) <= math.log(hist.ratio) + 1e-9
+    with pytest.raises(ValueError, match="SUM's epsilon"):
+        ApproxBounds(hist, 1.0, method="mse")
 
 
 def test_threshold_method_ignores_empty_bins_with_the_stated_probability() -> None:
