@@ -11,8 +11,10 @@ object here (``Measure.measure_kind``), so a new measure kind is one more object
 - ``counted``: each row (value, pair) adds 0 or 1, so a row's bound is 1 and no column range
   is read; ``per_pair``: one value per kept (unit, group) pair rather than per row, so a
   unit's bound in a group is the row bound, not R times it;
-- ``row_scaled`` / ``group_scaled``: a rescaled bounding multiplies it by R/n (summed from row
-  values) and by G/k (every measure read from the bounded rows but distinct ones);
+- ``row_scaled`` / ``group_scaled`` / ``divided``: a rescaled bounding multiplies it by R/n
+  (summed from row values) and by G/k (every measure read from the bounded rows but distinct
+  ones), or its value is divided (``cut``: v·d/n); :meth:`MeasureKind.fine_grid` says whether
+  a plan computes it on the fine grid;
   ``rounded``: a count, rounded per unit back to integers when rescaled (the proof:
   dpsql.sql.plan above ROUNDING_MULTIPLIER);
 - ``distinct``: counted by its own engine query over the bounded rows (sampling is kept);
@@ -51,8 +53,19 @@ class MeasureKind:
     bias: bool = False
     centred: bool = False
     squared: bool = False
+    divided: bool = False
     stored: bool = False
     programmed: bool = False
+
+    def fine_grid(self, bounding: str, group_scaling: bool) -> bool:
+        """Whether a plan with this ``bounding`` (and group scaling) computes the measure on
+        a fine grid (dpsql.sql.plan.rescale_factor): where its values are scaled (R/n, G/k)
+        or divided, so that truncation toward zero loses < 2^-20 of a row per pair."""
+        return (
+            (bounding == "scale" and self.row_scaled)
+            or (group_scaling and self.group_scaled)
+            or self.divided
+        )
 
     def row_bound(self, lo: int, hi: int, center: int, center2: int, R: int) -> int:
         """The largest |value| one row (one pair: ``per_pair``) adds to a measure of this
@@ -145,11 +158,25 @@ MEASURE_KINDS: dict[str, MeasureKind] = _kinds(
         "dropped",
         "rows cut by R per unit and group, up to 2R",
         per_pair=True,
+        group_scaled=True,
         bias=True,
         programmed=True,
     ),
     MeasureKind(
-        "cut", "mass of {column} in the rows cut by R", per_pair=True, bias=True, programmed=True
+        "cut",
+        "mass of {column} in the rows cut by R",
+        per_pair=True,
+        group_scaled=True,
+        divided=True,
+        bias=True,
+        programmed=True,
     ),
-    MeasureKind("clamped", "mass of {column} cut by its clamp", bias=True, programmed=True),
+    MeasureKind(
+        "clamped",
+        "mass of {column} cut by its clamp",
+        row_scaled=True,
+        group_scaled=True,
+        bias=True,
+        programmed=True,
+    ),
 )

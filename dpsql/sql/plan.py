@@ -76,7 +76,7 @@ from dpsql.sql.measure_kinds import MEASURE_KINDS, MeasureKind
 #   clamped - per bounded row: round((x - clamp(x)) / g) within [-W, W], W = hi - lo
 # (their objects, with what differs between them: dpsql.sql.measure_kinds.MEASURE_KINDS)
 # measures counted by their own engine query over the bounded rows (CompiledQuery.extras)
-DISTINCT_KINDS = ("distinct", "distinct_sum")
+DISTINCT_KINDS = tuple(name for name, kind in MEASURE_KINDS.items() if kind.distinct)
 
 
 @dataclass(frozen=True)
@@ -332,7 +332,9 @@ class Plan:
 
 # measure kinds summed from row values: the ones a rescaled bounding multiplies by R/n (a row
 # count is min(n, R) exactly, a unit count is not bounded by R)
-RESCALED_KINDS = ("values", "sum", "sumsq")
+RESCALED_KINDS = tuple(
+    name for name, kind in MEASURE_KINDS.items() if kind.row_scaled and not kind.bias
+)
 # the fine grid of a rescaled measure holds a row's largest value in >= 2^20 units: the
 # truncation of a pair's R/n share loses < 1 unit, <= 2^-20 of a row, per pair
 RESCALE_UNITS = 1 << 20
@@ -364,7 +366,7 @@ RESCALE_UNITS = 1 << 20
 # U_u = ((u mod F) · ROUNDING_MULTIPLIER) mod F for an integer unit (an odd multiplier: a
 # bijection of the residues, consecutive ids spread as a golden-ratio sequence), the hash
 # of u (the engine's HASH / XXHASH64, no secret) mod F for any other unit type.
-ROUNDED_KINDS = ("rows", "values", "units")
+ROUNDED_KINDS = tuple(name for name, kind in MEASURE_KINDS.items() if kind.rounded)
 ROUNDING_MULTIPLIER = 648_055  # odd, ~ 0.618 · 2^20
 
 
@@ -384,7 +386,7 @@ def effective_bounding(table: TablePolicy, kinds: Sequence[str], quantiles: bool
     queries count values of the kept rows) or the table is row-level (nothing to bound)."""
     if table.privacy_unit is None or table.bounding != "scale":
         return "sample"
-    if quantiles or any(k in DISTINCT_KINDS for k in kinds):
+    if quantiles or any(MEASURE_KINDS[k].distinct for k in kinds):
         return "sample"
     return "scale"
 
@@ -551,40 +553,39 @@ def build_plan(
         eps_share = eps_shares[i]
         g = 1.0
         lo = hi = center = center2 = 0
-        if kind in ("rows", "values", "units", "distinct"):
+        mk = MEASURE_KINDS[kind]  # what differs between kinds (dpsql.sql.measure_kinds)
+        if mk.counted:
             row_bound = 1
         else:
             col = table.columns[column]  # type: ignore[index]
             g = col.granularity
             lo, hi = fixed_point_bounds(col.lower, col.upper, g)  # type: ignore[arg-type]
-            if column in counted and kind != "distinct_sum":
+            if column in counted and mk.centred:
                 center = (lo + hi) // 2
             row_bound = max(abs(lo - center), abs(hi - center))
             # The engine computes per-row values (and their squares) in 64-bit integers: an
             # overflow would fail the query only when some row is extreme, a data-dependent
             # error. Refuse such plans up front instead.
-            limit = 3_037_000_499 if kind == "sumsq" else 2**62  # isqrt(2**63 - 1)
+            limit = 3_037_000_499 if mk.squared else 2**62  # isqrt(2**63 - 1)
             if max(abs(lo), abs(hi), row_bound) > limit:
                 raise NotSupportedError(
                     f"{column}: its fixed-point range (bounds / granularity) is too large for "
-                    "64-bit " + ("sums of squares (VAR, STDDEV)" if kind == "sumsq" else "sums"),
+                    "64-bit " + ("sums of squares (VAR, STDDEV)" if mk.squared else "sums"),
                     construct=column,
                     hint=f"declare a coarser granularity or narrower bounds for {column}",
                 )
-            if kind == "sumsq":
+            if mk.squared:
                 span = row_bound * row_bound  # squared centred values lie in [0, span]
                 center2 = span // 2
                 row_bound = max(center2, span - center2)
                 g = g * g
         scale = fine = 1
-        if (bounding == "scale" and kind in RESCALED_KINDS) or (
-            group_scaling and kind in ("rows", "units")
-        ):
+        if mk.fine_grid(bounding, group_scaling):
             scale = rescale_factor(row_bound)
-        if kind in ROUNDED_KINDS and scale > 1:
+        if mk.rounded and scale > 1:
             # shares on the fine grid, rounded per unit to an integer count (ROUNDED_KINDS)
             fine, scale = scale, 1
-        per_group = (row_bound if kind == "units" else R * row_bound) * scale
+        per_group = (row_bound if mk.per_pair else R * row_bound) * scale
         l1 = float(G * per_group)
         l2 = math.sqrt(G) * per_group
         if mechanism == "laplace":
@@ -986,9 +987,9 @@ def _bias_measures(
         scale = 1
         # the fine grid where a value is scaled (R/n, G/k) or divided (cut: v·d/n), so that
         # the truncation toward zero loses < 2^-20 of a row per pair
-        if (bounding == "scale" and kind == "clamped") or group_scaling or kind == "cut":
+        if MEASURE_KINDS[kind].fine_grid(bounding, group_scaling):
             scale = rescale_factor(row_bound)
-        per_group = (row_bound if kind in bias.PAIR_KINDS else R * row_bound) * scale
+        per_group = (row_bound if MEASURE_KINDS[kind].per_pair else R * row_bound) * scale
         l1, l2 = float(G * per_group), math.sqrt(G) * per_group
         eps = shares[i]
         out.append(
@@ -1035,7 +1036,7 @@ def _bias_to_total(
     gap = exact(epsilon) - cost.exact_epsilon
     if gap == 0:
         return measures, cost
-    i = max(j for j, m in enumerate(measures) if m.kind in bias.KINDS)
+    i = max(j for j, m in enumerate(measures) if m.measure_kind.bias)
     m = measures[i]
     target = exact(m.epsilon) + gap
     if target <= 0:
