@@ -295,6 +295,19 @@ def test_the_server_and_the_cli_are_not_built_on_the_dbapi():
         assert not back, f"{door} imports {sorted(back)}: a door is built on the service only"
 
 
+def test_the_server_and_the_cli_are_not_built_on_each_other():
+    """Neither of the two reaches the other (the statement splitter they share is
+    dpsql.sql.sqltext, below both). ``dpsql`` (dpsql.cli) finds ``dpsql serve``'s subcommands
+    by module name, at run time, which is no import."""
+    graph = import_graph()
+    server, cli = ("dpsql.server",), ("dpsql.cli", "dpsql.commands", "dpsql.shell")
+    for module in graph:
+        for mine, other in ((server, cli), (cli, server)):
+            if _within(module, mine):
+                hit = sorted(m for m in _reach(graph, module) if _within(m, other))
+                assert not hit, f"{module} imports {hit}: each door is built on the service"
+
+
 def test_the_rule_sees_the_package_names(tmp_path):
     """The check finds ``dpsql.connect`` after ``import dpsql`` and ``from dpsql import
     Service``, and ignores a submodule import and another name's attribute."""

@@ -26,9 +26,9 @@ from dpsql.server.backend import inline_parameters, placeholder_count
 from dpsql.server.catalog_sql import SessionInfo, rewrite
 from dpsql.server.scram import ScramError, ScramExchange, make_verifier
 from dpsql.server.settings import SessionSettings, SettingError, parse_set, set_name_of
-from dpsql.server.sqltext import identifiers, split_statements
 from dpsql.server.testing import RawClient
 from dpsql.server.users import UserStore, UserStoreError, users_path
+from dpsql.sql.sqltext import identifiers, split_statements
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""The server's lexical helpers (dpsql.server.sqltext) take a one-pass form for text without
+"""The doors' lexical helpers (dpsql.sql.sqltext) take a one-pass form for text without
 quotes, dollars or comments: it must give exactly what the general scanner gives."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from dpsql.server import sqltext
+from dpsql.sql import sqltext
 
 ALPHABET = "ab_Z09 ;\n\t(),.*-/<>=é$'\"x1"
 FIXED = [

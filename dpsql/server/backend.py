@@ -17,8 +17,8 @@ from typing import Any
 from dpsql.boundary import uniform_charged_failure
 from dpsql.errors import door
 from dpsql.server import types as t
-from dpsql.server.sqltext import _skip, keywords
 from dpsql.service.answer import Answer
+from dpsql.sql.sqltext import _skip, keywords
 
 log = logging.getLogger("dpsql.server")
 

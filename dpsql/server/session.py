@@ -52,7 +52,7 @@ from dpsql.server.settings import (
     parse_set,
     set_name_of,
 )
-from dpsql.server.sqltext import identifiers, keywords, split_statements
+from dpsql.sql.sqltext import identifiers, keywords, split_statements
 
 if TYPE_CHECKING:
     from dpsql.server.server import Server

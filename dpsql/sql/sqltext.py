@@ -3,6 +3,9 @@
 A simple Query may hold several statements; PostgreSQL runs them in order and stops at the first
 error. Splitting must respect quotes, dollar quotes and comments, and keep each statement's
 offset so an error position can be reported against the whole query string.
+
+Every door that reads statement text uses them (the wire server routes and splits a Query, the
+command line splits a file or a shell's input), so they live below the doors, not in one.
 """
 
 from __future__ import annotations

@@ -1,0 +1,108 @@
+"""``dpsql serve`` from two source trees side by side: before and after a change to the server.
+
+Each tree's server (``--workers 1``, answer cache off) gets its own copy of the fixture policy,
+data and ledger; after a warm-up (its analysts' text shapes learned), rounds of the DP queries of
+bench_server.py alternate between the two, so load from other jobs hits both alike. Prints q/s,
+latency and the server's CPU per query for each round, the ratio after/before per round and its
+median, then one round of ``SHOW epsilon`` (answered by the session, no engine) on each.
+
+    git archive OLD | tar -x -C /tmp/before; git archive HEAD | tar -x -C /tmp/after
+    python bench/bench_server_ab.py /tmp/before /tmp/after --connections 8 --seconds 4 --rounds 6
+"""
+
+import argparse
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import bench_server as b
+
+from dpsql.policy import load_policy
+from dpsql.server.users import UserStore, users_path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def start(tree: str, policy: Path) -> tuple[subprocess.Popen, int]:
+    """``dpsql serve`` from ``tree`` (``python -m dpsql`` run there imports that tree's code)."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dpsql",
+            "serve",
+            "--policy",
+            str(policy),
+            "--port",
+            "0",
+            "--no-cache",
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=tree,
+    )
+    line = proc.stdout.readline() if proc.stdout else ""
+    m = re.search(r":(\d+)\s*$", line)
+    assert m, line
+    return proc, int(m.group(1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("base")
+    ap.add_argument("new")
+    ap.add_argument("--connections", type=int, default=8)
+    ap.add_argument("--seconds", type=float, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    src = ROOT / "fixtures" / "visits.toml"
+    servers: dict[str, tuple[subprocess.Popen, int]] = {}
+    tmps: list[Path] = []
+    try:
+        for name, tree in (("before", a.base), ("after", a.new)):
+            tmp = Path(tempfile.mkdtemp(prefix=f"doors-{name}-"))
+            tmps.append(tmp)
+            policy = tmp / src.name
+            shutil.copy(src, policy)
+            for t in load_policy(src).tables.values():
+                if t.source_path is not None:
+                    shutil.copy(t.source_path, tmp / t.source_path.name)
+            users = UserStore(users_path(policy))
+            for i in range(a.connections):
+                users.add(f"bench{i}", b.PASSWORD)
+            servers[name] = start(tree, policy)
+        print(f"{a.connections} connections, {a.seconds:g} s rounds, {b._load()}")
+        for name, srv in servers.items():
+            b.run_server(srv, a.connections, 6.0, None, f"warm {name}")
+        rates: dict[str, list[float]] = {n: [] for n in servers}
+        for r in range(a.rounds):
+            order = list(servers) if r % 2 == 0 else list(servers)[::-1]
+            for name in order:
+                rates[name].append(
+                    b.run_server(servers[name], a.connections, a.seconds, None, name)
+                )
+            print(f"ratio after/before = {rates['after'][-1] / rates['before'][-1]:.3f}")
+        for name, srv in servers.items():
+            b.run_server(srv, a.connections, 3.0, "SHOW epsilon", f"proto {name}")
+        ratios = [x / y for x, y in zip(rates["after"], rates["before"], strict=True)]
+        print(f"median ratio after/before = {statistics.median(ratios):.3f}; {b._load()}")
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+        for proc, _ in servers.values():
+            proc.wait(30)
+        for t in tmps:
+            shutil.rmtree(t, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
