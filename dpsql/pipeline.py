@@ -170,7 +170,7 @@ BUDGET_COLUMNS_WIDE = [
 
 
 class Service:
-    """Loads a policy and its private data once; hands out analyst connections."""
+    """Loads a policy and its private data once; each door opens analyst sessions on it."""
 
     def __init__(
         self,
