@@ -47,7 +47,7 @@ from dpsql.sql import fold
 from dpsql.sql.bind import GroupKey, to_literal
 from dpsql.sql.domains import SQL_TYPES
 from dpsql.sql.local_plan import ColumnProgram, column_program
-from dpsql.sql.plan import DISTINCT_KINDS, ClipEstimate, Measure, Plan, QuantileMeasure
+from dpsql.sql.plan import ClipEstimate, Measure, Plan, QuantileMeasure
 from dpsql.sql.safety import guarded_conditions
 from dpsql.sql.typecheck import _DECIMAL, _WIDE_INTEGERS
 
@@ -808,7 +808,7 @@ def compile_plan(plan: Plan, secret: int, *, store: object = None) -> CompiledQu
     extras += tuple(
         CompiledQuery(_distinct_query(plan, m), keys, ("c",), secret)
         for m in plan.measures
-        if m.kind in DISTINCT_KINDS and plan.query.table.privacy_unit is not None
+        if m.measure_kind.distinct and plan.query.table.privacy_unit is not None
     )
     main_keys = keys if plan.measures else ()
     return CompiledQuery(
@@ -1071,18 +1071,15 @@ def _bounds_groups(plan: Plan) -> bool:
 
 
 def _value_measures(plan: Plan) -> list[Measure]:
-    """Measures summed from row values (not counted per row or unit): those need sampling."""
-    return [
-        m
-        for m in plan.measures
-        if m.kind not in ("rows", "units", *DISTINCT_KINDS, "dropped", "cut")
-    ]
+    """Measures summed from row values (not counted per row or unit): those need sampling
+    (MeasureKind.row_scaled: a rescaled bounding multiplies them by R/n)."""
+    return [m for m in plan.measures if m.measure_kind.row_scaled]
 
 
 def _pair_measures(plan: Plan) -> list[Measure]:
     """Bias measures computed once per (unit, group) pair from all its rows (dpsql.sql.bias):
     computed in ``base``, carried through the bounding as they are."""
-    return [m for m in plan.measures if m.kind in ("dropped", "cut")]
+    return [m for m in plan.measures if m.measure_kind.bias and m.measure_kind.per_pair]
 
 
 def _cte(name: str, query: exp.Expression) -> exp.CTE:
@@ -1408,7 +1405,7 @@ def _finish_bounded(
             total: exp.Expression = exp.Sum(this=_name("__n"))
         elif m.kind == "units":
             total = exp.Sum(this=_name("__units")) if plan.group_scaling else _count_star()
-        elif m.kind in DISTINCT_KINDS:
+        elif m.measure_kind.distinct:
             total = _number(0)  # from its own query over the bounded rows (CompiledQuery.extras)
         else:
             total = exp.Sum(this=_name(f"v_{m.name}"))
