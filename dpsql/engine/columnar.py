@@ -38,6 +38,7 @@ from sqlglot import exp
 from dpsql.engine.api import EngineResult
 from dpsql.policy import ColumnPolicy, TablePolicy
 from dpsql.sql.local_plan import ColumnProgram
+from dpsql.sql.measure_kinds import MEASURE_KINDS
 from dpsql.sql.plan import Measure
 from dpsql.sql.simple_where import COMPARISONS, KEY_TYPES, iso_date
 
@@ -388,10 +389,7 @@ def run(
     assert table.rows <= table.capacity
     if not _fits(program, table.capacity):
         return None
-    if (
-        any(m.kind in KERNEL_ONLY for m in program.measures)
-        and _kernel_spec(program, table) is None
-    ):
+    if any(m.measure_kind.bias for m in program.measures) and _kernel_spec(program, table) is None:
         return None
     try:
         where = _condition(program.where, table, dict(swaps))
@@ -600,8 +598,9 @@ def _rounding_grid(program: ColumnProgram) -> int:
     return next((m.fine for m in program.measures if m.fine > 1), 0)
 
 
-#: measure kinds only the compiled pass computes (dpsql.sql.bias); the numpy program does not
-KERNEL_ONLY = ("dropped", "cut", "clamped")
+#: measure kinds only the compiled pass computes (the bias measures: MeasureKind.bias,
+#: dpsql.sql.bias); the numpy program does not
+KERNEL_ONLY = tuple(name for name, kind in MEASURE_KINDS.items() if kind.bias)
 
 
 def _fits(program: ColumnProgram, capacity: int) -> bool:
