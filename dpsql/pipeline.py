@@ -87,6 +87,7 @@ from dpsql.sql.bind import (
 )
 from dpsql.sql.compile import (
     CompiledQuery,
+    clamp_histogram_query,
     compile_clip_histograms,
     compile_plan,
     contribution_query,
@@ -267,8 +268,9 @@ class Service:
         the planner (a DP subquery's outer plan comes here too, dpsql.service.composite).
         "auto" contribution bounds are chosen here from ``analyst``'s kept histograms, or left
         pending for the run to buy (dpsql.service.bounds): free either way."""
-        query, epsilon, chosen = resolve_bounds(self, query, settings.epsilon, analyst)
         try:
+            # a choice's share of a tiny ε may underflow (refused below, as the plan's own)
+            query, epsilon, chosen = resolve_bounds(self, query, settings.epsilon, analyst)
             plan = build_plan(
                 query,
                 domains,
@@ -590,7 +592,10 @@ class Service:
             if paid.note:
                 notes.append(paid.note)  # paid for and released: returned with the note
             answer = at_confidence(run_plan, answer, confidence)  # the cache keeps the 95% ones
-            out = self._finish(plan, answer, cost=plan.cost, cached=False, prepared=prepared)
+            cost = plan.cost
+            if (choice := plan.extra.get("bounds_charged")) is not None:
+                cost = choice + cost  # the statement's whole charge: its bounds choice too
+            out = self._finish(plan, answer, cost=cost, cached=False, prepared=prepared)
             out.notes.extend(notes)
             return out
 
@@ -653,12 +658,21 @@ class Service:
 
         def execute() -> tuple[Plan, bool]:
             chosen_query, measured, chosen = buy_bounds(
-                self, pending, query, analyst, handle, contribution_query
+                self,
+                pending,
+                query,
+                analyst,
+                handle,
+                contribution_query,
+                lambda table, column, hist: clamp_histogram_query(
+                    table, column, hist, secrets.randbits(62)
+                ),
             )
             chosen_plan = self.plan_typed(
                 chosen_query, domains, replace(settings, epsilon=measured)
             )
             chosen_plan.extra["bounds"] = chosen
+            chosen_plan.extra["bounds_charged"] = pending.cost  # reported with the answer's
             return chosen_plan, False  # kept by buy_bounds per analyst and data version
 
         # its own ledger entry; the budget check asks room for the query that follows it too
@@ -1116,6 +1130,24 @@ class Service:
                         float(m.mechanism.interval_halfwidth() * g),
                     )
                 )
+        if (pending := _pending_choice(plan)) is not None:
+            # bought before the query reads anything, as its own ledger entry (charged beside
+            # the total below; once per analyst and data version with the answer cache on)
+            p = pending.cost
+            rows.append(
+                (
+                    "choose",
+                    pending.describe(),
+                    "laplace",
+                    None,
+                    None,
+                    None,
+                    p.epsilon if p.rho == 0 else self.policy.budget.epsilon_of(p),
+                    p.delta,
+                    p.rho,
+                    None,
+                )
+            )
         for line in bounds_lines(plan):  # e.g. "R = 5 may drop rows of units with more ..."
             rows.append(("bounds", line, None, None, None, None, None, None, None, None))
         from dpsql.ir.build import plan_tree, tree_lines
@@ -1149,8 +1181,11 @@ class Service:
         the analyst's own budget: free, like SHOW budget)."""
         if analyst is None:
             return []
+        cost = plan.cost
+        if (pending := _pending_choice(plan)) is not None:
+            cost = pending.cost + cost  # the choice is charged first, beside the query
         try:
-            self.ledger.check(analyst, self.policy.dataset, plan.cost, self.policy.budget)
+            self.ledger.check(analyst, self.policy.dataset, cost, self.policy.budget)
         except BudgetExhaustedError as exc:
             return [f"running this query would be refused: {exc.message}; nothing was spent"]
         return []
@@ -1168,6 +1203,13 @@ EXPLAIN_COLUMNS = [
     ("rho", "DOUBLE"),
     ("ci95_halfwidth", "DOUBLE"),
 ]
+
+
+def _pending_choice(plan: Plan) -> Any:
+    """The bounds choice (dpsql.service.bounds.Pending) the run of ``plan`` buys first, or None:
+    contribution bounds or clamp ranges not yet bought by this analyst at this data version."""
+    bounds = plan.extra.get("bounds")
+    return None if bounds is None else bounds.pending
 
 
 def _undrawable(what: str, *, bounds: bool = True) -> DataError:

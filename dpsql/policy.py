@@ -94,7 +94,9 @@ class ColumnPolicy:
     # default count
     quantile_grid: str = "auto"
     quantile_bins: int | None = None
-    clip: str = "declared"  # "auto": a DP clipping range per query (dpsql.privacy.clipping)
+    # "auto": a DP clipping range per query (dpsql.privacy.clipping); "default" (unstated): a
+    # range chosen once per analyst and data version (dpsql.service.bounds); "declared"
+    clip: str = "default"
     clip_share: float = 0.1
     clip_method: str = "auto"  # "sum" for a total, "quantile" per group (docs/mechanisms.md)
     clip_quantile: float = 0.9
@@ -906,7 +908,9 @@ def _column(rep: _Reporter, key: str, name: str, spec: Any) -> ColumnPolicy:
         granularity = float(granularity)
     quantile_grid = spec.get("quantile_grid", "auto")
     quantile_bins = spec.get("quantile_bins")
-    clip = spec.get("clip", "declared")
+    # unstated: "default", a clamp range chosen once per data version from a kept DP
+    # histogram where a query sums the column (dpsql.service.bounds); "declared" keeps lower/upper
+    clip = spec.get("clip", "default")
     clip_share = float(spec.get("clip_share", 0.1))
     clip_method = spec.get("clip_method", "auto")
     clip_quantile = float(spec.get("clip_quantile", 0.9))

@@ -336,14 +336,16 @@ class ColumnSpec(Section):
         integer(2, 1 << 17, "e.g. quantile_bins = 4096"),
     ] = 4096
     clip: Annotated[
-        Literal["declared", "auto"],
+        Literal["default", "declared", "auto"],
         Field(
-            description='"declared" (default: SUM/AVG/VAR clamp to lower/upper) or "auto": '
-            "each query spends clip_share of its ε on a DP estimate of a tighter range inside "
-            "them, then clamps to it"
+            description='"default" (unstated): SUM/AVG/VAR clamp to a range inside lower/upper '
+            "chosen from a DP histogram of the column's values, bought once per analyst and "
+            "data version from bounds_share of the first such query's ε and kept; "
+            '"declared": clamp to lower/upper; "auto": each query spends clip_share of its ε on '
+            "a DP estimate of a tighter range inside them, then clamps to it"
         ),
-        choice(Literal["declared", "auto"], "clip"),
-    ] = "declared"
+        choice(Literal["default", "declared", "auto"], "clip"),
+    ] = "default"
     clip_share: Annotated[
         float,
         Field(

@@ -111,12 +111,30 @@ def budget(conn: dpsql.Connection) -> dict[str, Any]:
     return dict(zip(names, cur.fetchone(), strict=True))
 
 
+def declared_clips(policy: Any) -> Any:
+    """A dict policy with ``clip = "declared"`` on every number column that states no clip:
+    its SUM/AVG/VAR clamp to the declared bounds, as an exactness test's reference SQL does
+    (unstated, the clamp range is chosen from a kept DP histogram: dpsql.service.bounds,
+    tested in tests/test_default_clamp.py). Other policies are returned as they are."""
+    if not isinstance(policy, dict):
+        return policy
+    policy = copy.deepcopy(policy)
+    for table in (policy.get("tables") or {}).values():
+        if not isinstance(table, dict):
+            continue
+        for column in (table.get("columns") or {}).values():
+            if isinstance(column, dict) and column.get("type") in ("int", "float"):
+                column.setdefault("clip", "declared")
+    return policy
+
+
 def exact_connect(policy: Any, **options: Any) -> dpsql.Connection:
-    """A connection releasing exact bounded aggregates (noise switched off)."""
+    """A connection releasing exact bounded aggregates (noise switched off), clamped to the
+    declared bounds (:func:`declared_clips`)."""
     options.setdefault("ledger", MemoryLedger())
     options.setdefault("noise", ZeroNoise())
     options.setdefault("cache", False)
-    return dpsql.connect(policy=policy, **options)
+    return dpsql.connect(policy=declared_clips(policy), **options)
 
 
 def rows_of(conn: dpsql.Connection, sql: str, params: Sequence[Any] | None = None) -> list:

@@ -56,13 +56,16 @@ def _policy(csv: Path, *, unit: bool, bounding: str = "scale", groups: int = 2) 
         "source": str(csv),
         "columns": {
             "u": {"type": "int", "nullable": True},
-            "a": {"type": "int", "lower": 0, "upper": 100, "nullable": True},
+            # clip "declared": the passes are compared at the declared clamp (unstated, a
+            # SUM's range is bought from a kept DP histogram first: dpsql.service.bounds)
+            "a": {"type": "int", "lower": 0, "upper": 100, "nullable": True, "clip": "declared"},
             "x": {
                 "type": "float",
                 "lower": -50.0,
                 "upper": 50.0,
                 "granularity": 0.5,
                 "nullable": True,
+                "clip": "declared",
             },
             "t": {"type": "text", "values": TEXTS[:4], "nullable": True},
             "b": {"type": "bool", "nullable": True},

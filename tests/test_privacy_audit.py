@@ -241,6 +241,10 @@ def policy(source: Path, mechanism: str) -> dict[str, Any]:
                         "upper": 50.0,
                         "granularity": 0.5,
                         "nullable": False,
+                        # the release audited at the declared clamp and the whole ε (unstated,
+                        # a clamp range is bought first from a share of ε and kept: that
+                        # purchase's audit is tests/test_default_clamp.py)
+                        "clip": "declared",
                     },
                 },
             }

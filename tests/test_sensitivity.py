@@ -27,8 +27,11 @@ COLUMNS = {
     "grp": {"type": "text", "values": ["a", "b", "c", "d", "e", "f"], "nullable": False},
     "flag": {"type": "bool", "nullable": False},
     "maybe": {"type": "bool", "nullable": True},  # false, true, NULL
-    "cost": {"type": "float", "lower": 0.0, "upper": 5000.0},
-    "n": {"type": "int", "lower": -5, "upper": 10},
+    # clip "declared": these tests pin the sensitivities at the declared bounds and the split
+    # of the query's whole ε (unstated, a SUM/AVG's clamp range is bought first from a share of
+    # it: dpsql.service.bounds; that accounting is test_a_pending_clamp_choice_takes_its_share)
+    "cost": {"type": "float", "lower": 0.0, "upper": 5000.0, "clip": "declared"},
+    "n": {"type": "int", "lower": -5, "upper": 10, "clip": "declared"},
     "name": {"type": "text"},
 }
 
@@ -163,6 +166,29 @@ def test_avg_is_a_centred_sum_over_a_count(service):
     assert s.epsilon == n.epsilon == pytest.approx(0.4)
     (out,) = plan.outputs
     assert out.measures == (s.name, n.name) and (out.lower, out.upper) == (0.0, 5000.0)
+
+
+def test_a_pending_clamp_choice_takes_its_share(tmp_path):
+    """Unstated clip (the default): a plan whose clamp range is not bought yet leaves
+    ``bounds_share`` of the query's ε to the choice (its own ledger entry, charged before the
+    query reads: dpsql.service.bounds) and splits the rest over its measures as above: the two
+    add up to the query's ε exactly (charged once per data version: test_default_clamp.py)."""
+    columns = {k: {kk: vv for kk, vv in v.items() if kk != "clip"} for k, v in COLUMNS.items()}
+    t = write_csv(tmp_path / "t.csv", list(columns), [(1, "a", True, None, 1.0, 2, "x")])
+    svc = dpsql.Service(
+        table_policy(t, columns, unit="uid", rows=R, groups=G), ledger=MemoryLedger()
+    )
+    try:
+        plan = plan_of(svc, "SELECT grp, AVG(cost) FROM t GROUP BY grp", epsilon=0.8)
+        pending = plan.extra["bounds"].pending
+        share = svc.policy.tables["t"].bounds_share
+        assert [n.kind for n in pending.needs] == ["clip"]
+        assert pending.cost.epsilon == pytest.approx(0.8 * share)
+        s, n = only(plan, "sum", "cost"), only(plan, "values", "cost")
+        assert s.epsilon == n.epsilon == pytest.approx(0.8 * (1 - share) / 2)
+        assert float(pending.cost.exact_epsilon + plan.cost.exact_epsilon) == pytest.approx(0.8)
+    finally:
+        svc.close()
 
 
 def test_variance_uses_sum_of_centred_squares(service):

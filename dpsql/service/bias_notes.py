@@ -50,11 +50,19 @@ def bounds_lines(plan: Any) -> list[str]:
                 f"G = {plan.max_groups} may drop groups of units in more than "
                 f"{plan.max_groups} groups (not estimated)"
             )
+    kept = []  # clamp ranges chosen from a kept histogram, whose estimate stands for the cut
     for column in _summed(plan):
         col = table.columns[column]
         lines.append(
             f"the clamp of {col.expr or column} to [{col.lower:g}, {col.upper:g}] may cut its "
             "values beyond it"
+        )
+        if col.clip == bias.CLIP_CHOSEN and not plan.keys:
+            kept.append(col.expr or column)
+    if kept and plan.extra.get("bias_estimate"):
+        lines.append(
+            f"bias estimate of the clamp of {', '.join(kept)}: from the kept DP histogram its "
+            "range was chosen from (post-processing, free; the answer's note gives it)"
         )
     measured = [m for m in plan.measures if m.kind in bias.KINDS]
     if measured:
@@ -79,6 +87,8 @@ def bounds_lines(plan: Any) -> list[str]:
             "whose estimate of the rows beyond R is given instead (later queries on this data "
             "version measure the rows and the mass the bounds cut)"
         )
+    elif kept and len(kept) == len(_summed(plan)) and plan.extra.get("bias_estimate"):
+        pass  # the clamps' cut: estimated from the kept histograms (the line above)
     elif lines and plan.extra.get("bias_estimate") and table.unit_is_row and not _summed(plan):
         lines.append("bias estimate: nothing to measure (no bound of this query can cut a row)")
     elif lines:

@@ -33,19 +33,39 @@ The design (docs/mechanisms.md "Contribution bounds chosen privately", docs/thre
   "auto" at the cap (``TablePolicy.unchosen_bounds``).
 
 Tables without a privacy unit plan with R = G = 1.
+
+Default clamp ranges (kind ``"clip"``, issue 31 item 7), the same design for values: a SUM,
+AVG, VAR or STDDEV of a stored number column whose policy states no ``clip`` (ColumnPolicy
+``clip == "default"``) and declares bounds [L, U] is clamped to a range chosen from a DP
+histogram of |x| over public log bins (dpsql.privacy.clipping.LogHistogram, the ApproxBounds
+histogram: Laplace(R/ε) per bin, each unit's <= R values one count each, so ε-DP). It is
+bought once per analyst, column and data version by the first such query (``bounds_share``
+of its ε, its own ledger entry), kept, and each query then chooses its range from it by
+post-processing, free (:func:`clamp_range`: per group, the ``clip_quantile`` of |x|; a
+single total, the bound minimising the estimated bias + noise of a SUM at the query's
+per-measure ε). The range is a function of released DP output only, so the query is planned
+with it as the column's declared bounds (a plan constant: the compiled store pass and the SQL
+fast paths are unchanged; the engine clamps every row to it as to declared bounds; the
+sensitivities use it as a public bound). Not chosen (declared bounds kept): a column the query
+also filters, groups or measures otherwise (its grid, MIN/MAX, WHERE would change), computed
+columns, private joins and tables whose R is itself "auto".
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+from sqlglot import exp
 
 from dpsql.boundary import remember_paid
 from dpsql.privacy.accounting import Cost
+from dpsql.privacy.clipping import ApproxBounds, LogHistogram
 from dpsql.privacy.contribution import (
     CANDIDATES,
     ROWS_PART,
@@ -58,6 +78,13 @@ from dpsql.privacy.contribution import (
 # a bound query is passed in as ``Any`` (dpsql.sql.bind.BoundQuery), the engine query of a
 # histogram is built by the caller's ``histogram_query`` (dpsql.sql.compile.contribution_query).
 BoundQuery = Any
+#: ColumnPolicy.clip of a column whose policy states none (dpsql.policy)
+CLIP_DEFAULT = "default"
+#: ... and of that column in a query planned with the range chosen from its kept histogram
+#: (dpsql.sql.bias.CLIP_CHOSEN, the same text: that leaf module imports nothing)
+CLIP_CHOSEN = "chosen"
+#: the clamp histogram's bin ratio (as dpsql.sql.plan's ClipEstimate: 4 bins per doubling)
+CLIP_RATIO = 2**0.25
 
 
 @dataclass(frozen=True)
@@ -65,7 +92,7 @@ class Need:
     """One histogram a query chooses from: of rows per unit, or of groups per unit for the
     key set ``keys`` (the keys' SQL), at ``version``; ``cache_key`` is where it is kept."""
 
-    kind: str  # "rows" | "groups"
+    kind: str  # "rows" | "groups" | "clip" (keys: the column, its histogram's identity)
     table: str
     version: str
     keys: tuple[str, ...] = ()
@@ -79,6 +106,8 @@ class Need:
     def label(self) -> str:
         if self.kind == "rows":
             return f"rows per unit of {self.table}"
+        if self.kind == "clip":
+            return f"values of {self.table}.{self.keys[0]}"
         return f"groups per unit of {self.table} by {', '.join(self.keys)}"
 
 
@@ -87,7 +116,7 @@ class Pending:
     """Histograms a query must buy before it runs: ``mechanisms[i]`` for ``needs[i]``."""
 
     needs: tuple[Need, ...]
-    mechanisms: tuple[ContributionHistogram, ...]
+    mechanisms: tuple[ContributionHistogram | ApproxBounds, ...]
     epsilon: float  # the query's ε given to the choice (ε − measured: share · ε)
     measured: float  # the ε left for the query's measures, ε · (1 − share)
     payer: tuple[str, float]  # (query text, ε) of the statement paying
@@ -100,8 +129,11 @@ class Pending:
         return total
 
     def describe(self) -> str:
+        what = (
+            "clamp ranges" if all(n.kind == "clip" for n in self.needs) else "contribution bounds"
+        )
         return (
-            f"choose contribution bounds: {'; '.join(n.label for n in self.needs)} at data "
+            f"choose {what}: {'; '.join(n.label for n in self.needs)} at data "
             f"version {self.needs[0].version}"
         )
 
@@ -117,14 +149,29 @@ class Chosen:
     pending: Pending | None = None
     epsilon_measures: float = 0.0
     paid: bool = False  # this statement bought the histogram (no bias measure of its own)
+    # (column, lower, upper, estimated SUM bias, estimated share of values beyond): the clamp
+    # range chosen from the kept histogram of the column's values, and that histogram's
+    # estimate of what it cuts over the whole table
+    clamps: tuple[tuple[str, float, float, float, float], ...] = ()
 
     def notes(self) -> list[str]:
         if self.pending is not None:
+            what = (
+                "clamp ranges"
+                if all(n.kind == "clip" for n in self.pending.needs)
+                else "contribution bounds"
+            )
             return [
-                f"contribution bounds chosen at run time from a DP histogram (ε "
+                f"{what} chosen at run time from a DP histogram (ε "
                 f"{self.pending.epsilon:.3g} of this query's, charged once per data version)"
             ]
-        out = []
+        out = [
+            f"{column} clamped to [{lo:g}, {hi:g}], chosen privately from a kept DP histogram "
+            f"of its values, which shows about {share:.1%} of them beyond it: over the whole "
+            f"table a SUM is biased towards zero by about {bias:.3g} (at most that under a "
+            'WHERE or in one group); no clip stated, clip = "declared" keeps the declared bounds'
+            for column, lo, hi, bias, share in self.clamps
+        ]
         if self.rows is not None:
             out.append(
                 f"max_rows_per_unit = {self.rows} chosen privately (auto): the DP histogram "
@@ -146,17 +193,68 @@ class Chosen:
         return out
 
 
-def needs_of(query: BoundQuery, version: str) -> tuple[Need, ...]:
-    """The histograms ``query`` chooses its bounds from (none for a table without "auto")."""
+def clamp_columns(query: BoundQuery) -> tuple[str, ...]:
+    """The columns whose clamp range ``query`` chooses from a kept histogram (module doc):
+    summed by SUM/AVG/VAR/STDDEV, no clip stated, stored, a number with bounds wider than its
+    resolution, and used by nothing else in the query. Decided from policy and text: public."""
     table = query.table
-    if not table.auto_bounds or table.privacy_unit is None or table.joined is not None:
+    if table.joined is not None or "rows" in table.auto_bounds or table.public:
         return ()
+    others: set[str] = set()
+    if query.where is not None:
+        others |= {c.name.lower() for c in query.where.find_all(exp.Column)}
+    for key in query.keys:
+        others |= {w.lower() for w in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", key.sql)}
+    summed = []
+    for call in query.aggregates:
+        if call.column is None:
+            continue
+        if not call.summed:
+            if call.kind != "count":
+                others.add(call.column)
+            continue
+        col = table.columns.get(call.column)
+        if col is None or getattr(col, "clip", None) != CLIP_DEFAULT or col.expr is not None:
+            continue
+        if col.type not in ("int", "float") or col.lower is None or col.upper is None:
+            continue
+        if max(abs(col.lower), abs(col.upper)) <= col.granularity:
+            continue  # nothing narrower to choose
+        summed.append(call.column)
+    return tuple(dict.fromkeys(c for c in summed if c not in others))
+
+
+def _histogram_identity(table: Any, column: str) -> str:
+    """What a kept clamp histogram was released under besides the data version: its bins (the
+    column's declared bounds and resolution) and R. Part of its cache key, so a curator's edit
+    of either buys a new one rather than reading counts on other bins."""
+    col = table.columns[column]
+    return f"[{col.lower!r}, {col.upper!r}] / {col.granularity!r}, R {table.max_rows_per_unit}"
+
+
+def clamp_histogram(col: Any) -> LogHistogram:
+    """The public log bins of |x| a column's clamp range is chosen on (declared bounds only)."""
+    return LogHistogram.for_bounds(
+        col.lower, col.upper, resolution=col.granularity, ratio=CLIP_RATIO
+    )
+
+
+def needs_of(query: BoundQuery, version: str) -> tuple[Need, ...]:
+    """The histograms ``query`` chooses its bounds from (none for a table without "auto" and
+    no default clamp): contribution histograms first, then the columns' value histograms."""
+    table = query.table
+    clips = tuple(
+        Need("clip", table.name, version, (c, _histogram_identity(table, c)))
+        for c in clamp_columns(query)
+    )
+    if not table.auto_bounds or table.privacy_unit is None or table.joined is not None:
+        return clips
     out = []
     if "groups" in table.auto_bounds and query.keys:
         out.append(Need("groups", table.name, version, tuple(k.sql for k in query.keys)))
     if "rows" in table.auto_bounds:
         out.append(Need("rows", table.name, version))
-    return tuple(out)
+    return (*out, *clips)
 
 
 def measure_count(query: BoundQuery) -> int:
@@ -209,7 +307,10 @@ def resolve(
         choice_eps = epsilon - measured  # exact (share <= 1/2); the two add up to ε
         pending = Pending(
             missing,
-            tuple(ContributionHistogram(e) for e in _split(choice_eps, missing)),
+            tuple(
+                _mechanism(query, n, e)
+                for n, e in zip(missing, _split(choice_eps, missing), strict=True)
+            ),
             choice_eps,
             measured,
             payer,
@@ -220,13 +321,92 @@ def resolve(
     return _with_chosen(query, found, measured, paid=paid_here)
 
 
+def _mechanism(
+    query: BoundQuery, need: Need, epsilon: float
+) -> ContributionHistogram | ApproxBounds:
+    """The histogram release a need buys: a contribution histogram, or (kind "clip") the
+    ApproxBounds histogram of the column's |x|, Laplace(R/ε) per bin."""
+    if need.kind != "clip":
+        return ContributionHistogram(epsilon)
+    col = query.table.columns[need.keys[0]]
+    return ApproxBounds(
+        clamp_histogram(col),
+        epsilon,
+        max_values=int(query.table.max_rows_per_unit),
+        method="quantile",
+        q=col.clip_quantile,
+    )
+
+
 def _split(epsilon: float, needs: tuple[Need, ...]) -> list[float]:
-    """How a choice's ε is split over the histograms it buys (rows ROWS_PART of it when it
-    buys both; the parts add up to ``epsilon``)."""
+    """How a choice's ε is split over the histograms it buys: the value histograms (kind
+    "clip") equal parts of it, or of half of it next to contribution histograms; of those,
+    rows ROWS_PART when it buys both. The parts add up to ``epsilon``."""
+    clips = [n for n in needs if n.kind == "clip"]
+    contribution = [n for n in needs if n.kind != "clip"]
+    if not clips:
+        return _split_contribution(epsilon, needs)
+    if not contribution:
+        return [epsilon / len(clips)] * len(clips)
+    clip_eps = epsilon / 2
+    parts = iter(_split_contribution(epsilon - clip_eps, tuple(contribution)))
+    return [clip_eps / len(clips) if n.kind == "clip" else next(parts) for n in needs]
+
+
+def _split_contribution(epsilon: float, needs: tuple[Need, ...]) -> list[float]:
     if len(needs) == 1:
         return [epsilon]
     rows = epsilon * ROWS_PART
     return [rows if n.kind == "rows" else epsilon - rows for n in needs]
+
+
+def _summed_measures(query: BoundQuery) -> int:
+    """How many measures share the ε a single total's SUM is planned with (as
+    :func:`measure_count`, but a SUM alone measures no count: dpsql.sql.plan)."""
+    parts: set[tuple[str, str | None]] = set()
+    for call in query.aggregates:
+        if call.kind == "sum":
+            parts.add(("sum", call.column))
+        elif call.summed:
+            parts |= {("sum", call.column), ("count", None)}
+            if call.kind != "avg":
+                parts.add(("sumsq", call.column))
+        elif call.kind in ("count", "count_units"):
+            parts.add(("count", None))
+        else:
+            parts.add((call.kind, call.column))
+    return max(1, len(parts))
+
+
+def clamp_range(
+    query: BoundQuery, column: str, data: dict[str, Any], measured: float
+) -> tuple[float, float, float, float]:
+    """The clamp range of ``column`` for ``query``, chosen from the kept noisy histogram
+    (post-processing, free), and that histogram's estimate of what it cuts over the whole
+    table (the SUM's bias, the share of values beyond): per public group (small groups: noise
+    dominates), the column's ``clip_quantile`` of |x|; a single total, the bound minimising
+    the estimated squared bias plus the noise variance of a SUM at the query's per-measure ε
+    (ApproxBounds "mse"). ``clip_method`` other than "auto" fixes the rule. Inside the
+    declared bounds; an int column's on integers."""
+    col = query.table.columns[column]
+    method = col.clip_method
+    if method == "auto":
+        method = "quantile" if query.keys else "mse"
+    chooser = ApproxBounds(
+        clamp_histogram(col),
+        1.0,  # unused: nothing is released here
+        max_values=int(query.table.max_rows_per_unit),
+        method=method,
+        q=col.clip_quantile,
+        sum_epsilon=measured / _summed_measures(query),
+    )
+    chosen = chooser.choose(np.asarray(data["noisy"], dtype=np.float64), col.lower, col.upper)
+    lo, hi = chosen.lower, chosen.upper
+    if col.type == "int":
+        lo, hi = math.floor(lo), math.ceil(hi)
+    bias = chosen.bias()
+    lo, hi = float(max(lo, col.lower)), float(min(hi, col.upper))
+    return lo, hi, bias.sum_bias, bias.clipped_share
 
 
 def _with_chosen(
@@ -237,11 +417,26 @@ def _with_chosen(
     measure is planned for it (the histogram's estimate of what R cuts is its note)."""
     k = measure_count(query)
     table = query.table
+    clamps = tuple(
+        (n.keys[0], *clamp_range(query, n.keys[0], d, measured))
+        for n, d in found.items()
+        if n.kind == "clip"
+    )
+    if clamps:
+        columns = dict(table.columns)
+        for column, lo, hi, _, _ in clamps:
+            col = columns[column]
+            bound: Any = (lambda v: int(v)) if col.type == "int" else float
+            # CLIP_CHOSEN: planned as declared bounds; the kept histogram estimates the bias
+            # of a single total over it, so no bias measure is planned there (dpsql.sql.bias)
+            columns[column] = replace(col, lower=bound(lo), upper=bound(hi), clip=CLIP_CHOSEN)
+        table = replace(table, columns=columns)
+    contribution_paid = paid and any(n.kind != "clip" for n in found)
     rows = table.max_rows_per_unit
     groups = table.max_groups_per_unit
     chosen_rows = chosen_groups = None
     dropped_rows = dropped_pairs = None
-    by_kind = {n.kind: d for n, d in found.items()}
+    by_kind = {n.kind: d for n, d in found.items() if n.kind != "clip"}
     if "groups" in by_kind:
         d = by_kind["groups"]
         noisy = np.asarray(d["noisy"], dtype=np.float64)
@@ -259,9 +454,18 @@ def _with_chosen(
         max_rows_per_unit=rows,
         max_groups_per_unit=groups,
         auto_bounds=(),
-        bias_by_histogram=paid,
+        bias_by_histogram=contribution_paid,
     )
-    chosen = Chosen(chosen_rows, chosen_groups, dropped_rows, dropped_pairs, None, measured, paid)
+    chosen = Chosen(
+        chosen_rows,
+        chosen_groups,
+        dropped_rows,
+        dropped_pairs,
+        None,
+        measured,
+        contribution_paid,
+        clamps,
+    )
     return replace(query, table=bounded), measured, chosen
 
 
@@ -272,6 +476,7 @@ def buy(
     analyst: str,
     handle: Any,
     histogram_query: Callable[..., Any],
+    clamp_query: Callable[..., Any] | None = None,
 ) -> tuple[BoundQuery, float, Chosen]:
     """Release the pending histograms (already charged), keep them for the analyst at the
     data version, and return the query with the bounds chosen from them (and any histogram
@@ -285,6 +490,27 @@ def buy(
             if data is not None:
                 found[need] = data
     for need, mech in zip(pending.needs, pending.mechanisms, strict=True):
+        if isinstance(mech, ApproxBounds):
+            assert clamp_query is not None
+            compiled = clamp_query(query.table, need.keys[0], mech.histogram)
+            result = service.engine.execute(compiled, handle)
+            counts = np.zeros(mech.histogram.bins, dtype=np.int64)
+            for row, c in zip(result.key_rows, result.measures[0], strict=True):
+                counts[int(row[0])] += int(c)
+            noisy_values = counts + mech.mechanism.sample(service.noise, counts.size)
+            data = {
+                "noisy": [int(v) for v in noisy_values],
+                "threshold": 0.0,
+                "epsilon": mech.epsilon,
+                "payer": list(pending.payer),
+            }
+            found[need] = data
+            if service.cache:
+                remember_paid(
+                    service.ledger, analyst, service.policy.dataset, need.cache_key,
+                    json.dumps(data),
+                )  # fmt: skip
+            continue
         compiled = histogram_query(query.table, query.keys, need.kind, CANDIDATES[-1] + 1)
         result = service.engine.execute(compiled, handle)
         per_count = {

@@ -68,6 +68,10 @@ CAP_FACTOR = 2
 #: Measured once per kept (unit, group) pair, not per row: a unit adds <= row_bound per group.
 PAIR_KINDS = ("dropped", "cut")
 KINDS = ("dropped", "cut", "clamped")
+#: ColumnPolicy.clip of a column planned with the clamp range chosen from its kept DP
+#: histogram (dpsql.service.bounds.CLIP_CHOSEN): a single total's clamp bias is that
+#: histogram's estimate (post-processing), so no ``clamped`` measure is planned for it.
+CLIP_CHOSEN = "chosen"
 #: Output aggregates whose bias is estimated (COUNT(*) / COUNT(x), SUM, AVG).
 ESTIMATED = ("count", "sum", "avg")
 _LIMIT = 2**62  # 64-bit engine sums: larger per-row bounds are not measured
@@ -131,8 +135,11 @@ def bias_specs(
     for call in calls:
         if call.kind == "count" or call.column is None:
             continue
-        lo, hi = fixed(query.table.columns[call.column])
+        col = query.table.columns[call.column]
+        lo, hi = fixed(col)
         for kind in ("cut", "clamped") if bounded else ("clamped",):
+            if kind == "clamped" and col.clip == CLIP_CHOSEN and not query.keys:
+                continue  # estimated by the kept histogram the range was chosen from
             b = row_bound(kind, *measure_range(kind, lo, hi), R)
             if (kind, call.column) not in specs and b * (1 if kind == "cut" else R) <= _LIMIT:
                 specs.append((kind, call.column))

@@ -43,6 +43,7 @@ from sqlglot import exp
 
 from dpsql.aggregates.mode import ModeMeasure
 from dpsql.policy import ColumnPolicy, TablePolicy, declared_type
+from dpsql.privacy.clipping import LogHistogram
 from dpsql.sql import fold
 from dpsql.sql.bind import GroupKey, to_literal
 from dpsql.sql.domains import SQL_TYPES
@@ -855,7 +856,11 @@ def _grid_bin(qm: QuantileMeasure | ModeMeasure) -> Callable[[ColumnPolicy], exp
 def _log_bin(clip: ClipEstimate) -> Callable[[ColumnPolicy], exp.Expression]:
     """|clamp(x)| in the clipping histogram's bins: 0 below s, else ⌊ln(|x|/s)/ln r⌋ + 1,
     capped at the last bin (as LogHistogram.bin_of)."""
-    hist = clip.histogram
+    return _log_bin_of(clip.histogram)
+
+
+def _log_bin_of(hist: LogHistogram) -> Callable[[ColumnPolicy], exp.Expression]:
+    """:func:`_log_bin` for a bare histogram (the kept clamp histogram, dpsql.service.bounds)."""
 
     def build(col: ColumnPolicy) -> exp.Expression:
         x = _clamped_double(col)
@@ -1427,6 +1432,41 @@ def _ranked(ks: list[str], G: int) -> exp.Select:
         _table("bounded"),
         qualify=exp.LTE(this=window, expression=_number(G)),
     )
+
+
+def clamp_histogram_query(
+    table: TablePolicy, column: str, hist: LogHistogram, secret: int
+) -> CompiledQuery:
+    """The histogram a default clamp range is chosen from (dpsql.service.bounds, kind "clip"):
+    ``SELECT b, COUNT(*) AS c`` of |clamp(x)| in ``hist``'s public log bins over the whole
+    table (no WHERE: the range is the table's at its data version), NULLs not counted, each
+    privacy unit keeping at most ``table.max_rows_per_unit`` (R) of its non-NULL rows (those
+    of smallest keyed hash with the run's ``secret``): a unit moves at most R counts, one per
+    value, so Laplace(R/ε) per bin is ε-DP. Generated from the policy only."""
+    col = table.columns[column]
+    value = _col(col)
+    not_null = exp.Not(this=exp.Is(this=value, expression=exp.Null()))
+    bin_of = _log_bin_of(hist)(col)
+    if table.privacy_unit is None:
+        tree = _select(
+            [_alias(bin_of, "b"), _alias(_count_star(), "c")],
+            _source(table),
+            where=[not_null],
+            group=[exp.Literal.number(1)],
+        )
+        return CompiledQuery(tree, ("b",), ("c",), secret)
+    unit = _quoted(table.privacy_unit)
+    rank = _row_number([unit], [_row_order(table)])
+    numbered = _select(
+        [_alias(bin_of, "__b"), _alias(rank, "__r")], _source(table), where=[not_null]
+    )
+    tree = _select(
+        [_alias(_name("__b"), "b"), _alias(_count_star(), "c")],
+        _subquery(numbered, "n"),
+        where=[exp.LTE(this=_name("__r"), expression=_number(table.max_rows_per_unit))],
+        group=[exp.Literal.number(1)],
+    )
+    return CompiledQuery(tree, ("b",), ("c",), secret)
 
 
 def contribution_query(
