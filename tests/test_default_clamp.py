@@ -182,6 +182,32 @@ def test_a_refusal_before_the_purchase_spends_and_reads_nothing(tmp_path: Path):
     service.close()
 
 
+def test_each_charge_comes_before_the_read_it_pays_for(tmp_path: Path):
+    """Pay before reading, twice: the purchase is charged before the histogram query reads,
+    and the answer's own charge before the query's read."""
+    ledger = MemoryLedger()
+    service = dpsql.Service(_policy(_data(tmp_path)), ledger=ledger, noise=ZeroNoise())
+    events: list[str] = []
+    charge, execute = ledger.charge, service.engine.execute
+
+    def charged(*args, **kwargs):
+        out = charge(*args, **kwargs)
+        events.append("charge: " + kwargs["query_text"].split(":")[0])
+        return out
+
+    def read(*args, **kwargs):
+        events.append("read")
+        return execute(*args, **kwargs)
+
+    with (
+        mock.patch.object(ledger, "charge", charged),
+        mock.patch.object(service.engine, "execute", read),
+    ):
+        _ask(service.connect("alice").cursor(), "SELECT SUM(x) FROM t")
+    assert events == ["charge: choose clamp ranges", "read", "charge: SELECT SUM(x) FROM t", "read"]
+    service.close()
+
+
 def test_explain_states_the_purchase_and_the_answer_its_whole_cost(tmp_path: Path):
     ledger = MemoryLedger()
     service = dpsql.Service(_policy(_data(tmp_path)), ledger=ledger, noise=ZeroNoise())
