@@ -1114,7 +1114,7 @@ class Service:
                 )
             )
         for m in plan.measures:  # what the bounds cut, measured (dpsql.sql.bias)
-            if m.kind in ("dropped", "cut", "clamped"):
+            if m.measure_kind.bias:
                 g = m.unit
                 rows.append(
                     (

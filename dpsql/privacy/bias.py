@@ -50,7 +50,7 @@ def estimates(
 ) -> list[np.ndarray | None]:
     """Per output, an (n_groups, 2) array of (bias estimate, its half-width), or None when
     the plan measures no bias for it (bias_estimate off, or a kind not estimated)."""
-    if not any(m.kind in ("dropped", "cut", "clamped") for m in plan.measures):
+    if not any(m.measure_kind.bias for m in plan.measures):
         return [None] * len(plan.outputs)
     return [_estimate(o, plan, noisy, v) for o, v in zip(plan.outputs, outputs, strict=True)]
 
