@@ -64,17 +64,11 @@ def bounds_lines(plan: Any) -> list[str]:
             f"bias estimate of the clamp of {', '.join(kept)}: from the kept DP histogram its "
             "range was chosen from (post-processing, free; the answer's note gives it)"
         )
-    measured = [m for m in plan.measures if m.kind in bias.KINDS]
+    measured = [m for m in plan.measures if m.measure_kind.bias]
     if measured:
         eps = sum(m.epsilon for m in measured)
-        what = []
-        for m in measured:
-            if m.kind == "dropped":
-                what.append(f"rows cut by R (up to {bias.cap(plan.max_rows)} per unit and group)")
-            elif m.kind == "cut":
-                what.append(f"the {m.column} mass of those rows")
-            else:
-                what.append(f"the {m.column} mass clamped (up to the range's width per row)")
+        cap = bias.cap(plan.max_rows)
+        what = [m.measure_kind.bias_note.format(column=m.column, cap=cap) for m in measured]
         lines.append(
             f"bias estimate: ε {eps:.3g} ({bias.BIAS_SHARE:.0%} of the query's, after any "
             "clipping share) measures "

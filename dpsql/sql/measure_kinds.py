@@ -18,7 +18,8 @@ object here (``Measure.measure_kind``), so a new measure kind is one more object
   ``rounded``: a count, rounded per unit back to integers when rescaled (the proof:
   dpsql.sql.plan above ROUNDING_MULTIPLIER);
 - ``distinct``: counted by its own engine query over the bounded rows (sampling is kept);
-- ``bias``: a bias estimate (dpsql.sql.bias), never an answer;
+- ``bias``: a bias estimate (dpsql.sql.bias), never an answer; ``bias_note``: what it
+  measures in the bias note's words ({column}, {cap}: C = 2R);
 - ``centred`` and ``squared``: fixed-point values centred on the range's midpoint when the
   column's count is measured anyway; a sum of squares;
 - ``stored`` / ``programmed``: the lowerings besides engine SQL that know the kind: the
@@ -44,6 +45,7 @@ class MeasureKind:
     name: str
     what: str  # EXPLAIN: what the engine sums ({column}: as the analyst wrote it)
     shown: str | None = None  # a plot's words for its noise (None: never an error bar's part)
+    bias_note: str = ""  # a bias measure: what it measures, in the bias note's words
     counted: bool = False
     per_pair: bool = False
     row_scaled: bool = False
@@ -157,6 +159,7 @@ MEASURE_KINDS: dict[str, MeasureKind] = _kinds(
     MeasureKind(
         "dropped",
         "rows cut by R per unit and group, up to 2R",
+        bias_note="rows cut by R (up to {cap} per unit and group)",
         per_pair=True,
         group_scaled=True,
         bias=True,
@@ -165,6 +168,7 @@ MEASURE_KINDS: dict[str, MeasureKind] = _kinds(
     MeasureKind(
         "cut",
         "mass of {column} in the rows cut by R",
+        bias_note="the {column} mass of those rows",
         per_pair=True,
         group_scaled=True,
         divided=True,
@@ -174,6 +178,7 @@ MEASURE_KINDS: dict[str, MeasureKind] = _kinds(
     MeasureKind(
         "clamped",
         "mass of {column} cut by its clamp",
+        bias_note="the {column} mass clamped (up to the range's width per row)",
         row_scaled=True,
         group_scaled=True,
         bias=True,
