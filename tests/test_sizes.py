@@ -15,7 +15,6 @@ FUNCTION_LINES = 120
 
 #: (module, qualified name) -> lines today; each may only shrink until it is within the limit.
 OVERSIZE = {
-    ("dpsql/engine/clustered.py", "_bound_units"): 122,
     ("dpsql/engine/duckdb_engine.py", "DuckDBEngine._load"): 139,
     ("dpsql/frontend/intervals.py", "value_range"): 160,
     ("dpsql/frontend/per_unit.py", "_Builder"): 536,

@@ -123,6 +123,56 @@ def _order_pairs(  # pragma: no cover - compiled
         touched[:t].sort()
 
 
+def _accumulate(  # pragma: no cover - compiled
+    lo: int,
+    hi: int,
+    group: np.ndarray,
+    weight: np.ndarray,
+    fixed: np.ndarray,
+    nulls: np.ndarray,
+    fixed_rows: np.ndarray,
+    null_rows: np.ndarray,
+    kinds: np.ndarray,
+    centers: np.ndarray,
+    centers2: np.ndarray,
+    seen: np.ndarray,
+    touched: np.ndarray,
+    n_loc: np.ndarray,
+    acc: np.ndarray,
+) -> int:
+    """One unit's rows ``lo`` .. ``hi`` into its pairs (inlined into :func:`_bound_units`):
+    per group code the rows n (weighted) and each measure's raw sum; the codes first seen
+    appended to ``touched``. Returns how many pairs the unit has."""
+    t = 0
+    for i in range(lo, hi):
+        w = np.int64(weight[i])
+        s = group[i]
+        if not seen[s]:
+            seen[s] = True
+            touched[t] = s
+            t += 1
+        n_loc[s] += w
+        for j in range(kinds.shape[0]):
+            kind = kinds[j]
+            if kind == 3 or nulls[null_rows[j], i]:
+                continue
+            if kind == 0:
+                acc[j, s] += w
+            else:
+                x = fixed[fixed_rows[j], i] - centers[j]
+                if kind == 2:
+                    acc[j, s] += w * (x * x - centers2[j])
+                else:
+                    acc[j, s] += w * x
+    return t
+
+
+def _rounded(running: Any, w: Any, off: Any, d: Any, shift: Any) -> Any:  # pragma: no cover
+    """The integer count of a share ``w`` whose unit's running sum is now ``running``:
+    (A + U) // d - (A - w + U) // d (dpsql.sql.compile.rounded_counts)."""
+    return _floordiv(running + off, d, shift) - _floordiv(running - w + off, d, shift)
+
+
 def _bound_units(  # pragma: no cover - compiled
     starts: np.ndarray,
     group: np.ndarray,
@@ -177,27 +227,10 @@ def _bound_units(  # pragma: no cover - compiled
         grid_shifts[j] = _shift(grids[j])
         rounds = rounds or grids[j] > 0
     for u in range(starts.shape[0] - 1):
-        t = 0
-        for i in range(starts[u], starts[u + 1]):
-            w = np.int64(weight[i])
-            s = group[i]
-            if not seen[s]:
-                seen[s] = True
-                touched[t] = s
-                t += 1
-            n_loc[s] += w
-            for j in range(M):
-                kind = kinds[j]
-                if kind == 3 or nulls[null_rows[j], i]:
-                    continue
-                if kind == 0:
-                    acc[j, s] += w
-                else:
-                    x = fixed[fixed_rows[j], i] - centers[j]
-                    if kind == 2:
-                        acc[j, s] += w * (x * x - centers2[j])
-                    else:
-                        acc[j, s] += w * x
+        t = _accumulate(
+            starts[u], starts[u + 1], group, weight, fixed, nulls, fixed_rows, null_rows,
+            kinds, centers, centers2, seen, touched, n_loc, acc,
+        )  # fmt: skip
         k = 0
         for q in range(t):
             if n_loc[touched[q]] > 0:
@@ -223,18 +256,14 @@ def _bound_units(  # pragma: no cover - compiled
             if group_scaling:  # counts on the fine grid, rounded per unit
                 w = some * unit_share
                 run_units += w
-                units_out[s] += _floordiv(run_units + off, count_scale, count_shift) - _floordiv(
-                    run_units - w + off, count_scale, count_shift
-                )
+                units_out[s] += _rounded(run_units, w, off, count_scale, count_shift)
                 w = (
                     _quot(capped * count_scale * kept, divisor_k)
                     if scaled_groups
                     else capped * count_scale
                 )
                 run_rows += w
-                rows_out[s] += _floordiv(run_rows + off, count_scale, count_shift) - _floordiv(
-                    run_rows - w + off, count_scale, count_shift
-                )
+                rows_out[s] += _rounded(run_rows, w, off, count_scale, count_shift)
             else:
                 units_out[s] += some
                 rows_out[s] += capped
@@ -254,9 +283,7 @@ def _bound_units(  # pragma: no cover - compiled
                     p = _quot(p * kept, divisor_k)
                 if grids[j] > 0:  # a count's fine share, rounded per unit
                     running[j] += p
-                    p = _floordiv(running[j] + off, grids[j], grid_shifts[j]) - _floordiv(
-                        running[j] - p + off, grids[j], grid_shifts[j]
-                    )
+                    p = _rounded(running[j], p, off, grids[j], grid_shifts[j])
                 values_out[j, s] += p
                 acc[j, s] = 0
             n_loc[s] = 0
@@ -302,6 +329,8 @@ if _jit is not None:
     _muldiv = _inline(_muldiv)
     _shift = _jit(_shift)
     _floordiv = _inline(_floordiv)
+    _rounded = _inline(_rounded)
+    _accumulate = _inline(_accumulate)
     _order_pairs = _jit(_order_pairs)
     _bound_units = _jit(_bound_units)
     _row_sums = _jit(_row_sums)
