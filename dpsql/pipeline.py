@@ -658,15 +658,7 @@ class Service:
 
         def execute() -> tuple[Plan, bool]:
             chosen_query, measured, chosen = buy_bounds(
-                self,
-                pending,
-                query,
-                analyst,
-                handle,
-                contribution_query,
-                lambda table, column, hist: clamp_histogram_query(
-                    table, column, hist, secrets.randbits(62)
-                ),
+                self, pending, query, analyst, handle, contribution_query, _clamp_query
             )
             chosen_plan = self.plan_typed(
                 chosen_query, domains, replace(settings, epsilon=measured)
@@ -1065,21 +1057,7 @@ class Service:
                         float(m.mechanism.interval_halfwidth() * g),
                     )
                 )
-        for clip in plan.clips:
-            rows.append(
-                (
-                    f"clip({clip.column})",
-                    f"|{clip.column}| on {clip.histogram.bins} log bins",
-                    "laplace",
-                    float(clip.max_values),
-                    None,
-                    float(clip.mechanism.mechanism.scale),
-                    clip.epsilon,
-                    0.0,
-                    0.0,
-                    None,
-                )
-            )
+        rows.extend(_range_rows(plan, self.policy.budget))
         if plan.threshold is not None:
             m = plan.measure(plan.threshold.measure)
             rows.append(
@@ -1130,24 +1108,6 @@ class Service:
                         float(m.mechanism.interval_halfwidth() * g),
                     )
                 )
-        if (pending := _pending_choice(plan)) is not None:
-            # bought before the query reads anything, as its own ledger entry (charged beside
-            # the total below; once per analyst and data version with the answer cache on)
-            p = pending.cost
-            rows.append(
-                (
-                    "choose",
-                    pending.describe(),
-                    "laplace",
-                    None,
-                    None,
-                    None,
-                    p.epsilon if p.rho == 0 else self.policy.budget.epsilon_of(p),
-                    p.delta,
-                    p.rho,
-                    None,
-                )
-            )
         for line in bounds_lines(plan):  # e.g. "R = 5 may drop rows of units with more ..."
             rows.append(("bounds", line, None, None, None, None, None, None, None, None))
         from dpsql.ir.build import plan_tree, tree_lines
@@ -1181,11 +1141,8 @@ class Service:
         the analyst's own budget: free, like SHOW budget)."""
         if analyst is None:
             return []
-        cost = plan.cost
-        if (pending := _pending_choice(plan)) is not None:
-            cost = pending.cost + cost  # the choice is charged first, beside the query
         try:
-            self.ledger.check(analyst, self.policy.dataset, cost, self.policy.budget)
+            self.ledger.check(analyst, self.policy.dataset, _with_choice(plan), self.policy.budget)
         except BudgetExhaustedError as exc:
             return [f"running this query would be refused: {exc.message}; nothing was spent"]
         return []
@@ -1210,6 +1167,45 @@ def _pending_choice(plan: Plan) -> Any:
     contribution bounds or clamp ranges not yet bought by this analyst at this data version."""
     bounds = plan.extra.get("bounds")
     return None if bounds is None else bounds.pending
+
+
+def _with_choice(plan: Plan) -> Any:
+    """What running ``plan`` now charges: its cost, and first the bounds choice it buys."""
+    pending = _pending_choice(plan)
+    return plan.cost if pending is None else pending.cost + plan.cost
+
+
+def _clamp_query(table: TablePolicy, column: str, hist: Any) -> CompiledQuery:
+    """The engine query of a clamp range's histogram, with a fresh secret (its rows per unit
+    are chosen by keyed hash): dpsql.service.bounds.buy runs it after the charge."""
+    return clamp_histogram_query(table, column, hist, secrets.randbits(62))
+
+
+def _range_rows(plan: Plan, budget: Any) -> list[tuple[Any, ...]]:
+    """EXPLAIN's rows of what buys a range before the query's measures: each automatic clip
+    (its ε inside the total) and a pending bounds choice, bought first as its own ledger entry
+    (charged beside the total; once per analyst and data version with the answer cache on)."""
+    rows: list[tuple[Any, ...]] = [
+        (
+            f"clip({clip.column})",
+            f"|{clip.column}| on {clip.histogram.bins} log bins",
+            "laplace",
+            float(clip.max_values),
+            None,
+            float(clip.mechanism.mechanism.scale),
+            clip.epsilon,
+            0.0,
+            0.0,
+            None,
+        )
+        for clip in plan.clips
+    ]
+    if (pending := _pending_choice(plan)) is not None:
+        p = pending.cost
+        epsilon = p.epsilon if p.rho == 0 else budget.epsilon_of(p)
+        rows.append(("choose", pending.describe(), "laplace", None, None, None, epsilon, p.delta,
+                     p.rho, None))  # fmt: skip
+    return rows
 
 
 def _undrawable(what: str, *, bounds: bool = True) -> DataError:
