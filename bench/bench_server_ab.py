@@ -4,13 +4,17 @@ Each tree's server (``--workers 1``, answer cache off) gets its own copy of the 
 data and ledger; after a warm-up (its analysts' text shapes learned), rounds of the DP queries of
 bench_server.py alternate between the two, so load from other jobs hits both alike. Prints q/s,
 latency and the server's CPU per query for each round, the ratio after/before per round and its
-median, then one round of ``SHOW epsilon`` (answered by the session, no engine) on each.
+median, then rounds of ``SHOW epsilon`` (answered by the session, no engine): before, after,
+after, before. Last, ``--backend-rounds`` alternating runs of each tree's ``DpBackend`` in a
+process of its own (no socket, no event loop: the door's own cost over the service), CPU a query
+and Python function calls a query (cProfile: a count that does not depend on the load).
 
     git archive OLD | tar -x -C /tmp/before; git archive HEAD | tar -x -C /tmp/after
     python bench/bench_server_ab.py /tmp/before /tmp/after --connections 8 --seconds 4 --rounds 6
 """
 
 import argparse
+import json
 import re
 import shutil
 import statistics
@@ -27,6 +31,43 @@ from dpsql.policy import load_policy
 from dpsql.server.users import UserStore, users_path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Run with cwd = a source tree, argv: name, JSON [epsilon, queries]: the DP queries through
+# that tree's DpBackend, in process.
+BACKEND = """
+import json, sys, time
+sys.path.insert(0, ".")
+from dpsql.dbapi import Service
+from dpsql.privacy.ledger import MemoryLedger
+from dpsql.server.backend import DpBackend
+from dpsql.server.server import Server
+epsilon, queries = json.loads(sys.argv[2])
+service = Service("fixtures/visits.toml", cache=False, ledger=MemoryLedger())
+server = Server.__new__(Server)
+server.service = service
+opener = getattr(Server, "open_session", None) or getattr(Server, "connect_analyst")
+backend = DpBackend(opener(server, "bench"))
+backend.execute(f"SET epsilon = {epsilon!r}", None)
+def run(n, start):
+    for k in range(start, start + n):
+        backend.execute(queries[k % 4].format(i=k % 90, j=10 + k % 90), None)
+run(400, 0)
+times = []
+for r in range(5):
+    t = time.process_time()
+    run(200, 1000 + 200 * r)
+    times.append((time.process_time() - t) / 200)
+times.sort()
+import cProfile, pstats
+profile = cProfile.Profile()
+profile.enable()
+run(200, 3000)
+profile.disable()
+calls = pstats.Stats(profile).total_calls / 200  # load-independent: Python calls a query
+print(f"backend {sys.argv[1]:<6} CPU a query: min {1000 * times[0]:.3f} ms, "
+      f"median {1000 * times[2]:.3f} ms; {calls:.1f} Python calls a query")
+service.close()
+"""
 
 
 def start(tree: str, policy: Path) -> tuple[subprocess.Popen, int]:
@@ -63,6 +104,7 @@ def main() -> None:
     ap.add_argument("--connections", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=5)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--backend-rounds", type=int, default=3, help="in-process DpBackend runs")
     a = ap.parse_args()
     src = ROOT / "fixtures" / "visits.toml"
     servers: dict[str, tuple[subprocess.Popen, int]] = {}
@@ -91,10 +133,17 @@ def main() -> None:
                     b.run_server(servers[name], a.connections, a.seconds, None, name)
                 )
             print(f"ratio after/before = {rates['after'][-1] / rates['before'][-1]:.3f}")
-        for name, srv in servers.items():
-            b.run_server(srv, a.connections, 3.0, "SHOW epsilon", f"proto {name}")
+        for name in [*servers, *reversed(servers)]:  # before, after, after, before
+            b.run_server(servers[name], a.connections, 3.0, "SHOW epsilon", f"proto {name}")
         ratios = [x / y for x, y in zip(rates["after"], rates["before"], strict=True)]
         print(f"median ratio after/before = {statistics.median(ratios):.3f}; {b._load()}")
+        trees = {"before": a.base, "after": a.new}
+        for r in range(a.backend_rounds):
+            for name in list(trees) if r % 2 == 0 else list(trees)[::-1]:
+                spec = json.dumps([b.EPSILON, b.DP_QUERIES])
+                command = [sys.executable, "-c", BACKEND, name, spec]
+                subprocess.run(command, cwd=trees[name], check=True)
+        print(b._load())
     finally:
         for proc, _ in servers.values():
             proc.terminate()
