@@ -7,11 +7,14 @@ row of a unit in another of 16 public departments (every unit in 10 groups), age
 privacy unit uid, R = 10, G = 1, both over the same table, nothing under [engine].
 
 Query: ``SELECT dept, COUNT(*), SUM(cost), AVG(cost) FROM t WHERE age > -k GROUP BY dept`` with
-a new k each run (no cache can answer it), and the same without the WHERE. Timed in
-interleaved rounds, process CPU (DuckDB's threads included) and wall, medians; ratios to the
-plain query on the same connection. "SQL" rows: the same DP query with the store hidden (the
-plans that ran before it is ready). Session settings as an analyst's connection starts them
-(bias estimates on); ``--no-bias`` measures the answer alone.
+a new k each run, and the same without the WHERE. The answer cache is on, as a service runs,
+for what is bought once per analyst and data version (the default clamp range's histogram of
+cost, keys ``bounds:...``), bought by a first untimed run and kept; no answer is replayed
+(:class:`_Unreplayed`), so every timed run computes its answer. Timed in interleaved rounds,
+process CPU (DuckDB's threads included) and wall, medians; ratios to the plain query on the
+same connection. "SQL" rows: the same DP query with the store hidden (the plans that ran
+before it is ready). Session settings as an analyst's connection starts them (bias estimates
+on); ``--no-bias`` measures the answer alone.
 
     python bench/bench_fast.py --rows 1000000 --reps 5
     python bench/bench_fast.py --rows 10000000 --reps 3
@@ -92,6 +95,17 @@ def policy() -> dict:
             },
         },
     }
+
+
+class _Unreplayed(MemoryLedger):
+    """A ledger that keeps what a first query buys once per analyst and data version (the
+    contribution bounds' and the default clamp range's histograms) and replays no answer, so
+    each timed run of the same text is computed, as a new query is."""
+
+    def cached(self, analyst: str, dataset: str, cache_key: str) -> str | None:
+        if not cache_key.startswith("bounds:"):
+            return None
+        return super().cached(analyst, dataset, cache_key)
 
 
 def check(svc: Service, settings: Settings) -> None:
@@ -182,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"{args.rows:,} rows; load {' '.join(map(str, os.getloadavg()))}", flush=True)
     c0, w0 = cpu(), time.perf_counter()
-    svc = Service(policy(), str(db), ledger=MemoryLedger(), cache=False)
+    svc = Service(policy(), str(db), ledger=_Unreplayed(), cache=True)
     print(f"connect: {time.perf_counter() - w0:.2f} s wall", flush=True)
     svc.engine.wait_for_stores()
     print(
@@ -196,6 +210,12 @@ def main(argv: list[str] | None = None) -> int:
     con = svc.engine._con
     ctr = itertools.count(1)
     held = dict(svc.engine.columns)
+
+    for table in ("tr", "tu"):  # what a first query buys (kept per analyst and data version)
+        c, w = cpu(), time.perf_counter()
+        svc.execute(Q.format(t=table, k=0), None, settings, "a")
+        print(f"first query on {table}: {time.perf_counter() - w:.2f} s wall, "
+              f"{cpu() - c:.2f} s CPU", flush=True)  # fmt: skip
 
     def sql_plan(fn):
         def run():
