@@ -491,15 +491,16 @@ def _fixture_policy(variant: str) -> dict:
     table = policy["tables"]["visits"]
     table["source"] = str(ROOT / "fixtures" / "visits.csv")
     policy["privacy"].update(budget_epsilon=1e12, budget_delta=0.5)
-    if variant == "defaults":  # what dpsql init drafts: R, G and the skewed cost's clamp auto
+    if variant == "defaults":  # nothing hand-set: R, G and the clamps unstated (the defaults)
         table.update(max_rows_per_unit="auto", max_groups_per_unit="auto")
-        table["columns"]["cost"]["clip"] = "auto"
+        for column in table["columns"].values():
+            column.pop("clip", None)
     return policy
 
 
 def _pums_dup_policy(csv: Path, variant: str) -> dict:
     """PUMS_dup (1-4 rows per pid): "R = 1" and "R = 4" hand-set (income clamped to its
-    declared [0, 500000]), "R = 4, auto clip", or "defaults" (R, G and the clamp auto)."""
+    declared [0, 500000]), "R = 4, auto clip", or "defaults" (R, G auto, no clip stated)."""
     columns = {
         "pid": {"type": "int", "nullable": False},
         "educ": {"type": "int", "values": list(range(1, 17)), "nullable": False},
@@ -510,8 +511,10 @@ def _pums_dup_policy(csv: Path, variant: str) -> dict:
         table.update(max_rows_per_unit="auto", max_groups_per_unit="auto")
     else:
         table.update(max_rows_per_unit=int(variant.split()[2].rstrip(",")), max_groups_per_unit=1)
-    if "clip" in variant or variant == "defaults":
+    if "clip" in variant:
         columns["income"]["clip"] = "auto"
+    elif variant != "defaults":
+        columns["income"]["clip"] = "declared"  # hand-set
     privacy = {"epsilon": 1.0, "delta": DELTA, "budget_epsilon": 1e12, "budget_delta": 0.5}
     return {"privacy": privacy, "tables": {"pums": table}}
 
@@ -528,7 +531,8 @@ def auto_bounds_rows(
     kept": every repetition buys a fresh histogram with another statement first (the same
     query with LIMIT 1000: its own text), then the measured query chooses R and G from it free
     and spends its whole ε on its measures — what every query after an analyst's first sees.
-    Both pay the clamp's clip_share (10% of the rest) on every query."""
+    The clamp of a summed column with no clip stated is chosen the same way (its value
+    histogram bought in the same choice, kept with the others: dpsql.service.bounds)."""
     out = []
     cases = [
         ("visits", str(ROOT / "fixtures" / "visits.csv"), ("fixture R = 5, G = 3", *DEFAULTS)),
@@ -569,9 +573,9 @@ def auto_bounds_rows(
                     label = f"{table}_dup" if table == "pums" else table
                     method = variant
                     if variant == "defaults":
-                        method = "defaults, first query: R, G auto (pays 10% of ε), clip auto"
+                        method = "defaults, first query: R, G and clamp chosen (pays 10% of ε)"
                     elif kept:
-                        method = "defaults, later queries: R, G from the kept histogram, clip auto"
+                        method = "defaults, later queries: R, G and clamp from the kept histograms"
                     out.append(summarise(f"{label}: {name}", epsilon, method, SQL, samples, reps))
         con.close()
     return out

@@ -18,6 +18,7 @@ the column's bounds in the plan (EXPLAIN shows it; the engine clamps to it).
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -261,6 +262,39 @@ def test_a_totals_clamp_bias_is_the_kept_histograms_estimate(tmp_path: Path):
     grouped = [m for m, _ in _measures(cur, "SELECT g, SUM(x) FROM t GROUP BY g")]
     assert "clamped(x)" in grouped
     service.close()
+
+
+def test_with_r_auto_the_histogram_counts_one_value_per_unit(tmp_path: Path):
+    """A table whose R is itself "auto" (not chosen when the clamp histogram is bought): the
+    histogram keeps one value per unit (sensitivity 1, not the cap), the clamp is chosen from
+    it, and the SUM keeps its ``clamped`` measure (a histogram of units says nothing of the
+    rows' cut mass; the note gives no estimate)."""
+    rows = [(u, u % 4, 900 if u == 3 else u % 20) for u in range(1, 101) for _ in range(3)]
+    path = write_csv(tmp_path / "r.csv", ["uid", "g", "x"], rows)
+    policy = table_policy(path, COLUMNS, unit="uid", privacy={"epsilon": EPS, "dataset": "d"})
+    policy["tables"]["t"].pop("max_rows_per_unit")  # "auto" (and G)
+    policy["tables"]["t"].pop("max_groups_per_unit")
+    ledger = MemoryLedger()
+    service = dpsql.Service(policy, ledger=ledger, noise=ZeroNoise())
+    cur = service.connect("alice").cursor()
+    plan = service.plan(dpsql.pipeline.parse_statement("SELECT SUM(x) FROM t", service.policy),
+                        cur.connection._settings, "alice")  # fmt: skip
+    (clip,) = [m for n, m in zip(*_pending_parts(plan), strict=True) if n.kind == "clip"]
+    assert clip.max_values == 1 and clip.mechanism.l1 == 1
+    _ask(cur, "SELECT SUM(x) FROM t")
+    (kept,) = [v for k, v in ledger._cache.items() if ":clip:" in k[2]]
+    assert sum(json.loads(kept)["noisy"]) == 100  # one value per unit (300 rows)
+    later = "SELECT SUM(x) FROM t WHERE uid >= 0"
+    assert "clamped(x)" in [m for m, _ in _measures(cur, later)]
+    _ask(cur, later)
+    (note,) = [m for _, m in cur.messages if "kept DP histogram" in m]
+    assert "(one per unit)" in note and "biased" not in note
+    service.close()
+
+
+def _pending_parts(plan) -> tuple:
+    pending = plan.extra["bounds"].pending
+    return pending.needs, pending.mechanisms
 
 
 # --- neighbouring datasets ----------------------------------------------------------------------

@@ -34,21 +34,24 @@ The design (docs/mechanisms.md "Contribution bounds chosen privately", docs/thre
 
 Tables without a privacy unit plan with R = G = 1.
 
-Default clamp ranges (kind ``"clip"``, issue 31 item 7), the same design for values: a SUM,
-AVG, VAR or STDDEV of a stored number column whose policy states no ``clip`` (ColumnPolicy
-``clip == "default"``) and declares bounds [L, U] is clamped to a range chosen from a DP
-histogram of |x| over public log bins (dpsql.privacy.clipping.LogHistogram, the ApproxBounds
-histogram: Laplace(R/ε) per bin, each unit's <= R values one count each, so ε-DP). It is
-bought once per analyst, column and data version by the first such query (``bounds_share``
-of its ε, its own ledger entry), kept, and each query then chooses its range from it by
-post-processing, free (:func:`clamp_range`: per group, the ``clip_quantile`` of |x|; a
-single total, the bound minimising the estimated bias + noise of a SUM at the query's
-per-measure ε). The range is a function of released DP output only, so the query is planned
-with it as the column's declared bounds (a plan constant: the compiled store pass and the SQL
-fast paths are unchanged; the engine clamps every row to it as to declared bounds; the
-sensitivities use it as a public bound). Not chosen (declared bounds kept): a column the query
-also filters, groups or measures otherwise (its grid, MIN/MAX, WHERE would change), computed
-columns, private joins and tables whose R is itself "auto".
+Default clamp ranges (kind ``"clip"``, issue 31 item 7), the same design for values: a SUM, AVG,
+VAR or STDDEV of a stored number column whose policy states no ``clip`` (ColumnPolicy ``clip ==
+"default"``) and declares bounds [L, U] is clamped to a range chosen from a DP histogram of |x|
+over public log bins (dpsql.privacy.clipping.LogHistogram, the ApproxBounds histogram:
+Laplace(R/ε) per bin, each unit's <= R values one count each, so ε-DP). It is bought once per
+analyst, column and data version by the first such query (``bounds_share`` of its ε, its own
+ledger entry), kept, and each query then chooses its range from it by post-processing, free
+(:func:`clamp_range`: per group, the ``clip_quantile`` of |x|; a single total, the bound
+minimising the estimated squared bias + noise variance of a SUM at the query's per-measure ε,
+"mse"). The range is a function of released DP output only, so the query is planned with it as
+the column's declared bounds (a plan constant: the compiled store pass and the SQL fast paths
+are unchanged; the engine clamps every row to it as to declared bounds; the sensitivities use it
+as a public bound). Not chosen (declared bounds kept): a column the query also filters, groups
+or measures otherwise (its grid, MIN/MAX, WHERE would change), computed columns and private
+joins. Where R is itself "auto" the histogram counts one value per unit (:func:`clip_rows`:
+sensitivity 1, bought in the same choice as R's histogram), each weighted by the mean rows a
+unit keeps at the chosen R, and the query keeps its ``clamped`` bias measure; elsewhere a single
+total's clamp bias is the kept histogram's estimate (no measure).
 """
 
 from __future__ import annotations
@@ -72,6 +75,8 @@ from dpsql.privacy.contribution import (
     ContributionHistogram,
     choose,
     dropped_share,
+    passing,
+    representatives,
 )
 
 # This module sits below the planner and compiler (it imports neither: tests/test_layering.py):
@@ -167,9 +172,14 @@ class Chosen:
             ]
         out = [
             f"{column} clamped to [{lo:g}, {hi:g}], chosen privately from a kept DP histogram "
-            f"of its values, which shows about {share:.1%} of them beyond it: over the whole "
-            f"table a SUM is biased towards zero by about {bias:.3g} (at most that under a "
-            'WHERE or in one group); no clip stated, clip = "declared" keeps the declared bounds'
+            + (
+                "of its values (one per unit)"
+                if math.isnan(bias)
+                else f"of its values, which shows about {share:.1%} of them beyond it: over the "
+                f"whole table a SUM is biased towards zero by about {bias:.3g} (at most that "
+                "under a WHERE or in one group)"
+            )
+            + '; no clip stated, clip = "declared" keeps the declared bounds'
             for column, lo, hi, bias, share in self.clamps
         ]
         if self.rows is not None:
@@ -198,7 +208,7 @@ def clamp_columns(query: BoundQuery) -> tuple[str, ...]:
     summed by SUM/AVG/VAR/STDDEV, no clip stated, stored, a number with bounds wider than its
     resolution, and used by nothing else in the query. Decided from policy and text: public."""
     table = query.table
-    if table.joined is not None or "rows" in table.auto_bounds or table.public:
+    if table.joined is not None or table.public:
         return ()
     others: set[str] = set()
     if query.where is not None:
@@ -229,7 +239,16 @@ def _histogram_identity(table: Any, column: str) -> str:
     column's declared bounds and resolution) and R. Part of its cache key, so a curator's edit
     of either buys a new one rather than reading counts on other bins."""
     col = table.columns[column]
-    return f"[{col.lower!r}, {col.upper!r}] / {col.granularity!r}, R {table.max_rows_per_unit}"
+    return f"[{col.lower!r}, {col.upper!r}] / {col.granularity!r}, R {clip_rows(table)}"
+
+
+def clip_rows(table: Any) -> int:
+    """The values per unit a clamp histogram counts: the table's R, or 1 where R is itself
+    "auto" (not chosen yet when the histogram is bought, and its cap would be the histogram's
+    sensitivity: one value per unit, chosen by keyed hash, keeps it at 1). Such a histogram
+    counts units, not rows, so its estimate of a SUM's clamp bias is not given (the query
+    keeps its ``clamped`` measure)."""
+    return 1 if "rows" in table.auto_bounds else int(table.max_rows_per_unit)
 
 
 def clamp_histogram(col: Any) -> LogHistogram:
@@ -332,7 +351,7 @@ def _mechanism(
     return ApproxBounds(
         clamp_histogram(col),
         epsilon,
-        max_values=int(query.table.max_rows_per_unit),
+        max_values=clip_rows(query.table),
         method="quantile",
         q=col.clip_quantile,
     )
@@ -379,7 +398,7 @@ def _summed_measures(query: BoundQuery) -> int:
 
 
 def clamp_range(
-    query: BoundQuery, column: str, data: dict[str, Any], measured: float
+    query: BoundQuery, column: str, data: dict[str, Any], measured: float, rows: int
 ) -> tuple[float, float, float, float]:
     """The clamp range of ``column`` for ``query``, chosen from the kept noisy histogram
     (post-processing, free), and that histogram's estimate of what it cuts over the whole
@@ -395,7 +414,7 @@ def clamp_range(
     chooser = ApproxBounds(
         clamp_histogram(col),
         1.0,  # unused: nothing is released here
-        max_values=int(query.table.max_rows_per_unit),
+        max_values=int(rows),  # the SUM's R (chosen, where "auto"): its noise is R·C/ε_s
         method=method,
         q=col.clip_quantile,
         sum_epsilon=measured / _summed_measures(query),
@@ -417,20 +436,7 @@ def _with_chosen(
     measure is planned for it (the histogram's estimate of what R cuts is its note)."""
     k = measure_count(query)
     table = query.table
-    clamps = tuple(
-        (n.keys[0], *clamp_range(query, n.keys[0], d, measured))
-        for n, d in found.items()
-        if n.kind == "clip"
-    )
-    if clamps:
-        columns = dict(table.columns)
-        for column, lo, hi, _, _ in clamps:
-            col = columns[column]
-            bound: Any = (lambda v: int(v)) if col.type == "int" else float
-            # CLIP_CHOSEN: planned as declared bounds; the kept histogram estimates the bias
-            # of a single total over it, so no bias measure is planned there (dpsql.sql.bias)
-            columns[column] = replace(col, lower=bound(lo), upper=bound(hi), clip=CLIP_CHOSEN)
-        table = replace(table, columns=columns)
+    per_unit = clip_rows(table) == 1 and "rows" in table.auto_bounds  # units, not rows
     contribution_paid = paid and any(n.kind != "clip" for n in found)
     rows = table.max_rows_per_unit
     groups = table.max_groups_per_unit
@@ -448,6 +454,27 @@ def _with_chosen(
         g = groups if query.keys else 1
         rows = chosen_rows = choose(noisy, d["threshold"], g * k / measured)
         dropped_rows = dropped_share(noisy, d["threshold"], rows)
+    # the clamp ranges, given the chosen R (a SUM's noise grows with it); a histogram of one
+    # value per unit weighs each by the rows a unit keeps (the rows histogram's mean, at R)
+    weight = _rows_kept(by_kind["rows"], int(rows)) if per_unit and "rows" in by_kind else 1.0
+    clamps = tuple(
+        (n.keys[0], *clamp_range(query, n.keys[0], _weighted(d, weight), measured, int(rows)))
+        for n, d in found.items()
+        if n.kind == "clip"
+    )
+    if clamps:
+        columns = dict(table.columns)
+        for column, lo, hi, _, _ in clamps:
+            col = columns[column]
+            bound: Any = (lambda v: int(v)) if col.type == "int" else float
+            # CLIP_CHOSEN: planned as declared bounds; the kept histogram estimates the bias
+            # of a single total over it, so no bias measure is planned there (dpsql.sql.bias);
+            # one counting units (R auto) does not: "declared", its bias measured as usual
+            clip = "declared" if per_unit else CLIP_CHOSEN
+            columns[column] = replace(col, lower=bound(lo), upper=bound(hi), clip=clip)
+        table = replace(table, columns=columns)
+        if per_unit:  # no bias estimate from a histogram of units (the note leaves it out)
+            clamps = tuple((c, lo, hi, math.nan, math.nan) for c, lo, hi, _, _ in clamps)
     # chosen: no longer "auto", so planning it again never asks for another choice
     bounded = replace(
         table,
@@ -467,6 +494,20 @@ def _with_chosen(
         clamps,
     )
     return replace(query, table=bounded), measured, chosen
+
+
+def _rows_kept(d: dict[str, Any], rows: int) -> float:
+    """The mean rows a unit keeps at R = ``rows``, from the noisy rows-per-unit histogram
+    (post-processing; at least 1)."""
+    n = passing(np.asarray(d["noisy"], dtype=np.float64), d["threshold"])
+    units = float(n.sum())
+    if units <= 0:
+        return 1.0
+    return max(1.0, float((n * np.minimum(representatives(), rows)).sum()) / units)
+
+
+def _weighted(d: dict[str, Any], weight: float) -> dict[str, Any]:
+    return d if weight == 1.0 else {**d, "noisy": [v * weight for v in d["noisy"]]}
 
 
 def buy(
@@ -492,7 +533,8 @@ def buy(
     for need, mech in zip(pending.needs, pending.mechanisms, strict=True):
         if isinstance(mech, ApproxBounds):
             assert clamp_query is not None
-            compiled = clamp_query(query.table, need.keys[0], mech.histogram)
+            counted = replace(query.table, max_rows_per_unit=clip_rows(query.table))
+            compiled = clamp_query(counted, need.keys[0], mech.histogram)
             result = service.engine.execute(compiled, handle)
             counts = np.zeros(mech.histogram.bins, dtype=np.int64)
             for row, c in zip(result.key_rows, result.measures[0], strict=True):
