@@ -20,8 +20,8 @@ from dpsql.cli import main
 from dpsql.dbapi import connect_service
 from dpsql.errors import LedgerUnavailableError, OperationalError
 from dpsql.privacy.accounting import Budget, Cost
-from dpsql.privacy.samplers import ZeroNoise
 from dpsql.privacy.ledger_backup import backup_ledger, restore_ledger
+from dpsql.privacy.samplers import ZeroNoise
 from dpsql.privacy.sqlite_ledger import SQLiteLedger
 
 BUDGET = Budget(epsilon=1000.0, delta=1e-6)
