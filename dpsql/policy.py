@@ -50,6 +50,14 @@ _PRIVACY_KEYS = PRIVACY_KEYS  # dpsql.smartnoise_import reads it
 # The one rule for every comparison the engine runs without TRY: WHERE conditions
 # (dpsql.sql.safety), join conditions (JoinStep below), the privacy units that tables share.
 TYPE_FAMILY = {"int": "number", "float": "number", "text": "text", "bool": "bool", "date": "date"}
+#: Each policy column type as the SQL type every engine and generated statement casts it to.
+SQL_TYPES = {
+    "int": "BIGINT",
+    "float": "DOUBLE",
+    "text": "VARCHAR",
+    "bool": "BOOLEAN",
+    "date": "DATE",
+}
 
 
 def comparable(a: str, b: str) -> bool:
@@ -798,7 +806,6 @@ def _public_rows(
         if parquet
         else f"read_csv('{path}', header = true, all_varchar = true, auto_detect = true)"
     )
-    from dpsql.sql.domains import SQL_TYPES
     from dpsql.sql.identifiers import quote_ident
 
     select = ", ".join(

@@ -3,7 +3,8 @@
 A table function (``SELECT … FROM dp_rule_list('visits', label => 'smoker')``) is bound by
 :mod:`dpsql.sql.bind` into a call record, planned without data, charged, then run. This module
 is the one list of their names and result schemas, so the binder validates the outer query's
-columns without importing the learners.
+columns without importing the learners (which import their schemas from here: the binder
+reaching a learner put 21 modules into one import cycle, tests/test_layering.py).
 """
 
 from __future__ import annotations
@@ -16,14 +17,35 @@ TABLE_FUNCTIONS: tuple[str, ...] = (
 )
 
 
+#: What dp_rule_list returns: one row per rule, in order, then the default rule.
+RULE_LIST_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("position", "INTEGER"),
+    ("rule", "VARCHAR"),
+    ("predicate", "VARCHAR"),
+    ("prediction", "BOOLEAN"),
+    ("noisy_negative", "DOUBLE"),
+    ("noisy_positive", "DOUBLE"),
+    ("is_default", "BOOLEAN"),
+    ("noisy_support", "DOUBLE"),
+    ("positive_rate", "DOUBLE"),
+    ("rate_low", "DOUBLE"),
+    ("rate_high", "DOUBLE"),
+)
+
+#: What dp_linear_regression and dp_logistic_regression return: one row per coefficient.
+REGRESSION_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("position", "INTEGER"),
+    ("feature", "VARCHAR"),
+    ("coefficient", "DOUBLE"),
+    ("ci_low", "DOUBLE"),
+    ("ci_high", "DOUBLE"),
+)
+
+
 def result_columns(function: str) -> tuple[tuple[str, str], ...]:
     """The (name, SQL type) columns that ``function`` returns."""
     if function == "dp_rule_list":
-        from dpsql.rulelist.table_function import COLUMNS
-
-        return COLUMNS
+        return RULE_LIST_COLUMNS
     if function in ("dp_linear_regression", "dp_logistic_regression"):
-        from dpsql.models.regression_function import COLUMNS as REGRESSION_COLUMNS
-
         return REGRESSION_COLUMNS
     raise KeyError(function)

@@ -382,7 +382,8 @@ def test_the_per_unit_relation_bounds_rows_before_aggregating(tmp_path: Path) ->
 
     from dpsql.policy import load_policy
     from dpsql.sql.bind import parse_statement
-    from dpsql.sql.compile import is_secret, render
+    from dpsql.sql.compile import render
+    from dpsql.sql.hashing import is_secret
 
     source = write_csv(tmp_path / "d2.csv", rows_d() + EXTRA)
     loaded = load_policy(policy(source, "laplace"))

@@ -83,7 +83,7 @@ class PerUnitSource(JoinedSource):
 
     def relation(self) -> exp.Select:
         """V as engine SQL, from the validated spec only (dpsql.frontend.per_unit.relation)."""
-        from dpsql.sql.compile import keyed_hash, secret_slot
+        from dpsql.sql.hashing import keyed_hash, secret_slot
         from dpsql.sql.safety import guarded_conditions
 
         assert self.spec is not None

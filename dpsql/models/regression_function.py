@@ -34,18 +34,13 @@ from dpsql.rulelist.table_function import _typed_positive, check_model_name
 from dpsql.service.transaction import paid_once
 from dpsql.sql.identifiers import quote_ident
 from dpsql.sql.rows import bounded_rows_sql
+from dpsql.table_functions import REGRESSION_COLUMNS
 
 if TYPE_CHECKING:  # pragma: no cover
     from dpsql.pipeline import Result, Service, Settings
 
 #: Result columns of ``SELECT * FROM dp_linear_regression(...)`` (and the logistic one).
-COLUMNS: tuple[tuple[str, str], ...] = (
-    ("position", "INTEGER"),
-    ("feature", "VARCHAR"),
-    ("coefficient", "DOUBLE"),
-    ("ci_low", "DOUBLE"),
-    ("ci_high", "DOUBLE"),
-)
+COLUMNS = REGRESSION_COLUMNS  # the schema the binder checks against (dpsql.table_functions)
 FUNCTIONS = {
     "dp_linear_regression": "linear_regression",
     "dp_logistic_regression": "logistic_regression",

@@ -39,21 +39,10 @@ from dpsql.rulelist.learner import (
     plan_budget,
 )
 from dpsql.rulelist.model import RuleList
+from dpsql.table_functions import RULE_LIST_COLUMNS
 
 #: Result columns of ``SELECT * FROM dp_rule_list(...)``, with SQL types.
-COLUMNS: tuple[tuple[str, str], ...] = (
-    ("position", "INTEGER"),
-    ("rule", "VARCHAR"),
-    ("predicate", "VARCHAR"),
-    ("prediction", "BOOLEAN"),
-    ("noisy_negative", "DOUBLE"),
-    ("noisy_positive", "DOUBLE"),
-    ("is_default", "BOOLEAN"),
-    ("noisy_support", "DOUBLE"),
-    ("positive_rate", "DOUBLE"),
-    ("rate_low", "DOUBLE"),
-    ("rate_high", "DOUBLE"),
-)
+COLUMNS = RULE_LIST_COLUMNS  # the schema the binder checks against (dpsql.table_functions)
 #: Candidate-set cap: planning enumerates them and each selection scores them all.
 MAX_CANDIDATES = 20_000
 #: SQL's default mechanism: proven, δ = 0, and valid when a unit owns several rows.

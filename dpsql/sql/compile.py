@@ -47,39 +47,20 @@ from dpsql.privacy.clipping import LogHistogram
 from dpsql.sql import fold
 from dpsql.sql.bind import GroupKey, to_literal
 from dpsql.sql.domains import SQL_TYPES
+from dpsql.sql.hashing import (
+    KEYED_HASH,
+    SECRET,
+    is_keyed_hash,
+    is_secret,
+    keyed_hash,
+    secret_slot,
+)
 from dpsql.sql.local_plan import ColumnProgram, column_program
 from dpsql.sql.plan import ClipEstimate, Measure, Plan, QuantileMeasure
 from dpsql.sql.safety import guarded_conditions
 from dpsql.sql.typecheck import _DECIMAL, _WIDE_INTEGERS
 
-KEYED_HASH = "DP_KEYED_HASH"
 NEUTRAL = "neutral"  # DuckDB's dialect with the keyed hash spelled DP_KEYED_HASH
-
-
-def keyed_hash(expressions: list[exp.Expression]) -> exp.Anonymous:
-    """``DP_KEYED_HASH(values..., secret)``: engine-neutral in the tree, so that one tree serves
-    every engine; each dialect's rendering maps it to its own fast hash (HASH, XXHASH64).
-
-    A plain call node, not a node class of our own: sqlglot's compiled build (sqlglotc) lets no
-    interpreted class inherit from its nodes, parser or generators."""
-    return exp.Anonymous(this=KEYED_HASH, expressions=expressions)
-
-
-def secret_slot() -> exp.Anonymous:
-    """Where the per-query secret goes: the tree is built once per plan and rendered once per
-    dialect, each run supplying its own secret (:meth:`CompiledQuery.with_secret`)."""
-    return exp.Anonymous(this=SECRET, expressions=[])
-
-
-SECRET = "DP_SECRET"
-
-
-def is_keyed_hash(node: exp.Expression) -> bool:
-    return isinstance(node, exp.Anonymous) and node.name.upper() == KEYED_HASH
-
-
-def is_secret(node: exp.Expression) -> bool:
-    return isinstance(node, exp.Anonymous) and node.name.upper() == SECRET
 
 
 # What the rendering prints for a secret slot: the text is kept as the pieces between these,

@@ -15,19 +15,12 @@ from typing import Any
 
 from sqlglot import exp
 
-from dpsql.policy import ColumnPolicy, TablePolicy
+from dpsql.policy import SQL_TYPES, ColumnPolicy, TablePolicy
 from dpsql.sql.bind import GroupKey
 
 FLOAT_GRID_POINTS = 100_000
 MAX_ENUMERATION = 1_000_000
 
-SQL_TYPES = {
-    "int": "BIGINT",
-    "float": "DOUBLE",
-    "text": "VARCHAR",
-    "bool": "BOOLEAN",
-    "date": "DATE",
-}
 
 # evaluate(sql) -> rows of a query over public, generated relations only
 Evaluator = Callable[[str], list[tuple[Any, ...]]]

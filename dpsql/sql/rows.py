@@ -8,7 +8,7 @@ engine keeps at most R rows per unit, chosen by a keyed hash of the row with a f
 from __future__ import annotations
 
 from dpsql.policy import TablePolicy
-from dpsql.sql.compile import KEYED_HASH
+from dpsql.sql.hashing import KEYED_HASH
 from dpsql.sql.identifiers import quote_ident as _q
 
 
