@@ -73,7 +73,6 @@ KNOWN_CYCLES = [
     {
         "dpsql.engine.prepared",
         "dpsql.sql.compile",
-        "dpsql.sql.local_plan",
         "dpsql.sql.prepared_plan",
     },
 ]

@@ -56,7 +56,15 @@ from dpsql.sql.hashing import (
     secret_slot,
 )
 from dpsql.sql.local_plan import ColumnProgram, column_program
-from dpsql.sql.plan import ClipEstimate, Measure, Plan, QuantileMeasure
+from dpsql.sql.plan import (
+    ClipEstimate,
+    Measure,
+    Plan,
+    QuantileMeasure,
+    bounds_groups,
+    count_scale,
+    value_measures,
+)
 from dpsql.sql.safety import guarded_conditions
 from dpsql.sql.typecheck import _DECIMAL, _WIDE_INTEGERS
 
@@ -950,7 +958,7 @@ def _histogram(
         exp.Not(this=exp.Is(this=_name("__b"), expression=exp.Null()))
     ]
     joins = None
-    if _bounds_groups(plan):
+    if bounds_groups(plan):
         pairs = _select([_name(c) for c in gc], _table("kept"))
         pairs.set("distinct", exp.Distinct())
         ctes += [_cte("bounded", pairs), _cte("ranked", _ranked(ks, G))]
@@ -1015,9 +1023,7 @@ def _pairs(plan: Plan, ks: list[str]) -> exp.Select:
     items: list[exp.Expression] = [_alias(_quoted(table.privacy_unit), "__u")]  # type: ignore[arg-type]
     items += [_alias(lowered_key(kp.key), k) for kp, k in zip(plan.keys, ks, strict=True)]
     items.append(_alias(_count_star(), "__n"))
-    items += [
-        _alias(measure_aggregate_expr(m, table), f"v_{m.name}") for m in _value_measures(plan)
-    ]
+    items += [_alias(measure_aggregate_expr(m, table), f"v_{m.name}") for m in value_measures(plan)]
     items += [
         _alias(pair_measure_expr(m, table, plan.max_rows), f"v_{m.name}")
         for m in _pair_measures(plan)
@@ -1048,20 +1054,6 @@ def _row_order(table: TablePolicy) -> exp.Anonymous:
     return keyed_hash([*stored, secret_slot()])
 
 
-def _bounds_groups(plan: Plan) -> bool:
-    """Whether a unit can be in more than G groups, so that its groups must be ranked: there
-    are keys, and not all public with at most G bins in all."""
-    sizes = [len(kp.domain) for kp in plan.keys if kp.domain is not None]
-    bins = math.prod(sizes) if len(sizes) == len(plan.keys) else None
-    return bool(plan.keys) and (bins is None or bins > plan.max_groups)
-
-
-def _value_measures(plan: Plan) -> list[Measure]:
-    """Measures summed from row values (not counted per row or unit): those need sampling
-    (MeasureKind.row_scaled: a rescaled bounding multiplies them by R/n)."""
-    return [m for m in plan.measures if m.measure_kind.row_scaled]
-
-
 def _pair_measures(plan: Plan) -> list[Measure]:
     """Bias measures computed once per (unit, group) pair from all its rows (dpsql.sql.bias):
     computed in ``base``, carried through the bounding as they are."""
@@ -1077,7 +1069,7 @@ def _bounded(plan: Plan) -> exp.Select:
     """Contribution bounding per privacy unit (see the module docstring for the plan)."""
     ks = [f"__k{i}" for i in range(len(plan.keys))]
     R = plan.max_rows
-    if plan.bounding == "scale" or not _value_measures(plan):
+    if plan.bounding == "scale" or not value_measures(plan):
         # Only row and unit counts: any R of a pair's n rows count min(n, R), whichever the
         # keyed hash would pick, so the pair's count is capped without re-reading its rows;
         # rescaled, every pair's partials are R/n of it (rescaled() does both)
@@ -1181,21 +1173,11 @@ def group_scaled(
         expression=k.copy(),
     )
     items.append(_alias(units, "__units"))
-    for m in _value_measures(plan) + _pair_measures(plan):
+    for m in value_measures(plan) + _pair_measures(plan):
         bound = m.per_group_bound * m.fine  # a rounded count's share: on its fine grid
         scaled = _fraction(_name(f"v_{m.name}"), capped.copy(), G, k, bound=bound)
         items.append(_alias(scaled, f"v_{m.name}"))
     return _select(items, src)
-
-
-def count_scale(plan: Plan) -> int:
-    """The fine grid of the plan's row and unit counts' pair shares (all share it: row bound
-    1), before the per-unit rounding (:func:`rounded_counts`) brings them back to integers."""
-    from dpsql.sql.plan import rescale_factor
-
-    return next(
-        (m.pair_scale for m in plan.measures if m.kind in ("rows", "units")), rescale_factor(1)
-    )
 
 
 def rounded_columns(plan: Plan) -> list[tuple[str, int]]:
@@ -1305,7 +1287,7 @@ def _pair_columns(plan: Plan, ks: list[str]) -> list[str]:
     out = ["__u", *ks, "__n"]
     if plan.group_scaling:
         out.append("__units")
-    out += [f"v_{m.name}" for m in _value_measures(plan) + _pair_measures(plan)]
+    out += [f"v_{m.name}" for m in value_measures(plan) + _pair_measures(plan)]
     return out
 
 
@@ -1319,7 +1301,7 @@ def rescaled(plan: Plan, ks: list[str], pairs: str, keep: tuple[str, ...] = ()) 
     capped = exp.Least(this=n, expressions=[_number(plan.max_rows)], ignore_nulls=True)
     items.append(_alias(capped, "__n"))
     items += [
-        _alias(scaled_partial(m, plan.max_rows, n), f"v_{m.name}") for m in _value_measures(plan)
+        _alias(scaled_partial(m, plan.max_rows, n), f"v_{m.name}") for m in value_measures(plan)
     ]
     items += [_name(f"v_{m.name}") for m in _pair_measures(plan)]  # per pair already
     return _select(items, _table(pairs))
@@ -1354,9 +1336,7 @@ def _sampled(plan: Plan, ks: list[str]) -> exp.Select:
         joins=[_join(_subquery(over_r, "o"), "INNER" if carried else "SEMI", _and(match))],
     )
     items: list[exp.Expression] = [_name(c) for c in gc] + [_alias(_count_star(), "__n")]
-    items += [
-        _alias(measure_aggregate_expr(m, table), f"v_{m.name}") for m in _value_measures(plan)
-    ]
+    items += [_alias(measure_aggregate_expr(m, table), f"v_{m.name}") for m in value_measures(plan)]
     items += [_alias(exp.Max(this=_name(c)), c) for c in carried]
     return _select(
         items,
@@ -1377,7 +1357,7 @@ def _finish_bounded(
         # public keys: a unit over G groups keeps all k of them at G/k (dpsql.sql.plan)
         ctes.append(_cte("ranked", group_scaled(plan, ks, "bounded", groups)))
         final_source = "ranked"
-    elif _bounds_groups(plan):
+    elif bounds_groups(plan):
         # At most G groups per unit, by keyed hash of (unit, key): each unit drops its own
         # groups, not the same groups for everyone. Only units over G are ranked.
         ctes.append(_cte("ranked", _ranked(ks, G)))

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
-from dpsql.sql.plan import Measure, Plan
+from dpsql.sql.plan import Measure, Plan, bounds_groups, count_scale, value_measures
 from dpsql.sql.simple_where import KEY_TYPES, readable, stored, stored_column
 
 # the measure kinds a program computes (MeasureKind.programmed; its SQL:
@@ -69,8 +69,6 @@ class ColumnProgram:
 
 def column_program(plan: Plan) -> ColumnProgram | None:
     """The program of ``plan``, or None when only its SQL computes it (see the module doc)."""
-    from dpsql.sql.compile import _bounds_groups, _value_measures, count_scale
-
     query = plan.query
     table = query.table
     if not plan.measures or plan.quantiles or plan.clips or table.joined is not None:
@@ -81,8 +79,8 @@ def column_program(plan: Plan) -> ColumnProgram | None:
         unit = table.columns.get(table.privacy_unit)
         if unit is None or unit.type not in KEY_TYPES:
             return None
-        rescaling = plan.bounding == "scale" or not _value_measures(plan)
-        if not rescaling or not (plan.group_scaling or not _bounds_groups(plan)):
+        rescaling = plan.bounding == "scale" or not value_measures(plan)
+        if not rescaling or not (plan.group_scaling or not bounds_groups(plan)):
             return None
         if unit.type != "int" and any(m.fine > 1 for m in plan.measures):
             return None  # a rounded count's offset is the engine's hash of such a unit

@@ -1069,3 +1069,25 @@ def _exact_units(name: str, G: int) -> Measure:
         delta=0.0,
         mechanism=Unreleased(l1=l1, l2=l2),
     )
+
+
+def bounds_groups(plan: Plan) -> bool:
+    """Whether a unit can be in more than G groups, so that its groups must be ranked: there
+    are keys, and not all public with at most G bins in all."""
+    sizes = [len(kp.domain) for kp in plan.keys if kp.domain is not None]
+    bins = math.prod(sizes) if len(sizes) == len(plan.keys) else None
+    return bool(plan.keys) and (bins is None or bins > plan.max_groups)
+
+
+def value_measures(plan: Plan) -> list[Measure]:
+    """Measures summed from row values (not counted per row or unit): those need sampling
+    (MeasureKind.row_scaled: a rescaled bounding multiplies them by R/n)."""
+    return [m for m in plan.measures if m.measure_kind.row_scaled]
+
+
+def count_scale(plan: Plan) -> int:
+    """The fine grid of the plan's row and unit counts' pair shares (all share it: row bound
+    1), before the per-unit rounding (:func:`rounded_counts`) brings them back to integers."""
+    return next(
+        (m.pair_scale for m in plan.measures if m.kind in ("rows", "units")), rescale_factor(1)
+    )

@@ -31,7 +31,7 @@ from sqlglot import exp
 from dpsql.engine.prepared import StoreInfo
 from dpsql.policy import TablePolicy
 from dpsql.sql import compile as c
-from dpsql.sql.plan import Measure, Plan
+from dpsql.sql.plan import Measure, Plan, bounds_groups, value_measures
 
 
 def store_tree(plan: Plan, keys: tuple[str, ...], store: StoreInfo) -> exp.Expression | None:
@@ -63,7 +63,7 @@ def _partials(plan: Plan, store: StoreInfo) -> str | None:
     Sampling needs the rows themselves, so only rescaled plans and counts-only plans use it."""
     if plan.query.where is not None or len(c._conditions(plan)) != 1:
         return None
-    if plan.bounding != "scale" and c._value_measures(plan):
+    if plan.bounding != "scale" and value_measures(plan):
         return None
     if len(plan.keys) > 1:
         return None
@@ -74,7 +74,7 @@ def _partials(plan: Plan, store: StoreInfo) -> str | None:
             return None
         column = key.columns[0]
     table = plan.query.table
-    for m in c._value_measures(plan):
+    for m in value_measures(plan):
         if m.column not in store.partial_columns or _fixed(m, table, store) is None:
             return None
     return store.partials.get(column)
@@ -110,7 +110,7 @@ def _from_partials(plan: Plan, store: StoreInfo, relation: str) -> exp.Select:
     items: list[exp.Expression] = [c._name("__u")]
     items += [c._alias(c._name("__k"), k) for k in ks]
     items.append(c._name("__n"))
-    items += [c._alias(_partial_value(m, store), f"v_{m.name}") for m in c._value_measures(plan)]
+    items += [c._alias(_partial_value(m, store), f"v_{m.name}") for m in value_measures(plan)]
     if plan.group_scaling:  # the unit's pairs in the domain, counted when the store was built
         items.append(c._name("__g"))
     source = c._table(relation)
@@ -179,7 +179,7 @@ def _within(plan: Plan, store: StoreInfo) -> tuple[exp.Expression, exp.Expressio
     if pair:
         bound = pair[0] if len(pair) == 1 else exp.Least(this=pair[0], expressions=pair[1:])
     rows_ok: exp.Expression = exp.LTE(this=bound, expression=c._number(plan.max_rows))
-    if not c._bounds_groups(plan):
+    if not bounds_groups(plan):
         return rows_ok, None
     G = c._number(plan.max_groups)
     groups_ok: exp.Expression = exp.LTE(this=unit_rows.copy(), expression=G)
@@ -226,7 +226,7 @@ def _partials_by(
     filtered to their public domain."""
     table = plan.query.table
     aggregates: list[tuple[exp.Expression, str]] = [(c._count_star(), "__n")]
-    aggregates += [(aggregate(m, table, store), f"v_{m.name}") for m in c._value_measures(plan)]
+    aggregates += [(aggregate(m, table, store), f"v_{m.name}") for m in value_measures(plan)]
     conditions = [*c._conditions(plan), *where]
     query = c.grouped_select(
         plan, ks, aggregates, _source(store), conditions, lead, fold_keys=fold_keys
@@ -247,7 +247,7 @@ def _split(plan: Plan, store: StoreInfo, ks: list[str], safe: exp.Expression) ->
     unit = c._quoted(plan.query.table.privacy_unit)  # type: ignore[arg-type]
     unless_safe = exp.Case(ifs=[exp.If(this=safe.copy(), true=exp.Null())], default=unit)
     grouped = _partials_by(plan, store, ks, [("__u", unless_safe)], [])
-    values = [f"v_{m.name}" for m in c._value_measures(plan)]
+    values = [f"v_{m.name}" for m in value_measures(plan)]
     proven = exp.Is(this=c._name("__u"), expression=exp.Null())
     pairs = c._select(
         [c._name(n) for n in ["__u", *ks, "__n", *values]],
@@ -267,7 +267,7 @@ def _sampled(plan: Plan, store: StoreInfo, ks: list[str], heavy: exp.Expression)
     table = plan.query.table
     R = plan.max_rows
     gc = ["__u", *ks]
-    partials = [aggregate(m, table, store) for m in c._value_measures(plan)]
+    partials = [aggregate(m, table, store) for m in value_measures(plan)]
     order: exp.Expression
     if store.hash_mix is not None:
         order = exp.BitwiseXor(
@@ -287,7 +287,7 @@ def _sampled(plan: Plan, store: StoreInfo, ks: list[str], heavy: exp.Expression)
         c._subquery(rows, "b"),
     )
     items: list[exp.Expression] = [c._name(n) for n in gc] + [c._alias(c._count_star(), "__n")]
-    items += [c._alias(aggregate(m, table, store), f"v_{m.name}") for m in c._value_measures(plan)]
+    items += [c._alias(aggregate(m, table, store), f"v_{m.name}") for m in value_measures(plan)]
     sampled = c._select(
         items,
         c._subquery(ranked, "s"),
@@ -310,7 +310,7 @@ def _two_phase(plan: Plan, store: StoreInfo) -> exp.Select:
         safe = exp.And(this=safe, expression=groups_ok.copy())
     # counts only (any R of a pair's n rows count min(n, R): no row is sampled) or rescaled:
     # every pair not proven within R and G aggregated as it is, then capped / rescaled to R
-    split = not c._value_measures(plan) or plan.bounding == "scale"
+    split = not value_measures(plan) or plan.bounding == "scale"
     if split:
         ctes = [*_split(plan, store, ks, safe), c._cte("bounded", c.rescaled(plan, ks, "pairs"))]
     else:
@@ -336,14 +336,14 @@ def _two_phase(plan: Plan, store: StoreInfo) -> exp.Select:
         source = "rounded"
     if not split:
         ctes.append(c._cte("direct", _grouped(plan, store, ks, safe, by_unit=False)))
-    parts = [*ks, "__n", *[f"v_{m.name}" for m in c._value_measures(plan)]]
+    parts = [*ks, "__n", *[f"v_{m.name}" for m in value_measures(plan)]]
     direct: list[exp.Expression] = [c._name(n) for n in ks]
     rows: exp.Expression = c._name("__n")
     rows_scale = next((m.scale for m in plan.measures if m.kind == "rows"), 1)
     if rows_scale != 1:  # a direct pair's unit is within G: its row count in the rows' grid
         rows = c._alias(exp.Mul(this=rows, expression=c._number(rows_scale)), "__n")
     direct.append(rows)
-    for m in c._value_measures(plan):  # a direct pair is within R: its partial times the scale
+    for m in value_measures(plan):  # a direct pair is within R: its partial times the scale
         v: exp.Expression = c._name(f"v_{m.name}")
         if plan.bounding == "scale":
             v = c._alias(exp.Mul(this=c.wide(v), expression=c._number(m.scale)), f"v_{m.name}")
