@@ -34,16 +34,8 @@ from dpsql.curation.source import (
     quote_ident,
     sql_string,
 )
-from dpsql.policy import ColumnPolicy, Policy, TablePolicy
+from dpsql.policy import SQL_TYPES, ColumnPolicy, Policy, TablePolicy
 from dpsql.sources import display_source, is_glob, is_postgres, is_remote
-
-SQL_TYPES = {
-    "int": "BIGINT",
-    "float": "DOUBLE",
-    "text": "VARCHAR",
-    "bool": "BOOLEAN",
-    "date": "DATE",
-}
 
 
 @dataclass

@@ -37,9 +37,10 @@ from sqlglot import exp
 
 from dpsql.engine.api import EngineResult
 from dpsql.policy import ColumnPolicy, TablePolicy
+from dpsql.sql import bias
 from dpsql.sql.local_plan import ColumnProgram
 from dpsql.sql.measure_kinds import MEASURE_KINDS
-from dpsql.sql.plan import Measure
+from dpsql.sql.plan import Measure, fixed_point_bounds
 from dpsql.sql.simple_where import COMPARISONS, KEY_TYPES, iso_date
 
 _EXACT_FLOAT = 2**53  # every integer below it is a float64, and so is every partial sum
@@ -207,8 +208,6 @@ def cluster(table: ColumnarTable, policy: TablePolicy) -> ColumnarTable:
     declared bounds (dpsql.sql.compile.fixed_point_expr, as :func:`_fixed_point`) and every
     column's NULLs, one row each. The same rows as ``table``: every program's result is the
     same integers."""
-    from dpsql.sql.plan import fixed_point_bounds
-
     unit = policy.privacy_unit
     columns = dict(table.columns)
     if unit is not None and unit in columns:
@@ -223,8 +222,6 @@ def cluster(table: ColumnarTable, policy: TablePolicy) -> ColumnarTable:
         unit_starts = np.append(starts.astype(np.int64), len(codes))
     else:
         unit, unit_starts = None, None
-    from dpsql.sql import bias
-
     fixed_index: dict[tuple[str, str, int, int], int] = {}
     rows_of: list[Callable[[], np.ndarray]] = []  # each row's values, computed when filled
     for name, column in columns.items():

@@ -39,6 +39,7 @@ from dpsql.errors import PrivacyError, ProgrammingError, UndefinedColumnError, U
 from dpsql.frontend.logic import column_equality, mismatched_join, transform_clauses
 from dpsql.frontend.per_unit import PerUnitSpec, relation
 from dpsql.policy import ColumnPolicy, JoinedSource, JoinStep, Policy, TablePolicy, comparable
+from dpsql.sql.hashing import keyed_hash, secret_slot
 from dpsql.sql.positions import position_of, snippet
 
 if TYPE_CHECKING:
@@ -83,7 +84,6 @@ class PerUnitSource(JoinedSource):
 
     def relation(self) -> exp.Select:
         """V as engine SQL, from the validated spec only (dpsql.frontend.per_unit.relation)."""
-        from dpsql.sql.hashing import keyed_hash, secret_slot
         from dpsql.sql.safety import guarded_conditions
 
         assert self.spec is not None

@@ -276,13 +276,16 @@ def needs_of(query: BoundQuery, version: str) -> tuple[Need, ...]:
     return (*out, *clips)
 
 
-def measure_count(query: BoundQuery) -> int:
+def measure_count(query: BoundQuery, *, sum_counts: bool = True) -> int:
     """How many noisy measures share the query's ε (as dpsql.sql.plan splits it, roughly:
-    COUNT one, SUM one per column, AVG a sum and the count, VAR/STDDEV a sum of squares too)."""
+    COUNT one, SUM one per column, AVG a sum and the count, VAR/STDDEV a sum of squares too).
+    ``sum_counts=False``: a SUM alone measures no count (the plan of a single total's SUM)."""
     parts: set[tuple[str, str | None]] = set()
     for call in query.aggregates:
         if call.summed:  # the kind's object says so (dpsql.sql.bind.AggregateCall.summed)
-            parts |= {("sum", call.column), ("count", None)}
+            parts.add(("sum", call.column))
+            if sum_counts or call.kind != "sum":
+                parts.add(("count", None))
             if call.kind not in ("sum", "avg"):
                 parts.add(("sumsq", call.column))
         elif call.kind in ("count", "count_units"):
@@ -379,24 +382,6 @@ def _split_contribution(epsilon: float, needs: tuple[Need, ...]) -> list[float]:
     return [rows if n.kind == "rows" else epsilon - rows for n in needs]
 
 
-def _summed_measures(query: BoundQuery) -> int:
-    """How many measures share the ε a single total's SUM is planned with (as
-    :func:`measure_count`, but a SUM alone measures no count: dpsql.sql.plan)."""
-    parts: set[tuple[str, str | None]] = set()
-    for call in query.aggregates:
-        if call.kind == "sum":
-            parts.add(("sum", call.column))
-        elif call.summed:
-            parts |= {("sum", call.column), ("count", None)}
-            if call.kind != "avg":
-                parts.add(("sumsq", call.column))
-        elif call.kind in ("count", "count_units"):
-            parts.add(("count", None))
-        else:
-            parts.add((call.kind, call.column))
-    return max(1, len(parts))
-
-
 def clamp_range(
     query: BoundQuery, column: str, data: dict[str, Any], measured: float, rows: int
 ) -> tuple[float, float, float, float]:
@@ -417,7 +402,7 @@ def clamp_range(
         max_values=int(rows),  # the SUM's R (chosen, where "auto"): its noise is R·C/ε_s
         method=method,
         q=col.clip_quantile,
-        sum_epsilon=measured / _summed_measures(query),
+        sum_epsilon=measured / measure_count(query, sum_counts=False),
     )
     chosen = chooser.choose(np.asarray(data["noisy"], dtype=np.float64), col.lower, col.upper)
     lo, hi = chosen.lower, chosen.upper
