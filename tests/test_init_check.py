@@ -53,7 +53,9 @@ def test_init_visits_drafts_a_policy_that_answers(capsys, tmp_path):
     assert table["bounds_share"] == 0.1
     assert "# decide: R, rows one unit keeps" in text
     assert "chosen privately (or R = " in text and "chosen privately (or G = " in text
-    assert cols_clip(table) == {"cost": "auto"}  # skewed: p99 far below the bound
+    # skewed, but no clip written: the default clamp (a DP range kept per data version) applies
+    assert cols_clip(table) == {}
+    assert "# no clip stated: SUM/AVG/VAR clamp to a DP range" in text
     cols = table["columns"]
     assert cols["patient_id"] == {"type": "int", "nullable": False}
     assert cols["department"]["values"] == [

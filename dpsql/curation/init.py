@@ -559,15 +559,12 @@ def _column_lines(prof: Profile, col: ColumnProfile, unit: str | None, rare: int
                 f"# (the p99 is {_show(col.quantiles[2])}: a bound near it clamps ~1% of rows "
                 f"and cuts SUM/AVG noise ~{upper / col.quantiles[2]:.0f}x)"
             )
-            # skewed: SUM/AVG/VAR clamp to a DP range inside [lower, upper] (the 0.9 quantile
-            # of |x|, clip_share of each query's ε), the best default measured on PUMS income
+            # skewed: no clip is written, so the default applies (dpsql.service.bounds: the
+            # clamp range chosen from a DP histogram of |x| bought once per analyst and data
+            # version); clip = "auto" would buy one with every query's ε
             out.append(
-                _line(
-                    "clip",
-                    "auto",
-                    'decide: SUM/AVG/VAR clamp to a DP range inside [lower, upper] ("declared": '
-                    "to the bounds)",
-                )
+                "# no clip stated: SUM/AVG/VAR clamp to a DP range inside [lower, upper] chosen "
+                'once per data version (clip = "declared": to the bounds)'
             )
     if col.type == "float" and bounds is not None:
         from dpsql.policy import default_granularity
