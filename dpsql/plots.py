@@ -59,7 +59,8 @@ def error_curves(
     """
     from dataclasses import replace
 
-    from dpsql.sql.bind import BoundQuery, ExplainStatement, parse_statement
+    from dpsql.sql.bind import parse_statement
+    from dpsql.sql.statements import BoundQuery, ExplainStatement
 
     statement = parse_statement(sql, service.policy)
     if isinstance(statement, ExplainStatement):

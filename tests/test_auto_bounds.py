@@ -136,7 +136,7 @@ def test_the_service_layer_reads_the_summed_kinds_from_the_kind_objects():
     """dpsql.service.bounds keeps no copy of the summed kinds: a call asks its kind's object."""
     from dpsql.aggregates import KINDS, SUMMED_KINDS
     from dpsql.service import bounds
-    from dpsql.sql.bind import AggregateCall
+    from dpsql.sql.statements import AggregateCall
 
     assert not hasattr(bounds, "SUMMED_KINDS")
     assert SUMMED_KINDS == ("sum", "avg", "var_samp", "var_pop", "stddev_samp", "stddev_pop")

@@ -9,14 +9,14 @@ from conftest import table_policy, write_csv
 
 from dpsql.errors import ProgrammingError, SQLSyntaxError
 from dpsql.policy import load_policy
-from dpsql.sql.bind import (
+from dpsql.sql.bind import parse_statement
+from dpsql.sql.statements import (
     AggregateCall,
     BoundQuery,
     ExplainStatement,
     PublicSelect,
     SettingStatement,
     TransactionStatement,
-    parse_statement,
 )
 
 COLUMNS = {

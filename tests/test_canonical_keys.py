@@ -31,7 +31,8 @@ from dpsql.errors import Error
 from dpsql.ir.canonical import answer_key, canonical, plan_text
 from dpsql.pipeline import Service, Settings
 from dpsql.privacy.ledger import MemoryLedger
-from dpsql.sql.bind import BoundQuery, parse_statement
+from dpsql.sql.bind import parse_statement
+from dpsql.sql.statements import BoundQuery
 
 ROOT = Path(__file__).resolve().parent.parent
 STAR = ROOT / "fixtures" / "star"

@@ -454,7 +454,8 @@ def test_a_scalar_dp_subquery_inside_a_dp_query(exact: Any, sql: str) -> None:
 def test_a_per_unit_relation_is_not_a_measurement_of_its_own(exact: Any) -> None:
     """A CTE grouped by the privacy unit is a per-unit relation (dpsql.frontend.per_unit), not
     a DP query: in a set operation it is read by the DP query over it."""
-    from dpsql.sql.bind import ReleasedQuery, parse_statement
+    from dpsql.sql.bind import parse_statement
+    from dpsql.sql.statements import ReleasedQuery
 
     service, _ = exact
     query = parse_statement(

@@ -35,8 +35,8 @@ from dpsql.aggregates.mode import MAX_MODE_DOMAIN, ModeMeasure, group_epsilon
 if TYPE_CHECKING:
     from dpsql.policy import ColumnPolicy
     from dpsql.privacy.mechanisms import Mechanism
-    from dpsql.sql.bind import AggregateCall
     from dpsql.sql.plan import Measure, OutputAggregate, Plan
+    from dpsql.sql.statements import AggregateCall
 
 Spec = tuple[str, str | None]  # a measure's (kind, column), as dpsql.sql.sharing names it
 

@@ -27,16 +27,15 @@ from sqlglot.errors import ParseError, TokenError
 
 from dpsql.engine.limits import LimitExceeded, ResultCaps, Watchdog, fetch_capped
 from dpsql.errors import DataError, OperationalError, ProgrammingError
-from dpsql.policy import Policy
-from dpsql.sql.bind import (
+from dpsql.policy import SQL_TYPES, Policy
+from dpsql.sql.identifiers import quote_ident as _q
+from dpsql.sql.statements import (
     AGGREGATE_KINDS,
     ERROR_BAR_FUNCTIONS,
     POST_WINDOW_FUNCTIONS,
     RELEASED,
     SCALAR_NODES,
 )
-from dpsql.sql.domains import SQL_TYPES
-from dpsql.sql.identifiers import quote_ident as _q
 
 POST_TIMEOUT = 10.0  # seconds a post-processing statement may run on the shared connection
 # Post-processing returns at most one row per released row (or one, without FROM).

@@ -16,6 +16,7 @@ Everything here is a pure AST -> AST function of the text and the policy: nothin
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from sqlglot import exp
@@ -26,6 +27,7 @@ from dpsql.frontend.per_unit import ROW_CHANGING_CLAUSES, per_unit_relation
 from dpsql.frontend.scopes import display_name
 from dpsql.policy import Policy, TablePolicy
 from dpsql.sql.positions import position_of, snippet
+from dpsql.sql.statements import BoundQuery
 
 
 @dataclass(frozen=True)
@@ -51,28 +53,34 @@ def is_aggregate(select: exp.Select) -> bool:
     return any(item.find(exp.AggFunc) for item in select.expressions)
 
 
-def flatten(tree: exp.Select, text: str, policy: Policy) -> exp.Select | Wrapped:
-    """``tree`` with its CTEs and derived tables resolved (see the module docstring)."""
-    return flatten_relations(tree, text, policy)[0]
+# The binder, passed in by it (dpsql.sql.bind.bind_select): a per-unit relation is found by
+# binding trial SELECTs, and this module sits below the binder (it imports no binder).
+BindSelect = Callable[[exp.Select, str, Policy], BoundQuery]
 
 
 def flatten_relations(
-    tree: exp.Select, text: str, policy: Policy
+    tree: exp.Select, text: str, policy: Policy, bind: BindSelect
 ) -> tuple[exp.Select | Wrapped, Policy]:
-    """:func:`flatten`, and the policy with the per-unit tables it made
-    (dpsql.frontend.per_unit): a derived table or CTE grouped by the privacy unit becomes a
-    table of one row per unit (per key), which the outer query reads like any table."""
-    flattener = _Flattener(text, policy)
+    """``tree`` with its CTEs and derived tables resolved (see the module docstring), and
+    the policy with the per-unit tables it made (dpsql.frontend.per_unit): a derived table
+    or CTE grouped by the privacy unit becomes a table of one row per unit (per key), which
+    the outer query reads like any table."""
+    flattener = _Flattener(text, policy, bind)
     flat = flattener.resolve(tree, {})
     if flattener.derived:
         policy = replace(policy, tables={**policy.tables, **flattener.derived})
     return flat, policy
 
 
+def _no_binding(tree: exp.Select, text: str, policy: Policy) -> BoundQuery:
+    raise AssertionError("post-processing is inlined without binding")  # never called
+
+
 class _Flattener:
-    def __init__(self, text: str, policy: Policy) -> None:
+    def __init__(self, text: str, policy: Policy, bind: BindSelect) -> None:
         self.text = text
         self.policy = policy
+        self.bind_select = bind
         self.derived: dict[str, TablePolicy] = {}  # per-unit tables made so far, by name
 
     def refuse(self, message: str, node: exp.Expression | None, hint: str) -> PrivacyError:
@@ -172,14 +180,11 @@ class _Flattener:
         """A row-level SELECT over a per-unit table if ``inner`` groups a private table by its
         privacy unit (dpsql.frontend.per_unit), else None. Its table joins ``derived``."""
         from dpsql.frontend.private_joins import per_unit_source
-        from dpsql.sql.bind import BoundQuery, _Binder
 
         policy = replace(self.policy, tables={**self.policy.tables, **self.derived})
 
         def bind(trial: exp.Select) -> BoundQuery:
-            bound = _Binder(trial, self.text, policy).bind()
-            assert isinstance(bound, BoundQuery)  # a private table's FROM, checked before
-            return bound
+            return self.bind_select(trial, self.text, policy)
 
         made = per_unit_relation(
             inner, outer, self.text, policy, bind=bind, make_source=per_unit_source
@@ -399,7 +404,7 @@ def compose_post(outer: exp.Select, inner_post: exp.Select, alias: str) -> exp.S
             for c in outer.find_all(exp.Column)
             if not _is_output_alias(c, outer)
         ):
-            flat = _Flattener("", _NO_POLICY)._inline(
+            flat = _Flattener("", _NO_POLICY, _no_binding)._inline(
                 outer, inner_post, alias or "_", expand_star=True
             )
             flat.meta.pop("dp_unchecked", None)

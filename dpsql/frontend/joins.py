@@ -154,7 +154,7 @@ def _public_source(select: exp.Select, policy: Policy) -> TablePolicy | None:
 
 def _evaluate_public(select: exp.Select, table: TablePolicy, text: str) -> list[Any]:
     """The distinct values of a one-column SELECT over one public table (public data)."""
-    from dpsql.sql.bind import SCALAR_NODES
+    from dpsql.sql.statements import SCALAR_NODES
 
     problem = None
     if len(select.expressions) != 1 or isinstance(select.expressions[0], exp.Star):
@@ -200,7 +200,7 @@ class _PublicData:
     _cache_lock = threading.Lock()
 
     def __init__(self, table: TablePolicy) -> None:
-        from dpsql.sql.domains import SQL_TYPES
+        from dpsql.policy import SQL_TYPES
         from dpsql.sql.identifiers import quote_ident
 
         self._con = duckdb.connect(":memory:")
@@ -265,7 +265,7 @@ def public_rows(
 
 
 def _literal(value: Any) -> exp.Expression:
-    from dpsql.sql.bind import to_literal
+    from dpsql.sql.statements import to_literal
 
     return to_literal(value)
 
@@ -575,6 +575,6 @@ class _Joiner:
 
 
 def _type(table: TablePolicy, column: str) -> exp.DataType:
-    from dpsql.sql.domains import SQL_TYPES
+    from dpsql.policy import SQL_TYPES
 
     return exp.DataType.build(SQL_TYPES[table.columns[column].type])

@@ -154,8 +154,8 @@ def _source(table: TablePolicy, alias: str | None) -> exp.Expression:
 def _public_values(table: TablePolicy, ident: exp.Identifier | None) -> exp.Subquery:
     """A public table as the rows read and checked at connect (its unique keys held there),
     a VALUES list typed as declared: the engine joins exactly those public facts."""
-    from dpsql.sql.bind import to_literal
-    from dpsql.sql.domains import SQL_TYPES
+    from dpsql.policy import SQL_TYPES
+    from dpsql.sql.statements import to_literal
 
     names = list(table.columns)
     inner = [exp.Identifier(this=f"c{i}", quoted=False) for i in range(len(names))]

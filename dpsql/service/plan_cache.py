@@ -20,11 +20,9 @@ from dpsql.engine.scratch import (
 from dpsql.ir.canonical import answer_key
 from dpsql.service.results import _is_output
 from dpsql.service.settings import Settings
-from dpsql.sql.bind import (
-    DIALECT,
-)
 from dpsql.sql.compile import CompiledQuery, compile_plan
 from dpsql.sql.plan import Plan
+from dpsql.sql.statements import DIALECT
 
 
 class _CheckedSet:

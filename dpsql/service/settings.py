@@ -11,9 +11,7 @@ from dpsql.errors import (
 )
 from dpsql.policy import MECHANISMS, Policy
 from dpsql.service.results import Result
-from dpsql.sql.bind import (
-    SettingStatement,
-)
+from dpsql.sql.statements import SettingStatement
 
 QUANTILE_METHODS = ("em", "pf", "smooth")
 ON_OFF = ("on", "off")

@@ -16,7 +16,7 @@ from typing import Any
 from sqlglot import exp
 
 from dpsql.policy import SQL_TYPES, ColumnPolicy, TablePolicy
-from dpsql.sql.bind import GroupKey
+from dpsql.sql.statements import GroupKey
 
 FLOAT_GRID_POINTS = 100_000
 MAX_ENUMERATION = 1_000_000
@@ -27,7 +27,7 @@ Evaluator = Callable[[str], list[tuple[Any, ...]]]
 
 
 def _literal(value: Any, col_type: str) -> str:
-    from dpsql.sql.bind import to_literal
+    from dpsql.sql.statements import to_literal
 
     return exp.cast(to_literal(value), SQL_TYPES[col_type]).sql(dialect="duckdb")
 

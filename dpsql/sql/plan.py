@@ -52,8 +52,8 @@ from dpsql.privacy.partition import OptimalSelection, Unreleased
 from dpsql.privacy.quantiles import Grid, exponential_map
 from dpsql.privacy.samplers import SecureNoise
 from dpsql.sql import bias, sharing
-from dpsql.sql.bind import AggregateCall, BoundQuery, GroupKey
 from dpsql.sql.measure_kinds import MEASURE_KINDS, MeasureKind
+from dpsql.sql.statements import AggregateCall, BoundQuery, GroupKey
 
 # Measure kinds and the value one row contributes (before summing):
 #   rows   - 1 for every row                       (COUNT(*))

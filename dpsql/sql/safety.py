@@ -18,8 +18,9 @@ import re
 
 from sqlglot import exp
 
+from dpsql.frontend.logic import conjuncts
 from dpsql.policy import TablePolicy
-from dpsql.sql.bind import COMPARISON_NODES, conjuncts
+from dpsql.sql.statements import COMPARISON_NODES
 
 _FAMILY = {"int": "number", "float": "number", "text": "text", "bool": "bool", "date": "date"}
 _ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")

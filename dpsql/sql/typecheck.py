@@ -36,13 +36,12 @@ import sqlglot
 from sqlglot import exp
 
 from dpsql.errors import DataError, Position, ProgrammingError
-from dpsql.policy import Policy, TablePolicy
-from dpsql.sql.bind import DIALECT, BoundQuery, GroupKey
-from dpsql.sql.domains import SQL_TYPES
+from dpsql.policy import SQL_TYPES, Policy, TablePolicy
 from dpsql.sql.identifiers import quote_ident
 from dpsql.sql.positions import offset_position, position_of, snippet
 from dpsql.sql.safety import conjuncts
 from dpsql.sql.simple_where import readable, stored_column
+from dpsql.sql.statements import DIALECT, BoundQuery, GroupKey
 
 BOOLEAN_TYPES = frozenset({"BOOLEAN", '"NULL"'})
 
