@@ -25,7 +25,7 @@ import duckdb
 import numpy as np
 import sqlglot
 
-from dpsql.engine import clamp_pass, columnar, postgres_source, prepared
+from dpsql.engine import columnar, postgres_source, prepared
 from dpsql.engine.api import EngineResult, QueryHandle, canonical_rows, with_extras
 from dpsql.engine.versions import (
     SourceVersions,
@@ -487,10 +487,6 @@ class DuckDBEngine:
             cursor.close()
 
     def execute(self, compiled: CompiledQuery, handle: QueryHandle | None = None) -> EngineResult:
-        if compiled.clamp is not None:
-            counted = self._run_clamp(compiled, handle)
-            if counted is not None:
-                return counted
         program = compiled.program
         if program is not None and not compiled.extras:
             local = self._run_columns(compiled, handle)
@@ -537,47 +533,6 @@ class DuckDBEngine:
             raise OperationalError(
                 "engine error: ColumnProgram", hint="please report this query"
             ) from None
-
-    def _run_clamp(
-        self, compiled: CompiledQuery, handle: QueryHandle | None
-    ) -> EngineResult | None:
-        """A default clamp's histogram as one pass over the table's store (dpsql.engine.
-        clamp_pass), the same counts as its SQL for the same secret; None: run the SQL (no
-        store ready, a stale one, or a DuckDB whose hash or arithmetic the pass does not
-        reproduce). Decided before any value is read."""
-        spec = compiled.clamp
-        assert spec is not None
-        store = self.columns.get(spec.table)
-        if store is None or spec.table not in self.policy.tables:
-            return None
-        if store.version != (self.versions.get(spec.table) or ""):
-            return None  # stale: _run_columns drops it and starts the new build
-        if not clamp_pass.runnable(store, spec):
-            return None
-        cursor = self._con.cursor()
-        try:
-            if not clamp_pass.agrees(cursor, spec, _q):
-                return None
-            if handle is not None and handle.interrupted:
-                raise OperationalError("query cancelled", sqlstate="57014")
-
-            def text_hashes(name: str, labels: Any) -> np.ndarray:
-                """DuckDB's hash of each distinct value, kept with the store (labels only)."""
-                key = ("text hashes", name)
-                held = store.masks.get(key)
-                if held is None:
-                    held = store.masks.setdefault(key, clamp_pass.label_hashes(cursor, labels))
-                return held
-
-            return clamp_pass.result(clamp_pass.counts(store, spec, compiled.secret, text_hashes))
-        except OperationalError:
-            raise
-        except Exception:  # a bug, never data: the same uniform failure as an engine error
-            raise OperationalError(
-                "engine error: ClampPass", hint="please report this query"
-            ) from None
-        finally:
-            cursor.close()
 
     def fetch_matrix(self, sql: str, handle: QueryHandle | None = None) -> np.ndarray:
         """Rows of a generated integer query (dp_rule_list pattern counts) as an int64 matrix.
