@@ -54,6 +54,7 @@ from dpsql.service.bounds import buy as buy_bounds
 from dpsql.service.bounds import resolve as resolve_bounds
 from dpsql.service.plan_cache import _CheckedSet, _PlanCache, _PostPlan, _Prepared, _SecretTemplate
 from dpsql.service.results import (
+    EXPLAIN_COLUMNS,
     SQL_TYPES_BY_CODE,
     TYPE_CODES,
     Result,
@@ -72,7 +73,19 @@ from dpsql.service.shape_cache import ShapeCache
 from dpsql.service.text_shapes import TextShapes
 from dpsql.service.transaction import not_cancelled as _not_cancelled
 from dpsql.service.transaction import paid_once
-from dpsql.sql.bind import parse_probe, parse_statement
+from dpsql.sql.bind import (
+    DIALECT,
+    BoundQuery,
+    CompositeQuery,
+    ExplainStatement,
+    PublicSelect,
+    ReleasedQuery,
+    RuleListCall,
+    SettingStatement,
+    TransactionStatement,
+    parse_probe,
+    parse_statement,
+)
 from dpsql.sql.compile import (
     CompiledQuery,
     clamp_histogram_query,
@@ -83,17 +96,6 @@ from dpsql.sql.compile import (
 from dpsql.sql.domains import key_domain
 from dpsql.sql.plan import Plan, QuantileMeasure, build_plan, with_clip_ranges
 from dpsql.sql.positions import position_of
-from dpsql.sql.statements import (
-    DIALECT,
-    BoundQuery,
-    CompositeQuery,
-    ExplainStatement,
-    PublicSelect,
-    ReleasedQuery,
-    RuleListCall,
-    SettingStatement,
-    TransactionStatement,
-)
 from dpsql.sql.typecheck import (
     BOOLEAN_TYPES,
     ShadowTypes,
@@ -1145,20 +1147,6 @@ class Service:
         except BudgetExhaustedError as exc:
             return [f"running this query would be refused: {exc.message}; nothing was spent"]
         return []
-
-
-EXPLAIN_COLUMNS = [
-    ("aggregate", "VARCHAR"),
-    ("measure", "VARCHAR"),
-    ("mechanism", "VARCHAR"),
-    ("sensitivity_l1", "DOUBLE"),
-    ("sensitivity_l2", "DOUBLE"),
-    ("noise_scale", "DOUBLE"),
-    ("epsilon", "DOUBLE"),
-    ("delta", "DOUBLE"),
-    ("rho", "DOUBLE"),
-    ("ci95_halfwidth", "DOUBLE"),
-]
 
 
 def _pending_choice(plan: Plan) -> Any:

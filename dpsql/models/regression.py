@@ -179,17 +179,6 @@ def predictor(model_json: dict[str, Any]) -> Any:
     return sqlglot.parse_one(RegressionModel.from_dict(model_json).predict_sql(), read="duckdb")
 
 
-def register() -> bool:
-    """Add both kinds to :data:`dpsql.models.predict.PREDICTORS`, when that module exists."""
-    try:
-        from dpsql.models import predict
-    except ImportError:
-        return False
-    for kind in KINDS:
-        predict.PREDICTORS.setdefault(kind, predictor)
-    return True
-
-
 # --- estimators -----------------------------------------------------------------------------
 
 
@@ -528,13 +517,10 @@ def _plain(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
-register()  # dp_predict('name') applies stored regressions (predict.py imports this module)
-
 __all__ = [
     "BoundsRequiredError",
     "DPLinearRegression",
     "DPLogisticRegression",
     "RegressionModel",
     "predictor",
-    "register",
 ]

@@ -37,7 +37,9 @@ from dpsql.sql.rows import bounded_rows_sql
 from dpsql.table_functions import REGRESSION_COLUMNS
 
 if TYPE_CHECKING:  # pragma: no cover
-    from dpsql.pipeline import Result, Service, Settings
+    from dpsql.service.protocol import Service
+    from dpsql.service.results import Result
+    from dpsql.service.settings import Settings
 
 #: Result columns of ``SELECT * FROM dp_linear_regression(...)`` (and the logistic one).
 COLUMNS = REGRESSION_COLUMNS  # the schema the binder checks against (dpsql.table_functions)
@@ -462,7 +464,7 @@ def run_regression(
     """dpsql.rulelist.sql_run.run_rule_list's order, for the regression table functions."""
     from dpsql.engine.api import cancel_check
     from dpsql.engine.scratch import check_post
-    from dpsql.pipeline import DIALECT
+    from dpsql.sql.bind import DIALECT
 
     plan = _plan_call(service, call, settings)
     check_post(call.post.sql(dialect=DIALECT), call.post)
@@ -528,7 +530,7 @@ def explain_rows(plan: RegressionPlan) -> list[tuple[Any, ...]]:
 
 
 def explain_regression(service: Service, call: Any, settings: Settings) -> Result:
-    from dpsql.pipeline import EXPLAIN_COLUMNS, Result
+    from dpsql.service.results import EXPLAIN_COLUMNS, Result
 
     plan = _plan_call(service, call, settings)
     return Result(EXPLAIN_COLUMNS, explain_rows(plan), status="EXPLAIN")

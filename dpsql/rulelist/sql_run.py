@@ -22,13 +22,14 @@ from dpsql.engine.scratch import check_post
 from dpsql.errors import ProgrammingError
 from dpsql.ir.canonical import canonical
 from dpsql.service.transaction import paid_once
+from dpsql.sql.bind import DIALECT, RuleListCall
 from dpsql.sql.rows import pattern_counts_sql
-from dpsql.sql.statements import DIALECT, RuleListCall
 from dpsql.sql.typecheck import check_binds
 
 if TYPE_CHECKING:
     from dpsql.engine.api import QueryHandle
-    from dpsql.pipeline import Result, Service
+    from dpsql.service.protocol import Service
+    from dpsql.service.results import Result
     from dpsql.service.settings import Settings
 
 
@@ -127,7 +128,7 @@ def run_rule_list(
 
 
 def explain_rule_list(service: Service, call: RuleListCall, settings: Settings) -> Result:
-    from dpsql.pipeline import EXPLAIN_COLUMNS, Result
+    from dpsql.service.results import EXPLAIN_COLUMNS, Result
 
     plan = plan_rule_list_call(service, call, settings)
     result = Result(EXPLAIN_COLUMNS, plan.explain_rows(), status="EXPLAIN")

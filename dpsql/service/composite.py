@@ -38,17 +38,18 @@ from dpsql.ir.measures import ReleasedPostProcess
 from dpsql.limits import check_plan_rows
 from dpsql.privacy.release import at_confidence, release
 from dpsql.service.postprocess import NULL_TYPE, check_tables, picked, run_post, tagged
-from dpsql.service.results import Result, _convert, type_code
+from dpsql.service.results import Result, _convert, _decode, _encode, type_code
 from dpsql.service.transaction import paid_once
+from dpsql.sql.bind import DIALECT, CompositeQuery, ReleasedQuery, to_literal
 from dpsql.sql.compile import compile_plan
 from dpsql.sql.domains import _ordered
 from dpsql.sql.plan import KeyPlan, Plan
-from dpsql.sql.statements import DIALECT, CompositeQuery, ReleasedQuery, to_literal
 from dpsql.sql.typecheck import canonical_key_value, type_query
 
 if TYPE_CHECKING:
     from dpsql.engine.api import QueryHandle
-    from dpsql.pipeline import Result, Service, Settings
+    from dpsql.service.protocol import Service
+    from dpsql.service.settings import Settings
 
 
 def plan_composite(
@@ -155,8 +156,6 @@ def _released_values(
 
 def _measured(service: Service, plan: Plan, handle: QueryHandle | None) -> Any:
     """One measurement run and released (after the reserve, inside the charged boundary)."""
-    from dpsql.pipeline import _encode
-
     result = service.engine.execute(_compile(plan), handle)
     answer = release(plan, result, service.noise, cancel_check(handle))
     return _encode(answer, service._key_types(plan))
@@ -169,8 +168,6 @@ def run_composite(
     analyst: str,
     handle: QueryHandle | None,
 ) -> Result:
-    from dpsql.pipeline import _decode
-
     inner, outer = plan_composite(service, query, settings, analyst)
     cost = inner.cost + outer.cost
 
@@ -212,8 +209,6 @@ def explain_composite(
     service: Service, query: CompositeQuery, settings: Settings, analyst: str
 ) -> Result:
     """EXPLAIN of both measurements: the DP subquery's, then the filtered query's."""
-    from dpsql.pipeline import Result
-
     inner, outer = plan_composite(service, query, settings, analyst)
     first = service.explain(inner, analyst)
     second = service.explain(outer, analyst)
@@ -345,8 +340,6 @@ def run_released(
 ) -> Result:
     """One release transaction: reserve all -> execute all -> release -> remember; then the
     post-processing of the released tables (free)."""
-    from dpsql.pipeline import _decode
-
     plans = plan_released(service, query, settings, analyst)
     for plan in plans:
         check_plan_rows(plan, service.policy.limits)

@@ -19,10 +19,11 @@ from dpsql.aggregates import KINDS
 from dpsql.aggregates.mode import ModeMeasure
 from dpsql.ir.build import plan_tree, tree_lines
 from dpsql.service.bias_notes import bounds_lines
+from dpsql.service.results import Result
 from dpsql.sql.compile import compile_plan
 
 if TYPE_CHECKING:
-    from dpsql.pipeline import Result, Service
+    from dpsql.service.protocol import Service
     from dpsql.sql.plan import Measure, OutputAggregate, Plan
 
 # each kind's formula: its object says it (dpsql.aggregates.AggregateKind.explain); what
@@ -230,7 +231,6 @@ def _quantile_lines(plan: Plan, output: OutputAggregate) -> list[str]:
 
 
 def explain_text(service: Service, plan: Plan, analyst: str | None) -> Result:
-    from dpsql.pipeline import Result
 
     rows = [(line,) for line in explain_lines(service, plan, analyst)]
     result = Result([("QUERY PLAN", "VARCHAR")], rows, status="EXPLAIN")

@@ -18,9 +18,9 @@ from dpsql.engine.scratch import (
     Projection,
     cast_value,
 )
-from dpsql.policy import SQL_TYPES
 from dpsql.privacy.bias import widened
 from dpsql.privacy.release import Released
+from dpsql.sql.domains import SQL_TYPES
 from dpsql.sql.plan import Plan
 
 TYPE_CODES = {
@@ -234,3 +234,18 @@ def _decode(answer: str) -> dict:
                 if k[i] is not None:
                     k[i] = parse(k[i])
     return data
+
+
+#: The columns of EXPLAIN (FORMAT TABLE), the default: one row per measure, range and total.
+EXPLAIN_COLUMNS = [
+    ("aggregate", "VARCHAR"),
+    ("measure", "VARCHAR"),
+    ("mechanism", "VARCHAR"),
+    ("sensitivity_l1", "DOUBLE"),
+    ("sensitivity_l2", "DOUBLE"),
+    ("noise_scale", "DOUBLE"),
+    ("epsilon", "DOUBLE"),
+    ("delta", "DOUBLE"),
+    ("rho", "DOUBLE"),
+    ("ci95_halfwidth", "DOUBLE"),
+]

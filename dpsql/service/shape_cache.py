@@ -34,13 +34,13 @@ from sqlglot import exp
 
 from dpsql.service.plan_cache import _Prepared, _SecretTemplate
 from dpsql.service.settings import Settings
+from dpsql.sql.bind import DIALECT, BoundQuery
 from dpsql.sql.compile import NEUTRAL, CompiledQuery, compile_plan
 from dpsql.sql.plan import Plan
-from dpsql.sql.statements import DIALECT, BoundQuery
 from dpsql.sql.treeops import replace_nodes
 
 if TYPE_CHECKING:
-    from dpsql.pipeline import Service
+    from dpsql.service.protocol import Service
 
 _SLOT = re.compile(r"(0|[1-9]\d{0,14})(\.\d{1,15})?")
 _SLOT_PARENTS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Between, exp.In)

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from dpsql.boundary import post_processing_boundary
 from dpsql.service.results import Result, _convert, type_code
-from dpsql.sql.statements import DIALECT, RuleListCall
+from dpsql.sql.bind import DIALECT, RuleListCall
 
 if TYPE_CHECKING:
-    from dpsql.pipeline import Service
+    from dpsql.service.protocol import Service
 
 
 def table_function_result(

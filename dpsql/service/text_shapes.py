@@ -50,11 +50,10 @@ from sqlglot import exp
 
 from dpsql.service.plan_cache import _Prepared
 from dpsql.service.settings import Settings
-from dpsql.sql.bind import parse_statement
-from dpsql.sql.statements import BoundQuery, to_literal
+from dpsql.sql.bind import BoundQuery, parse_statement, to_literal
 
 if TYPE_CHECKING:
-    from dpsql.pipeline import Service
+    from dpsql.service.protocol import Service
 
 _TOKEN = re.compile(
     r"(?P<ws>\s+)|(?P<str>'(?:[^'\\]|'')*')|(?P<num>(?<![\w.])\d+(?:\.\d+)?(?![\w.]))"
