@@ -73,19 +73,7 @@ from dpsql.service.shape_cache import ShapeCache
 from dpsql.service.text_shapes import TextShapes
 from dpsql.service.transaction import not_cancelled as _not_cancelled
 from dpsql.service.transaction import paid_once
-from dpsql.sql.bind import (
-    DIALECT,
-    BoundQuery,
-    CompositeQuery,
-    ExplainStatement,
-    PublicSelect,
-    ReleasedQuery,
-    RuleListCall,
-    SettingStatement,
-    TransactionStatement,
-    parse_probe,
-    parse_statement,
-)
+from dpsql.sql.bind import parse_probe, parse_statement
 from dpsql.sql.compile import (
     CompiledQuery,
     clamp_histogram_query,
@@ -96,6 +84,17 @@ from dpsql.sql.compile import (
 from dpsql.sql.domains import key_domain
 from dpsql.sql.plan import Plan, QuantileMeasure, build_plan, with_clip_ranges
 from dpsql.sql.positions import position_of
+from dpsql.sql.statements import (
+    DIALECT,
+    BoundQuery,
+    CompositeQuery,
+    ExplainStatement,
+    PublicSelect,
+    ReleasedQuery,
+    RuleListCall,
+    SettingStatement,
+    TransactionStatement,
+)
 from dpsql.sql.typecheck import (
     BOOLEAN_TYPES,
     ShadowTypes,

@@ -464,7 +464,7 @@ def run_regression(
     """dpsql.rulelist.sql_run.run_rule_list's order, for the regression table functions."""
     from dpsql.engine.api import cancel_check
     from dpsql.engine.scratch import check_post
-    from dpsql.sql.bind import DIALECT
+    from dpsql.sql.statements import DIALECT
 
     plan = _plan_call(service, call, settings)
     check_post(call.post.sql(dialect=DIALECT), call.post)

@@ -22,8 +22,8 @@ from dpsql.engine.scratch import check_post
 from dpsql.errors import ProgrammingError
 from dpsql.ir.canonical import canonical
 from dpsql.service.transaction import paid_once
-from dpsql.sql.bind import DIALECT, RuleListCall
 from dpsql.sql.rows import pattern_counts_sql
+from dpsql.sql.statements import DIALECT, RuleListCall
 from dpsql.sql.typecheck import check_binds
 
 if TYPE_CHECKING:

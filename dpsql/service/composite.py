@@ -40,10 +40,10 @@ from dpsql.privacy.release import at_confidence, release
 from dpsql.service.postprocess import NULL_TYPE, check_tables, picked, run_post, tagged
 from dpsql.service.results import Result, _convert, _decode, _encode, type_code
 from dpsql.service.transaction import paid_once
-from dpsql.sql.bind import DIALECT, CompositeQuery, ReleasedQuery, to_literal
 from dpsql.sql.compile import compile_plan
 from dpsql.sql.domains import _ordered
 from dpsql.sql.plan import KeyPlan, Plan
+from dpsql.sql.statements import DIALECT, CompositeQuery, ReleasedQuery, to_literal
 from dpsql.sql.typecheck import canonical_key_value, type_query
 
 if TYPE_CHECKING:

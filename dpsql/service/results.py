@@ -18,9 +18,9 @@ from dpsql.engine.scratch import (
     Projection,
     cast_value,
 )
+from dpsql.policy import SQL_TYPES
 from dpsql.privacy.bias import widened
 from dpsql.privacy.release import Released
-from dpsql.sql.domains import SQL_TYPES
 from dpsql.sql.plan import Plan
 
 TYPE_CODES = {

@@ -34,9 +34,9 @@ from sqlglot import exp
 
 from dpsql.service.plan_cache import _Prepared, _SecretTemplate
 from dpsql.service.settings import Settings
-from dpsql.sql.bind import DIALECT, BoundQuery
 from dpsql.sql.compile import NEUTRAL, CompiledQuery, compile_plan
 from dpsql.sql.plan import Plan
+from dpsql.sql.statements import DIALECT, BoundQuery
 from dpsql.sql.treeops import replace_nodes
 
 if TYPE_CHECKING:

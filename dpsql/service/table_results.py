@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from dpsql.boundary import post_processing_boundary
 from dpsql.service.results import Result, _convert, type_code
-from dpsql.sql.bind import DIALECT, RuleListCall
+from dpsql.sql.statements import DIALECT, RuleListCall
 
 if TYPE_CHECKING:
     from dpsql.service.protocol import Service

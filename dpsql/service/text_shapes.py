@@ -50,7 +50,8 @@ from sqlglot import exp
 
 from dpsql.service.plan_cache import _Prepared
 from dpsql.service.settings import Settings
-from dpsql.sql.bind import BoundQuery, parse_statement, to_literal
+from dpsql.sql.bind import parse_statement
+from dpsql.sql.statements import BoundQuery, to_literal
 
 if TYPE_CHECKING:
     from dpsql.service.protocol import Service
