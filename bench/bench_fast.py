@@ -130,19 +130,31 @@ def check(svc: Service, settings: Settings) -> None:
 
 
 def memory_child(db: Path, kind: str) -> int:
-    """One query in this fresh process; prints its peak RSS in MiB."""
+    """One query in this fresh process; prints the peak RSS (MiB) before it (after connect
+    and the store's build), the query's CPU and wall seconds, and the peak RSS after it. The
+    dpsql query is a first one (cache off): it buys the default clamp range's histogram of
+    cost, as a pass over the store ("dpsql") or as its SQL ("dpsql-sql-clamp": the pass
+    switched off, the plan before it existed)."""
     if kind == "plain":
         con = duckdb.connect()
         con.execute(f"ATTACH '{db}' AS s (READ_ONLY)")
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        c, w = cpu(), time.perf_counter()
         con.execute(Q.format(t="s.t", k=1)).fetchall()
     else:
+        if kind == "dpsql-sql-clamp":
+            from dpsql.engine import clamp_pass
+
+            clamp_pass.runnable = lambda store, spec: False  # type: ignore[assignment]
         pol = policy()
         del pol["tables"]["tr"]
         svc = Service(pol, str(db), ledger=MemoryLedger(), cache=False)
         svc.engine.wait_for_stores()
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        c, w = cpu(), time.perf_counter()
         svc.execute(Q.format(t="tu", k=1), None, Settings.from_policy(svc.policy), "a")
-        svc.close()
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    c, w = cpu() - c, time.perf_counter() - w
+    print(before, c, w, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     return 0
 
 
@@ -161,18 +173,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--memory",
         action="store_true",
-        help="peak RSS of plain DuckDB and of dpsql (one unit table, its store ready), each in a "
-        "fresh process running the WHERE query once",
+        help="peak RSS and CPU of plain DuckDB and of dpsql's first query (one unit table, its "
+        "store ready; the clamp histogram on the store and in SQL), each in a fresh process",
     )
-    ap.add_argument("--memory-child", choices=["plain", "dpsql"], help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--memory-child", choices=["plain", "dpsql", "dpsql-sql-clamp"], help=argparse.SUPPRESS
+    )
     args = ap.parse_args(argv)
     db = args.data_dir / f"fast_{args.rows}.duckdb"
     generate(db, args.rows)
     if args.memory_child:
         return memory_child(db, args.memory_child)
     if args.memory:
-        peaks = {}
-        for kind in ("plain", "dpsql"):
+        kinds = ("plain", "dpsql", "dpsql-sql-clamp")
+        print(f"{args.rows:,} rows; load {' '.join(map(str, os.getloadavg()))}", flush=True)
+        got = {}
+        for kind in kinds:
             out = subprocess.run(
                 [
                     sys.executable,
@@ -188,11 +204,23 @@ def main(argv: list[str] | None = None) -> int:
                 text=True,
                 check=True,
             ).stdout
-            peaks[kind] = float(out.split()[-1])
-        print(
-            f"peak RSS, {args.rows:,} rows: plain {peaks['plain']:.0f} MiB, dpsql "
-            f"{peaks['dpsql']:.0f} MiB ({peaks['dpsql'] / peaks['plain']:.1f}x)"
-        )
+            got[kind] = [float(v) for v in out.split()[-4:]]
+        plain = got["plain"]
+        print("each in a fresh process, one WHERE query (dpsql: a first query, its store ready)")
+        print(f"{'run':34s} {'RSS before':>10s} {'peak RSS':>9s} {'ratio':>6s} {'CPU s':>7s} "
+              f"{'ratio':>7s} {'wall s':>7s}")  # fmt: skip
+        labels = {
+            "plain": "plain DuckDB",
+            "dpsql": "dpsql, clamp histogram on the store",
+            "dpsql-sql-clamp": "dpsql, clamp histogram in SQL",
+        }
+        for kind in kinds:
+            before, c, w, peak = got[kind]
+            print(
+                f"{labels[kind]:34s} {before:9.0f}M {peak:8.0f}M {peak / plain[3]:5.1f}x "
+                f"{c:7.2f} {c / plain[1]:6.1f}x {w:7.2f}"
+            )
+        print(f"load {' '.join(map(str, os.getloadavg()))}")
         return 0
     print(f"{args.rows:,} rows; load {' '.join(map(str, os.getloadavg()))}", flush=True)
     c0, w0 = cpu(), time.perf_counter()

@@ -25,7 +25,7 @@ import duckdb
 import numpy as np
 import sqlglot
 
-from dpsql.engine import columnar, postgres_source, prepared
+from dpsql.engine import clamp_pass, columnar, postgres_source, prepared
 from dpsql.engine.api import EngineResult, QueryHandle, canonical_rows, with_extras
 from dpsql.engine.versions import (
     SourceVersions,
@@ -487,6 +487,9 @@ class DuckDBEngine:
             cursor.close()
 
     def execute(self, compiled: CompiledQuery, handle: QueryHandle | None = None) -> EngineResult:
+        counted = clamp_pass.run(self.columns, self.versions, self._con, compiled, handle)
+        if counted is not None:  # a clamp histogram, counted over the store
+            return counted
         program = compiled.program
         if program is not None and not compiled.extras:
             local = self._run_columns(compiled, handle)

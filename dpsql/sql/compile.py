@@ -45,6 +45,7 @@ from dpsql.aggregates.mode import ModeMeasure
 from dpsql.policy import SQL_TYPES, ColumnPolicy, TablePolicy, declared_type
 from dpsql.privacy.clipping import LogHistogram
 from dpsql.sql import fold
+from dpsql.sql.clamp_spec import ClampHistogram
 from dpsql.sql.hashing import (
     KEYED_HASH,
     SECRET,
@@ -109,6 +110,9 @@ class CompiledQuery:
     # the table in memory, a literal the program declines, a rendering for logs and shapes)
     builder: Callable[[], exp.Expression] | None = field(default=None, compare=False, repr=False)
     _tree: dict[str, exp.Expression] = field(default_factory=dict, compare=False, repr=False)
+    # a default clamp's histogram (clamp_histogram_query) described as data, for an engine
+    # that computes the same counts over its store (dpsql.engine.clamp_pass)
+    clamp: ClampHistogram | None = field(default=None, compare=False, repr=False)
 
     @property
     def expression(self) -> exp.Expression:
@@ -1407,6 +1411,23 @@ def clamp_histogram_query(
     value = _col(col)
     not_null = exp.Not(this=exp.Is(this=value, expression=exp.Null()))
     bin_of = _log_bin_of(hist)(col)
+    spec = None
+    if table.joined is None:
+        spec = ClampHistogram(
+            table.name,
+            table.privacy_unit,
+            tuple((c, cs.type) for c, cs in table.columns.items() if cs.expr is None),
+            column,
+            col.type,
+            col.lower,  # type: ignore[arg-type]
+            col.upper,  # type: ignore[arg-type]
+            hist.maximum,
+            hist.smallest,
+            math.log(hist.ratio),
+            hist.bins,
+            int(table.max_rows_per_unit),
+            render(bin_of, "duckdb"),
+        )
     if table.privacy_unit is None:
         tree = _select(
             [_alias(bin_of, "b"), _alias(_count_star(), "c")],
@@ -1414,7 +1435,7 @@ def clamp_histogram_query(
             where=[not_null],
             group=[exp.Literal.number(1)],
         )
-        return CompiledQuery(tree, ("b",), ("c",), secret)
+        return CompiledQuery(tree, ("b",), ("c",), secret, clamp=spec)
     unit = _quoted(table.privacy_unit)
     rank = _row_number([unit], [_row_order(table)])
     numbered = _select(
@@ -1426,7 +1447,7 @@ def clamp_histogram_query(
         where=[exp.LTE(this=_name("__r"), expression=_number(table.max_rows_per_unit))],
         group=[exp.Literal.number(1)],
     )
-    return CompiledQuery(tree, ("b",), ("c",), secret)
+    return CompiledQuery(tree, ("b",), ("c",), secret, clamp=spec)
 
 
 def contribution_query(
