@@ -31,17 +31,16 @@ import numpy as np
 from sqlglot import exp
 
 from dpsql.aggregates.mode import MAX_MODE_DOMAIN, ModeMeasure, group_epsilon
+from dpsql.aggregates.views import CallView, MeasureView, OutputView, PlanView
 
 if TYPE_CHECKING:
     from dpsql.policy import ColumnPolicy
     from dpsql.privacy.mechanisms import Mechanism
-    from dpsql.sql.plan import Measure, OutputAggregate, Plan
-    from dpsql.sql.statements import AggregateCall
 
 Spec = tuple[str, str | None]  # a measure's (kind, column), as dpsql.sql.sharing names it
 
 
-def _values_measure(plan: Plan, sum_measure: Measure) -> Measure:
+def _values_measure(plan: PlanView, sum_measure: MeasureView) -> MeasureView:
     """The count a centred sum adds centre × back: COUNT(col), or the shared COUNT(*) /
     unit count of a non-null column (dpsql.sql.sharing)."""
     if sum_measure.count is not None:
@@ -81,23 +80,23 @@ class AggregateKind:
         raise NotImplementedError
 
     def evaluate(
-        self, output: OutputAggregate, plan: Plan, values: dict[str, np.ndarray]
+        self, output: OutputView, plan: PlanView, values: dict[str, np.ndarray]
     ) -> np.ndarray:
         raise NotImplementedError
 
-    def single_measure(self, first: Measure) -> bool:
+    def single_measure(self, first: MeasureView) -> bool:
         return False
 
-    def interval_measures(self, output: OutputAggregate, plan: Plan) -> set[str]:
+    def interval_measures(self, output: OutputView, plan: PlanView) -> set[str]:
         """The measures whose noise the value's interval simulates."""
         return set(output.measures)
 
     def error_terms(
-        self, output: OutputAggregate, plan: Plan, value: np.ndarray
+        self, output: OutputView, plan: PlanView, value: np.ndarray
     ) -> tuple[tuple[Mechanism, ...], np.ndarray]:
         raise NotImplementedError
 
-    def label(self, call: AggregateCall) -> str:
+    def label(self, call: CallView) -> str:
         """The call as EXPLAIN, messages and the answer's column show it."""
         shown = call.shown or call.column
         if call.level is not None:
@@ -327,7 +326,7 @@ class Variance(AggregateKind):
         return (squares.mechanism,), np.ones(len(value))[:, None] / squares.scale
 
 
-def quantile_target(call: AggregateCall) -> tuple[str, float | None]:
+def quantile_target(call: CallView) -> tuple[str, float | None]:
     """The rank target of a quantile call: ("min", None), ("max", None) or ("quantile", q)
     (PERCENTILE at level 0 or 1 is MIN or MAX)."""
     if call.kind in ("min", "max"):
@@ -501,5 +500,5 @@ SUMMED_KINDS = tuple(name for name, kind in KINDS.items() if kind.summed)
 QUANTILE_KINDS = tuple(name for name, kind in KINDS.items() if kind.histogram == "quantile")
 
 
-def kind_of(output: OutputAggregate) -> AggregateKind:
+def kind_of(output: OutputView) -> AggregateKind:
     return KINDS[output.call.kind]

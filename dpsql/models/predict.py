@@ -136,4 +136,3 @@ def _resolve(
 
 def _where(node: exp.Expression, text: str | None):
     return None if text is None else position_of(node, text)
-
