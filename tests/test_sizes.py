@@ -19,7 +19,6 @@ OVERSIZE = {
     ("dpsql/frontend/intervals.py", "value_range"): 160,
     ("dpsql/frontend/per_unit.py", "_Builder"): 536,
     ("dpsql/frontend/per_unit.py", "_Builder.build"): 128,
-    ("dpsql/pipeline.py", "Service"): 976,
     ("dpsql/policy.py", "_table"): 123,
     ("dpsql/rulelist/table_function.py", "plan_rule_list"): 180,
     ("dpsql/server/session.py", "Session"): 905,

@@ -31,6 +31,7 @@ from dpsql.policy import ColumnPolicy, TablePolicy
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.samplers import NoiseSource
 from dpsql.rulelist.table_function import _typed_positive, check_model_name
+from dpsql.service.table_results import store_model, table_function_result
 from dpsql.service.transaction import paid_once
 from dpsql.sql.identifiers import quote_ident
 from dpsql.sql.rows import bounded_rows_sql
@@ -484,11 +485,11 @@ def run_regression(
         before_budget=lambda: _check_budget_delta(service, plan, analyst),
     )  # fmt: skip
     answer, cost, not_cached = paid.answer, paid.charged, paid.note
-    result, data = service.table_function_result(call, answer, cost, COLUMNS)
+    result, data = table_function_result(service, call, answer, cost, COLUMNS)
     if not_cached:
         result.notes.append(not_cached)
     if plan.model is not None:
-        service.store_model(plan, plan.kind, analyst, call.text, data["model"], result)
+        store_model(service, plan, plan.kind, analyst, call.text, data["model"], result)
     return result
 
 

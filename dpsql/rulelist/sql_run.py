@@ -21,6 +21,7 @@ from dpsql.engine.api import cancel_check
 from dpsql.engine.scratch import check_post
 from dpsql.errors import ProgrammingError
 from dpsql.ir.canonical import canonical
+from dpsql.service.table_results import store_model, table_function_result
 from dpsql.service.transaction import paid_once
 from dpsql.sql.rows import pattern_counts_sql
 from dpsql.sql.statements import DIALECT, RuleListCall
@@ -119,11 +120,11 @@ def run_rule_list(
         execute=execute, cache_key="rulelist:" + fingerprint,
     )  # fmt: skip
     answer, cost, not_cached = paid.answer, paid.charged, paid.note
-    result, data = service.table_function_result(call, answer, cost, COLUMNS)
+    result, data = table_function_result(service, call, answer, cost, COLUMNS)
     if not_cached:
         result.notes.append(not_cached)
     if plan.model is not None and "model" in data:
-        service.store_model(plan, "rule_list", analyst, call.text, data["model"], result)
+        store_model(service, plan, "rule_list", analyst, call.text, data["model"], result)
     return result
 
 

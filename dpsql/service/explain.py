@@ -11,12 +11,13 @@ threshold), the cost and what would remain, the plan tree (dpsql.ir), the engine
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import sqlglot
 
 from dpsql.aggregates import KINDS
 from dpsql.aggregates.mode import ModeMeasure
+from dpsql.errors import BudgetExhaustedError
 from dpsql.ir.build import plan_tree, tree_lines
 from dpsql.service.bias_notes import bounds_lines
 from dpsql.service.results import Result
@@ -231,10 +232,9 @@ def _quantile_lines(plan: Plan, output: OutputAggregate) -> list[str]:
 
 
 def explain_text(service: Service, plan: Plan, analyst: str | None) -> Result:
-
     rows = [(line,) for line in explain_lines(service, plan, analyst)]
     result = Result([("QUERY PLAN", "VARCHAR")], rows, status="EXPLAIN")
-    result.notes = service.budget_notes(plan, analyst)
+    result.notes = budget_notes(service, plan, analyst)
     return result
 
 
@@ -286,3 +286,30 @@ def _split_lines(plan: Plan) -> list[str]:
         "  " + ", ".join(shares) + " (ε_i ∝ C_i^(1/3): minimises the summed relative noise "
         "variance of the released values; shared measures count once)",
     ]
+
+
+def budget_notes(service: Service, plan: Plan, analyst: str | None) -> list[str]:
+    """EXPLAIN's warning when running ``plan`` now would be refused for budget (a read of
+    the analyst's own budget: free, like SHOW budget)."""
+    if analyst is None:
+        return []
+    try:
+        service.ledger.check(
+            analyst, service.policy.dataset, with_choice(plan), service.policy.budget
+        )
+    except BudgetExhaustedError as exc:
+        return [f"running this query would be refused: {exc.message}; nothing was spent"]
+    return []
+
+
+def pending_choice(plan: Plan) -> Any:
+    """The bounds choice (dpsql.service.bounds.Pending) the run of ``plan`` buys first, or None:
+    contribution bounds or clamp ranges not yet bought by this analyst at this data version."""
+    bounds = plan.extra.get("bounds")
+    return None if bounds is None else bounds.pending
+
+
+def with_choice(plan: Plan) -> Any:
+    """What running ``plan`` now charges: its cost, and first the bounds choice it buys."""
+    pending = pending_choice(plan)
+    return plan.cost if pending is None else pending.cost + plan.cost

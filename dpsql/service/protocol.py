@@ -11,7 +11,6 @@ Only modules below every part are imported here, so any part may import this one
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -22,7 +21,7 @@ if TYPE_CHECKING:
     from dpsql.service.results import Result
     from dpsql.service.settings import Settings
     from dpsql.sql.plan import Plan
-    from dpsql.sql.statements import BoundQuery, RuleListCall
+    from dpsql.sql.statements import BoundQuery
     from dpsql.sql.typecheck import ShadowTypes
 
 
@@ -55,16 +54,6 @@ class Service(Protocol):
     def data_version(self, table: TablePolicy) -> str: ...
 
     def explain(self, plan: Plan, analyst: str | None = None) -> Result: ...
-
-    def budget_notes(self, plan: Plan, analyst: str | None) -> list[str]: ...
-
-    def table_function_result(
-        self, call: RuleListCall, answer: str, cost: Any, columns: Sequence[tuple[str, str]]
-    ) -> tuple[Result, dict]: ...
-
-    def store_model(
-        self, plan: Any, kind: str, analyst: str, query: str, payload: dict, result: Result
-    ) -> None: ...
 
     def _reserve(self, analyst: str, cost: Any, query_text: str, plan_hash: str) -> None: ...
 

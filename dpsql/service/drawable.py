@@ -1,0 +1,68 @@
+"""Whether every mechanism of a plan can run at its ε: a free refusal before anything is read.
+
+Decided by the plan's public parameters alone (the exact sampler's range at each noise scale,
+the interval search, the quantile and selection tables), so it runs before the reserve; after
+it, no mechanism refuses because of its ε.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dpsql.errors import DataError
+from dpsql.sql.plan import QuantileMeasure
+
+if TYPE_CHECKING:
+    from dpsql.privacy.samplers import NoiseSource
+    from dpsql.sql.plan import Plan
+
+
+def check_drawable(plan: Plan, noise: NoiseSource) -> None:
+    """Every mechanism of the plan can run at its ε, or a free refusal before anything is
+    read: each measure's noise (the exact sampler's range) and its interval search, each
+    quantile release's exponential mechanism (or smooth median), each automatic clipping
+    histogram and its τ, and the optimal selection's π table. All decided by the plan's
+    public parameters; afterwards no mechanism refuses because of its ε."""
+    from dpsql.privacy.quantiles import check_drawable as quantiles_drawable
+
+    for m in plan.measures:
+        try:
+            m.mechanism.sample(noise, 0)
+            m.mechanism.interval_halfwidth()
+        except (ValueError, OverflowError):
+            raise undrawable(f"{m.kind}({m.column or '*'})") from None
+    for qm in plan.quantiles:
+        try:
+            if not isinstance(qm, QuantileMeasure):
+                qm.check_drawable()  # its own mechanism (MODE's noisy max)
+                continue
+            quantiles_drawable(qm.grid, qm.part_epsilon, [len(p) for p in qm.parts], qm.method)
+        except (ValueError, OverflowError):
+            what = "quantiles" if isinstance(qm, QuantileMeasure) else qm.kind
+            raise undrawable(f"the {what} of {qm.column}", bounds=False) from None
+    for clip in plan.clips:
+        try:
+            approx = clip.mechanism
+            approx.mechanism.sample(noise, 0)
+            if approx.method == "threshold":
+                _ = approx.threshold
+        except (ValueError, OverflowError):
+            raise undrawable(f"the clipping range of {clip.column}") from None
+    selection = plan.selection
+    if selection is not None and selection.mechanism is not None:
+        try:
+            _ = selection.mechanism.table  # cached per (ε, δ): released from it later
+        except (ValueError, OverflowError):
+            raise undrawable("the partition selection", bounds=False) from None
+
+
+def undrawable(what: str, *, bounds: bool = True) -> DataError:
+    """The free refusal of a mechanism that cannot run at the plan's ε (SQLSTATE 22023)."""
+    fix = ", or narrow the column's declared bounds" if bounds else ""
+    return DataError(
+        f"cannot draw noise for {what}: the noise scale is too large for the exact sampler "
+        "at this epsilon",
+        sqlstate="22023",
+        construct="epsilon",
+        hint=f"raise epsilon (SET epsilon = ...){fix}; nothing was spent",
+    )
