@@ -299,27 +299,41 @@ class FairScheduler:
             turn.granted.cancel()
 
     def _dispatch(self) -> None:
-        for a in list(self._analysts.values()):
-            for turn in [t for t in a.running if t.finished]:
-                self._release(turn)
+        """Take back finished slots, recompute every analyst's account and heavy mark, forget
+        idle analysts, and grant waiting turns. Runs twice a statement on the event loop, so
+        the accounting of :meth:`_usage` is inlined here (one pass, same arithmetic)."""
+        analysts = self._analysts
+        for a in list(analysts.values()):
+            if a.running:
+                for turn in [t for t in a.running if t.finished]:
+                    self._release(turn)
         now = time.monotonic()
         heavy_cpu = self.limits.heavy_cpu
-        usage = {name: self._usage(a, now) for name, a in self._analysts.items()}
-        for name, a in self._analysts.items():
-            a.heavy = usage[name] > heavy_cpu
-        self._waiting = [t for t in self._waiting if not t.granted.done()]
+        decay = self._decay
+        usage: dict[str, float] = {}
+        for name, a in analysts.items():
+            if now > a.stamp:  # _recent
+                a.recent *= math.exp(-decay * (now - a.stamp))
+                a.stamp = now
+            live: float = 0  # as sum() of the running turns' CPU
+            for t in a.running:
+                live += t.live_cpu()
+            usage[name] = used = a.recent + live
+            a.heavy = used > heavy_cpu
+        if self._waiting:
+            self._waiting = [t for t in self._waiting if not t.granted.done()]
         waiting = {t.analyst.name for t in self._waiting}
-        for name in [
-            name
-            for name, a in self._analysts.items()
-            if not a.running and name not in waiting and usage[name] < FORGET_CPU
-        ]:
-            del self._analysts[name]  # its account has decayed to nothing: forget it
         # A heavy analyst is held to heavy_statements only while a lighter one has statements
         # running or waiting; alone, it may use the server as anyone else (work-conserving).
-        contended = any(
-            not a.heavy and (a.running or name in waiting) for name, a in self._analysts.items()
-        )
+        contended = False
+        idle = []
+        for name, a in analysts.items():
+            if a.running or name in waiting:
+                contended = contended or not a.heavy
+            elif usage[name] < FORGET_CPU:
+                idle.append(name)
+        for name in idle:
+            del analysts[name]  # its account has decayed to nothing: forget it
         while self._running < self.slots and self._waiting:
             best: tuple[Any, ...] | None = None
             chosen: Turn | None = None
@@ -341,10 +355,12 @@ class FairScheduler:
             chosen.analyst.running.append(chosen)
             self._running += 1
             chosen.granted.set_result(None)
-        self.light_running = sum(len(a.running) for a in self._analysts.values() if not a.heavy)
+        self.light_running = sum(len(a.running) for a in analysts.values() if not a.heavy)
+        # an Event's set and clear take its lock: only when the state changes
         if self.light_running:
-            self._no_light.clear()
-        else:
+            if self._no_light.is_set():
+                self._no_light.clear()
+        elif not self._no_light.is_set():
             self._no_light.set()
 
     # running --------------------------------------------------------------------------------
