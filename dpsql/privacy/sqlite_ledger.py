@@ -23,6 +23,7 @@ import getpass
 import math
 import os
 import sqlite3
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -123,6 +124,8 @@ class SQLiteLedger(LedgerFile):
         # group commit of charges: one BEGIN IMMEDIATE ... COMMIT for those queued together
         self._group_commit = GroupCommit(self._write)
         self._grouped = self._group_commit.run
+        # (analyst, dataset, budget, total) as this thread's last charge committed them
+        self._committed = threading.local()
 
     # -- reads inside a transaction ----------------------------------------------------------
 
@@ -327,8 +330,22 @@ class SQLiteLedger(LedgerFile):
             if cache_key is not None and answer is not None:
                 self._store(conn, analyst, dataset, cache_key, answer, charge_id)
             self._fault("written")
+            after[:] = [(analyst, dataset, budget, total)]
 
-        self._grouped(work)
+        after: list[tuple[str, str, Budget, Cost]] = []
+        self._committed.value = None
+        self._grouped(work)  # returns once the COMMIT holding the charge is done
+        self._committed.value = after[0]
+
+    def committed_standing(self, analyst: str, dataset: str) -> tuple[Budget, Cost] | None:
+        """The budget and total that this thread's last :meth:`charge` committed for
+        ``(analyst, dataset)``, once (then forgotten), or None: what :meth:`standing` would
+        read right after that COMMIT, without the read (a budget with renewal periods is
+        never kept here). Other sessions' charges committed since are not in it."""
+        found, self._committed.value = getattr(self._committed, "value", None), None
+        if found is None or found[:2] != (analyst, dataset):
+            return None
+        return found[2], found[3]
 
     def _charge_shared(
         self,

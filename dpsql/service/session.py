@@ -59,13 +59,16 @@ class Session:
         only when it was charged) and the interval settings it ran under."""
         settings = self.settings
         confidence, bias_interval = settings.confidence, settings.bias_interval == "on"
+        committed = getattr(self.service.ledger, "committed_standing", None)
+        if committed is not None:  # drop what an earlier statement left in this thread
+            committed(self.analyst, self.service.policy.dataset)
         result = self.run(sql, parameters)
         remaining, warning = None, None
         if result.cost is not None:
             # the answer was paid for and is returned whatever happens to this report about
             # it (like dpsql.boundary.remember_paid); the operator's log has the cause
             try:
-                remaining = self.remaining()
+                remaining = self.remaining(after_charge=True)
                 warning = remaining.warning() if remaining.low else None
             except Exception:
                 log.error("the budget left could not be read after a charged answer", exc_info=True)
@@ -80,13 +83,21 @@ class Session:
         """Cancel the statement running in this session (from another thread)."""
         self._handle.interrupt()
 
-    def remaining(self) -> Remaining:
-        """What the analyst has left now (read after a charge: SHOW budget's figures)."""
+    def remaining(self, *, after_charge: bool = False) -> Remaining:
+        """What the analyst has left now (read after a charge: SHOW budget's figures).
+
+        ``after_charge``: right after a statement that this thread charged, whose charge
+        committed the analyst's budget and new total (``committed_standing``, where the
+        ledger keeps them): those, without reading the ledger again."""
         service = self.service
         dataset = service.policy.dataset
         ledger, default = service.ledger, service.policy.budget
+        committed = getattr(ledger, "committed_standing", None) if after_charge else None
+        found = committed(self.analyst, dataset) if committed is not None else None
         standing = getattr(ledger, "standing", None)  # both at once, where the ledger can
-        if standing is not None:
+        if found is not None:
+            budget, spent = found
+        elif standing is not None:
             budget, spent = standing(self.analyst, dataset, default)
         else:
             budget, spent = (
