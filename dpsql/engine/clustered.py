@@ -324,7 +324,23 @@ def _row_sums(  # pragma: no cover - compiled
                     values_out[j, s] += w * x
 
 
+def _counting_order(codes: np.ndarray, size: int) -> np.ndarray:  # pragma: no cover - compiled
+    """Row indexes sorted by code in [0, size), stably (a counting sort)."""
+    starts = np.zeros(size + 1, dtype=np.int64)
+    for i in range(codes.shape[0]):
+        starts[codes[i] + 1] += 1
+    for c in range(size):
+        starts[c + 1] += starts[c]
+    out = np.empty(codes.shape[0], dtype=np.int64)
+    for i in range(codes.shape[0]):
+        c = codes[i]
+        out[starts[c]] = i
+        starts[c] += 1
+    return out
+
+
 if _jit is not None:
+    _counting_order = _jit(_counting_order)
     _quot = _inline(_quot)
     _muldiv = _inline(_muldiv)
     _shift = _jit(_shift)
@@ -390,6 +406,11 @@ def bound_units(
         some_out,
     )
     return rows_out, units_out, values_out, some_out
+
+
+def counting_order(codes: np.ndarray, size: int) -> np.ndarray:
+    """The row indexes in order of ``codes`` (each in [0, size)), stably: a counting sort."""
+    return _counting_order(_ro(np.ascontiguousarray(codes, dtype=np.int64)), int(size))
 
 
 def row_sums(

@@ -24,11 +24,10 @@ from __future__ import annotations
 import bisect
 import ctypes
 import datetime
-import functools
 import math
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
@@ -150,7 +149,7 @@ def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) ->
         return cluster(ColumnarTable(table.name, version, rows, {}, capacity), table)
     labels: dict[str, tuple[Any, ...]] = {}
     ctes, joins, items = [], [], []
-    order = "1"
+    order_by = "1"
     for i, c in enumerate(readable):
         q = quote_ident(c.name)
         if c.type in ("text", "int", "bool"):
@@ -171,34 +170,61 @@ def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) ->
             code = f"COALESCE(d{i}.code, {len(distinct)})"
             items.append(f"{code} AS __c{i}")
             if c.name == table.privacy_unit:
-                order = f"__c{i}"
+                order_by = f"__c{i}"
         if c.type != "text":
             items.append(_FETCH.get(c.type, "{}").format(f"r.{q}") + f" AS __v{i}")
         items.append(f"r.{q} IS NULL AS __n{i}")
     with_ = f"WITH {', '.join(ctes)} " if ctes else ""
+    # no ORDER BY: DuckDB's sort held every row a second time beside the fetched arrays (the
+    # build's peak); the rows are clustered here instead, one column at a time (_unit_order)
     fetched = con.execute(
-        f"{with_}SELECT {', '.join(items)} FROM {name} AS r {' '.join(joins)} ORDER BY {order}"
+        f"{with_}SELECT {', '.join(items)} FROM {name} AS r {' '.join(joins)}"
     ).fetchnumpy()
+    held = dict(fetched)
+    del fetched
+    order = None
+    if order_by != "1":  # the unit's codes: 0 .. n - 1, NULL's n (labels: n values, None)
+        units = len(labels[str(table.privacy_unit)])
+        order = _unit_order(np.asarray(np.ma.getdata(held[order_by]), dtype=np.int64), units)
+
+    def take(key: str, dtype: type) -> np.ndarray:
+        """A fetched column as ``dtype`` in the store's order; the fetched array is dropped
+        (each column's own copy at a time, never the table's twice)."""
+        return _in_order(np.ma.getdata(held.pop(key)), dtype, order)
+
     columns: dict[str, Column] = {}
     for i, c in enumerate(readable):
-        nulls = np.asarray(np.ma.getdata(fetched[f"__n{i}"]), dtype=bool)
-        codes = (
-            np.asarray(np.ma.getdata(fetched[f"__c{i}"]), dtype=np.int64)
-            if c.name in labels
-            else None
-        )
+        codes = take(f"__c{i}", np.int64) if c.name in labels else None
+        nulls = take(f"__n{i}", np.bool_)
         if c.type == "text":
             columns[c.name] = Column("text", codes, nulls, codes, labels[c.name])  # type: ignore[arg-type]
             continue
-        data = np.ma.getdata(fetched[f"__v{i}"])
         if c.type == "date":
-            values = np.where(nulls, 0, np.asarray(data, dtype=np.int64))
+            values = take(f"__v{i}", np.int64)
+            values[nulls] = 0
         else:
             dtype: type = {"int": np.int64, "float": np.float64, "bool": np.bool_}[c.type]
-            values = np.asarray(data, dtype=dtype)  # no copy where the type is DuckDB's
+            values = take(f"__v{i}", dtype)  # no copy where the type is DuckDB's and no order
         columns[c.name] = Column(c.type, values, nulls, codes, labels.get(c.name, ()))
-    del fetched
+    order = None  # freed before cluster() fills the fixed points
     return cluster(ColumnarTable(table.name, version, rows, columns, capacity), table)
+
+
+def _in_order(data: np.ndarray, dtype: type, order: np.ndarray | None) -> np.ndarray:
+    array: np.ndarray = np.asarray(data, dtype=dtype)
+    return array if order is None else array[order]
+
+
+def _unit_order(codes: np.ndarray, size: int) -> np.ndarray:
+    """The rows in order of their unit's dense code (each in [0, ``size``)), stably: a
+    counting sort (two passes over the codes), not a comparison sort of 10M rows. Which order
+    the rows of one unit keep does not matter (every program bounds a unit's rows whatever
+    their order: sums of integers), only that each unit's rows are contiguous."""
+    from dpsql.engine import clustered
+
+    if clustered.available():
+        return clustered.counting_order(codes, size)
+    return np.argsort(codes, kind="stable")
 
 
 def cluster(table: ColumnarTable, policy: TablePolicy) -> ColumnarTable:
@@ -223,7 +249,8 @@ def cluster(table: ColumnarTable, policy: TablePolicy) -> ColumnarTable:
     else:
         unit, unit_starts = None, None
     fixed_index: dict[tuple[str, str, int, int], int] = {}
-    rows_of: list[Callable[[], np.ndarray]] = []  # each row's values, computed when filled
+    # each row's values over rows lo .. hi, computed when filled
+    rows_of: list[Callable[[int, int], np.ndarray]] = []
     for name, column in columns.items():
         spec = policy.columns[name]
         if not (spec.numeric and spec.bounded and column.kind in ("int", "float")):
@@ -232,9 +259,9 @@ def cluster(table: ColumnarTable, policy: TablePolicy) -> ColumnarTable:
         for a, b in ((lo, hi), bias.measure_range("cut", lo, hi)):
             if max(abs(a), abs(b)) <= 2**53 and ("fixed", name, a, b) not in fixed_index:
                 fixed_index[("fixed", name, a, b)] = len(rows_of)
-                rows_of.append(functools.partial(_fixed_point, column.values, spec, a, b))
+                rows_of.append(_slice_of(_fixed_point, column.values, spec, a, b))
         fixed_index[("excess", name, lo, hi)] = len(rows_of)
-        rows_of.append(functools.partial(_clamp_excess, column.values, spec, max(hi - lo, 1)))
+        rows_of.append(_slice_of(_clamp_excess, column.values, spec, max(hi - lo, 1)))
     # every row lies within its range ([lo, hi], the cut's widened one, or [-W, W] for the
     # excess): int32 when all ranges fit (decided from the policy's bounds), half the memory;
     # filled one row at a time (one row's temporaries at the peak, not every row's)
@@ -245,11 +272,20 @@ def cluster(table: ColumnarTable, policy: TablePolicy) -> ColumnarTable:
     row_nulls = {i: columns[name].nulls for (_, name, _, _), i in fixed_index.items()}
     with np.errstate(all="ignore"):
         for i, compute in enumerate(rows_of):
-            fixed[i] = np.where(row_nulls[i], 0, compute())
+            # in chunks of rows: each row's value depends on that row alone, and a chunk's
+            # float64 temporaries are 8 MiB, not 5 x 80 MiB at 10M rows (the build's peak)
+            for lo in range(0, table.rows, _FILL_ROWS):
+                hi = min(table.rows, lo + _FILL_ROWS)
+                fixed[i, lo:hi] = np.where(row_nulls[i][lo:hi], 0, compute(lo, hi))
+    # every column's NULLs, one row each; the columns' own masks become views of its rows
+    # (one copy of each mask, not two)
     nulls_index = {name: i for i, name in enumerate(columns)}
-    nulls = np.array([c.nulls for c in columns.values()], dtype=np.bool_).reshape(
-        len(columns), table.rows
-    )
+    nulls = np.empty((len(columns), table.rows), dtype=np.bool_)
+    for i, column in enumerate(columns.values()):
+        nulls[i] = column.nulls
+    columns = {
+        name: replace(column, nulls=nulls[i]) for i, (name, column) in enumerate(columns.items())
+    }
     for array in (fixed, nulls, unit_starts):
         if array is not None:
             array.setflags(write=False)
@@ -270,6 +306,16 @@ def cluster(table: ColumnarTable, policy: TablePolicy) -> ColumnarTable:
         nulls,
         nulls_index,
     )
+
+
+_FILL_ROWS = 1 << 20
+
+
+def _slice_of(
+    compute: Callable[..., np.ndarray], values: np.ndarray, *args: Any
+) -> Callable[[int, int], np.ndarray]:
+    """``compute(values[lo:hi], *args)`` for rows lo .. hi (an elementwise function)."""
+    return lambda lo, hi: compute(values[lo:hi], *args)
 
 
 def warm_up() -> None:
