@@ -23,7 +23,6 @@ OVERSIZE = {
     ("dpsql/rulelist/table_function.py", "plan_rule_list"): 180,
     ("dpsql/server/session.py", "Session"): 905,
     ("dpsql/sql/bind.py", "_Binder"): 1063,
-    ("dpsql/sql/plan.py", "build_plan"): 324,
 }
 
 

@@ -456,84 +456,20 @@ def build_plan(
     BIAS_SHARE of the ε left after any clipping share (the session setting, on by default)."""
     table = query.table
     thresholded = any(d is None for d in domains)
-    if thresholded and delta <= 0:
-        key = next(k for k, d in zip(query.keys, domains, strict=True) if d is None)
-        raise PrivacyError(
-            f"GROUP BY {key.sql}: the keys are not public, and releasing them needs delta > 0 "
-            "(thresholding)",
-            construct=key.sql,
-            position=key.position,
-            hint=f"declare the public values of {', '.join(key.columns)} in the policy "
-            "(values = [...]), group by a public binning, or SET delta = 1e-6",
-        )
-    if mechanism == "gaussian" and delta <= 0:
-        raise PrivacyError(
-            "the Gaussian mechanism needs delta > 0",
-            construct="mechanism",
-            hint="SET delta = 1e-6, or SET mechanism = 'laplace'",
-        )
-    R = table.max_rows_per_unit
-    # A row-level table's unit is one row, which lies in exactly one group.
-    G = table.max_groups_per_unit if (query.keys and table.privacy_unit) else 1
-    # bounding = "scale" with public keys: a unit over G groups keeps all k of them at G/k
-    groups_over = False
-    if query.keys and not thresholded:
-        bins = math.prod(len(d) for d in domains if d is not None)
-        groups_over = bool(table.privacy_unit) and bins > G
-        G = min(G, bins)
-
-    quantile_targets: dict[str, set[QuantileTarget]] = {}
-    for call in query.aggregates:
-        if call.kind in QUANTILE_KINDS:
-            quantile_targets.setdefault(call.column, set()).add(quantile_target(call))  # type: ignore[arg-type]
-    # other histogram kinds (MODE): one measure per (kind, column), built by the kind's object
-    histograms = list(
-        dict.fromkeys(
-            (call.kind, call.column)
-            for call in query.aggregates
-            if KINDS[call.kind].histogram not in (None, "quantile")
-        )
-    )
+    _refuse_without_delta(query, domains, delta, mechanism, thresholded)
+    R, G, groups_over = _contribution_bounds(query, domains, thresholded)
+    quantile_targets, histograms = _histogram_targets(query)
     n_histograms = len(quantile_targets) + len(histograms)
-    auto: list[str] = list(
-        dict.fromkeys(
-            call.column
-            for call in query.aggregates
-            if call.kind in SUMMED_KINDS
-            and call.column is not None
-            and table.columns[call.column].clip == "auto"
-        )
-    )
-    # Off the top: the clipping share (the largest any auto-clipped column asks for), then
-    # one share per quantile column, equal to a measure's average share; the rest is split
-    # over the measures (and the selection) by dpsql.sql.sharing.
-    clip_epsilon = epsilon * max(table.columns[c].clip_share for c in auto) if auto else 0.0
-    epsilon_rest = epsilon - clip_epsilon
-    # what the bounds cut: its measures' share next (the rest is the answer's)
+    auto = _auto_clipped(query)
+    # what the bounds cut: its measures' share of ε comes after clipping's (dpsql.sql.bias)
     bias_specs = bias.bias_specs(query, bias_estimate, R, _fixed_range)
-    bias_epsilon = bias.share(epsilon_rest) if bias_specs else 0.0
-    epsilon_rest = epsilon_rest - bias_epsilon
-    threshold_delta = 0.0
-    if thresholded:
-        threshold_delta = delta if mechanism == "laplace" else delta / 2
-
-    def choose(eps: float) -> Layout:
-        return _choose_layout(
-            query, thresholded, partition_selection, eps, delta, threshold_delta, mechanism, R, G
-        )
-
-    layout = choose(epsilon_rest)
-    quantile_epsilon = 0.0
-    epsilon_main = epsilon_rest
-    if n_histograms:
-        slots = len(layout[0]) + (
-            1 if layout[3] is not None and layout[3].mechanism is not None else 0
-        )
-        quantile_epsilon = epsilon_rest / (slots + n_histograms)
-        if slots:
-            epsilon_main = epsilon_rest - quantile_epsilon * n_histograms
-            layout = choose(epsilon_main)
-    specs, output_specs, eps_shares, selection = layout
+    split = _split_epsilon(
+        query, epsilon, delta, mechanism, partition_selection, thresholded, auto,
+        bool(bias_specs), n_histograms, R, G,
+    )  # fmt: skip
+    clip_epsilon, bias_epsilon = split.clip_epsilon, split.bias_epsilon
+    quantile_epsilon, threshold_delta = split.quantile_epsilon, split.threshold_delta
+    specs, output_specs, eps_shares, selection = split.layout
     # k = 0: only public keys are asked for (SELECT grp ... GROUP BY grp): nothing to noise.
     k = max(len(specs), 1)
     measure_delta = 0.0
@@ -545,83 +481,14 @@ def build_plan(
     # Centre sums on the midpoint when a count of the same column is released anyway.
     count_of = _count_specs(query, specs, R)
     counted = set(count_of)
-    measures: list[Measure] = []
     names: dict[tuple[str, str | None], str] = {spec: f"m{i}" for i, spec in enumerate(specs)}
-    for i, (kind, column) in enumerate(specs):
-        name = f"m{i}"
-        names[(kind, column)] = name
-        eps_share = eps_shares[i]
-        g = 1.0
-        lo = hi = center = center2 = 0
-        mk = MEASURE_KINDS[kind]  # what differs between kinds (dpsql.sql.measure_kinds)
-        if mk.counted:
-            row_bound = 1
-        else:
-            col = table.columns[column]  # type: ignore[index]
-            g = col.granularity
-            lo, hi = fixed_point_bounds(col.lower, col.upper, g)  # type: ignore[arg-type]
-            if column in counted and mk.centred:
-                center = (lo + hi) // 2
-            row_bound = max(abs(lo - center), abs(hi - center))
-            # The engine computes per-row values (and their squares) in 64-bit integers: an
-            # overflow would fail the query only when some row is extreme, a data-dependent
-            # error. Refuse such plans up front instead.
-            limit = 3_037_000_499 if mk.squared else 2**62  # isqrt(2**63 - 1)
-            if max(abs(lo), abs(hi), row_bound) > limit:
-                raise NotSupportedError(
-                    f"{column}: its fixed-point range (bounds / granularity) is too large for "
-                    "64-bit " + ("sums of squares (VAR, STDDEV)" if mk.squared else "sums"),
-                    construct=column,
-                    hint=f"declare a coarser granularity or narrower bounds for {column}",
-                )
-            if mk.squared:
-                span = row_bound * row_bound  # squared centred values lie in [0, span]
-                center2 = span // 2
-                row_bound = max(center2, span - center2)
-                g = g * g
-        scale = fine = 1
-        if mk.fine_grid(bounding, group_scaling):
-            scale = rescale_factor(row_bound)
-        if mk.rounded and scale > 1:
-            # shares on the fine grid, rounded per unit to an integer count (ROUNDED_KINDS)
-            fine, scale = scale, 1
-        per_group = (row_bound if mk.per_pair else R * row_bound) * scale
-        l1 = float(G * per_group)
-        l2 = math.sqrt(G) * per_group
-        if mechanism == "laplace":
-            mech: Mechanism = Laplace(l1=l1, epsilon=eps_share)
-        else:
-            mech = Gaussian(l2=l2, epsilon=eps_share, delta=measure_delta)
-        measures.append(
-            Measure(
-                name=name,
-                kind=kind,
-                column=column,
-                granularity=g,
-                center=center,
-                lo=lo,
-                hi=hi,
-                center2=center2,
-                row_bound=row_bound,
-                per_group_bound=per_group,
-                l1=l1,
-                l2=l2,
-                epsilon=eps_share,
-                delta=measure_delta,
-                mechanism=mech,
-                count=names[count_of[column]] if center and column in count_of else None,
-                scale=scale,
-                fine=fine,
-            )
-        )
+    shape = _Shape(R, G, bounding, group_scaling, mechanism, measure_delta)
+    measures = [
+        _measure(table, f"m{i}", spec, eps_shares[i], shape, counted, count_of, names)
+        for i, spec in enumerate(specs)
+    ]
 
-    outputs = []
-    for call, parts in output_specs:
-        output_col = table.columns[call.column] if call.column else None
-        lower, upper = KINDS[call.kind].output_bounds(output_col)
-        outputs.append(
-            OutputAggregate(call, tuple(names[p] for p in parts), lower=lower, upper=upper)
-        )
+    outputs = _outputs(query, output_specs, names)
 
     cut = _bias_measures(
         query, bias_specs, bias_epsilon, len(measures), R, G, bounding, group_scaling
@@ -644,6 +511,325 @@ def build_plan(
         )
     measures += cut
 
+    threshold = _threshold(selection, specs, measures, threshold_delta, G)
+    quantiles = _histogram_measures(
+        query, quantile_targets, histograms, R, G, quantile_epsilon, quantile_method
+    )
+    clips = _clip_estimates(query, domains, auto, specs, eps_shares, clip_epsilon, epsilon, R, G)
+
+    threshold_cost = Cost(delta=threshold_delta if threshold is not None else 0.0)
+    cost, selection = _charged(threshold_cost, measures, selection, quantiles, clips, G)
+    if bias_specs and cost.exact_rho == 0:
+        measures, cost = _bias_to_total(measures, cost, epsilon)
+    plan = Plan(
+        query=query,
+        keys=tuple(KeyPlan(key, d) for key, d in zip(query.keys, domains, strict=True)),
+        measures=tuple(measures),
+        outputs=tuple(outputs),
+        threshold=threshold,
+        epsilon=epsilon,
+        delta=delta if (thresholded or mechanism == "gaussian") else 0.0,
+        mechanism=mechanism,
+        max_rows=R,
+        max_groups=G,
+        cost=cost,
+        data_version=data_version,
+        quantiles=tuple(quantiles),
+        clips=tuple(clips),
+        # the ε a replanning (with_clip_ranges) starts from: the bias share is taken again
+        extra={
+            "measured_epsilon": split.epsilon_main + bias_epsilon,
+            "bias_estimate": bias_estimate,
+        },
+        selection=selection,
+        bounding=bounding,
+        group_scaling=group_scaling,
+        engine=engine,
+        store=store,
+    )
+    from dpsql.ir.check import check_plan
+
+    check_plan(plan)  # charged cost == the sum of the plan tree's privacy maps
+    return plan
+
+
+@dataclass(frozen=True)
+class _Split:
+    """A query's ε and δ before the measures' own shares: the clipping share off the top, then
+    the bias measures' share, then one share per histogram release (quantiles, MODE) equal
+    to a measure's average; the rest (``epsilon_main``) is split over the measures and the
+    selection by dpsql.sql.sharing (``layout``). Thresholding takes ``threshold_delta``."""
+
+    clip_epsilon: float
+    bias_epsilon: float
+    quantile_epsilon: float
+    epsilon_main: float
+    threshold_delta: float
+    layout: Layout
+
+
+def _split_epsilon(
+    query: BoundQuery,
+    epsilon: float,
+    delta: float,
+    mechanism: str,
+    partition_selection: str,
+    thresholded: bool,
+    auto: list[str],
+    measures_bias: bool,
+    n_histograms: int,
+    R: int,
+    G: int,
+) -> _Split:
+    """Split ε and δ (see :class:`_Split`); the clipping share is the largest any
+    auto-clipped column asks for."""
+    table = query.table
+    clip_epsilon = epsilon * max(table.columns[c].clip_share for c in auto) if auto else 0.0
+    epsilon_rest = epsilon - clip_epsilon
+    bias_epsilon = bias.share(epsilon_rest) if measures_bias else 0.0
+    epsilon_rest = epsilon_rest - bias_epsilon
+    threshold_delta = 0.0
+    if thresholded:
+        threshold_delta = delta if mechanism == "laplace" else delta / 2
+
+    def choose(eps: float) -> Layout:
+        return _choose_layout(
+            query, thresholded, partition_selection, eps, delta, threshold_delta, mechanism, R, G
+        )
+
+    layout = choose(epsilon_rest)
+    quantile_epsilon = 0.0
+    epsilon_main = epsilon_rest
+    if n_histograms:
+        slots = len(layout[0]) + (
+            1 if layout[3] is not None and layout[3].mechanism is not None else 0
+        )
+        quantile_epsilon = epsilon_rest / (slots + n_histograms)
+        if slots:
+            epsilon_main = epsilon_rest - quantile_epsilon * n_histograms
+            layout = choose(epsilon_main)
+    return _Split(
+        clip_epsilon, bias_epsilon, quantile_epsilon, epsilon_main, threshold_delta, layout
+    )
+
+
+def _charged(
+    cost: Cost,
+    measures: list[Measure],
+    selection: Selection | None,
+    quantiles: Sequence[QuantileMeasure | ModeMeasure],
+    clips: Sequence[ClipEstimate],
+    G: int,
+) -> tuple[Cost, Selection | None]:
+    """The plan's cost: ``cost`` (the threshold's δ) plus every measure's, the selection's,
+    each histogram release's and each clipping histogram's. The selection reads an exact unit
+    count: one more measure (appended to ``measures``), never noised or released."""
+    for m in measures:
+        cost = cost + m.mechanism.cost
+    if selection is not None and selection.mechanism is not None:
+        exact = f"m{len(measures)}"
+        measures.append(_exact_units(exact, G))
+        cost = cost + selection.mechanism.cost
+        selection = replace(selection, measure=exact)
+    for qm in quantiles:
+        cost = cost + qm.cost
+    for clip in clips:
+        cost = cost + clip.cost
+    return cost, selection
+
+
+def _refuse_without_delta(
+    query: BoundQuery,
+    domains: Sequence[tuple | None],
+    delta: float,
+    mechanism: str,
+    thresholded: bool,
+) -> None:
+    """Free refusals of what needs δ > 0: keys that are not public (thresholding) and the
+    Gaussian mechanism."""
+    if thresholded and delta <= 0:
+        key = next(k for k, d in zip(query.keys, domains, strict=True) if d is None)
+        raise PrivacyError(
+            f"GROUP BY {key.sql}: the keys are not public, and releasing them needs delta > 0 "
+            "(thresholding)",
+            construct=key.sql,
+            position=key.position,
+            hint=f"declare the public values of {', '.join(key.columns)} in the policy "
+            "(values = [...]), group by a public binning, or SET delta = 1e-6",
+        )
+    if mechanism == "gaussian" and delta <= 0:
+        raise PrivacyError(
+            "the Gaussian mechanism needs delta > 0",
+            construct="mechanism",
+            hint="SET delta = 1e-6, or SET mechanism = 'laplace'",
+        )
+
+
+def _contribution_bounds(
+    query: BoundQuery, domains: Sequence[tuple | None], thresholded: bool
+) -> tuple[int, int, bool]:
+    """R (rows per unit and group), G (groups per unit: at most the public bins) and whether
+    a unit may fall in more public groups than G (bounding = "scale" keeps all at G/k)."""
+    table = query.table
+    R = table.max_rows_per_unit
+    # A row-level table's unit is one row, which lies in exactly one group.
+    G = table.max_groups_per_unit if (query.keys and table.privacy_unit) else 1
+    # bounding = "scale" with public keys: a unit over G groups keeps all k of them at G/k
+    groups_over = False
+    if query.keys and not thresholded:
+        bins = math.prod(len(d) for d in domains if d is not None)
+        groups_over = bool(table.privacy_unit) and bins > G
+        G = min(G, bins)
+    return R, G, groups_over
+
+
+def _histogram_targets(
+    query: BoundQuery,
+) -> tuple[dict[str, set[QuantileTarget]], list[tuple[str, str | None]]]:
+    """The quantile targets per column (MIN, MAX, quantiles), and the other histogram kinds'
+    (kind, column) pairs (MODE), one measure each."""
+    quantile_targets: dict[str, set[QuantileTarget]] = {}
+    for call in query.aggregates:
+        if call.kind in QUANTILE_KINDS:
+            quantile_targets.setdefault(call.column, set()).add(quantile_target(call))  # type: ignore[arg-type]
+    # other histogram kinds (MODE): one measure per (kind, column), built by the kind's object
+    histograms = list(
+        dict.fromkeys(
+            (call.kind, call.column)
+            for call in query.aggregates
+            if KINDS[call.kind].histogram not in (None, "quantile")
+        )
+    )
+    return quantile_targets, histograms
+
+
+def _auto_clipped(query: BoundQuery) -> list[str]:
+    """The summed columns whose policy says clip = "auto": their range is released first."""
+    table = query.table
+    return list(
+        dict.fromkeys(
+            call.column
+            for call in query.aggregates
+            if call.kind in SUMMED_KINDS
+            and call.column is not None
+            and table.columns[call.column].clip == "auto"
+        )
+    )
+
+
+def _outputs(
+    query: BoundQuery,
+    output_specs: list[tuple[AggregateCall, list[tuple[str, str | None]]]],
+    names: dict[tuple[str, str | None], str],
+) -> list[OutputAggregate]:
+    """Each aggregate of the query: the measures it reads, and its output's bounds."""
+    outputs = []
+    for call, parts in output_specs:
+        output_col = query.table.columns[call.column] if call.column else None
+        lower, upper = KINDS[call.kind].output_bounds(output_col)
+        outputs.append(
+            OutputAggregate(call, tuple(names[p] for p in parts), lower=lower, upper=upper)
+        )
+    return outputs
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What every measure of one plan shares: the contribution bounds (R rows per group, G
+    groups per unit), the bounding and its group scaling, the mechanism and each measure's δ."""
+
+    R: int
+    G: int
+    bounding: str
+    group_scaling: bool
+    mechanism: str
+    measure_delta: float
+
+
+def _measure(
+    table: TablePolicy,
+    name: str,
+    spec: tuple[str, str | None],
+    eps_share: float,
+    shape: _Shape,
+    counted: set[str],
+    count_of: dict[str, tuple[str, str | None]],
+    names: dict[tuple[str, str | None], str],
+) -> Measure:
+    """One measure of ``spec`` (kind, column): its fixed-point range and centre, its
+    per-row and per-group bounds, its sensitivities and its noise at ``eps_share``."""
+    kind, column = spec
+    g = 1.0
+    lo = hi = center = center2 = 0
+    mk = MEASURE_KINDS[kind]  # what differs between kinds (dpsql.sql.measure_kinds)
+    if mk.counted:
+        row_bound = 1
+    else:
+        col = table.columns[column]  # type: ignore[index]
+        g = col.granularity
+        lo, hi = fixed_point_bounds(col.lower, col.upper, g)  # type: ignore[arg-type]
+        if column in counted and mk.centred:
+            center = (lo + hi) // 2
+        row_bound = max(abs(lo - center), abs(hi - center))
+        # The engine computes per-row values (and their squares) in 64-bit integers: an
+        # overflow would fail the query only when some row is extreme, a data-dependent
+        # error. Refuse such plans up front instead.
+        limit = 3_037_000_499 if mk.squared else 2**62  # isqrt(2**63 - 1)
+        if max(abs(lo), abs(hi), row_bound) > limit:
+            raise NotSupportedError(
+                f"{column}: its fixed-point range (bounds / granularity) is too large for "
+                "64-bit " + ("sums of squares (VAR, STDDEV)" if mk.squared else "sums"),
+                construct=column,
+                hint=f"declare a coarser granularity or narrower bounds for {column}",
+            )
+        if mk.squared:
+            span = row_bound * row_bound  # squared centred values lie in [0, span]
+            center2 = span // 2
+            row_bound = max(center2, span - center2)
+            g = g * g
+    scale = fine = 1
+    if mk.fine_grid(shape.bounding, shape.group_scaling):
+        scale = rescale_factor(row_bound)
+    if mk.rounded and scale > 1:
+        # shares on the fine grid, rounded per unit to an integer count (ROUNDED_KINDS)
+        fine, scale = scale, 1
+    per_group = (row_bound if mk.per_pair else shape.R * row_bound) * scale
+    l1 = float(shape.G * per_group)
+    l2 = math.sqrt(shape.G) * per_group
+    if shape.mechanism == "laplace":
+        mech: Mechanism = Laplace(l1=l1, epsilon=eps_share)
+    else:
+        mech = Gaussian(l2=l2, epsilon=eps_share, delta=shape.measure_delta)
+    return Measure(
+        name=name,
+        kind=kind,
+        column=column,
+        granularity=g,
+        center=center,
+        lo=lo,
+        hi=hi,
+        center2=center2,
+        row_bound=row_bound,
+        per_group_bound=per_group,
+        l1=l1,
+        l2=l2,
+        epsilon=eps_share,
+        delta=shape.measure_delta,
+        mechanism=mech,
+        count=names[count_of[column]] if center and column in count_of else None,
+        scale=scale,
+        fine=fine,
+    )
+
+
+def _threshold(
+    selection: Selection | None,
+    specs: list[tuple[str, str | None]],
+    measures: list[Measure],
+    threshold_delta: float,
+    G: int,
+) -> Threshold | None:
+    """The τ a group's noisy unit count must reach to be released (thresholding), or None."""
     threshold = None
     if selection is not None and selection.mode == "threshold":
         units = measures[specs.index(("units", None))]
@@ -651,7 +837,21 @@ def build_plan(
         tau = mech.threshold(threshold_delta, G)
         below = threshold_below(mech, tau, threshold_delta, G)
         threshold = Threshold(measure=units.name, tau=tau, delta=threshold_delta, below=below)
+    return threshold
 
+
+def _histogram_measures(
+    query: BoundQuery,
+    quantile_targets: dict[str, set[QuantileTarget]],
+    histograms: list[tuple[str, str | None]],
+    R: int,
+    G: int,
+    quantile_epsilon: float,
+    quantile_method: str,
+) -> list[QuantileMeasure | ModeMeasure]:
+    """One quantile release per column (its MIN, MAX and quantiles together), then one
+    measure per other histogram kind (MODE), each at ``quantile_epsilon``."""
+    table = query.table
     quantiles: list[QuantileMeasure | ModeMeasure] = []
     for i, (column, found) in enumerate(quantile_targets.items()):
         targets = tuple(sorted(found, key=quantile_target_order))
@@ -680,16 +880,31 @@ def build_plan(
                 method=quantile_method,
             )
         )
-    for kind, column in histograms:  # MODE: its own measure, one slot of the ε split
+    for kind, hist_column in histograms:  # MODE: its own measure, one slot of the ε split
         measure = KINDS[kind].histogram_measure(
             f"q{len(quantiles)}",
-            table.columns[cast(str, column)],
+            table.columns[cast(str, hist_column)],
             R,
             G,
             quantile_epsilon,
         )
         quantiles.append(measure)
+    return quantiles
 
+
+def _clip_estimates(
+    query: BoundQuery,
+    domains: Sequence[tuple | None],
+    auto: list[str],
+    specs: list[tuple[str, str | None]],
+    eps_shares: Sequence[float],
+    clip_epsilon: float,
+    epsilon: float,
+    R: int,
+    G: int,
+) -> list[ClipEstimate]:
+    """Per auto-clipped column, the noisy histogram of |x| its range is released from."""
+    table = query.table
     clips = []
     # every released group's SUM pays its own noise, the clamp's bias is over all of them
     released_groups = math.prod(len(d) for d in domains if d is not None) if query.keys else 1
@@ -717,49 +932,7 @@ def build_plan(
                 q=col.clip_quantile,
             )
         )
-
-    cost = Cost(delta=threshold_delta if threshold is not None else 0.0)
-    for m in measures:
-        cost = cost + m.mechanism.cost
-    if selection is not None and selection.mechanism is not None:
-        # the selection reads an exact unit count: one more measure, never noised or released
-        exact = f"m{len(measures)}"
-        measures.append(_exact_units(exact, G))
-        cost = cost + selection.mechanism.cost
-        selection = replace(selection, measure=exact)
-    for qm in quantiles:
-        cost = cost + qm.cost
-    for clip in clips:
-        cost = cost + clip.cost
-    if bias_specs and cost.exact_rho == 0:
-        measures, cost = _bias_to_total(measures, cost, epsilon)
-    plan = Plan(
-        query=query,
-        keys=tuple(KeyPlan(key, d) for key, d in zip(query.keys, domains, strict=True)),
-        measures=tuple(measures),
-        outputs=tuple(outputs),
-        threshold=threshold,
-        epsilon=epsilon,
-        delta=delta if (thresholded or mechanism == "gaussian") else 0.0,
-        mechanism=mechanism,
-        max_rows=R,
-        max_groups=G,
-        cost=cost,
-        data_version=data_version,
-        quantiles=tuple(quantiles),
-        clips=tuple(clips),
-        # the ε a replanning (with_clip_ranges) starts from: the bias share is taken again
-        extra={"measured_epsilon": epsilon_main + bias_epsilon, "bias_estimate": bias_estimate},
-        selection=selection,
-        bounding=bounding,
-        group_scaling=group_scaling,
-        engine=engine,
-        store=store,
-    )
-    from dpsql.ir.check import check_plan
-
-    check_plan(plan)  # charged cost == the sum of the plan tree's privacy maps
-    return plan
+    return clips
 
 
 def with_clip_ranges(plan: Plan, ranges: dict[str, tuple[float, float]]) -> Plan:
