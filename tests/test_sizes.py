@@ -20,7 +20,6 @@ OVERSIZE = {
     ("dpsql/frontend/per_unit.py", "_Builder"): 536,
     ("dpsql/frontend/per_unit.py", "_Builder.build"): 128,
     ("dpsql/policy.py", "_table"): 123,
-    ("dpsql/rulelist/table_function.py", "plan_rule_list"): 180,
     ("dpsql/server/session.py", "Session"): 905,
     ("dpsql/sql/bind.py", "_Binder"): 1063,
 }

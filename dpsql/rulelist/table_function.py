@@ -328,6 +328,42 @@ def plan_rule_list(
     if model is not None:
         check_model_name(model)
     cols = {name.lower(): c for name, c in table.columns.items()}
+    lab, positive, positive_sql = _label(table, cols, label, positive)
+    if mechanism == "none":
+        raise PrivacyError(
+            "mechanism => 'none' (non-private GreedyRL) is not available through SQL",
+            construct="mechanism",
+            hint="choose a private mechanism, e.g. 'smooth_laplace' or 'monotone_em'",
+        )
+    params, budget = _learner_budget(
+        table, epsilon, delta, max_length, min_support, mechanism, confidence, strict_sensitivity
+    )
+    cost = budget.cost
+
+    feats = _features(table, cols, lab, features, cut_points)
+    rules = _candidate_rules(feats, max_card)
+    feature_sql = tuple(f"CASE WHEN {f.sql} THEN 1 ELSE 0 END" for f in feats)
+    label_sql = f"CASE WHEN {quote_ident(lab.name)} = {positive_sql} THEN 1 ELSE 0 END"
+    return RuleListPlan(
+        table.name,
+        lab.name,
+        positive,
+        tuple(feats),
+        tuple(rules),
+        params,
+        cost,
+        feature_sql,
+        label_sql,
+        budget,
+        model,
+    )
+
+
+def _label(
+    table: TablePolicy, cols: dict[str, ColumnPolicy], label: str, positive: Any
+) -> tuple[ColumnPolicy, Any, str]:
+    """The label column, its positive class (TRUE for a boolean label) and that value as
+    SQL; refused when the column does not exist or the class is not among its values."""
     lab = cols.get(label.lower())
     if lab is None:
         raise UndefinedColumnError(
@@ -352,12 +388,21 @@ def plan_rule_list(
             construct="positive",
             hint="use one of: " + ", ".join(map(repr, lab.values)),
         )
-    if mechanism == "none":
-        raise PrivacyError(
-            "mechanism => 'none' (non-private GreedyRL) is not available through SQL",
-            construct="mechanism",
-            hint="choose a private mechanism, e.g. 'smooth_laplace' or 'monotone_em'",
-        )
+    return lab, positive, positive_sql
+
+
+def _learner_budget(
+    table: TablePolicy,
+    epsilon: float,
+    delta: float | None,
+    max_length: int,
+    min_support: float,
+    mechanism: str,
+    confidence: float,
+    strict_sensitivity: bool,
+) -> tuple[LearnerParams, BudgetPlan]:
+    """The learner's parameters and its budget over its steps; refused (free) when δ is
+    needed and missing, or when a step's ε is too small for its noise to be drawn."""
     params = LearnerParams(
         epsilon=epsilon,
         delta=delta,
@@ -383,8 +428,19 @@ def plan_rule_list(
             hint="raise epsilon, or lower max_length (it splits epsilon over 2 or 3 steps "
             "per rule); nothing was spent",
         ) from None
-    cost = budget.cost
+    return params, budget
 
+
+def _features(
+    table: TablePolicy,
+    cols: dict[str, ColumnPolicy],
+    lab: ColumnPolicy,
+    features: Sequence[str] | None,
+    cut_points: Mapping[str, Sequence[float]] | str | None,
+) -> list[Feature]:
+    """The rule literals' features: the named columns (every column with a public domain
+    but the label and the privacy unit by default), each cut by its public domain or its
+    ``cut_points``; refused when a named column has no public domain or does not exist."""
     skip = {lab.name.lower(), (table.privacy_unit or "").lower()}
     cut_points = parse_cut_points(cut_points, cols)
     chosen: list[ColumnPolicy] = []
@@ -427,6 +483,12 @@ def plan_rule_list(
             construct=table.name,
             hint="declare values or bounds for some columns in the policy",
         )
+    return feats
+
+
+def _candidate_rules(feats: list[Feature], max_card: int) -> list[Rule]:
+    """The public candidate rules (conjunctions of at most ``max_card`` literals), refused
+    free when there would be more than MAX_CANDIDATES."""
     if max_card < 1:
         raise ProgrammingError("max_card must be >= 1", sqlstate="22023", construct="max_card")
     # A conjunction holds at most one literal per feature: a larger max_card adds nothing,
@@ -448,21 +510,7 @@ def plan_rule_list(
             construct="features",
             hint="name fewer columns in features => '...' or use max_card => 1",
         )
-    feature_sql = tuple(f"CASE WHEN {f.sql} THEN 1 ELSE 0 END" for f in feats)
-    label_sql = f"CASE WHEN {quote_ident(lab.name)} = {positive_sql} THEN 1 ELSE 0 END"
-    return RuleListPlan(
-        table.name,
-        lab.name,
-        positive,
-        tuple(feats),
-        tuple(rules),
-        params,
-        cost,
-        feature_sql,
-        label_sql,
-        budget,
-        model,
-    )
+    return rules
 
 
 #: Most cut points one column may have (each adds two literals).
