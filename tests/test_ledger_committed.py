@@ -1,7 +1,10 @@
-"""The budget left that a charged answer reports is read off the charge's own transaction
-(SQLiteLedger.committed_standing) instead of a second ledger read: it must equal what a read
-right after the charge gives, belong to this thread's last committed charge of that analyst
-and dataset only, and be absent after a refused charge (so the report falls back to a read)."""
+"""Two ledger reads a charged query saved (dpsql.privacy.ledger_standings): the budget left
+that a charged answer reports is read off the charge's own transaction (committed_standing): it
+must equal what a read right after the charge gives, belong to this thread's last committed
+charge of that analyst and dataset only, and be absent after a refused charge. And the budget
+check before a charge may be passed by the figures this process last committed, never
+refused by them: stale figures (another process charged, an operator changed the budget) defer
+to the charge's transaction, which refuses with nothing written."""
 
 from __future__ import annotations
 
@@ -83,8 +86,42 @@ def test_session_reports_the_same_remaining(tmp_path: Path) -> None:
         ledger.standing = counted  # type: ignore[method-assign]
         answer = session.execute("SELECT COUNT(*) FROM visits WHERE age > 30")
         assert reads == ["standing"]  # the budget check before the charge; none after it
+        reads.clear()
+        answer = session.execute("SELECT COUNT(*) FROM visits WHERE age > 31")
+        assert reads == []  # checked on the figures the first charge committed
         ledger.standing = standing  # type: ignore[method-assign]
         assert answer.remaining == session.remaining()
         assert answer.remaining is not None
     finally:
         service.close()
+
+
+def test_stale_figures_pass_the_check_and_the_charge_refuses(tmp_path: Path) -> None:
+    ledger = SQLiteLedger(tmp_path / "l.sqlite")
+    other = SQLiteLedger(tmp_path / "l.sqlite")  # another process, in effect
+    try:
+        _charge(ledger, "a", 0.25)
+        _charge(other, "a", 0.625)  # 0.875 spent; this ledger still knows 0.25
+        ledger.check("a", "d", Cost(0.25, 0, 0), DEFAULT)  # passed on its own figures
+        with pytest.raises(BudgetExhaustedError):
+            _charge(ledger, "a", 0.25)  # the charge re-reads the committed total
+        assert ledger.spent("a", "d").exact_epsilon == other.spent("a", "d").exact_epsilon
+        with pytest.raises(BudgetExhaustedError):  # after a refusal the check reads again
+            ledger.check("a", "d", Cost(0.25, 0, 0), DEFAULT)
+    finally:
+        ledger.close()
+        other.close()
+
+
+def test_known_figures_never_refuse(tmp_path: Path) -> None:
+    ledger = SQLiteLedger(tmp_path / "l.sqlite")
+    other = SQLiteLedger(tmp_path / "l.sqlite")
+    try:
+        _charge(ledger, "a", 0.75)
+        other.set_budget("a", "d", Budget(2.0, 1e-5))  # an operator raised it elsewhere
+        ledger.check("a", "d", Cost(0.5, 0, 0), DEFAULT)  # not refused on the old figures
+        _charge(ledger, "a", 0.5)
+        assert ledger.spent("a", "d").exact_epsilon == 1.25
+    finally:
+        ledger.close()
+        other.close()

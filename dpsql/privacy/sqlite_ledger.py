@@ -23,7 +23,6 @@ import getpass
 import math
 import os
 import sqlite3
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -58,6 +57,7 @@ from dpsql.privacy.ledger_file import (
     stored_cost,
 )
 from dpsql.privacy.ledger_group_commit import GroupCommit
+from dpsql.privacy.ledger_standings import CommittedStandings
 from dpsql.privacy.ledger_verify import verify_ledger
 
 # One analyst's budget override and total in one statement (SQLiteLedger._standing_in).
@@ -124,8 +124,8 @@ class SQLiteLedger(LedgerFile):
         # group commit of charges: one BEGIN IMMEDIATE ... COMMIT for those queued together
         self._group_commit = GroupCommit(self._write)
         self._grouped = self._group_commit.run
-        # (analyst, dataset, budget, total) as this thread's last charge committed them
-        self._committed = threading.local()
+        # the figures this process's charges committed (dpsql.privacy.ledger_standings)
+        self._standings = CommittedStandings()
 
     # -- reads inside a transaction ----------------------------------------------------------
 
@@ -234,7 +234,10 @@ class SQLiteLedger(LedgerFile):
                 limits, _ = self._limits_in(conn, analyst, dataset, default, rules, self._clock())
             refuse_unless_fits(limits, cost)
             return
+        if self._standings.fits(analyst, dataset, default, cost):
+            return  # a pass only: the charge re-checks the committed total
         budget, spent = self.standing(analyst, dataset, default)
+        self._standings.read(analyst, dataset, default, budget, spent)
         if not budget.covers(spent + cost):
             raise exhausted(analyst, budget, spent, cost)
 
@@ -330,22 +333,23 @@ class SQLiteLedger(LedgerFile):
             if cache_key is not None and answer is not None:
                 self._store(conn, analyst, dataset, cache_key, answer, charge_id)
             self._fault("written")
-            after[:] = [(analyst, dataset, budget, total)]
+            after[:] = [(budget, total)]
 
-        after: list[tuple[str, str, Budget, Cost]] = []
-        self._committed.value = None
-        self._grouped(work)  # returns once the COMMIT holding the charge is done
-        self._committed.value = after[0]
+        after: list[tuple[Budget, Cost]] = []
+        self._standings.forget_thread()
+        try:
+            self._grouped(work)  # returns once the COMMIT holding the charge is done
+        except BaseException:
+            self._standings.drop(analyst, dataset)  # the next check reads the ledger
+            raise
+        self._standings.committed(analyst, dataset, default, after[0])
 
     def committed_standing(self, analyst: str, dataset: str) -> tuple[Budget, Cost] | None:
         """The budget and total that this thread's last :meth:`charge` committed for
         ``(analyst, dataset)``, once (then forgotten), or None: what :meth:`standing` would
         read right after that COMMIT, without the read (a budget with renewal periods is
         never kept here). Other sessions' charges committed since are not in it."""
-        found, self._committed.value = getattr(self._committed, "value", None), None
-        if found is None or found[:2] != (analyst, dataset):
-            return None
-        return found[2], found[3]
+        return self._standings.take(analyst, dataset)
 
     def _charge_shared(
         self,
