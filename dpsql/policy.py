@@ -501,38 +501,7 @@ def _table(
 ) -> TablePolicy:
     key = f"tables.{name}"
     source = spec["source"]  # its shape: the schema (dpsql.policy_schema)
-    source_path = None
-    if is_postgres(source):  # read at connect by the engine (dpsql.sources, docs/sources.md)
-        try:
-            parse_postgres(source)
-        except SourceSyntaxError as exc:
-            raise rep.fail(f"{key}.source", str(exc), exc.hint) from None
-    elif engine == "spark" and "://" in source:
-        pass  # a URI Spark reads itself (s3a://, hdfs://, file://), checked when it loads
-    elif is_remote(source):
-        pass  # s3:// or https://: DuckDB's httpfs reads it at connect, or the engine refuses
-    elif source.lower().rstrip("/").endswith(FILE_SUFFIXES):
-        source_path = (base / source).resolve()
-        # Spark also reads directories of part files (how it writes Parquet).
-        if is_glob(source):
-            if engine == "spark":
-                raise rep.fail(
-                    f"{key}.source",
-                    "the Spark engine reads a directory of part files, not a glob",
-                    "point source at the directory, or use the DuckDB engine",
-                )
-            if not glob_files(source_path):
-                raise rep.fail(
-                    f"{key}.source",
-                    f"no file matches {str(source_path)!r}",
-                    "fix the pattern (it is relative to the policy file)",
-                )
-        elif not (source_path.is_file() or (engine == "spark" and source_path.is_dir())):
-            raise rep.fail(
-                f"{key}.source",
-                f"file {str(source_path)!r} does not exist",
-                "fix the path (it is relative to the policy file)",
-            )
+    source_path = _source_path(rep, key, source, base, engine)
     cols_raw = spec["columns"]
     _no_duplicates(rep, f"{key}.columns", cols_raw)
     columns = {c.lower(): _column(rep, f"{key}.columns.{c}", c, s) for c, s in cols_raw.items()}
@@ -614,6 +583,45 @@ def _table(
     if public:
         table = replace(table, rows=_public_rows(rep, key, table, spec, max(max_bins, PUBLIC_ROWS)))
     return table
+
+
+def _source_path(rep: _Reporter, key: str, source: str, base: Path, engine: str) -> Path | None:
+    """A table's local file (or glob, or Spark's directory of part files), resolved against
+    the policy's folder and checked to exist; None for a source read elsewhere (PostgreSQL,
+    a remote URI), whose syntax alone is checked here."""
+    source_path = None
+    if is_postgres(source):  # read at connect by the engine (dpsql.sources, docs/sources.md)
+        try:
+            parse_postgres(source)
+        except SourceSyntaxError as exc:
+            raise rep.fail(f"{key}.source", str(exc), exc.hint) from None
+    elif engine == "spark" and "://" in source:
+        pass  # a URI Spark reads itself (s3a://, hdfs://, file://), checked when it loads
+    elif is_remote(source):
+        pass  # s3:// or https://: DuckDB's httpfs reads it at connect, or the engine refuses
+    elif source.lower().rstrip("/").endswith(FILE_SUFFIXES):
+        source_path = (base / source).resolve()
+        # Spark also reads directories of part files (how it writes Parquet).
+        if is_glob(source):
+            if engine == "spark":
+                raise rep.fail(
+                    f"{key}.source",
+                    "the Spark engine reads a directory of part files, not a glob",
+                    "point source at the directory, or use the DuckDB engine",
+                )
+            if not glob_files(source_path):
+                raise rep.fail(
+                    f"{key}.source",
+                    f"no file matches {str(source_path)!r}",
+                    "fix the pattern (it is relative to the policy file)",
+                )
+        elif not (source_path.is_file() or (engine == "spark" and source_path.is_dir())):
+            raise rep.fail(
+                f"{key}.source",
+                f"file {str(source_path)!r} does not exist",
+                "fix the path (it is relative to the policy file)",
+            )
+    return source_path
 
 
 def _unit_path(

@@ -15,11 +15,9 @@ FUNCTION_LINES = 120
 
 #: (module, qualified name) -> lines today; each may only shrink until it is within the limit.
 OVERSIZE = {
-    ("dpsql/engine/duckdb_engine.py", "DuckDBEngine._load"): 139,
     ("dpsql/frontend/intervals.py", "value_range"): 160,
     ("dpsql/frontend/per_unit.py", "_Builder"): 536,
     ("dpsql/frontend/per_unit.py", "_Builder.build"): 128,
-    ("dpsql/policy.py", "_table"): 123,
     ("dpsql/server/session.py", "Session"): 905,
     ("dpsql/sql/bind.py", "_Binder"): 1063,
 }

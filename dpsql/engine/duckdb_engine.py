@@ -339,27 +339,8 @@ class DuckDBEngine:
             self.versions[table.name] = table.version or ""  # digest: after the table exists
             kind = "TABLE"
         elif path is None:
-            if not attached:
-                raise PolicyError(
-                    f"{where}: {table.source!r} is not a CSV/Parquet file and no database was "
-                    "given",
-                    construct=where,
-                    hint="connect(database='file.duckdb', ...) or point source at a file",
-                )
-            exists = self._con.execute(
-                "SELECT count(*) FROM duckdb_tables() WHERE database_name = 'src' "
-                "AND lower(table_name) = lower(?)",
-                [table.source],
-            ).fetchone()
-            if not exists or not exists[0]:
-                raise PolicyError(
-                    f"{where}: table {table.source!r} not found in database {database!r}",
-                    construct=where,
-                    hint="fix the table name in the policy",
-                )
-            relation = f"src.{_q(table.source)}"
+            relation, kind = _attached(self._con, table, where, attached, database), "VIEW"
             self.versions[table.name] = table.version or ""  # digest: after the view exists
-            kind = "VIEW"
             self._small = False
         elif is_glob(table.source):
             # A glob: expanded once, here; the files listed now are read (docs/sources.md).
@@ -430,32 +411,8 @@ class DuckDBEngine:
                 construct=where,
                 hint="check that every declared column exists in the source with that type",
             ) from None
-        if (
-            count is not None
-            and count[0] > SMALL_ROWS
-            and self.policy.engine.small_tables == "auto"
-        ):
-            # Undeclared: a large CSV runs its SQL. The choice is made here, once per data
-            # version, and logged for the operator; one unit can move a table across the
-            # limit, so a timing difference can show which side it is on (docs/threat_model.md,
-            # "Column programs"): declaring small_tables pins it (dpsql init writes it).
-            _log.warning(
-                "%s: more than %s rows: not held at connect, its plans run as SQL until its "
-                "store is built in the background; declare "
-                '[engine] small_tables = "sql" (or "columns") to pin the path',
-                where,
-                f"{SMALL_ROWS:,}",
-            )
+        if _over_size(where, count, self.policy.engine.small_tables):
             self._over_size.add(table.name)
-        elif count is not None and count[0] > SMALL_ROWS:
-            # Declared small (held for column programs): more rows fail the start, seen by the
-            # operator, rather than switch the table's path on a count one unit can move.
-            raise PolicyError(
-                f"{where}: more than {SMALL_ROWS:,} rows, the most a table held in memory "
-                "for column programs may have",
-                construct="engine.small_tables",
-                hint='set [engine] small_tables = "sql" (and threads for a large table)',
-            )
         if kind == "TABLE":
             self._eager.append(table)
 
@@ -589,3 +546,54 @@ def _describe_load_error(exc: Exception) -> str:
     if "not found" in text.lower() or "Binder Error" in text:
         return text.split("\n")[0][:200]
     return type(exc).__name__
+
+
+def _attached(con: Any, table: TablePolicy, where: str, attached: bool, database: str) -> str:
+    """The relation of a table of the attached database (``connect(database=...)``), read
+    through a view, never copied; refused when no database was given or it lacks the table."""
+    if not attached:
+        raise PolicyError(
+            f"{where}: {table.source!r} is not a CSV/Parquet file and no database was given",
+            construct=where,
+            hint="connect(database='file.duckdb', ...) or point source at a file",
+        )
+    exists = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE database_name = 'src' "
+        "AND lower(table_name) = lower(?)",
+        [table.source],
+    ).fetchone()
+    if not exists or not exists[0]:
+        raise PolicyError(
+            f"{where}: table {table.source!r} not found in database {database!r}",
+            construct=where,
+            hint="fix the table name in the policy",
+        )
+    return f"src.{_q(table.source)}"
+
+
+def _over_size(where: str, count: Any, small_tables: str) -> bool:
+    """Whether a table's row ``count`` is over SMALL_ROWS with small_tables undeclared: it
+    runs its SQL (logged). Declared small (held for column programs), the start fails."""
+    if count is not None and count[0] > SMALL_ROWS and small_tables == "auto":
+        # Undeclared: a large CSV runs its SQL. The choice is made here, once per data
+        # version, and logged for the operator; one unit can move a table across the
+        # limit, so a timing difference can show which side it is on (docs/threat_model.md,
+        # "Column programs"): declaring small_tables pins it (dpsql init writes it).
+        _log.warning(
+            "%s: more than %s rows: not held at connect, its plans run as SQL until its "
+            "store is built in the background; declare "
+            '[engine] small_tables = "sql" (or "columns") to pin the path',
+            where,
+            f"{SMALL_ROWS:,}",
+        )
+        return True
+    elif count is not None and count[0] > SMALL_ROWS:
+        # Declared small (held for column programs): more rows fail the start, seen by the
+        # operator, rather than switch the table's path on a count one unit can move.
+        raise PolicyError(
+            f"{where}: more than {SMALL_ROWS:,} rows, the most a table held in memory "
+            "for column programs may have",
+            construct="engine.small_tables",
+            hint='set [engine] small_tables = "sql" (and threads for a large table)',
+        )
+    return False
