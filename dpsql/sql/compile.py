@@ -42,7 +42,7 @@ import sqlglot
 from sqlglot import exp
 
 from dpsql.aggregates.mode import ModeMeasure
-from dpsql.policy import SQL_TYPES, ColumnPolicy, TablePolicy, declared_type
+from dpsql.policy import ColumnPolicy, TablePolicy, declared_type
 from dpsql.privacy.clipping import LogHistogram
 from dpsql.sql import fold
 from dpsql.sql.clamp_spec import ClampHistogram
@@ -64,8 +64,18 @@ from dpsql.sql.plan import (
     count_scale,
     value_measures,
 )
+from dpsql.sql.row_values import cast as _cast
+from dpsql.sql.row_values import clamp as _clamp
+from dpsql.sql.row_values import column_value as _col
+from dpsql.sql.row_values import domain_condition as _domain_condition
+from dpsql.sql.row_values import fixed_point_expr
+from dpsql.sql.row_values import fixed_point_value as fixed_point_value
+from dpsql.sql.row_values import internal_name as _name
+from dpsql.sql.row_values import number as _number
+from dpsql.sql.row_values import quoted as _quoted
+from dpsql.sql.row_values import sql_type as _type
 from dpsql.sql.safety import guarded_conditions
-from dpsql.sql.statements import GroupKey, to_literal
+from dpsql.sql.statements import GroupKey
 from dpsql.sql.typecheck import _DECIMAL, _WIDE_INTEGERS
 
 NEUTRAL = "neutral"  # DuckDB's dialect with the keyed hash spelled DP_KEYED_HASH
@@ -319,34 +329,8 @@ def _output_columns(query: exp.Expr, ctes: dict) -> list[str] | None:
 
 
 # -- small node builders --------------------------------------------------------------------
-
-
-def _name(name: str, table: str | None = None) -> exp.Column:
-    """An internal column (``__u``, ``k0``, ``b.__u``): dpsql's own names, never quoted."""
-    column = exp.Column(this=exp.Identifier(this=name, quoted=False))
-    if table is not None:
-        column.set("table", exp.Identifier(this=table, quoted=False))
-    return column
-
-
-def _quoted(name: str) -> exp.Column:
-    """A policy column by its quoted name (any name the policy declares is safe to run)."""
-    return exp.Column(this=exp.Identifier(this=name, quoted=True))
-
-
-def _number(value: int | float) -> exp.Expression:
-    """A numeric literal spelled as Python prints it (``repr`` keeps every digit of a float)."""
-    return exp.Literal.number(repr(value) if isinstance(value, float) else value)
-
-
-def _type(name: str) -> exp.DataType:
-    """A plain type node (DataType.build would parse the name)."""
-    return exp.DataType(this=exp.DataType.Type[name], nested=False)
-
-
-def _cast(node: exp.Expression, to: str) -> exp.Cast:
-    """``CAST(node AS to)``: a failing cast errors (callers guard with TRY where it can)."""
-    return exp.Cast(this=node, to=_type(to))
+# (internal_name, quoted, number, cast, a column's value, clamp and the fixed-point value live in
+# dpsql.sql.row_values, imported above under the names the lowerings here and beside use)
 
 
 def _alias(node: exp.Expression, name: str) -> exp.Alias:
@@ -461,60 +445,6 @@ def _same(left: str, right: str, column: str, *, nulls_match: bool) -> exp.Expre
 # -- values -----------------------------------------------------------------------------------
 
 
-def _col(col: ColumnPolicy) -> exp.Expression:
-    """A column's value: its quoted name, or for a computed column its expression under TRY
-    (a row on which it fails -- an overflow, a bad cast -- gives NULL instead of an error
-    that would reveal that such a row exists).
-
-    A computed column's policy holds its SQL text only (dpsql.sql.bind renders it), so it is
-    parsed here: once per compiled plan and use, never cached across queries (a cache shared
-    by analysts would tell one, by timing, which expressions another has used).
-    """
-    if col.expr is not None:
-        return exp.Try(this=sqlglot.parse_one(col.expr, read="duckdb"))
-    return _quoted(col.name)
-
-
-def _clamp(x: exp.Expression, lower: int | float, upper: int | float) -> exp.Case:
-    """clamp(x) to [lower, upper]; NULL stays NULL, NaN goes to ``upper`` (DuckDB orders NaN
-    above every number). A CASE, not LEAST(GREATEST(...)): in DuckDB it is ~2x cheaper."""
-    return exp.Case(
-        ifs=[
-            exp.If(this=exp.LT(this=x, expression=_number(lower)), true=_number(lower)),
-            exp.If(this=exp.GT(this=x.copy(), expression=_number(upper)), true=_number(upper)),
-        ],
-        default=x.copy(),
-    )
-
-
-def fixed_point_expr(col: ColumnPolicy, lo: int, hi: int) -> exp.Expression:
-    """One row's integer: round(x / g) within the plan's [lo, hi], as BIGINT (NULL for NULL).
-
-    ``x / g`` is clamped to the integers lo and hi *before* ROUND, and any rounding rule is
-    monotone and leaves integers alone, so the result lies in [lo, hi] whatever the engine's
-    tie rule (DuckDB and Spark round half away from zero; the planner's ties go inward, see
-    :func:`dpsql.sql.plan.fixed_point_bounds`): one unit moves each row's value by no more
-    than the sensitivity assumes. One clamp costs what clamping x did; a second on the BIGINT
-    would cost ~40% more per value. Past 2^53 a bound is not exact as a DOUBLE: there the
-    BIGINT is clamped too.
-    """
-    c = _col(col)
-    if col.type == "int" and col.granularity == 1:
-        return _cast(_clamp(c, lo, hi), "BIGINT")
-    quotient = exp.Div(
-        this=_cast(c, "DOUBLE"), expression=_number(col.granularity), typed=False, safe=False
-    )
-    value: exp.Expression = _cast(exp.Round(this=_clamp(quotient, lo, hi)), "BIGINT")
-    if max(abs(lo), abs(hi)) > 2**53:
-        value = _clamp(value, lo, hi)
-    return value
-
-
-def fixed_point_value(col: ColumnPolicy, lo: int, hi: int) -> str:
-    """DuckDB text of :func:`fixed_point_expr`, for tests that evaluate it on their own rows."""
-    return fixed_point_expr(col, lo, hi).sql(dialect="duckdb")
-
-
 def _centred(m: Measure, col: ColumnPolicy) -> exp.Expression:
     """The row's fixed-point value minus the measure's centre (none when it is 0)."""
     value = fixed_point_expr(col, m.lo, m.hi)
@@ -612,44 +542,6 @@ def measure_aggregate(m: Measure, table: TablePolicy) -> str:
 
 
 # -- filters ------------------------------------------------------------------------------------
-
-_FILTER_CACHE: dict[tuple[ColumnPolicy, str | None], exp.Expression] = {}
-
-
-def _domain_condition(col: ColumnPolicy, target: str | None = None) -> exp.Expression:
-    """``target`` (an internal column, or by default the column itself) lies in ``col``'s
-    declared domain. Depends on the policy only: built once, copied per use."""
-    cache_key = (col, target)
-    cond = _FILTER_CACHE.get(cache_key)
-    if cond is None:
-        cond = _build_domain_condition(col, lambda: _col(col) if target is None else _name(target))
-        if len(_FILTER_CACHE) < 4096:
-            _FILTER_CACHE[cache_key] = cond
-    return cond.copy()
-
-
-def _build_domain_condition(
-    col: ColumnPolicy, target: Callable[[], exp.Expression]
-) -> exp.Expression:
-    """IN (declared values), BETWEEN (declared bounds or days) or IS NOT NULL, OR IS NULL if
-    nullable."""
-    cond: exp.Expression
-    if col.values is not None:
-        items = [exp.cast(to_literal(v), SQL_TYPES[col.type]) for v in col.values]
-        cond = exp.In(this=target(), expressions=items)
-    elif col.numeric and col.bounded:
-        assert col.lower is not None and col.upper is not None  # what bounded means
-        cond = exp.Between(this=target(), low=_number(col.lower), high=_number(col.upper))
-    elif col.date_range is not None:  # a date column's declared days, as an int's bounds
-        first, last = (exp.cast(exp.Literal.string(d.isoformat()), "DATE") for d in col.date_range)
-        cond = exp.Between(this=target(), low=first, high=last)
-    else:
-        cond = exp.Not(this=exp.Is(this=target(), expression=exp.Null()))
-    if col.nullable:
-        cond = exp.Paren(
-            this=exp.Or(this=cond, expression=exp.Is(this=target(), expression=exp.Null()))
-        )
-    return cond
 
 
 def _domain_filter_exprs(plan: Plan, *, skip_column_keys: bool = False) -> list[exp.Expression]:

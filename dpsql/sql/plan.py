@@ -53,6 +53,7 @@ from dpsql.privacy.quantiles import Grid, exponential_map
 from dpsql.privacy.samplers import SecureNoise
 from dpsql.sql import bias, sharing
 from dpsql.sql.measure_kinds import MEASURE_KINDS, MeasureKind
+from dpsql.sql.row_values import fixed_point_bounds
 from dpsql.sql.statements import AggregateCall, BoundQuery, GroupKey
 
 # Measure kinds and the value one row contributes (before summing):
@@ -392,22 +393,6 @@ def effective_bounding(table: TablePolicy, kinds: Sequence[str], quantiles: bool
 
 
 @functools.lru_cache(maxsize=4096)  # a function of the policy's numbers: ~15 us in Fractions
-def fixed_point_bounds(lower: float, upper: float, g: float) -> tuple[int, int]:
-    """The integer range [lo, hi] of one row's fixed-point value, as the sensitivity assumes.
-
-    Each bound goes to its nearest multiple of ``g``, a tie toward the inside of [lower, upper]
-    (the smaller range), computed exactly on the decimal values the policy states (no float
-    quotient: 0.35 / 0.1 is a tie, not 3.4999...). The engine clamps ``x / g`` to these very
-    integers before rounding it (:func:`dpsql.sql.compile.fixed_point_value`), so its own tie
-    rule (DuckDB and Spark round half away from zero) cannot leave [lo, hi]; and a row's value
-    stays within g/2 of its clamped x whether or not the bounds are multiples of ``g``.
-    """
-    a, b = Fraction(repr(lower)) / Fraction(repr(g)), Fraction(repr(upper)) / Fraction(repr(g))
-    lo, hi = math.floor(a + Fraction(1, 2)), math.ceil(b - Fraction(1, 2))
-    # lo > hi only when lower == upper sits on a tie: either neighbour is as near
-    return min(lo, hi), hi
-
-
 def _fixed_range(col: ColumnPolicy) -> tuple[int, int]:
     return fixed_point_bounds(col.lower, col.upper, col.granularity)  # type: ignore[arg-type]
 
