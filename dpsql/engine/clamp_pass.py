@@ -69,6 +69,14 @@ _EXACT = 2**53
 _CHUNK = 1 << 20
 
 
+def _ro(array: np.ndarray) -> np.ndarray:
+    """A read-only view: every input reaches a kernel read-only (one numba signature each,
+    compiled once, cached on disk; dpsql.engine.clustered._ro)."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
 def available() -> bool:
     return _jit is not None
 
@@ -231,6 +239,23 @@ if _jit is not None:
     _count_units = _jit(_count_units)
 
 
+def warm_up() -> None:
+    """Compile the kernels now (or load them from numba's cache), on tiny arrays, so that no
+    first query pays for it (dpsql.engine.columnar.warm_up calls this)."""
+    if not available():
+        return
+    h = np.zeros(2, dtype=np.uint64)
+    keys = _ro(np.zeros(2, dtype=np.uint64))
+    nulls = _ro(np.zeros(2, dtype=np.bool_))
+    _mix(h, keys, nulls, INT, keys, True)
+    _mix_hash(h, np.uint64(1))
+    bins = np.zeros(2, dtype=np.int64)
+    _bin_floats(_ro(np.zeros(2)), 0.0, 1.0, 1.0, 0.5, 0.5, 1, bins)
+    _bin_ints(_ro(np.zeros(2, dtype=np.int64)), 0.0, 1.0, 1.0, 0.5, 0.5, 1, bins)
+    starts = _ro(np.array([0, 2], dtype=np.int64))
+    _count_units(starts, _ro(h), _ro(bins), nulls, 1, np.zeros(2, dtype=np.int64))
+
+
 # -- the pass ---------------------------------------------------------------------------------
 
 
@@ -310,7 +335,8 @@ def counts(store: Any, spec: ClampHistogram, secret: int, text_hashes: Any) -> n
         h = _row_hashes(store, spec, secret, tables, lo, hi)
         bins = _row_bins(store, spec, lo, hi)
         rel = np.ascontiguousarray(starts[first : last + 1] - lo, dtype=np.int64)
-        _count_units(rel, h, bins, store.columns[spec.column].nulls[lo:hi], spec.rows, out)
+        nulls = _ro(store.columns[spec.column].nulls[lo:hi])
+        _count_units(_ro(rel), _ro(h), _ro(bins), nulls, spec.rows, out)
     return out
 
 
@@ -530,7 +556,8 @@ def _row_hashes(
         src = (col.codes if kind == "text" else col.values)[lo:hi]
         dtype = np.float64 if kind == "float" else np.int64
         keys = np.ascontiguousarray(src, dtype=dtype).view(np.uint64)
-        _mix(h, keys, col.nulls[lo:hi], _MODES[kind], tables.get(name, none), j == 0)
+        table = tables.get(name, none)
+        _mix(h, _ro(keys), _ro(col.nulls[lo:hi]), _MODES[kind], _ro(table), j == 0)
     _mix_hash(h, _scalar_hash(secret))
     return h
 
@@ -541,12 +568,13 @@ def _row_bins(store: Any, spec: ClampHistogram, lo: int, hi: int) -> np.ndarray:
     out = np.empty(hi - lo, dtype=np.int64)
     if spec.kind == "float":
         _bin_floats(
-            np.ascontiguousarray(values, dtype=np.float64), float(spec.lower),
+            _ro(np.ascontiguousarray(values, dtype=np.float64)), float(spec.lower),
             float(spec.upper), spec.maximum, spec.smallest, spec.log_ratio, spec.bins - 1, out,
         )  # fmt: skip
     else:
         _bin_ints(
-            np.ascontiguousarray(values, dtype=np.int64), float(spec.lower), float(spec.upper),
+            _ro(np.ascontiguousarray(values, dtype=np.int64)), float(spec.lower),
+            float(spec.upper),
             spec.maximum, spec.smallest, spec.log_ratio, spec.bins - 1, out,
         )  # fmt: skip
     return out

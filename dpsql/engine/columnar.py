@@ -194,7 +194,7 @@ def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) ->
 
     columns: dict[str, Column] = {}
     for i, c in enumerate(readable):
-        codes = take(f"__c{i}", np.int64) if c.name in labels else None
+        codes = take(f"__c{i}", np.int32) if c.name in labels else None
         nulls = take(f"__n{i}", np.bool_)
         if c.type == "text":
             columns[c.name] = Column("text", codes, nulls, codes, labels[c.name])  # type: ignore[arg-type]
@@ -330,12 +330,19 @@ def warm_up() -> None:
     weight = np.ones(1, dtype=np.bool_)
     spec = [(clustered.SUM, 0, 0, 0, 1, 0)]
     starts = np.array([0, 1], dtype=np.int64)
-    for dtype in (np.int32, np.int64):  # a store's fixed points: int32 where they fit
+    # a store's fixed points: int32 where they fit; group codes: a key's own (int32) or
+    # combined (int64)
+    for dtype in (np.int32, np.int64):
         fixed = np.zeros((1, 1), dtype=dtype)
-        clustered.bound_units(
-            starts, one, weight, fixed, nulls, spec, one, one, 1, 1, 1, 1, True, one
-        )
-        clustered.row_sums(one, weight, fixed, nulls, spec, one, one, 1)
+        for group in (np.zeros(1, dtype=np.int32), one):
+            clustered.bound_units(
+                starts, group, weight, fixed, nulls, spec, one, one, 1, 1, 1, 1, True, one
+            )
+            clustered.row_sums(group, weight, fixed, nulls, spec, one, one, 1)
+    clustered.counting_order(np.zeros(1, dtype=np.int32), 1)
+    from dpsql.engine import clamp_pass
+
+    clamp_pass.warm_up()
 
 
 def warm_up_later() -> None:
@@ -403,7 +410,7 @@ def _column(spec: ColumnPolicy, fetched: Any) -> Column:
     data = np.ma.getdata(fetched)
     if spec.type == "text":
         distinct, inverse = np.unique(np.asarray(data, dtype=object)[~nulls], return_inverse=True)
-        codes = np.full(len(nulls), len(distinct), dtype=np.int64)  # NULL: the last code
+        codes = np.full(len(nulls), len(distinct), dtype=np.int32)  # NULL: the last code
         codes[~nulls] = inverse
         return Column("text", codes, nulls, codes, (*(str(v) for v in distinct.tolist()), None))
     if spec.type == "date":  # DuckDB's day numbers (_FETCH), compared as integers
@@ -413,7 +420,7 @@ def _column(spec: ColumnPolicy, fetched: Any) -> Column:
     if spec.type == "float":
         return Column("float", values, nulls)
     distinct, inverse = np.unique(values[~nulls], return_inverse=True)
-    dense = np.full(len(values), len(distinct), dtype=np.int64)
+    dense = np.full(len(values), len(distinct), dtype=np.int32)
     dense[~nulls] = inverse
     return Column(spec.type, values, nulls, dense, (*distinct.tolist(), None))
 
@@ -696,7 +703,8 @@ def _per_unit(
     unit = table.columns[program.unit]  # type: ignore[index]
     assert unit.codes is not None
     capacity = table.capacity  # the bounds that choose how to sum: public (ColumnarTable)
-    slots = _Slots(unit.codes * size + group, len(unit.labels), size, table.rows)
+    # int64 before the product: codes are int32 (units x groups may pass 2^31)
+    slots = _Slots(unit.codes.astype(np.int64) * size + group, len(unit.labels), size, table.rows)
     n = slots.count(weight)
     some = (n > 0).astype(np.int64)
     divisor = np.maximum(n, 1)  # a pair with no row has nothing to divide
