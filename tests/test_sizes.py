@@ -19,7 +19,6 @@ OVERSIZE = {
     ("dpsql/frontend/per_unit.py", "_Builder"): 536,
     ("dpsql/frontend/per_unit.py", "_Builder.build"): 128,
     ("dpsql/server/session.py", "Session"): 905,
-    ("dpsql/sql/bind.py", "_Binder"): 1063,
 }
 
 

@@ -59,7 +59,7 @@ def test_group_key_positions_equal_position_of() -> None:
     import sqlglot
     from sqlglot import exp
 
-    from dpsql.sql import bind
+    from dpsql.sql.bind.keys import key_position
     from dpsql.sql.positions import position_of
 
     texts = [
@@ -73,6 +73,6 @@ def test_group_key_positions_equal_position_of() -> None:
     for text in texts:
         tree = sqlglot.parse_one(text, read="duckdb")
         for item in tree.args["group"].expressions:
-            assert bind._key_position(item, text) == position_of(item, text), (text, item)
+            assert key_position(item, text) == position_of(item, text), (text, item)
             checked += isinstance(item, exp.Column | exp.Literal)
     assert checked >= 10

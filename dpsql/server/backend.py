@@ -175,7 +175,7 @@ class DpBackend:
     def execute(self, sql: str, params: Sequence[object] | None) -> Outcome:
         sql = inline_limits(sql, params) if params else sql
         answer = self.session.execute(sql, list(params) if params else None)
-        charged = answer.cost is not None
+        charged = answer.result.cost is not None  # a field: reading it cannot fail
         try:
             return _outcome(answer, sql, charged)
         except Exception as exc:
