@@ -89,7 +89,7 @@ def _report(
     rate = count / elapsed
     # CPU per query depends much less on other jobs than q/s does: it shows whether N workers
     # do more work per query, and "cores" how much of the machine the server got.
-    usage = f"   cpu {1000 * cpu / count:5.1f} ms/q {cpu / elapsed:4.2f} cores" if cpu else ""
+    usage = f"   cpu {1000 * cpu / count:5.2f} ms/q {cpu / elapsed:4.2f} cores" if cpu else ""
     print(
         f"{name:<9} {count:>7} queries in {elapsed:6.1f} s = {rate:8.1f} q/s   "
         f"p50 {1000 * statistics.median(latencies):7.1f} ms   "

@@ -1,7 +1,7 @@
 """``dpsql serve`` from two source trees side by side: before and after a change to the server.
 
-Each tree's server (``--workers 1``, answer cache off) gets its own copy of the fixture policy,
-data and ledger; after a warm-up (its analysts' text shapes learned), rounds of the DP queries of
+Each tree's server (``--workers 1``, or ``--workers N``; answer cache off) gets its own copy of the fixture policy,
+data and ledger; after ``--warmup`` seconds (its analysts' text shapes learned), rounds of the DP queries of
 bench_server.py alternate between the two, so load from other jobs hits both alike. Prints q/s,
 latency and the server's CPU per query for each round, the ratio after/before per round and its
 median, then rounds of ``SHOW epsilon`` (answered by the session, no engine): before, after,
@@ -70,7 +70,7 @@ service.close()
 """
 
 
-def start(tree: str, policy: Path) -> tuple[subprocess.Popen, int]:
+def start(tree: str, policy: Path, workers: int = 1) -> tuple[subprocess.Popen, int]:
     """``dpsql serve`` from ``tree`` (``python -m dpsql`` run there imports that tree's code)."""
     proc = subprocess.Popen(
         [
@@ -84,7 +84,7 @@ def start(tree: str, policy: Path) -> tuple[subprocess.Popen, int]:
             "0",
             "--no-cache",
             "--workers",
-            "1",
+            str(workers),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -105,6 +105,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--backend-rounds", type=int, default=3, help="in-process DpBackend runs")
+    ap.add_argument("--workers", type=int, default=1, help="dpsql serve --workers N for both")
+    ap.add_argument("--warmup", type=float, default=6.0, help="seconds of warm-up per server")
     a = ap.parse_args()
     src = ROOT / "fixtures" / "visits.toml"
     servers: dict[str, tuple[subprocess.Popen, int]] = {}
@@ -121,10 +123,13 @@ def main() -> None:
             users = UserStore(users_path(policy))
             for i in range(a.connections):
                 users.add(f"bench{i}", b.PASSWORD)
-            servers[name] = start(tree, policy)
-        print(f"{a.connections} connections, {a.seconds:g} s rounds, {b._load()}")
+            servers[name] = start(tree, policy, a.workers)
+        print(
+            f"{a.connections} connections, {a.seconds:g} s rounds, --workers {a.workers}, "
+            f"{b._load()}"
+        )
         for name, srv in servers.items():
-            b.run_server(srv, a.connections, 6.0, None, f"warm {name}")
+            b.run_server(srv, a.connections, a.warmup, None, f"warm {name}")
         rates: dict[str, list[float]] = {n: [] for n in servers}
         for r in range(a.rounds):
             order = list(servers) if r % 2 == 0 else list(servers)[::-1]
