@@ -76,7 +76,8 @@ from dpsql.sql.compile import (
     compile_plan,
 )
 from dpsql.sql.domains import key_domain
-from dpsql.sql.plan import Plan, build_plan
+from dpsql.sql.plan import Plan
+from dpsql.sql.planner import build_plan
 from dpsql.sql.statements import (
     DIALECT,
     BoundQuery,

@@ -261,7 +261,7 @@ def test_an_optimal_table_too_long_is_refused_free(sized, monkeypatch):
     def too_long(*args, **kwargs):
         raise ValueError("too long")
 
-    monkeypatch.setattr("dpsql.sql.plan.OptimalSelection", too_long)
+    monkeypatch.setattr("dpsql.sql.planner.OptimalSelection", too_long)
     conn = _connect(sized)
     cur = conn.cursor()
     cur.execute("SET partition_selection = 'optimal'")

@@ -430,7 +430,7 @@ def test_auto_clip_plan_costs_add_up_and_a_miscalibrated_clip_is_caught():
     (clip,) = plan.clips
     assert clip.max_values == plan.max_rows * plan.max_groups == 15
     assert float(clip.epsilon) == pytest.approx(0.1)
-    from dpsql.sql.plan import with_clip_ranges
+    from dpsql.sql.planner import with_clip_ranges
 
     run = with_clip_ranges(plan, {"cost": (0.0, 812.5)})
     assert run.query.table.columns["cost"].upper == 812.5 and not run.clips

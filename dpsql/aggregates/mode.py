@@ -16,7 +16,7 @@ mechanism with P(v) ∝ exp(ε_g·u_v / (2Δ)) is ε_g-DP (McSherry & Talwar 200
 disjoint in rows; the unit reaches at most G of them, each release ε_g-DP: ε = G·ε_g by basic
 composition (pure ε, no δ). In zCDP each release is charged ε_g²/2 (as a quantile's part: a
 safe upper bound on the exponential mechanism's ε_g²/8). The measure's cost is charged in the
-query's one reservation with every other measurement of the plan (dpsql.sql.plan.build_plan:
+query's one reservation with every other measurement of the plan (dpsql.sql.planner.build_plan:
 the ε share of one histogram slot).
 
 A group without rows releases a uniformly drawn value of the domain (all counts are 0): the

@@ -14,7 +14,8 @@ import numpy as np
 
 from dpsql.errors import InternalError
 from dpsql.sql.compile import compile_clip_histograms
-from dpsql.sql.plan import Plan, with_clip_ranges
+from dpsql.sql.plan import Plan
+from dpsql.sql.planner import with_clip_ranges
 
 if TYPE_CHECKING:
     from dpsql.engine.api import QueryHandle
