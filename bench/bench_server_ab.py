@@ -1,8 +1,9 @@
 """``dpsql serve`` from two source trees side by side: before and after a change to the server.
 
-Each tree's server (``--workers 1``, or ``--workers N``; answer cache off) gets its own copy of the fixture policy,
-data and ledger; after ``--warmup`` seconds (its analysts' text shapes learned), rounds of the DP queries of
-bench_server.py alternate between the two, so load from other jobs hits both alike. Prints q/s,
+Each tree's server (``--workers 1``, or ``--workers N``; answer cache off) gets its own copy
+of the fixture policy, data and ledger; after ``--warmup`` seconds (its analysts' text shapes
+learned), rounds of the DP queries of bench_server.py alternate between the two, so load from
+other jobs hits both alike. Prints q/s,
 latency and the server's CPU per query for each round, the ratio after/before per round and its
 median, then rounds of ``SHOW epsilon`` (answered by the session, no engine): before, after,
 after, before. Last, ``--backend-rounds`` alternating runs of each tree's ``DpBackend`` in a
