@@ -42,8 +42,9 @@ Laplace(R/ε) per bin, each unit's <= R values one count each, so ε-DP). It is 
 analyst, column and data version by the first such query (``bounds_share`` of its ε, its own
 ledger entry), kept, and each query then chooses its range from it by post-processing, free
 (:func:`clamp_range`: per group, the ``clip_quantile`` of |x|; a single total, the bound
-minimising the estimated squared bias + noise variance of a SUM at the query's per-measure ε,
-"mse"). The range is a function of released DP output only, so the query is planned with it as
+minimising the expected squared bias + noise variance of a SUM at the query's per-measure ε,
+the bins' true counts estimated from the noisy ones, "posterior"). The range is a function of
+released DP output only, so the query is planned with it as
 the column's declared bounds (a plan constant: the compiled store pass and the SQL fast paths
 are unchanged; the engine clamps every row to it as to declared bounds; the sensitivities use it
 as a public bound). Not chosen (declared bounds kept): a column the query also filters, groups
@@ -383,19 +384,28 @@ def _split_contribution(epsilon: float, needs: tuple[Need, ...]) -> list[float]:
 
 
 def clamp_range(
-    query: BoundQuery, column: str, data: dict[str, Any], measured: float, rows: int
+    query: BoundQuery,
+    column: str,
+    data: dict[str, Any],
+    measured: float,
+    rows: int,
+    weight: float = 1.0,
 ) -> tuple[float, float, float, float]:
     """The clamp range of ``column`` for ``query``, chosen from the kept noisy histogram
     (post-processing, free), and that histogram's estimate of what it cuts over the whole
     table (the SUM's bias, the share of values beyond): per public group (small groups: noise
     dominates), the column's ``clip_quantile`` of |x|; a single total, the bound minimising
-    the estimated squared bias plus the noise variance of a SUM at the query's per-measure ε
-    (ApproxBounds "mse"). ``clip_method`` other than "auto" fixes the rule. Inside the
-    declared bounds; an int column's on integers."""
+    the expected squared bias plus the noise variance of a SUM at the query's per-measure ε,
+    the bins' true counts estimated from their noisy ones (ApproxBounds "posterior", at the
+    histogram's own noise scale: its R over the ε it was bought with). ``weight``: the rows
+    each count stands for (a histogram of units, R "auto"). ``clip_method`` other than "auto"
+    fixes the rule. Inside the declared bounds; an int column's on integers."""
     col = query.table.columns[column]
     method = col.clip_method
     if method == "auto":
-        method = "quantile" if query.keys else "mse"
+        method = "quantile" if query.keys else "posterior"
+    noisy = np.asarray(data["noisy"], dtype=np.float64)
+    posterior = method == "posterior"
     chooser = ApproxBounds(
         clamp_histogram(col),
         1.0,  # unused: nothing is released here
@@ -403,8 +413,10 @@ def clamp_range(
         method=method,
         q=col.clip_quantile,
         sum_epsilon=measured / measure_count(query, sum_counts=False),
+        noise_scale=clip_rows(query.table) / float(data["epsilon"]) if posterior else None,
+        weight=weight if posterior else 1.0,
     )
-    chosen = chooser.choose(np.asarray(data["noisy"], dtype=np.float64), col.lower, col.upper)
+    chosen = chooser.choose(noisy if posterior else noisy * weight, col.lower, col.upper)
     lo, hi = chosen.lower, chosen.upper
     if col.type == "int":
         lo, hi = math.floor(lo), math.ceil(hi)
@@ -443,7 +455,7 @@ def _with_chosen(
     # value per unit weighs each by the rows a unit keeps (the rows histogram's mean, at R)
     weight = _rows_kept(by_kind["rows"], int(rows)) if per_unit and "rows" in by_kind else 1.0
     clamps = tuple(
-        (n.keys[0], *clamp_range(query, n.keys[0], _weighted(d, weight), measured, int(rows)))
+        (n.keys[0], *clamp_range(query, n.keys[0], d, measured, int(rows), weight))
         for n, d in found.items()
         if n.kind == "clip"
     )
@@ -489,10 +501,6 @@ def _rows_kept(d: dict[str, Any], rows: int) -> float:
     if units <= 0:
         return 1.0
     return max(1.0, float((n * np.minimum(representatives(), rows)).sum()) / units)
-
-
-def _weighted(d: dict[str, Any], weight: float) -> dict[str, Any]:
-    return d if weight == 1.0 else {**d, "noisy": [v * weight for v in d["noisy"]]}
 
 
 def buy(
