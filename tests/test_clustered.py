@@ -119,10 +119,14 @@ def test_the_compiled_pass_returns_what_the_sql_and_the_program_return(
     assert ran >= least and (biased >= least // 2 if bias else biased == 0)
 
 
+@pytest.mark.parametrize("fetch", [None, 97], ids=["one-fetch", "by-unit-ranges"])
 @pytest.mark.parametrize("unit", [False, True], ids=["row-level", "unit"])
-def test_load_clustered_holds_the_rows_load_holds(tmp_path, unit):
+def test_load_clustered_holds_the_rows_load_holds(tmp_path, monkeypatch, unit, fetch):
     """DuckDB's codes and order (load_clustered) against numpy's (load, then cluster): the
-    same labels, the same rows as a multiset, the same units' extents and fixed points."""
+    same labels, the same rows as a multiset, the same units' extents and fixed points; also
+    fetched by ranges of units (~97 rows each: the last with the rows of no unit)."""
+    if fetch is not None:
+        monkeypatch.setattr(columnar, "_FETCH_ROWS", fetch)
     policy = _loaded(tmp_path, unit=unit, rows=1500)
     svc = Service(policy, ledger=MemoryLedger(), cache=False)
     try:

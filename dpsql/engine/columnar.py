@@ -148,8 +148,8 @@ def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) ->
     if not readable:
         return cluster(ColumnarTable(table.name, version, rows, {}, capacity), table)
     labels: dict[str, tuple[Any, ...]] = {}
-    ctes, joins, items = [], [], []
-    order_by = "1"
+    keys: list[tuple[str, type]] = []  # what is fetched, and its dtype in the store
+    unit = None  # the unit column's index in ``readable`` when it has codes
     for i, c in enumerate(readable):
         q = quote_ident(c.name)
         if c.type in ("text", "int", "bool"):
@@ -162,57 +162,110 @@ def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) ->
                 labels[c.name] = (*(int(r[0]) for r in distinct), None)
             else:
                 labels[c.name] = (*(bool(r[0]) for r in distinct), None)
+            keys.append((f"__c{i}", np.int32))
+            if c.name == table.privacy_unit:
+                unit = i
+        if c.type != "text":
+            dtype: type = {"float": np.float64, "bool": np.bool_}.get(c.type, np.int64)
+            keys.append((f"__v{i}", dtype))
+        keys.append((f"__n{i}", np.bool_))
+    held: dict[str, np.ndarray] = {key: np.empty(rows, dtype=dtype) for key, dtype in keys}
+    filled = 0
+    for first, last in _unit_ranges(rows, unit, labels, readable):
+        sql, params = _fetch_sql(name, readable, labels, unit, first, last)
+        # no ORDER BY: DuckDB's sort held every row a second time beside the fetched arrays;
+        # each range of units is clustered here (a counting sort) into the arrays' next rows
+        fetched = dict(con.execute(sql, params).fetchnumpy())
+        n = len(fetched[keys[0][0]]) if keys else 0
+        if filled + n > rows:
+            raise ValueError("the table changed while its store was built")
+        order = None
+        if unit is not None:
+            ranged = np.asarray(np.ma.getdata(fetched[f"__c{unit}"]), dtype=np.int64)
+            order = _unit_order(ranged - first, last - first + 1)
+            del ranged
+        for key, dtype in keys:
+            data: np.ndarray = np.asarray(np.ma.getdata(fetched.pop(key)), dtype=dtype)
+            held[key][filled : filled + n] = data if order is None else data[order]
+        filled += n
+    if filled != rows:
+        raise ValueError("the table changed while its store was built")
+    columns: dict[str, Column] = {}
+    for i, c in enumerate(readable):
+        codes = held.pop(f"__c{i}") if c.name in labels else None
+        nulls = held.pop(f"__n{i}")
+        if c.type == "text":
+            columns[c.name] = Column("text", codes, nulls, codes, labels[c.name])  # type: ignore[arg-type]
+            continue
+        values = held.pop(f"__v{i}")
+        if c.type == "date":
+            values[nulls] = 0
+        columns[c.name] = Column(c.type, values, nulls, codes, labels.get(c.name, ()))
+    return cluster(ColumnarTable(table.name, version, rows, columns, capacity), table)
+
+
+#: rows fetched from DuckDB at a time when a store is built (whole units): its numpy fetch
+#: holds about twice what it returns while it converts, so a fetch of the whole table was the
+#: build's peak
+_FETCH_ROWS = 1 << 21
+
+
+def _unit_ranges(
+    rows: int, unit: int | None, labels: dict[str, tuple[Any, ...]], readable: list[Any]
+) -> list[tuple[int, int]]:
+    """Ranges [first, last) of unit codes fetched at a time, about _FETCH_ROWS rows each if
+    the units are alike (the number of ranges is the row count's, not the values'); the last
+    range also holds the rows of no unit (code ``last``). One range without a coded unit."""
+    if unit is None:
+        return [(0, 0)]
+    units = len(labels[readable[unit].name]) - 1
+    parts = max(1, min(units, -(-rows // _FETCH_ROWS)))
+    edges = [units * k // parts for k in range(parts + 1)]
+    return [(edges[k], edges[k + 1]) for k in range(parts)]
+
+
+def _fetch_sql(
+    name: str,
+    readable: list[Any],
+    labels: dict[str, tuple[Any, ...]],
+    unit: int | None,
+    first: int,
+    last: int,
+) -> tuple[str, list[Any]]:
+    """The fetch of the rows whose unit code is in [first, last) (and the rows of no unit
+    with the last range): each coded column's codes by a join to its sorted distinct values
+    (the unit's restricted to the range, numbered from ``first``), the other columns' values
+    (a date as its day number) and every column's NULL flag."""
+    from dpsql.sql.identifiers import quote_ident
+
+    ctes, joins, items, params = [], [], [], []
+    where = ""
+    for i, c in enumerate(readable):
+        q = quote_ident(c.name)
+        if c.name in labels:
+            n = len(labels[c.name]) - 1
+            source = f"SELECT DISTINCT {q} AS v FROM {name} WHERE {q} IS NOT NULL"
+            start = 0
+            if i == unit:
+                source += f" AND {q} >= ? AND {q} <= ?"
+                params += [labels[c.name][first], labels[c.name][last - 1]]
+                start = first
             ctes.append(
-                f"d{i} AS (SELECT v, CAST(row_number() OVER (ORDER BY v) - 1 AS BIGINT) AS code "
-                f"FROM (SELECT DISTINCT {q} AS v FROM {name} WHERE {q} IS NOT NULL))"
+                f"d{i} AS (SELECT v, CAST(row_number() OVER (ORDER BY v) - 1 + {start} AS "
+                f"BIGINT) AS code FROM ({source}))"
             )
             joins.append(f"LEFT JOIN d{i} ON r.{q} = d{i}.v")
-            code = f"COALESCE(d{i}.code, {len(distinct)})"
-            items.append(f"{code} AS __c{i}")
-            if c.name == table.privacy_unit:
-                order_by = f"__c{i}"
+            items.append(f"COALESCE(d{i}.code, {n}) AS __c{i}")
+            if i == unit:
+                where = f" WHERE (r.{q} >= ? AND r.{q} <= ?)"
+                params += [labels[c.name][first], labels[c.name][last - 1]]
+                if last == n:
+                    where = where[:-1] + f" OR r.{q} IS NULL)"
         if c.type != "text":
             items.append(_FETCH.get(c.type, "{}").format(f"r.{q}") + f" AS __v{i}")
         items.append(f"r.{q} IS NULL AS __n{i}")
     with_ = f"WITH {', '.join(ctes)} " if ctes else ""
-    # no ORDER BY: DuckDB's sort held every row a second time beside the fetched arrays (the
-    # build's peak); the rows are clustered here instead, one column at a time (_unit_order)
-    fetched = con.execute(
-        f"{with_}SELECT {', '.join(items)} FROM {name} AS r {' '.join(joins)}"
-    ).fetchnumpy()
-    held = dict(fetched)
-    del fetched
-    order = None
-    if order_by != "1":  # the unit's codes: 0 .. n - 1, NULL's n (labels: n values, None)
-        units = len(labels[str(table.privacy_unit)])
-        order = _unit_order(np.asarray(np.ma.getdata(held[order_by]), dtype=np.int64), units)
-
-    def take(key: str, dtype: type) -> np.ndarray:
-        """A fetched column as ``dtype`` in the store's order; the fetched array is dropped
-        (each column's own copy at a time, never the table's twice)."""
-        return _in_order(np.ma.getdata(held.pop(key)), dtype, order)
-
-    columns: dict[str, Column] = {}
-    for i, c in enumerate(readable):
-        codes = take(f"__c{i}", np.int32) if c.name in labels else None
-        nulls = take(f"__n{i}", np.bool_)
-        if c.type == "text":
-            columns[c.name] = Column("text", codes, nulls, codes, labels[c.name])  # type: ignore[arg-type]
-            continue
-        if c.type == "date":
-            values = take(f"__v{i}", np.int64)
-            values[nulls] = 0
-        else:
-            dtype: type = {"int": np.int64, "float": np.float64, "bool": np.bool_}[c.type]
-            values = take(f"__v{i}", dtype)  # no copy where the type is DuckDB's and no order
-        columns[c.name] = Column(c.type, values, nulls, codes, labels.get(c.name, ()))
-    order = None  # freed before cluster() fills the fixed points
-    return cluster(ColumnarTable(table.name, version, rows, columns, capacity), table)
-
-
-def _in_order(data: np.ndarray, dtype: type, order: np.ndarray | None) -> np.ndarray:
-    array: np.ndarray = np.asarray(data, dtype=dtype)
-    return array if order is None else array[order]
+    return f"{with_}SELECT {', '.join(items)} FROM {name} AS r {' '.join(joins)}{where}", params
 
 
 def _unit_order(codes: np.ndarray, size: int) -> np.ndarray:
