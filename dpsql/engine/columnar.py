@@ -132,10 +132,12 @@ def load(con: Any, table: TablePolicy, version: str, capacity: int) -> ColumnarT
 
 def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) -> ColumnarTable:
     """:func:`load` then :func:`cluster`, for a large table: the same arrays, with the codes
-    of text, int and bool columns and the order by unit computed by DuckDB (a join to each
-    column's sorted distinct values and one sort, on all its threads) instead of numpy's
-    ``unique`` (a sort per column, ~5 µs a row for text) and a stable argsort. A text column's
-    values are never fetched, only its codes."""
+    of text, int and bool columns computed by DuckDB (a join to each column's sorted distinct
+    values, on all its threads) instead of numpy's ``unique`` (a sort per column, ~5 µs a row
+    for text). Fetched by ranges of unit codes (:func:`_unit_ranges`) into arrays allocated
+    once, each range clustered by a counting sort of its unit codes (no sort in DuckDB): the
+    build's peak is the store plus one range's fetch. A text column's values are never
+    fetched, only its codes."""
     from dpsql.sql.identifiers import quote_ident
 
     _keep_heap_pad()
