@@ -85,7 +85,7 @@ LIMIT_KEYS = {
     "max_result_rows": "rows of one answer, checked on its public bins before the charge "
     "(default 1000000)",
 }
-_HIGHEST = {
+HIGHEST_LIMITS = {
     "max_depth": 64,
     "max_parameters": POSTGRES_MAX_PARAMETERS,
     "max_result_rows": 1_000_000,
@@ -105,7 +105,7 @@ def limits_from_section(
         if f.name not in section:
             continue
         value = section[f.name]
-        highest = _HIGHEST.get(f.name)
+        highest = HIGHEST_LIMITS.get(f.name)
         if (
             isinstance(value, bool)
             or not isinstance(value, int)

@@ -102,9 +102,9 @@ def _halfwidths(
             out.append((f"{o.call.label} at {rows_per_group:g} rows per group", float(half)))
             continue
         if o.call.kind == "sum" and parts[0].center:
-            from dpsql.aggregates import _values_measure  # COUNT(col) or the shared count
+            from dpsql.aggregates import values_measure  # COUNT(col) or the shared count
 
-            count = _values_measure(plan, parts[0])
+            count = values_measure(plan, parts[0])
             out.append((o.call.label, _centred_sum_halfwidth(parts[0], count, confidence)))
             continue
         for m in parts:
@@ -122,9 +122,9 @@ def _centred_sum_halfwidth(total: Any, count: Any, confidence: float) -> float:
     mechanisms as its released interval is (dpsql.privacy.release)."""
     import numpy as np
 
-    from dpsql.privacy.release import _simulated_noise
+    from dpsql.privacy.release import simulated_noise
 
-    e_sum, e_count = _simulated_noise(12345, (total.mechanism, count.mechanism), 20_000)
+    e_sum, e_count = simulated_noise(12345, (total.mechanism, count.mechanism), 20_000)
     error = total.granularity * (e_sum / total.scale + total.center * e_count / count.scale)
     return float(np.quantile(np.abs(error), confidence))
 

@@ -27,8 +27,8 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from dpsql.access import ACCESS_KEYS, RULE_KEYS
-from dpsql.limits import _HIGHEST as _LIMIT_HIGHEST
 from dpsql.limits import DEFAULT_LIMITS, LIMIT_KEYS, Limits
+from dpsql.limits import HIGHEST_LIMITS as _LIMIT_HIGHEST
 
 SCHEMA_ID = "https://dpsql.invalid/policy.schema.json"
 

@@ -51,7 +51,7 @@ def cell(value: Any) -> str:
     return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
 
 
-def _numeric(values: Sequence[Any]) -> bool:
+def all_numeric(values: Sequence[Any]) -> bool:
     present = [v for v in values if v is not None]
     return bool(present) and all(
         isinstance(v, int | float) and not isinstance(v, bool) for v in present
@@ -69,7 +69,7 @@ def render(
     ``(N rows)`` line."""
     cells = [[cell(v) for v in row] for row in rows]
     widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(header)]
-    numeric = [_numeric([row[i] for row in rows]) for i in range(len(header))]
+    numeric = [all_numeric([row[i] for row in rows]) for i in range(len(header))]
     for line in ([str(h) for h in header], *cells):
         parts = [
             c.rjust(w) if num else c.ljust(w)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-from dpsql.tables import _numeric, cell
+from dpsql.tables import all_numeric, cell
 
 
 def _console(out: TextIO, width: int | None = None, terminal: bool | None = None) -> Any:
@@ -47,7 +47,7 @@ def render_fit(
     console = _console(out, width)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, expand=False)
     for i, name in enumerate(header):
-        numeric = _numeric([r[i] for r in rows])
+        numeric = all_numeric([r[i] for r in rows])
         table.add_column(
             Text(str(name)),
             justify="right" if numeric else "left",

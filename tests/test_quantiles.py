@@ -28,7 +28,7 @@ from dpsql.privacy.quantiles import (
     smooth_sensitivity_median,
     target,
 )
-from dpsql.privacy.samplers import SeededNoise, ZeroNoise, _ByteStream
+from dpsql.privacy.samplers import ByteStream, SeededNoise, ZeroNoise
 from dpsql.privacy.smooth import SmoothCauchy
 
 TARGETS = [
@@ -125,14 +125,14 @@ def test_the_exact_path_agrees_with_the_float_path_and_resolves_ties() -> None:
     for u in rng.integers(0, 2**63, 50, dtype=np.uint64):
         u = int(u) * 2 + 1
         expected = int(np.searchsorted(cum, u / 2**64, side="right"))
-        assert _resolve(scores, u, 64, _ByteStream(rng.bytes, 8)) == expected
+        assert _resolve(scores, u, 64, ByteStream(rng.bytes, 8)) == expected
     # U = 1/2 exactly on the boundary of two equal weights: more bits of U decide.
     even = _scores(np.array([1, 1]), target("quantile", 0.5), Fraction(1), 1)
     assert even.floats().tolist() == [0.0, 0.0]
-    stream = _ByteStream(lambda k: b"\x00" * (k - 1) + b"\x01", 8)
+    stream = ByteStream(lambda k: b"\x00" * (k - 1) + b"\x01", 8)
     assert _resolve(even, 1 << 63, 64, stream) == 1
     below = iter([b"\xff" * 7 + b"\xfe"])  # then U < 1/2 for sure
-    stream = _ByteStream(lambda k: next(below), 8)
+    stream = ByteStream(lambda k: next(below), 8)
     assert _resolve(even, (1 << 63) - 1, 64, stream) == 0
 
 

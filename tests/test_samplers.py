@@ -17,12 +17,12 @@ from scipy import stats
 
 from dpsql.privacy.samplers import (
     _SCALAR_MAX,
+    ByteStream,
     SecureNoise,
     SeededNoise,
     ZeroNoise,
-    _bernoulli_exp_scalar,
-    _ByteStream,
     _ExactSampler,
+    bernoulli_exp_scalar,
     default_source,
     gaussian_sigma2,
     laplace_scale,
@@ -369,10 +369,10 @@ def test_scalar_discrete_laplace_moments_and_point_masses(scale: float) -> None:
 def test_scalar_bernoulli_exp_frequency(num: int, den: int) -> None:
     """Bernoulli(exp(-γ)) one draw at a time; 1/2 and 1/64 put thresholds exactly on the
     32-bit grid (the comparison must treat U = x as U >= x)."""
-    rb = _ByteStream(np.random.Generator(np.random.PCG64(24)).bytes, 4096)
+    rb = ByteStream(np.random.Generator(np.random.PCG64(24)).bytes, 4096)
     n = 60_000
     p = math.exp(-num / den)
-    hits = sum(_bernoulli_exp_scalar(rb, num, den) for _ in range(n))
+    hits = sum(bernoulli_exp_scalar(rb, num, den) for _ in range(n))
     assert abs(hits / n - p) <= 5 * math.sqrt(p * (1 - p) / n) + 1e-12
 
 

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 Spec = tuple[str, str | None]  # a measure's (kind, column), as dpsql.sql.sharing names it
 
 
-def _values_measure(plan: PlanView, sum_measure: MeasureView) -> MeasureView:
+def values_measure(plan: PlanView, sum_measure: MeasureView) -> MeasureView:
     """The count a centred sum adds centre × back: COUNT(col), or the shared COUNT(*) /
     unit count of a non-null column (dpsql.sql.sharing)."""
     if sum_measure.count is not None:
@@ -201,7 +201,7 @@ class Sum(AggregateKind):
         first = plan.measure(output.measures[0])
         total = values[first.name].astype(float)
         if first.center:
-            total = total + first.center * values[_values_measure(plan, first).name]
+            total = total + first.center * values[values_measure(plan, first).name]
         return total * first.granularity
 
     def single_measure(self, first):
@@ -211,12 +211,12 @@ class Sum(AggregateKind):
         first = plan.measure(output.measures[0])
         names = set(output.measures)
         if first.center:
-            names.add(_values_measure(plan, first).name)
+            names.add(values_measure(plan, first).name)
         return names
 
     def error_terms(self, output, plan, value):
         first = plan.measure(output.measures[0])
-        count = _values_measure(plan, first)
+        count = values_measure(plan, first)
         ones = np.ones(len(value))
         # each weight per unit of its mechanism's noise (a rescaled measure's fine grid)
         weights = [ones / first.scale, first.center * ones / count.scale]

@@ -67,7 +67,7 @@ def ambiguous_column(col: exp.Column, aliases: Sequence[str], text: str) -> Prog
 
 
 @dataclass(frozen=True)
-class _Side:
+class JoinSide:
     """One FROM/JOIN source: a policy table (or a derived table / CTE) and its alias."""
 
     node: exp.Expression
@@ -81,7 +81,7 @@ class _Side:
 
 @dataclass(frozen=True)
 class _Dimension:
-    side: _Side
+    side: JoinSide
     key: str  # the public table's unique column joined on
     foreign: exp.Column  # the private relation's column, as written
     keep_unmatched: bool  # LEFT JOIN: private rows matching nothing stay (with NULLs)
@@ -103,7 +103,7 @@ def resolve_joins(tree: exp.Select, text: str, policy: Policy) -> exp.Select:
     tree = _semi_joins(tree, text, policy)
     joins = tree.args.get("joins") or []
     if joins and all(isinstance(j.this, exp.Table) for j in joins):
-        tree = _Joiner(tree, text, policy).rewrite()
+        tree = Joiner(tree, text, policy).rewrite()
     return tree
 
 
@@ -273,7 +273,7 @@ def _literal(value: Any) -> exp.Expression:
 # -- joins --------------------------------------------------------------------------------------
 
 
-class _Joiner:
+class Joiner:
     def __init__(self, tree: exp.Select, text: str, policy: Policy) -> None:
         self.tree = tree
         self.text = text
@@ -282,7 +282,7 @@ class _Joiner:
     def refuse(self, message: str, node: exp.Expression | None, hint: str) -> PrivacyError:
         return _refuse(message, node, self.text, hint)
 
-    def side(self, node: exp.Expression) -> _Side:
+    def side(self, node: exp.Expression) -> JoinSide:
         alias = node.alias_or_name.lower()
         if isinstance(node, exp.Table) and isinstance(node.this, exp.Identifier):
             table = self.policy.table(node.name)
@@ -295,8 +295,8 @@ class _Joiner:
                     hint="use a table declared in the policy: "
                     + ", ".join(sorted(self.policy.tables)),
                 )
-            return _Side(node, alias, table)
-        return _Side(node, alias, None)
+            return JoinSide(node, alias, table)
+        return JoinSide(node, alias, None)
 
     def _is_cte(self, name: str) -> bool:
         with_ = self.tree.args.get("with_") or self.tree.args.get("with")
@@ -359,7 +359,7 @@ class _Joiner:
         return self._inline(fact, dims, public_groups)
 
     def _kind(
-        self, join: exp.Join, side: _Side, fact: _Side, public_groups: bool, count: int
+        self, join: exp.Join, side: JoinSide, fact: JoinSide, public_groups: bool, count: int
     ) -> str:
         join_side = (join.args.get("side") or "").upper()
         kind = (join.args.get("kind") or "").upper()
@@ -393,7 +393,7 @@ class _Joiner:
             return "groups"
         return "left" if join_side == "LEFT" else "inner"
 
-    def _on(self, join: exp.Join, dim: _Side, fact: _Side) -> tuple[str, exp.Column]:
+    def _on(self, join: exp.Join, dim: JoinSide, fact: JoinSide) -> tuple[str, exp.Column]:
         assert dim.table is not None
         on = column_equality(join.args["on"])
         if on is None:
@@ -447,7 +447,7 @@ class _Joiner:
             )
         return key, foreign
 
-    def _is_dim_column(self, col: exp.Column, dim: _Side, fact: _Side) -> bool:
+    def _is_dim_column(self, col: exp.Column, dim: JoinSide, fact: JoinSide) -> bool:
         if col.table:
             return col.table.lower() == dim.alias
         assert dim.table is not None
@@ -460,7 +460,7 @@ class _Joiner:
     def _ambiguous(self, col: exp.Column, aliases: Sequence[str]) -> ProgrammingError:
         return ambiguous_column(col, aliases, self.text)
 
-    def _no_column(self, col: exp.Column, dim: _Side) -> ProgrammingError:
+    def _no_column(self, col: exp.Column, dim: JoinSide) -> ProgrammingError:
         assert dim.table is not None
         return ProgrammingError(
             f"unknown column {col.name!r} in table {dim.table.name!r}",
@@ -471,7 +471,9 @@ class _Joiner:
         )
 
     # -- the inlined query ----------------------------------------------------------------
-    def _inline(self, fact: _Side, dims: dict[str, _Dimension], public_groups: bool) -> exp.Select:
+    def _inline(
+        self, fact: JoinSide, dims: dict[str, _Dimension], public_groups: bool
+    ) -> exp.Select:
         result = self.tree.copy()
         result.set("joins", None)
         result.set("from_", exp.From(this=fact.node.copy()))

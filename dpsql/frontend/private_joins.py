@@ -43,8 +43,8 @@ from dpsql.sql.hashing import keyed_hash, secret_slot
 from dpsql.sql.positions import position_of, snippet
 
 if TYPE_CHECKING:
-    from dpsql.frontend.joins import _Joiner
-    from dpsql.frontend.joins import _Side as PublicSide
+    from dpsql.frontend.joins import Joiner
+    from dpsql.frontend.joins import JoinSide as PublicSide
 
     # a dimension: its side, its unique key, the private column joined on, LEFT or not
     Dimension = tuple[PublicSide, str, exp.Column, bool]
@@ -57,7 +57,7 @@ _HINT = (
 
 
 @dataclass(frozen=True)
-class _Side:
+class JoinSide:
     node: exp.Expression
     alias: str  # as the analyst wrote it
     table: TablePolicy
@@ -292,7 +292,7 @@ class _Lowering:
                 joins[0],
                 "give each joined table its own alias: FROM visits a JOIN visits b ON ...",
             )
-        private = [_Side(first, aliases[0], first_table, "j0", "")]
+        private = [JoinSide(first, aliases[0], first_table, "j0", "")]
         driver = private[0]
         public_joins: list[exp.Join] = []
         for join, alias in zip(joins, aliases[1:], strict=True):
@@ -301,7 +301,7 @@ class _Lowering:
             if table.public:
                 public_joins.append(join)
                 continue
-            side = _Side(join.this, alias, table, f"j{len(private)}", self._kind(join))
+            side = JoinSide(join.this, alias, table, f"j{len(private)}", self._kind(join))
             driver = self._check_on(join, side, private, driver)
             private.append(side)
         return self._rewrite(private, driver, public_joins)
@@ -328,7 +328,9 @@ class _Lowering:
         return "LEFT" if side == "LEFT" else "INNER"
 
     # -- the ON condition ----------------------------------------------------------------
-    def _check_on(self, join: exp.Join, side: _Side, before: list[_Side], driver: _Side) -> _Side:
+    def _check_on(
+        self, join: exp.Join, side: JoinSide, before: list[JoinSide], driver: JoinSide
+    ) -> JoinSide:
         """Refuse unless ON matches rows of one unit; the side whose multiplicity the
         joined relation has (its R and G bound it) after this join."""
         on = column_equality(join.args["on"])
@@ -365,7 +367,9 @@ class _Lowering:
             "has one row per key, or aggregate each table in its own query",
         )
 
-    def _check_unit(self, on: exp.Expression, a: _Side, a_col: str, b: _Side, b_col: str) -> None:
+    def _check_unit(
+        self, on: exp.Expression, a: JoinSide, a_col: str, b: JoinSide, b_col: str
+    ) -> None:
         unit_a, unit_b = a.table.privacy_unit, b.table.privacy_unit
         direct = (
             unit_a is not None
@@ -393,7 +397,7 @@ class _Lowering:
             on,
         )
 
-    def _check_types(self, on: exp.EQ, a: _Side, a_col: str, b: _Side, b_col: str) -> None:
+    def _check_types(self, on: exp.EQ, a: JoinSide, a_col: str, b: JoinSide, b_col: str) -> None:
         """Both sides of the ON in one comparison family (dpsql.policy.comparable): the
         engine's join then casts nothing and cannot fail on any value."""
         ta, tb = a.table.columns[a_col].type, b.table.columns[b_col].type
@@ -403,7 +407,7 @@ class _Lowering:
             )
 
     def _on_pairs(
-        self, a: _Side, a_col: str, b: _Side, b_col: str
+        self, a: JoinSide, a_col: str, b: JoinSide, b_col: str
     ) -> tuple[tuple[str, str, str, str], ...]:
         pairs = [(a.internal, a_col, b.internal, b_col)]
         unit_a, unit_b = a.table.privacy_unit, b.table.privacy_unit
@@ -413,7 +417,7 @@ class _Lowering:
             pairs.append((a.internal, unit_a, b.internal, unit_b))  # type: ignore[arg-type]
         return tuple(pairs)
 
-    def _owner(self, col: exp.Column, sides: list[_Side]) -> _Side:
+    def _owner(self, col: exp.Column, sides: list[JoinSide]) -> JoinSide:
         if col.table:
             found = [s for s in sides if s.alias == col.table.lower()]
             if not found:
@@ -451,7 +455,7 @@ class _Lowering:
 
     # -- the virtual table ---------------------------------------------------------------
     def _rewrite(
-        self, private: list[_Side], driver: _Side, public_joins: list[exp.Join]
+        self, private: list[JoinSide], driver: JoinSide, public_joins: list[exp.Join]
     ) -> tuple[exp.Select, Policy]:
         unit = private[0].table.privacy_unit
         assert unit is not None
@@ -504,7 +508,7 @@ class _Lowering:
 
     def _rewritten_tree(
         self,
-        private: list[_Side],
+        private: list[JoinSide],
         names: dict[tuple[str, str], str],
         virtual: TablePolicy,
         public_joins: list[exp.Join],
@@ -567,7 +571,7 @@ def _lower_public(tree: exp.Select, text: str, policy: Policy) -> tuple[exp.Sele
     a LEFT JOIN), released without thresholding like the lookup lowering's. Public groups
     (FROM public LEFT JOIN private) stay with the lookup lowering.
     """
-    from dpsql.frontend.joins import JOINED, _Joiner
+    from dpsql.frontend.joins import JOINED, Joiner
 
     joins = tree.args.get("joins") or []
     if not REAL_PUBLIC_JOINS:
@@ -578,7 +582,7 @@ def _lower_public(tree: exp.Select, text: str, policy: Policy) -> tuple[exp.Sele
     nodes = [from_.this, *(j.this for j in joins)]
     if not all(isinstance(n, exp.Table) and isinstance(n.this, exp.Identifier) for n in nodes):
         return tree, policy
-    joiner = _Joiner(tree, text, policy)
+    joiner = Joiner(tree, text, policy)
     fact, *dims = [joiner.side(n) for n in nodes]
     aliases = [s.alias for s in (fact, *dims)]
     if fact.table is None or fact.public or not all(d.public for d in dims):
@@ -600,7 +604,7 @@ def _lower_public(tree: exp.Select, text: str, policy: Policy) -> tuple[exp.Sele
 def _public_virtual(
     tree: exp.Select,
     policy: Policy,
-    joiner: _Joiner,
+    joiner: Joiner,
     fact: PublicSide,
     lowered: list[Dimension],
     joined_meta: str,
@@ -681,7 +685,7 @@ def _public_column(spec: ColumnPolicy, name: str, values: set[Any], left: bool) 
 
 def _rename_public(
     tree: exp.Select,
-    joiner: _Joiner,
+    joiner: Joiner,
     fact: PublicSide,
     lowered: list[Dimension],
     names: dict[tuple[str, str], str],

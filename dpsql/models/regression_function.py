@@ -30,7 +30,7 @@ from dpsql.models.regression import SCALE, RegressionModel, unscale
 from dpsql.policy import ColumnPolicy, TablePolicy
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.samplers import NoiseSource
-from dpsql.rulelist.table_function import _typed_positive, check_model_name
+from dpsql.rulelist.table_function import check_model_name, typed_positive
 from dpsql.service.table_results import store_model, table_function_result
 from dpsql.service.transaction import paid_once
 from dpsql.sql.identifiers import quote_ident
@@ -254,7 +254,7 @@ def _label(kind: str, lab: ColumnPolicy, positive: Any) -> tuple[Term, Any]:
                 f"pass positive => a value of {lab.name}",
             )
         positive = True
-    literal = _typed_positive(lab, positive)
+    literal = typed_positive(lab, positive)
     if lab.values is not None and positive not in lab.values:
         raise _refuse(
             f"positive => {positive!r} is not among the declared values of {lab.name!r}",

@@ -125,10 +125,10 @@ def discrete_gaussian_tail(sigma: float, m: int) -> float:
 def _cached_search(mech: Mechanism, kind: str, target: float) -> int:
     """Smallest m with P(X >= m) <= target for ``mech``'s noise: a function of public
     parameters only, cached because the discrete Gaussian's tail sums cost up to ~1 ms."""
-    return _smallest_m(mech._tail, target, mech._guess(kind, target))
+    return smallest_m(mech._tail, target, mech._guess(kind, target))
 
 
-def _smallest_m(tail: Callable[[int], float], target: float, guess: int) -> int:
+def smallest_m(tail: Callable[[int], float], target: float, guess: int) -> int:
     """Smallest integer m with tail(m) <= target, for a non-increasing ``tail``.
 
     Gallops from ``guess`` (steps 1, 2, 4, ...) to bracket the answer, then bisects: a few

@@ -58,11 +58,11 @@ import numpy as np
 
 from dpsql.privacy.accounting import Cost, exact
 from dpsql.privacy.samplers import (
+    ByteStream,
     NoiseSource,
     ZeroNoise,
-    _bernoulli_exp_scalar,
-    _ByteStream,
-    _uniform_below_scalar,
+    bernoulli_exp_scalar,
+    uniform_below_scalar,
 )
 from dpsql.privacy.smooth import SmoothCauchy
 
@@ -332,7 +332,7 @@ def _sample(scores: _Scores, source: NoiseSource) -> int:
     gamma = scores.floats()
     if fetch is None:  # a source without raw bytes: Gumbel-max in floats (not exact)
         return int(np.argmax(-gamma + source.gumbel(1.0, gamma.size)))
-    rb = _ByteStream(fetch, 8)
+    rb = ByteStream(fetch, 8)
     u = rb.take(8)
     w = np.exp(-gamma)
     cum = np.cumsum(w)
@@ -360,21 +360,21 @@ def _sample_pf(scores: _Scores, source: NoiseSource) -> int:
     if fetch is None:  # a source without raw bytes: exponential noisy max in floats (not exact)
         gamma = scores.floats()
         return int(np.argmax(-gamma - np.log(source.uniform(gamma.size) + 2.0**-54)))
-    rb = _ByteStream(fetch, 256)
+    rb = ByteStream(fetch, 256)
     steps = scores.steps
     remaining = list(range(steps.size))
     left = len(remaining)
     while True:
-        i = _uniform_below_scalar(rb, left)
+        i = uniform_below_scalar(rb, left)
         b = remaining[i]
         remaining[i] = remaining[left - 1]
         left -= 1
         num = int(steps[b]) * scores.num
-        if num == 0 or _bernoulli_exp_scalar(rb, num, scores.den):
+        if num == 0 or bernoulli_exp_scalar(rb, num, scores.den):
             return b
 
 
-def _resolve(scores: _Scores, u: int, bits: int, rb: _ByteStream) -> int:
+def _resolve(scores: _Scores, u: int, bits: int, rb: ByteStream) -> int:
     """The exact inverse CDF at U ∈ [u, u + 1)/2^bits: bounds on every e^(−γ) from decimal
     exp (correctly rounded) at ``prec`` digits, widened by the rounding of −γ; refine U and
     the precision until one index is certain."""

@@ -157,7 +157,7 @@ def release(
         units = noisy[plan.threshold.measure]
         keep = _over_threshold(plan.threshold, units, source)
         mech = _noised(plan, plan.threshold.measure)
-        (sim,) = _simulated_noise(0, (mech,), INTERVAL_DRAWS)
+        (sim,) = simulated_noise(0, (mech,), INTERVAL_DRAWS)
         suppressed = _threshold_loss(plan.threshold, units[keep], sim)
     selection = plan.selection
     if selection is not None and selection.mechanism is not None:
@@ -323,7 +323,7 @@ def _interval(
     names = kind.interval_measures(output, plan)
     draws = min(INTERVAL_DRAWS, max(200, 200_000 // max(n, 1)))
     order = list(names)
-    noises = _simulated_noise(12345, tuple(_noised(plan, k) for k in order), draws * n)
+    noises = simulated_noise(12345, tuple(_noised(plan, k) for k in order), draws * n)
     sims = {
         name: noisy[name][None, :] + noise.reshape(draws, n) / plan.measure(name).scale
         for name, noise in zip(order, noises, strict=True)
@@ -360,7 +360,7 @@ def _pivot_grid(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The pivot quantiles of :func:`dpsql.privacy.coverage.pivot_quantiles` for two measures'
     noises (in released units): public parameters only, so cached across queries."""
-    noise_a, noise_b = _simulated_noise(24680, (mech_a, mech_b), _PIVOT_DRAWS)
+    noise_a, noise_b = simulated_noise(24680, (mech_a, mech_b), _PIVOT_DRAWS)
     return pivot_quantiles(noise_a / scale_a, noise_b / scale_b, level, x_lo, x_hi)
 
 
@@ -376,7 +376,7 @@ def _variance_grid(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The variance pivot's quantiles (dpsql.privacy.coverage.variance_pivot_quantiles) for
     the sum, count and sumsq noises: public parameters only, cached across queries."""
-    draws = _simulated_noise(13579, mechanisms, _VARIANCE_DRAWS)
+    draws = simulated_noise(13579, mechanisms, _VARIANCE_DRAWS)
     z_s, z_n, z_q = (d / k for d, k in zip(draws, scales, strict=True))
     return variance_pivot_quantiles(z_s, z_n, z_q, center2, level, y_lo, y_hi, cap)
 
@@ -482,7 +482,7 @@ _SIMULATION_CACHE_SIZE = 20_000  # draws: up to this many, 64 simulations are ke
 _LARGE_SIMULATION_SIZE = 250_000  # ... and 8 of up to this many (many groups: ~2 MB each)
 
 
-def _simulated_noise(
+def simulated_noise(
     seed: int, mechanisms: tuple[Mechanism, ...], size: int
 ) -> tuple[np.ndarray, ...]:
     """``size`` approximate draws per mechanism, in order, from one generator seeded ``seed``.
@@ -574,7 +574,7 @@ def _output_at(
         return spans
     span = np.asarray(spans, dtype=float).reshape(-1, 2)
     mechanisms, weights = _error_terms(output, plan, value)
-    noises = _simulated_noise(54321, mechanisms, _RATIO_DRAWS)
+    noises = simulated_noise(54321, mechanisms, _RATIO_DRAWS)
     low_ratio, high_ratio = _quantile_ratios(weights, noises, confidence)
     low = value + (span[:, 0] - value) * low_ratio
     high = value + (span[:, 1] - value) * high_ratio

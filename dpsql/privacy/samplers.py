@@ -226,7 +226,7 @@ _SCALAR_MAX = 32  # calls for at most this many draws take the scalar path (nump
 # per-operation cost dominates small batches: ~300 us per call against ~15 us per scalar draw)
 
 
-class _ByteStream:
+class ByteStream:
     """Uniform random bytes for one call, fetched from the source in chunks.
 
     Bytes left over when the call returns are dropped by position (never by value), so the
@@ -252,7 +252,7 @@ class _ByteStream:
         return int.from_bytes(self._buf[pos : pos + n], "big")
 
 
-def _bernoulli_exp_unit(rb: _ByteStream, p: int, q: int) -> bool:
+def _bernoulli_exp_unit(rb: ByteStream, p: int, q: int) -> bool:
     """Bernoulli(exp(-p/q)) for 0 <= p <= q: CKS Algorithm 1 as one lazy uniform U.
 
     K = min{k >= 1 : U >= γ^k/k!} (the events U < γ^k/k! are nested; see
@@ -280,7 +280,7 @@ def _bernoulli_exp_unit(rb: _ByteStream, p: int, q: int) -> bool:
             nbits += 8
 
 
-def _bernoulli_exp_scalar(rb: _ByteStream, p: int, q: int) -> bool:
+def bernoulli_exp_scalar(rb: ByteStream, p: int, q: int) -> bool:
     """Bernoulli(exp(-p/q)) for p >= 0: ⌊p/q⌋ Bernoulli(exp(-1)) and one for the rest."""
     whole, frac = divmod(p, q)
     if not _bernoulli_exp_unit(rb, frac, q):
@@ -289,7 +289,7 @@ def _bernoulli_exp_scalar(rb: _ByteStream, p: int, q: int) -> bool:
     return all(_bernoulli_exp_unit(rb, 1, 1) for _ in range(whole))
 
 
-def _uniform_below_scalar(rb: _ByteStream, t: int) -> int:
+def uniform_below_scalar(rb: ByteStream, t: int) -> int:
     """Uniform on {0, ..., t-1}: the low ⌈log2 t⌉ bits of whole bytes, rejected while >= t."""
     bits = (t - 1).bit_length()
     if bits == 0:
@@ -302,17 +302,17 @@ def _uniform_below_scalar(rb: _ByteStream, t: int) -> int:
             return u
 
 
-def _laplace_scalar(rb: _ByteStream, t: int, s: int) -> int:
+def _laplace_scalar(rb: ByteStream, t: int, s: int) -> int:
     """One exact draw from Lap_ℤ(t/s), the algorithm of :meth:`_ExactSampler._discrete_laplace_ts`
     (CKS Algorithm 2): Y = |Z| geometric with ratio e^(-s/t), a sign byte's low bit, (-, 0)
     rejected."""
     while True:
         if t <= s:
             y = 0
-            while _bernoulli_exp_scalar(rb, s, t):
+            while bernoulli_exp_scalar(rb, s, t):
                 y += 1
         else:
-            u = _uniform_below_scalar(rb, t)
+            u = uniform_below_scalar(rb, t)
             if not _bernoulli_exp_unit(rb, u, t):
                 continue
             v = 0
@@ -326,14 +326,14 @@ def _laplace_scalar(rb: _ByteStream, t: int, s: int) -> int:
             return y
 
 
-def _gaussian_scalar(rb: _ByteStream, t: int, a: int, q: int) -> int:
+def _gaussian_scalar(rb: ByteStream, t: int, a: int, q: int) -> int:
     """One exact draw from the discrete Gaussian with σ² = t·a/q (CKS Algorithm 3): propose
     Y ~ Lap_ℤ(t), accept with probability exp(-(q|Y| − a)²/(2taq))."""
     den = 2 * t * a * q
     while True:
         y = _laplace_scalar(rb, t, 1)
         d = q * abs(y) - a
-        if _bernoulli_exp_scalar(rb, d * d, den):
+        if bernoulli_exp_scalar(rb, d * d, den):
             return y
 
 
@@ -551,7 +551,7 @@ class _ExactSampler:
         t, s = r.numerator, r.denominator
         if size <= _SCALAR_MAX:
             _check_exact_scale(t, s)
-            rb = _ByteStream(self._random_bytes, 32 * size + 32)
+            rb = ByteStream(self._random_bytes, 32 * size + 32)
             return np.array([_laplace_scalar(rb, t, s) for _ in range(size)], dtype=np.int64)
         return self._discrete_laplace_ts(t, s, size)
 
@@ -561,7 +561,7 @@ class _ExactSampler:
         t, a, q = _gaussian_params(sigma)
         if size <= _SCALAR_MAX:
             _check_exact_scale(t, 1)  # the Laplace proposal's scale
-            rb = _ByteStream(self._random_bytes, 48 * size + 32)
+            rb = ByteStream(self._random_bytes, 48 * size + 32)
             return np.array([_gaussian_scalar(rb, t, a, q) for _ in range(size)], dtype=np.int64)
         out = np.empty(size, dtype=np.int64)
         filled = 0

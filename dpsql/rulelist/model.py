@@ -169,19 +169,19 @@ def count_margin(scale: float, alpha: float) -> int:
     P(|Z| > t) = 2·P(Z >= t + 1), so t = m − 1 for the smallest m with P(Z >= m) <= α/4.
     The closed form m ≈ r·(ln(4/α) − ln(1 + q)) (q = e^(−1/r), r the realised scale) is where
     the exact search starts; it gallops and bisects from there
-    (:func:`dpsql.privacy.mechanisms._smallest_m`), so the number of tail evaluations is
+    (:func:`dpsql.privacy.mechanisms.smallest_m`), so the number of tail evaluations is
     O(log) of the guess's error and never grows with the scale. This runs after the charge
     at any ε the plan accepted (docs/threat_model.md, "Bounded work after the charge").
     """
     if scale <= 0:
         return 0
-    from dpsql.privacy.mechanisms import _smallest_m, discrete_laplace_tail
+    from dpsql.privacy.mechanisms import discrete_laplace_tail, smallest_m
     from dpsql.privacy.samplers import laplace_scale
 
     target = alpha / 4.0
     r = float(laplace_scale(scale))
     guess = max(0, math.ceil(r * (-math.log(target) - math.log1p(math.exp(-1.0 / r)))))
-    return max(_smallest_m(lambda m: discrete_laplace_tail(scale, m), target, guess) - 1, 0)
+    return max(smallest_m(lambda m: discrete_laplace_tail(scale, m), target, guess) - 1, 0)
 
 
 def rule_stats(counts: tuple[float, float], scale: float, alpha: float = 0.05) -> RuleStats:

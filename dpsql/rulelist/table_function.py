@@ -194,7 +194,7 @@ def _check_argument_types(**arguments: Any) -> None:
             )
 
 
-def _typed_positive(label: ColumnPolicy, positive: Any) -> str:
+def typed_positive(label: ColumnPolicy, positive: Any) -> str:
     """SQL literal of ``positive`` in the label column's own type, or a refusal.
 
     The comparison ``label = positive`` must not need an implicit cast: a cast of the column
@@ -380,7 +380,7 @@ def _label(
                 hint=f"pass positive => a value of {lab.name}",
             )
         positive = True
-    positive_sql = _typed_positive(lab, positive)
+    positive_sql = typed_positive(lab, positive)
     if lab.values is not None and positive not in lab.values:
         raise ProgrammingError(
             f"positive => {positive!r} is not among the declared values of {lab.name!r}",

@@ -41,7 +41,7 @@ from dpsql.service.postprocess import NULL_TYPE, check_tables, picked, run_post,
 from dpsql.service.results import Result, _convert, _decode, _encode, type_code
 from dpsql.service.transaction import paid_once
 from dpsql.sql.compile import compile_plan
-from dpsql.sql.domains import _ordered
+from dpsql.sql.domains import ordered_values
 from dpsql.sql.plan import KeyPlan, Plan
 from dpsql.sql.statements import DIALECT, CompositeQuery, ReleasedQuery, to_literal
 from dpsql.sql.typecheck import canonical_key_value, type_query
@@ -128,7 +128,7 @@ def bind_released(outer: Plan, query: CompositeQuery, values: list[Any]) -> Plan
         if kp.key.columns == (query.column,) and isinstance(kp.key.expr, exp.Column):
             declared = kp.domain if not _is_placeholder(kp.domain) else None
             allowed = values if declared is None else [v for v in values if v in set(declared)]
-            kp = KeyPlan(kp.key, _ordered(allowed))
+            kp = KeyPlan(kp.key, ordered_values(allowed))
         keys.append(kp)
     # Measures, noise scales and cost are those planned and charged.
     return replace(outer, query=replace(outer.query, where=where), keys=tuple(keys))

@@ -76,7 +76,7 @@ from dpsql.sql.row_values import quoted as _quoted
 from dpsql.sql.row_values import sql_type as _type
 from dpsql.sql.safety import guarded_conditions
 from dpsql.sql.statements import GroupKey
-from dpsql.sql.typecheck import _DECIMAL, _WIDE_INTEGERS
+from dpsql.sql.typecheck import DECIMAL_PATTERN, WIDE_INTEGERS
 
 NEUTRAL = "neutral"  # DuckDB's dialect with the keyed hash spelled DP_KEYED_HASH
 
@@ -577,9 +577,9 @@ def _domain_filters(plan: Plan, *, skip_column_keys: bool = False) -> list[str]:
 
 def _is_constant_case(node: exp.Expression) -> bool:
     """A CASE of constants only (its values are its domain: no filter needed)."""
-    from dpsql.sql.domains import _constant_case
+    from dpsql.sql.domains import constant_case
 
-    return _constant_case(node) is not None
+    return constant_case(node) is not None
 
 
 def _q(name: str) -> str:
@@ -614,9 +614,9 @@ def lowered_key(key: GroupKey) -> exp.Expression:
     duck_type = key.type
     if duck_type is None:
         return guarded()
-    if duck_type in _WIDE_INTEGERS:
+    if duck_type in WIDE_INTEGERS:
         return exp.TryCast(this=guarded(), to=_type("BIGINT"))
-    if _DECIMAL.fullmatch(duck_type) or duck_type == "FLOAT":
+    if DECIMAL_PATTERN.fullmatch(duck_type) or duck_type == "FLOAT":
         return _cast(guarded(), "DOUBLE")
     if duck_type == '"NULL"':
         return _cast(guarded(), "VARCHAR")

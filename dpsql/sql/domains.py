@@ -76,7 +76,7 @@ def column_relation(col: ColumnPolicy) -> tuple[str, int] | None:
     return f"({body})", size
 
 
-def _constant_case(expr: exp.Expression) -> list[Any] | None:
+def constant_case(expr: exp.Expression) -> list[Any] | None:
     if not isinstance(expr, exp.Case) or expr.args.get("this") is not None:
         return None
     branches = [i.args["true"] for i in expr.args.get("ifs", [])]
@@ -114,16 +114,16 @@ def key_domain(
         allowed = (
             key.allowed if declared is None else [v for v in key.allowed if v in set(declared)]
         )
-        return _ordered(allowed) if len(allowed) <= max_bins else None
+        return ordered_values(allowed) if len(allowed) <= max_bins else None
     return _declared_domain(key, table, max_bins, evaluate)
 
 
 def _declared_domain(
     key: GroupKey, table: TablePolicy, max_bins: int, evaluate: Evaluator
 ) -> tuple | None:
-    constant = _constant_case(key.expr)
+    constant = constant_case(key.expr)
     if constant is not None:
-        return _ordered(constant) if len(constant) <= max_bins else None
+        return ordered_values(constant) if len(constant) <= max_bins else None
     relations = []
     total = 1
     for c in key.columns:
@@ -147,10 +147,10 @@ def _declared_domain(
     rows = evaluate(f"SELECT DISTINCT {lower_key(key)} FROM {source}{where} LIMIT {max_bins + 1}")
     if len(rows) > max_bins:
         return None
-    return _ordered([canonical_key_value(r[0]) for r in rows])
+    return ordered_values([canonical_key_value(r[0]) for r in rows])
 
 
-def _ordered(values: Sequence[Any]) -> tuple:
+def ordered_values(values: Sequence[Any]) -> tuple:
     """Distinct values in the release's total order: NaN after every number, NULL last."""
     from dpsql.sql.typecheck import canonical_key_value, key_sort_value
 

@@ -51,7 +51,7 @@ def _start_offset(node: exp.Expr | None, text: str) -> int | None:
             continue
         starts = [
             t.start
-            for t in _tokens(text)
+            for t in text_tokens(text)
             if t.text.upper() == head and (best is None or t.start <= best)
         ]
         if starts:
@@ -64,7 +64,7 @@ def _dialect_of(text: str) -> str:
     return dialect if current == text else "duckdb"
 
 
-def _tokens(text: str) -> tuple:
+def text_tokens(text: str) -> tuple:
     """sqlglot tokens of ``text``, cached: binding asks for the same text's tokens several
     times (the first word, each GROUP BY key's position), and tokenizing dominates planning."""
     return _tokens_cached(text, _dialect_of(text))
@@ -145,7 +145,7 @@ def written(node: exp.Expr) -> str | None:
     start = _start_offset(node, text)
     if start is None:
         return None
-    tokens = _tokens(text)
+    tokens = text_tokens(text)
     first = next((i for i, t in enumerate(tokens) if t.start == start), None)
     if first is None:
         return None

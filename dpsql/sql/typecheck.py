@@ -47,8 +47,8 @@ BOOLEAN_TYPES = frozenset({"BOOLEAN", '"NULL"'})
 
 # Key types released as they are (after the lowering below); anything else is refused.
 _SMALL_INTEGERS = frozenset({"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT"})
-_WIDE_INTEGERS = frozenset({"UINTEGER", "UBIGINT", "HUGEINT", "UHUGEINT"})
-_DECIMAL = re.compile(r"DECIMAL\(\d+,\s*\d+\)")
+WIDE_INTEGERS = frozenset({"UINTEGER", "UBIGINT", "HUGEINT", "UHUGEINT"})
+DECIMAL_PATTERN = re.compile(r"DECIMAL\(\d+,\s*\d+\)")
 KEY_TYPES_HINT = "integers, DOUBLE, DECIMAL, VARCHAR, BOOLEAN, DATE or TIMESTAMP"
 
 _DATE_RANGE = ("DATE '0001-01-01'", "DATE '9999-12-31'")
@@ -58,17 +58,17 @@ _TIMESTAMP_RANGE = ("TIMESTAMP '0001-01-01 00:00:00'", "TIMESTAMP '9999-12-31 23
 def key_type_allowed(duck_type: str) -> bool:
     return (
         duck_type in _SMALL_INTEGERS
-        or duck_type in _WIDE_INTEGERS
+        or duck_type in WIDE_INTEGERS
         or duck_type in ("DOUBLE", "FLOAT", "VARCHAR", "BOOLEAN", "DATE", "TIMESTAMP", '"NULL"')
-        or _DECIMAL.fullmatch(duck_type) is not None
+        or DECIMAL_PATTERN.fullmatch(duck_type) is not None
     )
 
 
 def released_key_type(duck_type: str) -> str:
     """The type a key is released as: what :func:`lower_key` casts it to."""
-    if duck_type in _SMALL_INTEGERS or duck_type in _WIDE_INTEGERS:
+    if duck_type in _SMALL_INTEGERS or duck_type in WIDE_INTEGERS:
         return "BIGINT"
-    if duck_type in ("FLOAT", "DOUBLE") or _DECIMAL.fullmatch(duck_type):
+    if duck_type in ("FLOAT", "DOUBLE") or DECIMAL_PATTERN.fullmatch(duck_type):
         return "DOUBLE"
     if duck_type == '"NULL"':
         return "VARCHAR"
@@ -89,9 +89,9 @@ def lower_key(key: GroupKey) -> str:
     duck_type = key.type
     if duck_type is None:
         return guarded
-    if duck_type in _WIDE_INTEGERS:
+    if duck_type in WIDE_INTEGERS:
         return f"TRY_CAST({guarded} AS BIGINT)"
-    if _DECIMAL.fullmatch(duck_type) or duck_type == "FLOAT":
+    if DECIMAL_PATTERN.fullmatch(duck_type) or duck_type == "FLOAT":
         return f"CAST({guarded} AS DOUBLE)"
     if duck_type == '"NULL"':
         return f"CAST({guarded} AS VARCHAR)"

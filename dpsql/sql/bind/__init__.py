@@ -42,10 +42,10 @@ from dpsql.sql.bind.scope import Scope, refusal
 from dpsql.sql.bind.table_calls import public_select, public_table_query, rule_list_call
 from dpsql.sql.dialect import DUCKDB, ColumnTypes, check_dialect, reader, to_engine_semantics
 from dpsql.sql.positions import (
-    _tokens,
     forget_tokens,
     offset_position,
     reading,
+    text_tokens,
 )
 from dpsql.sql.statements import (  # the bound tree's values (re-exported for the doors)
     DIALECT,
@@ -421,7 +421,7 @@ def _first_word(text: str) -> str:
     plain = _PLAIN_HEAD.match(text)
     if plain is not None and plain.group(1).upper() in ("SELECT", "WITH"):
         return plain.group(1).upper()
-    tokens = _tokens(text)  # cached: position_of tokenizes the same text again
+    tokens = text_tokens(text)  # cached: position_of tokenizes the same text again
     return tokens[0].text.upper() if tokens else ""
 
 

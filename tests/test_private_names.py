@@ -1,0 +1,94 @@
+"""No private name crosses a module (issue 26 item 2: one public builder module per job, "no
+private helpers imported across modules").
+
+A name that starts with one underscore is its module's own: another dpsql module that imports
+it depends on a detail its owner may change without looking. A name two modules share is made
+public where it is defined (a docstring saying what it promises), or the code that needs it
+moves to its owner. The imports that remain are recorded below and may only go: the test fails
+on a new one and on a record that no longer exists (an AST walk of dpsql/, lazy imports
+included, well under a second).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent / "dpsql"
+
+#: (importing module, imported module, name) still importing a private name: may only shrink.
+KNOWN_PRIVATE_IMPORTS = {
+    ("dpsql/engine/prepared.py", "dpsql.sql.compile", "_domain_condition"),
+    ("dpsql/engine/spark_store.py", "dpsql.sql.compile", "_decimal"),
+    ("dpsql/pipeline.py", "dpsql.service.plan_cache", "_CheckedSet"),
+    ("dpsql/pipeline.py", "dpsql.service.plan_cache", "_PlanCache"),
+    ("dpsql/pipeline.py", "dpsql.service.plan_cache", "_PostPlan"),
+    ("dpsql/pipeline.py", "dpsql.service.plan_cache", "_Prepared"),
+    ("dpsql/pipeline.py", "dpsql.service.plan_cache", "_SecretTemplate"),
+    ("dpsql/pipeline.py", "dpsql.service.results", "_convert"),
+    ("dpsql/pipeline.py", "dpsql.service.results", "_decode"),
+    ("dpsql/pipeline.py", "dpsql.service.results", "_encode"),
+    ("dpsql/pipeline.py", "dpsql.service.results", "_floats"),
+    ("dpsql/pipeline.py", "dpsql.service.results", "_is_output"),
+    ("dpsql/pipeline.py", "dpsql.service.results", "_jsonable"),
+    ("dpsql/pipeline.py", "dpsql.service.results", "_project"),
+    ("dpsql/pipeline.py", "dpsql.service.results", "_released_table"),
+    ("dpsql/pipeline.py", "dpsql.service.settings", "_ResetRequest"),
+    ("dpsql/server/backend.py", "dpsql.sql.sqltext", "_skip"),
+    ("dpsql/service/bounds_choice.py", "dpsql.service.plan_cache", "_Prepared"),
+    ("dpsql/service/composite.py", "dpsql.service.results", "_convert"),
+    ("dpsql/service/composite.py", "dpsql.service.results", "_decode"),
+    ("dpsql/service/composite.py", "dpsql.service.results", "_encode"),
+    ("dpsql/service/describe.py", "dpsql.service.plan_cache", "_Prepared"),
+    ("dpsql/service/finish.py", "dpsql.service.plan_cache", "_PostPlan"),
+    ("dpsql/service/finish.py", "dpsql.service.plan_cache", "_Prepared"),
+    ("dpsql/service/finish.py", "dpsql.service.results", "_convert"),
+    ("dpsql/service/finish.py", "dpsql.service.results", "_project"),
+    ("dpsql/service/finish.py", "dpsql.service.results", "_released_table"),
+    ("dpsql/service/plan_cache.py", "dpsql.service.results", "_is_output"),
+    ("dpsql/service/session.py", "dpsql.service.settings", "_ResetRequest"),
+    ("dpsql/service/shape_cache.py", "dpsql.service.plan_cache", "_Prepared"),
+    ("dpsql/service/shape_cache.py", "dpsql.service.plan_cache", "_SecretTemplate"),
+    ("dpsql/service/table_results.py", "dpsql.service.results", "_convert"),
+    ("dpsql/service/text_shapes.py", "dpsql.service.plan_cache", "_Prepared"),
+    ("dpsql/service/text_shapes.py", "dpsql.service.shape_cache", "_slots"),
+    ("dpsql/service/text_shapes.py", "dpsql.service.shape_cache", "_with_slots"),
+}
+
+
+def private_imports(root: Path = ROOT) -> set[tuple[str, str, str]]:
+    """Every ``from dpsql.x import _name`` under ``root`` (``__dunder__`` names are not
+    private)."""
+    found = set()
+    for path in sorted(root.rglob("*.py")):
+        module = str(path.relative_to(root.parent))
+        for node in ast.walk(ast.parse(path.read_text(), filename=module)):
+            if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith("dpsql"):
+                continue
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.add((module, str(node.module), alias.name))
+    return found
+
+
+def test_no_new_private_import_across_modules() -> None:
+    new = private_imports() - KNOWN_PRIVATE_IMPORTS
+    assert not new, (
+        f"private names imported from another module: {sorted(new)}; make the name public "
+        "where it is defined (and say what it promises), or move the code that needs it there"
+    )
+
+
+def test_the_record_of_private_imports_is_current() -> None:
+    gone = KNOWN_PRIVATE_IMPORTS - private_imports()
+    assert not gone, f"no longer imported, remove from KNOWN_PRIVATE_IMPORTS: {sorted(gone)}"
+
+
+def test_the_walk_sees_private_imports(tmp_path: Path) -> None:
+    """The rule sees a private import inside a function (a lazy one), not a dunder."""
+    package = tmp_path / "dpsql"
+    package.mkdir()
+    (package / "a.py").write_text(
+        "from dpsql.b import __version__\n\ndef f():\n    from dpsql.sql.plan import _hidden\n"
+    )
+    assert private_imports(package) == {("dpsql/a.py", "dpsql.sql.plan", "_hidden")}
