@@ -43,6 +43,7 @@ The range returned is [max(L, −C), min(U, C)] (for a non-negative column, [L, 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -307,12 +308,14 @@ def posterior_counts(noisy: np.ndarray, scale: float) -> tuple[np.ndarray, np.nd
     return mean, np.maximum((w * n * n).sum(axis=-1) - mean * mean, 0.0)
 
 
+@functools.lru_cache(maxsize=64)
 def posterior_candidates(hist: LogHistogram) -> tuple[np.ndarray, np.ndarray]:
     """The "posterior" rule's candidate bounds (:data:`POSTERIOR_STEPS` log-spaced per bin,
     each bin's top edge among them) and, per candidate C and bin b, e_b(C): the mean excess
     (x − C)⁺ of a value of bin b, its values spread log-uniformly in the bin (8 points; bin 0
     at its midpoint), the top bin's at the declared bound (values beyond it are clamped
-    there). Public: a function of the bins alone."""
+    there). Public: a function of the bins alone (cached per histogram: every later query
+    of a column chooses on the same bins)."""
     edges = hist.edges()
     tops = edges[1:]
     lows = np.concatenate([[tops[0] / hist.ratio], tops[:-1]])
@@ -326,4 +329,5 @@ def posterior_candidates(hist: LogHistogram) -> tuple[np.ndarray, np.ndarray]:
         points[b] = hi / 2 if lo <= 0 else lo * (hi / lo) ** t
     points[-1] = hist.maximum
     excess = np.maximum(points[None, :, :] - candidates[:, None, None], 0.0).mean(axis=2)
+    candidates.flags.writeable = excess.flags.writeable = False  # cached: shared by callers
     return candidates, excess
