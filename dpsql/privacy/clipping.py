@@ -19,14 +19,15 @@ is chosen from it by post-processing (ApproxBounds-style, as in Google's DP libr
   bin's midpoint);
   ``"mse"``: the edge C minimising the estimated mean squared error of that SUM instead,
   bias(C)² + Var(noise) = (Σ_b n̂_b (r_b − C)₊)² + 2 (R C / ε_s)² (Laplace): the default
-  clamp range kept per data version chooses a total's bound so (dpsql.service.bounds;
-  measured against "sum" in docs/mechanisms.md: a squared bias weighs the heavy tail a noisy
+  clamp range kept per data version chose a total's bound so until "posterior" (measured
+  against "sum" in docs/mechanisms.md: a squared bias weighs the heavy tail a noisy
   histogram under-shows more than its absolute value does).
   ``"posterior"``: "mse" with the counts' uncertainty and finer candidates (the default
-  clamp of a single total since the kept histogram, issue 31): each bin's true count is
-  estimated by its posterior mean m_b and variance v_b given its noisy count (the release's
-  own discrete Laplace likelihood, scale R/ε_b) under a geometric prior whose mean is the
-  noisy mass of the bin and its two neighbours (:func:`posterior_counts`), and C minimises
+  clamp of a single total from the kept histogram, dpsql.service.bounds; issue 31): each
+  bin's true count is estimated by its posterior mean m_b and variance v_b given its noisy
+  count (the release's own discrete Laplace likelihood, scale R/ε_b) under a geometric prior
+  whose mean is the noisy mass of the bin and its two neighbours (:func:`posterior_counts`),
+  and C minimises
   the expected squared bias plus noise variance, (Σ m_b e_b(C))² + Σ v_b e_b(C)² +
   2 (R C/ε_s)², over :data:`POSTERIOR_STEPS` candidates per bin (a bin's values spread
   log-uniformly inside it; the top bin's at the declared bound, where the engine's clamp
