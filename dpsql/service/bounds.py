@@ -403,7 +403,8 @@ def clamp_range(
     col = query.table.columns[column]
     method = col.clip_method
     if method == "auto":
-        method = "quantile" if query.keys else "posterior"
+        # "posterior" needs the histogram's noise scale: the ε it was bought with, kept with it
+        method = "quantile" if query.keys else "posterior" if "epsilon" in data else "mse"
     noisy = np.asarray(data["noisy"], dtype=np.float64)
     posterior = method == "posterior"
     chooser = ApproxBounds(
