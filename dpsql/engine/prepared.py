@@ -158,7 +158,7 @@ def _pair_column(col: ColumnPolicy) -> bool:
 
 def _layout(table: TablePolicy) -> dict[str, Any]:
     """Internal column names per role, from the policy alone."""
-    from dpsql.sql.plan import fixed_point_bounds
+    from dpsql.sql.row_values import fixed_point_bounds
 
     cols = stored_columns(table)
     index = {c.name: i for i, c in enumerate(table.columns.values())}
@@ -218,7 +218,7 @@ def _partials_sql(
             f"SUM(CAST({fp} AS HUGEINT) * {fp}) AS {q}",
             f"COUNT({fp}) AS {c}",
         ]
-    from dpsql.sql.compile import _domain_condition
+    from dpsql.sql.row_values import domain_condition
 
     out = []
     for column, relation in layout["partials"].items():
@@ -228,7 +228,7 @@ def _partials_sql(
         grouped = f"SELECT {items} FROM {rows} WHERE {u} IS NOT NULL GROUP BY {group}"
         if column:
             # __g: the unit's pairs whose key is in the public domain (the plans' pair filter)
-            inside = _domain_condition(table.columns[column], "__k").sql(dialect="duckdb")
+            inside = domain_condition(table.columns[column], "__k").sql(dialect="duckdb")
             counted = f"COUNT(*) FILTER (WHERE {inside}) OVER (PARTITION BY __u) AS __g"
             grouped = f"SELECT *, {counted} FROM ({grouped})"
         out.append(f"CREATE TABLE {name(relation)} AS {grouped} ORDER BY __u")
@@ -237,7 +237,7 @@ def _partials_sql(
 
 def _build_sql(table: TablePolicy, layout: dict[str, Any], dest: str, hashed: bool) -> str:
     """One CREATE TABLE: the typed rows, their statistics joined on, clustered by unit."""
-    from dpsql.sql.compile import fixed_point_expr
+    from dpsql.sql.row_values import fixed_point_expr
 
     cols = stored_columns(table)
     unit = table.privacy_unit
