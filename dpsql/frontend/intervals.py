@@ -14,7 +14,9 @@ one, and to refuse an expression whose range is unbounded, naming the bound it l
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from sqlglot import exp
 
@@ -74,166 +76,228 @@ def _product(a: float, b: float) -> float:
 def value_range(node: exp.Expression, table: TablePolicy) -> Range:
     """The range of ``node`` (columns unqualified, lower case) over ``table``'s rows.
 
-    Raises :class:`NotNumeric` for an expression that is not a number.
+    Raises :class:`NotNumeric` for an expression that is not a number. One step per node kind
+    (``_STEPS``, looked up along the node's class hierarchy, most specific first).
     """
-    if isinstance(node, exp.Paren):
-        return value_range(node.this, table)
-    if isinstance(node, exp.Literal):
-        if node.is_string:
-            raise NotNumeric(node, "a string is not a number")
-        value = float(node.this)
-        return Range(value, value, value.is_integer() and "." not in node.this.lower())
-    if isinstance(node, exp.Boolean):
-        raise NotNumeric(node, "a condition is not a number")
-    if isinstance(node, exp.Null):
-        return Range(INF, -INF, True)  # empty: NULL adds nothing to SUM, AVG or COUNT(expr)
-    if isinstance(node, exp.Column):
-        col = table.columns.get(node.name.lower())
-        if col is None or not col.numeric:
-            kind = col.type if col is not None else "unknown"
-            raise NotNumeric(node, f"{node.name} is {kind}, not a number")
-        lower = col.lower if col.lower is not None else -INF
-        upper = col.upper if col.upper is not None else INF
-        missing = () if col.bounded else (col.name,)
-        return Range(lower, upper, col.type == "int", missing)
-    if isinstance(node, exp.Neg):
-        r = value_range(node.this, table)
-        return _of(-r.upper, -r.lower, r.integral, r)
-    if isinstance(node, exp.Add | exp.Sub):
-        a, b = value_range(node.this, table), value_range(node.expression, table)
-        if isinstance(node, exp.Add):
-            return _of(a.lower + b.lower, a.upper + b.upper, a.integral and b.integral, a, b)
-        return _of(a.lower - b.upper, a.upper - b.lower, a.integral and b.integral, a, b)
-    if isinstance(node, exp.Mul):
-        a, b = value_range(node.this, table), value_range(node.expression, table)
-        corners = [_product(x, y) for x in (a.lower, a.upper) for y in (b.lower, b.upper)]
-        return _of(min(corners), max(corners), a.integral and b.integral, a, b)
-    if isinstance(node, exp.IntDiv) and (a_b := _integer_division(node, table)) is not None:
-        return a_b
-    if isinstance(node, exp.Div | exp.IntDiv):
-        a, b = value_range(node.this, table), value_range(node.expression, table)
-        if b.lower <= 0 <= b.upper:
-            # 1/x near 0 is unbounded; the divisor's range must exclude 0 (DuckDB returns
-            # NULL for a zero divisor, but values near it are as large as you like).
-            return _of(-INF, INF, False, a, b, Range(0, 0, True, ("the divisor",)))
-        corners = [
-            x / y for x in (a.lower, a.upper) for y in (b.lower, b.upper) if math.isfinite(y)
-        ]
-        if not math.isfinite(b.lower) or not math.isfinite(b.upper):
-            corners.append(0.0)
-        low, high = min(corners), max(corners)
-        return _of(low, high, False, a, b)  # DuckDB's // of a non-integer divides (7.0 // 2)
-    if isinstance(node, exp.Mod):
-        a, b = value_range(node.this, table), value_range(node.expression, table)
-        m = max(abs(b.lower), abs(b.upper))
-        low = 0.0 if a.lower >= 0 else max(-m, a.lower)
-        high = 0.0 if a.upper <= 0 else min(m, a.upper)
-        return _of(low, high, a.integral and b.integral, a, b)
-    if isinstance(node, exp.Abs):
-        r = value_range(node.this, table)
-        if r.lower >= 0:
-            return r
-        if r.upper <= 0:
-            return _of(-r.upper, -r.lower, r.integral, r)
-        return _of(0.0, max(-r.lower, r.upper), r.integral, r)
-    if isinstance(node, exp.Least | exp.Greatest):
-        args = [value_range(a, table) for a in [node.this, *node.expressions]]
-        pick = min if isinstance(node, exp.Least) else max
-        low, high = pick(r.lower for r in args), pick(r.upper for r in args)
-        # An end bounded by a literal no longer depends on the unbounded columns.
-        unbounded = tuple(
-            dict.fromkeys(
-                c
-                for r in args
-                for c in r.unbounded
-                if not (math.isfinite(low) and math.isfinite(high))
-            )
-        )
-        return Range(low, high, all(r.integral for r in args), unbounded)
-    if isinstance(node, exp.Case):
-        branches = [value_range(i.args["true"], table) for i in node.args.get("ifs") or []]
-        default = node.args.get("default")
-        branches.append(value_range(default, table) if default is not None else _EMPTY)
-        return _join(*branches)
-    if isinstance(node, exp.If):
-        false = node.args.get("false")
-        return _join(
-            value_range(node.args["true"], table),
-            value_range(false, table) if false is not None else _EMPTY,
-        )
-    if isinstance(node, exp.Coalesce):
-        return _join(*(value_range(a, table) for a in [node.this, *node.expressions]))
-    if isinstance(node, exp.Nullif):
-        return value_range(node.this, table)
-    if isinstance(node, exp.Cast | exp.TryCast):
-        return _cast_range(node, table)
-    if isinstance(node, exp.Floor | exp.Ceil):
-        r = value_range(node.this, table)
-        if node.args.get("decimals") is not None:
-            return _of(r.lower - 1, r.upper + 1, False, r)
-        return _of(math.floor(r.lower), math.ceil(r.upper), True, r)
-    if isinstance(node, exp.Round):
-        r = value_range(node.this, table)
-        digits = node.args.get("decimals")
-        if digits is None:
-            return _of(_round_half_away(r.lower), _round_half_away(r.upper), True, r)
-        if not isinstance(digits, exp.Literal) or digits.is_string:
-            raise NotNumeric(node, "ROUND's digits must be a number literal")
-        half = 0.5 * 10.0 ** -int(float(digits.this))
-        return _of(r.lower - half, r.upper + half, False, r)
-    if isinstance(node, exp.Sign):
-        r = value_range(node.this, table)
-        return Range(-1.0 if r.lower < 0 else 0.0, 1.0 if r.upper > 0 else 0.0, True)
-    if isinstance(node, exp.Sqrt):
-        r = value_range(node.this, table)
-        return _of(math.sqrt(max(r.lower, 0.0)), math.sqrt(max(r.upper, 0.0)), False, r)
-    if isinstance(node, exp.Exp):
-        r = value_range(node.this, table)
-        return _of(_safe_exp(r.lower), _safe_exp(r.upper), False, r)
-    if isinstance(node, exp.Ln | exp.Log):
-        arg = node.expression if isinstance(node, exp.Log) and node.expression else node.this
-        r = value_range(arg, table)
-        if r.lower <= 0:
-            return _of(
-                -INF, _safe_log(r.upper), False, r, Range(0, 0, True, ("a logarithm's argument",))
-            )
-        scale = 1.0
-        if isinstance(node, exp.Log) and node.expression is not None:
-            base = node.this
-            if not isinstance(base, exp.Literal) or base.is_string or float(base.this) <= 1:
-                raise NotNumeric(node, "LOG's base must be a number literal above 1")
-            scale = math.log(float(base.this))
-        return _of(math.log(r.lower) / scale, _safe_log(r.upper) / scale, False, r)
-    if isinstance(node, exp.Pow):
-        return _power_range(node, table)
-    if isinstance(node, exp.Month | exp.Day | exp.Quarter | exp.DayOfWeek):
-        limits = {exp.Month: (1, 12), exp.Day: (1, 31), exp.Quarter: (1, 4), exp.DayOfWeek: (0, 6)}
-        low, high = limits[type(node)]
-        return Range(low, high, True)
-    if isinstance(node, exp.Extract):
-        part = node.this.name.lower() if isinstance(node.this, exp.Var | exp.Identifier) else ""
-        limits2 = {
-            "month": (1, 12),
-            "day": (1, 31),
-            "quarter": (1, 4),
-            "dow": (0, 6),
-            "isodow": (1, 7),
-            "doy": (1, 366),
-            "hour": (0, 23),
-            "minute": (0, 59),
-            "second": (0, 60),
-            "week": (1, 53),
-        }
-        if part in limits2:
-            low, high = limits2[part]
-            return Range(low, high, True)
-        return Range(-INF, INF, True, (f"EXTRACT({part.upper()})",))
-    if isinstance(node, exp.Year):
-        return Range(-INF, INF, True, ("YEAR(...)",))
+    for cls in type(node).__mro__:
+        step = _STEPS.get(cls)
+        if step is not None:
+            return step(node, table)
     raise NotNumeric(node, "no range is known for it")
 
 
 _EMPTY = Range(INF, -INF, True)
+
+
+def _paren(node: exp.Paren, table: TablePolicy) -> Range:
+    return value_range(node.this, table)
+
+
+def _literal(node: exp.Literal, table: TablePolicy) -> Range:
+    if node.is_string:
+        raise NotNumeric(node, "a string is not a number")
+    value = float(node.this)
+    return Range(value, value, value.is_integer() and "." not in node.this.lower())
+
+
+def _boolean(node: exp.Boolean, table: TablePolicy) -> Range:
+    raise NotNumeric(node, "a condition is not a number")
+
+
+def _null(node: exp.Null, table: TablePolicy) -> Range:
+    return Range(INF, -INF, True)  # empty: NULL adds nothing to SUM, AVG or COUNT(expr)
+
+
+def _column(node: exp.Column, table: TablePolicy) -> Range:
+    """A column's declared bounds (±∞ for an end it does not declare, named as missing)."""
+    col = table.columns.get(node.name.lower())
+    if col is None or not col.numeric:
+        kind = col.type if col is not None else "unknown"
+        raise NotNumeric(node, f"{node.name} is {kind}, not a number")
+    lower = col.lower if col.lower is not None else -INF
+    upper = col.upper if col.upper is not None else INF
+    missing = () if col.bounded else (col.name,)
+    return Range(lower, upper, col.type == "int", missing)
+
+
+def _neg(node: exp.Neg, table: TablePolicy) -> Range:
+    r = value_range(node.this, table)
+    return _of(-r.upper, -r.lower, r.integral, r)
+
+
+def _add(node: exp.Add, table: TablePolicy) -> Range:
+    a, b = value_range(node.this, table), value_range(node.expression, table)
+    return _of(a.lower + b.lower, a.upper + b.upper, a.integral and b.integral, a, b)
+
+
+def _sub(node: exp.Sub, table: TablePolicy) -> Range:
+    a, b = value_range(node.this, table), value_range(node.expression, table)
+    return _of(a.lower - b.upper, a.upper - b.lower, a.integral and b.integral, a, b)
+
+
+def _mul(node: exp.Mul, table: TablePolicy) -> Range:
+    a, b = value_range(node.this, table), value_range(node.expression, table)
+    corners = [_product(x, y) for x in (a.lower, a.upper) for y in (b.lower, b.upper)]
+    return _of(min(corners), max(corners), a.integral and b.integral, a, b)
+
+
+def _int_div(node: exp.IntDiv, table: TablePolicy) -> Range:
+    """``a // b``: truncated for integers, otherwise (DuckDB's ``7.0 // 2``) a division."""
+    found = _integer_division(node, table)
+    return found if found is not None else _div(node, table)
+
+
+def _div(node: exp.Div | exp.IntDiv, table: TablePolicy) -> Range:
+    a, b = value_range(node.this, table), value_range(node.expression, table)
+    if b.lower <= 0 <= b.upper:
+        # 1/x near 0 is unbounded; the divisor's range must exclude 0 (DuckDB returns
+        # NULL for a zero divisor, but values near it are as large as you like).
+        return _of(-INF, INF, False, a, b, Range(0, 0, True, ("the divisor",)))
+    corners = [x / y for x in (a.lower, a.upper) for y in (b.lower, b.upper) if math.isfinite(y)]
+    if not math.isfinite(b.lower) or not math.isfinite(b.upper):
+        corners.append(0.0)
+    low, high = min(corners), max(corners)
+    return _of(low, high, False, a, b)  # DuckDB's // of a non-integer divides (7.0 // 2)
+
+
+def _mod(node: exp.Mod, table: TablePolicy) -> Range:
+    a, b = value_range(node.this, table), value_range(node.expression, table)
+    m = max(abs(b.lower), abs(b.upper))
+    low = 0.0 if a.lower >= 0 else max(-m, a.lower)
+    high = 0.0 if a.upper <= 0 else min(m, a.upper)
+    return _of(low, high, a.integral and b.integral, a, b)
+
+
+def _abs(node: exp.Abs, table: TablePolicy) -> Range:
+    r = value_range(node.this, table)
+    if r.lower >= 0:
+        return r
+    if r.upper <= 0:
+        return _of(-r.upper, -r.lower, r.integral, r)
+    return _of(0.0, max(-r.lower, r.upper), r.integral, r)
+
+
+def _least_greatest(node: exp.Least | exp.Greatest, table: TablePolicy) -> Range:
+    """A clamp: an end bounded by a literal no longer depends on the unbounded columns."""
+    args = [value_range(a, table) for a in [node.this, *node.expressions]]
+    pick = min if isinstance(node, exp.Least) else max
+    low, high = pick(r.lower for r in args), pick(r.upper for r in args)
+    unbounded = tuple(
+        dict.fromkeys(
+            c for r in args for c in r.unbounded if not (math.isfinite(low) and math.isfinite(high))
+        )
+    )
+    return Range(low, high, all(r.integral for r in args), unbounded)
+
+
+def _case(node: exp.Case, table: TablePolicy) -> Range:
+    branches = [value_range(i.args["true"], table) for i in node.args.get("ifs") or []]
+    default = node.args.get("default")
+    branches.append(value_range(default, table) if default is not None else _EMPTY)
+    return _join(*branches)
+
+
+def _if(node: exp.If, table: TablePolicy) -> Range:
+    false = node.args.get("false")
+    return _join(
+        value_range(node.args["true"], table),
+        value_range(false, table) if false is not None else _EMPTY,
+    )
+
+
+def _coalesce(node: exp.Coalesce, table: TablePolicy) -> Range:
+    return _join(*(value_range(a, table) for a in [node.this, *node.expressions]))
+
+
+def _nullif(node: exp.Nullif, table: TablePolicy) -> Range:
+    return value_range(node.this, table)
+
+
+def _floor_ceil(node: exp.Floor | exp.Ceil, table: TablePolicy) -> Range:
+    r = value_range(node.this, table)
+    if node.args.get("decimals") is not None:
+        return _of(r.lower - 1, r.upper + 1, False, r)
+    return _of(math.floor(r.lower), math.ceil(r.upper), True, r)
+
+
+def _round(node: exp.Round, table: TablePolicy) -> Range:
+    r = value_range(node.this, table)
+    digits = node.args.get("decimals")
+    if digits is None:
+        return _of(_round_half_away(r.lower), _round_half_away(r.upper), True, r)
+    if not isinstance(digits, exp.Literal) or digits.is_string:
+        raise NotNumeric(node, "ROUND's digits must be a number literal")
+    half = 0.5 * 10.0 ** -int(float(digits.this))
+    return _of(r.lower - half, r.upper + half, False, r)
+
+
+def _sign(node: exp.Sign, table: TablePolicy) -> Range:
+    r = value_range(node.this, table)
+    return Range(-1.0 if r.lower < 0 else 0.0, 1.0 if r.upper > 0 else 0.0, True)
+
+
+def _sqrt(node: exp.Sqrt, table: TablePolicy) -> Range:
+    r = value_range(node.this, table)
+    return _of(math.sqrt(max(r.lower, 0.0)), math.sqrt(max(r.upper, 0.0)), False, r)
+
+
+def _exp(node: exp.Exp, table: TablePolicy) -> Range:
+    r = value_range(node.this, table)
+    return _of(_safe_exp(r.lower), _safe_exp(r.upper), False, r)
+
+
+def _log(node: exp.Ln | exp.Log, table: TablePolicy) -> Range:
+    """LN(x), LOG(x) and LOG(base, x): unbounded below when x's range reaches 0."""
+    arg = node.expression if isinstance(node, exp.Log) and node.expression else node.this
+    r = value_range(arg, table)
+    if r.lower <= 0:
+        return _of(
+            -INF, _safe_log(r.upper), False, r, Range(0, 0, True, ("a logarithm's argument",))
+        )
+    scale = 1.0
+    if isinstance(node, exp.Log) and node.expression is not None:
+        base = node.this
+        if not isinstance(base, exp.Literal) or base.is_string or float(base.this) <= 1:
+            raise NotNumeric(node, "LOG's base must be a number literal above 1")
+        scale = math.log(float(base.this))
+    return _of(math.log(r.lower) / scale, _safe_log(r.upper) / scale, False, r)
+
+
+_DATE_PARTS: dict[type[exp.Expression], tuple[int, int]] = {
+    exp.Month: (1, 12),
+    exp.Day: (1, 31),
+    exp.Quarter: (1, 4),
+    exp.DayOfWeek: (0, 6),
+}
+_EXTRACT_PARTS = {
+    "month": (1, 12),
+    "day": (1, 31),
+    "quarter": (1, 4),
+    "dow": (0, 6),
+    "isodow": (1, 7),
+    "doy": (1, 366),
+    "hour": (0, 23),
+    "minute": (0, 59),
+    "second": (0, 60),
+    "week": (1, 53),
+}
+
+
+def _date_part(node: exp.Expression, table: TablePolicy) -> Range:
+    low, high = _DATE_PARTS[type(node)]
+    return Range(low, high, True)
+
+
+def _extract(node: exp.Extract, table: TablePolicy) -> Range:
+    part = node.this.name.lower() if isinstance(node.this, exp.Var | exp.Identifier) else ""
+    if part in _EXTRACT_PARTS:
+        low, high = _EXTRACT_PARTS[part]
+        return Range(low, high, True)
+    return Range(-INF, INF, True, (f"EXTRACT({part.upper()})",))
+
+
+def _year(node: exp.Year, table: TablePolicy) -> Range:
+    return Range(-INF, INF, True, ("YEAR(...)",))
 
 
 def _integer_division(node: exp.IntDiv, table: TablePolicy) -> Range | None:
@@ -327,3 +391,41 @@ def _power_range(node: exp.Pow, table: TablePolicy) -> Range:
     if r.lower < 0 < r.upper:
         values.append(0.0)
     return _of(min(values), max(values), r.integral, r)
+
+
+#: One step per node kind; value_range looks a node's class up along its hierarchy.
+_STEPS: dict[type[exp.Expression], Callable[[Any, TablePolicy], Range]] = {
+    exp.Paren: _paren,
+    exp.Literal: _literal,
+    exp.Boolean: _boolean,
+    exp.Null: _null,
+    exp.Column: _column,
+    exp.Neg: _neg,
+    exp.Add: _add,
+    exp.Sub: _sub,
+    exp.Mul: _mul,
+    exp.IntDiv: _int_div,
+    exp.Div: _div,
+    exp.Mod: _mod,
+    exp.Abs: _abs,
+    exp.Least: _least_greatest,
+    exp.Greatest: _least_greatest,
+    exp.Case: _case,
+    exp.If: _if,
+    exp.Coalesce: _coalesce,
+    exp.Nullif: _nullif,
+    exp.Cast: _cast_range,
+    exp.TryCast: _cast_range,
+    exp.Floor: _floor_ceil,
+    exp.Ceil: _floor_ceil,
+    exp.Round: _round,
+    exp.Sign: _sign,
+    exp.Sqrt: _sqrt,
+    exp.Exp: _exp,
+    exp.Ln: _log,
+    exp.Log: _log,
+    exp.Pow: _power_range,
+    **dict.fromkeys(_DATE_PARTS, _date_part),
+    exp.Extract: _extract,
+    exp.Year: _year,
+}
