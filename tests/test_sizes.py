@@ -15,8 +15,6 @@ FUNCTION_LINES = 120
 
 #: (module, qualified name) -> lines today; each may only shrink until it is within the limit.
 OVERSIZE = {
-    ("dpsql/frontend/per_unit.py", "_Builder"): 536,
-    ("dpsql/frontend/per_unit.py", "_Builder.build"): 128,
     ("dpsql/server/session.py", "Session"): 905,
 }
 

@@ -162,22 +162,15 @@ def _granularity(lower: float, upper: float) -> float:
     return 10.0 ** (math.floor(math.log10(magnitude)) - 4)
 
 
-class _Builder:
-    """Recognises and validates one per-unit relation (see the module docstring)."""
+class _Shape:
+    """The SELECT read as a per-unit relation: whether it is one (a private policy table grouped
+    by its privacy unit), the constructs it may not hold, and refusals that point at the text."""
 
-    def __init__(
-        self,
-        inner: exp.Select,
-        outer: exp.Select,
-        text: str,
-        policy: Any,
-        bind: Callable[[exp.Select], Any],
-    ) -> None:
+    def __init__(self, inner: exp.Select, outer: exp.Select, text: str, policy: Any) -> None:
         self.inner = inner
         self.outer = outer
         self.text = text
         self.policy = policy
-        self.bind = bind
 
     def refuse(
         self,
@@ -210,7 +203,7 @@ class _Builder:
         self.unit = base.privacy_unit
         self.qualifiers = {source.name.lower(), (source.alias or source.name).lower()}
         self.groups = [self._resolve_group_item(item) for item in group.expressions]
-        return any(self._is_column(g, self.unit) for g in self.groups)
+        return any(self.is_column(g, self.unit) for g in self.groups)
 
     def _resolve_group_item(self, item: exp.Expression) -> exp.Expression:
         items = self.inner.expressions
@@ -226,7 +219,7 @@ class _Builder:
                         return _unwrap(e.this)
         return _unwrap(item)
 
-    def _is_column(self, node: exp.Expression, name: str | None = None) -> bool:
+    def is_column(self, node: exp.Expression, name: str | None = None) -> bool:
         node = _unwrap(node)
         if not isinstance(node, exp.Column) or isinstance(node.this, exp.Star):
             return False
@@ -234,8 +227,9 @@ class _Builder:
             return False
         return name is None or node.name.lower() == name
 
-    # -- validation and V -------------------------------------------------------------------
-    def build(self, make_source: Callable[[Any, PerUnitSpec, str], Any]) -> tuple[exp.Select, Any]:
+    def refuse_unsupported(self) -> None:
+        """Refuse V over V or over a unit_path table, ROLLUP/CUBE/GROUPING SETS, the clauses
+        that make a row depend on other rows, and windows."""
         base = self.base
         # A join lowered to one private relation (on the unit, or with public tables on a
         # unique key) is bounded after the join like any table; V over V, or a unit_path
@@ -276,11 +270,14 @@ class _Builder:
                 window,
                 "use GROUP BY with COUNT/SUM/AVG; windows would release individual rows",
             )
+
+    def group_keys(self) -> list[str]:
+        """The GROUP BY columns besides the unit: plain columns of the base table."""
         keys: list[str] = []
         for node in self.groups:
-            if self._is_column(node, self.unit):
+            if self.is_column(node, self.unit):
                 continue
-            if not self._is_column(node):
+            if not self.is_column(node):
                 raise self.refuse(
                     f"a per-unit relation groups by the privacy unit and plain columns, not "
                     f"{snippet(node)}",
@@ -288,127 +285,51 @@ class _Builder:
                     "GROUP BY unit, column; compute expressions of the key in the outer query",
                 )
             name = node.name.lower()
-            if name not in base.columns:
+            if name not in self.base.columns:
                 raise UndefinedColumnError(
-                    f"unknown column {node.name!r} in table {base.name!r}",
+                    f"unknown column {node.name!r} in table {self.base.name!r}",
                     construct=snippet(node),
                     position=position_of(node, self.text),
-                    hint="its columns: " + ", ".join(base.columns),
+                    hint="its columns: " + ", ".join(self.base.columns),
                 )
             if name not in keys:
                 keys.append(name)
+        return keys
+
+
+class _Columns:
+    """V's columns and their column policies: each aggregate bound by the binder as a flat
+    query over the base table, its range from the declared bounds (the module docstring)."""
+
+    def __init__(self, shape: _Shape, keys: list[str], bind: Callable[[exp.Select], Any]) -> None:
+        self.shape = shape
         self.keys = keys
+        self.bind = bind
+        base = shape.base
         # "auto" bounds are not chosen here: the base's fallback (dpsql.policy.TablePolicy)
         self.R, self.G = base.unchosen_bounds()
         # the WHERE and the keys, validated as a flat query over the base table would be
-        self.probe = self._bind_one(exp.Count(this=exp.Star()))
+        self.probe = self.bind_one(exp.Count(this=exp.Star()))
         self.columns: list[PerUnitColumn] = []
-        self.policies: dict[str, Any] = {self.unit: replace(base.columns[self.unit])}
+        self.policies: dict[str, Any] = {shape.unit: replace(base.columns[shape.unit])}
         for k in keys:
             self.policies[k] = base.columns[k]
-        projection: dict[str, exp.Expression] = {}
-        for item in self.inner.expressions:
-            name, node = self._item_name(item)
-            if name in projection:
-                raise self.refuse(
-                    f"the per-unit relation has two columns named {name!r}",
-                    item,
-                    "give each column its own name",
-                )
-            projection[name] = self._projected(node, name, item)
-        having = self.inner.args.get("having")
-        condition = None
-        if having is not None:
-            condition = self._having(having.this, projection)
-        spec = PerUnitSpec(
-            table=base.name,
-            unit=self.unit,
-            keys=tuple(keys),
-            where=self.probe.where.sql(dialect="duckdb") if self.probe.where is not None else None,
-            columns=tuple(self.columns),
-            max_rows=self.R,
-            max_groups=self.G,
-        )
-        digest = hashlib.sha256(
-            repr([(n, c.type) for n, c in self.policies.items()]).encode()
-        ).hexdigest()[:12]
-        name = f"{base.name} per {self.unit} {digest}".lower()
-        rows, groups = (1, 1)
-        if keys:
-            groups = self.G
-            rows = 1 if self._outer_groups_by(keys, projection) else self.G
-        joined = make_source(base, spec, f"per {self.unit}: {spec.describe()}")
-        table = replace(
-            base,
-            name=name,
-            columns=dict(self.policies),
-            max_rows_per_unit=rows,
-            max_groups_per_unit=groups,
-            unique_keys=(),
-            unit_path=(),
-            rows=None,
-            joined=joined,
-            # V's bounds are its own (1, or G with extra keys), never chosen per query; an
-            # "auto" bound of the base is read above at its fallback (the cap when declared)
-            auto_bounds=(),
-        )
-        relation = exp.Select(
-            expressions=[
-                exp.alias_(e, n, quoted=True)
-                for n, e in projection.items()
-                if not n.startswith("__")
-            ],
-            from_=exp.From(this=exp.Table(this=exp.Identifier(this=name, quoted=True))),
-        )
-        if condition is not None:
-            relation.set("where", exp.Where(this=condition))
-        return relation, table
 
-    def _bind_one(self, aggregate: exp.Expression) -> Any:
+    def bind_one(self, aggregate: exp.Expression) -> Any:
         """``SELECT aggregate FROM base WHERE ... GROUP BY keys``, bound by the binder: the
         same checks as a flat query (functions, types, bounds, totality)."""
         trial = exp.Select(expressions=[aggregate.copy()])
-        trial.set("from_", exp.From(this=self.source.copy()))
-        where = self.inner.args.get("where")
+        trial.set("from_", exp.From(this=self.shape.source.copy()))
+        where = self.shape.inner.args.get("where")
         if where is not None:
             trial.set("where", where.copy())
         if self.keys:
             trial.set("group", exp.Group(expressions=[exp.column(k) for k in self.keys]))
         return self.bind(trial)
 
-    def _item_name(self, item: exp.Expression) -> tuple[str, exp.Expression]:
-        if isinstance(item, exp.Alias):
-            return item.alias.lower(), _unwrap(item.this)
-        if self._is_column(item):
-            return item.name.lower(), item
-        if isinstance(item, exp.Star) or (
-            isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
-        ):
-            raise self.refuse(
-                "SELECT * in a per-unit relation (GROUP BY the privacy unit) is not supported",
-                item,
-                "select the unit and named aggregates: SELECT unit, SUM(x) AS total ...",
-            )
-        raise self.refuse(
-            f"the per-unit relation's column {snippet(item)} needs a name",
-            item,
-            f"name it: {snippet(item)} AS name",
-        )
-
-    def _projected(self, node: exp.Expression, name: str, item: exp.Expression) -> exp.Expression:
-        """The expression over V that the outer query reads as column ``name``."""
-        if self._is_column(node):
-            column = node.name.lower()
-            if column == self.unit or column in self.keys:
-                return exp.column(column, quoted=True)
-            raise self.refuse(
-                f"column {node.name!r} must appear in the per-unit relation's GROUP BY",
-                node,
-                "group by it too, or aggregate it (MIN, MAX, SUM, ...)",
-            )
-        return self._aggregate(node, name, node)
-
-    def _aggregate(self, node: exp.Expression, name: str, shown: exp.Expression) -> exp.Expression:
+    def aggregate(self, node: exp.Expression, name: str, shown: exp.Expression) -> exp.Expression:
+        """V's column for ``node`` (an aggregate, perhaps inside the analyst's clamp), added to
+        ``columns`` and ``policies``; the expression over V that reads it."""
         clamp_lo, clamp_hi = -math.inf, math.inf
         inner = _unwrap(node)
         for _ in range(2):  # LEAST(GREATEST(agg, a), b) or GREATEST(LEAST(agg, b), a)
@@ -425,13 +346,13 @@ class _Builder:
         if kind is None or any(n is not inner for n in inner.find_all(exp.AggFunc)):
             found: Any = inner if isinstance(inner, exp.AggFunc) else node.find(exp.AggFunc)
             if found is not None and _KINDS.get(type(found)) is None:
-                raise self.refuse(
+                raise self.shape.refuse(
                     f"aggregate {snippet(found)} is not supported in a per-unit relation",
                     found,
                     "per unit: COUNT, COUNT(DISTINCT col), SUM, AVG, MIN or MAX",
                 )
             written = shown.sql(dialect="duckdb")  # the whole expression, not its first call
-            raise self.refuse(
+            raise self.shape.refuse(
                 f"the per-unit relation's column {written} must be an aggregate (or "
                 "LEAST(GREATEST(aggregate, low), high)), the unit or a GROUP BY column",
                 shown,
@@ -441,13 +362,13 @@ class _Builder:
         clamp = None
         if math.isfinite(clamp_lo) or math.isfinite(clamp_hi):
             if kind in ("min", "max") and not self._numeric_arg(inner):
-                raise self.refuse(
+                raise self.shape.refuse(
                     f"{snippet(shown)}: LEAST/GREATEST clamps a number",
                     shown,
                     "clamp SUM, COUNT, AVG, or MIN/MAX of a number",
                 )
             if clamp_lo > clamp_hi:
-                raise self.refuse(
+                raise self.shape.refuse(
                     f"{snippet(shown)}: the clamp's lower end is above its upper end",
                     shown,
                     "LEAST(GREATEST(agg, low), high) with low <= high",
@@ -461,7 +382,7 @@ class _Builder:
                 return self._min_max(kind, name, column, wrap, clamp)
         if kind == "count" and isinstance(arg, exp.Distinct):
             values = arg.expressions
-            if len(values) == 1 and self._is_column(values[0], self.unit):
+            if len(values) == 1 and self.shape.is_column(values[0], self.shape.unit):
                 return self._add(name, "count_units", None, False, None, clamp, (1, 1), "int", 1.0)
         distinct_sum = kind == "sum" and isinstance(arg, exp.Distinct)
         if distinct_sum:
@@ -469,15 +390,27 @@ class _Builder:
             # the pair's R kept rows lies in SUM's range too (at most R values of [L, U])
             values = arg.expressions
             if len(values) != 1:
-                raise self.refuse(
+                raise self.shape.refuse(
                     "SUM(DISTINCT ...) takes one value", inner, "SUM(DISTINCT column)"
                 )
-            call_query = self._bind_one(exp.Sum(this=values[0].copy()))
+            call_query = self.bind_one(exp.Sum(this=values[0].copy()))
         else:
-            call_query = self._bind_one(inner)
+            call_query = self.bind_one(inner)
+        return self._ranged(name, inner, call_query, clamp, distinct_sum)
+
+    def _ranged(
+        self,
+        name: str,
+        inner: exp.Expression,
+        call_query: Any,
+        clamp: tuple[float, float] | None,
+        distinct_sum: bool,
+    ) -> exp.Expression:
+        """V's column for an aggregate the binder bound: its kind and its range over the
+        pair's R kept rows (COUNT, SUM) or the value's declared bounds (AVG, MIN, MAX)."""
         call = call_query.aggregates[0]
         if call.kind not in ("count", "count_distinct", "count_units", "sum", "avg", "min", "max"):
-            raise self.refuse(
+            raise self.shape.refuse(
                 f"{snippet(inner)} is not supported in a per-unit relation",
                 inner,
                 "per unit: COUNT, COUNT(DISTINCT col), SUM, AVG, MIN or MAX",
@@ -524,15 +457,15 @@ class _Builder:
         monotone = self._monotone_column(agg.this)
         if monotone is None:
             return True  # an expression: the binder refuses a non-number
-        spec = self.base.columns.get(monotone[0])
+        spec = self.shape.base.columns.get(monotone[0])
         return spec is not None and spec.numeric and monotone[1] is None
 
     def _monotone_column(self, arg: exp.Expression) -> tuple[str, exp.Expression | None] | None:
         """``col`` or ``DATE_TRUNC(unit, col)`` (monotone: MIN/MAX commute with it)."""
         arg = _unwrap(arg)
-        if self._is_column(arg):
+        if self.shape.is_column(arg):
             return arg.name.lower(), None
-        if isinstance(arg, exp.TimestampTrunc | exp.DateTrunc) and self._is_column(arg.this):
+        if isinstance(arg, exp.TimestampTrunc | exp.DateTrunc) and self.shape.is_column(arg.this):
             unit = arg.args.get("unit")
             if isinstance(unit, exp.Var | exp.Literal):
                 return _unwrap(arg.this).name.lower(), arg
@@ -546,29 +479,29 @@ class _Builder:
         wrap: exp.Expression | None,
         clamp: tuple[float, float] | None,
     ) -> exp.Expression:
-        spec = self.base.columns.get(column)
+        spec = self.shape.base.columns.get(column)
         if spec is None:
             raise UndefinedColumnError(
-                f"unknown column {column!r} in table {self.base.name!r}",
+                f"unknown column {column!r} in table {self.shape.base.name!r}",
                 construct=column,
-                hint="its columns: " + ", ".join(self.base.columns),
+                hint="its columns: " + ", ".join(self.shape.base.columns),
             )
-        if column == self.unit:
-            raise self.refuse(
+        if column == self.shape.unit:
+            raise self.shape.refuse(
                 f"{kind.upper()} of the privacy unit is meaningless",
-                self.inner,
+                self.shape.inner,
                 f"COUNT(DISTINCT {column}) counts units",
             )
         if spec.expr is not None:
-            raise self.refuse(
+            raise self.shape.refuse(
                 f"{kind.upper()}({column}) of a computed column is not supported per unit",
-                self.inner,
+                self.shape.inner,
                 "aggregate a stored column",
             )
         if wrap is not None and spec.type != "date":
-            raise self.refuse(
+            raise self.shape.refuse(
                 f"{kind.upper()}(DATE_TRUNC(..., {column})): {column} is {spec.type}, not a date",
-                self.inner,
+                self.shape.inner,
                 "DATE_TRUNC a date column",
             )
         row_clamp = (
@@ -615,15 +548,15 @@ class _Builder:
             out_type = "float"
             granularity = min(granularity, _granularity(lo, hi))
         if out_type == "int" and max(abs(lo), abs(hi)) >= _WIDEST_INT:
-            raise self.refuse(
+            raise self.shape.refuse(
                 f"the per-unit column {name!r} ranges over [{lo:g}, {hi:g}]: too wide for an "
                 "integer",
-                self.inner,
+                self.shape.inner,
                 "clamp it: LEAST(GREATEST(agg, low), high)",
             )
         sql_type = "BIGINT" if out_type == "int" else "DOUBLE"
         self.columns.append(PerUnitColumn(name, kind, value, computed, row_clamp, clamp, sql_type))
-        base_col = self.base.columns[self.unit]
+        base_col = self.shape.base.columns[self.shape.unit]
         self.policies[name] = replace(
             base_col,
             name=name,
@@ -638,12 +571,133 @@ class _Builder:
         )
         return exp.column(name, quoted=True)
 
+
+class _Builder:
+    """V from a recognised shape: the columns the outer query reads, the HAVING over them,
+    V's policy table and the row-level SELECT over it."""
+
+    def __init__(self, shape: _Shape, bind: Callable[[exp.Select], Any]) -> None:
+        self.shape = shape
+        self.bind = bind
+
+    def build(self, make_source: Callable[[Any, PerUnitSpec, str], Any]) -> tuple[exp.Select, Any]:
+        shape = self.shape
+        shape.refuse_unsupported()
+        keys = shape.group_keys()
+        self.columns = _Columns(shape, keys, self.bind)
+        projection = self._projection()
+        having = shape.inner.args.get("having")
+        condition = None
+        if having is not None:
+            condition = self._having(having.this, projection)
+        table = self._table(keys, projection, make_source)
+        relation = exp.Select(
+            expressions=[
+                exp.alias_(e, n, quoted=True)
+                for n, e in projection.items()
+                if not n.startswith("__")
+            ],
+            from_=exp.From(this=exp.Table(this=exp.Identifier(this=table.name, quoted=True))),
+        )
+        if condition is not None:
+            relation.set("where", exp.Where(this=condition))
+        return relation, table
+
+    def _projection(self) -> dict[str, exp.Expression]:
+        """Each select item's name and the expression over V the outer query reads for it."""
+        projection: dict[str, exp.Expression] = {}
+        for item in self.shape.inner.expressions:
+            name, node = self._item_name(item)
+            if name in projection:
+                raise self.shape.refuse(
+                    f"the per-unit relation has two columns named {name!r}",
+                    item,
+                    "give each column its own name",
+                )
+            projection[name] = self._projected(node, name, item)
+        return projection
+
+    def _table(
+        self,
+        keys: list[str],
+        projection: dict[str, exp.Expression],
+        make_source: Callable[[Any, PerUnitSpec, str], Any],
+    ) -> Any:
+        """V's policy table: the base's, with V's columns, V's bounds and V as its source."""
+        shape, columns = self.shape, self.columns
+        base = shape.base
+        probe = columns.probe
+        spec = PerUnitSpec(
+            table=base.name,
+            unit=shape.unit,
+            keys=tuple(keys),
+            where=probe.where.sql(dialect="duckdb") if probe.where is not None else None,
+            columns=tuple(columns.columns),
+            max_rows=columns.R,
+            max_groups=columns.G,
+        )
+        digest = hashlib.sha256(
+            repr([(n, c.type) for n, c in columns.policies.items()]).encode()
+        ).hexdigest()[:12]
+        name = f"{base.name} per {shape.unit} {digest}".lower()
+        rows, groups = (1, 1)
+        if keys:
+            groups = columns.G
+            rows = 1 if self._outer_groups_by(keys, projection) else columns.G
+        joined = make_source(base, spec, f"per {shape.unit}: {spec.describe()}")
+        return replace(
+            base,
+            name=name,
+            columns=dict(columns.policies),
+            max_rows_per_unit=rows,
+            max_groups_per_unit=groups,
+            unique_keys=(),
+            unit_path=(),
+            rows=None,
+            joined=joined,
+            # V's bounds are its own (1, or G with extra keys), never chosen per query; an
+            # "auto" bound of the base is read above at its fallback (the cap when declared)
+            auto_bounds=(),
+        )
+
+    def _item_name(self, item: exp.Expression) -> tuple[str, exp.Expression]:
+        if isinstance(item, exp.Alias):
+            return item.alias.lower(), _unwrap(item.this)
+        if self.shape.is_column(item):
+            return item.name.lower(), item
+        if isinstance(item, exp.Star) or (
+            isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
+        ):
+            raise self.shape.refuse(
+                "SELECT * in a per-unit relation (GROUP BY the privacy unit) is not supported",
+                item,
+                "select the unit and named aggregates: SELECT unit, SUM(x) AS total ...",
+            )
+        raise self.shape.refuse(
+            f"the per-unit relation's column {snippet(item)} needs a name",
+            item,
+            f"name it: {snippet(item)} AS name",
+        )
+
+    def _projected(self, node: exp.Expression, name: str, item: exp.Expression) -> exp.Expression:
+        """The expression over V that the outer query reads as column ``name``."""
+        if self.shape.is_column(node):
+            column = node.name.lower()
+            if column == self.shape.unit or column in self.columns.keys:
+                return exp.column(column, quoted=True)
+            raise self.shape.refuse(
+                f"column {node.name!r} must appear in the per-unit relation's GROUP BY",
+                node,
+                "group by it too, or aggregate it (MIN, MAX, SUM, ...)",
+            )
+        return self.columns.aggregate(node, name, node)
+
     def _having(
         self, condition: exp.Expression, projection: dict[str, exp.Expression]
     ) -> exp.Expression:
         """The inner HAVING as a condition over V: a filter on each unit's own row."""
         known = {}
-        for item in self.inner.expressions:
+        for item in self.shape.inner.expressions:
             if isinstance(item, exp.Alias):
                 known[_unwrap(item.this).sql(dialect="duckdb")] = projection[item.alias.lower()]
         hidden = [0]
@@ -654,13 +708,13 @@ class _Builder:
                 if sql not in known:
                     name = f"__having{hidden[0]}"
                     hidden[0] += 1
-                    known[sql] = self._aggregate(node, name, node)
+                    known[sql] = self.columns.aggregate(node, name, node)
                 return known[sql].copy()
             if isinstance(node, exp.Column) and not isinstance(node.this, exp.Star):
                 name = node.name.lower()
-                if name in projection and (not node.table or self._is_column(node)):
+                if name in projection and (not node.table or self.shape.is_column(node)):
                     return projection[name].copy()
-                raise self.refuse(
+                raise self.shape.refuse(
                     f"HAVING reads {snippet(node)}, which is not a column of the per-unit relation",
                     node,
                     "compare the relation's aggregates or GROUP BY columns",
@@ -672,14 +726,14 @@ class _Builder:
     def _outer_groups_by(self, keys: list[str], projection: dict[str, exp.Expression]) -> bool:
         """Whether the outer query groups by every extra key (then one V row per unit and
         outer group). A utility refinement only: the outer bounding enforces it."""
-        group = self.outer.args.get("group")
+        group = self.shape.outer.args.get("group")
         if group is None:
             return False
         names = {n for n, e in projection.items() if isinstance(e, exp.Column) and e.name in keys}
         by_key = {projection[n].name for n in names}
         aliases = {
             e.alias.lower(): _unwrap(e.this)
-            for e in self.outer.expressions
+            for e in self.shape.outer.expressions
             if isinstance(e, exp.Alias)
         }
         grouped: set[str] = set()
@@ -687,8 +741,8 @@ class _Builder:
             node = _unwrap(item)
             if isinstance(node, exp.Literal) and not node.is_string and str(node.this).isdigit():
                 index = int(node.this) - 1
-                if 0 <= index < len(self.outer.expressions):
-                    node = _unwrap(self.outer.expressions[index].unalias())
+                if 0 <= index < len(self.shape.outer.expressions):
+                    node = _unwrap(self.shape.outer.expressions[index].unalias())
             if (
                 isinstance(node, exp.Column)
                 and node.name.lower() in aliases
@@ -713,7 +767,7 @@ def groups_by_unit(select: exp.Select, policy: Any) -> bool:
     """Whether ``select`` is a per-unit relation (a policy table grouped by its privacy unit):
     private rows, one per unit, not a DP query of its own (for classifiers of the text, such
     as dpsql.frontend.released's). From the text and the policy alone."""
-    return _Builder(select, select, "", policy, lambda _trial: None).recognise()
+    return _Shape(select, select, "", policy).recognise()
 
 
 def per_unit_relation(
@@ -728,10 +782,10 @@ def per_unit_relation(
     """``(relation, table)``: a row-level SELECT over the per-unit table V and V's policy
     table, if ``inner`` groups a private table by its privacy unit; None otherwise (then
     ``inner`` is a DP query of its own). Refuses what the module docstring lists."""
-    builder = _Builder(inner, outer, text, policy, bind)
-    if not builder.recognise():
+    shape = _Shape(inner, outer, text, policy)
+    if not shape.recognise():
         return None
-    return builder.build(make_source)
+    return _Builder(shape, bind).build(make_source)
 
 
 # -- the engine relation ------------------------------------------------------------------------
