@@ -22,6 +22,7 @@ scaled row value) fits 64 bits, and sums in floating point only below 2^53.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import ctypes
 import datetime
 import math
@@ -172,24 +173,14 @@ def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) ->
             keys.append((f"__v{i}", dtype))
         keys.append((f"__n{i}", np.bool_))
     held: dict[str, np.ndarray] = {key: np.empty(rows, dtype=dtype) for key, dtype in keys}
-    filled = 0
-    for first, last in _unit_ranges(rows, unit, labels, readable):
-        sql, params = _fetch_sql(name, readable, labels, unit, first, last)
-        # no ORDER BY: DuckDB's sort held every row a second time beside the fetched arrays;
-        # each range of units is clustered here (a counting sort) into the arrays' next rows
-        fetched = dict(con.execute(sql, params).fetchnumpy())
-        n = len(fetched[keys[0][0]]) if keys else 0
-        if filled + n > rows:
-            raise ValueError("the table changed while its store was built")
-        order = None
-        if unit is not None:
-            ranged = np.asarray(np.ma.getdata(fetched[f"__c{unit}"]), dtype=np.int64)
-            order = _unit_order(ranged - first, last - first + 1)
-            del ranged
-        for key, dtype in keys:
-            data: np.ndarray = np.asarray(np.ma.getdata(fetched.pop(key)), dtype=dtype)
-            held[key][filled : filled + n] = data if order is None else data[order]
-        filled += n
+    ranges = _unit_ranges(rows, unit, labels, readable)
+    kept = _numbered_codes(con, name, readable, labels) if len(ranges) > 1 else None
+    try:
+        filled = _fetch_ranges(con, name, readable, labels, unit, ranges, kept, keys, held)
+    finally:  # (they go with the cursor anyway: an interrupted build may not drop them)
+        for temporary in (kept or {}).values():
+            with contextlib.suppress(Exception):
+                con.execute(f"DROP TABLE IF EXISTS {temporary}")
     if filled != rows:
         raise ValueError("the table changed while its store was built")
     columns: dict[str, Column] = {}
@@ -204,6 +195,64 @@ def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) ->
             values[nulls] = 0
         columns[c.name] = Column(c.type, values, nulls, codes, labels.get(c.name, ()))
     return cluster(ColumnarTable(table.name, version, rows, columns, capacity), table)
+
+
+def _fetch_ranges(
+    con: Any,
+    name: str,
+    readable: list[Any],
+    labels: dict[str, tuple[Any, ...]],
+    unit: int | None,
+    ranges: list[tuple[int, int]],
+    kept: dict[int, str] | None,
+    keys: list[tuple[str, type]],
+    held: dict[str, np.ndarray],
+) -> int:
+    """Fetch each range of units into the next rows of ``held`` (no ORDER BY: DuckDB's sort
+    held every row a second time beside the fetched arrays; each range is clustered here by
+    a counting sort of its unit codes). Returns the rows filled."""
+    rows = len(held[keys[0][0]]) if keys else 0
+    filled = 0
+    for first, last in ranges:
+        sql, params = _fetch_sql(name, readable, labels, unit, first, last, kept)
+        fetched = dict(con.execute(sql, params).fetchnumpy())
+        n = len(fetched[keys[0][0]]) if keys else 0
+        if filled + n > rows:
+            raise ValueError("the table changed while its store was built")
+        order = None
+        if unit is not None:
+            ranged = np.asarray(np.ma.getdata(fetched[f"__c{unit}"]), dtype=np.int64)
+            order = _unit_order(ranged - first, last - first + 1)
+            del ranged
+        for key, dtype in keys:
+            data: np.ndarray = np.asarray(np.ma.getdata(fetched.pop(key)), dtype=dtype)
+            held[key][filled : filled + n] = data if order is None else data[order]
+        filled += n
+    return filled
+
+
+def _numbered_codes(
+    con: Any, name: str, readable: list[Any], labels: dict[str, tuple[Any, ...]]
+) -> dict[int, str]:
+    """Per coded column, its sorted distinct values numbered once, in a temporary table of
+    the build's own cursor (dropped after it), which every range's fetch joins: the DISTINCT
+    over the whole table is not repeated per range (at 100M rows, 48 ranges, it was most of
+    the build)."""
+    from dpsql.sql.identifiers import quote_ident
+
+    kept: dict[int, str] = {}
+    for i, c in enumerate(readable):
+        if c.name not in labels:
+            continue
+        q = quote_ident(c.name)
+        temporary = f"__dpsql_store_codes_{i}"
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE {temporary} AS SELECT v, CAST(row_number() OVER "
+            f"(ORDER BY v) - 1 AS BIGINT) AS code FROM (SELECT DISTINCT {q} AS v FROM {name} "
+            f"WHERE {q} IS NOT NULL)"
+        )
+        kept[i] = temporary
+    return kept
 
 
 #: rows fetched from DuckDB at a time when a store is built (whole units): its numpy fetch
@@ -233,11 +282,13 @@ def _fetch_sql(
     unit: int | None,
     first: int,
     last: int,
+    kept: dict[int, str] | None,
 ) -> tuple[str, list[Any]]:
     """The fetch of the rows whose unit code is in [first, last) (and the rows of no unit
     with the last range): each coded column's codes by a join to its sorted distinct values
-    (the unit's restricted to the range, numbered from ``first``), the other columns' values
-    (a date as its day number) and every column's NULL flag."""
+    numbered (in the query, or once per build in the temporary tables ``kept``: then the
+    unit's restricted to the range), the other columns' values (a date as its day number) and
+    every column's NULL flag."""
     from dpsql.sql.identifiers import quote_ident
 
     ctes, joins, items, params = [], [], [], []
@@ -246,16 +297,15 @@ def _fetch_sql(
         q = quote_ident(c.name)
         if c.name in labels:
             n = len(labels[c.name]) - 1
-            source = f"SELECT DISTINCT {q} AS v FROM {name} WHERE {q} IS NOT NULL"
-            start = 0
-            if i == unit:
-                source += f" AND {q} >= ? AND {q} <= ?"
-                params += [labels[c.name][first], labels[c.name][last - 1]]
-                start = first
-            ctes.append(
-                f"d{i} AS (SELECT v, CAST(row_number() OVER (ORDER BY v) - 1 + {start} AS "
-                f"BIGINT) AS code FROM ({source}))"
-            )
+            if kept is not None:  # numbered once (_numbered_codes): this range's part
+                inside = f" WHERE code >= {first} AND code < {last}" if i == unit else ""
+                ctes.append(f"d{i} AS (SELECT v, code FROM {kept[i]}{inside})")
+            else:
+                source = f"SELECT DISTINCT {q} AS v FROM {name} WHERE {q} IS NOT NULL"
+                ctes.append(
+                    f"d{i} AS (SELECT v, CAST(row_number() OVER (ORDER BY v) - 1 AS BIGINT) "
+                    f"AS code FROM ({source}))"
+                )
             joins.append(f"LEFT JOIN d{i} ON r.{q} = d{i}.v")
             items.append(f"COALESCE(d{i}.code, {n}) AS __c{i}")
             if i == unit:
