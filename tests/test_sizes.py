@@ -14,10 +14,7 @@ CLASS_LINES = 500
 FUNCTION_LINES = 120
 
 #: (module, qualified name) -> lines today; each may only shrink until it is within the limit.
-OVERSIZE = {
-    ("dpsql/frontend/per_unit.py", "_Builder"): 536,
-    ("dpsql/frontend/per_unit.py", "_Builder.build"): 128,
-}
+OVERSIZE: dict[tuple[str, str], int] = {}
 
 
 def _sizes() -> dict[tuple[str, str], int]:
