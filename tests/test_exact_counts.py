@@ -190,11 +190,9 @@ def test_rounded_counts_keep_the_sampled_sensitivities(tmp_path, small_tables):
 @pytest.mark.parametrize("offset", [0, 1, 2**19, 2**20 - 1])
 def test_the_bounds_hold_for_every_offset(tmp_path, monkeypatch, offset):
     """The proof does not use the offset's value: the most and least rounding up pass too."""
-    from dpsql.sql import compile as compile_module
+    from dpsql.sql import bounding
 
-    monkeypatch.setattr(
-        compile_module, "unit_offset", lambda plan, grid: exp.Literal.number(offset)
-    )
+    monkeypatch.setattr(bounding, "unit_offset", lambda plan, grid: exp.Literal.number(offset))
     conn = _unit_connect(tmp_path, "sql")
     try:
         _check_neighbours(conn)
@@ -206,17 +204,17 @@ def test_rounding_each_share_up_on_its_own_is_caught(tmp_path, monkeypatch):
     """The deliberately broken rounding: each pair's share rounded up by itself (not along
     the unit's running sum). A unit with 2/3 of a row in each of 3 depts then counts 3 rows,
     over G·R = 2: the neighbour check must fail on it (else it could not catch a real one)."""
-    from dpsql.sql import compile as compile_module
+    from dpsql.sql import bounding
 
     def ceiling(plan, ks, source):
-        rounded = dict(compile_module.rounded_columns(plan))
+        rounded = dict(bounding.rounded_columns(plan))
         items = [
             f"({c} + {rounded[c] - 1}) // {rounded[c]} AS {c}" if c in rounded else c
-            for c in compile_module._pair_columns(plan, ks)
+            for c in bounding.pair_columns(plan, ks)
         ]
         return sqlglot.parse_one(f"SELECT {', '.join(items)} FROM {source}", read="duckdb")
 
-    monkeypatch.setattr(compile_module, "rounded_counts", ceiling)
+    monkeypatch.setattr(bounding, "rounded_counts", ceiling)
     conn = _unit_connect(tmp_path, "sql")
     try:
         with pytest.raises(AssertionError):

@@ -24,6 +24,7 @@ import pytest
 from conftest import exact_connect, rows_of, table_policy, write_csv
 
 from dpsql.pipeline import Settings
+from dpsql.sql import bounding
 from dpsql.sql import compile as compile_module
 from dpsql.sql.bind import parse_statement
 from dpsql.sql.compile import compile_plan
@@ -298,12 +299,12 @@ def test_the_worst_case_unit_reaches_the_bound(tmp_path, bounding):
 def test_a_rescaling_that_keeps_more_than_r_rows_is_caught(tmp_path, monkeypatch):
     """The deliberately broken mechanism: R + 1 rows' worth per pair. The neighbour check
     above must fail on it (else it could not catch a real mistake)."""
-    original = compile_module.scaled_partial
+    original = bounding.scaled_partial
 
     def broken(m, r, n):
         return original(m, r + 1, n)
 
-    monkeypatch.setattr(compile_module, "scaled_partial", broken)
+    monkeypatch.setattr(bounding, "scaled_partial", broken)
     with pytest.raises(AssertionError):
         _check_neighbours(tmp_path, _worst_rows(), "SELECT SUM(age) FROM t", 2, "sql")
 

@@ -30,7 +30,7 @@ from sqlglot import exp
 
 from dpsql.engine.prepared import StoreInfo
 from dpsql.policy import TablePolicy
-from dpsql.sql import compile as c
+from dpsql.sql import bounding, builders, hashing, row_values
 from dpsql.sql.plan import Measure, Plan, bounds_groups, value_measures
 
 
@@ -61,7 +61,7 @@ def _partials(plan: Plan, store: StoreInfo) -> str | None:
     filter but the unit's (the analyst's WHERE would change them), no key or one bare column
     key with partials, and every summed measure over a stored fixed point of the plan's range.
     Sampling needs the rows themselves, so only rescaled plans and counts-only plans use it."""
-    if plan.query.where is not None or len(c._conditions(plan)) != 1:
+    if plan.query.where is not None or len(bounding.row_conditions(plan)) != 1:
         return None
     if plan.bounding != "scale" and value_measures(plan):
         return None
@@ -70,7 +70,7 @@ def _partials(plan: Plan, store: StoreInfo) -> str | None:
     column = ""
     if plan.keys:
         key = plan.keys[0].key
-        if not isinstance(key.expr, exp.Column) or c.lowered_key(key) != key.expr:
+        if not isinstance(key.expr, exp.Column) or bounding.lowered_key(key) != key.expr:
             return None
         column = key.columns[0]
     table = plan.query.table
@@ -82,7 +82,7 @@ def _partials(plan: Plan, store: StoreInfo) -> str | None:
 
 def _partial_value(m: Measure, store: StoreInfo) -> exp.Expression:
     """A pair's partial of m from the stored sums: the same integer as aggregating its rows."""
-    s, q, n = (c._name(name) for name in store.partial_columns[m.column])  # type: ignore[index]
+    s, q, n = (row_values.internal_name(name) for name in store.partial_columns[m.column])  # type: ignore[index]
     return _centred(m, s, q, n)
 
 
@@ -107,28 +107,31 @@ def _from_partials(plan: Plan, store: StoreInfo, relation: str) -> exp.Select:
     those of dpsql.sql.compile's ``base`` (same unit, key, row count and partial sums), so the
     bounding after them is the plan without a store, step for step."""
     ks = [f"__k{i}" for i in range(len(plan.keys))]
-    items: list[exp.Expression] = [c._name("__u")]
-    items += [c._alias(c._name("__k"), k) for k in ks]
-    items.append(c._name("__n"))
-    items += [c._alias(_partial_value(m, store), f"v_{m.name}") for m in value_measures(plan)]
+    items: list[exp.Expression] = [row_values.internal_name("__u")]
+    items += [builders.alias(row_values.internal_name("__k"), k) for k in ks]
+    items.append(row_values.internal_name("__n"))
+    items += [builders.alias(_partial_value(m, store), f"v_{m.name}") for m in value_measures(plan)]
     if plan.group_scaling:  # the unit's pairs in the domain, counted when the store was built
-        items.append(c._name("__g"))
-    source = c._table(relation)
+        items.append(row_values.internal_name("__g"))
+    source = builders.table_ref(relation)
     if store.catalog is not None:
-        source.set("db", c._ident(store.catalog))
-    pairs = c._select(items, source)
-    filters = c._column_key_domains(plan, ks)
+        source.set("db", builders.ident(store.catalog))
+    pairs = builders.select(items, source)
+    filters = bounding.column_key_domains(plan, ks)
     if filters:
-        pairs = c._select([c._star()], c._subquery(pairs, "p"), where=filters)
+        pairs = builders.select([builders.star()], builders.subquery(pairs, "p"), where=filters)
     keep = ("__g",) if plan.group_scaling else ()
-    ctes = [c._cte("base", pairs), c._cte("bounded", c.rescaled(plan, ks, "base", keep))]
-    return c._finish_bounded(plan, ctes, ks, groups=keep[0] if keep else None)
+    ctes = [
+        builders.cte("base", pairs),
+        builders.cte("bounded", bounding.rescaled(plan, ks, "base", keep)),
+    ]
+    return bounding.finish_bounded(plan, ctes, ks, groups=keep[0] if keep else None)
 
 
 def _source(store: StoreInfo, alias: str | None = None) -> exp.Table:
-    table = c._table(store.relation, alias)
+    table = builders.table_ref(store.relation, alias)
     if store.catalog is not None:
-        table.set("db", c._ident(store.catalog))
+        table.set("db", builders.ident(store.catalog))
     return table
 
 
@@ -139,19 +142,19 @@ def _fixed(m: Measure, table: TablePolicy, store: StoreInfo) -> exp.Expression |
         return None
     if not m.measure_kind.counted and spec[:2] != (m.lo, m.hi):  # a count reads no range
         return None
-    return c._name(spec[2])
+    return row_values.internal_name(spec[2])
 
 
 def _times(node: exp.Expression, factor: int) -> exp.Expression:
     """``CAST(node AS INT128) * factor`` (HUGEINT): a count times a centre cannot overflow."""
-    return exp.Mul(this=c._cast(node, "INT128"), expression=c._number(factor))
+    return exp.Mul(this=row_values.cast(node, "INT128"), expression=row_values.number(factor))
 
 
 def aggregate(m: Measure, table: TablePolicy, store: StoreInfo) -> exp.Expression:
     """m aggregated over store rows: the stored fixed point, centred after summing."""
     fp = _fixed(m, table, store) if m.column is not None else None
     if fp is None:
-        return c.measure_aggregate_expr(m, table)
+        return bounding.measure_aggregate_expr(m, table)
     # the fixed point is NULL exactly where the column is: COUNT(fp) is COUNT(col)
     squares = exp.Sum(this=exp.Mul(this=fp.copy(), expression=fp.copy()))
     return _centred(m, exp.Sum(this=fp.copy()), squares, exp.Count(this=fp))
@@ -160,7 +163,7 @@ def aggregate(m: Measure, table: TablePolicy, store: StoreInfo) -> exp.Expressio
 def _row_level(plan: Plan, keys: tuple[str, ...], store: StoreInfo) -> exp.Select:
     table = plan.query.table
     aggregates = [(aggregate(m, table, store), m.name) for m in plan.measures]
-    return c.grouped_select(plan, keys, aggregates, _source(store))
+    return bounding.grouped_select(plan, keys, aggregates, _source(store))
 
 
 # -- privacy unit ---------------------------------------------------------------------------
@@ -169,25 +172,27 @@ def _row_level(plan: Plan, keys: tuple[str, ...], store: StoreInfo) -> exp.Selec
 def _within(plan: Plan, store: StoreInfo) -> tuple[exp.Expression, exp.Expression | None]:
     """Whatever the query's filter, from the store's statistics on the row itself: is the row's
     (unit, group) pair within R rows, and (None: groups are not ranked) its unit within G?"""
-    unit_rows = c._name(store.unit_rows)  # type: ignore[arg-type]
+    unit_rows = row_values.internal_name(store.unit_rows)  # type: ignore[arg-type]
     pair = [
-        c._name(store.pair_rows[kp.key.columns[0]])
+        row_values.internal_name(store.pair_rows[kp.key.columns[0]])
         for kp in plan.keys
         if isinstance(kp.key.expr, exp.Column) and kp.key.columns[0] in store.pair_rows
     ]
     bound: exp.Expression = unit_rows
     if pair:
         bound = pair[0] if len(pair) == 1 else exp.Least(this=pair[0], expressions=pair[1:])
-    rows_ok: exp.Expression = exp.LTE(this=bound, expression=c._number(plan.max_rows))
+    rows_ok: exp.Expression = exp.LTE(this=bound, expression=row_values.number(plan.max_rows))
     if not bounds_groups(plan):
         return rows_ok, None
-    G = c._number(plan.max_groups)
+    G = row_values.number(plan.max_groups)
     groups_ok: exp.Expression = exp.LTE(this=unit_rows.copy(), expression=G)
     columns = sorted({name for kp in plan.keys for name in kp.key.columns})
     if columns and all(name in store.unit_keys for name in columns):
-        product: exp.Expression = c._name(store.unit_keys[columns[0]])
+        product: exp.Expression = row_values.internal_name(store.unit_keys[columns[0]])
         for name in columns[1:]:
-            product = exp.Mul(this=product, expression=c._name(store.unit_keys[name]))
+            product = exp.Mul(
+                this=product, expression=row_values.internal_name(store.unit_keys[name])
+            )
         groups_ok = exp.Paren(
             this=exp.Or(this=groups_ok, expression=exp.LTE(this=product, expression=G.copy()))
         )
@@ -208,7 +213,7 @@ def _grouped(
     """Rows meeting ``condition`` grouped by (unit,) keys: row count and partial measures."""
     lead: list[tuple[str, exp.Expression]] = []
     if by_unit:
-        lead.append(("__u", c._quoted(plan.query.table.privacy_unit)))  # type: ignore[arg-type]
+        lead.append(("__u", row_values.quoted(plan.query.table.privacy_unit)))  # type: ignore[arg-type]
     return _partials_by(plan, store, ks, lead, [condition], fold_keys=not by_unit)
 
 
@@ -225,15 +230,15 @@ def _partials_by(
     (name, expression) and the keys: row count and partial measures, bare-column keys then
     filtered to their public domain."""
     table = plan.query.table
-    aggregates: list[tuple[exp.Expression, str]] = [(c._count_star(), "__n")]
+    aggregates: list[tuple[exp.Expression, str]] = [(builders.count_star(), "__n")]
     aggregates += [(aggregate(m, table, store), f"v_{m.name}") for m in value_measures(plan)]
-    conditions = [*c._conditions(plan), *where]
-    query = c.grouped_select(
+    conditions = [*bounding.row_conditions(plan), *where]
+    query = bounding.grouped_select(
         plan, ks, aggregates, _source(store), conditions, lead, fold_keys=fold_keys
     )
-    filters = c._column_key_domains(plan, ks)
+    filters = bounding.column_key_domains(plan, ks)
     if filters:
-        query = c._select([c._star()], c._subquery(query, "p"), where=filters)
+        query = builders.select([builders.star()], builders.subquery(query, "p"), where=filters)
     return query
 
 
@@ -242,22 +247,28 @@ def _split(plan: Plan, store: StoreInfo, ks: list[str], safe: exp.Expression) ->
     within R and G collapse into one partial per key (``direct``, unit NULL) and the others
     into one per (unit, key) (``pairs``); the same partials as two scans filtered by ``safe``
     and by its negation (statistics are never NULL, so every row is on exactly one side). A
-    row without a unit is never read (dpsql.sql.compile._conditions), so a NULL unit marks
+    row without a unit is never read (dpsql.sql.bounding.row_conditions), so a NULL unit marks
     the proven side: no column of its own to compute and group by (~12% of the scan)."""
-    unit = c._quoted(plan.query.table.privacy_unit)  # type: ignore[arg-type]
+    unit = row_values.quoted(plan.query.table.privacy_unit)  # type: ignore[arg-type]
     unless_safe = exp.Case(ifs=[exp.If(this=safe.copy(), true=exp.Null())], default=unit)
     grouped = _partials_by(plan, store, ks, [("__u", unless_safe)], [])
     values = [f"v_{m.name}" for m in value_measures(plan)]
-    proven = exp.Is(this=c._name("__u"), expression=exp.Null())
-    pairs = c._select(
-        [c._name(n) for n in ["__u", *ks, "__n", *values]],
-        c._table("grouped"),
+    proven = exp.Is(this=row_values.internal_name("__u"), expression=exp.Null())
+    pairs = builders.select(
+        [row_values.internal_name(n) for n in ["__u", *ks, "__n", *values]],
+        builders.table_ref("grouped"),
         where=[exp.Not(this=proven)],
     )
-    direct = c._select(
-        [c._name(n) for n in [*ks, "__n", *values]], c._table("grouped"), where=[proven.copy()]
+    direct = builders.select(
+        [row_values.internal_name(n) for n in [*ks, "__n", *values]],
+        builders.table_ref("grouped"),
+        where=[proven.copy()],
     )
-    return [c._cte("grouped", grouped), c._cte("pairs", pairs), c._cte("direct", direct)]
+    return [
+        builders.cte("grouped", grouped),
+        builders.cte("pairs", pairs),
+        builders.cte("direct", direct),
+    ]
 
 
 def _sampled(plan: Plan, store: StoreInfo, ks: list[str], heavy: exp.Expression) -> exp.Select:
@@ -271,32 +282,46 @@ def _sampled(plan: Plan, store: StoreInfo, ks: list[str], heavy: exp.Expression)
     order: exp.Expression
     if store.hash_mix is not None:
         order = exp.BitwiseXor(
-            this=c._name(store.hash_mix), expression=c.keyed_hash([c.secret_slot()])
+            this=row_values.internal_name(store.hash_mix),
+            expression=hashing.keyed_hash([hashing.secret_slot()]),
         )
     else:
-        stored = [c._quoted(n) for n, spec in table.columns.items() if spec.expr is None]
-        order = c.keyed_hash([*stored, c.secret_slot()])
+        stored = [row_values.quoted(n) for n, spec in table.columns.items() if spec.expr is None]
+        order = hashing.keyed_hash([*stored, hashing.secret_slot()])
     # only the columns the partials and the order read go through the window (not the row)
     needed = {col.name: col for p in [*partials, order] for col in p.find_all(exp.Column)}
     rows_items: list[exp.Expression] = [col.copy() for col in needed.values()]
-    rows_items.append(c._alias(c._quoted(table.privacy_unit), "__u"))  # type: ignore[arg-type]
-    rows_items += [c._alias(c.lowered_key(kp.key), k) for kp, k in zip(plan.keys, ks, strict=True)]
-    rows = c._select(rows_items, _source(store), where=[*c._conditions(plan), heavy])
-    ranked = c._select(
-        [c._star("b"), c._alias(c._row_number([c._name(n, "b") for n in gc], [order]), "__r")],
-        c._subquery(rows, "b"),
+    rows_items.append(builders.alias(row_values.quoted(table.privacy_unit), "__u"))  # type: ignore[arg-type]
+    rows_items += [
+        builders.alias(bounding.lowered_key(kp.key), k) for kp, k in zip(plan.keys, ks, strict=True)
+    ]
+    rows = builders.select(
+        rows_items, _source(store), where=[*bounding.row_conditions(plan), heavy]
     )
-    items: list[exp.Expression] = [c._name(n) for n in gc] + [c._alias(c._count_star(), "__n")]
-    items += [c._alias(aggregate(m, table, store), f"v_{m.name}") for m in value_measures(plan)]
-    sampled = c._select(
+    ranked = builders.select(
+        [
+            builders.star("b"),
+            builders.alias(
+                builders.row_number([row_values.internal_name(n, "b") for n in gc], [order]), "__r"
+            ),
+        ],
+        builders.subquery(rows, "b"),
+    )
+    items: list[exp.Expression] = [row_values.internal_name(n) for n in gc] + [
+        builders.alias(builders.count_star(), "__n")
+    ]
+    items += [
+        builders.alias(aggregate(m, table, store), f"v_{m.name}") for m in value_measures(plan)
+    ]
+    sampled = builders.select(
         items,
-        c._subquery(ranked, "s"),
-        where=[exp.LTE(this=c._name("__r"), expression=c._number(R))],
-        group=[c._name(n) for n in gc],
+        builders.subquery(ranked, "s"),
+        where=[exp.LTE(this=row_values.internal_name("__r"), expression=row_values.number(R))],
+        group=[row_values.internal_name(n) for n in gc],
     )
-    filters = c._column_key_domains(plan, ks)
+    filters = bounding.column_key_domains(plan, ks)
     if filters:
-        sampled = c._select([c._star()], c._subquery(sampled, "p"), where=filters)
+        sampled = builders.select([builders.star()], builders.subquery(sampled, "p"), where=filters)
     return sampled
 
 
@@ -312,51 +337,64 @@ def _two_phase(plan: Plan, store: StoreInfo) -> exp.Select:
     # every pair not proven within R and G aggregated as it is, then capped / rescaled to R
     split = not value_measures(plan) or plan.bounding == "scale"
     if split:
-        ctes = [*_split(plan, store, ks, safe), c._cte("bounded", c.rescaled(plan, ks, "pairs"))]
+        ctes = [
+            *_split(plan, store, ks, safe),
+            builders.cte("bounded", bounding.rescaled(plan, ks, "pairs")),
+        ]
     else:
-        bounded: exp.Expression = c._select([c._star()], c._table("sampled"))
-        ctes = [c._cte("sampled", _sampled(plan, store, ks, _not(rows_ok)))]
+        bounded: exp.Expression = builders.select([builders.star()], builders.table_ref("sampled"))
+        ctes = [builders.cte("sampled", _sampled(plan, store, ks, _not(rows_ok)))]
         if groups_ok is not None:
             light = exp.And(this=rows_ok.copy(), expression=_not(groups_ok))
-            ctes.append(c._cte("light", _grouped(plan, store, ks, light, by_unit=True)))
+            ctes.append(builders.cte("light", _grouped(plan, store, ks, light, by_unit=True)))
             bounded = exp.Union(
-                this=c._select([c._star()], c._table("light")), expression=bounded, distinct=False
+                this=builders.select([builders.star()], builders.table_ref("light")),
+                expression=bounded,
+                distinct=False,
             )
-        ctes.append(c._cte("bounded", bounded))
+        ctes.append(builders.cte("bounded", bounded))
     source = "bounded"
     if plan.group_scaling:  # a unit over G keeps its k pairs at G/k; all its rows are here
-        ctes.append(c._cte("ranked", c.group_scaled(plan, ks, "bounded", window=True)))
+        ctes.append(builders.cte("ranked", bounding.group_scaled(plan, ks, "bounded", window=True)))
         source = "ranked"
     elif groups_ok is not None:
         G = plan.max_groups
-        ctes.append(c._cte("ranked", c._ranked(ks, G)))
+        ctes.append(builders.cte("ranked", bounding.ranked_pairs(ks, G)))
         source = "ranked"
-    if c.rounded_columns(plan):  # counts' fine shares back to integers, per unit
-        ctes.append(c._cte("rounded", c.rounded_counts(plan, ks, source)))
+    if bounding.rounded_columns(plan):  # counts' fine shares back to integers, per unit
+        ctes.append(builders.cte("rounded", bounding.rounded_counts(plan, ks, source)))
         source = "rounded"
     if not split:
-        ctes.append(c._cte("direct", _grouped(plan, store, ks, safe, by_unit=False)))
+        ctes.append(builders.cte("direct", _grouped(plan, store, ks, safe, by_unit=False)))
     parts = [*ks, "__n", *[f"v_{m.name}" for m in value_measures(plan)]]
-    direct: list[exp.Expression] = [c._name(n) for n in ks]
-    rows: exp.Expression = c._name("__n")
+    direct: list[exp.Expression] = [row_values.internal_name(n) for n in ks]
+    rows: exp.Expression = row_values.internal_name("__n")
     rows_scale = next((m.scale for m in plan.measures if m.kind == "rows"), 1)
     if rows_scale != 1:  # a direct pair's unit is within G: its row count in the rows' grid
-        rows = c._alias(exp.Mul(this=rows, expression=c._number(rows_scale)), "__n")
+        rows = builders.alias(exp.Mul(this=rows, expression=row_values.number(rows_scale)), "__n")
     direct.append(rows)
     for m in value_measures(plan):  # a direct pair is within R: its partial times the scale
-        v: exp.Expression = c._name(f"v_{m.name}")
+        v: exp.Expression = row_values.internal_name(f"v_{m.name}")
         if plan.bounding == "scale":
-            v = c._alias(exp.Mul(this=c.wide(v), expression=c._number(m.scale)), f"v_{m.name}")
+            v = builders.alias(
+                exp.Mul(this=bounding.wide(v), expression=row_values.number(m.scale)), f"v_{m.name}"
+            )
         direct.append(v)
     both = exp.Union(
-        this=c._select([c._name(n) for n in parts], c._table(source)),
-        expression=c._select(direct, c._table("direct")),
+        this=builders.select(
+            [row_values.internal_name(n) for n in parts], builders.table_ref(source)
+        ),
+        expression=builders.select(direct, builders.table_ref("direct")),
         distinct=False,
     )
-    items: list[exp.Expression] = [c._alias(c._name(k), f"k{i}") for i, k in enumerate(ks)]
+    items: list[exp.Expression] = [
+        builders.alias(row_values.internal_name(k), f"k{i}") for i, k in enumerate(ks)
+    ]
     for m in plan.measures:
         name = "__n" if m.kind == "rows" else f"v_{m.name}"
-        items.append(c._alias(exp.Sum(this=c._name(name)), m.name))
-    final = c._select(items, c._subquery(both, "f"), group=[c._name(k) for k in ks] or None)
+        items.append(builders.alias(exp.Sum(this=row_values.internal_name(name)), m.name))
+    final = builders.select(
+        items, builders.subquery(both, "f"), group=[row_values.internal_name(k) for k in ks] or None
+    )
     final.set("with_", exp.With(expressions=ctes))
     return final
