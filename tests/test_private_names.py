@@ -18,7 +18,6 @@ ROOT = Path(__file__).resolve().parent.parent / "dpsql"
 
 #: (importing module, imported module, name) still importing a private name: may only shrink.
 KNOWN_PRIVATE_IMPORTS = {
-    ("dpsql/engine/spark_store.py", "dpsql.sql.compile", "_decimal"),
     ("dpsql/pipeline.py", "dpsql.service.plan_cache", "_CheckedSet"),
     ("dpsql/pipeline.py", "dpsql.service.plan_cache", "_PlanCache"),
     ("dpsql/pipeline.py", "dpsql.service.plan_cache", "_PostPlan"),

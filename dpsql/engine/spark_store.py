@@ -255,7 +255,7 @@ def spark_tree(tree: Any, tables: Mapping[str, TablePolicy]) -> Any:
     """
     from sqlglot import exp
 
-    from dpsql.sql.compile import _decimal
+    from dpsql.sql.builders import decimal_type
 
     tree = tree.copy()  # rewritten in place below; the compiled tree is shared
     for name in store_tables(tree):
@@ -266,7 +266,7 @@ def spark_tree(tree: Any, tables: Mapping[str, TablePolicy]) -> Any:
         for total in list(cte.this.find_all(exp.Sum)):
             inner = total.this
             if not (isinstance(inner, exp.Cast) and inner.to.this == exp.DataType.Type.DECIMAL):
-                total.set("this", exp.Cast(this=inner, to=_decimal(38, 0)))
+                total.set("this", exp.Cast(this=inner, to=decimal_type(38, 0)))
     return tree
 
 
@@ -274,7 +274,8 @@ def _own_store(tree: Any, table: TablePolicy) -> None:
     """Point a DuckDB store plan of ``table`` at this engine's view, without the hash mix."""
     from sqlglot import exp
 
-    from dpsql.sql import compile as c
+    from dpsql.sql.hashing import keyed_hash
+    from dpsql.sql.row_values import quoted
 
     for t in list(tree.find_all(exp.Table)):
         if t.db == f"{PREFIX}p_{table.name}":
@@ -285,12 +286,12 @@ def _own_store(tree: Any, table: TablePolicy) -> None:
     for xor in list(tree.find_all(exp.BitwiseXor)):
         if isinstance(xor.this, exp.Column) and xor.this.name == mix:
             secret = xor.expression.expressions[-1].copy()
-            xor.replace(c.keyed_hash([*(c._quoted(n) for n in stored), secret]))
+            xor.replace(keyed_hash([*(quoted(n) for n in stored), secret]))
     for select in list(tree.find_all(exp.Select)):
         items = select.expressions
         if not any(isinstance(i, exp.Column) and i.name == mix for i in items):
             continue
         have = {i.alias_or_name for i in items}
-        fresh = [c._quoted(n) for n in stored if n not in have]
+        fresh = [quoted(n) for n in stored if n not in have]
         kept = [i for i in items if not (isinstance(i, exp.Column) and i.name == mix)]
         select.set("expressions", [*kept, *fresh])

@@ -106,3 +106,10 @@ def join(source: exp.Expression, kind: str, on: exp.Expression) -> exp.Join:
 def cte(name: str, query: exp.Expression) -> exp.CTE:
     """``name AS (query)``, one step of the bounded plan."""
     return exp.CTE(this=query, alias=exp.TableAlias(this=ident(name)))
+
+
+def decimal_type(precision: int, scale: int) -> exp.DataType:
+    """``DECIMAL(precision, scale)`` as a node (DataType.build would parse the text): Spark's
+    renderings widen sums to it (dpsql.sql.compile and the Spark store)."""
+    params = [exp.DataTypeParam(this=exp.Literal.number(n)) for n in (precision, scale)]
+    return exp.DataType(this=exp.DataType.Type.DECIMAL, expressions=params, nested=False)

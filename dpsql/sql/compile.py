@@ -70,6 +70,7 @@ from dpsql.sql.builders import and_all as _and
 from dpsql.sql.builders import count_distinct as _count_distinct
 from dpsql.sql.builders import count_star as _count_star
 from dpsql.sql.builders import cte as _cte
+from dpsql.sql.builders import decimal_type as _decimal
 from dpsql.sql.builders import join as _join
 from dpsql.sql.builders import row_number as _row_number
 from dpsql.sql.builders import select as _select
@@ -302,12 +303,6 @@ def _spark_safe(expression: exp.Expression) -> exp.Expression:
         for total in list(inner.this.find_all(exp.Sum)):  # a folded plan's inner sums too
             total.set("this", exp.Cast(this=total.this, to=_decimal(38, 0)))
     return expression
-
-
-def _decimal(precision: int, scale: int) -> exp.DataType:
-    """``DECIMAL(precision, scale)`` as a node (DataType.build would parse the text)."""
-    params = [exp.DataTypeParam(this=exp.Literal.number(n)) for n in (precision, scale)]
-    return exp.DataType(this=exp.DataType.Type.DECIMAL, expressions=params, nested=False)
 
 
 def _is_star(item: exp.Expression) -> bool:
