@@ -3,10 +3,9 @@
 Data flows one way (text -> bound tree -> plan -> engine SQL -> aggregates -> release -> rows),
 and so should imports: front doors call the service, the service never imports a front door,
 engines never import the privacy layer, and no module reaches back up through a cycle. The
-one strongly connected component of 44 modules (imports made inside functions hid it) is down
-to the few small cycles recorded in KNOWN_CYCLES below. These tests fail on any *new* cycle,
-on a cycle that grows, on a new upstream import, and on a stale record (a module that left a
-cycle must be removed from it), so the recorded debt can only shrink until it is gone.
+one strongly connected component of 44 modules (imports made inside functions hid it) is
+gone: KNOWN_CYCLES below is empty. These tests fail on any cycle, on a new upstream import,
+and on a stale record.
 
 Every ``import`` and ``from ... import`` anywhere in a module counts, at module level or inside
 a function (a lazy import is still a dependency: it only hides the cycle from the interpreter).
@@ -47,10 +46,8 @@ SERVER_AND_CLI = (
 #: The PEP 249 door, and the SQLAlchemy dialect built on it (PEP 249 is a dialect's contract).
 DBAPI_DOORS = ("dpsql.dbapi", "dpsql.sqlalchemy_dialect")
 
-#: The import cycles that remain (issue 26 removes them); each may only shrink.
-KNOWN_CYCLES = [
-    {"dpsql.server.server", "dpsql.server.session"},
-]
+#: The import cycles that remain: none since issue 26 removed the last (keep it empty).
+KNOWN_CYCLES: list[set[str]] = []  # none left: keep it so
 
 #: Upstream imports that remain: (importer, imported door).
 KNOWN_UPSTREAM: set[tuple[str, str]] = set()  # none left: keep it so

@@ -54,18 +54,41 @@ KNOWN_PRIVATE_IMPORTS = {
 }
 
 
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
 def private_imports(root: Path = ROOT) -> set[tuple[str, str, str]]:
-    """Every ``from dpsql.x import _name`` under ``root`` (``__dunder__`` names are not
-    private)."""
+    """Every ``from dpsql.x import _name`` under ``root``, and every ``m._name`` read through
+    a dpsql module imported as ``m`` (``from dpsql.engine import prepared``, ``import
+    dpsql.sql.compile as c``); ``__dunder__`` names are not private."""
+    modules = {
+        ".".join(p.relative_to(root.parent).with_suffix("").parts) for p in root.rglob("*.py")
+    }
     found = set()
     for path in sorted(root.rglob("*.py")):
         module = str(path.relative_to(root.parent))
-        for node in ast.walk(ast.parse(path.read_text(), filename=module)):
-            if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith("dpsql"):
-                continue
-            for alias in node.names:
-                if alias.name.startswith("_") and not alias.name.startswith("__"):
-                    found.add((module, str(node.module), alias.name))
+        tree = ast.parse(path.read_text(), filename=module)
+        named: dict[str, str] = {}  # local name -> the dpsql module it stands for
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dpsql"):
+                for alias in node.names:
+                    if _private(alias.name):
+                        found.add((module, str(node.module), alias.name))
+                    if f"{node.module}.{alias.name}" in modules:
+                        named[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("dpsql") and alias.asname:
+                        named[alias.asname] = alias.name
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in named
+                and _private(node.attr)
+            ):
+                found.add((module, named[node.value.id], node.attr))
     return found
 
 
@@ -83,10 +106,16 @@ def test_the_record_of_private_imports_is_current() -> None:
 
 
 def test_the_walk_sees_private_imports(tmp_path: Path) -> None:
-    """The rule sees a private import inside a function (a lazy one), not a dunder."""
+    """The rule sees a private import inside a function (a lazy one) and a private name read
+    through an imported module, not a dunder."""
     package = tmp_path / "dpsql"
     package.mkdir()
     (package / "a.py").write_text(
-        "from dpsql.b import __version__\n\ndef f():\n    from dpsql.sql.plan import _hidden\n"
+        "from dpsql import b\nfrom dpsql.b import __version__\n\n"
+        "def f():\n    from dpsql.sql.plan import _hidden\n    return b._inner, b.__doc__\n"
     )
-    assert private_imports(package) == {("dpsql/a.py", "dpsql.sql.plan", "_hidden")}
+    (package / "b.py").write_text("_inner = 1\n")
+    assert private_imports(package) == {
+        ("dpsql/a.py", "dpsql.sql.plan", "_hidden"),
+        ("dpsql/a.py", "dpsql.b", "_inner"),
+    }

@@ -156,7 +156,7 @@ def _pair_column(col: ColumnPolicy) -> bool:
 # -- build ---------------------------------------------------------------------------------
 
 
-def _layout(table: TablePolicy) -> dict[str, Any]:
+def store_layout(table: TablePolicy) -> dict[str, Any]:
     """Internal column names per role, from the policy alone."""
     from dpsql.sql.row_values import fixed_point_bounds
 
@@ -331,7 +331,7 @@ def prepare_table(
         return None  # nothing would tell a later process that the data changed
     say = progress or (lambda _text: None)
     key = store_key(table, version)
-    layout = _layout(table)
+    layout = store_layout(table)
     started = time.perf_counter()
     # a row-level table samples nothing: no hash mix
     sampled = table.privacy_unit is not None

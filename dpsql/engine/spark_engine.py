@@ -572,7 +572,7 @@ class SparkEngine:
 
         view = spark_store.view_name(table)
         if view not in self._views:
-            sql = spark_store.build_sql(table, prepared._layout(table), table.name)
+            sql = spark_store.build_sql(table, prepared.store_layout(table), table.name)
             try:
                 self._spark.sql(sql).createOrReplaceTempView(view)
             except Exception as exc:  # analysis only, no row read: the class is enough

@@ -128,7 +128,7 @@ def prepare_table(
         return None
     say = progress or (lambda _text: None)
     key = store_key(table, version)
-    layout = prepared._layout(table)
+    layout = prepared.store_layout(table)
     started = time.perf_counter()
     sql = build_sql(table, layout, source)
     path: Path | None = None

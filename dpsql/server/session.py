@@ -17,7 +17,8 @@ import logging
 import secrets
 import struct
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
 
 from dpsql.boundary import CHARGED_HINT, CHARGED_STATES, FAILED_AFTER_READ
 from dpsql.limits import (
@@ -26,16 +27,17 @@ from dpsql.limits import (
     check_size,
     check_text,
 )
+from dpsql.policy import Policy
 from dpsql.server import protocol as p
 from dpsql.server.backend import DpBackend, Outcome, placeholder_count
 from dpsql.server.catalog import ShadowCursor
 from dpsql.server.catalog_sql import SessionInfo
-from dpsql.server.connections import address_of
+from dpsql.server.connections import ConnectionLimits, address_of
 from dpsql.server.extended import LOOP_TEXT, LOOP_VALUES, ExtendedQuery
 from dpsql.server.extended import MAX_STATEMENTS as MAX_STATEMENTS
 from dpsql.server.extended import encode_rows as _encode_rows
 from dpsql.server.extended import row_description as _row_description
-from dpsql.server.fairness import Abandoned
+from dpsql.server.fairness import Abandoned, FairScheduler
 from dpsql.server.handshake import Handshake
 from dpsql.server.probes import (
     COLUMN_PROBE_NOTICE,
@@ -50,8 +52,21 @@ from dpsql.server.wire_errors import SqlError as SqlError
 from dpsql.server.wire_errors import as_sql_error as as_sql_error
 from dpsql.sql.sqltext import split_statements
 
-if TYPE_CHECKING:
-    from dpsql.server.server import Server
+
+class Server(Protocol):
+    """What a connection reads of the server that accepted it (dpsql.server.server.Server):
+    a structural type, so this module does not import the server that imports it."""
+
+    policy: Policy
+    dataset: str
+    max_message: int
+    connections: ConnectionLimits
+    executor: ThreadPoolExecutor
+    scheduler: FairScheduler
+
+    def next_pid(self) -> int: ...
+    def unregister(self, session: Session) -> None: ...
+
 
 log = logging.getLogger("dpsql.server")
 
