@@ -47,24 +47,24 @@ from dpsql.service.describe import columns_of
 from dpsql.service.drawable import check_drawable, undrawable
 from dpsql.service.explain_table import explain_statement, explain_table
 from dpsql.service.finish import dry_run_post, finish, key_types
-from dpsql.service.plan_cache import _CheckedSet, _PlanCache, _PostPlan, _Prepared, _SecretTemplate
+from dpsql.service.plan_cache import CheckedSet, PlanCache, PostPlan, PreparedPlan, SecretTemplate
 from dpsql.service.probe import probe
 from dpsql.service.results import (
     EXPLAIN_COLUMNS,
     SQL_TYPES_BY_CODE,
     TYPE_CODES,
     Result,
-    _convert,
-    _decode,
-    _encode,
-    _floats,
-    _is_output,
-    _jsonable,
-    _project,
-    _released_table,
+    decode_answer,
+    encode_answer,
+    float_values,
+    is_output_column,
+    jsonable,
+    project_rows,
+    released_table,
+    to_python,
     type_code,
 )
-from dpsql.service.settings import Settings, _ResetRequest, apply_setting, reset_setting
+from dpsql.service.settings import ResetRequest, Settings, apply_setting, reset_setting
 from dpsql.service.shape_cache import ShapeCache
 from dpsql.service.table_functions import run_table_function
 from dpsql.service.text_shapes import TextShapes
@@ -101,26 +101,26 @@ __all__ = [
     "EXPLAIN_COLUMNS",
     "SQL_TYPES_BY_CODE",
     "TYPE_CODES",
+    "CheckedSet",
+    "PlanCache",
+    "PostPlan",
+    "PreparedPlan",
+    "ResetRequest",
     "Result",
+    "SecretTemplate",
     "Service",
     "Settings",
-    "_CheckedSet",
-    "_PlanCache",
-    "_PostPlan",
-    "_Prepared",
-    "_ResetRequest",
-    "_SecretTemplate",
-    "_convert",
-    "_decode",
-    "_encode",
-    "_floats",
-    "_is_output",
-    "_jsonable",
     "_not_cancelled",
-    "_project",
-    "_released_table",
     "apply_setting",
+    "decode_answer",
+    "encode_answer",
+    "float_values",
+    "is_output_column",
+    "jsonable",
+    "project_rows",
+    "released_table",
     "reset_setting",
+    "to_python",
     "type_code",
 ]
 
@@ -158,10 +158,10 @@ class Service:
         self._domain_cache: OrderedDict[
             tuple[str, str, str, tuple | None, tuple[str, ...]], tuple | None
         ] = OrderedDict()
-        self._post_checked = _CheckedSet()
+        self._post_checked = CheckedSet()
         self._lock = threading.Lock()
         # plan_cache: how many statement texts keep their checked plan (0: none).
-        self._plans = _PlanCache(plan_cache)
+        self._plans = PlanCache(plan_cache)
         # the same bound shape with other WHERE numbers: its verified plan and SQL template
         self._shapes = ShapeCache(plan_cache)
         # ... and found from the text alone, without parsing it (dpsql.service.text_shapes)
@@ -283,7 +283,7 @@ class Service:
         token = STATEMENT_CHARGED.set(False)
         try:
             return self._execute(text, parameters, settings, analyst, handle)
-        except _ResetRequest:
+        except ResetRequest:
             raise
         except (ChargedFailure, ChargedPostProcessingFailure):
             raise
@@ -377,7 +377,7 @@ class Service:
         parameters: Sequence[Any] | None,
         settings: Settings,
         analyst: str,
-    ) -> _Prepared | None:
+    ) -> PreparedPlan | None:
         """A verified shape found from the text and its parameters alone
         (dpsql.service.text_shapes), cached under ``key`` like a planned statement; None:
         parse and bind it."""
@@ -397,7 +397,7 @@ class Service:
         parts = sorted({step.table.name for step in table.joined.steps} | {table.name})
         return "+".join(f"{name}={self.engine.versions.get(name, '')}" for name in parts)
 
-    def _lookup(self, key: tuple | None) -> _Prepared | None:
+    def _lookup(self, key: tuple | None) -> PreparedPlan | None:
         """The cached statement for ``key``, unless its table's data version changed."""
         prepared = self._plans.get(key) if key is not None else None
         if prepared is None:
@@ -415,13 +415,13 @@ class Service:
         settings: Settings,
         analyst: str,
         handle: QueryHandle | None = None,
-    ) -> _Prepared:
+    ) -> PreparedPlan:
         """Plan a bound query (refusals raise here, before anything is stored) and cache it.
         A cancel or statement_timeout of ``handle`` stops it between phases, free."""
         prepared = self._shapes.lookup(self, statement, settings, analyst)
         _not_cancelled(handle)
         if prepared is None:
-            prepared = _Prepared(self.plan(statement, settings, analyst))
+            prepared = PreparedPlan(self.plan(statement, settings, analyst))
             _not_cancelled(handle)
             if "bounds" not in prepared.plan.extra:  # "auto" bounds: per analyst, no shape
                 self._shapes.learn(self, prepared, statement, settings, analyst)
@@ -431,18 +431,18 @@ class Service:
         return prepared
 
     def run(self, plan: Plan, analyst: str, handle: QueryHandle | None = None) -> Result:
-        return self._run(_Prepared(plan), analyst, handle)
+        return self._run(PreparedPlan(plan), analyst, handle)
 
-    def _compiled(self, prepared: _Prepared) -> CompiledQuery:
+    def _compiled(self, prepared: PreparedPlan) -> CompiledQuery:
         """Engine query with a fresh secret; a statement's first run compiles its template."""
         if prepared.template is None:
-            prepared.template = _SecretTemplate.build(prepared.plan)
+            prepared.template = SecretTemplate.build(prepared.plan)
         prepared.runs += 1
         return prepared.template.with_secret(secrets.randbits(62))
 
     def _run(
         self,
-        prepared: _Prepared,
+        prepared: PreparedPlan,
         analyst: str,
         handle: QueryHandle | None,
         confidence: float = 0.95,
@@ -459,7 +459,7 @@ class Service:
             bins = itertools.product(*(cast(tuple, kp.domain) for kp in plan.keys))
             free = Released(list(bins), [], [], None)
             with post_processing_boundary():
-                answer = _decode(_encode(free, self._key_types(plan)))
+                answer = decode_answer(encode_answer(free, self._key_types(plan)))
                 return self._finish(plan, answer, cost=None, cached=False, prepared=prepared)
         fingerprint = prepared.fingerprint
         compiled = None
@@ -487,7 +487,7 @@ class Service:
                 self.data_version(plan.query.table) == plan.data_version
             )
             key_types = self._key_types(plan)  # from the plan: the same on every dataset
-            return _encode(released, key_types), replayable
+            return encode_answer(released, key_types), replayable
 
         if not prepared.post_checked:
             # before a replay too: the answer key leaves post-processing out, so a query whose
@@ -501,7 +501,7 @@ class Service:
         )  # fmt: skip
         with post_processing_boundary():
             # Decode what is stored, so a fresh answer and its cached replay look the same.
-            answer = _decode(paid.answer)
+            answer = decode_answer(paid.answer)
             if paid.replayed:
                 return self._finish(
                     plan,
@@ -586,7 +586,7 @@ class Service:
             elif isinstance(statement, CompositeQuery):
                 from dpsql.service.composite import plan_composite
 
-                prepared = _Prepared(plan_composite(self, statement, settings, analyst)[1])
+                prepared = PreparedPlan(plan_composite(self, statement, settings, analyst)[1])
             elif isinstance(statement, ReleasedQuery):
                 from dpsql.service.composite import describe_released
 
@@ -607,7 +607,7 @@ class Service:
         *,
         cost: Any,
         cached: bool,
-        prepared: _Prepared | None = None,
+        prepared: PreparedPlan | None = None,
     ) -> Result:
         """The released table's post-processing (dpsql.service.finish)."""
         return finish(self, plan, answer, cost=cost, cached=cached, prepared=prepared)

@@ -23,7 +23,7 @@ from dpsql.dbapi import Service
 from dpsql.engine import scratch
 from dpsql.engine.scratch import NotPlain, Projection, cast_value, plain_projection
 from dpsql.errors import DataError, Error, ProgrammingError
-from dpsql.pipeline import Result, _released_table
+from dpsql.pipeline import Result, released_table
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import SeededNoise
 from dpsql.sql.bind import parse_statement
@@ -108,7 +108,7 @@ def compared(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
             assert (type(fast), str(fast)) == (type(slow), str(slow)), plan.query.text
         else:
             assert _canonical(fast) == _canonical(slow), plan.query.text
-        columns = _released_table(plan, answer)[0]
+        columns = released_table(plan, answer)[0]
         calls.append((plan.query.text, plain_projection(plan.query.post, columns) is not None))
         if isinstance(fast, Error):
             raise fast

@@ -18,7 +18,7 @@ import dpsql
 import dpsql.pipeline as pipeline
 from dpsql.dbapi import Service, connect_service
 from dpsql.errors import BudgetExhaustedError, Error
-from dpsql.pipeline import Settings, _SecretTemplate
+from dpsql.pipeline import SecretTemplate, Settings
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import ZeroNoise
 from dpsql.sql.bind import parse_statement
@@ -148,7 +148,7 @@ def test_template_equals_compiling_with_the_secret() -> None:
         "SELECT AVG(cost), VAR_SAMP(age) FROM visits WHERE department = 'oncology'",
     ):
         plan = service.plan(parse_statement(text, service.policy), settings)
-        template = _SecretTemplate.build(plan)
+        template = SecretTemplate.build(plan)
         assert template is not None
         for secret in (0, 1, 2**62 - 1, random.Random(text).getrandbits(62)):
             assert template.with_secret(secret) == compile_plan(plan, secret)
@@ -303,7 +303,7 @@ def test_dbapi_connect_accepts_plan_cache() -> None:
 
 
 def test_keys_follow_every_setting_and_parameter_type() -> None:
-    cache = pipeline._PlanCache(8)
+    cache = pipeline.PlanCache(8)
     base = Settings(1.0, 1e-6, "laplace")
     keys = {
         cache.key("q", None, base, "a"),

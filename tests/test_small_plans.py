@@ -17,8 +17,8 @@ from dpsql.dbapi import connect_service
 from dpsql.pipeline import Service, Settings
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import ZeroNoise
-from dpsql.service.plan_cache import _Prepared, _SecretTemplate
-from dpsql.service.shape_cache import _slots
+from dpsql.service.plan_cache import PreparedPlan, SecretTemplate
+from dpsql.service.shape_cache import literal_slots
 from dpsql.sql.bind import parse_statement
 from dpsql.sql.compile import compile_plan
 
@@ -49,19 +49,19 @@ def _service(**options: Any) -> Service:
     return Service(FIXTURE, **options)
 
 
-def _fresh(service: Service, text: str, settings: Settings) -> _Prepared:
-    return _Prepared(service.plan(parse_statement(text, service.policy), settings, "a"))
+def _fresh(service: Service, text: str, settings: Settings) -> PreparedPlan:
+    return PreparedPlan(service.plan(parse_statement(text, service.policy), settings, "a"))
 
 
-def _via_cache(service: Service, text: str, settings: Settings) -> _Prepared:
+def _via_cache(service: Service, text: str, settings: Settings) -> PreparedPlan:
     """What Service.execute prepares for ``text`` (plan cache off for this key)."""
     return service._prepare(None, parse_statement(text, service.policy), settings, "a")
 
 
-def _same(cached: _Prepared, fresh: _Prepared) -> None:
+def _same(cached: PreparedPlan, fresh: PreparedPlan) -> None:
     secret = 123456789
     if cached.template is None:  # planned fresh (not a shape): its first run compiles it
-        cached.template = _SecretTemplate.build(cached.plan)
+        cached.template = SecretTemplate.build(cached.plan)
     got = cached.template.with_secret(secret)
     want = compile_plan(fresh.plan, secret)
     for dialect in ("duckdb", "neutral"):
@@ -182,7 +182,13 @@ def test_only_numbers_compared_in_the_where_are_slots() -> None:
     )
     statement = parse_statement(text, policy)
     assert statement.where is not None
-    assert sorted(str(n.this) for n, _ in _slots(statement.where)) == ["1.5", "10", "2", "4", "9"]
+    assert sorted(str(n.this) for n, _ in literal_slots(statement.where)) == [
+        "1.5",
+        "10",
+        "2",
+        "4",
+        "9",
+    ]
 
 
 def test_with_literals_renders_every_dialect_with_the_statement_numbers() -> None:

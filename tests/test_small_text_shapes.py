@@ -18,7 +18,7 @@ from dpsql.dbapi import connect_service
 from dpsql.pipeline import Service, Settings
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import ZeroNoise
-from dpsql.service.plan_cache import _Prepared
+from dpsql.service.plan_cache import PreparedPlan
 from dpsql.service.text_shapes import scan
 from dpsql.sql.bind import parse_statement
 from dpsql.sql.compile import compile_plan
@@ -50,7 +50,7 @@ class Counting(Service):
 
     parsed = 0
 
-    def _prepare(self, *args: Any, **kwargs: Any) -> _Prepared:  # key, statement, ..., handle
+    def _prepare(self, *args: Any, **kwargs: Any) -> PreparedPlan:  # key, statement, ..., handle
         self.parsed += 1
         return super()._prepare(*args, **kwargs)
 
@@ -65,15 +65,15 @@ def _settings(service: Service) -> Settings:
     return Settings(EPS, service.policy.delta, service.policy.mechanism)
 
 
-def _fresh(service: Service, text: str, settings: Settings) -> _Prepared:
-    return _Prepared(service.plan(parse_statement(text, service.policy), settings, "a"))
+def _fresh(service: Service, text: str, settings: Settings) -> PreparedPlan:
+    return PreparedPlan(service.plan(parse_statement(text, service.policy), settings, "a"))
 
 
 def _run(service: Service, text: str, settings: Settings, analyst: str = "a") -> None:
     service.execute(text, None, settings, analyst)
 
 
-def _same(got: _Prepared, fresh: _Prepared) -> None:
+def _same(got: PreparedPlan, fresh: PreparedPlan) -> None:
     assert got.template is not None
     secret = 424242
     want = compile_plan(fresh.plan, secret)
@@ -273,9 +273,9 @@ def _pg(service: Service) -> Settings:
     return replace(_settings(service), dialect="postgres")
 
 
-def _fresh_in(service: Service, text: str, settings: Settings) -> _Prepared:
+def _fresh_in(service: Service, text: str, settings: Settings) -> PreparedPlan:
     statement = parse_statement(text, service.policy, dialect=settings.dialect)
-    return _Prepared(service.plan(statement, settings, "a"))
+    return PreparedPlan(service.plan(statement, settings, "a"))
 
 
 @pytest.mark.parametrize("shape", PG_SHAPES)
@@ -319,9 +319,9 @@ PARAM_SHAPES = [
 ]
 
 
-def _fresh_params(service: Service, text: str, params: list, settings: Settings) -> _Prepared:
+def _fresh_params(service: Service, text: str, params: list, settings: Settings) -> PreparedPlan:
     statement = parse_statement(text, service.policy, params, dialect=settings.dialect)
-    return _Prepared(service.plan(statement, settings, "a"))
+    return PreparedPlan(service.plan(statement, settings, "a"))
 
 
 @pytest.mark.parametrize("shape", PARAM_SHAPES)

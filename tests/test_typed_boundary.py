@@ -207,7 +207,9 @@ def test_every_failure_after_the_reserve_is_uniform_and_charged(fresh, monkeypat
     elif where == "release":
         _break(monkeypatch, pipeline, "release", ValueError(secret))
     elif where == "encode":
-        _break(monkeypatch, pipeline, "_encode", UnicodeEncodeError("utf-8", secret, 0, 1, "x"))
+        _break(
+            monkeypatch, pipeline, "encode_answer", UnicodeEncodeError("utf-8", secret, 0, 1, "x")
+        )
     sql = "SELECT department, COUNT(*) * 2 AS c FROM visits GROUP BY department"
     if where == "postprocess":  # after a first run, whose dry run of the post-processing passed
         conn.cursor().execute(sql)

@@ -18,7 +18,7 @@ from dpsql.boundary import uniform_charged_failure
 from dpsql.errors import door
 from dpsql.server import types as t
 from dpsql.service.answer import Answer
-from dpsql.sql.sqltext import _skip, keywords
+from dpsql.sql.sqltext import keywords, skip_quoted
 
 log = logging.getLogger("dpsql.server")
 
@@ -45,7 +45,7 @@ def placeholder_count(sql: str) -> int:
     """Highest ``$n`` outside quotes and comments (0 if none)."""
     highest, i, n = 0, 0, len(sql)
     while i < n:
-        j = _skip(sql, i)
+        j = skip_quoted(sql, i)
         if j != i:
             i = j
             continue
@@ -76,7 +76,7 @@ def inline_parameters(sql: str, params: Sequence[object]) -> str:
     """Replace ``$n`` with SQL literals (used only to *describe* a query, which runs nothing)."""
     out, i, n = [], 0, len(sql)
     while i < n:
-        j = _skip(sql, i)
+        j = skip_quoted(sql, i)
         if j != i:
             out.append(sql[i:j])
             i = j
@@ -103,7 +103,7 @@ def inline_limits(sql: str, params: Sequence[object] | None) -> str:
     """
     out, i, n = [], 0, len(sql)
     while i < n:
-        j = _skip(sql, i)
+        j = skip_quoted(sql, i)
         if j != i:
             out.append(sql[i:j])
             i = j

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from dpsql.service.bounds import buy as buy_bounds
 from dpsql.service.drawable import undrawable
-from dpsql.service.plan_cache import _Prepared
+from dpsql.service.plan_cache import PreparedPlan
 from dpsql.service.transaction import paid_once
 from dpsql.sql.compile import CompiledQuery, clamp_histogram_query, contribution_query
 from dpsql.sql.plan import Plan
@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 
 
 def choose_bounds(
-    service: Service, prepared: _Prepared, analyst: str, handle: QueryHandle | None
-) -> _Prepared:
+    service: Service, prepared: PreparedPlan, analyst: str, handle: QueryHandle | None
+) -> PreparedPlan:
     """A query on "auto" bounds whose histogram this analyst has not bought at this data
     version (dpsql.service.bounds): planned again, free, if it was bought since the plan
     was cached; else every free check runs on the placeholder plan, the choice is charged
@@ -37,7 +37,7 @@ def choose_bounds(
     plan = service.plan_typed(query, domains, settings, analyst)
     pending = plan.extra["bounds"].pending
     if pending is None:
-        return _Prepared(plan)
+        return PreparedPlan(plan)
 
     def check() -> None:
         service._dry_run_post(plan, analyst)
@@ -64,7 +64,7 @@ def choose_bounds(
         cost=pending.cost, budget_cost=pending.cost + plan.cost, handle=handle,
         check=check, execute=execute,
     ).answer  # fmt: skip
-    return _Prepared(run)
+    return PreparedPlan(run)
 
 
 def clamp_query(table: TablePolicy, column: str, hist: Any) -> CompiledQuery:

@@ -38,7 +38,7 @@ from dpsql.ir.measures import ReleasedPostProcess
 from dpsql.limits import check_plan_rows
 from dpsql.privacy.release import at_confidence, release
 from dpsql.service.postprocess import NULL_TYPE, check_tables, picked, run_post, tagged
-from dpsql.service.results import Result, _convert, _decode, _encode, type_code
+from dpsql.service.results import Result, decode_answer, encode_answer, to_python, type_code
 from dpsql.service.transaction import paid_once
 from dpsql.sql.compile import compile_plan
 from dpsql.sql.domains import ordered_values
@@ -158,7 +158,7 @@ def _measured(service: Service, plan: Plan, handle: QueryHandle | None) -> Any:
     """One measurement run and released (after the reserve, inside the charged boundary)."""
     result = service.engine.execute(_compile(plan), handle)
     answer = release(plan, result, service.noise, cancel_check(handle))
-    return _encode(answer, service._key_types(plan))
+    return encode_answer(answer, service._key_types(plan))
 
 
 def run_composite(
@@ -178,7 +178,7 @@ def run_composite(
 
     def execute() -> tuple[str, bool]:
         inner_encoded = _measured(service, inner, handle)
-        values = _released_values(service, inner, _decode(inner_encoded), query)
+        values = _released_values(service, inner, decode_answer(inner_encoded), query)
         outer_encoded = _measured(service, bind_released(outer, query, values), handle)
         return json.dumps({"inner": inner_encoded, "outer": outer_encoded}), True
 
@@ -190,9 +190,9 @@ def run_composite(
     stored, charged, not_cached = paid.answer, paid.charged, paid.note
     with post_processing_boundary():
         data = json.loads(stored)
-        values = _released_values(service, inner, _decode(data["inner"]), query)
+        values = _released_values(service, inner, decode_answer(data["inner"]), query)
         bound = bind_released(outer, query, values)
-        answer = at_confidence(bound, _decode(data["outer"]), settings.confidence)
+        answer = at_confidence(bound, decode_answer(data["outer"]), settings.confidence)
         out = service._finish(bound, answer, cost=charged, cached=charged is None)
     if not_cached:
         out.notes.append(not_cached)
@@ -367,7 +367,7 @@ def run_released(
         results = [
             service._finish(
                 plan,
-                at_confidence(plan, _decode(answer), settings.confidence),
+                at_confidence(plan, decode_answer(answer), settings.confidence),
                 cost=None,
                 cached=False,
             )
@@ -416,7 +416,7 @@ def _post_result(query: ReleasedQuery, results: Sequence[Result], cost: Any) -> 
         ]
     return Result(
         description=[(name, type_code(t)) for name, t in description[:visible]],
-        rows=[tuple(_convert(v) for v in row[:visible]) for row in rows],
+        rows=[tuple(to_python(v) for v in row[:visible]) for row in rows],
         intervals=intervals,  # type: ignore[arg-type]
         cost=cost,
         cached=cost is None,

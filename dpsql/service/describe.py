@@ -11,12 +11,12 @@ from dpsql.service.results import EXPLAIN_COLUMNS, Result
 from dpsql.sql.statements import ExplainStatement, PublicSelect, SettingStatement
 
 if TYPE_CHECKING:
-    from dpsql.service.plan_cache import _Prepared
+    from dpsql.service.plan_cache import PreparedPlan
     from dpsql.service.protocol import Service
 
 
 def columns_of(
-    service: Service, statement: Any, prepared: _Prepared | None, run: Callable[[], Result]
+    service: Service, statement: Any, prepared: PreparedPlan | None, run: Callable[[], Result]
 ) -> list[tuple[str, str]]:
     """A planned query's columns (its released table's post-processing over no rows),
     EXPLAIN's and SHOW's fixed ones, a public SELECT's by ``run`` (it reads public tables

@@ -15,8 +15,8 @@ from sqlglot import exp
 from dpsql.engine.scratch import NotPlain
 from dpsql.errors import Error, ProgrammingError
 from dpsql.service.bias_notes import answer_notes
-from dpsql.service.plan_cache import _PostPlan, _Prepared
-from dpsql.service.results import Result, _convert, _project, _released_table, type_code
+from dpsql.service.plan_cache import PostPlan, PreparedPlan
+from dpsql.service.results import Result, project_rows, released_table, to_python, type_code
 from dpsql.sql.positions import position_of
 from dpsql.sql.statements import DIALECT
 from dpsql.sql.typecheck import BOOLEAN_TYPES, lower_key, released_key_type
@@ -91,7 +91,7 @@ def check_having_type(service: Service, plan: Plan, dummy_answer: dict) -> None:
     for arg in ("where", "order", "limit", "offset", "distinct"):
         probe.set(arg, None)
     probe.set("expressions", [exp.alias_(having.this.copy(), "__having")])
-    columns, types, rows = _released_table(plan, dummy_answer)
+    columns, types, rows = released_table(plan, dummy_answer)
     description, _ = service.scratch.post_process(probe.sql(dialect=DIALECT), columns, types, rows)
     duck_type = description[0][1]
     if duck_type not in BOOLEAN_TYPES:
@@ -111,26 +111,26 @@ def finish(
     *,
     cost: Any,
     cached: bool,
-    prepared: _Prepared | None = None,
+    prepared: PreparedPlan | None = None,
 ) -> Result:
     """Post-processing of the released table only: in Python when the query just picks
     (and renames) released columns, else on the scratch connection; the same result."""
-    columns, types, rows = _released_table(plan, answer)
+    columns, types, rows = released_table(plan, answer)
     post = prepared.post if prepared is not None else None
     if post is None:
-        post = _PostPlan.of(plan.query.post, columns)
+        post = PostPlan.of(plan.query.post, columns)
         if prepared is not None:
             prepared.post = post
     if post.projection is not None:
         try:
-            out = _project(post.projection, columns, types, rows, cost=cost, cached=cached)
+            out = project_rows(post.projection, columns, types, rows, cost=cost, cached=cached)
             out.bias_notes = answer_notes(plan, out.description, out.biases, out.intervals)
             return out
         except NotPlain:
             pass  # a value of an unexpected Python type: let DuckDB cast it
     visible = post.visible
     description, out_rows = service.scratch.post_process(
-        post.sql or _PostPlan.render(plan.query.post), columns, types, rows
+        post.sql or PostPlan.render(plan.query.post), columns, types, rows
     )
     hidden = {name: i for i, (name, _) in enumerate(description)}
     intervals = []
@@ -152,7 +152,7 @@ def finish(
     ]
     out = Result(
         description=[(n, type_code(t)) for n, t in description[:visible]],
-        rows=[tuple(_convert(v) for v in row[:visible]) for row in out_rows],
+        rows=[tuple(to_python(v) for v in row[:visible]) for row in out_rows],
         intervals=intervals,
         cost=cost,
         cached=cached,

@@ -18,14 +18,14 @@ from dpsql.engine.scratch import (
     plain_projection,
 )
 from dpsql.ir.canonical import answer_key
-from dpsql.service.results import _is_output
+from dpsql.service.results import is_output_column
 from dpsql.service.settings import Settings
 from dpsql.sql.compile import CompiledQuery, compile_plan
 from dpsql.sql.plan import Plan
 from dpsql.sql.statements import DIALECT
 
 
-class _CheckedSet:
+class CheckedSet:
     """Thread-safe set of statement shapes already checked; cleared when it grows large."""
 
     def __init__(self, limit: int = 4096) -> None:
@@ -44,7 +44,7 @@ class _CheckedSet:
             self._items.add(key)
 
 
-class _Prepared:
+class PreparedPlan:
     """What one statement text reuses across executions: its checked plan and fingerprint,
     and its compiled engine query (one tree, rendered once; each run prints its own secret).
 
@@ -57,15 +57,15 @@ class _Prepared:
         self.plan = plan
         # the answer cache's key: the plan's canonical measured tree (dpsql.ir.canonical)
         self.fingerprint = answer_key(plan)
-        self.template: _SecretTemplate | None = None
-        self.post: _PostPlan | None = None  # how its post-processing runs (first use)
+        self.template: SecretTemplate | None = None
+        self.post: PostPlan | None = None  # how its post-processing runs (first use)
         self.post_checked = False  # the free dry run of its post-processing has passed
         self.runs = 0  # engine runs so far (the template is built by the first)
         self.shape_key: tuple | None = None  # the shape cache entry it came from, if any
 
 
 @dataclass(frozen=True)
-class _PostPlan:
+class PostPlan:
     """How a statement's post-processing runs: a plain projection in Python, or SQL on the
     scratch connection (with hidden ``__lo{j}``/``__hi{j}`` interval columns)."""
 
@@ -74,7 +74,7 @@ class _PostPlan:
     visible: int
 
     @classmethod
-    def of(cls, post: exp.Select, columns: Sequence[str]) -> _PostPlan:
+    def of(cls, post: exp.Select, columns: Sequence[str]) -> PostPlan:
         projection = plain_projection(post, columns)
         sql = None if projection is not None else cls.render(post)
         return cls(projection, sql, len(post.expressions))
@@ -85,7 +85,7 @@ class _PostPlan:
         post = post.copy()
         for j, item in enumerate(list(post.expressions)):
             inner = item.this if isinstance(item, exp.Alias) else item
-            if isinstance(inner, exp.Column) and _is_output(inner.name):
+            if isinstance(inner, exp.Column) and is_output_column(inner.name):
                 post = post.select(
                     exp.alias_(exp.column(f"{inner.name}_lo"), f"__lo{j}"),
                     exp.alias_(exp.column(f"{inner.name}_hi"), f"__hi{j}"),
@@ -134,7 +134,7 @@ def _sum_interval(
     for item in inner.expressions:
         if isinstance(item, exp.Alias) and item.alias.lower() == column.name.lower():
             picked = item.this
-    if not isinstance(picked, exp.Column) or not _is_output(picked.name):
+    if not isinstance(picked, exp.Column) or not is_output_column(picked.name):
         return None
     bounds = []
     for suffix in ("lo", "hi"):
@@ -163,7 +163,7 @@ def _window_interval(node: exp.Expression) -> tuple[exp.Expression, exp.Expressi
     if not isinstance(node, exp.Window) or not isinstance(node.this, (exp.Sum, *_PICKING_WINDOWS)):
         return None
     column = node.this.this
-    if not isinstance(column, exp.Column) or column.table or not _is_output(column.name):
+    if not isinstance(column, exp.Column) or column.table or not is_output_column(column.name):
         return None
     if isinstance(node.this, exp.Sum) and node.this.args.get("expression") is not None:
         return None
@@ -185,7 +185,7 @@ def _window_interval(node: exp.Expression) -> tuple[exp.Expression, exp.Expressi
 
 
 @dataclass(frozen=True)
-class _SecretTemplate:
+class SecretTemplate:
     """A statement's compiled tree, reused by every run with that run's own secret.
 
     The tree holds a secret slot where the keyed-hash secret goes (dpsql.sql.compile), so
@@ -196,7 +196,7 @@ class _SecretTemplate:
     compiled: CompiledQuery
 
     @classmethod
-    def build(cls, plan: Plan) -> _SecretTemplate:
+    def build(cls, plan: Plan) -> SecretTemplate:
         return cls(compile_plan(plan, 0))
 
     def with_secret(self, secret: int) -> CompiledQuery:
@@ -214,7 +214,7 @@ _CLOCKED = re.compile(
 )
 
 
-class _PlanCache:
+class PlanCache:
     """Bounded LRU of prepared statements, keyed by everything that binding depends on.
 
     The key is the analyst, the exact text, the parameters (type and repr, so 1, 1.0, True and
@@ -237,7 +237,7 @@ class _PlanCache:
     _PARAMETER_TYPES = (type(None), bool, int, float, str, dt.date, dt.datetime)
 
     def __init__(self, limit: int) -> None:
-        self._items: OrderedDict[tuple, _Prepared] = OrderedDict()
+        self._items: OrderedDict[tuple, PreparedPlan] = OrderedDict()
         self._limit = limit
         self._lock = threading.Lock()
 
@@ -269,14 +269,14 @@ class _PlanCache:
             settings.dialect,  # the same text means another query in another dialect
         )
 
-    def get(self, key: tuple) -> _Prepared | None:
+    def get(self, key: tuple) -> PreparedPlan | None:
         with self._lock:
             item = self._items.get(key)
             if item is not None:
                 self._items.move_to_end(key)
             return item
 
-    def put(self, key: tuple, item: _Prepared) -> None:
+    def put(self, key: tuple, item: PreparedPlan) -> None:
         with self._lock:
             self._items[key] = item
             self._items.move_to_end(key)

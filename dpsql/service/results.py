@@ -67,7 +67,9 @@ class Result:
     bias_notes: list[str] = field(default_factory=list)
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """A released key or value as JSON holds it (a date as ISO text, a numpy scalar as a
+    Python number): what the ledger remembers of an answer for replay."""
     if isinstance(value, dt.date):
         return value.isoformat()
     if isinstance(value, np.generic):
@@ -88,12 +90,12 @@ SQL_TYPES_BY_CODE = {
 assert set(SQL_TYPES.values()) <= set(SQL_TYPES_BY_CODE.values())
 
 
-def _is_output(column: str) -> bool:
+def is_output_column(column: str) -> bool:
     """A released aggregate column a0, a1, ... (which has a 95% interval)."""
     return column.startswith("a") and column[1:].isdigit()
 
 
-def _released_table(plan: Plan, answer: dict) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
+def released_table(plan: Plan, answer: dict) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
     """Columns, SQL types and rows of the released table (keys k0.., then a_i, a_i_lo, a_i_hi
     per output, then __suppressed): what post-processing may read."""
     n_keys = len(plan.keys)
@@ -143,7 +145,7 @@ def _bias_cells(estimate: Sequence[float] | None, low: Any, high: Any) -> list[A
     return [b, *widened(low, high, b, h)]
 
 
-def _project(
+def project_rows(
     projection: Projection,
     columns: Sequence[str],
     types: Sequence[str],
@@ -159,11 +161,13 @@ def _project(
     index = {c: i for i, c in enumerate(columns)}
     picks = [(i, types[i]) for _, i in projection.items]
     spans = [
-        (index[f"{columns[i]}_lo"], index[f"{columns[i]}_hi"]) if _is_output(columns[i]) else None
+        (index[f"{columns[i]}_lo"], index[f"{columns[i]}_hi"])
+        if is_output_column(columns[i])
+        else None
         for _, i in projection.items
     ]
     cuts = [
-        index.get(f"{columns[i]}_bias") if _is_output(columns[i]) else None
+        index.get(f"{columns[i]}_bias") if is_output_column(columns[i]) else None
         for _, i in projection.items
     ]
     selected = [rows[r] for r in projection.select_rows(rows, types)]
@@ -193,39 +197,46 @@ def _project(
     )
 
 
-def _convert(value: Any) -> Any:
+def to_python(value: Any) -> Any:
+    """A numpy scalar as the Python value a door returns (others unchanged)."""
     if isinstance(value, np.generic):
         return value.item()
     return value
 
 
-def _floats(values: Any) -> Any:
+def float_values(values: Any) -> Any:
+    """Released numbers as float64, the one type the remembered answer stores them in."""
     return np.asarray(values, dtype=np.float64)
 
 
-def _encode(released: Released, key_types: Sequence[str]) -> str:
+def encode_answer(released: Released, key_types: Sequence[str]) -> str:
+    """A released table as the JSON text the ledger remembers (replayed by decode_answer)."""
     return json.dumps(
         {
-            "keys": [[_jsonable(v) for v in k] for k in released.key_values],
+            "keys": [[jsonable(v) for v in k] for k in released.key_values],
             "key_types": list(key_types),
             # float64 .tolist(): the same Python floats as float(x) per element, in C
             # a value-released kind (MODE: a domain value) keeps its own values
             "outputs": [
-                [_jsonable(v) for v in o] if np.asarray(o).dtype == object else _floats(o).tolist()
+                [jsonable(v) for v in o]
+                if np.asarray(o).dtype == object
+                else float_values(o).tolist()
                 for o in released.outputs
             ],
-            "intervals": [_floats(iv).reshape(-1, 2).tolist() for iv in released.intervals],
+            "intervals": [float_values(iv).reshape(-1, 2).tolist() for iv in released.intervals],
             "suppressed": (
                 None
                 if released.suppressed_probability is None
-                else _floats(released.suppressed_probability).tolist()
+                else float_values(released.suppressed_probability).tolist()
             ),
-            "biases": [None if b is None else _floats(b).tolist() for b in released.biases],
+            "biases": [None if b is None else float_values(b).tolist() for b in released.biases],
         }
     )
 
 
-def _decode(answer: str) -> dict:
+def decode_answer(answer: str) -> dict:
+    """A remembered answer (encode_answer's text) back as released keys and values, dates
+    and timestamps parsed again from their key types."""
     data = json.loads(answer)
     for i, t in enumerate(data["key_types"]):
         parse = {"DATE": dt.date.fromisoformat, "TIMESTAMP": dt.datetime.fromisoformat}.get(t)

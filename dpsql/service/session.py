@@ -20,7 +20,7 @@ from dpsql.engine.api import QueryHandle
 from dpsql.service.answer import LOW_BUDGET as LOW_BUDGET
 from dpsql.service.answer import Answer, Remaining
 from dpsql.service.results import Result
-from dpsql.service.settings import Settings, _ResetRequest, reset_setting
+from dpsql.service.settings import ResetRequest, Settings, reset_setting
 from dpsql.sql.dialect import check_dialect
 
 log = logging.getLogger("dpsql")
@@ -51,7 +51,7 @@ class Session:
                 return self.service.execute(
                     sql, parameters, self.settings, self.analyst, self._handle
                 )
-            except _ResetRequest as reset:
+            except ResetRequest as reset:
                 return reset_setting(self.settings, self.defaults, reset.name)
 
     def execute(self, sql: str, parameters: Sequence[Any] | None = None) -> Answer:

@@ -77,7 +77,7 @@ def apply_setting(statement: SettingStatement, settings: Settings) -> Result:
         return Result([(name, "VARCHAR")], [(str(known[name]),)], status="SHOW")
     if statement.action == "reset":
         # RESET goes back to the policy default, which the caller keeps in settings.defaults.
-        raise _ResetRequest(name)
+        raise ResetRequest(name)
     value = statement.value
     choices = _choices()
     if name in choices:
@@ -131,7 +131,10 @@ def _choices() -> dict[str, tuple[tuple[str, ...], str]]:
     }
 
 
-class _ResetRequest(Exception):
+class ResetRequest(Exception):
+    """RESET of a setting the session holds (raised by the settings, handled by the session
+    that owns them)."""
+
     def __init__(self, name: str) -> None:
         self.name = name
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlglot import exp
 
-from dpsql.service.plan_cache import _Prepared, _SecretTemplate
+from dpsql.service.plan_cache import PreparedPlan, SecretTemplate
 from dpsql.service.settings import Settings
 from dpsql.sql.compile import NEUTRAL, CompiledQuery, compile_plan
 from dpsql.sql.plan import Plan
@@ -65,7 +65,7 @@ def _slot_class(node: exp.Expr) -> str | None:
     return "d" if match.group(2) else "i"
 
 
-def _slots(where: exp.Expression) -> list[tuple[exp.Expr, str]]:
+def literal_slots(where: exp.Expression) -> list[tuple[exp.Expr, str]]:
     """The slot literals of ``where`` in walk order, with their class."""
     out = []
     for node in where.walk():
@@ -75,10 +75,10 @@ def _slots(where: exp.Expression) -> list[tuple[exp.Expr, str]]:
     return out
 
 
-def _with_slots(where: exp.Expression, values: list[exp.Expression]) -> exp.Expression:
+def with_literal_slots(where: exp.Expression, values: list[exp.Expression]) -> exp.Expression:
     """A copy of ``where`` whose slot literals (walk order) are replaced by ``values``."""
     copy = where.copy()
-    nodes = [node for node, _ in _slots(copy)]
+    nodes = [node for node, _ in literal_slots(copy)]
     replace_nodes(zip(nodes, values, strict=True))  # linear: node.replace re-parents lists
     return copy
 
@@ -105,7 +105,7 @@ class _Shape:
         self.policy: object = None  # the Service policy it was verified under
         # the first statement served from it: its post-processing (equal for every statement
         # of the shape, see matches) is planned and dry-run once, then shared
-        self.served: _Prepared | None = None
+        self.served: PreparedPlan | None = None
 
     def matches(self, statement: BoundQuery) -> bool:
         old = self.statement
@@ -116,7 +116,7 @@ class _Shape:
             and statement.post == old.post
         )
 
-    def prepared(self, statement: BoundQuery, literals: list[str]) -> _Prepared:
+    def prepared(self, statement: BoundQuery, literals: list[str]) -> PreparedPlan:
         """The plan of ``statement``: this shape's, with the statement's own query."""
         keys = tuple(
             replace(fresh, type=typed.type)
@@ -131,9 +131,9 @@ class _Shape:
                 for o, c in zip(self.plan.outputs, statement.aggregates, strict=True)
             ),
         )
-        prepared = _Prepared(plan)
+        prepared = PreparedPlan(plan)
         swaps = tuple(zip(self.sentinels, literals, strict=True))
-        prepared.template = _SecretTemplate(self.compiled.with_literals(swaps))
+        prepared.template = SecretTemplate(self.compiled.with_literals(swaps))
         served = self.served
         if served is None:
             self.served = prepared
@@ -166,10 +166,10 @@ class ShapeCache:
             return None
         if "dp_predict" in statement.text.lower():  # a stored model the name can replace
             return None
-        slots = _slots(statement.where)
+        slots = literal_slots(statement.where)
         if not slots:
             return None
-        marked = _with_slots(statement.where, [exp.Placeholder() for _ in slots])
+        marked = with_literal_slots(statement.where, [exp.Placeholder() for _ in slots])
         key = (
             analyst,
             statement.table.name,
@@ -186,7 +186,7 @@ class ShapeCache:
 
     def lookup(
         self, service: Service, statement: BoundQuery, settings: Settings, analyst: str
-    ) -> _Prepared | None:
+    ) -> PreparedPlan | None:
         """A prepared statement from a verified shape, or None (plan it fresh)."""
         found = self._key(service, statement, settings, analyst)
         if found is None:
@@ -234,7 +234,7 @@ class ShapeCache:
     def learn(
         self,
         service: Service,
-        prepared: _Prepared,
+        prepared: PreparedPlan,
         statement: BoundQuery,
         settings: Settings,
         analyst: str,
@@ -261,7 +261,7 @@ class ShapeCache:
     def _verified(
         self,
         service: Service,
-        prepared: _Prepared,
+        prepared: PreparedPlan,
         statement: BoundQuery,
         settings: Settings,
         analyst: str,
@@ -274,12 +274,12 @@ class ShapeCache:
         classes = key[3]
         sentinels = [_sentinel(cls) for cls in classes]
         try:
-            where = _with_slots(statement.where, [exp.Literal.number(s) for s in sentinels])
+            where = with_literal_slots(statement.where, [exp.Literal.number(s) for s in sentinels])
             other = service.plan(replace(statement, where=where), settings, analyst)
             if replace(other, query=plan.query, keys=plan.keys, outputs=plan.outputs) != plan:
                 return None  # a slot's value reached the plan: this shape is planned fresh
             if prepared.template is None:
-                prepared.template = _SecretTemplate.build(plan)
+                prepared.template = SecretTemplate.build(plan)
             concrete = prepared.template.compiled
             template = compile_plan(other, 0)
             for dialect in _DIALECTS:
@@ -319,7 +319,7 @@ class ShapeCache:
             return sum(isinstance(v, _Shape) for v in self._items.values())
 
 
-def shape_of(prepared: _Prepared) -> Any:
+def shape_of(prepared: PreparedPlan) -> Any:
     """What a cached and a fresh plan must share (tests): SQL, cost, fingerprint."""
     compiled = prepared.template.compiled if prepared.template else compile_plan(prepared.plan, 0)
     return (compiled.with_secret(7).render("duckdb"), prepared.plan.cost, prepared.fingerprint)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from dpsql.boundary import post_processing_boundary
-from dpsql.service.results import Result, _convert, type_code
+from dpsql.service.results import Result, to_python, type_code
 from dpsql.sql.statements import DIALECT, RuleListCall
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ def table_function_result(
         )
     result = Result(
         [(n, type_code(t)) for n, t in description],
-        [tuple(_convert(v) for v in r) for r in out_rows],
+        [tuple(to_python(v) for v in r) for r in out_rows],
         intervals=[tuple(None for _ in description) for _ in out_rows],
         cost=cost,
         cached=cost is None,

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlglot import exp
 
-from dpsql.service.plan_cache import _Prepared
+from dpsql.service.plan_cache import PreparedPlan
 from dpsql.service.settings import Settings
 from dpsql.sql.bind import parse_statement
 from dpsql.sql.statements import BoundQuery, to_literal
@@ -108,19 +108,19 @@ def _sentinel(cls: str) -> str:
 
 
 def _slots(where: exp.Expression) -> list[exp.Expr]:
-    from dpsql.service.shape_cache import _slots as shape_slots
+    from dpsql.service.shape_cache import literal_slots as shape_slots
 
     return [node for node, _ in shape_slots(where)]
 
 
 def _with_slots(where: exp.Expression, values: list[str]) -> exp.Expression:
-    from dpsql.service.shape_cache import _with_slots as with_slots
+    from dpsql.service.shape_cache import with_literal_slots as with_slots
 
     return with_slots(where, [exp.Literal.number(v) for v in values])
 
 
 def _where_with(where: exp.Expression, values: list[exp.Expression]) -> exp.Expression:
-    from dpsql.service.shape_cache import _with_slots as with_slots
+    from dpsql.service.shape_cache import with_literal_slots as with_slots
 
     return with_slots(where, values)
 
@@ -234,7 +234,7 @@ class TextShapes:
         statement = replace(
             entry.statement, text=text, where=_where_with(entry.statement.where, values)
         )
-        prepared: _Prepared = shape.prepared(statement, literals)
+        prepared: PreparedPlan = shape.prepared(statement, literals)
         return prepared
 
     def learn(
