@@ -13,7 +13,7 @@ import sqlglot
 from conftest import EngineSpy, exact_connect, fixture_policy, rows_of
 
 import dpsql.pipeline as pipeline_module
-import dpsql.sql.compile as compile_module
+import dpsql.sql.bounding as bounding_module
 from dpsql.policy import load_policy
 from dpsql.sql.safety import cannot_fail, where_conditions
 
@@ -119,7 +119,7 @@ def test_results_equal_those_with_everything_under_try(query: str, monkeypatch) 
     def all_under_try(where, table):
         return [sqlglot.exp.Try(this=where.copy())]
 
-    monkeypatch.setattr(compile_module, "guarded_conditions", all_under_try)
+    monkeypatch.setattr(bounding_module, "guarded_conditions", all_under_try)
     conn = exact_connect(fixture_policy())
     spy = EngineSpy(conn.service)
     assert rows_of(conn, query) == split
