@@ -48,6 +48,7 @@ import duckdb
 from dpsql.engine import store_files
 from dpsql.policy import ColumnPolicy, Policy, TablePolicy
 from dpsql.sql.identifiers import quote_ident as _q
+from dpsql.sql.row_values import domain_condition, fixed_point_bounds, fixed_point_expr
 
 FORMAT = 4  # bump when the layout changes: old files are then never matched
 # DuckDB's CombineHash multiplier (src/include/duckdb/common/types/hash.hpp); verified at build
@@ -158,8 +159,6 @@ def _pair_column(col: ColumnPolicy) -> bool:
 
 def store_layout(table: TablePolicy) -> dict[str, Any]:
     """Internal column names per role, from the policy alone."""
-    from dpsql.sql.row_values import fixed_point_bounds
-
     cols = stored_columns(table)
     index = {c.name: i for i, c in enumerate(table.columns.values())}
     unit = table.privacy_unit
@@ -218,8 +217,6 @@ def _partials_sql(
             f"SUM(CAST({fp} AS HUGEINT) * {fp}) AS {q}",
             f"COUNT({fp}) AS {c}",
         ]
-    from dpsql.sql.row_values import domain_condition
-
     out = []
     for column, relation in layout["partials"].items():
         key = [f"{_q(column)} AS __k"] if column else []
@@ -237,8 +234,6 @@ def _partials_sql(
 
 def _build_sql(table: TablePolicy, layout: dict[str, Any], dest: str, hashed: bool) -> str:
     """One CREATE TABLE: the typed rows, their statistics joined on, clustered by unit."""
-    from dpsql.sql.row_values import fixed_point_expr
-
     cols = stored_columns(table)
     unit = table.privacy_unit
     src = _q(table.name)

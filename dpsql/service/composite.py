@@ -37,6 +37,7 @@ from dpsql.ir.canonical import answer_key
 from dpsql.ir.measures import ReleasedPostProcess
 from dpsql.limits import check_plan_rows
 from dpsql.privacy.release import at_confidence, release
+from dpsql.service.finish import dummy_answer
 from dpsql.service.postprocess import NULL_TYPE, check_tables, picked, run_post, tagged
 from dpsql.service.results import Result, decode_answer, encode_answer, to_python, type_code
 from dpsql.service.transaction import paid_once
@@ -264,15 +265,7 @@ def _released_fingerprint(plans: Sequence[Plan], query: ReleasedQuery) -> str:
 
 def _dummy(service: Service, plan: Plan) -> Result:
     """The measurement's result on one public dummy row (NULL keys, every aggregate 1)."""
-    n = len(plan.outputs)
-    answer = {
-        "keys": [[None] * len(plan.keys)],
-        "key_types": service._key_types(plan),
-        "outputs": [[1.0]] * n,
-        "intervals": [[[1.0, 1.0]]] * n,
-        "suppressed": None,
-    }
-    return service._finish(plan, answer, cost=None, cached=False)
+    return service._finish(plan, dummy_answer(service, plan), cost=None, cached=False)
 
 
 def _empty(service: Service, plan: Plan) -> Result:

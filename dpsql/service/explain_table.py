@@ -15,7 +15,7 @@ from dpsql.service.bias_notes import bounds_lines
 from dpsql.service.explain import budget_notes, explain_text, pending_choice
 from dpsql.service.results import EXPLAIN_COLUMNS, Result
 from dpsql.sql.compile import compile_plan
-from dpsql.sql.plan import Plan, QuantileMeasure
+from dpsql.sql.plan import Measure, Plan, QuantileMeasure
 from dpsql.sql.statements import CompositeQuery, ExplainStatement, ReleasedQuery, RuleListCall
 
 if TYPE_CHECKING:
@@ -77,21 +77,7 @@ def explain_table(service: Service, plan: Plan, analyst: str | None = None) -> R
             )
         for name in o.measures:
             m = plan.measure(name)
-            g = m.unit  # in the answer's units (a rescaled measure's fine grid divided out)
-            rows.append(
-                (
-                    o.call.label,
-                    f"{m.kind}({m.column or '*'})",
-                    m.mechanism.name,
-                    float(m.l1 * g),
-                    float(m.l2 * g),
-                    float(m.mechanism.scale * g),
-                    m.epsilon,
-                    m.delta,
-                    float(m.mechanism.cost.rho),
-                    float(m.mechanism.interval_halfwidth() * g),
-                )
-            )
+            rows.append(_measure_row(o.call.label, m, m.delta, float(m.mechanism.cost.rho)))
     rows.extend(range_rows(plan, service.policy.budget))
     if plan.threshold is not None:
         m = plan.measure(plan.threshold.measure)
@@ -128,21 +114,7 @@ def explain_table(service: Service, plan: Plan, analyst: str | None = None) -> R
         )
     for m in plan.measures:  # what the bounds cut, measured (dpsql.sql.bias)
         if m.measure_kind.bias:
-            g = m.unit
-            rows.append(
-                (
-                    "bias",
-                    f"{m.kind}({m.column or '*'})",
-                    m.mechanism.name,
-                    float(m.l1 * g),
-                    float(m.l2 * g),
-                    float(m.mechanism.scale * g),
-                    m.epsilon,
-                    0.0,
-                    0.0,
-                    float(m.mechanism.interval_halfwidth() * g),
-                )
-            )
+            rows.append(_measure_row("bias", m, 0.0, 0.0))
     for line in bounds_lines(plan):  # e.g. "R = 5 may drop rows of units with more ..."
         rows.append(("bounds", line, None, None, None, None, None, None, None, None))
 
@@ -169,6 +141,24 @@ def explain_table(service: Service, plan: Plan, analyst: str | None = None) -> R
     result = Result(EXPLAIN_COLUMNS, rows, status="EXPLAIN")
     result.notes = budget_notes(service, plan, analyst)
     return result
+
+
+def _measure_row(label: str, m: Measure, delta: float, rho: float) -> tuple[Any, ...]:
+    """One measure's EXPLAIN row, in the answer's units (a rescaled measure's fine grid
+    divided out): its sensitivities, noise scale, ε, the given δ and ρ, and its 95% half-width."""
+    g = m.unit
+    return (
+        label,
+        f"{m.kind}({m.column or '*'})",
+        m.mechanism.name,
+        float(m.l1 * g),
+        float(m.l2 * g),
+        float(m.mechanism.scale * g),
+        m.epsilon,
+        delta,
+        rho,
+        float(m.mechanism.interval_halfwidth() * g),
+    )
 
 
 def range_rows(plan: Plan, budget: Any) -> list[tuple[Any, ...]]:

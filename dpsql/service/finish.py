@@ -26,6 +26,19 @@ if TYPE_CHECKING:
     from dpsql.sql.plan import Plan
 
 
+def dummy_answer(service: Service, plan: Plan) -> dict:
+    """A released table of one public dummy row (NULL keys, every aggregate 1, its interval
+    [1, 1]): what a post-processing step is dry-run on before anything is read or charged."""
+    n = len(plan.outputs)
+    return {
+        "keys": [[None] * len(plan.keys)],
+        "key_types": service._key_types(plan),
+        "outputs": [[1.0]] * n,
+        "intervals": [[[1.0, 1.0]]] * n,
+        "suppressed": None,
+    }
+
+
 def dry_run_post(service: Service, plan: Plan, analyst: str) -> None:
     """Run post-processing on one fixed, public dummy row before anything is spent.
 
@@ -60,14 +73,7 @@ def dry_run_post(service: Service, plan: Plan, analyst: str) -> None:
     )
     if key in service._post_checked:
         return
-    n = len(plan.outputs)
-    answer = {
-        "keys": [[None] * len(plan.keys)],
-        "key_types": service._key_types(plan),
-        "outputs": [[1.0]] * n,
-        "intervals": [[[1.0, 1.0]]] * n,
-        "suppressed": None,
-    }
+    answer = dummy_answer(service, plan)
     try:
         service._finish(plan, answer, cost=None, cached=False)
     except Error as exc:

@@ -47,7 +47,6 @@ from dpsql.privacy.mechanisms import Mechanism
 from dpsql.privacy.partition import OptimalSelection, Unreleased
 from dpsql.privacy.quantiles import Grid, exponential_map
 from dpsql.sql.measure_kinds import MEASURE_KINDS, MeasureKind
-from dpsql.sql.row_values import fixed_point_bounds as fixed_point_bounds  # re-exported
 from dpsql.sql.statements import AggregateCall, BoundQuery, GroupKey
 
 # Measure kinds and the value one row contributes (before summing):
