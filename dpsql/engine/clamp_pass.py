@@ -514,6 +514,9 @@ class _ProbeColumn:
     codes: np.ndarray | None
     categories: tuple[Any, ...]
 
+    def value_slice(self, lo: int, hi: int) -> np.ndarray:
+        return self.values[lo:hi]
+
 
 @dataclass(frozen=True)
 class _ProbeStore:
@@ -553,7 +556,7 @@ def _row_hashes(
     none = np.zeros(1, dtype=np.uint64)
     for j, (name, kind) in enumerate(spec.stored):
         col = store.columns[name]
-        src = (col.codes if kind == "text" else col.values)[lo:hi]
+        src = col.codes[lo:hi] if kind == "text" else col.value_slice(lo, hi)
         dtype = np.float64 if kind == "float" else np.int64
         keys = np.ascontiguousarray(src, dtype=dtype).view(np.uint64)
         table = tables.get(name, none)
@@ -564,7 +567,7 @@ def _row_hashes(
 
 def _row_bins(store: Any, spec: ClampHistogram, lo: int, hi: int) -> np.ndarray:
     """Rows ``lo`` .. ``hi``'s bins (a NULL's is computed on its placeholder, never read)."""
-    values = store.columns[spec.column].values[lo:hi]
+    values = store.columns[spec.column].value_slice(lo, hi)
     out = np.empty(hi - lo, dtype=np.int64)
     if spec.kind == "float":
         _bin_floats(

@@ -25,8 +25,10 @@ import bisect
 import contextlib
 import ctypes
 import datetime
+import functools
 import math
 import operator
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
@@ -50,12 +52,17 @@ _EXACT_INT = 2**62  # headroom under 2^63 for a product and a sum
 
 @dataclass(frozen=True)
 class Column:
-    """One column: ``values`` (int64, float64, bool, days for a date, and for text its
+    """One column: ``stored`` (int64, float64, bool, days for a date, and for text its
     ``codes``), ``nulls`` (True where NULL), and for grouping (text, int and bool) ``codes``:
-    each row's index into ``labels``, its distinct values in order and None (NULL) last."""
+    each row's index into ``labels``, its distinct values in order and None (NULL) last.
+
+    A store's int column (:func:`load_clustered`) holds its codes only (``stored`` None, codes
+    of 1, 2 or 4 bytes): its values are its labels at its codes, gathered by range where a
+    pass reads them (:meth:`value_slice`), whole only where a program of the numpy fallback
+    reads ``values`` (then kept)."""
 
     kind: str
-    values: np.ndarray
+    stored: np.ndarray | None
     nulls: np.ndarray
     codes: np.ndarray | None = None
     labels: tuple[Any, ...] = ()
@@ -64,6 +71,29 @@ class Column:
     def categories(self) -> tuple[Any, ...]:
         """The distinct non-NULL values, in order (a text column's codes index them)."""
         return self.labels[:-1]
+
+    @functools.cached_property
+    def values(self) -> np.ndarray:
+        """Every row's value (a NULL's is a placeholder: 0 where gathered from the codes)."""
+        if self.stored is not None:
+            return self.stored
+        assert self.codes is not None
+        whole = self.value_slice(0, len(self.codes))
+        whole.setflags(write=False)
+        return whole
+
+    def value_slice(self, lo: int, hi: int) -> np.ndarray:
+        """Rows ``lo`` .. ``hi``'s values (a view where they are stored)."""
+        if self.stored is not None:
+            return self.stored[lo:hi]
+        assert self.codes is not None
+        return self.by_code[self.codes[lo:hi]]
+
+    @functools.cached_property
+    def by_code(self) -> np.ndarray:
+        """Each code's value (int64: an int column's labels; NULL's code 0): a test on the
+        values is the same test on this, read at each row's code."""
+        return np.array([*self.labels[:-1], 0], dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -84,12 +114,58 @@ class ColumnarTable:
     # column (name -> row): what the compiled pass (dpsql.engine.clustered) reads
     unit: str | None = None
     unit_starts: np.ndarray | None = None
-    fixed: np.ndarray | None = None
+    fixed_rows: FixedRows | None = None
     fixed_index: dict[tuple[str, str, int, int], int] | None = None
     nulls: np.ndarray | None = None
     nulls_index: dict[str, int] | None = None
     # (unit, domain keys) -> the rows a per-unit program may read whatever its WHERE
     masks: dict[Any, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def fixed(self) -> np.ndarray | None:
+        """Every row of ``fixed`` (each computed now if not yet: :class:`FixedRows`)."""
+        if self.fixed_rows is None:
+            return None
+        return self.fixed_rows.filled(range(len(self.fixed_rows.matrix)))
+
+
+class FixedRows:
+    """A store's fixed-point rows (one per (role, column, lo, hi) of ``fixed_index``), each
+    computed the first time a program reads it: a column no query sums costs no memory (the
+    matrix is allocated whole but the system maps a row's pages when it is written). Which
+    rows are filled depends on the programs run, never on values; a row is the same integers
+    whenever it is filled (each row's value depends on that row of the column alone)."""
+
+    def __init__(
+        self, matrix: np.ndarray, compute: list[Callable[[int, int], np.ndarray]],
+        nulls: list[np.ndarray],
+    ) -> None:  # fmt: skip
+        self.matrix = matrix
+        self._compute = compute
+        self._nulls = nulls
+        self._done = [False] * len(compute)
+        self._lock = threading.Lock()
+        self._view = matrix.view()
+        self._view.flags.writeable = False
+
+    def filled(self, rows: Any) -> np.ndarray:
+        """The matrix (read-only) with ``rows`` computed."""
+        wanted = [i for i in rows if not self._done[i]]
+        if wanted:
+            with self._lock, np.errstate(all="ignore"):
+                for i in wanted:
+                    if self._done[i]:
+                        continue
+                    # in chunks of rows: a chunk's float64 temporaries are 8 MiB, not 5 x 80
+                    # MiB at 10M rows
+                    total = self.matrix.shape[1]
+                    for lo in range(0, total, _FILL_ROWS):
+                        hi = min(total, lo + _FILL_ROWS)
+                        self.matrix[i, lo:hi] = np.where(
+                            self._nulls[i][lo:hi], 0, self._compute[i](lo, hi)
+                        )
+                    self._done[i] = True
+        return self._view
 
 
 class NotRunnable(Exception):
@@ -126,7 +202,7 @@ def load(con: Any, table: TablePolicy, version: str, capacity: int) -> ColumnarT
     fetched = con.execute(f"SELECT {select} FROM {name}").fetchnumpy()
     columns = {c.name: _column(c, fetched[c.name]) for c in readable}
     for column in columns.values():  # shared by every query and thread: read-only
-        for array in (column.values, column.nulls, column.codes):
+        for array in (column.stored, column.nulls, column.codes):
             if array is not None:
                 array.setflags(write=False)
     return ColumnarTable(table.name, version, rows, columns, capacity)
@@ -166,14 +242,21 @@ def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) ->
                 labels[c.name] = (*(int(r[0]) for r in distinct), None)
             else:
                 labels[c.name] = (*(bool(r[0]) for r in distinct), None)
-            keys.append((f"__c{i}", np.int32))
+            keys.append((f"__c{i}", code_dtype(len(labels[c.name]))))
             if c.name == table.privacy_unit:
                 unit = i
-        if c.type != "text":
+        if c.type not in ("text", "int"):  # an int column's values: its labels at its codes
             dtype: type = {"float": np.float64, "bool": np.bool_}.get(c.type, np.int64)
             keys.append((f"__v{i}", dtype))
         keys.append((f"__n{i}", np.bool_))
-    held: dict[str, np.ndarray] = {key: np.empty(rows, dtype=dtype) for key, dtype in keys}
+    held: dict[str, np.ndarray] = {
+        key: np.empty(rows, dtype=dtype) for key, dtype in keys if not key.startswith("__n")
+    }
+    # every column's NULLs, one row each of one matrix (what the compiled pass reads), zeros
+    # (pages the system maps on write only) written where a fetched range has a NULL: a
+    # column without any costs no memory
+    nulls = np.zeros((len(readable), rows), dtype=np.bool_)
+    held.update({f"__n{i}": nulls[i] for i in range(len(readable))})
     ranges = _unit_ranges(rows, unit, labels, readable)
     kept = _numbered_codes(con, name, readable, labels) if len(ranges) > 1 else None
     try:
@@ -187,15 +270,27 @@ def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) ->
     columns: dict[str, Column] = {}
     for i, c in enumerate(readable):
         codes = held.pop(f"__c{i}") if c.name in labels else None
-        nulls = held.pop(f"__n{i}")
-        if c.type == "text":
-            columns[c.name] = Column("text", codes, nulls, codes, labels[c.name])  # type: ignore[arg-type]
+        missing = held.pop(f"__n{i}")
+        if c.type in ("text", "int"):
+            stored = codes if c.type == "text" else None
+            columns[c.name] = Column(c.type, stored, missing, codes, labels[c.name])
             continue
         values = held.pop(f"__v{i}")
         if c.type == "date":
-            values[nulls] = 0
-        columns[c.name] = Column(c.type, values, nulls, codes, labels.get(c.name, ()))
-    return cluster(ColumnarTable(table.name, version, rows, columns, capacity), table)
+            values[missing] = 0
+        columns[c.name] = Column(c.type, values, missing, codes, labels.get(c.name, ()))
+    return cluster(ColumnarTable(table.name, version, rows, columns, capacity), table, nulls)
+
+
+def code_dtype(labels: int) -> type:
+    """The narrowest dtype of codes into ``labels`` values (NULL's included): 1 byte a row
+    for a domain of up to 256, 2 up to 65,536, else 4 (a store's memory; the arithmetic on
+    codes is the same integers whatever their width)."""
+    if labels <= 1 << 8:
+        return np.uint8
+    if labels <= 1 << 16:
+        return np.uint16
+    return np.int32
 
 
 def _fetch_ranges(
@@ -227,6 +322,8 @@ def _fetch_ranges(
             del ranged
         for key, dtype in keys:
             data: np.ndarray = np.asarray(np.ma.getdata(fetched.pop(key)), dtype=dtype)
+            if key.startswith("__n") and not data.any():
+                continue  # no NULL here: the zeros stay unwritten (load_clustered)
             held[key][filled : filled + n] = data if order is None else data[order]
         filled += n
     return filled
@@ -333,13 +430,16 @@ def _unit_order(codes: np.ndarray, size: int) -> np.ndarray:
     return np.argsort(codes, kind="stable")
 
 
-def cluster(table: ColumnarTable, policy: TablePolicy) -> ColumnarTable:
+def cluster(
+    table: ColumnarTable, policy: TablePolicy, nulls: np.ndarray | None = None
+) -> ColumnarTable:
     """``table`` as a store for the compiled pass (dpsql.engine.clustered): its rows ordered
     by privacy unit (its dense codes, NULL last; a stable sort, and none when the rows come
     ordered), each unit's first row, the fixed point of every bounded numeric column at its
-    declared bounds (dpsql.sql.compile.fixed_point_expr, as :func:`_fixed_point`) and every
-    column's NULLs, one row each. The same rows as ``table``: every program's result is the
-    same integers."""
+    declared bounds (dpsql.sql.compile.fixed_point_expr, as :func:`_fixed_point`; each row
+    computed when first read: :class:`FixedRows`) and every column's NULLs, one row each
+    (``nulls``: that matrix already, the columns' masks its rows). The same rows as
+    ``table``: every program's result is the same integers."""
     unit = policy.privacy_unit
     columns = dict(table.columns)
     if unit is not None and unit in columns:
@@ -348,6 +448,7 @@ def cluster(table: ColumnarTable, policy: TablePolicy) -> ColumnarTable:
         if len(codes) > 1 and bool(np.any(codes[1:] < codes[:-1])):
             order = np.argsort(codes, kind="stable")
             columns = {name: _take(column, order) for name, column in columns.items()}
+            nulls = None
             codes = columns[unit].codes
             assert codes is not None
         starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])[: len(codes)]
@@ -365,40 +466,37 @@ def cluster(table: ColumnarTable, policy: TablePolicy) -> ColumnarTable:
         for a, b in ((lo, hi), bias.measure_range("cut", lo, hi)):
             if max(abs(a), abs(b)) <= 2**53 and ("fixed", name, a, b) not in fixed_index:
                 fixed_index[("fixed", name, a, b)] = len(rows_of)
-                rows_of.append(_slice_of(_fixed_point, column.values, spec, a, b))
+                rows_of.append(_slice_of(_fixed_point, column, spec, a, b))
         fixed_index[("excess", name, lo, hi)] = len(rows_of)
-        rows_of.append(_slice_of(_clamp_excess, column.values, spec, max(hi - lo, 1)))
+        rows_of.append(_slice_of(_clamp_excess, column, spec, max(hi - lo, 1)))
     # every row lies within its range ([lo, hi], the cut's widened one, or [-W, W] for the
     # excess): int32 when all ranges fit (decided from the policy's bounds), half the memory;
-    # filled one row at a time (one row's temporaries at the peak, not every row's)
+    # each row filled when a program first reads it (FixedRows)
     ranges = [abs(b) for (_, _, lo_, hi_) in fixed_index for b in (lo_, hi_)]
     widths = [3 * max(hi_ - lo_, 1) for (_, _, lo_, hi_) in fixed_index]
     small = max([*ranges, *widths, 0]) < 2**31 - 1
     fixed = np.empty((len(rows_of), table.rows), dtype=np.int32 if small else np.int64)
-    row_nulls = {i: columns[name].nulls for (_, name, _, _), i in fixed_index.items()}
-    with np.errstate(all="ignore"):
-        for i, compute in enumerate(rows_of):
-            # in chunks of rows: each row's value depends on that row alone, and a chunk's
-            # float64 temporaries are 8 MiB, not 5 x 80 MiB at 10M rows (the build's peak)
-            for lo in range(0, table.rows, _FILL_ROWS):
-                hi = min(table.rows, lo + _FILL_ROWS)
-                fixed[i, lo:hi] = np.where(row_nulls[i][lo:hi], 0, compute(lo, hi))
     # every column's NULLs, one row each; the columns' own masks become views of its rows
     # (one copy of each mask, not two)
     nulls_index = {name: i for i, name in enumerate(columns)}
-    nulls = np.empty((len(columns), table.rows), dtype=np.bool_)
-    for i, column in enumerate(columns.values()):
-        nulls[i] = column.nulls
-    columns = {
-        name: replace(column, nulls=nulls[i]) for i, (name, column) in enumerate(columns.items())
-    }
-    for array in (fixed, nulls, unit_starts):
+    if nulls is None:
+        nulls = np.empty((len(columns), table.rows), dtype=np.bool_)
+        for i, column in enumerate(columns.values()):
+            nulls[i] = column.nulls
+        columns = {
+            name: replace(column, nulls=nulls[i])
+            for i, (name, column) in enumerate(columns.items())
+        }
+    for array in (nulls, unit_starts):
         if array is not None:
             array.setflags(write=False)
     for column in columns.values():
-        for array in (column.values, column.nulls, column.codes):
+        for array in (column.stored, column.nulls, column.codes):
             if array is not None:
                 array.setflags(write=False)
+    row_nulls = [columns[name].nulls for (_, name, _, _) in sorted(
+        fixed_index, key=fixed_index.__getitem__)]  # fmt: skip
+    fixed_rows = FixedRows(fixed, rows_of, row_nulls)
     return ColumnarTable(
         table.name,
         table.version,
@@ -407,7 +505,7 @@ def cluster(table: ColumnarTable, policy: TablePolicy) -> ColumnarTable:
         table.capacity,
         unit,
         unit_starts,
-        fixed,
+        fixed_rows,
         fixed_index,
         nulls,
         nulls_index,
@@ -418,10 +516,10 @@ _FILL_ROWS = 1 << 20
 
 
 def _slice_of(
-    compute: Callable[..., np.ndarray], values: np.ndarray, *args: Any
+    compute: Callable[..., np.ndarray], column: Column, *args: Any
 ) -> Callable[[int, int], np.ndarray]:
-    """``compute(values[lo:hi], *args)`` for rows lo .. hi (an elementwise function)."""
-    return lambda lo, hi: compute(values[lo:hi], *args)
+    """``compute(values of rows lo .. hi, *args)`` (an elementwise function)."""
+    return lambda lo, hi: compute(column.value_slice(lo, hi), *args)
 
 
 def warm_up() -> None:
@@ -436,11 +534,12 @@ def warm_up() -> None:
     weight = np.ones(1, dtype=np.bool_)
     spec = [(clustered.SUM, 0, 0, 0, 1, 0)]
     starts = np.array([0, 1], dtype=np.int64)
-    # a store's fixed points: int32 where they fit; group codes: a key's own (int32) or
-    # combined (int64)
+    # a store's fixed points: int32 where they fit; group codes: a key's own (code_dtype:
+    # uint8, uint16, int32) or combined (int64)
+    groups = [np.zeros(1, dtype=t) for t in (np.uint8, np.uint16, np.int32)]
     for dtype in (np.int32, np.int64):
         fixed = np.zeros((1, 1), dtype=dtype)
-        for group in (np.zeros(1, dtype=np.int32), one):
+        for group in (*groups, one):
             clustered.bound_units(
                 starts, group, weight, fixed, nulls, spec, one, one, 1, 1, 1, 1, True, one
             )
@@ -466,8 +565,10 @@ _warming: list[Any] = []
 
 def _take(column: Column, order: np.ndarray) -> Column:
     codes = None if column.codes is None else column.codes[order]
-    values = codes if column.codes is column.values else column.values[order]
-    return Column(column.kind, values, column.nulls[order], codes, column.labels)  # type: ignore[arg-type]
+    stored = column.stored
+    if stored is not None:
+        stored = codes if column.codes is stored else stored[order]
+    return Column(column.kind, stored, column.nulls[order], codes, column.labels)
 
 
 # DuckDB's day numbers of DATE 'infinity' and '-infinity' (its date_t: int32 days since
@@ -612,7 +713,7 @@ def _kernel_spec(
     from the program and the store's layout only, before any value is read."""
     from dpsql.engine import clustered
 
-    if table.fixed is None or table.nulls is None or not clustered.available():
+    if table.fixed_rows is None or table.nulls is None or not clustered.available():
         return None
     if program.unit is not None and (program.unit != table.unit or table.unit_starts is None):
         return None
@@ -689,8 +790,14 @@ def _compiled_pass(
     if planned is None:
         return None
     spec, fixed_rows, null_rows = planned
-    assert table.fixed is not None and table.nulls is not None
-    fixed = table.fixed if len(table.fixed) else np.zeros((1, 1), dtype=np.int64)  # never read
+    assert table.fixed_rows is not None and table.nulls is not None
+    if len(table.fixed_rows.matrix):  # the rows this program reads, computed if not yet
+        reads = (clustered.SUM, clustered.SUMSQ, clustered.CUT)  # the others read no value
+        fixed = table.fixed_rows.filled(
+            sorted({row for row, s in zip(fixed_rows, spec, strict=True) if s[0] in reads})
+        )
+    else:
+        fixed = np.zeros((1, 1), dtype=np.int64)  # never read
     rows_f = np.array(fixed_rows, dtype=np.int64)
     rows_n = np.array(null_rows, dtype=np.int64)
     if program.unit is not None:
@@ -1174,8 +1281,13 @@ class _Builder:
                 if day is None:
                     raise NotRunnable
                 keys.append((day - _EPOCH).days)
-        x = column.values
-        wanted = np.array(keys, dtype=x.dtype)
+        if kind == "int" and column.codes is not None:  # the codes whose value is wanted
+            x = column.codes
+            held = np.isin(column.by_code, np.array(keys, dtype=np.int64))
+            wanted = np.flatnonzero(held).astype(x.dtype)
+        else:
+            x = column.values
+            wanted = np.array(keys, dtype=x.dtype)
         known = self._known(column)
 
         def truth() -> Truth:
@@ -1232,6 +1344,8 @@ class _Builder:
         exact = whole == value
         floor = whole if (exact or value > 0) else whole - 1
         ceil = floor if exact else floor + 1
+        if column.codes is not None:
+            return _int_code_test(op, column.codes, column.categories, whole, exact, floor, ceil)
         x = column.values
         tests: dict[type, Callable[[], Any]] = {
             exp.EQ: (lambda: x == whole) if exact else (lambda: np.zeros(len(x), dtype=bool)),
@@ -1337,18 +1451,54 @@ def _or(a: Truth, b: Truth) -> Truth:
     return a[0] | b[0], a[1] & b[1]
 
 
+def _int_code_test(
+    op: type, codes: np.ndarray, categories: tuple[Any, ...], whole: int, exact: bool,
+    floor: int, ceil: int,
+) -> Callable[[], Any]:  # fmt: skip
+    """:meth:`_Builder._int_test` on an int column's codes into its sorted distinct values
+    ``categories`` (Python ints, compared exactly with the integer bounds): x > floor is
+    code >= the number of values <= floor, and so on (NULL's code, the last, is masked by the
+    caller). The same truth per row, without reading the values."""
+    below_ceil = bisect.bisect_left(categories, ceil)  # codes < it: values < ceil
+    upto_floor = bisect.bisect_right(categories, floor)  # codes < it: values <= floor
+    if op in (exp.EQ, exp.NEQ):
+        if not exact:
+            value = op is exp.NEQ
+            return lambda: np.full(len(codes), value)
+        low = bisect.bisect_left(categories, whole)
+        high = bisect.bisect_right(categories, whole)
+        if op is exp.EQ:
+            return lambda: (codes >= low) & (codes < high)
+        return lambda: (codes < low) | (codes >= high)
+    tests: dict[type, Callable[[], Any]] = {
+        exp.GT: lambda: codes >= upto_floor,
+        exp.GTE: lambda: codes >= below_ceil,
+        exp.LT: lambda: codes < below_ceil,
+        exp.LTE: lambda: codes < upto_floor,
+    }
+    return tests[op]
+
+
 def _in_domain(column: Column, spec: ColumnPolicy) -> np.ndarray:
     """dpsql.sql.compile._domain_condition on the key column: its declared values, or its
-    bounds, or not NULL; OR NULL where the column is nullable."""
+    bounds, or not NULL; OR NULL where the column is nullable. An int column's test is made
+    on its distinct values and read at each row's code (the same truth per row)."""
+    coded = column.kind == "int" and column.codes is not None
+    values = column.by_code if coded else column.values
     if spec.values is not None:
         if column.kind == "text":
             wanted = [i for i, v in enumerate(column.categories) if v in set(spec.values)]
             inside = np.isin(column.values, np.array(wanted, dtype=np.int64))
         else:
-            inside = np.isin(column.values, np.array(list(spec.values)))
+            inside = np.isin(values, np.array(list(spec.values)))
+        if coded:
+            inside = inside[column.codes]
         inside &= ~column.nulls
     elif spec.numeric and spec.bounded:
-        inside = (column.values >= spec.lower) & (column.values <= spec.upper) & ~column.nulls
+        inside = (values >= spec.lower) & (values <= spec.upper)
+        if coded:
+            inside = inside[column.codes]
+        inside &= ~column.nulls
     else:
         inside = ~column.nulls
     return inside | column.nulls if spec.nullable else inside

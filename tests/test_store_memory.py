@@ -1,0 +1,126 @@
+"""The store's memory layout (dpsql.engine.columnar.load_clustered, issue 28 items 3-4): codes
+as narrow as their domain, an int column held as codes only (its values its labels at its
+codes), NULL masks written only where a column has a NULL, fixed-point rows computed the first
+time a program reads them. None of it may change an answer: the WHERE on an int column's codes
+is the same truth per row as on its values, and the store's answers are the SQL's (here on a
+few queries; tests/test_clustered.py compares many)."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import numpy as np
+import pytest
+from sqlglot import exp, parse_one
+from test_columnar import _canonical, _compiled, _loaded
+
+from dpsql.dbapi import Service
+from dpsql.engine import clustered, columnar
+from dpsql.engine.duckdb_engine import LARGE_ROWS
+from dpsql.privacy.ledger import MemoryLedger
+
+pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")
+
+
+def _int_tables(seed: int) -> tuple[columnar.ColumnarTable, columnar.ColumnarTable]:
+    """One int column with NULLs (values beyond +-2^40 among small ones), held as values
+    (no codes: the value tests) and as codes into its sorted distinct values (the store's)."""
+    rng = random.Random(seed)
+    pool = [0, 1, -1, 2, 3, 7, -7, 10, 99, 2**40, -(2**40), 2**62 - 1, -(2**62) + 1]
+    raw = [rng.choice(pool) if rng.random() > 0.1 else None for _ in range(400)]
+    nulls = np.array([v is None for v in raw])
+    values = np.array([0 if v is None else v for v in raw], dtype=np.int64)
+    labels = (*sorted({v for v in raw if v is not None}), None)
+    codes = np.array(
+        [len(labels) - 1 if v is None else labels.index(v) for v in raw],
+        dtype=columnar.code_dtype(len(labels)),
+    )
+    by_values = {"x": columnar.Column("int", values, nulls)}
+    by_codes = {"x": columnar.Column("int", None, nulls, codes, labels)}
+    rows = len(raw)
+    return (
+        columnar.ColumnarTable("t", "v", rows, by_values, LARGE_ROWS),
+        columnar.ColumnarTable("t", "v", rows, by_codes, LARGE_ROWS),
+    )
+
+
+def test_an_int_columns_codes_give_the_truth_its_values_give():
+    plain, coded = _int_tables(5)
+    assert coded.columns["x"].stored is None and coded.columns["x"].codes.dtype == np.uint8
+    x = plain.columns["x"]
+    assert np.array_equal(coded.columns["x"].values, np.where(x.nulls, 0, x.values))
+    literals = ["0", "1", "2.5", "-2.5", "-1", "6.999", "7", "-7.0", "10", "1e0", "99.5",
+                "1099511627776", "-1099511627776", "-1099511627776.5", "4611686018427387903",
+                "123456789012"]  # fmt: skip
+    texts = []
+    for lit in literals:
+        for op in ("=", "<>", ">", ">=", "<", "<="):
+            texts += [f"x {op} {lit}", f"{lit} {op} x", f"NOT x {op} {lit}"]
+        texts += [f"x BETWEEN -7 AND {lit}", f"x IN ({lit}, 3, -7)", f"x NOT IN ({lit}, 2)"]
+    texts += ["x IS NULL", "x IS NOT NULL", "x > 2 OR x IS NULL", "x IN (2.5)"]
+    ran = 0
+    for text in texts:
+        where = parse_one(f"SELECT 1 WHERE {text}").args["where"].this
+        assert isinstance(where, exp.Expression)
+        try:
+            want = columnar._condition(where, plain, {})
+        except columnar.NotRunnable:
+            with pytest.raises(columnar.NotRunnable):
+                columnar._condition(where, coded, {})
+            continue
+        got = columnar._condition(where, coded, {})
+        assert want is not None and got is not None
+        assert np.array_equal(want(), got()), text
+        ran += 1
+    assert ran >= 250
+
+
+def _store(tmp_path, **kw):
+    policy = _loaded(tmp_path, **kw)
+    svc = Service(policy, ledger=MemoryLedger(), cache=False)
+    held = svc.engine.columns["t1"]
+    store = columnar.load_clustered(svc.engine._con.cursor(), policy.tables["t1"], held.version,
+                                    LARGE_ROWS)  # fmt: skip
+    return svc, policy, store
+
+
+@pytest.mark.skipif(not clustered.available(), reason="numba is not installed")
+def test_the_store_holds_narrow_codes_and_fills_fixed_rows_when_read(tmp_path):
+    svc, policy, store = _store(tmp_path, unit=True, bounding="scale", groups=2)
+    try:
+        table = policy.tables["t1"]
+        for name, column in store.columns.items():
+            kind = table.columns[name].type
+            if column.codes is not None:
+                assert column.codes.dtype == columnar.code_dtype(len(column.labels)), name
+            if kind == "int":  # codes only: its values gathered from its labels
+                assert column.stored is None, name
+            if not column.nulls.any():  # never written: the zeros' pages are never mapped
+                assert not column.nulls.any()
+        fixed = store.fixed_rows
+        assert fixed is not None and not any(fixed._done)  # nothing computed at build
+        sums = [n for n, c in table.columns.items() if c.numeric and c.bounded]
+        assert sums
+        sql = f"SELECT COUNT(*), SUM({sums[0]}) FROM t1"
+        compiled = _compiled(svc, sql, bias=False)
+        assert compiled.program is not None
+        fast = columnar.run(compiled.program, store, table, compiled.swaps)
+        expected = svc.engine.execute(dataclasses.replace(compiled, program=None))
+        assert _canonical(fast) == _canonical(expected)
+        done = [key for key, i in (store.fixed_index or {}).items() if fixed._done[i]]
+        assert done and {key[1] for key in done} == {sums[0]}  # only the column it sums
+        # every row filled on a whole read, each the same integers as a filling by parts
+        whole = store.fixed
+        assert whole is not None and all(fixed._done)
+        again = columnar.cluster(columnar.load(svc.engine._con.cursor(), table, "v", LARGE_ROWS),
+                                 table).fixed  # fmt: skip
+        assert sorted(map(tuple, whole.T.tolist())) == sorted(map(tuple, again.T.tolist()))
+    finally:
+        svc.close()
+
+
+def test_code_dtype_is_the_narrowest_that_holds_the_domain():
+    assert columnar.code_dtype(1) == np.uint8 and columnar.code_dtype(256) == np.uint8
+    assert columnar.code_dtype(257) == np.uint16 and columnar.code_dtype(65536) == np.uint16
+    assert columnar.code_dtype(65537) == np.int32
