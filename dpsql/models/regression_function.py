@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from sqlglot import exp
 
 from dpsql.errors import PrivacyError, ProgrammingError, UndefinedColumnError
 from dpsql.ir.canonical import canonical
@@ -33,8 +34,10 @@ from dpsql.privacy.samplers import NoiseSource
 from dpsql.rulelist.table_function import check_model_name, typed_positive
 from dpsql.service.table_results import store_model, table_function_result
 from dpsql.service.transaction import paid_once
+from dpsql.sql.builders import alias
 from dpsql.sql.identifiers import quote_ident
-from dpsql.sql.rows import bounded_rows_sql
+from dpsql.sql.row_values import quoted
+from dpsql.sql.rows import bound_note, bounded_rows, engine_text, select_items
 from dpsql.table_functions import REGRESSION_COLUMNS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -110,8 +113,9 @@ class RegressionPlan:
         """Every generated expression, for the free type check on the empty shadow."""
         return [t.sql for t in self.terms] + [self.label_term.sql]
 
-    def select_list(self, unit: str | None) -> str:
-        """f0 … f{d−1} (scaled integers), y (scaled or 0/1), m (label present), u (unit)."""
+    def select_list(self) -> str:
+        """f0 … f{d−1} (scaled integers), y (scaled or 0/1), m (label present): the planner's
+        expressions, checked as they are on the empty shadow."""
         cols = [f"{t.scaled_sql()} AS f{i}" for i, t in enumerate(self.terms)]
         label = self.label_term
         if self.kind == "linear_regression":
@@ -120,10 +124,23 @@ class RegressionPlan:
         else:
             cols.append(f"{label.sql} AS y")
             cols.append("1 AS m")
-        order = quote_ident(unit) if unit else "1"
-        rank = "DENSE_RANK()" if unit else "ROW_NUMBER()"
-        cols.append(f"{rank} OVER (ORDER BY {order}) AS u")
         return ", ".join(cols)
+
+    def items(self, unit: str | None) -> list[exp.Expression]:
+        """The engine's select list as trees: :meth:`select_list`, then u, the unit's number
+        among the bounded rows (DENSE_RANK over the unit; without a unit each row its own,
+        ROW_NUMBER): DP-SGD samples and clips per unit by it."""
+        return [*select_items(self.select_list()), alias(unit_number(unit), "u")]
+
+
+def unit_number(unit: str | None) -> exp.Window:
+    """``DENSE_RANK() OVER (ORDER BY unit)``, or ``ROW_NUMBER() OVER (ORDER BY 1)`` without a
+    unit: a number per unit (per row), the same for every row of a unit."""
+    rank: exp.Expression = exp.DenseRank() if unit else exp.RowNumber()
+    order = quoted(unit) if unit else exp.Literal.number(1)
+    return exp.Window(
+        this=rank, order=exp.Order(expressions=[exp.Ordered(this=order)]), over="OVER"
+    )
 
 
 # --- planning (no data) ------------------------------------------------------------------
@@ -471,7 +488,7 @@ def run_regression(
     check_post(call.post.sql(dialect=DIALECT), call.post)
     fingerprint = _fingerprint(service, call, settings)
     table = call.table
-    sql = bounded_rows_sql(table, plan.select_list(table.privacy_unit), secrets.randbits(62))
+    sql = engine_text(bounded_rows(table, plan.items(table.privacy_unit)), secrets.randbits(62))
 
     def execute() -> tuple[str, bool]:
         matrix = service.engine.fetch_matrix(sql, handle)
@@ -534,4 +551,6 @@ def explain_regression(service: Service, call: Any, settings: Settings) -> Resul
     from dpsql.service.results import EXPLAIN_COLUMNS, Result
 
     plan = _plan_call(service, call, settings)
-    return Result(EXPLAIN_COLUMNS, explain_rows(plan), status="EXPLAIN")
+    result = Result(EXPLAIN_COLUMNS, explain_rows(plan), status="EXPLAIN")
+    result.notes = [bound_note(call.table)]  # the row input's bounding (dpsql.sql.rows)
+    return result

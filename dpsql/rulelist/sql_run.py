@@ -23,7 +23,7 @@ from dpsql.errors import ProgrammingError
 from dpsql.ir.canonical import canonical
 from dpsql.service.table_results import store_model, table_function_result
 from dpsql.service.transaction import paid_once
-from dpsql.sql.rows import pattern_counts_sql
+from dpsql.sql.rows import bound_note, pattern_counts_sql
 from dpsql.sql.statements import DIALECT, RuleListCall
 from dpsql.sql.typecheck import check_binds
 
@@ -133,5 +133,5 @@ def explain_rule_list(service: Service, call: RuleListCall, settings: Settings) 
 
     plan = plan_rule_list_call(service, call, settings)
     result = Result(EXPLAIN_COLUMNS, plan.explain_rows(), status="EXPLAIN")
-    result.notes = list(plan.notes)
+    result.notes = [*plan.notes, bound_note(call.table)]  # the rows' bounding (dpsql.sql.rows)
     return result

@@ -522,3 +522,46 @@ def ranked_pairs(ks: list[str], G: int) -> exp.Select:
         _table("bounded"),
         qualify=exp.LTE(this=window, expression=_number(G)),
     )
+
+
+# -- the rows each unit keeps (one function for every lowering that bounds rows per unit) ----
+
+
+def row_order(table: TablePolicy) -> exp.Anonymous:
+    """The order in which a unit's rows are kept: the keyed hash of the table's stored columns
+    and the run's secret slot (dpsql.sql.hashing). A function of the row and the secret only,
+    so which rows a unit keeps depends on that unit's own rows, never on anyone else's."""
+    stored = [_quoted(c) for c, spec in table.columns.items() if spec.expr is None]
+    return keyed_hash([*stored, secret_slot()])
+
+
+def row_rank(table: TablePolicy, partition: Sequence[exp.Expression]) -> exp.Window:
+    """``ROW_NUMBER() OVER (PARTITION BY partition ORDER BY row_order(table))``: a row's place
+    among its unit's rows (``partition`` the unit) or its (unit, group)'s (the unit and the
+    keys); the R first are the ones kept. The query plan's sampled pairs and histograms
+    (dpsql.sql.compile) and :func:`unit_rows` all rank rows by this one window."""
+    return _row_number(list(partition), [row_order(table)])
+
+
+def unit_rows(
+    table: TablePolicy,
+    source: exp.Expression,
+    where: Sequence[exp.Expression] = (),
+    max_rows: int | None = None,
+) -> exp.Select:
+    """The rows of ``source`` (the table, or its joined source) that each privacy unit keeps:
+    ``SELECT * FROM source WHERE where AND unit IS NOT NULL QUALIFY row_rank(table, [unit])
+    <= R`` (R = ``max_rows``, the table's max_rows_per_unit by default), the R rows of
+    smallest keyed hash of each unit; a row without a unit belongs to nobody we can bound and
+    is never used. Without a privacy unit every row is its own unit: the WHERE alone.
+
+    The row inputs of DP algorithms (dp_rule_list's pattern counts, the regressions' matrix:
+    dpsql.sql.rows) are these rows; the tree holds the secret slot, filled per run."""
+    conditions = list(where)
+    if table.privacy_unit is None:
+        return _select([_star()], source, where=conditions or None)
+    unit = _quoted(table.privacy_unit)
+    conditions.append(exp.Not(this=exp.Is(this=unit.copy(), expression=exp.Null())))
+    R = table.max_rows_per_unit if max_rows is None else max_rows
+    kept = exp.LTE(this=row_rank(table, [unit]), expression=_number(int(R)))
+    return _select([_star()], source, where=conditions, qualify=kept)

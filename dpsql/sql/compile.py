@@ -64,6 +64,7 @@ from dpsql.sql.bounding import fraction_expr as _fraction
 from dpsql.sql.bounding import pair_measures as _pair_measures
 from dpsql.sql.bounding import ranked_pairs as _ranked
 from dpsql.sql.bounding import row_conditions as _conditions
+from dpsql.sql.bounding import row_rank as _row_rank
 from dpsql.sql.bounding import squared as _squared
 from dpsql.sql.builders import alias as _alias
 from dpsql.sql.builders import and_all as _and
@@ -72,7 +73,6 @@ from dpsql.sql.builders import count_star as _count_star
 from dpsql.sql.builders import cte as _cte
 from dpsql.sql.builders import decimal_type as _decimal
 from dpsql.sql.builders import join as _join
-from dpsql.sql.builders import row_number as _row_number
 from dpsql.sql.builders import select as _select
 from dpsql.sql.builders import star as _star
 from dpsql.sql.builders import subquery as _subquery
@@ -84,8 +84,8 @@ from dpsql.sql.hashing import (
     SECRET,
     is_keyed_hash,
     is_secret,
-    keyed_hash,
-    secret_slot,
+    keyed_hash,  # noqa: F401  (read from here by tests/test_compile_ast.py)
+    secret_slot,  # noqa: F401  (likewise)
 )
 from dpsql.sql.local_plan import ColumnProgram, column_program
 from dpsql.sql.plan import (
@@ -629,7 +629,7 @@ def _histogram(
     # the main query filters bare-column keys to their domain on its pairs, before bounding
     domain = _column_key_domains(plan, ks)
     ranked_items: list[exp.Expression] = [_name(c) for c in [*gc, "__b"]]
-    ranked_items.append(_alias(_row_number([_name(c) for c in gc], [_row_order(table)]), "__r"))
+    ranked_items.append(_alias(_row_rank(table, [_name(c) for c in gc]), "__r"))
     raw_rows = _select([_star(), *items], _source(table), where=_conditions(plan))
     if domain:
         raw_rows = _select([_star()], _subquery(raw_rows, "p"), where=domain)
@@ -696,13 +696,6 @@ def _pairs(plan: Plan, ks: list[str]) -> exp.Select:
     return pairs
 
 
-def _row_order(table: TablePolicy) -> exp.Anonymous:
-    """The order in which a (unit, group)'s rows are kept: the keyed hash of the table's stored
-    columns and the run's secret."""
-    stored = [_quoted(c) for c, spec in table.columns.items() if spec.expr is None]
-    return keyed_hash([*stored, secret_slot()])
-
-
 def _bounded(plan: Plan) -> exp.Select:
     """Contribution bounding per privacy unit (see the module docstring for the plan)."""
     ks = [f"__k{i}" for i in range(len(plan.keys))]
@@ -746,7 +739,7 @@ def _sampled(plan: Plan, ks: list[str]) -> exp.Select:
     match += [_same("b", "o", k, nulls_match=True) for k in ks]
     ranked_items = [
         _star("b"),
-        _alias(_row_number([_name(c, "b") for c in gc], [_row_order(table)]), "__r"),
+        _alias(_row_rank(table, [_name(c, "b") for c in gc]), "__r"),
     ]
     ranked_items += [_alias(_name(c, "o"), c) for c in carried]
     ranked = _select(
@@ -805,7 +798,7 @@ def clamp_histogram_query(
         )
         return CompiledQuery(tree, ("b",), ("c",), secret, clamp=spec)
     unit = _quoted(table.privacy_unit)
-    rank = _row_number([unit], [_row_order(table)])
+    rank = _row_rank(table, [unit])
     numbered = _select(
         [_alias(bin_of, "__b"), _alias(rank, "__r")], _source(table), where=[not_null]
     )

@@ -286,8 +286,7 @@ def _sampled(plan: Plan, store: StoreInfo, ks: list[str], heavy: exp.Expression)
             expression=hashing.keyed_hash([hashing.secret_slot()]),
         )
     else:
-        stored = [row_values.quoted(n) for n, spec in table.columns.items() if spec.expr is None]
-        order = hashing.keyed_hash([*stored, hashing.secret_slot()])
+        order = bounding.row_order(table)
     # only the columns the partials and the order read go through the window (not the row)
     needed = {col.name: col for p in [*partials, order] for col in p.find_all(exp.Column)}
     rows_items: list[exp.Expression] = [col.copy() for col in needed.values()]

@@ -1,0 +1,222 @@
+"""The row inputs of dp_rule_list and the regressions are bounded by the query plan's own tree
+(dpsql.sql.bounding.unit_rows, row_rank, row_order) and give, for the same secret, exactly the
+rows the SQL text written before it gave (copied below as the reference): on the fixture and on
+generated data (units over R, NULL units, text/int/float/date/bool columns with NULLs, a text
+unit, a table without a unit)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import duckdb
+import pytest
+import sqlglot
+
+from dpsql.models.regression_function import plan_regression
+from dpsql.policy import TablePolicy, load_policy
+from dpsql.rulelist import plan_rule_list
+from dpsql.sql import bounding
+from dpsql.sql.compile import render
+from dpsql.sql.hashing import KEYED_HASH, is_keyed_hash, is_secret
+from dpsql.sql.identifiers import quote_ident as _q
+from dpsql.sql.rows import bound_note, bounded_rows, bounded_rows_sql, engine_text
+from dpsql.sql.rows import pattern_counts_sql as new_pattern_counts_sql
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures"
+SECRETS = (1, 2**61 + 12345)
+
+
+# -- the reference: dpsql/sql/rows.py and RegressionPlan.select_list as written before ------
+
+
+def old_bounded_rows_sql(table: TablePolicy, select_list: str, secret: int) -> str:
+    source = _q(table.name)
+    relation = source
+    if table.privacy_unit is None:
+        return f"SELECT {select_list} FROM {relation}"
+    columns = ", ".join(_q(c) for c in table.columns)
+    return (
+        f"SELECT {select_list} FROM (SELECT * FROM {relation} "
+        f"WHERE {_q(table.privacy_unit)} IS NOT NULL QUALIFY ROW_NUMBER() OVER "
+        f"(PARTITION BY {_q(table.privacy_unit)} ORDER BY {KEYED_HASH}({columns}, {secret})) "
+        f"<= {table.max_rows_per_unit}) AS {source}"
+    )
+
+
+def old_pattern_counts_sql(
+    table: TablePolicy, select_list: str, columns: list[str], secret: int
+) -> str:
+    names = ", ".join(columns)
+    inner = old_bounded_rows_sql(table, select_list, secret)
+    return f"SELECT {names}, COUNT(*) AS __w FROM ({inner}) AS r GROUP BY {names} ORDER BY {names}"
+
+
+def old_regression_select_list(plan, unit: str | None) -> str:
+    order = _q(unit) if unit else "1"
+    rank = "DENSE_RANK()" if unit else "ROW_NUMBER()"
+    return plan.select_list() + f", {rank} OVER (ORDER BY {order}) AS u"
+
+
+# -- data ----------------------------------------------------------------------------------
+
+
+def run(con: duckdb.DuckDBPyConnection, sql: str) -> list[tuple]:
+    """As the engine runs it (DuckDBEngine.fetch_matrix): parsed, the keyed hash rendered."""
+    return con.execute(render(sqlglot.parse_one(sql, read="duckdb"), "duckdb")).fetchall()
+
+
+def key(row: tuple) -> tuple:
+    return tuple((v is None, str(type(v)), v if v is not None else 0) for v in row)
+
+
+def same(con, old: str, new: str) -> int:
+    """Both queries' rows, exactly equal as multisets (the bounded rows have no order)."""
+    a, b = run(con, old), run(con, new)
+    assert sorted(a, key=key) == sorted(b, key=key)
+    return len(a)
+
+
+@pytest.fixture(scope="module")
+def visits():
+    table = load_policy(FIXTURE / "visits.toml").table("visits")
+    con = duckdb.connect()
+    con.execute(f"CREATE TABLE visits AS SELECT * FROM read_csv('{FIXTURE / 'visits.csv'}')")
+    yield table, con
+    con.close()
+
+
+def generated_policy(unit: str | None, unit_type: str = "int") -> TablePolicy:
+    columns = {
+        "t": {"type": "text", "values": ["a", "b", "c"]},
+        "i": {"type": "int", "lower": 0, "upper": 100},
+        "f": {"type": "float", "lower": -10.0, "upper": 10.0},
+        "d": {"type": "date", "lower": "2024-01-01", "upper": "2024-12-31"},
+        "b": {"type": "bool"},
+    }
+    table: dict = {"source": "gen", "columns": columns}
+    if unit is not None:
+        columns = {unit: {"type": unit_type}, **columns}
+        table.update(columns=columns, privacy_unit=unit, max_rows_per_unit=3)
+    return load_policy({"tables": {"gen": table}}).table("gen")
+
+
+def generated(unit_type: str = "int", n_units: int = 60, seed: int = 5):
+    """Units of 1..12 rows (R = 3: most over R), every 9th row without a unit, duplicate rows,
+    NULLs in every value column."""
+    rng = random.Random(seed)
+    rows = []
+    for u in range(n_units):
+        for _ in range(rng.randint(1, 12)):
+            unit = None if rng.random() < 0.11 else (u if unit_type == "int" else f"u{u:03d}")
+            row = (
+                unit,
+                rng.choice(["a", "b", "c", None]),
+                rng.choice([rng.randint(0, 100), None]),
+                rng.choice([round(rng.uniform(-12, 12), 3), None, -0.0]),
+                f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}",
+                rng.choice([True, False, None]),
+            )
+            rows.append(row)
+            if rng.random() < 0.1:
+                rows.append(row)  # a duplicate: the same hash, the same output
+    con = duckdb.connect()
+    kind = "INTEGER" if unit_type == "int" else "VARCHAR"
+    con.execute(f"CREATE TABLE gen (u {kind}, t VARCHAR, i INTEGER, f DOUBLE, d DATE, b BOOLEAN)")
+    con.executemany("INSERT INTO gen VALUES (?, ?, ?, ?, ?, ?)", rows)
+    return con
+
+
+# -- tests ---------------------------------------------------------------------------------
+
+
+def test_fixture_rule_list_and_regression_inputs_are_the_old_ones(visits):
+    table, con = visits
+    rule_list = plan_rule_list(
+        table, label="readmitted", epsilon=1.0, mechanism="monotone_em", max_length=3
+    )
+    columns = [f"f{i}" for i in range(len(rule_list.feature_sql))] + ["y"]
+    linear = plan_regression(
+        "dp_linear_regression",
+        table,
+        label="cost",
+        features=["age", "smoker", "department"],
+        delta=1e-6,
+    )
+    regression_items = linear.items(table.privacy_unit)
+    regression_old = old_regression_select_list(linear, table.privacy_unit)
+    for secret in SECRETS:
+        every = '"patient_id", "age", "cost", "visit_date", "diagnosis"'
+        n = same(
+            con, old_bounded_rows_sql(table, every, secret), bounded_rows_sql(table, every, secret)
+        )
+        assert 0 < n < 20000  # bounded: patients over R lost rows
+        old = old_pattern_counts_sql(table, rule_list.select_list(), columns, secret)
+        new = new_pattern_counts_sql(table, rule_list.select_list(), columns, secret)
+        assert run(con, old) == run(con, new)  # sorted by the query itself
+        old = old_bounded_rows_sql(table, regression_old, secret)
+        new = engine_text(bounded_rows(table, regression_items), secret)
+        assert same(con, old, new) == n
+
+
+@pytest.mark.parametrize("unit_type", ["int", "text"])
+def test_generated_tables_bound_exactly_as_before(unit_type):
+    table = generated_policy("u", unit_type)
+    con = generated(unit_type)
+    rule_list = plan_rule_list(table, label="b", epsilon=1.0, mechanism="monotone_em", max_length=2)
+    columns = [f"f{i}" for i in range(len(rule_list.feature_sql))] + ["y"]
+    linear = plan_regression(
+        "dp_linear_regression", table, label="f", features=["i", "t", "b"], delta=1e-6
+    )
+    logistic = plan_regression(
+        "dp_logistic_regression", table, label="b", features=["i", "f"], sample_rate=0.1, delta=1e-6
+    )
+    total = run(con, "SELECT COUNT(*) FROM gen WHERE u IS NOT NULL")[0][0]
+    for secret in SECRETS:
+        every = '"u", "t", "i", "f", "d", "b"'
+        n = same(
+            con, old_bounded_rows_sql(table, every, secret), bounded_rows_sql(table, every, secret)
+        )
+        units = engine_text(bounded_rows(table, [sqlglot.exp.column("u")]), secret)
+        per_unit = run(con, f"SELECT MAX(c) FROM (SELECT COUNT(*) c FROM ({units}) GROUP BY u)")
+        assert per_unit[0][0] == 3 and n < total  # units over R were cut to R
+        old = old_pattern_counts_sql(table, rule_list.select_list(), columns, secret)
+        new = new_pattern_counts_sql(table, rule_list.select_list(), columns, secret)
+        assert run(con, old) == run(con, new)
+        for plan in (linear, logistic):
+            old = old_bounded_rows_sql(table, old_regression_select_list(plan, "u"), secret)
+            new = engine_text(bounded_rows(table, plan.items("u")), secret)
+            assert same(con, old, new) == n
+    con.close()
+
+
+def test_a_table_without_a_unit_reads_every_row():
+    table = generated_policy(None)
+    con = generated()
+    con.execute("ALTER TABLE gen DROP COLUMN u")
+    linear = plan_regression(
+        "dp_linear_regression", table, label="f", features=["i", "t"], delta=1e-6
+    )
+    old = old_bounded_rows_sql(table, old_regression_select_list(linear, None), 7)
+    new = engine_text(bounded_rows(table, linear.items(None)), 7)
+    a, b = run(con, old), run(con, new)
+    # u is ROW_NUMBER() OVER (ORDER BY 1) in both: one number per row, in the engine's order
+    assert sorted(r[:-1] for r in a) == sorted(r[:-1] for r in b)
+    assert sorted(r[-1] for r in b) == list(range(1, len(a) + 1))
+    assert "HASH" not in new and len(b) == run(con, "SELECT COUNT(*) FROM gen")[0][0]
+    con.close()
+
+
+def test_the_tree_is_the_query_plans_bounding():
+    """No SQL text: the keyed hash is dpsql.sql.bounding.row_order's, with the secret slot
+    until a run prints its secret; the window is row_rank's, as the query plan's."""
+    table = generated_policy("u")
+    tree = bounded_rows(table, [sqlglot.exp.column("i")])
+    (window,) = list(tree.find_all(sqlglot.exp.Window))
+    assert window == bounding.row_rank(table, [sqlglot.exp.column("u", quoted=True)])
+    (hashed,) = [n for n in tree.find_all(sqlglot.exp.Anonymous) if is_keyed_hash(n)]
+    assert hashed == bounding.row_order(table) and is_secret(hashed.expressions[-1])
+    assert tree.find(sqlglot.exp.Qualify).this.expression.this == "3"  # R
+    assert ", 42)) <= 3" in engine_text(tree, 42)
+    note = bound_note(table)
+    assert "Bound per u: <= 3 rows" in note and "a unit changes" in note
