@@ -220,3 +220,24 @@ def test_the_tree_is_the_query_plans_bounding():
     assert ", 42)) <= 3" in engine_text(tree, 42)
     note = bound_note(table)
     assert "Bound per u: <= 3 rows" in note and "a unit changes" in note
+
+
+def test_explain_notes_the_bound_node_and_spends_nothing():
+    import dpsql
+    from dpsql.dbapi import connect_service
+    from dpsql.privacy.ledger import MemoryLedger
+    from dpsql.privacy.samplers import SeededNoise
+
+    service = dpsql.Service(FIXTURE / "visits.toml", ledger=MemoryLedger(), noise=SeededNoise(1))
+    try:
+        cur = connect_service(service, "bound-explain").cursor()
+        for call in (
+            "dp_rule_list('visits', label => 'smoker', max_length => 2)",
+            "dp_linear_regression('visits', label => 'cost', features => ['age'], delta => 1e-6)",
+        ):
+            cur.execute(f"EXPLAIN SELECT * FROM {call}")
+            notes = [m for _, m in cur.messages]
+            assert any("Bound per patient_id: <= 5 rows" in m for m in notes), notes
+        assert service.ledger.spent("bound-explain", service.policy.dataset).is_zero
+    finally:
+        service.close()
