@@ -80,8 +80,8 @@ from dpsql.sql.plan import Plan
 from dpsql.sql.planner import build_plan
 from dpsql.sql.statements import (
     DIALECT,
-    BoundQuery,
     CompositeQuery,
+    DPQuery,
     ExplainStatement,
     PublicSelect,
     ReleasedQuery,
@@ -191,7 +191,7 @@ class Service:
         return ModelStore.for_ledger(self.ledger).lookup(analyst, self.policy.dataset)
 
     # -- planning ----------------------------------------------------------------------------
-    def _domains(self, query: BoundQuery, analyst: str) -> list[tuple | None]:
+    def _domains(self, query: DPQuery, analyst: str) -> list[tuple | None]:
         out = []
         for key in query.keys:
             cache_key = (analyst, query.table.name, key.sql, key.allowed, key.conditions)
@@ -207,7 +207,7 @@ class Service:
             out.append(domain)
         return out
 
-    def plan(self, query: BoundQuery, settings: Settings, analyst: str = "") -> Plan:
+    def plan(self, query: DPQuery, settings: Settings, analyst: str = "") -> Plan:
         """Type the query (refusals are free: schema only), find its domains, plan it.
 
         Typing reuses only this analyst's own earlier typings of the same expressions (never
@@ -218,7 +218,7 @@ class Service:
 
     def plan_typed(
         self,
-        query: BoundQuery,
+        query: DPQuery,
         domains: list[tuple | None],
         settings: Settings,
         analyst: str | None = None,
@@ -342,7 +342,7 @@ class Service:
             from dpsql.service.composite import run_released
 
             return run_released(self, statement, settings, analyst, handle)
-        assert isinstance(statement, BoundQuery)
+        assert isinstance(statement, DPQuery)
         prepared = self._prepare(key, statement, settings, analyst, handle)
         result = self._run(prepared, analyst, handle, settings.confidence)
         if prepared.shape_key is not None:
@@ -411,7 +411,7 @@ class Service:
     def _prepare(
         self,
         key: tuple | None,
-        statement: BoundQuery,
+        statement: DPQuery,
         settings: Settings,
         analyst: str,
         handle: QueryHandle | None = None,
@@ -581,7 +581,7 @@ class Service:
             if (found := self._probe(text, parameters, settings, analyst)) is not None:
                 return found.description
             statement = self._parse(text, parameters, analyst, settings.dialect)
-            if isinstance(statement, BoundQuery):
+            if isinstance(statement, DPQuery):
                 prepared = self._prepare(key, statement, settings, analyst)
             elif isinstance(statement, CompositeQuery):
                 from dpsql.service.composite import plan_composite

@@ -60,12 +60,12 @@ def error_curves(
     from dataclasses import replace
 
     from dpsql.sql.bind import parse_statement
-    from dpsql.sql.statements import BoundQuery, ExplainStatement
+    from dpsql.sql.statements import DPQuery, ExplainStatement
 
     statement = parse_statement(sql, service.policy)
     if isinstance(statement, ExplainStatement):
         statement = statement.query
-    if not isinstance(statement, BoundQuery):
+    if not isinstance(statement, DPQuery):
         raise ProgrammingError(
             "plot error takes an aggregate SELECT over a policy table",
             construct="SQL",

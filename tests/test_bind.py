@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 
 import pytest
@@ -12,11 +13,13 @@ from dpsql.policy import load_policy
 from dpsql.sql.bind import parse_statement
 from dpsql.sql.statements import (
     AggregateCall,
-    BoundQuery,
+    Compute,
+    DPQuery,
     ExplainStatement,
     PublicSelect,
     SettingStatement,
     TransactionStatement,
+    Where,
 )
 
 COLUMNS = {
@@ -34,9 +37,9 @@ def policy(tmp_path_factory):
     return load_policy(table_policy(path, COLUMNS, unit="uid", rows=2, groups=2))
 
 
-def bind(policy, sql, params=None) -> BoundQuery:
+def bind(policy, sql, params=None) -> DPQuery:
     bound = parse_statement(sql, policy, params)
-    assert isinstance(bound, BoundQuery)
+    assert isinstance(bound, DPQuery)
     return bound
 
 
@@ -164,3 +167,41 @@ def test_malformed_statements(policy, sql):
     with pytest.raises(ProgrammingError) as info:
         parse_statement(sql, policy)
     assert isinstance(info.value, SQLSyntaxError) and info.value.sqlstate == "42601"
+
+
+def test_a_query_binds_to_a_tree_of_nodes(policy):
+    """The binder emits GroupBy(Compute(Where(Read))), each optional node only when present."""
+    plain = bind(policy, "SELECT COUNT(*) FROM t")
+    assert [type(n).__name__ for n in plain.nodes()] == ["GroupBy", "Read"]
+    full = bind(policy, "SELECT grp, SUM(v * 2) FROM t WHERE age > 3 GROUP BY grp")
+    assert [type(n).__name__ for n in full.nodes()] == ["GroupBy", "Compute", "Where", "Read"]
+    compute = full.node(Compute)
+    assert compute is not None and [c.expr for c in compute.columns] == ["v * 2"]
+    assert all(c.expr is None for c in full.read.table.columns.values())  # Read: declared only
+    assert full.table.columns[compute.columns[0].name] == compute.columns[0]  # the flat view
+    assert full.keys[0].type is None and full.aggregates[0].kind == "sum"
+
+
+def test_rebuilding_a_tree_keeps_it_equal_and_changes_one_part(policy):
+    q = bind(policy, "SELECT grp, SUM(v * 2) FROM t WHERE age > 3 GROUP BY grp")
+    assert q.with_table(q.table) == q  # split back into Read and Compute alike
+    assert q.with_where(q.where) == q
+    assert q.with_keys(q.keys) == q
+    unfiltered = q.with_where(None)
+    assert unfiltered.node(Where) is None
+    assert unfiltered.node(Compute).columns == q.node(Compute).columns
+    wider = q.with_table(dataclasses.replace(q.table, max_rows_per_unit=9))
+    assert wider.read.table.max_rows_per_unit == 9 and wider.where == q.where
+
+
+def test_a_where_node_knows_which_conjuncts_can_fail(policy):
+    """Totality is a property of the Where node: a comparison of one type family is total (it
+    runs bare), a cast can fail on a row (it runs under TRY)."""
+    q = bind(policy, "SELECT COUNT(*) FROM t WHERE age > 3 AND CAST(grp AS INT) = 1 AND v < 1")
+    where = q.node(Where)
+    assert where is not None
+    assert [(c.expr.sql(), c.total) for c in where.conjuncts] == [
+        ("age > 3", True),
+        ("CAST(grp AS INT) = 1", False),
+        ("v < 1", True),
+    ]

@@ -32,7 +32,7 @@ from dpsql.ir.canonical import answer_key, canonical, plan_text
 from dpsql.pipeline import Service, Settings
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.sql.bind import parse_statement
-from dpsql.sql.statements import BoundQuery
+from dpsql.sql.statements import DPQuery
 
 ROOT = Path(__file__).resolve().parent.parent
 STAR = ROOT / "fixtures" / "star"
@@ -329,7 +329,7 @@ def _plan(
 ) -> Any:
     settings = settings or Settings.from_policy(service.policy)
     statement = parse_statement(text, service.policy)
-    assert isinstance(statement, BoundQuery), text
+    assert isinstance(statement, DPQuery), text
     return service.plan(statement, settings, analyst)
 
 

@@ -33,8 +33,8 @@ from dpsql.policy import ColumnPolicy
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.sql.bind import parse_statement
 from dpsql.sql.compile import compile_plan, fixed_point_value, render
+from dpsql.sql.fixed_point import fixed_point_bounds
 from dpsql.sql.plan import Measure, Plan
-from dpsql.sql.row_values import fixed_point_bounds
 
 R, G = 3, 2
 GROUPS = ["a", "b", "c"]  # 3 public bins > G: a unit's groups are capped at G

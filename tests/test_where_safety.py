@@ -116,10 +116,10 @@ def test_results_equal_those_with_everything_under_try(query: str, monkeypatch) 
     monkeypatch.setattr(pipeline_module.secrets, "randbits", lambda bits: 12345)
     split = rows_of(exact_connect(fixture_policy()), query)
 
-    def all_under_try(where, table):
-        return [sqlglot.exp.Try(this=where.copy())]
+    def all_under_try(parts):  # every conjunct as if it could fail: the whole WHERE in TRY
+        return [sqlglot.exp.Try(this=sqlglot.exp.and_(*(part.copy() for part, _ in parts)))]
 
-    monkeypatch.setattr(bounding_module, "guarded_conditions", all_under_try)
+    monkeypatch.setattr(bounding_module, "guarded", all_under_try)
     conn = exact_connect(fixture_policy())
     spy = EngineSpy(conn.service)
     assert rows_of(conn, query) == split

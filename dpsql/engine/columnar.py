@@ -40,10 +40,10 @@ from sqlglot import exp
 from dpsql.engine.api import EngineResult
 from dpsql.policy import ColumnPolicy, TablePolicy
 from dpsql.sql import bias
+from dpsql.sql.fixed_point import fixed_point_bounds
 from dpsql.sql.local_plan import ColumnProgram
 from dpsql.sql.measure_kinds import MEASURE_KINDS
 from dpsql.sql.plan import Measure
-from dpsql.sql.row_values import fixed_point_bounds
 from dpsql.sql.simple_where import COMPARISONS, KEY_TYPES, iso_date
 
 _EXACT_FLOAT = 2**53  # every integer below it is a float64, and so is every partial sum

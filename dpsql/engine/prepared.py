@@ -47,8 +47,9 @@ import duckdb
 
 from dpsql.engine import store_files
 from dpsql.policy import ColumnPolicy, Policy, TablePolicy
+from dpsql.sql.fixed_point import fixed_point_bounds
 from dpsql.sql.identifiers import quote_ident as _q
-from dpsql.sql.row_values import domain_condition, fixed_point_bounds, fixed_point_expr
+from dpsql.sql.row_values import domain_condition, fixed_point_expr
 
 FORMAT = 4  # bump when the layout changes: old files are then never matched
 # DuckDB's CombineHash multiplier (src/include/duckdb/common/types/hash.hpp); verified at build

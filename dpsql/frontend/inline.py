@@ -27,7 +27,7 @@ from dpsql.frontend.per_unit import ROW_CHANGING_CLAUSES, per_unit_relation
 from dpsql.frontend.scopes import display_name
 from dpsql.policy import Policy, TablePolicy
 from dpsql.sql.positions import position_of, snippet
-from dpsql.sql.statements import BoundQuery
+from dpsql.sql.statements import DPQuery
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def is_aggregate(select: exp.Select) -> bool:
 
 # The binder, passed in by it (dpsql.sql.bind.bind_select): a per-unit relation is found by
 # binding trial SELECTs, and this module sits below the binder (it imports no binder).
-BindSelect = Callable[[exp.Select, str, Policy], BoundQuery]
+BindSelect = Callable[[exp.Select, str, Policy], DPQuery]
 
 
 def flatten_relations(
@@ -72,7 +72,7 @@ def flatten_relations(
     return flat, policy
 
 
-def _no_binding(tree: exp.Select, text: str, policy: Policy) -> BoundQuery:
+def _no_binding(tree: exp.Select, text: str, policy: Policy) -> DPQuery:
     raise AssertionError("post-processing is inlined without binding")  # never called
 
 
@@ -183,7 +183,7 @@ class _Flattener:
 
         policy = replace(self.policy, tables={**self.policy.tables, **self.derived})
 
-        def bind(trial: exp.Select) -> BoundQuery:
+        def bind(trial: exp.Select) -> DPQuery:
             return self.bind_select(trial, self.text, policy)
 
         made = per_unit_relation(

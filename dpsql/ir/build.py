@@ -22,15 +22,25 @@ from dpsql.ir.relational import (
     PublicJoin,
     Scan,
 )
+from dpsql.policy import ColumnPolicy
 from dpsql.sql.plan import Measure, OutputAggregate, Plan, QuantileMeasure
+from dpsql.sql.statements import Compute, DPQuery, Read, Where
 
 
-def plan_tree(plan: Plan) -> PostProcess:
-    """Scan -> [PublicJoin] -> [Filter] -> [Project] -> Bound -> Aggregate -> Release -> Post."""
-    query = plan.query
-    table = query.table
-    node: Scan | PerUnit | PublicJoin | Filter | Project
-    node = Scan(table.name, table.privacy_unit)  # narrowed: each step wraps what came before
+def relational_nodes(query: DPQuery) -> Scan | PerUnit | PublicJoin | Filter | Project:
+    """The bound tree's rows (Read -> [Where] -> [Compute]) as relational nodes with their
+    stability, node for node."""
+    read, where, compute = query.read, query.node(Where), query.node(Compute)
+    rows = _read(read)
+    node = rows if where is None else Filter(rows, where.condition)
+    if compute is not None:
+        return Project(node, tuple(_computed(c) for c in compute.columns))
+    return node
+
+
+def _read(read: Read) -> Scan | PerUnit | PublicJoin:
+    table = read.table
+    node: Scan | PerUnit = Scan(table.name, table.privacy_unit)
     spec = getattr(table.joined, "spec", None)  # a per-unit relation (dpsql.frontend.per_unit)
     if spec is not None:
         base = table.joined.steps[0].table  # type: ignore[union-attr]
@@ -41,22 +51,25 @@ def plan_tree(plan: Plan) -> PostProcess:
             spec.max_rows,
             spec.max_groups,
         )
-    if query.joins:
-        node = PublicJoin(node, query.joins)
-    if query.where is not None:
-        node = Filter(node, query.where)
-    computed = tuple(
-        ComputedColumn(
-            c.name,
-            c.expr,
-            c.lower if c.lower is not None else float("nan"),
-            c.upper if c.upper is not None else float("nan"),
-        )
-        for c in table.columns.values()
-        if c.expr is not None
+    return PublicJoin(node, read.joins) if read.joins else node
+
+
+def _computed(column: ColumnPolicy) -> ComputedColumn:
+    assert column.expr is not None  # a Compute node holds computed columns only
+    return ComputedColumn(
+        column.name,
+        column.expr,
+        column.lower if column.lower is not None else float("nan"),
+        column.upper if column.upper is not None else float("nan"),
     )
-    if computed:
-        node = Project(node, computed)
+
+
+def plan_tree(plan: Plan) -> PostProcess:
+    """The bound tree's rows (relational_nodes), then what planning added: Bound ->
+    Aggregate -> Release -> Post."""
+    query = plan.query
+    table = query.table
+    node = relational_nodes(query)
     bound = Bound(
         node,
         table.privacy_unit,

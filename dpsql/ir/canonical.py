@@ -48,7 +48,7 @@ from sqlglot import exp
 
 # Fields that are spelling, not meaning, though they take part in equality: the statement's
 # text (its tree is serialised instead).
-_SPELLING = {("BoundQuery", "text")}
+_SPELLING = {("DPQuery", "text")}
 # compare=False fields that still decide which rows a query reads: a public table's rows (held
 # as public facts, joined as those rows); serialised as a digest.
 _ROWS = {("TablePolicy", "rows")}
@@ -94,7 +94,7 @@ def _fields(cls: type) -> tuple[tuple[str, str], ...]:
             where = (name, f.name)
             if where in _ROWS:
                 out.append((f.name, "rows"))
-            elif where == ("BoundQuery", "where"):
+            elif where == ("Where", "condition"):
                 out.append((f.name, "where"))
             elif f.compare and where not in _SPELLING:
                 out.append((f.name, "set" if where in _SETS else "value"))
@@ -371,7 +371,7 @@ def plan_text(plan: Any) -> str:
 # same exact aggregates for the same secret (tests/test_spark_engine.py, test_spark_store.py
 # check them equal), so the released distribution is the same and an answer paid on one
 # engine replays on the other at the same data version.
-_POST = frozenset({("BoundQuery", "post"), ("Plan", "engine")})
+_POST = frozenset({("DPQuery", "post"), ("Plan", "engine")})
 
 
 def answer_key(plan: Any) -> str:

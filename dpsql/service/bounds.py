@@ -81,9 +81,9 @@ from dpsql.privacy.contribution import (
 )
 
 # This module sits below the planner and compiler (it imports neither: tests/test_layering.py):
-# a bound query is passed in as ``Any`` (dpsql.sql.bind.BoundQuery), the engine query of a
+# a bound query is passed in as ``Any`` (dpsql.sql.bind.DPQuery), the engine query of a
 # histogram is built by the caller's ``histogram_query`` (dpsql.sql.compile.contribution_query).
-BoundQuery = Any
+DPQuery = Any
 #: ColumnPolicy.clip of a column whose policy states none (dpsql.policy)
 CLIP_DEFAULT = "default"
 #: ... and of that column in a query planned with the range chosen from its kept histogram
@@ -204,7 +204,7 @@ class Chosen:
         return out
 
 
-def clamp_columns(query: BoundQuery) -> tuple[str, ...]:
+def clamp_columns(query: DPQuery) -> tuple[str, ...]:
     """The columns whose clamp range ``query`` chooses from a kept histogram (module doc):
     summed by SUM/AVG/VAR/STDDEV, no clip stated, stored, a number with bounds wider than its
     resolution, and used by nothing else in the query. Decided from policy and text: public."""
@@ -259,7 +259,7 @@ def clamp_histogram(col: Any) -> LogHistogram:
     )
 
 
-def needs_of(query: BoundQuery, version: str) -> tuple[Need, ...]:
+def needs_of(query: DPQuery, version: str) -> tuple[Need, ...]:
     """The histograms ``query`` chooses its bounds from (none for a table without "auto" and
     no default clamp): contribution histograms first, then the columns' value histograms."""
     table = query.table
@@ -277,7 +277,7 @@ def needs_of(query: BoundQuery, version: str) -> tuple[Need, ...]:
     return (*out, *clips)
 
 
-def measure_count(query: BoundQuery, *, sum_counts: bool = True) -> int:
+def measure_count(query: DPQuery, *, sum_counts: bool = True) -> int:
     """How many noisy measures share the query's ε (as dpsql.sql.plan splits it, roughly:
     COUNT one, SUM one per column, AVG a sum and the count, VAR/STDDEV a sum of squares too).
     ``sum_counts=False``: a SUM alone measures no count (the plan of a single total's SUM)."""
@@ -305,8 +305,8 @@ def _stored(entry: str) -> dict[str, Any] | None:
 
 
 def resolve(
-    service: Any, query: BoundQuery, epsilon: float, analyst: str | None
-) -> tuple[BoundQuery, float, Chosen | None]:
+    service: Any, query: DPQuery, epsilon: float, analyst: str | None
+) -> tuple[DPQuery, float, Chosen | None]:
     """The query with its "auto" bounds chosen (or the cap as placeholders and a pending
     choice), and the ε its measures are planned with. Free: reads the analyst's cached
     histograms only."""
@@ -344,9 +344,7 @@ def resolve(
     return _with_chosen(query, found, measured, paid=paid_here)
 
 
-def _mechanism(
-    query: BoundQuery, need: Need, epsilon: float
-) -> ContributionHistogram | ApproxBounds:
+def _mechanism(query: DPQuery, need: Need, epsilon: float) -> ContributionHistogram | ApproxBounds:
     """The histogram release a need buys: a contribution histogram, or (kind "clip") the
     ApproxBounds histogram of the column's |x|, Laplace(R/ε) per bin."""
     if need.kind != "clip":
@@ -384,7 +382,7 @@ def _split_contribution(epsilon: float, needs: tuple[Need, ...]) -> list[float]:
 
 
 def clamp_range(
-    query: BoundQuery,
+    query: DPQuery,
     column: str,
     data: dict[str, Any],
     measured: float,
@@ -427,8 +425,8 @@ def clamp_range(
 
 
 def _with_chosen(
-    query: BoundQuery, found: dict[Need, dict[str, Any]], measured: float, paid: bool
-) -> tuple[BoundQuery, float, Chosen]:
+    query: DPQuery, found: dict[Need, dict[str, Any]], measured: float, paid: bool
+) -> tuple[DPQuery, float, Chosen]:
     """Choose G first (its noise per unit: one group's), then R given G (post-processing).
     ``paid``: this statement bought a histogram; its overhead share went there, so no bias
     measure is planned for it (the histogram's estimate of what R cuts is its note)."""
@@ -491,7 +489,7 @@ def _with_chosen(
         contribution_paid,
         clamps,
     )
-    return replace(query, table=bounded), measured, chosen
+    return query.with_table(bounded), measured, chosen
 
 
 def _rows_kept(d: dict[str, Any], rows: int) -> float:
@@ -507,12 +505,12 @@ def _rows_kept(d: dict[str, Any], rows: int) -> float:
 def buy(
     service: Any,
     pending: Pending,
-    query: BoundQuery,
+    query: DPQuery,
     analyst: str,
     handle: Any,
     histogram_query: Callable[..., Any],
     clamp_query: Callable[..., Any] | None = None,
-) -> tuple[BoundQuery, float, Chosen]:
+) -> tuple[DPQuery, float, Chosen]:
     """Release the pending histograms (already charged), keep them for the analyst at the
     data version, and return the query with the bounds chosen from them (and any histogram
     already kept). Runs after the charge: every failure here is the charged boundary's."""

@@ -132,7 +132,7 @@ def bind_released(outer: Plan, query: CompositeQuery, values: list[Any]) -> Plan
             kp = KeyPlan(kp.key, ordered_values(allowed))
         keys.append(kp)
     # Measures, noise scales and cost are those planned and charged.
-    return replace(outer, query=replace(outer.query, where=where), keys=tuple(keys))
+    return replace(outer, query=outer.query.with_where(where), keys=tuple(keys))
 
 
 def _is_placeholder(domain: tuple | None) -> bool:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from dpsql.service.results import Result
     from dpsql.service.settings import Settings
     from dpsql.sql.plan import Plan
-    from dpsql.sql.statements import BoundQuery
+    from dpsql.sql.statements import DPQuery
     from dpsql.sql.typecheck import ShadowTypes
 
 
@@ -41,11 +41,11 @@ class Service(Protocol):
     #: post-processing texts already checked on the public dummy row
     _post_checked: Any
 
-    def plan(self, query: BoundQuery, settings: Settings, analyst: str = "") -> Plan: ...
+    def plan(self, query: DPQuery, settings: Settings, analyst: str = "") -> Plan: ...
 
     def plan_typed(
         self,
-        query: BoundQuery,
+        query: DPQuery,
         domains: list[tuple | None],
         settings: Settings,
         analyst: str | None = None,
@@ -57,7 +57,7 @@ class Service(Protocol):
 
     def _reserve(self, analyst: str, cost: Any, query_text: str, plan_hash: str) -> None: ...
 
-    def _domains(self, query: BoundQuery, analyst: str) -> list[tuple | None]: ...
+    def _domains(self, query: DPQuery, analyst: str) -> list[tuple | None]: ...
 
     def _key_types(self, plan: Plan) -> list[str]: ...
 

@@ -36,7 +36,7 @@ from dpsql.service.plan_cache import PreparedPlan, SecretTemplate
 from dpsql.service.settings import Settings
 from dpsql.sql.compile import NEUTRAL, CompiledQuery, compile_plan
 from dpsql.sql.plan import Plan
-from dpsql.sql.statements import DIALECT, BoundQuery
+from dpsql.sql.statements import DIALECT, DPQuery
 from dpsql.sql.treeops import replace_nodes
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ class _Shape:
     __slots__ = ("compiled", "plan", "policy", "sentinels", "served", "statement", "version")
 
     def __init__(
-        self, plan: Plan, statement: BoundQuery, compiled: CompiledQuery, sentinels: list[str]
+        self, plan: Plan, statement: DPQuery, compiled: CompiledQuery, sentinels: list[str]
     ) -> None:
         self.plan = plan
         self.statement = statement  # untyped, as bound: compared with each fresh one
@@ -107,7 +107,7 @@ class _Shape:
         # of the shape, see matches) is planned and dry-run once, then shared
         self.served: PreparedPlan | None = None
 
-    def matches(self, statement: BoundQuery) -> bool:
+    def matches(self, statement: DPQuery) -> bool:
         old = self.statement
         return (
             (statement.table is old.table or statement.table == old.table)
@@ -116,7 +116,7 @@ class _Shape:
             and statement.post == old.post
         )
 
-    def prepared(self, statement: BoundQuery, literals: list[str]) -> PreparedPlan:
+    def prepared(self, statement: DPQuery, literals: list[str]) -> PreparedPlan:
         """The plan of ``statement``: this shape's, with the statement's own query."""
         keys = tuple(
             replace(fresh, type=typed.type)
@@ -124,7 +124,7 @@ class _Shape:
         )
         plan = replace(
             self.plan,
-            query=replace(statement, keys=keys),
+            query=statement.with_keys(keys),
             keys=tuple(replace(kp, key=k) for kp, k in zip(self.plan.keys, keys, strict=True)),
             outputs=tuple(
                 replace(o, call=c)
@@ -157,7 +157,7 @@ class ShapeCache:
     def _key(
         self,
         service: Service,
-        statement: BoundQuery,
+        statement: DPQuery,
         settings: Settings,
         analyst: str,
     ) -> tuple[tuple, list[str]] | None:
@@ -185,7 +185,7 @@ class ShapeCache:
         return key, [str(node.this) for node, _ in slots]
 
     def lookup(
-        self, service: Service, statement: BoundQuery, settings: Settings, analyst: str
+        self, service: Service, statement: DPQuery, settings: Settings, analyst: str
     ) -> PreparedPlan | None:
         """A prepared statement from a verified shape, or None (plan it fresh)."""
         found = self._key(service, statement, settings, analyst)
@@ -235,7 +235,7 @@ class ShapeCache:
         self,
         service: Service,
         prepared: PreparedPlan,
-        statement: BoundQuery,
+        statement: DPQuery,
         settings: Settings,
         analyst: str,
     ) -> None:
@@ -262,7 +262,7 @@ class ShapeCache:
         self,
         service: Service,
         prepared: PreparedPlan,
-        statement: BoundQuery,
+        statement: DPQuery,
         settings: Settings,
         analyst: str,
         key: tuple,
@@ -275,7 +275,7 @@ class ShapeCache:
         sentinels = [_sentinel(cls) for cls in classes]
         try:
             where = with_literal_slots(statement.where, [exp.Literal.number(s) for s in sentinels])
-            other = service.plan(replace(statement, where=where), settings, analyst)
+            other = service.plan(statement.with_where(where), settings, analyst)
             if replace(other, query=plan.query, keys=plan.keys, outputs=plan.outputs) != plan:
                 return None  # a slot's value reached the plan: this shape is planned fresh
             if prepared.template is None:

@@ -51,7 +51,7 @@ from sqlglot import exp
 from dpsql.service.plan_cache import PreparedPlan
 from dpsql.service.settings import Settings
 from dpsql.sql.bind import parse_statement
-from dpsql.sql.statements import BoundQuery, to_literal
+from dpsql.sql.statements import DPQuery, to_literal
 
 if TYPE_CHECKING:
     from dpsql.service.protocol import Service
@@ -143,7 +143,7 @@ class _Entry:
     slot_tokens: tuple[int, ...]
     fixed: tuple[tuple[int, str], ...]
     classes: tuple[str, ...]
-    statement: BoundQuery
+    statement: DPQuery
     shape_key: tuple
     # a statement with parameters: the parameter feeding each slot (walk order), and the
     # other parameters' values, which must be equal (none of its number tokens is a slot)
@@ -232,7 +232,7 @@ class TextShapes:
             return None
         assert entry.statement.where is not None
         statement = replace(
-            entry.statement, text=text, where=_where_with(entry.statement.where, values)
+            entry.statement.with_where(_where_with(entry.statement.where, values)), text=text
         )
         prepared: PreparedPlan = shape.prepared(statement, literals)
         return prepared
@@ -241,7 +241,7 @@ class TextShapes:
         self,
         service: Service,
         text: str,
-        statement: BoundQuery,
+        statement: DPQuery,
         settings: Settings,
         analyst: str,
         shape_key: tuple,
@@ -280,7 +280,7 @@ class TextShapes:
     def _entry(
         service: Service,
         text: str,
-        statement: BoundQuery,
+        statement: DPQuery,
         numbers: list[tuple[int, str]],
         shape_key: tuple,
         dialect: str,
@@ -331,12 +331,12 @@ class TextShapes:
             return len(self._items)
 
 
-def _same_but_where(other: object, statement: BoundQuery) -> exp.Expression | None:
+def _same_but_where(other: object, statement: DPQuery) -> exp.Expression | None:
     """The WHERE of ``other`` (the text bound again with sentinels) when ``other`` is the
     fresh ``statement`` in all but its WHERE (same table, keys, aggregates, post-processing
     and joins), else None. Both entries (number tokens, ``$n`` parameters) ask it, then
     compare that WHERE's slots each in its own way."""
-    if not isinstance(other, BoundQuery) or other.where is None:
+    if not isinstance(other, DPQuery) or other.where is None:
         return None
     same = (
         other.table == statement.table
@@ -351,7 +351,7 @@ def _same_but_where(other: object, statement: BoundQuery) -> exp.Expression | No
 def _parameter_entry(
     service: Service,
     text: str,
-    statement: BoundQuery,
+    statement: DPQuery,
     numbers: list[tuple[int, str]],
     shape_key: tuple,
     dialect: str,
@@ -374,7 +374,7 @@ def _parameter_entry(
         other = parse_statement(text, service.policy, probe, dialect=dialect)
     except Exception:  # refused with the sentinels: bound every time
         return None
-    if not isinstance(other, BoundQuery) or other.where is None:
+    if not isinstance(other, DPQuery) or other.where is None:
         return None
     index = {str(v): j for j, v in enumerate(probe)}
     slot_params = [index.get(str(node.this)) for node in _slots(other.where)]

@@ -114,7 +114,7 @@ def row_bound(kind: str, lo: int, hi: int, R: int) -> int:
 
 
 def bias_specs(
-    query: Any,  # dpsql.sql.bind.BoundQuery
+    query: Any,  # dpsql.sql.bind.DPQuery
     on: bool,
     R: int,
     fixed: Callable[[Any], tuple[int, int]],  # a ColumnPolicy's fixed-point [lo, hi]

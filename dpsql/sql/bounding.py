@@ -71,8 +71,8 @@ from dpsql.sql.row_values import internal_name as _name
 from dpsql.sql.row_values import number as _number
 from dpsql.sql.row_values import quoted as _quoted
 from dpsql.sql.row_values import sql_type as _type
-from dpsql.sql.safety import guarded_conditions
-from dpsql.sql.statements import GroupKey
+from dpsql.sql.safety import guarded
+from dpsql.sql.statements import GroupKey, Where
 from dpsql.sql.typecheck import DECIMAL_PATTERN, WIDE_INTEGERS
 
 
@@ -203,8 +203,11 @@ def row_conditions(plan: Plan) -> list[exp.Expression]:
     if query.where is not None:
         # TRY: a row whose expression fails (CAST('x' AS INT), 1 // 0) is filtered out instead
         # of failing the query, so that an error can never reveal whether such a row exists.
-        # Conjuncts that cannot fail for any row run without it (dpsql.sql.safety).
-        conditions.extend(guarded_conditions(query.where, table))
+        # Conjuncts that cannot fail for any row run without it: each conjunct's totality is
+        # a property of the bound tree's Where node (dpsql.sql.statements.Where.conjuncts).
+        where = query.node(Where)
+        assert where is not None
+        conditions.extend(guarded([(c.expr, c.total) for c in where.conjuncts]))
     conditions.extend(domain_filter_exprs(plan, skip_column_keys=True))
     if table.privacy_unit is not None:
         # A row without a privacy unit belongs to nobody we can bound: it is never used.

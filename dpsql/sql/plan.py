@@ -47,7 +47,7 @@ from dpsql.privacy.mechanisms import Mechanism
 from dpsql.privacy.partition import OptimalSelection, Unreleased
 from dpsql.privacy.quantiles import Grid, exponential_map
 from dpsql.sql.measure_kinds import MEASURE_KINDS, MeasureKind
-from dpsql.sql.statements import AggregateCall, BoundQuery, GroupKey
+from dpsql.sql.statements import AggregateCall, DPQuery, GroupKey
 
 # Measure kinds and the value one row contributes (before summing):
 #   rows   - 1 for every row                       (COUNT(*))
@@ -269,7 +269,7 @@ class Selection:
 
 @dataclass(frozen=True)
 class Plan:
-    query: BoundQuery
+    query: DPQuery
     keys: tuple[KeyPlan, ...]
     measures: tuple[Measure, ...]
     outputs: tuple[OutputAggregate, ...]

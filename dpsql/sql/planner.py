@@ -53,6 +53,7 @@ from dpsql.privacy.mechanisms import Gaussian, Laplace, Mechanism, threshold_bel
 from dpsql.privacy.partition import OptimalSelection, Unreleased
 from dpsql.privacy.samplers import SecureNoise
 from dpsql.sql import bias, sharing
+from dpsql.sql.fixed_point import fixed_point_bounds
 from dpsql.sql.measure_kinds import MEASURE_KINDS
 from dpsql.sql.plan import (
     ClipEstimate,
@@ -68,8 +69,7 @@ from dpsql.sql.plan import (
     quantile_target_order,
     rescale_factor,
 )
-from dpsql.sql.row_values import fixed_point_bounds
-from dpsql.sql.statements import AggregateCall, BoundQuery
+from dpsql.sql.statements import AggregateCall, DPQuery
 
 
 def _part_epsilon(share: float, parts: int, groups: int) -> float:
@@ -97,7 +97,7 @@ def _fixed_range(col: ColumnPolicy) -> tuple[int, int]:
 
 
 def _measure_specs(
-    query: BoundQuery,
+    query: DPQuery,
     thresholded: bool,
     share: Callable[[tuple[str, str | None]], tuple[str, str | None]] | None = None,
 ) -> tuple[list[tuple[str, str | None]], list[tuple[AggregateCall, list[tuple[str, str | None]]]]]:
@@ -121,7 +121,7 @@ def _measure_specs(
 
 
 def build_plan(
-    query: BoundQuery,
+    query: DPQuery,
     domains: Sequence[tuple | None],
     *,
     epsilon: float,
@@ -251,7 +251,7 @@ class _Split:
 
 
 def _split_epsilon(
-    query: BoundQuery,
+    query: DPQuery,
     epsilon: float,
     delta: float,
     mechanism: str,
@@ -321,7 +321,7 @@ def _charged(
 
 
 def _refuse_without_delta(
-    query: BoundQuery,
+    query: DPQuery,
     domains: Sequence[tuple | None],
     delta: float,
     mechanism: str,
@@ -348,7 +348,7 @@ def _refuse_without_delta(
 
 
 def _contribution_bounds(
-    query: BoundQuery, domains: Sequence[tuple | None], thresholded: bool
+    query: DPQuery, domains: Sequence[tuple | None], thresholded: bool
 ) -> tuple[int, int, bool]:
     """R (rows per unit and group), G (groups per unit: at most the public bins) and whether
     a unit may fall in more public groups than G (bounding = "scale" keeps all at G/k)."""
@@ -366,7 +366,7 @@ def _contribution_bounds(
 
 
 def _histogram_targets(
-    query: BoundQuery,
+    query: DPQuery,
 ) -> tuple[dict[str, set[QuantileTarget]], list[tuple[str, str | None]]]:
     """The quantile targets per column (MIN, MAX, quantiles), and the other histogram kinds'
     (kind, column) pairs (MODE), one measure each."""
@@ -385,7 +385,7 @@ def _histogram_targets(
     return quantile_targets, histograms
 
 
-def _auto_clipped(query: BoundQuery) -> list[str]:
+def _auto_clipped(query: DPQuery) -> list[str]:
     """The summed columns whose policy says clip = "auto": their range is released first."""
     table = query.table
     return list(
@@ -400,7 +400,7 @@ def _auto_clipped(query: BoundQuery) -> list[str]:
 
 
 def _outputs(
-    query: BoundQuery,
+    query: DPQuery,
     output_specs: list[tuple[AggregateCall, list[tuple[str, str | None]]]],
     names: dict[tuple[str, str | None], str],
 ) -> list[OutputAggregate]:
@@ -523,7 +523,7 @@ def _threshold(
 
 
 def _histogram_measures(
-    query: BoundQuery,
+    query: DPQuery,
     quantile_targets: dict[str, set[QuantileTarget]],
     histograms: list[tuple[str, str | None]],
     R: int,
@@ -575,7 +575,7 @@ def _histogram_measures(
 
 
 def _clip_estimates(
-    query: BoundQuery,
+    query: DPQuery,
     domains: Sequence[tuple | None],
     auto: list[str],
     specs: list[tuple[str, str | None]],
@@ -632,7 +632,7 @@ def with_clip_ranges(plan: Plan, ranges: dict[str, tuple[float, float]]) -> Plan
         lo = max(lo, cast(float, col.lower))
         hi = min(hi, cast(float, col.upper))
         columns[name] = dataclasses.replace(col, lower=lo, upper=hi, clip="declared")
-    query = dataclasses.replace(plan.query, table=dataclasses.replace(table, columns=columns))
+    query = plan.query.with_table(dataclasses.replace(table, columns=columns))
     return build_plan(
         query,
         [kp.domain for kp in plan.keys],
@@ -654,7 +654,7 @@ def with_clip_ranges(plan: Plan, ranges: dict[str, tuple[float, float]]) -> Plan
 
 
 def _count_specs(
-    query: BoundQuery, specs: list[tuple[str, str | None]], R: int
+    query: DPQuery, specs: list[tuple[str, str | None]], R: int
 ) -> dict[str, tuple[str, str | None]]:
     """Per summed column, the measure counting its values, when the query measures it anyway
     (the sum is then centred on its range's midpoint and the count adds centre × it back)."""
@@ -668,7 +668,7 @@ def _count_specs(
     return out
 
 
-def _sum_scale(query: BoundQuery, column: str, centred: bool) -> tuple[float, float, float]:
+def _sum_scale(query: DPQuery, column: str, centred: bool) -> tuple[float, float, float]:
     """(h, c, M) of a column's fixed-point range: per-row bound after centring, the centre,
     the largest |value| (as the measure loop computes them)."""
     col = query.table.columns[column]
@@ -679,7 +679,7 @@ def _sum_scale(query: BoundQuery, column: str, centred: bool) -> tuple[float, fl
 
 
 def _split_weights(
-    query: BoundQuery,
+    query: DPQuery,
     specs: list[tuple[str, str | None]],
     output_specs: list[tuple[AggregateCall, list[tuple[str, str | None]]]],
     R: int,
@@ -721,7 +721,7 @@ Layout = tuple[
 
 
 def _choose_layout(
-    query: BoundQuery,
+    query: DPQuery,
     thresholded: bool,
     requested: str,
     epsilon: float,
@@ -802,7 +802,7 @@ def _choose_layout(
 
 
 def _output_error(
-    query: BoundQuery,
+    query: DPQuery,
     specs: list[tuple[str, str | None]],
     output_specs: list[tuple[AggregateCall, list[tuple[str, str | None]]]],
     R: int,
@@ -815,7 +815,7 @@ def _output_error(
 
 
 def _bias_measures(
-    query: BoundQuery,
+    query: DPQuery,
     specs: list[tuple[str, str | None]],
     epsilon: float,
     first: int,

@@ -9,31 +9,13 @@ Depends on the policy only: no plan, no data.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from fractions import Fraction
 
 import sqlglot
 from sqlglot import exp
 
 from dpsql.policy import SQL_TYPES, ColumnPolicy
 from dpsql.sql.statements import to_literal
-
-
-def fixed_point_bounds(lower: float, upper: float, g: float) -> tuple[int, int]:
-    """The integer range [lo, hi] of one row's fixed-point value, as the sensitivity assumes.
-
-    Each bound goes to its nearest multiple of ``g``, a tie toward the inside of [lower, upper]
-    (the smaller range), computed exactly on the decimal values the policy states (no float
-    quotient: 0.35 / 0.1 is a tie, not 3.4999...). The engine clamps ``x / g`` to these very
-    integers before rounding it (:func:`fixed_point_expr`), so its own tie
-    rule (DuckDB and Spark round half away from zero) cannot leave [lo, hi]; and a row's value
-    stays within g/2 of its clamped x whether or not the bounds are multiples of ``g``.
-    """
-    a, b = Fraction(repr(lower)) / Fraction(repr(g)), Fraction(repr(upper)) / Fraction(repr(g))
-    lo, hi = math.floor(a + Fraction(1, 2)), math.ceil(b - Fraction(1, 2))
-    # lo > hi only when lower == upper sits on a tie: either neighbour is as near
-    return min(lo, hi), hi
 
 
 def internal_name(name: str, table: str | None = None) -> exp.Column:
@@ -96,7 +78,7 @@ def fixed_point_expr(col: ColumnPolicy, lo: int, hi: int) -> exp.Expression:
     ``x / g`` is clamped to the integers lo and hi *before* ROUND, and any rounding rule is
     monotone and leaves integers alone, so the result lies in [lo, hi] whatever the engine's
     tie rule (DuckDB and Spark round half away from zero; the planner's ties go inward, see
-    :func:`fixed_point_bounds`): one unit moves each row's value by no more
+    :func:`dpsql.sql.fixed_point.fixed_point_bounds`): one unit moves each row's value by no more
     than the sensitivity assumes. One clamp costs what clamping x did; a second on the BIGINT
     would cost ~40% more per value. Past 2^53 a bound is not exact as a DOUBLE: there the
     BIGINT is clamped too.

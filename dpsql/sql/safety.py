@@ -15,12 +15,23 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Sequence
 
 from sqlglot import exp
 
 from dpsql.frontend.logic import conjuncts
 from dpsql.policy import TablePolicy
-from dpsql.sql.statements import COMPARISON_NODES
+
+COMPARISON_NODES: tuple[type[exp.Expression], ...] = (
+    exp.EQ,
+    exp.NEQ,
+    exp.GT,
+    exp.GTE,
+    exp.LT,
+    exp.LTE,
+    exp.NullSafeEQ,
+    exp.NullSafeNEQ,
+)
 
 _FAMILY = {"int": "number", "float": "number", "text": "text", "bool": "bool", "date": "date"}
 _ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
@@ -130,16 +141,27 @@ def cannot_fail(node: exp.Expression, table: TablePolicy) -> bool:
 
 
 def guarded_conditions(where: exp.Expression, table: TablePolicy) -> list[exp.Expression]:
-    """A WHERE as condition trees: conjuncts that cannot fail as they are, the rest under TRY.
+    """A WHERE as condition trees: conjuncts that cannot fail as they are, the rest under TRY
+    (:func:`guarded`, each conjunct's totality by :func:`cannot_fail` over ``table``)."""
+    return guarded([(part, cannot_fail(part, table)) for part in conjuncts(where)])
+
+
+def guarded(parts: Sequence[tuple[exp.Expression, bool]]) -> list[exp.Expression]:
+    """Conjuncts with their totality as condition trees: the total ones as they are, the rest
+    under TRY.
 
     Conjuncts keep their order, each in parentheses; the ones that might fail are ANDed inside
     one ``TRY(...)`` placed last, so a row whose evaluation errors is filtered out instead of
     failing the query. The trees are copies: the caller may place them in its own query.
+
+    >>> a, b = exp.column("a").eq(1), exp.column("b").eq(2)
+    >>> [e.sql() for e in guarded([(a, True), (b, False)])]
+    ['(a = 1)', 'TRY((b = 2))']
     """
     safe: list[exp.Expression] = []
     risky: list[exp.Expression] = []
-    for part in conjuncts(where):
-        (safe if cannot_fail(part, table) else risky).append(exp.Paren(this=part.copy()))
+    for part, total in parts:
+        (safe if total else risky).append(exp.Paren(this=part.copy()))
     if risky:
         guarded = risky[0]
         for r in risky[1:]:

@@ -1,44 +1,41 @@
 """The bound statements: what the binder (dpsql.sql.bind) emits and everything below reads.
 
-A bound query is a frozen value: the policy table as this query reads it (its joined steps and
-computed columns included), the WHERE, the GROUP BY keys, the aggregate calls and the
-post-processing over the released table; the other statements (a table function's call, a
-composite or released-table query, SET/SHOW, EXPLAIN, BEGIN/COMMIT) are values too. This
+A DP query is a tree of frozen nodes, ``DPQuery(GroupBy(Compute(Where(Read))))``: each node
+carries what is known of it once bound (a Where's conjuncts their totality, a Compute's
+columns their types and value ranges, a GroupBy's keys their types), computed once.
+
+The Read holds the policy table as this query reads it (its joined steps included), the Where
+the filter, the Compute the computed columns, the GroupBy the keys and the aggregate calls, and
+the root the post-processing over the released table; the other statements (a table
+function's call, a composite or released-table query, SET/SHOW, EXPLAIN, BEGIN/COMMIT) are
+values too. This
 module also holds the vocabulary the binder accepts (the scalar nodes, the post-processing
 windows and error-bar functions) because the compiler and the scratch engine read it.
 
-It imports no binder and no frontend module, so every layer below the binder can name the
-statement types without reaching back up (tests/test_layering.py).
+It imports no binder, and of the front end only its AND splitter (dpsql.frontend.logic, for the
+WHERE's conjuncts), so every layer below the binder can name the statement types without
+reaching back up (tests/test_layering.py).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import functools
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 from sqlglot import exp
 
 from dpsql.aggregates import FUNCTIONS, KINDS
 from dpsql.errors import Position, ProgrammingError
-from dpsql.policy import TablePolicy
+from dpsql.frontend.logic import conjuncts
+from dpsql.policy import ColumnPolicy, TablePolicy
+from dpsql.sql.safety import COMPARISON_NODES, cannot_fail
 
 DIALECT = "duckdb"
 
 # The table post-processing reads: the released values only (dpsql.engine.scratch).
 RELEASED = "__released"
-
-COMPARISON_NODES: tuple[type[exp.Expression], ...] = (
-    exp.EQ,
-    exp.NEQ,
-    exp.GT,
-    exp.GTE,
-    exp.LT,
-    exp.LTE,
-    exp.NullSafeEQ,
-    exp.NullSafeNEQ,
-)
 
 # Deterministic scalar constructs allowed in WHERE, GROUP BY and post-processing.
 SCALAR_NODES: tuple[type[exp.Expression], ...] = (
@@ -189,18 +186,164 @@ class GroupKey:
 
 
 @dataclass(frozen=True)
-class BoundQuery:
-    """A validated DP query: one table, a filter, keys, aggregates, and post-processing."""
+class Read:
+    """Leaf: read the policy table as this query reads it (its declared columns; a joined
+    source's steps, public joins ON unique keys and per-unit relations, inside
+    ``table.joined``). Neighbouring datasets differ by one unit with all of its rows."""
+
+    table: TablePolicy
+    # Public tables joined on a unique key (dpsql.frontend.joins), as EXPLAIN shows them:
+    # already inlined into the nodes above, 1-stable (dpsql.ir.relational.PublicJoin).
+    joins: tuple[str, ...] = field(default=(), compare=False)
+
+
+@dataclass(frozen=True)
+class Where:
+    """Keep the rows ``condition`` accepts: columns named as the table declares them
+    (normalised by the binder's scope), literals checked against their columns' types."""
+
+    input: Read
+    condition: exp.Expression
+
+    @functools.cached_property
+    def conjuncts(self) -> tuple[Conjunct, ...]:
+        """The top-level conjuncts, each with its totality, computed once per node: one that
+        cannot fail on any row of the read table (dpsql.sql.safety.cannot_fail) runs bare, the
+        others under TRY, so an error can never reveal that a row exists."""
+        table = self.input.table
+        return tuple(Conjunct(c, cannot_fail(c, table)) for c in conjuncts(self.condition))
+
+
+@dataclass(frozen=True)
+class Conjunct:
+    """One top-level AND operand of a WHERE and whether it is total (never raises)."""
+
+    expr: exp.Expression
+    total: bool
+
+
+@dataclass(frozen=True)
+class Compute:
+    """The computed columns the aggregates read (``SUM(a * b)``, a derived table's column):
+    each a column of the table with its SQL (``expr``), its type and its value range
+    (``lower``/``upper``, by interval arithmetic in the binder or clipped by the planner)."""
+
+    input: Read | Where
+    columns: tuple[ColumnPolicy, ...]
+
+
+@dataclass(frozen=True)
+class GroupBy:
+    """The GROUP BY keys and the aggregate calls over the rows below: what is measured.
+    Planning annotates it (bounding, measures, mechanisms: dpsql.sql.planner, dpsql.ir)."""
+
+    input: Read | Where | Compute
+    keys: tuple[GroupKey, ...]
+    calls: tuple[AggregateCall, ...]
+
+
+Relation = Read | Where | Compute | GroupBy
+_N = TypeVar("_N", Read, Where, Compute, GroupBy)
+
+
+@dataclass(frozen=True)
+class DPQuery:
+    """A validated DP query, as the tree the binder emits: ``GroupBy(Compute(Where(Read)))``
+    (the optional nodes present only when the query has them), with the post-processing
+    over the released table on top (``post`` reads table __released, columns k0.., a0..).
+
+    The flat views (``table``, ``where``, ``keys``, ``aggregates``, ``joins``) are read off
+    the nodes; the ``with_*`` methods rebuild the tree with one part changed. ``table`` is the
+    read table with the computed columns added, as the lowerings address columns by name."""
 
     text: str
-    table: TablePolicy
-    where: exp.Expression | None
-    keys: tuple[GroupKey, ...]
-    aggregates: tuple[AggregateCall, ...]
-    post: exp.Select  # over table __released with columns k0.., a0..
-    # Public tables joined on a unique key (dpsql.frontend.joins), as EXPLAIN shows them:
-    # already inlined into where/keys/aggregates, 1-stable (dpsql.ir.relational.PublicJoin).
-    joins: tuple[str, ...] = field(default=(), compare=False)
+    input: GroupBy
+    post: exp.Select
+
+    @classmethod
+    def build(
+        cls,
+        text: str,
+        table: TablePolicy,
+        where: exp.Expression | None,
+        keys: tuple[GroupKey, ...],
+        aggregates: tuple[AggregateCall, ...],
+        post: exp.Select,
+        joins: tuple[str, ...] = (),
+    ) -> DPQuery:
+        """The tree of a query over ``table`` (whose computed columns become a Compute node)."""
+        declared = {n: c for n, c in table.columns.items() if c.expr is None}
+        computed = tuple(c for c in table.columns.values() if c.expr is not None)
+        read = Read(replace(table, columns=declared) if computed else table, joins)
+        filtered: Read | Where = read if where is None else Where(read, where)
+        rows: Read | Where | Compute = Compute(filtered, computed) if computed else filtered
+        return cls(text, GroupBy(rows, tuple(keys), tuple(aggregates)), post)
+
+    def nodes(self) -> tuple[Relation, ...]:
+        """The relational nodes from the top (GroupBy) down to the Read."""
+        out: list[Relation] = []
+        node: Relation = self.input
+        while True:
+            out.append(node)
+            if isinstance(node, Read):
+                return tuple(out)
+            node = node.input
+
+    def node(self, kind: type[_N]) -> _N | None:
+        """The node of type ``kind`` in the tree, if the query has one."""
+        return next((n for n in self.nodes() if isinstance(n, kind)), None)
+
+    @functools.cached_property
+    def read(self) -> Read:
+        node = self.nodes()[-1]
+        assert isinstance(node, Read)  # every chain ends in its Read
+        return node
+
+    @functools.cached_property
+    def table(self) -> TablePolicy:
+        compute = self.node(Compute)
+        if compute is None:
+            return self.read.table
+        extra = {c.name: c for c in compute.columns}
+        return replace(self.read.table, columns={**self.read.table.columns, **extra})
+
+    @property
+    def where(self) -> exp.Expression | None:
+        node = self.node(Where)
+        return None if node is None else node.condition
+
+    @property
+    def keys(self) -> tuple[GroupKey, ...]:
+        return self.input.keys
+
+    @property
+    def aggregates(self) -> tuple[AggregateCall, ...]:
+        return self.input.calls
+
+    @property
+    def joins(self) -> tuple[str, ...]:
+        return self.read.joins
+
+    def _rebuilt(self, **changes: Any) -> DPQuery:
+        parts = {
+            "table": self.table,
+            "where": self.where,
+            "keys": self.keys,
+            "aggregates": self.aggregates,
+            "joins": self.joins,
+            **changes,
+        }
+        return DPQuery.build(text=self.text, post=self.post, **parts)
+
+    def with_table(self, table: TablePolicy) -> DPQuery:
+        """The same query over ``table`` (e.g. with clip ranges the planner chose)."""
+        return self._rebuilt(table=table)
+
+    def with_where(self, where: exp.Expression | None) -> DPQuery:
+        return self._rebuilt(where=where)
+
+    def with_keys(self, keys: tuple[GroupKey, ...]) -> DPQuery:
+        return replace(self, input=replace(self.input, keys=tuple(keys)))
 
 
 @dataclass(frozen=True)
@@ -229,8 +372,8 @@ class CompositeQuery:
     (dpsql.frontend.compose): ``outer`` keeps rows with ``column IN released(inner, output)``."""
 
     text: str
-    inner: BoundQuery
-    outer: BoundQuery
+    inner: DPQuery
+    outer: DPQuery
     column: str  # a stored column of the outer query's table
     output: str  # the inner query's output column, by name
 
@@ -242,7 +385,7 @@ class ReleasedQuery:
     them) and nothing else; ``names`` say where each measurement was written."""
 
     text: str
-    measurements: tuple[BoundQuery, ...]
+    measurements: tuple[DPQuery, ...]
     names: tuple[str, ...]
     post: exp.Query
     operations: tuple[str, ...] = ()
@@ -257,7 +400,7 @@ class SettingStatement:
 
 @dataclass(frozen=True)
 class ExplainStatement:
-    query: BoundQuery | RuleListCall | CompositeQuery | ReleasedQuery
+    query: DPQuery | RuleListCall | CompositeQuery | ReleasedQuery
     format: str = "table"  # EXPLAIN (FORMAT TEXT): one readable column (dpsql.service.explain)
 
 
@@ -269,7 +412,7 @@ class TransactionStatement:
 
 
 Statement = (
-    BoundQuery
+    DPQuery
     | CompositeQuery
     | ReleasedQuery
     | PublicSelect

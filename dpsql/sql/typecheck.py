@@ -41,7 +41,7 @@ from dpsql.sql.identifiers import quote_ident
 from dpsql.sql.positions import offset_position, position_of, snippet
 from dpsql.sql.safety import conjuncts
 from dpsql.sql.simple_where import readable, stored_column
-from dpsql.sql.statements import DIALECT, BoundQuery, GroupKey
+from dpsql.sql.statements import DIALECT, DPQuery, GroupKey
 
 BOOLEAN_TYPES = frozenset({"BOOLEAN", '"NULL"'})
 
@@ -193,7 +193,7 @@ def _empty_table_sql(table: TablePolicy) -> str:
     return f"CREATE TABLE IF NOT EXISTS {quote_ident(table.name)} ({cols})"
 
 
-def type_query(query: BoundQuery, shadow: ShadowTypes, owner: str | None = None) -> BoundQuery:
+def type_query(query: DPQuery, shadow: ShadowTypes, owner: str | None = None) -> DPQuery:
     """``query`` with every key's type known, or a refusal (free: text and schema only).
     ``owner``: the analyst whose earlier typings of the same expressions may be reused."""
     table = query.table.name
@@ -236,7 +236,7 @@ def type_query(query: BoundQuery, shadow: ShadowTypes, owner: str | None = None)
     return _typed(query, tuple(replace(k, type=t) for k, t in typed))
 
 
-def declared_key_types(query: BoundQuery) -> list[str] | None:
+def declared_key_types(query: DPQuery) -> list[str] | None:
     """The key types of a simple query without DuckDB's binder (~0.4 ms a call): every key a
     bare stored column (its declared type, as the shadow table declares it) and the WHERE
     simple (dpsql.sql.simple_where: every condition BOOLEAN, nothing that fails to bind).
@@ -253,7 +253,7 @@ def declared_key_types(query: BoundQuery) -> list[str] | None:
     return out
 
 
-def _typed(query: BoundQuery, keys: tuple[GroupKey, ...]) -> BoundQuery:
+def _typed(query: DPQuery, keys: tuple[GroupKey, ...]) -> DPQuery:
     """``query`` with its keys typed, or the refusal of the first whose type cannot be
     released."""
     for key in keys:
@@ -267,7 +267,7 @@ def _typed(query: BoundQuery, keys: tuple[GroupKey, ...]) -> BoundQuery:
                 position=key.position,
                 hint=f"group by a scalar of type {KEY_TYPES_HINT} (CAST it explicitly)",
             )
-    return replace(query, keys=keys)
+    return query.with_keys(keys)
 
 
 def check_binds(shadow: ShadowTypes, table: str, expressions: Sequence[str]) -> None:

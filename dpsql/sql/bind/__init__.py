@@ -1,4 +1,4 @@
-"""Bind analyst SQL to the policy: sqlglot AST -> :class:`BoundQuery`, or a refusal.
+"""Bind analyst SQL to the policy: sqlglot AST -> :class:`DPQuery`, or a refusal.
 
 Binding is the trust boundary's first half. It accepts exactly the constructs listed in
 grammar_notes.md and refuses everything else *before any data is read*, with an error that
@@ -50,8 +50,8 @@ from dpsql.sql.positions import (
 from dpsql.sql.statements import (  # the bound tree's values (re-exported for the doors)
     DIALECT,
     AggregateCall,
-    BoundQuery,
     CompositeQuery,
+    DPQuery,
     ExplainStatement,
     PublicSelect,
     ReleasedQuery,
@@ -127,7 +127,7 @@ def parse_statement(
         # Blank out the keyword instead of cutting it, so refusals point into ``text``.
         inner = "".join(c if c == "\n" else " " for c in text[:start]) + text[start:]
         bound = parse_statement(inner, policy, parameters, models, access, dialect)
-        if not isinstance(bound, BoundQuery | RuleListCall | CompositeQuery | ReleasedQuery):
+        if not isinstance(bound, DPQuery | RuleListCall | CompositeQuery | ReleasedQuery):
             raise ProgrammingError(
                 "EXPLAIN takes a DP SELECT query", construct="EXPLAIN", hint="EXPLAIN SELECT ..."
             )
@@ -215,7 +215,7 @@ class RelationProbe:
     """
 
     relation: exp.Select
-    query: BoundQuery
+    query: DPQuery
 
 
 def parse_probe(
@@ -264,7 +264,7 @@ def parse_probe(
     if with_ is not None:
         wrapper.set("with_", with_)
     bound = bind_tree(wrapper, text, policy, access)
-    if not isinstance(bound, BoundQuery) or bound.table.public:
+    if not isinstance(bound, DPQuery) or bound.table.public:
         return None  # reads no private row: a public query, answered as one
     relation.set("limit", exp.Limit(expression=exp.Literal.number(0)))
     for table in relation.find_all(exp.Table):  # the shadow's tables have no schema
@@ -548,7 +548,7 @@ def bind_tree(tree: exp.Expr, text: str, policy: Policy, access: Any = None) -> 
     flat, policy = flatten_relations(tree, text, policy, bind_select)  # + per-unit tables
     if isinstance(flat, Wrapped):
         inner = _Binder(flat.inner, text, policy).bind()
-        if not isinstance(inner, BoundQuery):
+        if not isinstance(inner, DPQuery):
             raise refusal(
                 PrivacyError,
                 "the subquery reads no table",
@@ -575,7 +575,7 @@ def _released_tables(
     measurements = []
     for select in split.measurements:
         bound = bind_tree(select, text, policy, access)
-        if not isinstance(bound, BoundQuery):
+        if not isinstance(bound, DPQuery):
             raise refusal(
                 PrivacyError,
                 "each query combined by post-processing must be a DP query over one table",
@@ -592,7 +592,7 @@ def _composite(split: ReleasedFilter, text: str, policy: Policy) -> CompositeQue
     inner = bind_tree(split.inner, text, policy)
     outer = bind_tree(split.outer, text, policy)
     for part, node in ((inner, split.inner), (outer, split.outer)):
-        if not isinstance(part, BoundQuery):
+        if not isinstance(part, DPQuery):
             raise refusal(
                 PrivacyError,
                 "a DP subquery and the query it filters must each aggregate one table",
@@ -601,7 +601,7 @@ def _composite(split: ReleasedFilter, text: str, policy: Policy) -> CompositeQue
                 "SELECT key, COUNT(*) FROM t JOIN (SELECT key AS k, COUNT(*) ... LIMIT 5) "
                 "AS s ON key = k GROUP BY key",
             )
-    assert isinstance(inner, BoundQuery) and isinstance(outer, BoundQuery)
+    assert isinstance(inner, DPQuery) and isinstance(outer, DPQuery)
     name = split.column.name.lower()
     spec = outer.table.columns.get(name)
     if spec is None or spec.expr is not None or name == outer.table.privacy_unit:
@@ -649,11 +649,11 @@ def _set_statement(tree: exp.Set, text: str) -> SettingStatement:
     return SettingStatement("set", name, value)
 
 
-def bind_select(tree: exp.Select, text: str, policy: Policy) -> BoundQuery:
+def bind_select(tree: exp.Select, text: str, policy: Policy) -> DPQuery:
     """Bind one flat SELECT over a private table (the inliner's trial binds: a per-unit
     relation, dpsql.frontend.inline)."""
     bound = _Binder(tree, text, policy).bind()
-    assert isinstance(bound, BoundQuery)  # a private table's FROM, checked before
+    assert isinstance(bound, DPQuery)  # a private table's FROM, checked before
     return bound
 
 
@@ -666,7 +666,7 @@ class _Binder:
         self.tree = tree
         self.scope = Scope(text, policy)
 
-    def bind(self) -> BoundQuery | PublicSelect | RuleListCall:
+    def bind(self) -> DPQuery | PublicSelect | RuleListCall:
         tree = self.tree
         if not tree.expressions:
             raise refusal(
@@ -759,12 +759,14 @@ class _Binder:
         if computed:
             columns = {**table.columns, **{c.name: c for c in computed.values()}}
             table = replace(table, columns=columns)
-        return BoundQuery(
-            text=self.scope.text,
-            table=table,
-            where=where_expr,
-            keys=tuple(keys),
-            aggregates=tuple(aggregates),
-            post=released,
-            joins=tuple(tree.meta.get(JOINED, ())),
+        # The tree: GroupBy(Compute(Where(Read))), the computed columns (a derived table's,
+        # an aggregate's argument) in the Compute node (DPQuery.build).
+        return DPQuery.build(
+            self.scope.text,
+            table,
+            where_expr,
+            tuple(keys),
+            tuple(aggregates),
+            released,
+            tuple(tree.meta.get(JOINED, ())),
         )
