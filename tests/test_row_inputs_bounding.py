@@ -33,6 +33,10 @@ SECRETS = (1, 2**61 + 12345)
 def old_bounded_rows_sql(table: TablePolicy, select_list: str, secret: int) -> str:
     source = _q(table.name)
     relation = source
+    if table.joined is not None:  # a unit_path table: its path joined (private_joins)
+        from dpsql.frontend.private_joins import joined_source
+
+        relation = joined_source(table).sql(dialect="duckdb")
     if table.privacy_unit is None:
         return f"SELECT {select_list} FROM {relation}"
     columns = ", ".join(_q(c) for c in table.columns)
@@ -241,3 +245,23 @@ def test_explain_notes_the_bound_node_and_spends_nothing():
         assert service.ledger.spent("bound-explain", service.policy.dataset).is_zero
     finally:
         service.close()
+
+
+def test_a_unit_path_table_is_bounded_through_its_path_as_before():
+    """prescriptions reach their patient through visits (fixtures/star): the same rows."""
+    star = FIXTURE / "star"
+    table = load_policy(star / "star.toml").table("prescriptions")
+    assert table.joined is not None
+    con = duckdb.connect()
+    for name in ("prescriptions", "visits"):
+        con.execute(f"CREATE TABLE {name} AS SELECT * FROM read_csv('{star / (name + '.csv')}')")
+    every = '"patient_id", "prescription_id", "visit_id", "drug", "dose"'
+    for secret in SECRETS:
+        old, new = (
+            old_bounded_rows_sql(table, every, secret),
+            bounded_rows_sql(table, every, secret),
+        )
+        n = same(con, old, new)
+        total = run(con, "SELECT COUNT(*) FROM prescriptions")[0][0]
+        assert 0 < n < total and 'JOIN "visits"' in new  # patients over R lost rows
+    con.close()
