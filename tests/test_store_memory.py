@@ -92,12 +92,16 @@ def test_the_store_holds_narrow_codes_and_fills_fixed_rows_when_read(tmp_path):
         table = policy.tables["t1"]
         for name, column in store.columns.items():
             kind = table.columns[name].type
-            if column.codes is not None:
-                assert column.codes.dtype == columnar.code_dtype(len(column.labels)), name
+            if column.held_codes is not None:
+                dtype = column.held_codes.dtype
+                assert dtype == columnar.code_dtype(len(column.labels)), name
             if kind == "int":  # codes only: its values gathered from its labels
                 assert column.stored is None, name
             if not column.nulls.any():  # never written: the zeros' pages are never mapped
                 assert not column.nulls.any()
+        unit = store.columns["u"]  # an int unit: its codes one a unit (runs), not a row
+        assert unit.held_codes is None and unit.runs is not None
+        assert np.array_equal(unit.runs[0], store.unit_starts)
         fixed = store.fixed_rows
         assert fixed is not None and not any(fixed._done)  # nothing computed at build
         sums = [n for n, c in table.columns.items() if c.numeric and c.bounded]
@@ -108,6 +112,7 @@ def test_the_store_holds_narrow_codes_and_fills_fixed_rows_when_read(tmp_path):
         fast = columnar.run(compiled.program, store, table, compiled.swaps)
         expected = svc.engine.execute(dataclasses.replace(compiled, program=None))
         assert _canonical(fast) == _canonical(expected)
+        assert "codes" not in vars(unit)  # the pass read the runs, never a code a row
         done = [key for key, i in (store.fixed_index or {}).items() if fixed._done[i]]
         assert done and {key[1] for key in done} == {sums[0]}  # only the column it sums
         # every row filled on a whole read, each the same integers as a filling by parts

@@ -64,21 +64,50 @@ class Column:
     kind: str
     stored: np.ndarray | None
     nulls: np.ndarray
-    codes: np.ndarray | None = None
+    held_codes: np.ndarray | None = None
     labels: tuple[Any, ...] = ()
+    # a store's int unit column (:func:`cluster`): its rows clustered by code, so its codes
+    # are runs, (each run's first row and the end, each run's code): one int a unit, not a
+    # code a row
+    runs: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def categories(self) -> tuple[Any, ...]:
         """The distinct non-NULL values, in order (a text column's codes index them)."""
         return self.labels[:-1]
 
+    @property
+    def coded(self) -> bool:
+        """Whether the column has codes (text, int and bool), without making them."""
+        return self.held_codes is not None or self.runs is not None
+
+    @functools.cached_property
+    def codes(self) -> np.ndarray | None:
+        """Every row's code (made from the runs, and kept, the first time it is read whole:
+        only a program of the numpy fallback or a WHERE on the unit column reads it so)."""
+        if self.runs is None:
+            return self.held_codes
+        whole = self.code_slice(0, int(self.runs[0][-1]))
+        whole.setflags(write=False)
+        return whole
+
+    def code_slice(self, lo: int, hi: int) -> np.ndarray:
+        """Rows ``lo`` .. ``hi``'s codes."""
+        if self.runs is None:
+            assert self.held_codes is not None
+            return self.held_codes[lo:hi]
+        starts, run_codes = self.runs
+        first = int(np.searchsorted(starts, lo, side="right")) - 1
+        last = int(np.searchsorted(starts, hi, side="left"))
+        lengths = np.diff(np.clip(starts[first : last + 1], lo, hi))
+        return np.repeat(run_codes[first:last], lengths)
+
     @functools.cached_property
     def values(self) -> np.ndarray:
         """Every row's value (a NULL's is a placeholder: 0 where gathered from the codes)."""
         if self.stored is not None:
             return self.stored
-        assert self.codes is not None
-        whole = self.value_slice(0, len(self.codes))
+        whole = self.by_code[self.codes]
         whole.setflags(write=False)
         return whole
 
@@ -86,8 +115,7 @@ class Column:
         """Rows ``lo`` .. ``hi``'s values (a view where they are stored)."""
         if self.stored is not None:
             return self.stored[lo:hi]
-        assert self.codes is not None
-        return self.by_code[self.codes[lo:hi]]
+        return self.by_code[self.code_slice(lo, hi)]
 
     @functools.cached_property
     def by_code(self) -> np.ndarray:
@@ -282,6 +310,9 @@ def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) ->
     return cluster(ColumnarTable(table.name, version, rows, columns, capacity), table, nulls)
 
 
+_CODE_SQL: dict[type, str] = {np.uint8: "UTINYINT", np.uint16: "USMALLINT", np.int32: "INTEGER"}
+
+
 def code_dtype(labels: int) -> type:
     """The narrowest dtype of codes into ``labels`` values (NULL's included): 1 byte a row
     for a domain of up to 256, 2 up to 65,536, else 4 (a store's memory; the arithmetic on
@@ -405,7 +436,9 @@ def _fetch_sql(
                     f"AS code FROM ({source}))"
                 )
             joins.append(f"LEFT JOIN d{i} ON r.{q} = d{i}.v")
-            items.append(f"COALESCE(d{i}.code, {n}) AS __c{i}")
+            # fetched in the store's own width (code_dtype): no int64 copy of each range
+            width = _CODE_SQL[code_dtype(n + 1)]
+            items.append(f"CAST(COALESCE(d{i}.code, {n}) AS {width}) AS __c{i}")
             if i == unit:
                 where = f" WHERE (r.{q} >= ? AND r.{q} <= ?)"
                 params += [labels[c.name][first], labels[c.name][last - 1]]
@@ -453,8 +486,24 @@ def cluster(
             assert codes is not None
         starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])[: len(codes)]
         unit_starts = np.append(starts.astype(np.int64), len(codes))
+        held = columns[unit]
+        if held.kind == "int" and held.stored is None:  # its codes: one a unit, not a row
+            runs = (unit_starts, np.ascontiguousarray(codes[starts]))
+            columns[unit] = replace(held, held_codes=None, runs=runs)
+        del codes
     else:
         unit, unit_starts = None, None
+    # every column's NULLs, one row each; the columns' own masks become views of its rows
+    # (one copy of each mask, not two)
+    nulls_index = {name: i for i, name in enumerate(columns)}
+    if nulls is None:
+        nulls = np.empty((len(columns), table.rows), dtype=np.bool_)
+        for i, column in enumerate(columns.values()):
+            nulls[i] = column.nulls
+        columns = {
+            name: replace(column, nulls=nulls[i])
+            for i, (name, column) in enumerate(columns.items())
+        }
     fixed_index: dict[tuple[str, str, int, int], int] = {}
     # each row's values over rows lo .. hi, computed when filled
     rows_of: list[Callable[[int, int], np.ndarray]] = []
@@ -476,22 +525,11 @@ def cluster(
     widths = [3 * max(hi_ - lo_, 1) for (_, _, lo_, hi_) in fixed_index]
     small = max([*ranges, *widths, 0]) < 2**31 - 1
     fixed = np.empty((len(rows_of), table.rows), dtype=np.int32 if small else np.int64)
-    # every column's NULLs, one row each; the columns' own masks become views of its rows
-    # (one copy of each mask, not two)
-    nulls_index = {name: i for i, name in enumerate(columns)}
-    if nulls is None:
-        nulls = np.empty((len(columns), table.rows), dtype=np.bool_)
-        for i, column in enumerate(columns.values()):
-            nulls[i] = column.nulls
-        columns = {
-            name: replace(column, nulls=nulls[i])
-            for i, (name, column) in enumerate(columns.items())
-        }
     for array in (nulls, unit_starts):
         if array is not None:
             array.setflags(write=False)
     for column in columns.values():
-        for array in (column.stored, column.nulls, column.codes):
+        for array in (column.stored, column.nulls, column.held_codes, *(column.runs or ())):
             if array is not None:
                 array.setflags(write=False)
     row_nulls = [columns[name].nulls for (_, name, _, _) in sorted(
@@ -847,10 +885,14 @@ def _store_offsets(program: ColumnProgram, table: ColumnarTable) -> np.ndarray:
         if not grid:
             held = np.zeros(len(table.unit_starts) - 1, dtype=np.int64)
         else:
-            codes = table.columns[program.unit].codes  # type: ignore[index]
-            assert codes is not None
+            column = table.columns[program.unit]  # type: ignore[index]
+            if column.runs is not None:  # each unit's code, one a unit (cluster)
+                firsts = column.runs[1]
+            else:
+                assert column.codes is not None
+                firsts = column.codes[table.unit_starts[:-1]]
             offsets = unit_offsets(table, program.unit, grid)  # type: ignore[arg-type]
-            held = np.ascontiguousarray(offsets[codes[table.unit_starts[:-1]]], dtype=np.int64)
+            held = np.ascontiguousarray(offsets[firsts], dtype=np.int64)
         held.setflags(write=False)
         table.masks[key] = held
     return held
@@ -1281,8 +1323,9 @@ class _Builder:
                 if day is None:
                     raise NotRunnable
                 keys.append((day - _EPOCH).days)
-        if kind == "int" and column.codes is not None:  # the codes whose value is wanted
-            x = column.codes
+        coded = column.codes if kind == "int" and column.coded else None
+        if coded is not None:  # the codes whose value is wanted
+            x = coded
             held = np.isin(column.by_code, np.array(keys, dtype=np.int64))
             wanted = np.flatnonzero(held).astype(x.dtype)
         else:
@@ -1344,8 +1387,9 @@ class _Builder:
         exact = whole == value
         floor = whole if (exact or value > 0) else whole - 1
         ceil = floor if exact else floor + 1
-        if column.codes is not None:
-            return _int_code_test(op, column.codes, column.categories, whole, exact, floor, ceil)
+        codes = column.codes if column.coded else None
+        if codes is not None:
+            return _int_code_test(op, codes, column.categories, whole, exact, floor, ceil)
         x = column.values
         tests: dict[type, Callable[[], Any]] = {
             exp.EQ: (lambda: x == whole) if exact else (lambda: np.zeros(len(x), dtype=bool)),
@@ -1483,7 +1527,7 @@ def _in_domain(column: Column, spec: ColumnPolicy) -> np.ndarray:
     """dpsql.sql.compile._domain_condition on the key column: its declared values, or its
     bounds, or not NULL; OR NULL where the column is nullable. An int column's test is made
     on its distinct values and read at each row's code (the same truth per row)."""
-    coded = column.kind == "int" and column.codes is not None
+    coded = column.kind == "int" and column.coded
     values = column.by_code if coded else column.values
     if spec.values is not None:
         if column.kind == "text":
