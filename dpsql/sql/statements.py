@@ -324,23 +324,21 @@ class DPQuery:
     def joins(self) -> tuple[str, ...]:
         return self.read.joins
 
-    def _rebuilt(self, **changes: Any) -> DPQuery:
-        parts = {
-            "table": self.table,
-            "where": self.where,
-            "keys": self.keys,
-            "aggregates": self.aggregates,
-            "joins": self.joins,
-            **changes,
-        }
-        return DPQuery.build(text=self.text, post=self.post, **parts)
-
     def with_table(self, table: TablePolicy) -> DPQuery:
-        """The same query over ``table`` (e.g. with clip ranges the planner chose)."""
-        return self._rebuilt(table=table)
+        """The same query over ``table`` (e.g. with clip ranges the planner chose): its
+        computed columns go to the Compute node, the others to the Read."""
+        return DPQuery.build(
+            self.text, table, self.where, self.keys, self.aggregates, self.post, self.joins
+        )
 
     def with_where(self, where: exp.Expression | None) -> DPQuery:
-        return self._rebuilt(where=where)
+        """The same query with another WHERE (a text shape's literals, a composite's filter):
+        the Read and the Compute's columns are kept as they are (the same objects, so the
+        cache keys' memo of the policy table still hits)."""
+        filtered: Read | Where = self.read if where is None else Where(self.read, where)
+        compute = self.node(Compute)
+        rows = filtered if compute is None else Compute(filtered, compute.columns)
+        return replace(self, input=replace(self.input, input=rows))
 
     def with_keys(self, keys: tuple[GroupKey, ...]) -> DPQuery:
         return replace(self, input=replace(self.input, keys=tuple(keys)))
