@@ -121,6 +121,18 @@ def test_the_store_holds_narrow_codes_and_fills_fixed_rows_when_read(tmp_path):
         again = columnar.cluster(columnar.load(svc.engine._con.cursor(), table, "v", LARGE_ROWS),
                                  table).fixed  # fmt: skip
         assert sorted(map(tuple, whole.T.tolist())) == sorted(map(tuple, again.T.tolist()))
+        # a fixed point read from its column's widest row, clamped (columnar._kernel_spec):
+        # the very integers of its own row, on NaN, infinities, halves and values out of bounds
+        index = store.fixed_index or {}
+        compared = 0
+        for (role, name, lo, hi), own in index.items():
+            wide = columnar._widest_row(index, name, lo, hi)
+            if role != "fixed" or wide is None or wide == own:
+                continue
+            kept = ~store.columns[name].nulls
+            assert np.array_equal(np.clip(whole[wide], lo, hi)[kept], whole[own][kept]), name
+            compared += 1
+        assert compared >= 2  # a and x
     finally:
         svc.close()
 

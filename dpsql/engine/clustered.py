@@ -135,6 +135,8 @@ def _accumulate(  # pragma: no cover - compiled
     kinds: np.ndarray,
     centers: np.ndarray,
     centers2: np.ndarray,
+    lows: np.ndarray,
+    highs: np.ndarray,
     seen: np.ndarray,
     touched: np.ndarray,
     n_loc: np.ndarray,
@@ -159,12 +161,18 @@ def _accumulate(  # pragma: no cover - compiled
             if kind == 0:
                 acc[j, s] += w
             else:
-                x = fixed[fixed_rows[j], i] - centers[j]
+                x = _clamped(np.int64(fixed[fixed_rows[j], i]), lows[j], highs[j]) - centers[j]
                 if kind == 2:
                     acc[j, s] += w * (x * x - centers2[j])
                 else:
                     acc[j, s] += w * x
     return t
+
+
+def _clamped(v: Any, low: Any, high: Any) -> Any:  # pragma: no cover - compiled
+    """``v`` clamped to [low, high] (a fixed point read from a wider range's row: the same
+    integer as the row at [low, high], see columnar._kernel_spec)."""
+    return low if v < low else (high if v > high else v)
 
 
 def _rounded(running: Any, w: Any, off: Any, d: Any, shift: Any) -> Any:  # pragma: no cover
@@ -185,6 +193,8 @@ def _bound_units(  # pragma: no cover - compiled
     grids: np.ndarray,
     centers: np.ndarray,
     centers2: np.ndarray,
+    lows: np.ndarray,
+    highs: np.ndarray,
     scales: np.ndarray,
     caps: np.ndarray,
     offsets: np.ndarray,
@@ -229,7 +239,7 @@ def _bound_units(  # pragma: no cover - compiled
     for u in range(starts.shape[0] - 1):
         t = _accumulate(
             starts[u], starts[u + 1], group, weight, fixed, nulls, fixed_rows, null_rows,
-            kinds, centers, centers2, seen, touched, n_loc, acc,
+            kinds, centers, centers2, lows, highs, seen, touched, n_loc, acc,
         )  # fmt: skip
         k = 0
         for q in range(t):
@@ -300,6 +310,8 @@ def _row_sums(  # pragma: no cover - compiled
     kinds: np.ndarray,
     centers: np.ndarray,
     centers2: np.ndarray,
+    lows: np.ndarray,
+    highs: np.ndarray,
     rows_out: np.ndarray,
     values_out: np.ndarray,
 ) -> None:
@@ -317,7 +329,7 @@ def _row_sums(  # pragma: no cover - compiled
             if kind == 0:
                 values_out[j, s] += w
             else:
-                x = fixed[fixed_rows[j], i] - centers[j]
+                x = _clamped(np.int64(fixed[fixed_rows[j], i]), lows[j], highs[j]) - centers[j]
                 if kind == 2:
                     values_out[j, s] += w * (x * x - centers2[j])
                 else:
@@ -346,6 +358,7 @@ if _jit is not None:
     _shift = _jit(_shift)
     _floordiv = _inline(_floordiv)
     _rounded = _inline(_rounded)
+    _clamped = _inline(_clamped)
     _accumulate = _inline(_accumulate)
     _order_pairs = _jit(_order_pairs)
     _bound_units = _jit(_bound_units)
@@ -367,15 +380,18 @@ def bound_units(
     count_scale: int,
     group_scaling: bool,
     offsets: np.ndarray,
+    clamps: list[tuple[int, int]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Run the kernel; ``measures``: per value measure (kind, grid, centre, centre², scale,
     cap), its value read from row ``fixed_rows[j]`` of ``fixed`` unless row ``null_rows[j]``
     of ``nulls`` marks it NULL; grid > 0: a count whose fine shares (on that grid) are
-    rounded per unit, with ``offsets`` per unit in the store's order (0s where none is).
+    rounded per unit, with ``offsets`` per unit in the store's order (0s where none is);
+    ``clamps``: per measure, [low, high] its value is clamped to as read (None: not clamped).
     Returns per group: bounded row counts, unit counts, each value
     measure's total (one row each) and the number of non-empty pairs."""
     m = len(measures)
     spec = np.array(measures, dtype=np.int64).reshape(m, 6)
+    lows, highs = _bounds(clamps, m)
     rows_out = np.zeros(size, dtype=np.int64)
     units_out = np.zeros(size, dtype=np.int64)
     values_out = np.zeros((m, size), dtype=np.int64)
@@ -392,6 +408,8 @@ def bound_units(
         _ro(np.ascontiguousarray(spec[:, 1])),
         _ro(np.ascontiguousarray(spec[:, 2])),
         _ro(np.ascontiguousarray(spec[:, 3])),
+        _ro(lows),
+        _ro(highs),
         _ro(np.ascontiguousarray(spec[:, 4])),
         _ro(np.ascontiguousarray(spec[:, 5])),
         _ro(np.ascontiguousarray(offsets, dtype=np.int64)),
@@ -422,11 +440,13 @@ def row_sums(
     fixed_rows: np.ndarray,
     null_rows: np.ndarray,
     size: int,
+    clamps: list[tuple[int, int]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Run the row-level kernel (``measures`` as for :func:`bound_units`): per group, the
-    kept rows and each value measure's total (one row each)."""
+    """Run the row-level kernel (``measures`` and ``clamps`` as for :func:`bound_units`):
+    per group, the kept rows and each value measure's total (one row each)."""
     m = len(measures)
     spec = np.array(measures, dtype=np.int64).reshape(m, 6)
+    lows, highs = _bounds(clamps, m)
     rows_out = np.zeros(size, dtype=np.int64)
     values_out = np.zeros((m, size), dtype=np.int64)
     _row_sums(
@@ -439,7 +459,16 @@ def row_sums(
         _ro(np.ascontiguousarray(spec[:, 0])),
         _ro(np.ascontiguousarray(spec[:, 2])),
         _ro(np.ascontiguousarray(spec[:, 3])),
+        _ro(lows),
+        _ro(highs),
         rows_out,
         values_out,
     )
     return rows_out, values_out
+
+
+def _bounds(clamps: list[tuple[int, int]] | None, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per measure its clamp's low and high (the whole int64 range where none)."""
+    pairs = clamps if clamps is not None else [(-_LARGEST - 1, _LARGEST)] * m
+    both = np.array(pairs, dtype=np.int64).reshape(m, 2)
+    return np.ascontiguousarray(both[:, 0]), np.ascontiguousarray(both[:, 1])

@@ -741,14 +741,25 @@ def _result(
     return EngineResult([label(i) for i in keep], columns, types)
 
 
-def _kernel_spec(
-    program: ColumnProgram, table: ColumnarTable
-) -> tuple[list[tuple[int, int, int, int, int, int]], list[int], list[int]] | None:
+_Spec = tuple[
+    list[tuple[int, int, int, int, int, int]], list[int], list[int], list[tuple[int, int]]
+]
+_NO_CLAMP = (-(2**63), 2**63 - 1)
+
+
+def _kernel_spec(program: ColumnProgram, table: ColumnarTable) -> _Spec | None:
     """What the compiled pass reads for ``program`` on ``table``: per measure other than row
-    and unit counts its (kind, 0, centre, centre², scale, cap) and rows of ``fixed`` and
-    ``nulls``; None when it cannot run (no kernel, not a store clustered by the program's
-    unit, too many groups, a column without the fixed point at the measure's range): decided
-    from the program and the store's layout only, before any value is read."""
+    and unit counts its (kind, 0, centre, centre², scale, cap), rows of ``fixed`` and
+    ``nulls``, and the range a fixed point is clamped to as read; None when it cannot run (no
+    kernel, not a store clustered by the program's unit, too many groups, a column without
+    the fixed point at the measure's range): decided from the program and the store's layout
+    only, before any value is read.
+
+    A fixed point at [lo, hi] is read from the widest of its column's fixed-point rows whose
+    range holds [lo, hi] (the bias measures' cut range), clamped to [lo, hi]: the same integer
+    as its own row's (rounding is monotone and keeps integers, so for integers a <= lo <= hi
+    <= b, clamp(round(clamp(q, a, b)), lo, hi) = round(clamp(q, lo, hi)), NaN going to the top
+    in both), and one row of memory serves both."""
     from dpsql.engine import clustered
 
     if table.fixed_rows is None or table.nulls is None or not clustered.available():
@@ -760,6 +771,7 @@ def _kernel_spec(
     spec: list[tuple[int, int, int, int, int, int]] = []
     fixed_rows: list[int] = []
     null_rows: list[int] = []
+    clamps: list[tuple[int, int]] = []
     for m in program.measures:
         if m.kind in ("rows", "units"):
             continue
@@ -767,6 +779,7 @@ def _kernel_spec(
             spec.append((clustered.DROPPED, 0, 0, 0, m.scale, _bias_cap(program)))
             fixed_rows.append(0)
             null_rows.append(0)
+            clamps.append(_NO_CLAMP)
             continue
         if m.column not in nulls_index:
             return None
@@ -775,17 +788,38 @@ def _kernel_spec(
             # a rescaled COUNT(col): shares on its fine grid, rounded per unit (grid > 0)
             spec.append((clustered.VALUES, m.fine if m.fine > 1 else 0, 0, 0, m.pair_scale, 0))
             fixed_rows.append(0)
+            clamps.append(_NO_CLAMP)
             continue
-        role = "excess" if m.kind == "clamped" else "fixed"
-        held = fixed_index.get((role, m.column, m.lo, m.hi))  # type: ignore[arg-type]
-        if held is None or m.kind not in ("sum", "sumsq", "cut", "clamped"):
+        if m.kind not in ("sum", "sumsq", "cut", "clamped"):
+            return None
+        if m.kind == "clamped":
+            held = fixed_index.get(("excess", m.column, m.lo, m.hi))  # type: ignore[arg-type]
+            clamp = _NO_CLAMP
+        else:
+            held = _widest_row(fixed_index, m.column, m.lo, m.hi)  # type: ignore[arg-type]
+            clamp = (m.lo, m.hi)
+        if held is None:
             return None
         kind = {"sum": clustered.SUM, "clamped": clustered.SUM, "sumsq": clustered.SUMSQ}.get(
             m.kind, clustered.CUT
         )
         spec.append((kind, 0, m.center, m.center2, m.scale, _bias_cap(program)))
         fixed_rows.append(held)
-    return spec, fixed_rows, null_rows
+        clamps.append(clamp)
+    return spec, fixed_rows, null_rows, clamps
+
+
+def _widest_row(
+    fixed_index: dict[tuple[str, str, int, int], int], column: str, lo: int, hi: int
+) -> int | None:
+    """The row of ``column``'s widest fixed-point range holding [lo, hi] (None: no such row).
+    From the store's layout (the policy's bounds) and the program only."""
+    best: tuple[int, int] | None = None
+    for (role, name, a, b), row in fixed_index.items():
+        holds = role == "fixed" and name == column and a <= lo and hi <= b
+        if holds and (best is None or b - a > best[0]):
+            best = (b - a, row)
+    return None if best is None else best[1]
 
 
 def _bias_cap(program: ColumnProgram) -> int:
@@ -827,7 +861,7 @@ def _compiled_pass(
     planned = _kernel_spec(program, table)
     if planned is None:
         return None
-    spec, fixed_rows, null_rows = planned
+    spec, fixed_rows, null_rows, clamps = planned
     assert table.fixed_rows is not None and table.nulls is not None
     if len(table.fixed_rows.matrix):  # the rows this program reads, computed if not yet
         reads = (clustered.SUM, clustered.SUMSQ, clustered.CUT)  # the others read no value
@@ -854,10 +888,11 @@ def _compiled_pass(
             program.count_scale,
             program.group_scaling,
             _store_offsets(program, table),
+            clamps,
         )
     else:
         rows_out, values_out = clustered.row_sums(
-            group, selected, fixed, table.nulls, spec, rows_f, rows_n, size
+            group, selected, fixed, table.nulls, spec, rows_f, rows_n, size, clamps
         )
         units_out, some = rows_out, rows_out
     measures: list[np.ndarray] = []
