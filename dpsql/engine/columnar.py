@@ -261,15 +261,7 @@ def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) ->
     for i, c in enumerate(readable):
         q = quote_ident(c.name)
         if c.type in ("text", "int", "bool"):
-            distinct = con.execute(
-                f"SELECT DISTINCT {q} FROM {name} WHERE {q} IS NOT NULL ORDER BY {q}"
-            ).fetchall()
-            if c.type == "text":
-                labels[c.name] = (*(str(r[0]) for r in distinct), None)
-            elif c.type == "int":
-                labels[c.name] = (*(int(r[0]) for r in distinct), None)
-            else:
-                labels[c.name] = (*(bool(r[0]) for r in distinct), None)
+            labels[c.name] = _distinct(con, name, q, c.type)
             keys.append((f"__c{i}", code_dtype(len(labels[c.name]))))
             if c.name == table.privacy_unit:
                 unit = i
@@ -386,8 +378,26 @@ def _numbered_codes(
 
 #: rows fetched from DuckDB at a time when a store is built (whole units): its numpy fetch
 #: holds about twice what it returns while it converts, so a fetch of the whole table was the
-#: build's peak
-_FETCH_ROWS = 1 << 21
+#: build's peak (10M rows, bench_fast: 2^21 rows a fetch peaked 722 MiB, 2^20 659 MiB, 2^19
+#: 627 MiB; each range scans the table's unit column, so fewer rows a fetch cost more CPU)
+_FETCH_ROWS = 1 << 20
+
+
+def _distinct(con: Any, name: str, q: str, kind: str) -> tuple[Any, ...]:
+    """A coded column's sorted distinct non-NULL values, then None (NULL's label). Fetched as
+    one array (a list of 1-tuples held ~90 bytes a value: ~0.9 GB for 10M units); a column
+    whose values numpy does not hold as integers exactly (a HUGEINT) row by row."""
+    sql = f"SELECT DISTINCT {q} AS v FROM {name} WHERE {q} IS NOT NULL ORDER BY {q}"
+    if kind in ("text", "int"):
+        fetched = np.ma.getdata(con.execute(sql).fetchnumpy()["v"])
+        if kind == "text":
+            return (*(str(v) for v in fetched.tolist()), None)
+        if np.issubdtype(fetched.dtype, np.integer):
+            return (*fetched.tolist(), None)
+    distinct = con.execute(sql).fetchall()
+    if kind == "int":
+        return (*(int(r[0]) for r in distinct), None)
+    return (*(bool(r[0]) for r in distinct), None)
 
 
 def _unit_ranges(
