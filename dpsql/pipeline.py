@@ -385,7 +385,7 @@ class Service:
             return None
         prepared = self._texts.lookup(self, text, settings, analyst, parameters)
         if prepared is not None:
-            self._plans.put(key, prepared)
+            self._plans.offer(key, prepared)  # cheap to rebuild: no LRU churn when full
         return prepared
 
     def data_version(self, table: TablePolicy) -> str:
