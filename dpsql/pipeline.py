@@ -39,6 +39,7 @@ from dpsql.policy import Policy, TablePolicy, load_policy
 from dpsql.privacy.ledger import Ledger, MemoryLedger
 from dpsql.privacy.release import Released, at_confidence, release
 from dpsql.privacy.samplers import NoiseSource, default_source
+from dpsql.service import group_clamps
 from dpsql.service.auto_clip import clip_and_replan
 from dpsql.service.bounds import resolve as resolve_bounds
 from dpsql.service.bounds_choice import choose_bounds
@@ -480,8 +481,14 @@ class Service:
                     self.engine, self.noise, plan, compiled.secret, handle
                 )
                 compiled = compile_plan(run_plan, compiled.secret)
-            result: EngineResult = self.engine.execute(compiled, handle)
-            released = release(run_plan, result, self.noise, cancel_check(handle))
+            if group_clamps.planned(run_plan):
+                # a grouped AVG's clamp per group, chosen from its released count first
+                released, clip_notes = group_clamps.run(
+                    self, run_plan, compiled, handle, cancel_check(handle)
+                )
+            else:
+                result: EngineResult = self.engine.execute(compiled, handle)
+                released = release(run_plan, result, self.noise, cancel_check(handle))
             # the data moved while it ran: answered, never replayed
             replayable = not self.cache or (
                 self.data_version(plan.query.table) == plan.data_version
@@ -505,7 +512,7 @@ class Service:
             if paid.replayed:
                 return self._finish(
                     plan,
-                    at_confidence(plan, answer, confidence),
+                    at_confidence(group_clamps.for_intervals(plan), answer, confidence),
                     cost=None,
                     cached=True,
                     prepared=prepared,
@@ -516,7 +523,8 @@ class Service:
             notes.extend(clip_notes)
             if paid.note:
                 notes.append(paid.note)  # paid for and released: returned with the note
-            answer = at_confidence(run_plan, answer, confidence)  # the cache keeps the 95% ones
+            # the cache keeps the 95% ones
+            answer = at_confidence(group_clamps.for_intervals(run_plan), answer, confidence)
             cost = plan.cost
             if (choice := plan.extra.get("bounds_charged")) is not None:
                 cost = choice + cost  # the statement's whole charge: its bounds choice too

@@ -137,20 +137,22 @@ def _no_check() -> None:
 
 
 def release(
-    plan: Plan, result: EngineResult, source: NoiseSource, check: Callable[[], None] = _no_check
+    plan: Plan,
+    result: EngineResult,
+    source: NoiseSource,
+    check: Callable[[], None] = _no_check,
+    given: dict[str, np.ndarray] | None = None,
 ) -> Released:
     """The released table. ``check`` is called between groups of the per-group Python work
     (quantile releases): the query handle's cancel and statement timeout reach it (it raises
-    the 57014 cancel, which the charged boundary reports as a charged cancel)."""
+    the 57014 cancel, which the charged boundary reports as a charged cancel).
+
+    ``given``: measures already released (their noisy values, per group in release order),
+    used as they are instead of drawing their noise again (dpsql.service.group_clamps releases
+    each AVG's count first and chooses each group's clamp from it)."""
     groups, exact = group_index(plan, result)
     n = len(groups)
-    noisy: dict[str, np.ndarray] = {}
-    for j, m in enumerate(plan.measures):
-        column = np.array([int(v) for v in exact[:, j]], dtype=object)
-        noise = m.mechanism.sample(source, n)
-        noisy[m.name] = (column + np.array([int(x) for x in noise], dtype=object)).astype(float)
-        if m.scale != 1:  # a rescaled measure's fine grid (dpsql.sql.plan): post-processing
-            noisy[m.name] = noisy[m.name] / m.scale
+    noisy = released_measures(plan, exact, source, given or {})
     keep = np.ones(n, dtype=bool)
     suppressed = None
     if plan.threshold is not None:
@@ -180,6 +182,30 @@ def release(
         _SHARED_SETS.reset(token)
     biases = bias.estimates(plan, kept, outputs)  # what the bounds cut: post-processing
     return Released(key_values, outputs, intervals, suppressed, biases)
+
+
+def released_measures(
+    plan: Plan,
+    exact: np.ndarray,
+    source: NoiseSource,
+    given: dict[str, np.ndarray],
+    names: tuple[str, ...] | None = None,
+) -> dict[str, np.ndarray]:
+    """Each measure's noisy value per group (of ``names``, or all), in released units: the
+    exact value plus its mechanism's noise, or the value ``given`` for it."""
+    noisy: dict[str, np.ndarray] = {}
+    for j, m in enumerate(plan.measures):
+        if names is not None and m.name not in names:
+            continue
+        if m.name in given:
+            noisy[m.name] = np.asarray(given[m.name], dtype=float)
+            continue
+        column = np.array([int(v) for v in exact[:, j]], dtype=object)
+        noise = m.mechanism.sample(source, len(exact))
+        noisy[m.name] = (column + np.array([int(x) for x in noise], dtype=object)).astype(float)
+        if m.scale != 1:  # a rescaled measure's fine grid (dpsql.sql.plan): post-processing
+            noisy[m.name] = noisy[m.name] / m.scale
+    return noisy
 
 
 def _over_threshold(threshold: Threshold, units: np.ndarray, source: NoiseSource) -> np.ndarray:

@@ -159,6 +159,9 @@ class Chosen:
     # range chosen from the kept histogram of the column's values, and that histogram's
     # estimate of what it cuts over the whole table
     clamps: tuple[tuple[str, float, float, float, float], ...] = ()
+    # the columns whose clamp the run chooses per group (dpsql.service.group_clamps): each
+    # AVG's count released first, each group's clamp chosen from it and the kept histogram
+    per_group: tuple[PerGroupClamp, ...] = ()
 
     def notes(self) -> list[str]:
         if self.pending is not None:
@@ -182,7 +185,9 @@ class Chosen:
             )
             + '; no clip stated, clip = "declared" keeps the declared bounds'
             for column, lo, hi, bias, share in self.clamps
+            if column not in {p.column for p in self.per_group}
         ]
+        out.extend(p.note() for p in self.per_group)
         if self.rows is not None:
             out.append(
                 f"max_rows_per_unit = {self.rows} chosen privately (auto): the DP histogram "
@@ -202,6 +207,42 @@ class Chosen:
                 "estimated here; a later query on this data version measures both)"
             )
         return out
+
+
+@dataclass(frozen=True)
+class PerGroupClamp:
+    """A column whose clamp a grouped AVG chooses per group at run time, and the kept DP
+    histogram of its |x| it is chosen from (released values only: public to the analyst)."""
+
+    column: str
+    noisy: tuple[float, ...]  # the kept histogram's noisy bin counts (clamp_histogram bins)
+    noise_scale: float  # their noise's scale (its R over the ε it was bought with)
+    weight: float  # the rows each count stands for (a histogram of units, R "auto")
+    declared: tuple[float, float]  # the column's declared bounds: the histogram's bins
+
+    def note(self) -> str:
+        return (
+            f"{self.column}: its clamp is chosen per group at run time (each AVG's count is "
+            "released first; a group's clamp minimises the expected squared bias plus noise of "
+            "a group of that size, from a kept DP histogram of its values); no clip stated, "
+            'clip = "declared" keeps the declared bounds'
+        )
+
+
+def per_group_columns(query: DPQuery, columns: tuple[str, ...]) -> tuple[str, ...]:
+    """Of the default-clamped ``columns``, those whose clamp is chosen per group: the query
+    has GROUP BY keys, the column's ``clip_method`` is "auto", and only AVG reads it (each
+    AVG releases the count its group's clamp is chosen from). Decided from policy and text;
+    whether every key is public (no thresholding) is the plan's, checked at the run."""
+    if not query.keys:
+        return ()
+    out = []
+    for column in columns:
+        calls = [c for c in query.aggregates if c.column == column]
+        col = query.table.columns[column]
+        if calls and all(c.kind == "avg" for c in calls) and col.clip_method == "auto":
+            out.append(column)
+    return tuple(out)
 
 
 def clamp_columns(query: DPQuery) -> tuple[str, ...]:
@@ -471,6 +512,17 @@ def _with_chosen(
         table = replace(table, columns=columns)
         if per_unit:  # no bias estimate from a histogram of units (the note leaves it out)
             clamps = tuple((c, lo, hi, math.nan, math.nan) for c, lo, hi, _, _ in clamps)
+    kept = {n.keys[0]: d for n, d in found.items() if n.kind == "clip" and "epsilon" in d}
+    per_group = tuple(
+        PerGroupClamp(
+            column,
+            tuple(float(v) for v in kept[column]["noisy"]),
+            clip_rows(query.table) / float(kept[column]["epsilon"]),
+            weight,
+            (query.table.columns[column].lower, query.table.columns[column].upper),
+        )
+        for column in per_group_columns(query, tuple(kept))
+    )
     # chosen: no longer "auto", so planning it again never asks for another choice
     bounded = replace(
         table,
@@ -488,6 +540,7 @@ def _with_chosen(
         measured,
         contribution_paid,
         clamps,
+        per_group,
     )
     return query.with_table(bounded), measured, chosen
 

@@ -55,6 +55,7 @@ def choose_bounds(
         )
         chosen_plan = service.plan_typed(chosen_query, domains, replace(settings, epsilon=measured))
         chosen_plan.extra["bounds"] = chosen
+        chosen_plan.extra["bounds_settings"] = (settings, domains)  # a per-group clamp's plans
         chosen_plan.extra["bounds_charged"] = pending.cost  # reported with the answer's
         return chosen_plan, False  # kept by buy_bounds per analyst and data version
 

@@ -19,6 +19,7 @@ from dpsql.aggregates import KINDS
 from dpsql.aggregates.mode import ModeMeasure
 from dpsql.errors import BudgetExhaustedError
 from dpsql.ir.build import plan_tree, tree_lines
+from dpsql.service import group_clamps
 from dpsql.service.bias_notes import bounds_lines
 from dpsql.service.results import Result
 from dpsql.sql.compile import compile_plan
@@ -144,6 +145,10 @@ def explain_lines(service: Service, plan: Plan, analyst: str | None) -> list[str
             for m in plan.measures
             if m.measure_kind.bias
         )
+    per_group = group_clamps.explain_lines(plan)
+    if per_group:
+        lines.append("Clamp per group")
+        lines.extend("  " + line for line in per_group)
     if plan.clips:
         lines.append("Automatic clipping")
     for clip in plan.clips:

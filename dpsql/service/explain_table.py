@@ -11,6 +11,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from dpsql.ir.build import plan_tree, tree_lines
+from dpsql.service import group_clamps
 from dpsql.service.bias_notes import bounds_lines
 from dpsql.service.explain import budget_notes, explain_text, pending_choice
 from dpsql.service.results import EXPLAIN_COLUMNS, Result
@@ -117,6 +118,8 @@ def explain_table(service: Service, plan: Plan, analyst: str | None = None) -> R
             rows.append(_measure_row("bias", m, 0.0, 0.0))
     for line in bounds_lines(plan):  # e.g. "R = 5 may drop rows of units with more ..."
         rows.append(("bounds", line, None, None, None, None, None, None, None, None))
+    for line in group_clamps.explain_lines(plan):  # a grouped AVG's clamp chosen per group
+        rows.append(("clamp", line, None, None, None, None, None, None, None, None))
 
     for line in tree_lines(plan_tree(plan)):  # the plan tree, root first
         rows.append(("plan", line, None, None, None, None, None, None, None, None))
