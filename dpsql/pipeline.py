@@ -518,8 +518,7 @@ class Service:
                     prepared=prepared,
                 )
             notes: list[str] = []
-            if (bounds := plan.extra.get("bounds")) is not None:
-                notes.extend(bounds.notes())
+            notes.extend(group_clamps.bounds_notes(plan))  # the bounds chosen, if any
             notes.extend(clip_notes)
             if paid.note:
                 notes.append(paid.note)  # paid for and released: returned with the note

@@ -193,3 +193,22 @@ def test_intervals_at_another_level_hold_each_groups_value(tmp_path: Path):
     for (_, value), (lo, hi) in zip(rows, spans, strict=True):
         assert lo <= value <= hi <= 1000
     service.close()
+
+
+def test_keys_released_by_thresholding_keep_one_clamp(tmp_path: Path):
+    """Without a public domain the groups are not known before the release: one clamp, and
+    the notes and EXPLAIN say that one (none says "per group")."""
+    policy = _setup(tmp_path)
+    policy["tables"]["t"]["columns"]["g"].pop("values")
+    policy["privacy"]["delta"] = 1e-5
+    service = dpsql.Service(policy, ledger=MemoryLedger(), noise=ZeroNoise())
+    cur = service.connect("alice").cursor()
+    for sql in (SQL, LATER):
+        cur.execute(f"EXPLAIN {sql}")
+        assert [r for r in cur.fetchall() if r[0] == "clamp"] == []
+        cur.execute(sql)
+        cur.fetchall()
+        notes = [m for _, m in cur.messages]
+        assert not any("per group" in m for m in notes)
+    assert any(re.search(r"x clamped to \[0, [0-9.e+]+\]", m) for m in notes)
+    service.close()

@@ -87,6 +87,16 @@ def planned(plan: Plan) -> tuple[PerGroupClamp, ...]:
     return tuple(p for p in chosen.per_group if _measures_of(plan, p.column) is not None)
 
 
+def bounds_notes(plan: Plan) -> list[str]:
+    """The answer's notes on the bounds ``plan`` was planned with (dpsql.service.bounds.Chosen),
+    saying a clamp is chosen per group only where the run chose one (keys released by
+    thresholding keep the table-wide range, whose note is given instead)."""
+    chosen = plan.extra.get("bounds")
+    if not isinstance(chosen, Chosen):
+        return [] if chosen is None else list(chosen.notes())
+    return replace(chosen, per_group=planned(plan)).notes()
+
+
 def explain_lines(plan: Plan) -> list[str]:
     """EXPLAIN's words on the per-group clamps the run of ``plan`` chooses (none: no line).
     A plan still buying its histogram (a pending choice) says what the run will do."""
