@@ -212,3 +212,27 @@ def test_keys_released_by_thresholding_keep_one_clamp(tmp_path: Path):
         assert not any("per group" in m for m in notes)
     assert any(re.search(r"x clamped to \[0, [0-9.e+]+\]", m) for m in notes)
     service.close()
+
+
+def test_a_class_plan_that_would_charge_otherwise_keeps_the_planned_range(tmp_path: Path):
+    """Defence in depth (never seen: the split does not read the bounds): a class whose plan
+    differs from the charged one in anything but its clamp is released at the planned
+    table-wide range, and the note says that range."""
+    big, small = _values()
+    service = dpsql.Service(_setup(tmp_path), ledger=MemoryLedger(), noise=ZeroNoise())
+    cur = service.connect("alice").cursor()
+    cur.execute(SQL)
+    cur.fetchall()
+    cur.execute(f"EXPLAIN {LATER}")
+    (planned_hi,) = {
+        float(m.group(1))
+        for r in cur.fetchall()
+        if (m := re.search(r"clamp of x to \[0, ([0-9.e+]+)\]", str(r[1])))
+    }
+    with mock.patch.object(group_clamps, "_same_charge", return_value=False):
+        cur.execute(LATER)
+        got = dict(cur.fetchall())
+    assert _clamps(cur.messages) == {0: planned_hi, 1: planned_hi}
+    for g, xs in ((0, big), (1, small)):
+        assert got[g] == pytest.approx(float(np.minimum(xs, planned_hi).mean()))
+    service.close()

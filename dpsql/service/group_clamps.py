@@ -285,8 +285,10 @@ def run(
     base_key = tuple(_range(table.columns[c], math.inf) for c in columns)
     settings, domains = plan.extra["bounds_settings"]
     by_class: dict[tuple, Released] = {}
+    applied: dict[tuple, tuple] = {}  # the range each class was released with
     for key in dict.fromkeys(keys):
         class_plan, class_result = plan, result
+        applied[key] = base_key
         if key != base_key:
             cols = dict(table.columns)
             for c, (lo, hi) in zip(columns, key, strict=True):
@@ -302,13 +304,13 @@ def run(
             if candidate is not plan and _same_charge(
                 plan, candidate, set(columns), set(count_names)
             ):
-                class_plan = candidate
+                class_plan, applied[key] = candidate, key
                 class_result = service.engine.execute(
                     compile_plan(candidate, compiled.secret), handle
                 )
         by_class[key] = release(class_plan, class_result, service.noise, check, given=counts)
     released = _merged(keys, by_class)
-    return released, [_note(columns, groups, keys)]
+    return released, [_note(columns, groups, [applied[k] for k in keys])]
 
 
 def _merged(keys: list[tuple], classes: dict[tuple, Released]) -> Released:
