@@ -23,6 +23,7 @@ from dpsql.engine import prepared
 from dpsql.pipeline import Settings
 from dpsql.policy import load_policy
 from dpsql.privacy.ledger import MemoryLedger
+from dpsql.sql import prepared_plan
 from dpsql.sql.bind import parse_statement
 from dpsql.sql.compile import compile_plan
 
@@ -81,7 +82,15 @@ def _compare(svc: Service, queries: list[str]) -> int:
     return used
 
 
-def test_fixture_store_plans_are_exact():
+@pytest.fixture
+def unrouted(monkeypatch):
+    """The store's two-phase plan for every shape, as before store_tree left the shapes it does
+    not speed up to the plan without a store (test_store_routing_by_shape): the tests taking
+    it check that plan exact, and the store's life cycle, on every query."""
+    monkeypatch.setattr(prepared_plan, "_two_phase_pays", lambda plan: True)
+
+
+def test_fixture_store_plans_are_exact(unrouted):
     svc = _service(_with_store(fixture_policy()))
     try:
         assert svc.engine.stores and svc.engine.stores[0].hash_mix is not None
@@ -151,7 +160,7 @@ def gen_csv(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("bounding", ["scale", "sample"])
 @pytest.mark.parametrize(("R", "G"), [(1, 1), (2, 3), (5, 2), (10, 6)])
-def test_generated_store_plans_are_exact(gen_csv, R, G, bounding):
+def test_generated_store_plans_are_exact(gen_csv, R, G, bounding, unrouted):
     policy = table_policy(gen_csv, GEN_COLUMNS, unit="uid", rows=R, groups=G)
     policy["tables"]["t"]["bounding"] = bounding
     svc = _service(_with_store(policy))
@@ -209,7 +218,7 @@ def _disk_policy(csv_path: Path, store_dir: Path, version: str):
     return _with_store(policy, "disk", prepared_dir=str(store_dir))
 
 
-def test_disk_store_reused_rebuilt_and_never_stale(tmp_path, gen_csv):
+def test_disk_store_reused_rebuilt_and_never_stale(tmp_path, gen_csv, unrouted):
     store_dir = tmp_path / "store"
     first = _service(_disk_policy(gen_csv, store_dir, "v1"))
     info1 = first.engine.stores[0]
@@ -398,7 +407,7 @@ def test_unfiltered_plans_read_the_stored_pair_partials(gen_csv):
         sampled.close()
 
 
-def test_a_service_without_a_store_never_compiles_against_anothers(gen_csv):
+def test_a_service_without_a_store_never_compiles_against_anothers(gen_csv, unrouted):
     """Two services in one process over one table and version, one with a memory store: each
     compiles against its own engine's store (or none). Before plans named their store, the
     one without read the other's registered store and failed on a relation it lacks."""
@@ -421,3 +430,33 @@ def test_a_service_without_a_store_never_compiles_against_anothers(gen_csv):
     finally:
         plain.close()
         stored.close()
+
+
+def test_store_routing_by_shape(gen_csv):
+    """A store plan is never slower than the plan without one (issue 28 item 2): a rescaled or
+    counts-only plan whose units may be over G (groups ranked) with rows to read (a WHERE)
+    groups every row by unit when every unit is over G, slower over the store's wider rows
+    (bench/bench_prepared_sql.py), so it runs the plan without a store; with groups not ranked
+    (G at least the key's bins), sampled, or read from the stored partials (no WHERE), the
+    store plan runs. The choice is the shape's (same text on other data:
+    test_store_plan_choice_depends_on_policy_only) and the answers are equal either way."""
+    where = "SELECT dept, COUNT(*), SUM(score) FROM t WHERE age > 3 GROUP BY dept"
+    counts = "SELECT dept, COUNT(*) FROM t WHERE age > 3 GROUP BY dept"
+    bare = "SELECT dept, COUNT(*), SUM(score) FROM t GROUP BY dept"
+    cases = [  # (G, bounding, query, store plan chosen); dept: 5 values and NULL, 6 bins
+        (2, "scale", where, False),
+        (2, "scale", counts, False),
+        (2, "sample", counts, False),  # counts only: one grouped scan, as rescaled
+        (2, "scale", bare, True),  # the stored pair partials
+        (2, "sample", where, True),  # three scans, each reading fewer rows
+        (6, "scale", where, True),  # every row within R goes direct
+        (6, "scale", counts, True),
+    ]
+    for G, bounding, q, chosen in cases:
+        policy = table_policy(gen_csv, GEN_COLUMNS, unit="uid", rows=3, groups=G)
+        policy["tables"]["t"]["bounding"] = bounding
+        svc = _service(_with_store(policy))
+        try:
+            assert _compare(svc, [q]) == int(chosen), (G, bounding, q)
+        finally:
+            svc.close()

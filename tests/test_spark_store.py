@@ -21,6 +21,7 @@ from test_prepared_store import (
     GEN_QUERIES,
     _gen_rows,
     prepare_policy,
+    unrouted,  # noqa: F401 (a fixture, used by name: the two-phase plan for every shape)
 )
 
 from dpsql.engine import prepared, spark_store
@@ -78,6 +79,7 @@ def _compare(svc: Service, queries: list[str], secrets=SECRETS) -> int:
     return used
 
 
+@pytest.mark.usefixtures("unrouted")
 def test_fixture_store_plans_are_exact_on_spark(spark):
     svc = _service(_with_store(fixture_policy()), spark)
     try:
@@ -100,6 +102,7 @@ def gen_csv(tmp_path_factory) -> Path:
     return write_csv(tmp_path_factory.mktemp("gen") / "t.csv", list(GEN_COLUMNS), _gen_rows())
 
 
+@pytest.mark.usefixtures("unrouted")
 def test_binding_bounds_and_row_level_are_exact_on_spark(spark, gen_csv):
     """R = 2, G = 2 bind for half the units (all three phases run); row-level too."""
     for unit in ("uid", None):
@@ -175,6 +178,7 @@ def _disk_policy(csv_path: Path, store_dir: Path, version: str):
     return _with_store(policy, "disk", prepared_dir=str(store_dir))
 
 
+@pytest.mark.usefixtures("unrouted")
 def test_disk_store_reused_then_rebuilt_on_a_new_version(spark, gen_csv, tmp_path):
     store_dir = tmp_path / "store"
     first = _service(_disk_policy(gen_csv, store_dir, "v1"), spark)

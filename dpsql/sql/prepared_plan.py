@@ -37,7 +37,8 @@ from dpsql.sql.plan import Measure, Plan, bounds_groups, value_measures
 def store_tree(plan: Plan, keys: tuple[str, ...], store: StoreInfo) -> exp.Expression | None:
     """The plan's engine query over ``store``; None when the store cannot serve it (COUNT of
     distinct units per group, which needs the pairs of every unit; measure kinds it does not
-    know)."""
+    know) or its plan would not be faster than the plan without one (:func:`_two_phase_pays`):
+    a store never makes a query slower."""
     # only the measure kinds this module knows (MeasureKind.stored: a kind added later keeps
     # the plain plan); a join (or a unit_path table) reads its joined source, not one
     # table's store
@@ -53,7 +54,22 @@ def store_tree(plan: Plan, keys: tuple[str, ...], store: StoreInfo) -> exp.Expre
     partials = _partials(plan, store)
     if partials is not None:
         return _from_partials(plan, store, partials)
+    if not _two_phase_pays(plan):
+        return None
     return _two_phase(plan, store)
+
+
+def _two_phase_pays(plan: Plan) -> bool:
+    """Whether the two-phase plan is never slower than the plan without a store, from the
+    plan's shape alone (never the statistics: the data decide neither the plan nor its time).
+    Counts only or rescaled (``_split``: one scan grouped by a CASE that folds the proven rows)
+    with groups ranked (a unit may be in more than G groups): when every unit is over G no row
+    is proven, and the store plan is the plain plan's (unit, key) aggregation grouped by that
+    CASE over a wider relation, 1.1-1.2x the plan without a store (bench/bench_prepared_sql.py,
+    docs/performance.md), so it runs without the store. Sampled (three scans), or groups not
+    ranked (every row within R proven direct), the store plan is faster: 0.15-0.85x."""
+    split = not value_measures(plan) or plan.bounding == "scale"
+    return not (split and bounds_groups(plan))
 
 
 def _partials(plan: Plan, store: StoreInfo) -> str | None:
