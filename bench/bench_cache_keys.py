@@ -1,5 +1,5 @@
 """What the answer cache's key costs on a shape-cache hit: the hand-written fingerprint it
-replaced (its text as of adb6d88~1, copied below) against dpsql.ir.canonical.answer_key, on the
+replaced (its text as of adb6d88~1, copied below) against dpsql.plan.canonical.answer_key, on the
 same plans, interleaved, the minimum CPU time of 30 rounds (docs/architecture.md, "Cache keys")::
 
     python bench/bench_cache_keys.py
@@ -18,10 +18,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import dpsql
-from dpsql.ir.canonical import answer_key
+from dpsql.frontend.bind import parse_statement
+from dpsql.plan.canonical import answer_key
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.service.settings import Settings
-from dpsql.sql.bind import parse_statement
 
 
 def old_fingerprint(self) -> str:

@@ -42,11 +42,11 @@ sys.path.insert(0, str(ROOT))
 import duckdb  # noqa: E402
 
 from dpsql.dbapi import Service  # noqa: E402
+from dpsql.frontend.bind import parse_statement  # noqa: E402
+from dpsql.lower.compile import compile_plan  # noqa: E402
 from dpsql.pipeline import Settings  # noqa: E402
 from dpsql.privacy.ledger import MemoryLedger  # noqa: E402
 from dpsql.privacy.samplers import ZeroNoise  # noqa: E402
-from dpsql.sql.bind import parse_statement  # noqa: E402
-from dpsql.sql.compile import compile_plan  # noqa: E402
 
 DEPARTMENTS = ["cardiology", "dermatology", "emergency", "neurology", "oncology", "pediatrics"]
 
@@ -196,7 +196,7 @@ def service(db: Path | str, pol: dict | str, noise: Any = None) -> Service:
 
 
 def answer_only(svc: Service) -> Settings:
-    """The session's settings without the bias measures (dpsql.sql.bias): the reference
+    """The session's settings without the bias measures (dpsql.plan.bias): the reference
     queries of the checks compute the answer's measures only."""
     return dataclasses.replace(Settings.from_policy(svc.policy), bias_estimate="off")
 
@@ -304,7 +304,7 @@ def check_row_level(svc: Service, exact: Service) -> None:
 def reference_unit_sql(plan: Any, secret: int) -> str:
     """The previous plan (row_number() over every row), kept as an executable reference; for
     bounding = "scale", every pair's sums times R/n, in 128 bits, straight from the rows."""
-    from dpsql.sql.compile import _domain_filters, _q, row_value
+    from dpsql.lower.compile import _domain_filters, _q, row_value
 
     table = plan.query.table
     conds = [f"TRY({plan.query.where.sql(dialect='duckdb')})"] if plan.query.where else []
@@ -363,9 +363,9 @@ def reference_unit_sql(plan: Any, secret: int) -> str:
         if m.fine > 1 and m.kind != "units"
     ]
     if rounded:
-        # counts on the fine grid, rounded per unit (dpsql.sql.plan, ROUNDED_KINDS): one
+        # counts on the fine grid, rounded per unit (dpsql.plan.values, ROUNDED_KINDS): one
         # window over every pair of the unit in key order, NULLs last; U_u from the unit id
-        from dpsql.sql.plan import ROUNDING_MULTIPLIER
+        from dpsql.plan.values import ROUNDING_MULTIPLIER
 
         grid = rounded[0][1]
         off = f"((((__u % {grid}) + {grid}) % {grid}) * {ROUNDING_MULTIPLIER}) % {grid}"

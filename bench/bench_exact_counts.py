@@ -81,7 +81,7 @@ def truth(csv: Path, sql: str) -> dict[tuple, float]:
 def count_optimum(conn, sql: str) -> float:
     """The discrete Laplace optimum E|X| = 2p / (1 - p^2), p = e^(-1/b), at the scale b (in
     rows) of the plan's row count: the least MAE of any count released with that noise."""
-    from dpsql.sql.bind import parse_statement
+    from dpsql.frontend.bind import parse_statement
 
     service = conn.service
     plan = service.plan(parse_statement(sql, service.policy), conn._settings)

@@ -39,10 +39,10 @@ sys.path.insert(0, str(ROOT))
 import duckdb  # noqa: E402
 
 from dpsql.dbapi import Service  # noqa: E402
+from dpsql.frontend.bind import parse_statement  # noqa: E402
+from dpsql.lower.compile import compile_plan  # noqa: E402
 from dpsql.pipeline import Settings  # noqa: E402
 from dpsql.privacy.ledger import MemoryLedger  # noqa: E402
-from dpsql.sql.bind import parse_statement  # noqa: E402
-from dpsql.sql.compile import compile_plan  # noqa: E402
 
 DEPTS = [f"d{i:02d}" for i in range(16)]
 COLUMNS = {

@@ -233,8 +233,8 @@ def run(rows: int, dims: int, reps: int, lookup_max: int) -> list[dict[str, Any]
 
 def _check_lowering(svc: Service, sql: str, settings: Settings, lookup: bool) -> None:
     """The engine SQL is the lowering measured: lookups (CASE) or a JOIN of VALUES."""
-    from dpsql.sql.bind import parse_statement
-    from dpsql.sql.compile import compile_plan
+    from dpsql.frontend.bind import parse_statement
+    from dpsql.lower.compile import compile_plan
 
     if "departments" not in sql:
         return

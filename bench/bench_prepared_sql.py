@@ -43,9 +43,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 import bench_fast as bf  # noqa: E402
 
 from dpsql.dbapi import Service  # noqa: E402
+from dpsql.frontend.bind import parse_statement  # noqa: E402
+from dpsql.lower.compile import compile_plan  # noqa: E402
 from dpsql.pipeline import Settings  # noqa: E402
-from dpsql.sql.bind import parse_statement  # noqa: E402
-from dpsql.sql.compile import compile_plan  # noqa: E402
 
 SHAPES = {  # name: (table, text)
     "row-level, WHERE": ("tr", bf.Q),
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-dir", type=Path, default=ROOT / "bench" / "data")
     args = ap.parse_args(argv)
     if args.unrouted:
-        from dpsql.sql import prepared_plan
+        from dpsql.lower import prepared_plan
 
         prepared_plan._two_phase_pays = lambda plan: True  # type: ignore[assignment]
     db = args.data_dir / f"fast_{args.rows}.duckdb"

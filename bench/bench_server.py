@@ -47,13 +47,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import dpsql
 from dpsql.dbapi import connect_service
+from dpsql.frontend.bind import parse_statement
+from dpsql.lower.compile import compile_plan
 from dpsql.pipeline import Settings
 from dpsql.policy import load_policy
 from dpsql.privacy.sqlite_ledger import SQLiteLedger
 from dpsql.server.testing import RawClient
 from dpsql.server.users import UserStore, users_path
-from dpsql.sql.bind import parse_statement
-from dpsql.sql.compile import compile_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSWORD = "bench-password"

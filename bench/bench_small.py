@@ -47,12 +47,12 @@ from bench_server import (
 )
 
 import dpsql
+from dpsql.frontend.bind import parse_statement
+from dpsql.plan.domains import SQL_TYPES
 from dpsql.policy import load_policy
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.server.users import UserStore, users_path
 from dpsql.service.settings import Settings
-from dpsql.sql.bind import parse_statement
-from dpsql.sql.domains import SQL_TYPES
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "fixtures" / "visits.toml"

@@ -28,11 +28,11 @@ from bench_core import COLUMNS, FLOORS, QUERIES, generate  # noqa: E402
 
 from dpsql.dbapi import Service  # noqa: E402
 from dpsql.engine import prepared  # noqa: E402
+from dpsql.frontend.bind import parse_statement  # noqa: E402
+from dpsql.lower.compile import compile_plan  # noqa: E402
 from dpsql.pipeline import Settings  # noqa: E402
 from dpsql.policy import load_policy  # noqa: E402
 from dpsql.privacy.ledger import MemoryLedger  # noqa: E402
-from dpsql.sql.bind import parse_statement  # noqa: E402
-from dpsql.sql.compile import compile_plan  # noqa: E402
 
 
 def _policy(parquet: Path, rows: int, groups: int, store: Path) -> dict:

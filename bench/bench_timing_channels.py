@@ -15,7 +15,7 @@ that difference against the run-to-run spread (p90 - p10).
 3. planning caches: EXPLAIN by analyst A (cold, then warm), then by B after A warmed it, and by C
    on a text nobody sent (a cold control at B's place in the sequence). The caches are per
    analyst, so B should time like a cold A, and like C. 3b repeats B vs C with the process-wide
-   token cache (dpsql/sql/positions.py, keyed by the exact text) emptied before every run: the
+   token cache (dpsql/frontend/positions.py, keyed by the exact text) emptied before every run: the
    part of the B-vs-C difference that disappears is that cache's.
 4. a lazily read source: D / D' as Parquet (the engine reads it through a casting view), one of
    patient 999's ages in D' a value that does not cast. The engine TRY_CASTs lazily read
@@ -72,8 +72,8 @@ import duckdb  # noqa: E402
 
 import dpsql  # noqa: E402
 from dpsql.dbapi import connect_service  # noqa: E402
+from dpsql.frontend import positions  # noqa: E402
 from dpsql.privacy.ledger import MemoryLedger  # noqa: E402
-from dpsql.sql import positions  # noqa: E402
 
 FIXTURE_TOML = ROOT / "fixtures" / "visits.toml"
 FIXTURE_CSV = ROOT / "fixtures" / "visits.csv"
@@ -438,8 +438,8 @@ def grid_neighbours(tmp: Path) -> list[tuple[str, str, dict[str, Any], dict[str,
 
 def engine_step(svc: dpsql.Service, sql: str) -> Step:
     """The engine's execute of ``sql`` compiled once (the program, where the plan has one)."""
+    from dpsql.frontend.bind import parse_statement
     from dpsql.pipeline import Settings
-    from dpsql.sql.bind import parse_statement
 
     settings = Settings.from_policy(svc.policy)
     key = svc._plans.key(sql, None, settings, "observer")

@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 import duckdb  # noqa: E402
 
 import dpsql  # noqa: E402
+from dpsql.plan.sharing import threshold_suppression  # noqa: E402
 from dpsql.privacy.clipping import ApproxBounds, LogHistogram  # noqa: E402
 from dpsql.privacy.ledger import MemoryLedger  # noqa: E402
 from dpsql.privacy.mechanisms import Laplace, threshold_below  # noqa: E402
@@ -61,7 +62,6 @@ from dpsql.privacy.quantiles import (  # noqa: E402
     target,
 )
 from dpsql.privacy.samplers import SeededNoise  # noqa: E402
-from dpsql.sql.sharing import threshold_suppression  # noqa: E402
 
 EPSILONS = (0.1, 1.0, 10.0)
 DELTA = 1e-6

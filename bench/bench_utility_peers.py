@@ -351,7 +351,7 @@ def dpsql_policy(data: Data) -> dict:
                 "primary_key": "pid",
                 "columns": columns,
             },
-            # the suppression query: educ with neither values nor bounds (dpsql.sql.domains)
+            # the suppression query: educ with neither values nor bounds (dpsql.plan.domains)
             "pums_keys": {
                 "source": str(data.pums),
                 "privacy_unit": "pid",

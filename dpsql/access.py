@@ -19,7 +19,7 @@ the table's (no column is readable on a table that is not). ``allow`` absent: ev
 ``allow = []``: nobody; ``deny`` always wins. A name is an analyst (a login) or a role of
 ``[access] roles``; roles do not nest.
 
-Enforcement is one check on the parsed statement, in :func:`dpsql.sql.bind.bind_tree` right
+Enforcement is one check on the parsed statement, in :func:`dpsql.frontend.bind.bind_tree` right
 after CTE names are scoped and before anything is bound: every table the statement names
 (FROM, JOIN, semi joins, derived tables and CTE bodies, public lookups, table functions'
 first argument) and every column reference is checked against the analyst's rights. It is
@@ -297,7 +297,7 @@ def _fix(table: str, what: str = "") -> str:
 def _denied(
     message: str, node: exp.Expression | None, text: str, key: str, hint: str
 ) -> AccessDenied:
-    from dpsql.sql.positions import position_of
+    from dpsql.frontend.positions import position_of
 
     return AccessDenied(
         message,

@@ -139,7 +139,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def read_statements(args: argparse.Namespace, stdin: TextIO | None = None) -> list[str] | None:
     """The statements to run: the argument, -f FILE, or piped standard input."""
-    from dpsql.sql.sqltext import split_statements
+    from dpsql.frontend.sqltext import split_statements
 
     stdin = stdin or sys.stdin
     if args.sql is not None and args.file is not None:
@@ -182,7 +182,7 @@ def apply_options(session: Any, args: argparse.Namespace) -> None:
 
 
 def _explainable(sql: str) -> bool:
-    from dpsql.sql.sqltext import keywords
+    from dpsql.frontend.sqltext import keywords
 
     words = keywords(sql, 1)
     return bool(words) and words[0] in ("select", "with", "from")

@@ -29,6 +29,7 @@ from dpsql.errors import (
     check_analyst,
     door,
 )
+from dpsql.frontend.dialect import check_dialect
 from dpsql.pipeline import Settings
 from dpsql.policy import Policy, load_policy
 from dpsql.privacy.ledger import EphemeralBudgetWarning, Ledger, MemoryLedger
@@ -38,7 +39,6 @@ from dpsql.service.answer import bias_names as bias_names
 from dpsql.service.answer import interval_names as interval_names
 from dpsql.service.answer import with_intervals as with_intervals
 from dpsql.service.session import Session
-from dpsql.sql.dialect import check_dialect
 
 apilevel = "2.0"
 threadsafety = 1  # threads may share the module, not connections
@@ -100,7 +100,7 @@ class Service(pipeline.Service):
 
     def connect(self, analyst: str = "default", dialect: str = "duckdb") -> Connection:
         """A DB-API session of ``analyst`` over this service, reading statements in
-        ``dialect`` (dpsql.sql.dialect)."""
+        ``dialect`` (dpsql.frontend.dialect)."""
         return Connection(self, analyst, dialect=dialect)
 
 

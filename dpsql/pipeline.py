@@ -34,7 +34,30 @@ from dpsql.errors import (
     Error,
     internal_error,
 )
+from dpsql.frontend.bind import parse_statement
+from dpsql.frontend.statements import (
+    DIALECT,
+    CompositeQuery,
+    DPQuery,
+    ExplainStatement,
+    PublicSelect,
+    ReleasedQuery,
+    RuleListCall,
+    SettingStatement,
+    TransactionStatement,
+)
+from dpsql.frontend.typecheck import (
+    ShadowTypes,
+    type_query,
+)
 from dpsql.limits import check_parameters, check_plan_rows, check_text, too_complex
+from dpsql.lower.compile import (
+    CompiledQuery,
+    compile_plan,
+)
+from dpsql.plan.domains import key_domain
+from dpsql.plan.planner import build_plan
+from dpsql.plan.values import Plan
 from dpsql.policy import Policy, TablePolicy, load_policy
 from dpsql.privacy.ledger import Ledger, MemoryLedger
 from dpsql.privacy.release import Released, at_confidence, release
@@ -71,29 +94,6 @@ from dpsql.service.table_functions import run_table_function
 from dpsql.service.text_shapes import TextShapes
 from dpsql.service.transaction import not_cancelled as _not_cancelled
 from dpsql.service.transaction import paid_once
-from dpsql.sql.bind import parse_statement
-from dpsql.sql.compile import (
-    CompiledQuery,
-    compile_plan,
-)
-from dpsql.sql.domains import key_domain
-from dpsql.sql.plan import Plan
-from dpsql.sql.planner import build_plan
-from dpsql.sql.statements import (
-    DIALECT,
-    CompositeQuery,
-    DPQuery,
-    ExplainStatement,
-    PublicSelect,
-    ReleasedQuery,
-    RuleListCall,
-    SettingStatement,
-    TransactionStatement,
-)
-from dpsql.sql.typecheck import (
-    ShadowTypes,
-    type_query,
-)
 
 _log = logging.getLogger("dpsql.service")
 
@@ -358,7 +358,7 @@ class Service:
         self, text: str, parameters: Sequence[Any] | None, analyst: str, dialect: str = "duckdb"
     ) -> Any:
         """Parse and bind ``text`` for ``analyst`` in ``dialect`` (the session's, chosen by its
-        door: dpsql.sql.dialect): their access rules (dpsql.access) are checked on the parsed
+        door: dpsql.frontend.dialect): their access rules (dpsql.access) are checked on the parsed
         statement before it is bound, free, like every refusal."""
         models = self._models(analyst, text)
         return parse_statement(

@@ -59,8 +59,8 @@ def error_curves(
     """
     from dataclasses import replace
 
-    from dpsql.sql.bind import parse_statement
-    from dpsql.sql.statements import DPQuery, ExplainStatement
+    from dpsql.frontend.bind import parse_statement
+    from dpsql.frontend.statements import DPQuery, ExplainStatement
 
     statement = parse_statement(sql, service.policy)
     if isinstance(statement, ExplainStatement):
@@ -130,7 +130,7 @@ def _centred_sum_halfwidth(total: Any, count: Any, confidence: float) -> float:
 
 
 def _words(measure: Any) -> str:
-    # what each measure's noise is, in words: its kind's object says (dpsql.sql.measure_kinds)
+    # what each measure's noise is, in words: its kind's object says (dpsql.plan.measure_kinds)
     return "noise in " + (measure.measure_kind.shown or measure.kind)
 
 

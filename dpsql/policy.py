@@ -48,7 +48,7 @@ _PRIVACY_KEYS = PRIVACY_KEYS  # dpsql.smartnoise_import reads it
 # fail exactly when their families are equal (int and float compare as numbers; text against a
 # number or a date would make the engine cast one side, and that cast fails on some values).
 # The one rule for every comparison the engine runs without TRY: WHERE conditions
-# (dpsql.sql.safety), join conditions (JoinStep below), the privacy units that tables share.
+# (dpsql.frontend.safety), join conditions (JoinStep below), the privacy units that tables share.
 TYPE_FAMILY = {"int": "number", "float": "number", "text": "text", "bool": "bool", "date": "date"}
 #: Each policy column type as the SQL type every engine and generated statement casts it to.
 SQL_TYPES = {
@@ -109,7 +109,7 @@ class ColumnPolicy:
     clip_method: str = "auto"  # "sum" for a total, "quantile" per group (docs/mechanisms.md)
     clip_quantile: float = 0.9
     # A date column's declared first and last day (lower/upper in the policy): its public
-    # range, whose days every date key enumerates (dpsql.sql.domains). Kept apart from the
+    # range, whose days every date key enumerates (dpsql.plan.domains). Kept apart from the
     # numeric lower/upper, which mean clamping bounds of sums.
     date_range: tuple[_dt.date, _dt.date] | None = None
 
@@ -218,7 +218,7 @@ class TablePolicy:
     bounds_share: float = 0.1  # the share of a query's ε that pays for a choice
     version: str | None = None
     # how a (unit, group) over R rows is bounded: "scale" (R/n of every row) or "sample"
-    # (R rows by keyed hash); dpsql.sql.plan's docstring states both
+    # (R rows by keyed hash); dpsql.plan.values's docstring states both
     # the bounds planned where an "auto" one is never chosen (a private join on the unit, a
     # per-unit relation): the cap for a declared "auto"; 1 for a bound the policy left
     # unstated (its default "auto" is chosen on single-table queries only, so these paths
@@ -226,7 +226,7 @@ class TablePolicy:
     unchosen_fallback: tuple[int, int] = (AUTO_CAP, AUTO_CAP)
     # set by dpsql.service.bounds on the statement that paid for its "auto" bounds' histogram:
     # its one overhead share bought the histogram, whose estimate of what R cuts stands for
-    # the per-query bias measures (dpsql.sql.bias.bias_specs plans none)
+    # the per-query bias measures (dpsql.plan.bias.bias_specs plans none)
     bias_by_histogram: bool = False
     bounding: str = BOUNDING_DEFAULT
     # A public table: no privacy unit, never charged; its rows (typed, in file order) are
@@ -286,7 +286,7 @@ class EngineConfig:
     prepared: str = "off"
     prepared_dir: str | None = None
     # DuckDB: plans on small eager tables run on their columns in memory (dpsql.engine.columnar)
-    # where dpsql.sql.local_plan can mirror them ("columns"), or always as SQL ("sql")
+    # where dpsql.lower.local_plan can mirror them ("columns"), or always as SQL ("sql")
     small_tables: str = "auto"
 
 
@@ -814,7 +814,7 @@ def _public_rows(
         if parquet
         else f"read_csv('{path}', header = true, all_varchar = true, auto_detect = true)"
     )
-    from dpsql.sql.identifiers import quote_ident
+    from dpsql.frontend.identifiers import quote_ident
 
     select = ", ".join(
         f"CAST({quote_ident(c.name)} AS {SQL_TYPES[c.type]})" for c in table.columns.values()

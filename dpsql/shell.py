@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from dpsql.errors import Error
-from dpsql.sql.sqltext import split_statements, strip_comments
+from dpsql.frontend.sqltext import split_statements, strip_comments
 from dpsql.tables import render
 
 PROMPT, MORE = "dpsql> ", "  ...> "

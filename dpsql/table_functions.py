@@ -1,7 +1,7 @@
 """The DP table functions SQL can call in FROM, and their result columns.
 
 A table function (``SELECT … FROM dp_rule_list('visits', label => 'smoker')``) is bound by
-:mod:`dpsql.sql.bind` into a call record, planned without data, charged, then run. This module
+:mod:`dpsql.frontend.bind` into a call record, planned without data, charged, then run. This module
 is the one list of their names and result schemas, so the binder validates the outer query's
 columns without importing the learners (which import their schemas from here: the binder
 reaching a learner put 21 modules into one import cycle, tests/test_layering.py).

@@ -1,7 +1,7 @@
 """Hypothesis strategies for SQL in dpsql's accepted grammar, over the visits fixture.
 
 The differential fuzz test (tests/test_differential_fuzz.py) runs what these generate on two
-neighbouring datasets. The grammar follows grammar_notes.md and ``dpsql.sql.bind.SCALAR_NODES``
+neighbouring datasets. The grammar follows grammar_notes.md and ``dpsql.frontend.bind.SCALAR_NODES``
 and is deliberately a little wider: every expression is built for a wanted type (int, float,
 text, date, bool), but any sub-expression may be of another type (``diagnosis IS TRUE``,
 ``WHERE visit_date``, ``LOWER(age)``) and keys may have types no key should have (STRUCT,

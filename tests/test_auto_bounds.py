@@ -22,6 +22,7 @@ from conftest import table_policy, write_csv
 
 import dpsql
 from dpsql.errors import PolicyError
+from dpsql.lower.compile import contribution_query
 from dpsql.policy import AUTO_CAP, load_policy
 from dpsql.privacy.audit import BufferedNoise, audit, indicator_event, threshold_events
 from dpsql.privacy.contribution import (
@@ -34,7 +35,6 @@ from dpsql.privacy.contribution import (
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import SeededNoise, ZeroNoise
 from dpsql.privacy.sqlite_ledger import SQLiteLedger
-from dpsql.sql.compile import contribution_query
 
 EPS = 10.0  # large enough that the exact histogram's bins pass τ (ε_c = 1)
 
@@ -135,8 +135,8 @@ def test_auto_without_a_privacy_unit_is_refused(tmp_path: Path):
 def test_the_service_layer_reads_the_summed_kinds_from_the_kind_objects():
     """dpsql.service.bounds keeps no copy of the summed kinds: a call asks its kind's object."""
     from dpsql.aggregates import KINDS, SUMMED_KINDS
+    from dpsql.frontend.statements import AggregateCall
     from dpsql.service import bounds
-    from dpsql.sql.statements import AggregateCall
 
     assert not hasattr(bounds, "SUMMED_KINDS")
     assert SUMMED_KINDS == ("sum", "avg", "var_samp", "var_pop", "stddev_samp", "stddev_pop")

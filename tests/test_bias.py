@@ -1,6 +1,6 @@
 """Issue 31, item 1: every answer from bounded rows says what the bounds cut (docs/bias.md).
 
-The bias measures (dpsql.sql.bias) are estimated by the engine in the same bounded query and
+The bias measures (dpsql.plan.bias) are estimated by the engine in the same bounded query and
 charged in its one reservation. Checked here: the estimate equals what the bounds cut on
 generated data (exactly without noise, on average with it), its share is charged and the
 total is the query's ε, ``SET bias_estimate = off`` spends nothing on it, a neighbouring
@@ -23,6 +23,9 @@ from conftest import FIXTURE_CSV, exact_connect, fixture_policy, table_policy, w
 
 import dpsql
 from dpsql.commands import run_statement
+from dpsql.frontend.bind import parse_statement
+from dpsql.lower.compile import compile_plan
+from dpsql.plan import bias
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.audit import audit, threshold_events
 from dpsql.privacy.ledger import MemoryLedger
@@ -32,9 +35,6 @@ from dpsql.server.server import Server, ServerThread
 from dpsql.server.testing import RawClient
 from dpsql.server.users import UserStore, users_path
 from dpsql.service.session import Session
-from dpsql.sql import bias
-from dpsql.sql.bind import parse_statement
-from dpsql.sql.compile import compile_plan
 
 R = 3
 C = bias.cap(R)  # 6: a unit's rows beyond R are counted up to C per group

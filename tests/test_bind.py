@@ -9,9 +9,8 @@ import pytest
 from conftest import table_policy, write_csv
 
 from dpsql.errors import ProgrammingError, SQLSyntaxError
-from dpsql.policy import load_policy
-from dpsql.sql.bind import parse_statement
-from dpsql.sql.statements import (
+from dpsql.frontend.bind import parse_statement
+from dpsql.frontend.statements import (
     AggregateCall,
     Compute,
     DPQuery,
@@ -21,6 +20,7 @@ from dpsql.sql.statements import (
     TransactionStatement,
     Where,
 )
+from dpsql.policy import load_policy
 
 COLUMNS = {
     "uid": {"type": "int"},

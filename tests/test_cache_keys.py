@@ -3,7 +3,7 @@ plan the same measurement.
 
 The plan fingerprint named a join by its tables only, so ``JOIN departments d ON v.cost = d.id``
 returned the cached answer of ``ON v.dept_id = d.id`` (and the reverse): one join's noisy answer
-for another. The key is now the plan's canonical tree (dpsql.ir.canonical; its property test is
+for another. The key is now the plan's canonical tree (dpsql.plan.canonical; its property test is
 tests/test_canonical_keys.py), which holds each join step's table, kind and ON pairs, the
 outputs and a digest of the public rows. Pairs that differ in one node must not share an
 answer; pairs that differ only in spelling must.

@@ -1,4 +1,4 @@
-"""The cache keys are the canonical tree (dpsql.ir.canonical): a property test.
+"""The cache keys are the canonical tree (dpsql.plan.canonical): a property test.
 
 Generated queries over the fixture policies (fixtures/visits.toml; fixtures/star for joins)
 are planned in pairs. A pair one node apart (join key, join kind, CTE body, filter, GROUP BY
@@ -28,11 +28,11 @@ from hypothesis import strategies as st
 import dpsql
 from dpsql.dbapi import connect_service
 from dpsql.errors import Error
-from dpsql.ir.canonical import answer_key, canonical, plan_text
+from dpsql.frontend.bind import parse_statement
+from dpsql.frontend.statements import DPQuery
 from dpsql.pipeline import Service, Settings
+from dpsql.plan.canonical import answer_key, canonical, plan_text
 from dpsql.privacy.ledger import MemoryLedger
-from dpsql.sql.bind import parse_statement
-from dpsql.sql.statements import DPQuery
 
 ROOT = Path(__file__).resolve().parent.parent
 STAR = ROOT / "fixtures" / "star"

@@ -1,5 +1,5 @@
 """The default clamp's histogram as a pass over the store (dpsql.engine.clamp_pass) against its
-SQL (dpsql.sql.compile.clamp_histogram_query).
+SQL (dpsql.lower.compile.clamp_histogram_query).
 
 The released histogram is its exact counts plus noise, so the pass must return the SQL's exact
 (pre-noise) counts for the same secret, integer for integer: the same bins and, per privacy
@@ -24,11 +24,11 @@ from test_columnar import _loaded
 import dpsql
 from dpsql.dbapi import Service
 from dpsql.engine import clamp_pass
+from dpsql.frontend.identifiers import quote_ident
+from dpsql.lower.compile import clamp_histogram_query
 from dpsql.policy import load_policy
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.service.bounds import clamp_histogram
-from dpsql.sql.compile import clamp_histogram_query
-from dpsql.sql.identifiers import quote_ident
 
 pytestmark = [
     pytest.mark.filterwarnings("error::RuntimeWarning"),

@@ -14,7 +14,7 @@ import pytest
 from conftest import FIXTURE_CSV, ROOT
 
 from dpsql.cli import main
-from dpsql.sql import bias
+from dpsql.plan import bias
 
 POLICY = f"""\
 [privacy]

@@ -24,11 +24,11 @@ from test_columnar import _canonical, _loaded, _query
 from dpsql.dbapi import Service
 from dpsql.engine import clustered, columnar
 from dpsql.engine.duckdb_engine import LARGE_ROWS
+from dpsql.frontend.bind import parse_statement
 from dpsql.pipeline import Settings
 from dpsql.policy import load_policy
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import ZeroNoise
-from dpsql.sql.bind import parse_statement
 
 pytestmark = [
     pytest.mark.filterwarnings("error::RuntimeWarning"),
@@ -37,7 +37,7 @@ pytestmark = [
 
 
 def _settings(svc: Service, bias: bool = False) -> Settings:
-    """The policy's settings, with or without the bias measures (dpsql.sql.bias: the numpy
+    """The policy's settings, with or without the bias measures (dpsql.plan.bias: the numpy
     program does not compute them, the compiled pass does)."""
     settings = Settings.from_policy(svc.policy)
     return dataclasses.replace(settings, bias_estimate="on" if bias else "off")

@@ -1,4 +1,4 @@
-"""Column programs (dpsql.sql.local_plan, dpsql.engine.columnar) against the plan's SQL.
+"""Column programs (dpsql.lower.local_plan, dpsql.engine.columnar) against the plan's SQL.
 
 A program must return exactly the integers DuckDB returns for the same compiled query: every
 test here runs both on the same engine and compares them, on generated data (NULLs, NaN,
@@ -21,10 +21,10 @@ from conftest import budget, write_csv
 import dpsql
 from dpsql.dbapi import Service
 from dpsql.errors import OperationalError
+from dpsql.frontend.bind import parse_statement
 from dpsql.pipeline import Settings
 from dpsql.policy import load_policy
 from dpsql.privacy.ledger import MemoryLedger
-from dpsql.sql.bind import parse_statement
 
 # A warning only some data produce (an overflow to inf) would fail a query under -W error
 pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")
@@ -327,9 +327,9 @@ def test_a_failing_program_is_the_uniform_charged_engine_error(tmp_path, monkeyp
 
 
 def test_declared_key_types_are_the_binders(tmp_path, monkeypatch):
-    """Simple queries are typed without DuckDB's binder (dpsql.sql.typecheck.
+    """Simple queries are typed without DuckDB's binder (dpsql.frontend.typecheck.
     declared_key_types): the same key types, and no condition the binder would refuse."""
-    from dpsql.sql import typecheck
+    from dpsql.frontend import typecheck
 
     svc = _service(tmp_path, unit=False, rows=50)
     rng = random.Random(3)

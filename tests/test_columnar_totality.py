@@ -23,10 +23,10 @@ from conftest import write_csv
 
 from dpsql.engine import columnar, duckdb_engine
 from dpsql.errors import PolicyError
+from dpsql.frontend.bind import parse_statement
 from dpsql.pipeline import Service, Settings
 from dpsql.policy import load_policy
 from dpsql.privacy.ledger import MemoryLedger
-from dpsql.sql.bind import parse_statement
 
 pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")
 

@@ -1,6 +1,6 @@
 """The compiler builds one sqlglot tree per plan and renders every engine's dialect from it.
 
-No SQL is written as text in dpsql/sql/compile.py (a source scan), the Spark text comes from
+No SQL is written as text in dpsql/lower/compile.py (a source scan), the Spark text comes from
 the same tree as DuckDB's (no re-parse), the per-query secret is a node of that tree (a new
 secret re-renders nothing), and the pieces the compiler lowers itself agree with the functions
 that the rest of dpsql uses for the same job (typecheck.lower_key, safety.where_conditions).
@@ -18,11 +18,11 @@ from conftest import fixture_policy
 from sqlglot import exp
 
 import dpsql
-import dpsql.sql.compile as compile_module
-from dpsql.pipeline import Settings
-from dpsql.privacy.ledger import MemoryLedger
-from dpsql.sql.bind import parse_statement
-from dpsql.sql.compile import (
+import dpsql.lower.compile as compile_module
+from dpsql.frontend.bind import parse_statement
+from dpsql.frontend.safety import guarded_conditions, where_conditions
+from dpsql.frontend.typecheck import lower_key
+from dpsql.lower.compile import (
     NEUTRAL,
     CompiledQuery,
     compile_plan,
@@ -32,8 +32,8 @@ from dpsql.sql.compile import (
     lowered_key,
     secret_slot,
 )
-from dpsql.sql.safety import guarded_conditions, where_conditions
-from dpsql.sql.typecheck import lower_key
+from dpsql.pipeline import Settings
+from dpsql.privacy.ledger import MemoryLedger
 
 COMPILE_PY = Path(compile_module.__file__)
 

@@ -22,10 +22,10 @@ from dpsql.errors import (
     PrivacyError,
     ProgrammingError,
 )
+from dpsql.plan import bias
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import SeededNoise
-from dpsql.sql import bias
 
 COLUMNS = {
     "uid": {"type": "int", "nullable": False},

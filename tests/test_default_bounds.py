@@ -20,14 +20,14 @@ import pytest
 from conftest import exact_connect, write_csv
 
 import dpsql
+from dpsql.frontend.bind import parse_statement
+from dpsql.plan import bias
+from dpsql.plan.sharing import threshold_suppression
 from dpsql.policy import AUTO_CAP, load_policy
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.mechanisms import Laplace, threshold_below
 from dpsql.privacy.samplers import SeededNoise, ZeroNoise
 from dpsql.privacy.sqlite_ledger import SQLiteLedger
-from dpsql.sql import bias
-from dpsql.sql.bind import parse_statement
-from dpsql.sql.sharing import threshold_suppression
 
 COLUMNS = {
     "uid": {"type": "int", "nullable": False},

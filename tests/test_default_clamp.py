@@ -29,13 +29,13 @@ import pytest
 from conftest import table_policy, write_csv
 
 import dpsql
+from dpsql.lower.compile import clamp_histogram_query
 from dpsql.privacy.audit import audit, indicator_event, threshold_events
 from dpsql.privacy.clipping import ApproxBounds, posterior_candidates, posterior_counts
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import SeededNoise, ZeroNoise
 from dpsql.privacy.sqlite_ledger import SQLiteLedger
 from dpsql.service.bounds import clamp_histogram
-from dpsql.sql.compile import clamp_histogram_query
 
 EPS = 1.0
 COLUMNS = {

@@ -15,12 +15,12 @@ import pytest
 from conftest import table_policy, write_csv
 
 import dpsql
+from dpsql.frontend.bind import parse_statement
 from dpsql.pipeline import Settings
 from dpsql.privacy.defaults import LOG_BINS_PER_E_FOLD, quantile_grid
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.quantiles import ExponentialQuantile, target
 from dpsql.privacy.samplers import SeededNoise
-from dpsql.sql.bind import parse_statement
 
 
 @pytest.mark.parametrize(

@@ -49,11 +49,11 @@ from hypothesis import strategies as st
 import dpsql
 from dpsql.engine.base import Engine
 from dpsql.errors import Error
+from dpsql.lower.totality import mixed_comparisons
+from dpsql.plan.domains import SQL_TYPES
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import ZeroNoise
 from dpsql.privacy.sqlite_ledger import SQLiteLedger
-from dpsql.sql.domains import SQL_TYPES
-from dpsql.sql.totality import mixed_comparisons
 
 # A warning some data produce and others do not (numpy's overflow to inf in a column program)
 # would fail a query on one neighbour only under -W error: here every one is an error.
@@ -413,7 +413,7 @@ def _pair(
     extreme = {"budget_epsilon": 1e9, "budget_delta": 0.5}
     policy = fixture_policy(privacy=extreme)
     policy_prime = fixture_policy(privacy=extreme)
-    if row_level:  # every row its own unit: unbounded plans, folded keys (dpsql.sql.fold)
+    if row_level:  # every row its own unit: unbounded plans, folded keys (dpsql.lower.fold)
         for p in (policy, policy_prime):
             for key in ("privacy_unit", "max_rows_per_unit", "max_groups_per_unit"):
                 p["tables"]["visits"].pop(key)
@@ -647,7 +647,7 @@ def pair_violations(query: g.Query, a: Outcome, b: Outcome) -> list[str]:
 def check_pair(pair: Pair, query: g.Query, *, typed: bool = False) -> list[str]:
     """Run ``query`` on D and D′; every invariant it breaks (empty: none). ``typed``: also
     type the engine SQL of D′ and report comparisons of two families outside TRY
-    (dpsql.sql.totality: an oracle independent of the builders, tens of ms a statement)."""
+    (dpsql.lower.totality: an oracle independent of the builders, tens of ms a statement)."""
     a = pair.d.run(query.sql, query.setup)
     if a.kind == "hung":  # not twice
         return side_violations(query, a, pair, "D")
@@ -825,7 +825,7 @@ def test_row_level_plans(row_pair: Pair, query: g.Query) -> None:
 def test_private_joins(pair: Pair, query: g.Query) -> None:
     """Joins on the unit and along a unit_path (the extra unit in every table of D′), and
     refused joins: the same fate on both sides, each charged its plan's cost; what the engine
-    runs compares one type family outside TRY (dpsql.sql.totality)."""
+    runs compares one type family outside TRY (dpsql.lower.totality)."""
     assert_boundary_holds(pair, query, typed=True)
 
 

@@ -1,5 +1,5 @@
 """Exact counts under ``bounding = "scale"`` (issue 31 item 3): a count's rescaled shares are
-rounded per unit to integers (dpsql.sql.plan, ROUNDED_KINDS: the proof), so the count is
+rounded per unit to integers (dpsql.plan.values, ROUNDED_KINDS: the proof), so the count is
 released with integer noise at the discrete optimum, whichever units the bounds rescaled.
 
 - the public-key histogram of educ on the PUMS fixture (R = G = 1, 627 units over 1,000 rows:
@@ -28,10 +28,10 @@ from conftest import exact_connect
 from sqlglot import exp
 
 import dpsql
+from dpsql.frontend.bind import parse_statement
 from dpsql.pipeline import Settings
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import SeededNoise
-from dpsql.sql.bind import parse_statement
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SQL = "SELECT educ, COUNT(*) FROM PUMS GROUP BY educ"
@@ -138,7 +138,7 @@ def _unit_rows() -> list[tuple]:
 
 def _measures(conn, sql: str) -> tuple:
     """(plan, {dept: [exact measures]}) as the engine computes them (bias measures off)."""
-    from dpsql.sql.compile import compile_plan
+    from dpsql.lower.compile import compile_plan
 
     service = conn.service
     settings = Settings.from_policy(service.policy)
@@ -190,7 +190,7 @@ def test_rounded_counts_keep_the_sampled_sensitivities(tmp_path, small_tables):
 @pytest.mark.parametrize("offset", [0, 1, 2**19, 2**20 - 1])
 def test_the_bounds_hold_for_every_offset(tmp_path, monkeypatch, offset):
     """The proof does not use the offset's value: the most and least rounding up pass too."""
-    from dpsql.sql import bounding
+    from dpsql.lower import bounding
 
     monkeypatch.setattr(bounding, "unit_offset", lambda plan, grid: exp.Literal.number(offset))
     conn = _unit_connect(tmp_path, "sql")
@@ -204,7 +204,7 @@ def test_rounding_each_share_up_on_its_own_is_caught(tmp_path, monkeypatch):
     """The deliberately broken rounding: each pair's share rounded up by itself (not along
     the unit's running sum). A unit with 2/3 of a row in each of 3 depts then counts 3 rows,
     over G·R = 2: the neighbour check must fail on it (else it could not catch a real one)."""
-    from dpsql.sql import bounding
+    from dpsql.lower import bounding
 
     def ceiling(plan, ks, source):
         rounded = dict(bounding.rounded_columns(plan))

@@ -23,10 +23,10 @@ from dpsql.dbapi import Service
 from dpsql.engine import scratch
 from dpsql.engine.scratch import NotPlain, Projection, cast_value, plain_projection
 from dpsql.errors import DataError, Error, ProgrammingError
+from dpsql.frontend.bind import parse_statement
 from dpsql.pipeline import Result, released_table
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import SeededNoise
-from dpsql.sql.bind import parse_statement
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "visits.toml"
 

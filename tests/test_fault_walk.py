@@ -234,11 +234,11 @@ def swapped(code: CodeType) -> Iterator[bool]:
             function.__code__ = code
 
 
-# (sql/sqltext.py: the statement splitter the server and the CLI share, walked whole as when it
+# (frontend/sqltext.py: the statement splitter the server and the CLI share, walked whole as when it
 # lived in server/)
 OWN_MODULES = (
     "server/",
-    "sql/sqltext.py",
+    "frontend/sqltext.py",
     "cli.py",
     "commands.py",
     "cli_output.py",

@@ -28,13 +28,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dpsql
+from dpsql.frontend.bind import parse_statement
+from dpsql.lower.compile import compile_plan, fixed_point_value, render
 from dpsql.pipeline import Settings
+from dpsql.plan.fixed_point import fixed_point_bounds
+from dpsql.plan.values import Measure, Plan
 from dpsql.policy import ColumnPolicy
 from dpsql.privacy.ledger import MemoryLedger
-from dpsql.sql.bind import parse_statement
-from dpsql.sql.compile import compile_plan, fixed_point_value, render
-from dpsql.sql.fixed_point import fixed_point_bounds
-from dpsql.sql.plan import Measure, Plan
 
 R, G = 3, 2
 GROUPS = ["a", "b", "c"]  # 3 public bins > G: a unit's groups are capped at G

@@ -1,4 +1,4 @@
-"""Folded grouping (dpsql.sql.fold): rows grouped by the columns the keys read, then by the keys.
+"""Folded grouping (dpsql.lower.fold): rows grouped by the columns the keys read, then by the keys.
 
 Whether a plan folds depends on the policy and the query only; the folded plan's exact measures
 equal the one-level plan's for the same secret, row-level and per privacy unit, with and
@@ -14,12 +14,12 @@ import sqlglot
 from conftest import fixture_policy
 from sqlglot import exp
 
+from dpsql.frontend.bind import parse_statement
+from dpsql.lower import fold, prepared_plan
+from dpsql.lower.compile import compile_plan
 from dpsql.pipeline import Service, Settings
 from dpsql.policy import load_policy
 from dpsql.privacy.ledger import MemoryLedger
-from dpsql.sql import fold, prepared_plan
-from dpsql.sql.bind import parse_statement
-from dpsql.sql.compile import compile_plan
 
 SECRETS = (0, 4242, 2**62 - 1)
 

@@ -67,17 +67,17 @@ from test_privacy_audit import (
 )
 
 import dpsql.frontend.intervals as intervals
+import dpsql.lower.compile as compile_module
 import dpsql.privacy.release as release_module
 import dpsql.service.composite as composite
-import dpsql.sql.compile as compile_module
 from dpsql.dbapi import connect_service
 from dpsql.engine.api import EngineResult
+from dpsql.plan.values import Plan
 from dpsql.privacy.audit import AuditReport, BufferedNoise, Event, audit, threshold_events
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.mechanisms import Laplace
 from dpsql.privacy.release import release
 from dpsql.privacy.samplers import NoiseSource, SeededNoise
-from dpsql.sql.plan import Plan
 
 COMPUTED = "SUM(CASE WHEN amount > 10 THEN 2 ELSE 0 END)"
 HISTOGRAM = "SELECT dept, COUNT(*) AS n FROM t GROUP BY dept"

@@ -2,7 +2,7 @@
 
 Each released value's stated 95% interval describes the noise: over fresh noise draws it must
 contain the value the query would release without noise (the *bounded* value: after R, G and
-the clamps, whose own bias is a separate estimate, dpsql.sql.bias). The plan runs once through
+the clamps, whose own bias is a separate estimate, dpsql.plan.bias). The plan runs once through
 SQL; its exact bounded aggregates are then released REPS times from fixed seeds
 (dpsql.privacy.release.release), so the simulation costs the release only.
 

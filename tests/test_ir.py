@@ -9,11 +9,11 @@ import pytest
 from conftest import exact_connect, fixture_policy
 
 from dpsql.errors import InternalError
-from dpsql.ir.build import plan_tree, tree_lines
-from dpsql.ir.check import check_plan
-from dpsql.ir.measures import Measurement
+from dpsql.frontend.bind import parse_statement
+from dpsql.plan.check import check_plan
+from dpsql.plan.measures import Measurement
+from dpsql.plan.tree import plan_tree, tree_lines
 from dpsql.privacy.mechanisms import Gaussian, Laplace
-from dpsql.sql.bind import parse_statement
 
 QUERIES = [
     "SELECT COUNT(*) FROM visits",

@@ -219,12 +219,12 @@ def test_a_cte_shadows_the_table_in_every_construct(fresh, shadowed, renamed):
 
 def test_the_engine_sql_oracle_catches_a_builder_that_forgets_the_rule(monkeypatch):
     """A deliberately broken build: every join check switched off (the rule answers 'yes'),
-    so a text = integer join reaches the engine. dpsql.sql.totality, which types the SQL the
+    so a text = integer join reaches the engine. dpsql.lower.totality, which types the SQL the
     engine runs independently of the builders, reports that comparison; with the rule in
     place the same query never reaches the engine."""
     from dpsql.frontend import joins, private_joins
-    from dpsql.sql.domains import SQL_TYPES
-    from dpsql.sql.totality import mixed_comparisons
+    from dpsql.lower.totality import mixed_comparisons
+    from dpsql.plan.domains import SQL_TYPES
 
     sql = "SELECT COUNT(*) FROM visits v JOIN departments d ON v.dept_id = d.name"
     service = dpsql.Service(star_policy(), ledger=MemoryLedger(), noise=ZeroNoise(), cache=False)

@@ -15,8 +15,8 @@ import pytest
 from conftest import ROOT, EngineSpy, assert_same_rows, exact_connect, rows_of, write_csv
 
 from dpsql.errors import PolicyError, PrivacyError, ProgrammingError
+from dpsql.frontend.bind import parse_statement
 from dpsql.policy import load_policy
-from dpsql.sql.bind import parse_statement
 
 STAR = ROOT / "fixtures" / "star"
 

@@ -255,7 +255,7 @@ def test_the_server_and_the_cli_are_not_built_on_the_dbapi():
 
 def test_the_server_and_the_cli_are_not_built_on_each_other():
     """Neither of the two reaches the other (the statement splitter they share is
-    dpsql.sql.sqltext, below both). ``dpsql`` (dpsql.cli) finds ``dpsql serve``'s subcommands
+    dpsql.frontend.sqltext, below both). ``dpsql`` (dpsql.cli) finds ``dpsql serve``'s subcommands
     by module name, at run time, which is no import."""
     graph = import_graph()
     server = ("dpsql.server",)
@@ -276,3 +276,47 @@ def test_the_rule_sees_the_package_names(tmp_path):
         "def f():\n    return dpsql.connect(), os.path\n"
     )
     assert _package_names(path) == {"connect", "Service", "errors"}
+
+
+#: The query's flow, folder by folder: text -> bound tree (frontend) -> annotated plan (plan)
+#: -> engine SQL and column programs (lower) -> engines (engine) -> the release transaction
+#: (service, pipeline). A stage reads the values of the stages before it, never one after it.
+FLOW = ("dpsql.frontend", "dpsql.plan", "dpsql.lower", "dpsql.engine", "dpsql.service")
+
+#: Imports against the flow that remain: (importer, imported).
+KNOWN_AGAINST_FLOW: set[tuple[str, str]] = {
+    # a private join's per-unit relation is written with the keyed hash the lowerings use
+    ("dpsql.frontend.private_joins", "dpsql.lower.hashing"),
+    # the compiler picks the store's plan by the store's layout, which the engine builds
+    ("dpsql.lower.compile", "dpsql.engine.prepared"),
+    ("dpsql.lower.prepared_plan", "dpsql.engine.prepared"),
+}
+
+
+def _stage(module: str) -> int | None:
+    if module == "dpsql.pipeline":
+        return FLOW.index("dpsql.service")
+    return next((i for i, f in enumerate(FLOW) if _within(module, (f,))), None)
+
+
+def test_imports_follow_the_flow_of_a_query():
+    graph = import_graph()
+    against = set()
+    for importer, targets in graph.items():
+        here = _stage(importer)
+        for target in targets:
+            there = _stage(target)
+            if here is not None and there is not None and there > here:
+                against.add((importer, target))
+    assert against <= KNOWN_AGAINST_FLOW, (
+        f"imports against the flow {' -> '.join(FLOW)}: {sorted(against - KNOWN_AGAINST_FLOW)}; "
+        "move the shared piece to the earlier stage or pass it in as an argument"
+    )
+    assert against >= KNOWN_AGAINST_FLOW, f"stale: {sorted(KNOWN_AGAINST_FLOW - against)}"
+
+
+def test_the_flow_check_sees_an_import_against_it():
+    graph = {"dpsql.plan.x": {"dpsql.lower.y"}, "dpsql.lower.y": {"dpsql.plan.x"}}
+    assert [(a, b) for a, bs in graph.items() for b in bs if _stage(b) > _stage(a)] == [
+        ("dpsql.plan.x", "dpsql.lower.y")
+    ]

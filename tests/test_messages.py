@@ -2,7 +2,7 @@
 planner, the typer, rule lists and settings, each of whose messages (and hints) must read as SQL,
 never as a sqlglot or Python class (``construct Filter``, ``<class 'sqlglot...Neg'>``).
 
-Known offenders live in dpsql/sql/bind.py (and one crash in the rule-list planning); they are
+Known offenders live in dpsql/frontend/bind.py (and one crash in the rule-list planning); they are
 marked xfail(strict=False) with the class they leak, for the core to fix.
 """
 
@@ -29,7 +29,7 @@ CLASS_WORD = re.compile(r"\b(" + "|".join(n for n in CLASS_NAMES if not n.isuppe
 PYTHON = re.compile(r"<class |sqlglot|Traceback|\bexp\.|Error\(|object at 0x")
 
 
-def _known(sql: str, leak: str, where: str = "dpsql/sql/bind.py"):
+def _known(sql: str, leak: str, where: str = "dpsql/frontend/bind.py"):
     return pytest.param(
         sql,
         marks=pytest.mark.xfail(strict=False, reason=f"the message names {leak} ({where})"),

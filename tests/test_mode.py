@@ -70,7 +70,7 @@ def _recorded(path: Path, sql: str) -> tuple[Any, Any, list]:
 
 
 def _counts(plan: Any, result: Any) -> np.ndarray:
-    """The one group's bin counts, from the engine's extra query (dpsql.sql.compile)."""
+    """The one group's bin counts, from the engine's extra query (dpsql.lower.compile)."""
     (qm,) = plan.quantiles
     counts = np.zeros(qm.bins, dtype=np.int64)
     for row, c in zip(result.extras[0].key_rows, result.extras[0].measures[0], strict=True):

@@ -14,13 +14,13 @@ from conftest import table_policy, write_csv
 
 import dpsql
 from dpsql.errors import DatabaseError, InternalError
-from dpsql.ir.check import check_plan
+from dpsql.frontend.bind import parse_statement
+from dpsql.plan.check import check_plan
+from dpsql.plan.sharing import threshold_suppression
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.partition import OptimalSelection, Unreleased
 from dpsql.privacy.samplers import SeededNoise
 from dpsql.service.settings import Settings
-from dpsql.sql.bind import parse_statement
-from dpsql.sql.sharing import threshold_suppression
 
 EPS, DELTA = 1.0, 0.01  # π(4) ≈ 0.31, π(5) ≈ 0.75: both far from 0 and 1
 GROUPS = 1000  # per size
@@ -261,7 +261,7 @@ def test_an_optimal_table_too_long_is_refused_free(sized, monkeypatch):
     def too_long(*args, **kwargs):
         raise ValueError("too long")
 
-    monkeypatch.setattr("dpsql.sql.planner.OptimalSelection", too_long)
+    monkeypatch.setattr("dpsql.plan.planner.OptimalSelection", too_long)
     conn = _connect(sized)
     cur = conn.cursor()
     cur.execute("SET partition_selection = 'optimal'")

@@ -160,9 +160,9 @@ def test_sum_distinct_per_unit(conn) -> None:
 
 def test_per_unit_sql_is_engine_neutral_and_bounded(conn) -> None:
     """The engine SQL reads V from the validated spec (no analyst text), rows bounded first."""
+    from dpsql.frontend.bind import parse_statement
     from dpsql.frontend.private_joins import PerUnitSource
-    from dpsql.sql.bind import parse_statement
-    from dpsql.sql.compile import render
+    from dpsql.lower.compile import render
 
     statement = parse_statement(PER_KEY, conn.service.policy)
     table = statement.table
@@ -312,7 +312,7 @@ def test_joins_inside_a_per_unit_relation(tmp_path: Path) -> None:
     rows = cur.execute(public).fetchall()
     assert [r[0] for r in rows] == ["east", "north", "south"]
     # the cache key holds the join's own definition, not only its name
-    from dpsql.sql.bind import parse_statement
+    from dpsql.frontend.bind import parse_statement
 
     statement = parse_statement(private, con.service.policy)
     base = statement.table.joined.steps[0].table
@@ -380,10 +380,10 @@ def test_the_per_unit_relation_bounds_rows_before_aggregating(tmp_path: Path) ->
     rows each. Without bounding before aggregating these would be 2(R + 1) and (R + 1) · 50."""
     from test_privacy_audit import G, policy
 
+    from dpsql.frontend.bind import parse_statement
+    from dpsql.lower.compile import render
+    from dpsql.lower.hashing import is_secret
     from dpsql.policy import load_policy
-    from dpsql.sql.bind import parse_statement
-    from dpsql.sql.compile import render
-    from dpsql.sql.hashing import is_secret
 
     source = write_csv(tmp_path / "d2.csv", rows_d() + EXTRA)
     loaded = load_policy(policy(source, "laplace"))

@@ -18,11 +18,11 @@ import dpsql
 import dpsql.pipeline as pipeline
 from dpsql.dbapi import Service, connect_service
 from dpsql.errors import BudgetExhaustedError, Error
+from dpsql.frontend.bind import parse_statement
+from dpsql.lower.compile import compile_plan
 from dpsql.pipeline import SecretTemplate, Settings
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import ZeroNoise
-from dpsql.sql.bind import parse_statement
-from dpsql.sql.compile import compile_plan
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "visits.toml"
 EPS = 2.0**-10  # dyadic: charges add up exactly

@@ -22,10 +22,10 @@ from sqlglot import exp
 
 import dpsql
 from dpsql.dbapi import connect_service
+from dpsql.frontend.treeops import replace_nodes
+from dpsql.frontend.typecheck import _boolean_contexts
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import ZeroNoise
-from dpsql.sql.treeops import replace_nodes
-from dpsql.sql.typecheck import _boolean_contexts
 
 ROOT = Path(__file__).resolve().parents[1]
 COUNT = "SELECT COUNT(*) FROM visits WHERE "

@@ -51,7 +51,7 @@ def test_error_curves_come_from_the_plan_and_spend_nothing(service, monkeypatch)
     # The COUNT curve is its plan's exact half-width at every epsilon.
     from dataclasses import replace
 
-    from dpsql.sql.bind import parse_statement
+    from dpsql.frontend.bind import parse_statement
 
     bound = parse_statement(QUERY, service.policy)
     for eps, half in zip(curves.epsilons[::10], curves.series[0].halfwidths[::10], strict=True):

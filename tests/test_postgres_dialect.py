@@ -18,14 +18,14 @@ from conftest import assert_same_rows, exact_connect, rows_of
 
 import dpsql
 from dpsql.errors import PrivacyError, ProgrammingError
+from dpsql.frontend.bind import parse_statement
+from dpsql.frontend.dialect import check_dialect
 from dpsql.frontend.intervals import value_range
 from dpsql.policy import load_policy
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import ZeroNoise
 from dpsql.server.server import Server, ServerThread
 from dpsql.server.users import UserStore, users_path
-from dpsql.sql.bind import parse_statement
-from dpsql.sql.dialect import check_dialect
 
 psycopg = pytest.importorskip("psycopg", reason="psycopg 3 is not installed")
 

@@ -1,4 +1,4 @@
-"""The prepared store (dpsql.engine.prepared) and the plans over it (dpsql.sql.prepared_plan).
+"""The prepared store (dpsql.engine.prepared) and the plans over it (dpsql.lower.prepared_plan).
 
 The store may only make plans cheaper: for the same secret, every exact measure of the
 store-backed plan equals the plan without a store, over many queries, groupings, filters, R/G
@@ -20,12 +20,12 @@ from conftest import fixture_policy, table_policy, write_csv
 
 from dpsql.dbapi import Service
 from dpsql.engine import prepared
+from dpsql.frontend.bind import parse_statement
+from dpsql.lower import prepared_plan
+from dpsql.lower.compile import compile_plan
 from dpsql.pipeline import Settings
 from dpsql.policy import load_policy
 from dpsql.privacy.ledger import MemoryLedger
-from dpsql.sql import prepared_plan
-from dpsql.sql.bind import parse_statement
-from dpsql.sql.compile import compile_plan
 
 SECRETS = (0, 4242, 2**61 + 12345, 2**62 - 1)
 
@@ -339,7 +339,7 @@ def test_joins_and_unit_path_tables_keep_the_plain_plan():
     store on, and their exact measures equal the store-off ones for the same secret."""
     from test_private_joins import star_policy
 
-    from dpsql.sql.compile import compile_plan
+    from dpsql.lower.compile import compile_plan
 
     queries = [
         "SELECT drug, COUNT(*) FROM prescriptions GROUP BY drug",

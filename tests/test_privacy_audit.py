@@ -47,6 +47,7 @@ from scipy import stats
 import dpsql.privacy.release as release_module
 from dpsql.dbapi import connect_service
 from dpsql.engine.api import EngineResult
+from dpsql.plan.values import Plan
 from dpsql.privacy.audit import (
     AuditReport,
     BufferedNoise,
@@ -60,7 +61,6 @@ from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.mechanisms import Gaussian, discrete_gaussian_tail, discrete_laplace_tail
 from dpsql.privacy.release import release
 from dpsql.privacy.samplers import NoiseSource, SeededNoise, ZeroNoise
-from dpsql.sql.plan import Plan
 
 EPSILON = 1.0  # per query: large, so the tail events that show the loss have mass
 DELTA = 0.01  # thresholding and Gaussian; large enough to measure with a few thousand runs
@@ -327,7 +327,7 @@ def pipeline_runs(sources: dict[str, Path]) -> dict[str, list[Execution]]:
             )
             cursor = connect_service(service, "auditor").cursor()
             # the answer's mechanism at the whole ε: the audit observes the first output only,
-            # so a bias estimate's share of ε (on by default, dpsql.sql.bias; audited in
+            # so a bias estimate's share of ε (on by default, dpsql.plan.bias; audited in
             # tests/test_bias.py) would leave that output a part of ε and the audit blind to an
             # overspend of up to that part
             cursor.execute("SET bias_estimate = off")

@@ -20,8 +20,8 @@ from test_joins import assert_moves_within_sensitivity
 import dpsql
 import dpsql.pipeline
 from dpsql.errors import PolicyError, PrivacyError, ProgrammingError
+from dpsql.frontend.bind import parse_statement
 from dpsql.policy import load_policy
-from dpsql.sql.bind import parse_statement
 
 STAR = ROOT / "fixtures" / "star"
 TABLES = ("visits", "departments", "patients", "prescriptions")

@@ -27,7 +27,7 @@ def _private(name: str) -> bool:
 def private_imports(root: Path = ROOT) -> set[tuple[str, str, str]]:
     """Every ``from dpsql.x import _name`` under ``root``, and every ``m._name`` read through
     a dpsql module imported as ``m`` (``from dpsql.engine import prepared``, ``import
-    dpsql.sql.compile as c``); ``__dunder__`` names are not private."""
+    dpsql.lower.compile as c``); ``__dunder__`` names are not private."""
     modules = {
         ".".join(p.relative_to(root.parent).with_suffix("").parts) for p in root.rglob("*.py")
     }
@@ -78,10 +78,10 @@ def test_the_walk_sees_private_imports(tmp_path: Path) -> None:
     package.mkdir()
     (package / "a.py").write_text(
         "from dpsql import b\nfrom dpsql.b import __version__\n\n"
-        "def f():\n    from dpsql.sql.plan import _hidden\n    return b._inner, b.__doc__\n"
+        "def f():\n    from dpsql.plan.values import _hidden\n    return b._inner, b.__doc__\n"
     )
     (package / "b.py").write_text("_inner = 1\n")
     assert private_imports(package) == {
-        ("dpsql/a.py", "dpsql.sql.plan", "_hidden"),
+        ("dpsql/a.py", "dpsql.plan.values", "_hidden"),
         ("dpsql/a.py", "dpsql.b", "_inner"),
     }

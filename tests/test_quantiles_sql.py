@@ -1,6 +1,6 @@
 """MEDIAN, PERCENTILE_CONT/DISC, QUANTILE_CONT/DISC, MIN and MAX in SQL.
 
-The engine counts bounded values per bin of a public grid (dpsql.sql.compile._histogram) and
+The engine counts bounded values per bin of a public grid (dpsql.lower.compile._histogram) and
 the exponential mechanism releases each group's targets (dpsql.privacy.quantiles, whose
 mechanism-level audits are in tests/test_quantiles.py). Here: the bin counts are of the very
 rows the sums are of (same bounding, same secret), noise-off answers are the data's quantiles,
@@ -27,13 +27,13 @@ from conftest import (
 
 import dpsql
 from dpsql.errors import InternalError, PrivacyError
-from dpsql.ir.check import check_plan
+from dpsql.frontend.bind import parse_statement
+from dpsql.lower.compile import compile_plan
 from dpsql.pipeline import Settings
+from dpsql.plan.check import check_plan
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import SeededNoise
-from dpsql.sql.bind import parse_statement
-from dpsql.sql.compile import compile_plan
 
 
 def _plan(service, sql, **settings):
@@ -430,7 +430,7 @@ def test_auto_clip_plan_costs_add_up_and_a_miscalibrated_clip_is_caught():
     (clip,) = plan.clips
     assert clip.max_values == plan.max_rows * plan.max_groups == 15
     assert float(clip.epsilon) == pytest.approx(0.1)
-    from dpsql.sql.planner import with_clip_ranges
+    from dpsql.plan.planner import with_clip_ranges
 
     run = with_clip_ranges(plan, {"cost": (0.0, 812.5)})
     assert run.query.table.columns["cost"].upper == 812.5 and not run.clips
@@ -586,7 +586,7 @@ def test_extreme_values_never_fail_the_bin_queries(tmp_path: Path):
 
 @pytest.mark.parametrize("secret", [3, 2**62 - 1])
 def test_bin_counts_match_a_store_backed_main_query(tmp_path: Path, secret: int):
-    """With the prepared store on, the main query runs over the store (dpsql.sql.prepared_plan)
+    """With the prepared store on, the main query runs over the store (dpsql.lower.prepared_plan)
     and the bin counts over the table: both bound the same rows for the same secret."""
     from test_prepared_store import _with_store
 

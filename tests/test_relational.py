@@ -170,7 +170,7 @@ def test_a_cte_and_the_flat_query_are_one_measurement(clean):
 
 
 def _bound(service, sql):
-    from dpsql.sql.bind import parse_statement
+    from dpsql.frontend.bind import parse_statement
 
     return parse_statement(sql, service.policy)
 

@@ -377,12 +377,12 @@ def test_explain_text_names_each_measurement_and_the_post_processing(exact: Any)
 
 
 def test_the_reserved_cost_is_the_sum_of_the_measurements_maps(exact: Any) -> None:
-    """dpsql.ir.measures.ReleasedPostProcess: the statement's charge is checked against the
+    """dpsql.plan.measures.ReleasedPostProcess: the statement's charge is checked against the
     sum of its plan trees' privacy maps before anything is read."""
-    from dpsql.ir.build import plan_tree
-    from dpsql.ir.measures import ReleasedPostProcess
+    from dpsql.frontend.bind import parse_statement
+    from dpsql.plan.measures import ReleasedPostProcess
+    from dpsql.plan.tree import plan_tree
     from dpsql.service.composite import _released_cost, plan_released
-    from dpsql.sql.bind import parse_statement
 
     service, _ = exact
     conn = service.connect("tree")
@@ -454,8 +454,8 @@ def test_a_scalar_dp_subquery_inside_a_dp_query(exact: Any, sql: str) -> None:
 def test_a_per_unit_relation_is_not_a_measurement_of_its_own(exact: Any) -> None:
     """A CTE grouped by the privacy unit is a per-unit relation (dpsql.frontend.per_unit), not
     a DP query: in a set operation it is read by the DP query over it."""
-    from dpsql.sql.bind import parse_statement
-    from dpsql.sql.statements import ReleasedQuery
+    from dpsql.frontend.bind import parse_statement
+    from dpsql.frontend.statements import ReleasedQuery
 
     service, _ = exact
     query = parse_statement(

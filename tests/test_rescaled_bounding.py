@@ -1,6 +1,6 @@
 """bounding = "scale": a (unit, group) pair over R rows counts R/n of every row.
 
-The claims (dpsql.sql.plan's docstring, docs/mechanisms.md "Rescaled bounding"), each a test:
+The claims (dpsql.plan.values's docstring, docs/mechanisms.md "Rescaled bounding"), each a test:
 
 - the engine computes exactly Σ over pairs of trunc(v · M · min(n, R) / n), M the measure's
   fine grid (a Python reference over the raw rows);
@@ -23,12 +23,12 @@ from pathlib import Path
 import pytest
 from conftest import exact_connect, rows_of, table_policy, write_csv
 
+from dpsql.frontend.bind import parse_statement
+from dpsql.lower import bounding
+from dpsql.lower import compile as compile_module
+from dpsql.lower.compile import compile_plan
 from dpsql.pipeline import Settings
-from dpsql.sql import bounding
-from dpsql.sql import compile as compile_module
-from dpsql.sql.bind import parse_statement
-from dpsql.sql.compile import compile_plan
-from dpsql.sql.plan import ROUNDING_MULTIPLIER
+from dpsql.plan.values import ROUNDING_MULTIPLIER
 
 R = 3
 DEPTS = ["a", "b", "c"]
@@ -86,7 +86,7 @@ def _reference(rows: list[tuple], plan, where=lambda r: True) -> dict[tuple, lis
     truncated again (counts: trunc(min(n, R)·M·min(k, G)/k)). A count on a fine grid F
     (m.fine > 1) has each unit's shares w rounded by systematic rounding over its depts in
     order: c = (A + U) // F - (A - w + U) // F, A the running sum, U = ((uid mod F) ·
-    ROUNDING_MULTIPLIER) mod F (dpsql.sql.plan)."""
+    ROUNDING_MULTIPLIER) mod F (dpsql.plan.values)."""
     pairs: dict[tuple, list[tuple]] = defaultdict(list)
     for r in rows:
         if where(r):

@@ -1,5 +1,5 @@
 """The row inputs of dp_rule_list and the regressions are bounded by the query plan's own tree
-(dpsql.sql.bounding.unit_rows, row_rank, row_order) and give, for the same secret, exactly the
+(dpsql.lower.bounding.unit_rows, row_rank, row_order) and give, for the same secret, exactly the
 rows the SQL text written before it gave (copied below as the reference): on the fixture and on
 generated data (units over R, NULL units, text/int/float/date/bool columns with NULLs, a text
 unit, a table without a unit)."""
@@ -13,21 +13,21 @@ import duckdb
 import pytest
 import sqlglot
 
+from dpsql.frontend.identifiers import quote_ident as _q
+from dpsql.lower import bounding
+from dpsql.lower.compile import render
+from dpsql.lower.hashing import KEYED_HASH, is_keyed_hash, is_secret
+from dpsql.lower.rows import bound_note, bounded_rows, bounded_rows_sql, engine_text
+from dpsql.lower.rows import pattern_counts_sql as new_pattern_counts_sql
 from dpsql.models.regression_function import plan_regression
 from dpsql.policy import TablePolicy, load_policy
 from dpsql.rulelist import plan_rule_list
-from dpsql.sql import bounding
-from dpsql.sql.compile import render
-from dpsql.sql.hashing import KEYED_HASH, is_keyed_hash, is_secret
-from dpsql.sql.identifiers import quote_ident as _q
-from dpsql.sql.rows import bound_note, bounded_rows, bounded_rows_sql, engine_text
-from dpsql.sql.rows import pattern_counts_sql as new_pattern_counts_sql
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures"
 SECRETS = (1, 2**61 + 12345)
 
 
-# -- the reference: dpsql/sql/rows.py and RegressionPlan.select_list as written before ------
+# -- the reference: dpsql/lower/rows.py and RegressionPlan.select_list as written before ------
 
 
 def old_bounded_rows_sql(table: TablePolicy, select_list: str, secret: int) -> str:
@@ -212,7 +212,7 @@ def test_a_table_without_a_unit_reads_every_row():
 
 
 def test_the_tree_is_the_query_plans_bounding():
-    """No SQL text: the keyed hash is dpsql.sql.bounding.row_order's, with the secret slot
+    """No SQL text: the keyed hash is dpsql.lower.bounding.row_order's, with the secret slot
     until a run prints its secret; the window is row_rank's, as the query plan's."""
     table = generated_policy("u")
     tree = bounded_rows(table, [sqlglot.exp.column("i")])

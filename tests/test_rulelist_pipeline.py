@@ -10,9 +10,9 @@ import pytest
 
 import dpsql
 from dpsql.dbapi import connect_service
+from dpsql.lower.rows import bounded_rows_sql
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import SeededNoise
-from dpsql.sql.rows import bounded_rows_sql
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "visits.toml"
 QUERY = (

@@ -14,12 +14,12 @@ from conftest import table_policy, write_csv
 
 import dpsql
 from dpsql.dbapi import connect_service
+from dpsql.frontend.bind import parse_statement
 from dpsql.pipeline import Settings
+from dpsql.plan.values import Plan
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.mechanisms import Gaussian, Laplace, analytic_gaussian_sigma
-from dpsql.sql.bind import parse_statement
-from dpsql.sql.plan import Plan
 
 R, G = 3, 4
 COLUMNS = {
@@ -86,7 +86,7 @@ def test_count_group_by_public_key(service):
     m = only(plan, "rows")
     assert plan.max_groups == G
     # more bins than G (public keys, rescaled): a unit's k groups count G/k each, on a fine
-    # grid of 2^20 units per row, rounded per unit back to whole rows (dpsql.sql.plan,
+    # grid of 2^20 units per row, rounded per unit back to whole rows (dpsql.plan.values,
     # ROUNDED_KINDS): an integer count with the sampled plan's sensitivities
     assert plan.group_scaling and (m.scale, m.fine) == (1, 2**20)
     assert m.l1 == G * R * m.scale
@@ -206,7 +206,7 @@ def test_variance_uses_sum_of_centred_squares(service):
 
 
 def test_epsilon_is_split_to_minimise_the_error(service):
-    # Issue 17: ε_i ∝ C_i^(1/3) (dpsql.sql.sharing.split) instead of ε/k for every measure
+    # Issue 17: ε_i ∝ C_i^(1/3) (dpsql.plan.sharing.split) instead of ε/k for every measure
     # (this test pinned the equal split before). Sum and count of AVG(n) weigh the same (the
     # minimax weights: equal shares); COUNT(*) and the uncentred SUM(cost) weigh 1 each
     # (count: X/N; SUM over [0, M]: X·M/(N·M)).
@@ -244,7 +244,7 @@ def test_gaussian_splits_delta_and_uses_the_analytic_sigma(service):
     rho = 0.0
     for m in plan.measures:
         assert isinstance(m.mechanism, Gaussian)
-        assert m.delta == pytest.approx(1e-6)  # δ is split equally, ε by dpsql.sql.sharing
+        assert m.delta == pytest.approx(1e-6)  # δ is split equally, ε by dpsql.plan.sharing
         sigma = analytic_gaussian_sigma(m.l2, m.epsilon, 1e-6)
         assert m.mechanism.scale == pytest.approx(sigma)
         assert m.mechanism.cost.rho == pytest.approx(m.l2**2 / (2 * sigma**2))
@@ -366,7 +366,7 @@ def test_rescaled_measures_count_in_a_fine_grid_of_at_least_2_to_20_units_per_ro
     """bounding = "scale": a measure summed from row values is computed in m.scale units per
     integer, the smallest power of two putting a row's largest value at >= 2^20 units (the
     truncation of a pair's R/n share then loses < 2^-20 of a row); row counts stay exact."""
-    from dpsql.sql.plan import rescale_factor
+    from dpsql.plan.values import rescale_factor
 
     assert [rescale_factor(b) for b in (1, 2, 3, 1 << 20, (1 << 20) + 1, 1 << 40)] == [
         1 << 20,

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from dpsql.cli import main as cli_main
+from dpsql.frontend.sqltext import identifiers, split_statements
 from dpsql.server import protocol as p
 from dpsql.server import types as t
 from dpsql.server.backend import inline_parameters, placeholder_count
@@ -28,7 +29,6 @@ from dpsql.server.scram import ScramError, ScramExchange, make_verifier
 from dpsql.server.settings import SessionSettings, SettingError, parse_set, set_name_of
 from dpsql.server.testing import RawClient
 from dpsql.server.users import UserStore, UserStoreError, users_path
-from dpsql.sql.sqltext import identifiers, split_statements
 
 ROOT = Path(__file__).resolve().parents[1]
 

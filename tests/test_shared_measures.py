@@ -1,6 +1,6 @@
 """Shared and optimised measures (issue 17 item 3): one noisy count for COUNT(*), COUNT of a
 non-null column, the AVG/VAR denominators and (R = 1) the unit count; the ε split
-ε_i ∝ C_i^(1/3) (dpsql.sql.sharing, derived in docs/mechanisms.md)."""
+ε_i ∝ C_i^(1/3) (dpsql.plan.sharing, derived in docs/mechanisms.md)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import pytest
 from conftest import table_policy, write_csv
 
 import dpsql
-from dpsql.ir.check import check_plan
+from dpsql.frontend.bind import parse_statement
+from dpsql.plan import sharing
+from dpsql.plan.check import check_plan
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import SeededNoise, ZeroNoise
 from dpsql.service.settings import Settings
-from dpsql.sql import sharing
-from dpsql.sql.bind import parse_statement
 
 # clip "declared": the measures share the query's whole ε at the declared bounds (unstated, a
 # SUM/AVG's clamp range is bought first, an entry of its own: tests/test_default_clamp.py)

@@ -14,13 +14,13 @@ import pytest
 
 import dpsql.pipeline as pipeline
 from dpsql.dbapi import connect_service
+from dpsql.frontend.bind import parse_statement
+from dpsql.lower.compile import compile_plan
 from dpsql.pipeline import Service, Settings
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import ZeroNoise
 from dpsql.service.plan_cache import PreparedPlan, SecretTemplate
 from dpsql.service.shape_cache import literal_slots
-from dpsql.sql.bind import parse_statement
-from dpsql.sql.compile import compile_plan
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "visits.toml"
 EPS = 2.0**-10

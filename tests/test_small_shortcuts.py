@@ -33,7 +33,7 @@ def test_the_first_word_shortcut_agrees_with_the_tokenizer() -> None:
     import sqlglot
     from sqlglot.dialects.duckdb import DuckDB
 
-    from dpsql.sql import bind
+    from dpsql.frontend import bind
 
     keys = DuckDB.tokenizer_class.KEYWORDS
     assert not [k for k in keys if " " in k and k.split()[0] in ("SELECT", "WITH")]
@@ -59,8 +59,8 @@ def test_group_key_positions_equal_position_of() -> None:
     import sqlglot
     from sqlglot import exp
 
-    from dpsql.sql.bind.keys import key_position
-    from dpsql.sql.positions import position_of
+    from dpsql.frontend.bind.keys import key_position
+    from dpsql.frontend.positions import position_of
 
     texts = [
         "SELECT department, COUNT(*) FROM visits GROUP BY department",

@@ -1,4 +1,4 @@
-"""The doors' lexical helpers (dpsql.sql.sqltext) take a one-pass form for text without
+"""The doors' lexical helpers (dpsql.frontend.sqltext) take a one-pass form for text without
 quotes, dollars or comments: it must give exactly what the general scanner gives."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from dpsql.sql import sqltext
+from dpsql.frontend import sqltext
 
 ALPHABET = "ab_Z09 ;\n\t(),.*-/<>=é$'\"x1"
 FIXED = [

@@ -15,13 +15,13 @@ import pytest
 
 import dpsql.pipeline as pipeline
 from dpsql.dbapi import connect_service
+from dpsql.frontend.bind import parse_statement
+from dpsql.lower.compile import compile_plan
 from dpsql.pipeline import Service, Settings
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import ZeroNoise
 from dpsql.service.plan_cache import PreparedPlan
 from dpsql.service.text_shapes import scan
-from dpsql.sql.bind import parse_statement
-from dpsql.sql.compile import compile_plan
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "visits.toml"
 EPS = 2.0**-10
@@ -257,7 +257,7 @@ def test_the_date_of_today_is_bound_again_each_day(monkeypatch: pytest.MonkeyPat
         assert got is not None and "2099-01-02" in got.plan.query.where.sql()  # type: ignore[union-attr]
 
 
-# The wire server reads PostgreSQL (dpsql.sql.dialect): its texts are learned, re-bound and
+# The wire server reads PostgreSQL (dpsql.frontend.dialect): its texts are learned, re-bound and
 # served in that dialect. The division shapes are where the dialects bind differently
 # (PostgreSQL divides two integers as integers, DuckDB does not).
 PG_SHAPES = [

@@ -206,7 +206,7 @@ def test_fixture_with_its_own_bounds(spark):
 
 
 def test_folded_row_level_plans_agree(spark):
-    """Row-level keys over small public domains fold (dpsql.sql.fold): both engines run the
+    """Row-level keys over small public domains fold (dpsql.lower.fold): both engines run the
     two-level plan and release the same exact measures."""
     policy = fixture_policy(privacy={"budget_epsilon": 1e9})
     for key in ("privacy_unit", "max_rows_per_unit", "max_groups_per_unit"):

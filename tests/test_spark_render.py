@@ -9,10 +9,10 @@ from sqlglot import exp
 
 import dpsql
 from dpsql.engine.spark_engine import stage_ctes
+from dpsql.frontend.bind import parse_statement
+from dpsql.lower.compile import compile_plan
 from dpsql.pipeline import Settings
 from dpsql.privacy.ledger import MemoryLedger
-from dpsql.sql.bind import parse_statement
-from dpsql.sql.compile import compile_plan
 
 QUERIES = [
     "SELECT COUNT(*), SUM(age), VAR_SAMP(cost) FROM visits WHERE smoker",

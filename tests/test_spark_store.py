@@ -25,11 +25,11 @@ from test_prepared_store import (
 )
 
 from dpsql.engine import prepared, spark_store
+from dpsql.frontend.bind import parse_statement
+from dpsql.lower.compile import compile_plan
 from dpsql.pipeline import Service, Settings
 from dpsql.policy import load_policy
 from dpsql.privacy.ledger import MemoryLedger
-from dpsql.sql.bind import parse_statement
-from dpsql.sql.compile import compile_plan
 
 pytestmark = pytest.mark.spark
 require_spark()

@@ -23,10 +23,10 @@ from conftest import (
 
 import dpsql
 from dpsql.errors import ProgrammingError
+from dpsql.frontend.bind import parse_statement
 from dpsql.pipeline import Settings
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.ledger import MemoryLedger
-from dpsql.sql.bind import parse_statement
 
 COLUMNS = {
     "uid": {"type": "int", "nullable": False},
@@ -212,7 +212,7 @@ def test_spark_rendering_widens_inside_distinct():
     DISTINCT (``SUM(CAST(DISTINCT v ...))`` does not parse)."""
     import sqlglot
 
-    from dpsql.sql.compile import compile_plan
+    from dpsql.lower.compile import compile_plan
 
     svc = dpsql.Service(fixture_policy())
     try:

@@ -17,11 +17,11 @@ import pytest
 from conftest import table_policy, write_csv
 
 import dpsql
+from dpsql.plan.sharing import threshold_suppression
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.mechanisms import Gaussian, Laplace, threshold_below
 from dpsql.privacy.partition import OptimalSelection, expected_suppression
 from dpsql.privacy.samplers import SeededNoise, ZeroNoise
-from dpsql.sql.sharing import threshold_suppression
 
 
 def _spent(mech, tau: float, below: float) -> float:

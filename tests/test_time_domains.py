@@ -1,7 +1,7 @@
 """Public time domains: a date column with declared days (``lower`` / ``upper``) makes its
 time buckets public GROUP BY domains.
 
-The days of the declared range are a public relation (dpsql.sql.domains.column_relation), so
+The days of the declared range are a public relation (dpsql.plan.domains.column_relation), so
 any key over the column (the bare day, DATE_TRUNC, EXTRACT / date_part, CAST, strftime, a
 shifted week) has the domain its own values over those days take: every bucket is released,
 empty ones too, with no threshold and no delta. A row whose date lies outside the declared

@@ -26,9 +26,9 @@ from dpsql.boundary import (
     ChargedPostProcessingFailure,
 )
 from dpsql.dbapi import connect_service
+from dpsql.frontend.typecheck import canonical_key_value, key_sort_value
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import ZeroNoise
-from dpsql.sql.typecheck import canonical_key_value, key_sort_value
 
 WHERE_CASTS = [
     ("diagnosis IS TRUE", "the operand of IS TRUE / IS FALSE", "VARCHAR"),
@@ -367,8 +367,8 @@ def test_rule_list_post_processing_functions_are_checked_before_the_charge(fresh
 
 def test_the_token_cache_is_not_shared_across_statements():
     """Another analyst's recent text must not parse faster (a timing channel)."""
-    from dpsql.sql import positions
-    from dpsql.sql.bind import parse_statement
+    from dpsql.frontend import positions
+    from dpsql.frontend.bind import parse_statement
 
     policy = dpsql.Service(fixture_policy(), ledger=MemoryLedger()).policy
     parse_statement("SELECT COUNT(*) FROM visits WHERE age > 1", policy)
@@ -420,7 +420,7 @@ def test_explain_at_a_huge_noise_scale_computes_its_intervals():
 )
 def test_the_compilers_own_calls_are_refused_in_analyst_sql(fresh, sql):
     """The compiled tree spells the per-query secret DP_SECRET() and the keyed hash
-    DP_KEYED_HASH(...) as plain calls (dpsql.sql.compile): an analyst's own are refused like
+    DP_KEYED_HASH(...) as plain calls (dpsql.lower.compile): an analyst's own are refused like
     any unlisted function, so the secret can never be printed into their expression."""
     error = _refused(fresh, sql)
     assert error.sqlstate == "42501"

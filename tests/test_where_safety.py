@@ -12,10 +12,10 @@ import pytest
 import sqlglot
 from conftest import EngineSpy, exact_connect, fixture_policy, rows_of
 
+import dpsql.lower.bounding as bounding_module
 import dpsql.pipeline as pipeline_module
-import dpsql.sql.bounding as bounding_module
+from dpsql.frontend.safety import cannot_fail, where_conditions
 from dpsql.policy import load_policy
-from dpsql.sql.safety import cannot_fail, where_conditions
 
 POLICY = load_policy(fixture_policy())
 TABLE = POLICY.tables["visits"]

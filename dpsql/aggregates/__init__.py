@@ -4,7 +4,7 @@ One object per kind (COUNT, COUNT(DISTINCT unit), SUM, AVG, VAR/STDDEV) holds ev
 differs between kinds and used to be spread over if/elif chains in the planner, the release,
 the interval code and the released-table schema:
 
-- ``measures(column)``: the exact integer aggregates (dpsql.sql.plan.Measure kinds) it reads;
+- ``measures(column)``: the exact integer aggregates (dpsql.plan.values.Measure kinds) it reads;
   their sensitivities follow from the measure kinds and the plan's R and G;
 - ``evaluate``: the released value as post-processing of the noisy measures;
 - ``single_measure``: whether the value *is* one noisy measure (its interval is then the
@@ -14,7 +14,7 @@ the interval code and the released-table schema:
 
 - ``explain``: the one-line formula EXPLAIN shows; ``summed`` (automatic clipping reads it),
   ``histogram`` (the kind of histogram measure a rank- or value-released kind reads:
-  "quantile", "mode"; dpsql.sql.plan builds it through ``histogram_measure``);
+  "quantile", "mode"; dpsql.plan.values builds it through ``histogram_measure``);
 - ``column_problem``: why the kind cannot aggregate a column (the binder's refusal, free);
 - ``FUNCTIONS``: the analyst's aggregate functions (sqlglot nodes) bound to each kind.
 
@@ -37,12 +37,12 @@ if TYPE_CHECKING:
     from dpsql.policy import ColumnPolicy
     from dpsql.privacy.mechanisms import Mechanism
 
-Spec = tuple[str, str | None]  # a measure's (kind, column), as dpsql.sql.sharing names it
+Spec = tuple[str, str | None]  # a measure's (kind, column), as dpsql.plan.sharing names it
 
 
 def values_measure(plan: PlanView, sum_measure: MeasureView) -> MeasureView:
     """The count a centred sum adds centre × back: COUNT(col), or the shared COUNT(*) /
-    unit count of a non-null column (dpsql.sql.sharing)."""
+    unit count of a non-null column (dpsql.plan.sharing)."""
     if sum_measure.count is not None:
         return plan.measure(sum_measure.count)
     return next(m for m in plan.measures if m.kind == "values" and m.column == sum_measure.column)
@@ -107,7 +107,7 @@ class AggregateKind:
         self, parts: Sequence[Spec], sum_scale: Callable[[Spec], tuple[float, float, float]]
     ) -> dict[Spec, float]:
         """Per measure it reads, the weight of its noise in this output's relative error
-        (times N), for the split of ε (dpsql.sql.sharing.output_coefficients: the formula
+        (times N), for the split of ε (dpsql.plan.sharing.output_coefficients: the formula
         and ``sum_scale``). Default: equal weights."""
         return dict.fromkeys(parts, 1.0)
 
@@ -115,7 +115,7 @@ class AggregateKind:
         self, name: str, column: ColumnPolicy, max_values: int, groups: int, epsilon: float
     ) -> Any:
         """The histogram measure of a ``histogram`` kind other than "quantile" (whose targets
-        of one column are released jointly: dpsql.sql.plan builds those)."""
+        of one column are released jointly: dpsql.plan.values builds those)."""
         raise NotImplementedError
 
     def released_type(self, column: ColumnPolicy | None) -> str:
@@ -342,7 +342,7 @@ def quantile_target(call: CallView) -> tuple[str, float | None]:
 @dataclass(frozen=True)
 class Quantile(AggregateKind):
     """MEDIAN / PERCENTILE_CONT / PERCENTILE_DISC / MIN / MAX: one rank target of the column's
-    quantile measure (dpsql.sql.plan.QuantileMeasure), released per group by the exponential
+    quantile measure (dpsql.plan.values.QuantileMeasure), released per group by the exponential
     mechanism on the column's public grid. Not a formula over noisy sums: ``measures`` is empty
     and the value is read from the quantile release. Its interval is in ranks (EXPLAIN states
     it), not in values: a value interval would need the data's quantile function, so the

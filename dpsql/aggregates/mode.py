@@ -2,7 +2,7 @@
 
 The measure (:class:`ModeMeasure`) is a *histogram measure*, as a quantile's is: the engine
 counts, per group, the bounded rows holding each value of the column's public domain (the
-rows the other aggregates read: R rows per (unit, group), G groups per unit, dpsql.sql.plan),
+rows the other aggregates read: R rows per (unit, group), G groups per unit, dpsql.plan.values),
 and each group's mode is released from those counts by one draw of the exponential mechanism
 with the count as its utility: report-noisy-max with Gumbel noise, sampled exactly
 (dpsql.privacy.quantiles.report_noisy_max). Only the chosen value is released, never a
@@ -16,7 +16,7 @@ mechanism with P(v) ∝ exp(ε_g·u_v / (2Δ)) is ε_g-DP (McSherry & Talwar 200
 disjoint in rows; the unit reaches at most G of them, each release ε_g-DP: ε = G·ε_g by basic
 composition (pure ε, no δ). In zCDP each release is charged ε_g²/2 (as a quantile's part: a
 safe upper bound on the exponential mechanism's ε_g²/8). The measure's cost is charged in the
-query's one reservation with every other measurement of the plan (dpsql.sql.planner.build_plan:
+query's one reservation with every other measurement of the plan (dpsql.plan.planner.build_plan:
 the ε share of one histogram slot).
 
 A group without rows releases a uniformly drawn value of the domain (all counts are 0): the

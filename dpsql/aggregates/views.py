@@ -1,10 +1,10 @@
 """What an aggregate kind reads of a plan, as structural types.
 
-The kinds (dpsql.aggregates) sit below the planner that uses them (dpsql.sql.plan) and the
-bound statements that name them (dpsql.sql.statements): they read a plan's measures and an
+The kinds (dpsql.aggregates) sit below the planner that uses them (dpsql.plan.values) and the
+bound statements that name them (dpsql.frontend.statements): they read a plan's measures and an
 output's formula, but import neither module, so no import cycle runs through them
-(tests/test_layering.py). dpsql.sql.plan's frozen ``Plan``, ``Measure`` and
-``OutputAggregate`` and dpsql.sql.statements' ``AggregateCall`` satisfy these protocols; mypy
+(tests/test_layering.py). dpsql.plan.values's frozen ``Plan``, ``Measure`` and
+``OutputAggregate`` and dpsql.frontend.statements' ``AggregateCall`` satisfy these protocols; mypy
 checks that at every call.
 """
 
@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 
 class CallView(Protocol):
-    """An aggregate call (dpsql.sql.statements.AggregateCall)."""
+    """An aggregate call (dpsql.frontend.statements.AggregateCall)."""
 
     @property
     def kind(self) -> str: ...
@@ -28,7 +28,7 @@ class CallView(Protocol):
 
 
 class MeasureView(Protocol):
-    """One exact aggregate of a plan and its mechanism (dpsql.sql.plan.Measure)."""
+    """One exact aggregate of a plan and its mechanism (dpsql.plan.values.Measure)."""
 
     @property
     def name(self) -> str: ...
@@ -53,7 +53,7 @@ class MeasureView(Protocol):
 
 
 class OutputView(Protocol):
-    """A released aggregate as a formula over measures (dpsql.sql.plan.OutputAggregate)."""
+    """A released aggregate as a formula over measures (dpsql.plan.values.OutputAggregate)."""
 
     @property
     def call(self) -> CallView: ...
@@ -66,7 +66,7 @@ class OutputView(Protocol):
 
 
 class PlanView(Protocol):
-    """A finished plan's measures (dpsql.sql.plan.Plan)."""
+    """A finished plan's measures (dpsql.plan.values.Plan)."""
 
     @property
     def measures(self) -> Sequence[MeasureView]: ...

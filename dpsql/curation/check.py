@@ -364,7 +364,7 @@ def _num(x: float) -> str:
 
 def group_by(policy: Policy, col: ColumnPolicy) -> str:
     """How GROUP BY on the bare column is released."""
-    from dpsql.sql.domains import column_relation
+    from dpsql.plan.domains import column_relation
 
     rel = column_relation(col)
     if rel is not None and rel[1] <= policy.max_bins:

@@ -15,8 +15,8 @@ import numpy as np
 from dpsql.engine.api import EngineResult, QueryHandle
 from dpsql.engine.duckdb_engine import DuckDBEngine
 from dpsql.errors import ProgrammingError
+from dpsql.lower.compile import CompiledQuery
 from dpsql.policy import Policy
-from dpsql.sql.compile import CompiledQuery
 
 ENGINES = ("duckdb", "spark")
 

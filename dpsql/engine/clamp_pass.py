@@ -2,7 +2,7 @@
 
 A SUM/AVG/VAR of a column whose policy states no ``clip`` is clamped to a range chosen from a
 DP histogram of |x| (dpsql.service.bounds, kind "clip"), bought by the first such query per
-analyst, column and data version. Its SQL (dpsql.sql.compile.clamp_histogram_query) keeps, per
+analyst, column and data version. Its SQL (dpsql.lower.compile.clamp_histogram_query) keeps, per
 privacy unit, the R non-NULL rows of smallest keyed hash ``HASH(stored columns..., secret)``
 with a window over the whole table: at 10M rows ~8 s of CPU and 1.4 GiB beside the store. Where
 the table's store is held (dpsql.engine.columnar: its rows clustered by unit), the same counts
@@ -43,8 +43,8 @@ import numpy as np
 
 from dpsql.engine.api import EngineResult
 from dpsql.errors import OperationalError
-from dpsql.sql.clamp_spec import ClampHistogram
-from dpsql.sql.identifiers import quote_ident
+from dpsql.frontend.identifiers import quote_ident
+from dpsql.plan.clamp_spec import ClampHistogram
 
 _log = logging.getLogger("dpsql.engine")
 

@@ -6,7 +6,7 @@ needs no hash table over (unit, group) pairs: each unit's rows are contiguous, s
 sequential pass accumulates a unit's pairs in a small array indexed by group code (reset after
 the unit), bounds them (R/n of a pair's rows, G/k of the unit's groups) and adds them to the
 group totals. That is the whole plan of ``columnar._per_unit`` (and of the SQL of
-``dpsql.sql.compile._bounded`` under rescaling), integer for integer: the same products, the
+``dpsql.lower.compile._bounded`` under rescaling), integer for integer: the same products, the
 same quotients truncated toward zero, the same int64 sums, so the result is identical
 (tests/test_clustered.py runs both on the same programs).
 
@@ -38,7 +38,7 @@ except ImportError:  # pragma: no cover
 
 # measure kinds of the kernel: a count of non-NULL values, a centred sum, a centred sum of
 # squares (row values, bounded at R/n); a pair's rows cut by R and their mass (the bias
-# measures ``dropped`` and ``cut``, dpsql.sql.bias: per pair, never rescaled by R/n); row and
+# measures ``dropped`` and ``cut``, dpsql.plan.bias: per pair, never rescaled by R/n); row and
 # unit counts are computed from the pairs' row counts
 VALUES, SUM, SUMSQ, DROPPED, CUT = 0, 1, 2, 3, 4
 _LARGEST = 2**63 - 1
@@ -177,7 +177,7 @@ def _clamped(v: Any, low: Any, high: Any) -> Any:  # pragma: no cover - compiled
 
 def _rounded(running: Any, w: Any, off: Any, d: Any, shift: Any) -> Any:  # pragma: no cover
     """The integer count of a share ``w`` whose unit's running sum is now ``running``:
-    (A + U) // d - (A - w + U) // d (dpsql.sql.compile.rounded_counts)."""
+    (A + U) // d - (A - w + U) // d (dpsql.lower.compile.rounded_counts)."""
     return _floordiv(running + off, d, shift) - _floordiv(running - w + off, d, shift)
 
 
@@ -215,7 +215,7 @@ def _bound_units(  # pragma: no cover - compiled
     truncated toward zero); summed per group into the ``*_out`` arrays (``some_out``: the
     non-empty pairs per group). Counts' fine shares (row and unit counts under group scaling,
     a measure with ``grids[j]`` > 0) are rounded per unit to integers as
-    dpsql.sql.compile.rounded_counts does: over the unit's pairs in group-code order, with
+    dpsql.lower.compile.rounded_counts does: over the unit's pairs in group-code order, with
     A the running sum of the shares w and U = ``offsets[u]``, (A + U) // F - (A - w + U) // F.
 
     Fixed shapes: every row is accumulated with its weight (0 for a row the WHERE drops) and

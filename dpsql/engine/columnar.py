@@ -1,4 +1,4 @@
-"""A small table's columns in memory, and the column programs (dpsql.sql.local_plan) run on
+"""A small table's columns in memory, and the column programs (dpsql.lower.local_plan) run on
 them: the same exact integers as the plan's SQL, without DuckDB's per-query bind, optimise and
 operator costs, which dominate on a few thousand rows.
 
@@ -11,7 +11,7 @@ choices that shape a program's work beyond its own text (whether it runs, how it
 made from the policy and the table's declared capacity, not from the values or the row count
 (docs/threat_model.md, "Column programs").
 
-Every step mirrors one of the SQL plan (dpsql.sql.compile): the WHERE in SQL's three-valued
+Every step mirrors one of the SQL plan (dpsql.lower.compile): the WHERE in SQL's three-valued
 logic with DuckDB's comparison rules (NaN equal to itself and above every number; a decimal
 literal compared exactly with an integer column), the fixed-point value of each row, the
 per-(unit, group) partials, rescaling at R/n and G/k truncated toward zero, the final sums.
@@ -38,13 +38,13 @@ import numpy as np
 from sqlglot import exp
 
 from dpsql.engine.api import EngineResult
+from dpsql.frontend.simple_where import COMPARISONS, KEY_TYPES, iso_date
+from dpsql.lower.local_plan import ColumnProgram
+from dpsql.plan import bias
+from dpsql.plan.fixed_point import fixed_point_bounds
+from dpsql.plan.measure_kinds import MEASURE_KINDS
+from dpsql.plan.values import Measure
 from dpsql.policy import ColumnPolicy, TablePolicy
-from dpsql.sql import bias
-from dpsql.sql.fixed_point import fixed_point_bounds
-from dpsql.sql.local_plan import ColumnProgram
-from dpsql.sql.measure_kinds import MEASURE_KINDS
-from dpsql.sql.plan import Measure
-from dpsql.sql.simple_where import COMPARISONS, KEY_TYPES, iso_date
 
 _EXACT_FLOAT = 2**53  # every integer below it is a float64, and so is every partial sum
 _EXACT_INT = 2**62  # headroom under 2^63 for a product and a sum
@@ -211,7 +211,7 @@ def load(con: Any, table: TablePolicy, version: str, capacity: int) -> ColumnarT
     one 'infinity' date used to make this load fail and the table silently run its SQL, ~3x
     slower on every query). Nothing here catches an error: one that still happens (a bug,
     memory) fails the engine's start, where the operator sees it."""
-    from dpsql.sql.identifiers import quote_ident
+    from dpsql.frontend.identifiers import quote_ident
 
     _keep_heap_pad()
 
@@ -244,7 +244,7 @@ def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) ->
     once, each range clustered by a counting sort of its unit codes (no sort in DuckDB): the
     build's peak is the store plus one range's fetch. A text column's values are never
     fetched, only its codes."""
-    from dpsql.sql.identifiers import quote_ident
+    from dpsql.frontend.identifiers import quote_ident
 
     _keep_heap_pad()
     name = quote_ident(table.name)
@@ -359,7 +359,7 @@ def _numbered_codes(
     the build's own cursor (dropped after it), which every range's fetch joins: the DISTINCT
     over the whole table is not repeated per range (at 100M rows, 48 ranges, it was most of
     the build)."""
-    from dpsql.sql.identifiers import quote_ident
+    from dpsql.frontend.identifiers import quote_ident
 
     kept: dict[int, str] = {}
     for i, c in enumerate(readable):
@@ -428,7 +428,7 @@ def _fetch_sql(
     numbered (in the query, or once per build in the temporary tables ``kept``: then the
     unit's restricted to the range), the other columns' values (a date as its day number) and
     every column's NULL flag."""
-    from dpsql.sql.identifiers import quote_ident
+    from dpsql.frontend.identifiers import quote_ident
 
     ctes, joins, items, params = [], [], [], []
     where = ""
@@ -479,7 +479,7 @@ def cluster(
     """``table`` as a store for the compiled pass (dpsql.engine.clustered): its rows ordered
     by privacy unit (its dense codes, NULL last; a stable sort, and none when the rows come
     ordered), each unit's first row, the fixed point of every bounded numeric column at its
-    declared bounds (dpsql.sql.compile.fixed_point_expr, as :func:`_fixed_point`; each row
+    declared bounds (dpsql.lower.compile.fixed_point_expr, as :func:`_fixed_point`; each row
     computed when first read: :class:`FixedRows`) and every column's NULLs, one row each
     (``nulls``: that matrix already, the columns' masks its rows). The same rows as
     ``table``: every program's result is the same integers."""
@@ -839,7 +839,7 @@ def _widest_row(
 
 
 def _bias_cap(program: ColumnProgram) -> int:
-    from dpsql.sql.bias import cap
+    from dpsql.plan.bias import cap
 
     return cap(program.max_rows)
 
@@ -870,7 +870,7 @@ def _compiled_pass(
     """The program by one compiled pass (dpsql.engine.clustered) over a store
     (:func:`cluster`; per unit: clustered by the program's unit): the same (measures, present)
     as :func:`_row_level` / :func:`_per_unit`, and the bias measures' pair and row values as
-    the SQL computes them (dpsql.sql.compile.pair_measure_expr, clamp_excess_expr). None (the
+    the SQL computes them (dpsql.lower.compile.pair_measure_expr, clamp_excess_expr). None (the
     numpy program runs) when :func:`_kernel_spec` says it cannot."""
     from dpsql.engine import clustered
 
@@ -955,7 +955,7 @@ def _rounding_grid(program: ColumnProgram) -> int:
 
 
 #: measure kinds only the compiled pass computes (the bias measures: MeasureKind.bias,
-#: dpsql.sql.bias); the numpy program does not
+#: dpsql.plan.bias); the numpy program does not
 KERNEL_ONLY = tuple(name for name, kind in MEASURE_KINDS.items() if kind.bias)
 
 
@@ -1002,7 +1002,7 @@ def _per_unit(
     values: list[np.ndarray | None],
 ) -> tuple[list[np.ndarray], np.ndarray]:
     """Pairs (unit, group) with their row count n and partials, capped at R rows (partials at
-    R/n), then with G/k group scaling, then summed per group (dpsql.sql.compile._bounded).
+    R/n), then with G/k group scaling, then summed per group (dpsql.lower.compile._bounded).
 
     The pairs are every slot of units x groups where that is small (a dense grid), else every
     pair the table holds: a pair with no kept row has n = 0 and adds nothing."""
@@ -1041,7 +1041,7 @@ def _per_unit(
         ]
     grid = _rounding_grid(program)
     if grid:
-        # counts' fine shares back to integers per unit (dpsql.sql.compile.rounded_counts)
+        # counts' fine shares back to integers per unit (dpsql.lower.compile.rounded_counts)
         offsets = unit_offsets(table, program.unit, grid)  # type: ignore[arg-type]
         for i, m in enumerate(program.measures):
             if m.fine <= 1:
@@ -1130,9 +1130,9 @@ _DENSE_MOST = 1 << 21
 
 def unit_offsets(table: ColumnarTable, unit: str, grid: int) -> np.ndarray:
     """Per unit code of an integer unit column, the rounding offset U_u = ((u mod grid) ·
-    ROUNDING_MULTIPLIER) mod grid (dpsql.sql.compile.unit_offset: the same integers; NULL 0),
+    ROUNDING_MULTIPLIER) mod grid (dpsql.lower.compile.unit_offset: the same integers; NULL 0),
     computed once per table and kept on it (read-only)."""
-    from dpsql.sql.plan import ROUNDING_MULTIPLIER
+    from dpsql.plan.values import ROUNDING_MULTIPLIER
 
     key = ("offsets", unit, grid)
     held = table.masks.get(key)
@@ -1239,7 +1239,7 @@ def _row_values(
 
 
 def _fixed_point(values: np.ndarray, spec: ColumnPolicy, lo: int, hi: int) -> np.ndarray:
-    """dpsql.sql.compile.fixed_point_expr: ``CAST(ROUND(clamp(CAST(x AS DOUBLE) / g, lo, hi))
+    """dpsql.lower.compile.fixed_point_expr: ``CAST(ROUND(clamp(CAST(x AS DOUBLE) / g, lo, hi))
     AS BIGINT)``, NaN clamped to ``hi`` (DuckDB orders it above every number), ROUND half away
     from zero; an int column on grid 1 is clamped only."""
     if spec.type == "int" and spec.granularity == 1:
@@ -1253,7 +1253,7 @@ def _fixed_point(values: np.ndarray, spec: ColumnPolicy, lo: int, hi: int) -> np
 
 
 def _clamp_excess(values: np.ndarray, spec: ColumnPolicy, width: int) -> np.ndarray:
-    """dpsql.sql.compile.clamp_excess_expr: ``CAST(ROUND(clamp((x - clamp(x, lower, upper)) /
+    """dpsql.lower.compile.clamp_excess_expr: ``CAST(ROUND(clamp((x - clamp(x, lower, upper)) /
     g, -W, W)) AS BIGINT)`` in doubles, NaN clamped to ``upper`` then its excess (NaN) to W,
     ROUND half away from zero."""
     x = values.astype(np.float64)
@@ -1580,7 +1580,7 @@ def _int_code_test(
 
 
 def _in_domain(column: Column, spec: ColumnPolicy) -> np.ndarray:
-    """dpsql.sql.compile._domain_condition on the key column: its declared values, or its
+    """dpsql.lower.compile._domain_condition on the key column: its declared values, or its
     bounds, or not NULL; OR NULL where the column is nullable. An int column's test is made
     on its distinct values and read at each row's code (the same truth per row)."""
     coded = column.kind == "int" and column.coded

@@ -26,8 +26,8 @@ import numpy as np
 
 from dpsql.engine.versions import table_digest_sql
 from dpsql.errors import PolicyError
+from dpsql.frontend.identifiers import quote_ident as _q
 from dpsql.sources import PostgresSource
-from dpsql.sql.identifiers import quote_ident as _q
 
 #: Rows fetched per round trip and inserted into DuckDB at once.
 BATCH_ROWS = 50_000

@@ -9,7 +9,7 @@ Built once in DuckDB when a source is loaded (``[engine] prepared = "memory"`` o
 - ``__dp_g<i>`` distinct values (NULL counted) of column i in the row's unit: the unit lies in at
   most the product of these over a key's columns groups, under any filter;
 - ``__dp_fp<i>`` the fixed-point integer of a bounded numeric column, clamped and rounded exactly
-  as :func:`dpsql.sql.compile.fixed_point_expr` does it per query;
+  as :func:`dpsql.lower.compile.fixed_point_expr` does it per query;
 - ``__dp_h``    the keyed-hash mix: DuckDB's HASH(c1, ..., cn, s) combines HASH(c1..cn) = h
   with HASH(s) as ``((h ^ h >> 32) * K) ^ HASH(s)``; the store keeps ``(h ^ h >> 32) * K`` mod
   2^64, checked at build on the rows themselves (no column if DuckDB combines otherwise);
@@ -24,7 +24,7 @@ store is keyed by the data version and the table's policy: another version or po
 reads it (``STORES`` maps (table, version) to the one built for it), and a disk store's file
 name and metadata carry that key.
 
-Nothing in the store is ever released: it only lets the compiler (dpsql.sql.prepared_plan)
+Nothing in the store is ever released: it only lets the compiler (dpsql.lower.prepared_plan)
 send units whose statistics prove they are within R and G straight to the final aggregate, with
 results bit-identical to the plan without a store. Which plan runs depends on the policy and on
 whether a store exists, never on the statistics' values (docs/performance.md, "Prepared store").
@@ -46,10 +46,10 @@ from typing import Any
 import duckdb
 
 from dpsql.engine import store_files
+from dpsql.frontend.identifiers import quote_ident as _q
+from dpsql.lower.row_values import domain_condition, fixed_point_expr
+from dpsql.plan.fixed_point import fixed_point_bounds
 from dpsql.policy import ColumnPolicy, Policy, TablePolicy
-from dpsql.sql.fixed_point import fixed_point_bounds
-from dpsql.sql.identifiers import quote_ident as _q
-from dpsql.sql.row_values import domain_condition, fixed_point_expr
 
 FORMAT = 4  # bump when the layout changes: old files are then never matched
 # DuckDB's CombineHash multiplier (src/include/duckdb/common/types/hash.hpp); verified at build

@@ -1,7 +1,7 @@
 """A DuckDB connection that holds no private data: domains and post-processing.
 
 It has empty shadow copies of the policy's tables (same names and types, zero rows; typing
-itself runs on dpsql.sql.typecheck's own connection), enumerates public domains, and
+itself runs on dpsql.frontend.typecheck's own connection), enumerates public domains, and
 evaluates post-processing (HAVING, ORDER BY, arithmetic over released aggregates) on a table
 of already-noised values. External access is off and its
 configuration locked, like the private engine's.
@@ -27,15 +27,15 @@ from sqlglot.errors import ParseError, TokenError
 
 from dpsql.engine.limits import LimitExceeded, ResultCaps, Watchdog, fetch_capped
 from dpsql.errors import DataError, OperationalError, ProgrammingError
-from dpsql.policy import SQL_TYPES, Policy
-from dpsql.sql.identifiers import quote_ident as _q
-from dpsql.sql.statements import (
+from dpsql.frontend.identifiers import quote_ident as _q
+from dpsql.frontend.statements import (
     AGGREGATE_KINDS,
     ERROR_BAR_FUNCTIONS,
     POST_WINDOW_FUNCTIONS,
     RELEASED,
     SCALAR_NODES,
 )
+from dpsql.policy import SQL_TYPES, Policy
 
 POST_TIMEOUT = 10.0  # seconds a post-processing statement may run on the shared connection
 # Post-processing returns at most one row per released row (or one, without FROM).

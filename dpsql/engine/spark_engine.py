@@ -40,9 +40,9 @@ from dpsql.engine import prepared
 from dpsql.engine.api import EngineResult, QueryHandle, canonical_rows, with_extras
 from dpsql.engine.versions import file_version
 from dpsql.errors import OperationalError, PolicyError
+from dpsql.lower.compile import CompiledQuery, render
 from dpsql.policy import FILE_SUFFIXES, Policy, TablePolicy
 from dpsql.sources import is_postgres
-from dpsql.sql.compile import CompiledQuery, render
 
 SPARK_TYPES = {
     "int": "BIGINT",

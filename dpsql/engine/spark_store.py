@@ -3,12 +3,12 @@
 Per table and data version the Spark engine derives the same rows the DuckDB store holds --
 every declared column, ``__dp_un`` (rows of the unit), ``__dp_pr<i>`` (rows of the (unit, value)
 pair), ``__dp_g<i>`` (distinct values of column i in the unit, NULL counted) and ``__dp_fp<i>``
-(the fixed-point integer, :func:`dpsql.sql.compile.fixed_point_expr` rendered in Spark SQL, so
+(the fixed-point integer, :func:`dpsql.lower.compile.fixed_point_expr` rendered in Spark SQL, so
 the very value the plan without a store computes per query) -- ordered by (unit rows, unit):
 a unit's rows stay together and Parquet's row-group statistics on ``__dp_un`` let a scan of the
 units over R skip the small ones. No hash mix: ``XOR(mix, HASH(s)) = HASH(cols, s)`` is a
 property of DuckDB's HASH, not of Spark's xxhash64, so the store plan hashes the stored columns
-as the plain plan does (dpsql.sql.prepared_plan falls back when ``hash_mix`` is None).
+as the plain plan does (dpsql.lower.prepared_plan falls back when ``hash_mix`` is None).
 
 ``[engine] prepared = "memory"`` caches the derived rows in the engine's session (memory, then
 disk); ``"disk"`` writes ``<table>-<key>.spark.parquet`` (a Parquet directory, owner-only) under
@@ -80,7 +80,7 @@ def _q(name: str) -> str:
 def build_sql(table: TablePolicy, layout: dict[str, Any], source: str) -> str:
     """Spark SQL of the derived rows: the typed rows of ``source`` (the engine's view of the
     table), their fixed-point columns and their unit's statistics, ordered by (unit rows, unit)."""
-    from dpsql.sql.compile import fixed_point_expr, render
+    from dpsql.lower.compile import fixed_point_expr, render
 
     src = _q(source)
     fixed = [
@@ -251,11 +251,11 @@ def spark_tree(tree: Any, tables: Mapping[str, TablePolicy]) -> Any:
       where DuckDB's widens (the uncentred sums of squares of the store plan reach it within
       ~10^8 rows). They are in ``direct`` or, when one scan serves both phases, ``grouped``.
       A row-level plan's outer sums, and ``CAST(x AS INT128)`` (Spark has no 128-bit integer:
-      DECIMAL(38, 0)), are rewritten by the renderer (dpsql.sql.compile._spark_safe).
+      DECIMAL(38, 0)), are rewritten by the renderer (dpsql.lower.compile._spark_safe).
     """
     from sqlglot import exp
 
-    from dpsql.sql.builders import decimal_type
+    from dpsql.lower.builders import decimal_type
 
     tree = tree.copy()  # rewritten in place below; the compiled tree is shared
     for name in store_tables(tree):
@@ -274,8 +274,8 @@ def _own_store(tree: Any, table: TablePolicy) -> None:
     """Point a DuckDB store plan of ``table`` at this engine's view, without the hash mix."""
     from sqlglot import exp
 
-    from dpsql.sql.hashing import keyed_hash
-    from dpsql.sql.row_values import quoted
+    from dpsql.lower.hashing import keyed_hash
+    from dpsql.lower.row_values import quoted
 
     for t in list(tree.find_all(exp.Table)):
         if t.db == f"{PREFIX}p_{table.name}":

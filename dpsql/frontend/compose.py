@@ -24,7 +24,7 @@ from sqlglot import exp
 from dpsql.errors import PrivacyError
 from dpsql.frontend.inline import is_aggregate
 from dpsql.frontend.logic import conjuncts
-from dpsql.sql.positions import position_of, snippet
+from dpsql.frontend.positions import position_of, snippet
 
 
 @dataclass(frozen=True)

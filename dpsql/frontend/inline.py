@@ -2,7 +2,7 @@
 
 A row-level derived table (``FROM (SELECT cols, exprs FROM t WHERE c) AS x``) or CTE is a
 *Project* over a *Filter* over a *Scan*: every output row is one input row, so one privacy
-unit still owns exactly the rows it owned (stability 1; see dpsql/ir/relational.py). Such a
+unit still owns exactly the rows it owned (stability 1; see dpsql/plan/relational.py). Such a
 relation is inlined: the outer query's references to ``x.col`` become the inner expressions,
 the inner WHERE is ANDed before the outer one, and the result is an ordinary single-table
 query that the binder checks like any other -- the same whitelist, typing and bounds, so a
@@ -24,10 +24,10 @@ from sqlglot import exp
 from dpsql.errors import PrivacyError, ProgrammingError, UndefinedColumnError
 from dpsql.frontend.logic import transform_clauses
 from dpsql.frontend.per_unit import ROW_CHANGING_CLAUSES, per_unit_relation
+from dpsql.frontend.positions import position_of, snippet
 from dpsql.frontend.scopes import display_name
+from dpsql.frontend.statements import DPQuery
 from dpsql.policy import Policy, TablePolicy
-from dpsql.sql.positions import position_of, snippet
-from dpsql.sql.statements import DPQuery
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def is_aggregate(select: exp.Select) -> bool:
     return any(item.find(exp.AggFunc) for item in select.expressions)
 
 
-# The binder, passed in by it (dpsql.sql.bind.bind_select): a per-unit relation is found by
+# The binder, passed in by it (dpsql.frontend.bind.bind_select): a per-unit relation is found by
 # binding trial SELECTs, and this module sits below the binder (it imports no binder).
 BindSelect = Callable[[exp.Select, str, Policy], DPQuery]
 

@@ -6,7 +6,7 @@ END)``: the per-row range of the aggregated value comes from the columns' declar
 per-query clamp (``LEAST(GREATEST(x, lo), hi)``) bounds even a column without declared bounds.
 
 Soundness does not rest on this module: the compiled query clamps the expression's *value*
-to the range found here (dpsql.sql.compile.fixed_point_value), and the sensitivity is that of
+to the range found here (dpsql.lower.compile.fixed_point_value), and the sensitivity is that of
 the clamp. A range that is too wide only adds noise; this module's job is to find a tight
 one, and to refuse an expression whose range is unbounded, naming the bound it lacks.
 """
@@ -20,8 +20,8 @@ from typing import Any
 
 from sqlglot import exp
 
+from dpsql.frontend.dialect import INTEGER_TYPES, integer_typed
 from dpsql.policy import TablePolicy
-from dpsql.sql.dialect import INTEGER_TYPES, integer_typed
 
 INF = math.inf
 
@@ -302,7 +302,7 @@ def _year(node: exp.Year, table: TablePolicy) -> Range:
 
 def _integer_division(node: exp.IntDiv, table: TablePolicy) -> Range | None:
     """The range of ``a // b`` for integers a and b (PostgreSQL's ``int / int`` arrives here
-    too, dpsql.sql.dialect): the quotient truncated toward zero, as DuckDB and PostgreSQL do.
+    too, dpsql.frontend.dialect): the quotient truncated toward zero, as DuckDB and PostgreSQL do.
 
     Truncation is monotone in the exact quotient, so the ends are the truncated ends of its
     range. A divisor whose range holds 0 never makes the quotient large: a non-zero integer

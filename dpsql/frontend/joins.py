@@ -5,7 +5,7 @@ A public table (``[tables.departments] public = true``) is public data, read at 
 (``FROM visits v JOIN departments d ON v.dept_id = d.id``) matches each private row with at
 most one public row, so every output row is one input row: the relation is 1-stable, like a
 row-level derived table, and the sensitivity of every aggregate over it is unchanged
-(dpsql.ir.relational.PublicJoin). It is inlined as such a relation:
+(dpsql.plan.relational.PublicJoin). It is inlined as such a relation:
 
 - each public column ``d.name`` read by the query becomes a lookup on the private row,
   ``CASE WHEN v.dept_id = 1 THEN 'cardiology' WHEN ... END`` (its branches are the public
@@ -41,10 +41,10 @@ from sqlglot import exp
 
 from dpsql.errors import PrivacyError, ProgrammingError, UndefinedColumnError, UndefinedTableError
 from dpsql.frontend.logic import column_equality, mismatched_join, transform_clauses
+from dpsql.frontend.positions import position_of, snippet
 from dpsql.policy import Policy, TablePolicy, comparable
-from dpsql.sql.positions import position_of, snippet
 
-# Meta key on a lookup's CASE: the public values a GROUP BY of it releases (dpsql.sql.bind).
+# Meta key on a lookup's CASE: the public values a GROUP BY of it releases (dpsql.frontend.bind).
 PUBLIC_VALUES = "dp_public_values"
 # Meta key on the rewritten SELECT: what was joined, for EXPLAIN's plan tree.
 JOINED = "dp_joined"
@@ -154,7 +154,7 @@ def _public_source(select: exp.Select, policy: Policy) -> TablePolicy | None:
 
 def _evaluate_public(select: exp.Select, table: TablePolicy, text: str) -> list[Any]:
     """The distinct values of a one-column SELECT over one public table (public data)."""
-    from dpsql.sql.statements import SCALAR_NODES
+    from dpsql.frontend.statements import SCALAR_NODES
 
     problem = None
     if len(select.expressions) != 1 or isinstance(select.expressions[0], exp.Star):
@@ -200,8 +200,8 @@ class _PublicData:
     _cache_lock = threading.Lock()
 
     def __init__(self, table: TablePolicy) -> None:
+        from dpsql.frontend.identifiers import quote_ident
         from dpsql.policy import SQL_TYPES
-        from dpsql.sql.identifiers import quote_ident
 
         self._con = duckdb.connect(":memory:")
         cols = ", ".join(
@@ -265,7 +265,7 @@ def public_rows(
 
 
 def _literal(value: Any) -> exp.Expression:
-    from dpsql.sql.statements import to_literal
+    from dpsql.frontend.statements import to_literal
 
     return to_literal(value)
 

@@ -9,7 +9,7 @@ from typing import Any
 from sqlglot import exp
 
 from dpsql.errors import ProgrammingError
-from dpsql.sql.positions import position_of, snippet
+from dpsql.frontend.positions import position_of, snippet
 
 
 def conjuncts(node: exp.Expression) -> list[exp.Expression]:

@@ -66,7 +66,7 @@ import sqlglot
 from sqlglot import exp
 
 from dpsql.errors import PrivacyError, UndefinedColumnError
-from dpsql.sql.positions import position_of, snippet
+from dpsql.frontend.positions import position_of, snippet
 
 # Clauses that make a relation depend on other rows than its own, or on an order: refused in
 # a per-unit relation here and in a row-level one (dpsql.frontend.inline), one list for both.

@@ -38,9 +38,9 @@ from sqlglot import exp
 from dpsql.errors import PrivacyError, ProgrammingError, UndefinedColumnError, UndefinedTableError
 from dpsql.frontend.logic import column_equality, mismatched_join, transform_clauses
 from dpsql.frontend.per_unit import PerUnitSpec, relation
+from dpsql.frontend.positions import position_of, snippet
+from dpsql.lower.hashing import keyed_hash, secret_slot
 from dpsql.policy import ColumnPolicy, JoinedSource, JoinStep, Policy, TablePolicy, comparable
-from dpsql.sql.hashing import keyed_hash, secret_slot
-from dpsql.sql.positions import position_of, snippet
 
 if TYPE_CHECKING:
     from dpsql.frontend.joins import Joiner
@@ -84,7 +84,7 @@ class PerUnitSource(JoinedSource):
 
     def relation(self) -> exp.Select:
         """V as engine SQL, from the validated spec only (dpsql.frontend.per_unit.relation)."""
-        from dpsql.sql.safety import guarded_conditions
+        from dpsql.frontend.safety import guarded_conditions
 
         assert self.spec is not None
         base = self.steps[0].table
@@ -154,8 +154,8 @@ def _source(table: TablePolicy, alias: str | None) -> exp.Expression:
 def _public_values(table: TablePolicy, ident: exp.Identifier | None) -> exp.Subquery:
     """A public table as the rows read and checked at connect (its unique keys held there),
     a VALUES list typed as declared: the engine joins exactly those public facts."""
+    from dpsql.frontend.statements import to_literal
     from dpsql.policy import SQL_TYPES
-    from dpsql.sql.statements import to_literal
 
     names = list(table.columns)
     inner = [exp.Identifier(this=f"c{i}", quoted=False) for i in range(len(names))]

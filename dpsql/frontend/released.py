@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from sqlglot import exp
 
 from dpsql.errors import PrivacyError
-from dpsql.sql.positions import position_of, snippet
+from dpsql.frontend.positions import position_of, snippet
 
 
 class Policy(Protocol):
@@ -225,7 +225,7 @@ def split_released_tables(tree: exp.Expression, text: str, policy: Policy) -> Re
     )
 
 
-# Output names the binder gives unaliased items (dpsql.sql.bind._default_name).
+# Output names the binder gives unaliased items (dpsql.frontend.bind._default_name).
 _AGGREGATE_NAMES = {exp.PercentileCont: "percentile_cont", exp.PercentileDisc: "percentile_disc"}
 
 

@@ -19,10 +19,10 @@ import sqlglot
 from sqlglot import exp
 
 from dpsql.errors import ProgrammingError
+from dpsql.frontend.positions import position_of
 from dpsql.models.regression import KINDS as REGRESSION_KINDS
 from dpsql.models.regression import predictor as regression_prediction
 from dpsql.models.store import StoredModel
-from dpsql.sql.positions import position_of
 
 FUNCTION = "dp_predict"
 

@@ -24,20 +24,20 @@ import numpy as np
 from sqlglot import exp
 
 from dpsql.errors import PrivacyError, ProgrammingError, UndefinedColumnError
-from dpsql.ir.canonical import canonical
+from dpsql.frontend.identifiers import quote_ident
+from dpsql.lower.builders import alias
+from dpsql.lower.row_values import quoted
+from dpsql.lower.rows import bound_note, bounded_rows, engine_text, select_items
 from dpsql.models import dpsgd
 from dpsql.models import sufficient_stats as ss
 from dpsql.models.regression import SCALE, RegressionModel, unscale
+from dpsql.plan.canonical import canonical
 from dpsql.policy import ColumnPolicy, TablePolicy
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.samplers import NoiseSource
 from dpsql.rulelist.table_function import check_model_name, typed_positive
 from dpsql.service.table_results import store_model, table_function_result
 from dpsql.service.transaction import paid_once
-from dpsql.sql.builders import alias
-from dpsql.sql.identifiers import quote_ident
-from dpsql.sql.row_values import quoted
-from dpsql.sql.rows import bound_note, bounded_rows, engine_text, select_items
 from dpsql.table_functions import REGRESSION_COLUMNS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -430,7 +430,7 @@ def release_regression(
 
 
 def _plan_call(service: Service, call: Any, settings: Settings) -> RegressionPlan:
-    from dpsql.sql.typecheck import check_binds
+    from dpsql.frontend.typecheck import check_binds
 
     if call.function not in FUNCTIONS:
         raise _refuse(f"unknown table function {call.function!r}", call.function, "", "42883")
@@ -482,7 +482,7 @@ def run_regression(
     """dpsql.rulelist.sql_run.run_rule_list's order, for the regression table functions."""
     from dpsql.engine.api import cancel_check
     from dpsql.engine.scratch import check_post
-    from dpsql.sql.statements import DIALECT
+    from dpsql.frontend.statements import DIALECT
 
     plan = _plan_call(service, call, settings)
     check_post(call.post.sql(dialect=DIALECT), call.post)
@@ -552,5 +552,5 @@ def explain_regression(service: Service, call: Any, settings: Settings) -> Resul
 
     plan = _plan_call(service, call, settings)
     result = Result(EXPLAIN_COLUMNS, explain_rows(plan), status="EXPLAIN")
-    result.notes = [bound_note(call.table)]  # the row input's bounding (dpsql.sql.rows)
+    result.notes = [bound_note(call.table)]  # the row input's bounding (dpsql.lower.rows)
     return result

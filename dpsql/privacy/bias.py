@@ -1,6 +1,6 @@
 """What an answer's bounds cut, per released value: post-processing of the bias measures.
 
-The plan's bias measures (dpsql.sql.bias: rows cut by R, the value mass they held, the mass
+The plan's bias measures (dpsql.plan.bias: rows cut by R, the value mass they held, the mass
 the clamps removed) are noised and released with the query's other measures. From them each
 COUNT, SUM and AVG gets, per group, an estimate ``b`` of its bias (true − released bounded
 value, in the answer's units) and the half-width ``h`` of that estimate's own noise:
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 # No dpsql import (the release and the results read it): plans, measures and outputs (Any
-# below) are dpsql.sql.plan's, read by attribute.
+# below) are dpsql.plan.values's, read by attribute.
 
 PART_CONFIDENCE = 0.975  # each of a bias's (at most two) parts: 95% jointly
 

@@ -286,7 +286,7 @@ class Unreleased:
 
     :class:`OptimalSelection` decides on the *exact* unit count of each group, so the engine
     computes it like any measure; it is never noised and never released. Its own privacy map
-    is zero: the selection node charges the selection's cost, and dpsql.ir.check refuses a
+    is zero: the selection node charges the selection's cost, and dpsql.plan.check refuses a
     plan in which any output (or interval) reads such a measure.
     """
 

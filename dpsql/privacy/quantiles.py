@@ -569,7 +569,7 @@ def exponential_map(
     unit with ``calibrated_values`` values in its group, when the plan's Bound node lets a
     unit hold ``max_values`` there (equal: the cost the planner charges).
 
-    Proof (stated once for both plan-tree nodes: dpsql.ir.measures.QuantileMeasurement and
+    Proof (stated once for both plan-tree nodes: dpsql.plan.measures.QuantileMeasurement and
     dpsql.aggregates.mode.ModeMeasurement). An EM calibrated for utility sensitivity Δ with
     P(b) ∝ exp(ε·u_b / (2Δ)) is ε-DP (McSherry & Talwar 2007). Its utilities move by Δ per
     ``calibrated_values`` values of one unit (a rank distance by at most max(q, 1 − q) per

@@ -21,6 +21,8 @@ from dpsql.aggregates import Mean, Sum, Variance, kind_of
 from dpsql.aggregates.mode import ModeMeasure
 from dpsql.engine.api import EngineResult
 from dpsql.errors import PrivacyError
+from dpsql.frontend.typecheck import canonical_key_value, key_sort_value
+from dpsql.plan.values import OutputAggregate, Plan, QuantileMeasure, Threshold
 from dpsql.privacy import bias
 from dpsql.privacy.coverage import (
     pivot_quantiles,
@@ -33,8 +35,6 @@ from dpsql.privacy.mechanisms import Gaussian, Mechanism
 from dpsql.privacy.partition import Unreleased
 from dpsql.privacy.quantiles import ExponentialQuantile, JointQuantiles, SmoothMedian, target
 from dpsql.privacy.samplers import NoiseSource
-from dpsql.sql.plan import OutputAggregate, Plan, QuantileMeasure, Threshold
-from dpsql.sql.typecheck import canonical_key_value, key_sort_value
 
 INTERVAL_DRAWS = 2000
 
@@ -203,7 +203,7 @@ def released_measures(
         column = np.array([int(v) for v in exact[:, j]], dtype=object)
         noise = m.mechanism.sample(source, len(exact))
         noisy[m.name] = (column + np.array([int(x) for x in noise], dtype=object)).astype(float)
-        if m.scale != 1:  # a rescaled measure's fine grid (dpsql.sql.plan): post-processing
+        if m.scale != 1:  # a rescaled measure's fine grid (dpsql.plan.values): post-processing
             noisy[m.name] = noisy[m.name] / m.scale
     return noisy
 
@@ -280,7 +280,7 @@ def _release_quantiles(
 
 
 def _noised(plan: Plan, name: str) -> Mechanism:
-    """A measure's noise (never the selection's exact count: dpsql.ir.check)."""
+    """A measure's noise (never the selection's exact count: dpsql.plan.check)."""
     mechanism = plan.measure(name).mechanism
     assert not isinstance(mechanism, Unreleased)
     return mechanism

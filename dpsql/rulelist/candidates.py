@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpsql.errors import DataError
-from dpsql.sql.identifiers import quote_ident
+from dpsql.frontend.identifiers import quote_ident
 
 
 @dataclass(frozen=True)

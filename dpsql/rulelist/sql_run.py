@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 from dpsql.engine.api import cancel_check
 from dpsql.engine.scratch import check_post
 from dpsql.errors import ProgrammingError
-from dpsql.ir.canonical import canonical
+from dpsql.frontend.statements import DIALECT, RuleListCall
+from dpsql.frontend.typecheck import check_binds
+from dpsql.lower.rows import bound_note, pattern_counts_sql
+from dpsql.plan.canonical import canonical
 from dpsql.service.table_results import store_model, table_function_result
 from dpsql.service.transaction import paid_once
-from dpsql.sql.rows import bound_note, pattern_counts_sql
-from dpsql.sql.statements import DIALECT, RuleListCall
-from dpsql.sql.typecheck import check_binds
 
 if TYPE_CHECKING:
     from dpsql.engine.api import QueryHandle
@@ -84,7 +84,7 @@ def run_rule_list(
         repr(
             (
                 call.table.name,
-                # the table as the policy declares it (dpsql.ir.canonical): an edit of its
+                # the table as the policy declares it (dpsql.plan.canonical): an edit of its
                 # columns, bounds or unit is another model, not a replay of the old one
                 canonical(call.table),
                 sorted(call.arguments.items()),
@@ -133,5 +133,5 @@ def explain_rule_list(service: Service, call: RuleListCall, settings: Settings) 
 
     plan = plan_rule_list_call(service, call, settings)
     result = Result(EXPLAIN_COLUMNS, plan.explain_rows(), status="EXPLAIN")
-    result.notes = [*plan.notes, bound_note(call.table)]  # the rows' bounding (dpsql.sql.rows)
+    result.notes = [*plan.notes, bound_note(call.table)]  # the rows' bounding (dpsql.lower.rows)
     return result

@@ -16,9 +16,9 @@ from typing import Any
 
 from dpsql.boundary import uniform_charged_failure
 from dpsql.errors import door
+from dpsql.frontend.sqltext import keywords, skip_quoted
 from dpsql.server import types as t
 from dpsql.service.answer import Answer
-from dpsql.sql.sqltext import keywords, skip_quoted
 
 log = logging.getLogger("dpsql.server")
 

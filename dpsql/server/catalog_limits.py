@@ -24,8 +24,8 @@ from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import TokenType
 
 from dpsql.errors import Position, ProgrammingError
+from dpsql.frontend.positions import offset_position
 from dpsql.server.catalog_schema import MACROS, TABLE_MACROS
-from dpsql.sql.positions import offset_position
 
 
 @dataclass(frozen=True)

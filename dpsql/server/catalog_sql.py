@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import sqlglot
 from sqlglot import exp
 
+from dpsql.frontend.dialect import POSTGRES, to_engine_semantics
 from dpsql.server import catalog_schema as cs
 from dpsql.server import types as t
 from dpsql.server.catalog_limits import CatalogLimits, check_statement
 from dpsql.server.failures import ClientError
-from dpsql.sql.dialect import POSTGRES, to_engine_semantics
 
 SERVER_VERSION = "16.0"
 VERSION_STRING = f"PostgreSQL {SERVER_VERSION} (dpsql) on x86_64-pc-linux-gnu, 64-bit"
@@ -249,7 +249,7 @@ def rewrite(
 
     _name_columns(tree)
     # PostgreSQL's meaning for DuckDB (7 / 2 is 3, $$...$$): no policy column is read here,
-    # so literals and casts decide which divisions are integer ones (dpsql.sql.dialect)
+    # so literals and casts decide which divisions are integer ones (dpsql.frontend.dialect)
     tree = to_engine_semantics(tree, POSTGRES, lambda _table, _column: set())
 
     def fix(node: exp.Expression) -> exp.Expression:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dpsql import errors as dperr
+from dpsql.frontend.sqltext import keywords, split_statements
 from dpsql.limits import check_parameter_count
 from dpsql.server import protocol as p
 from dpsql.server import types as t
@@ -20,7 +21,6 @@ from dpsql.server.backend import Outcome
 from dpsql.server.probes import probe_decision, relation_probe
 from dpsql.server.settings import set_name_of
 from dpsql.server.wire_errors import SqlError
-from dpsql.sql.sqltext import keywords, split_statements
 
 MAX_STATEMENTS = 1000
 MAX_PREPARED_BYTES = 16 << 20
@@ -279,7 +279,7 @@ class ExtendedQuery:
             columns = await s._blocking(s.dp.describe, sql, params)
         except dperr.Error:
             # a probe of a row-level relation is answered from its plan or refused with the
-            # relation's own reason (dpsql.sql.bind.parse_probe), never from the catalog
+            # relation's own reason (dpsql.frontend.bind.parse_probe), never from the catalog
             if await s._blocking(relation_probe, sql):
                 raise
             columns = ()

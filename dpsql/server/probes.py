@@ -120,7 +120,7 @@ def _column_probe_tree(tree: exp.Expr) -> bool:
 
 def relation_probe(sql: str) -> bool:
     """A top-level ``LIMIT 0`` or ``LIMIT 1`` over a relation that aggregates nowhere: the
-    pipeline answers such a probe from the relation's plan (dpsql.sql.bind.parse_probe), or
+    pipeline answers such a probe from the relation's plan (dpsql.frontend.bind.parse_probe), or
     refuses it as it would refuse the relation; its refusal stands (no catalog fallback)."""
     tree = _parse(sql)
     if not isinstance(tree, exp.Select):

@@ -136,7 +136,7 @@ class Server:
         """The analyst's session over the service (dpsql.service.session), which the wire
         session runs its DP statements on: the server is a door over the service, not over
         the DB-API. PostgreSQL clients mean PostgreSQL: 7 / 2 is 3, TO_CHAR, date_part
-        (dpsql.sql.dialect)."""
+        (dpsql.frontend.dialect)."""
         return ServiceSession(self.service, analyst, dialect="postgres")
 
     def unregister(self, session: Session) -> None:

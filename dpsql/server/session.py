@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from dpsql.boundary import CHARGED_HINT, CHARGED_STATES, FAILED_AFTER_READ
+from dpsql.frontend.sqltext import split_statements
 from dpsql.limits import (
     DEFAULT_LIMITS,
     Limits,
@@ -50,7 +51,6 @@ from dpsql.server.settings import (
 from dpsql.server.wire_errors import Closed as _Closed
 from dpsql.server.wire_errors import SqlError as SqlError
 from dpsql.server.wire_errors import as_sql_error as as_sql_error
-from dpsql.sql.sqltext import split_statements
 
 
 class Server(Protocol):

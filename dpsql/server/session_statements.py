@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dpsql.frontend.sqltext import identifiers, keywords
 from dpsql.limits import check_size
 from dpsql.server import protocol as p
 from dpsql.server import types as t
@@ -13,7 +14,6 @@ from dpsql.server.backend import Outcome
 from dpsql.server.probes import may_be_probe
 from dpsql.server.settings import SettingError, canonical, parse_set, set_name_of
 from dpsql.server.wire_errors import SqlError
-from dpsql.sql.sqltext import identifiers, keywords
 
 _TX_WORDS = {"begin", "start", "commit", "end", "rollback", "abort", "savepoint", "release"}
 _NOOP_WORDS = {"discard", "deallocate", "listen", "unlisten", "close", "checkpoint"}

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dpsql.errors import InternalError
-from dpsql.sql.compile import compile_clip_histograms
-from dpsql.sql.plan import Plan
-from dpsql.sql.planner import with_clip_ranges
+from dpsql.lower.compile import compile_clip_histograms
+from dpsql.plan.planner import with_clip_ranges
+from dpsql.plan.values import Plan
 
 if TYPE_CHECKING:
     from dpsql.engine.api import QueryHandle

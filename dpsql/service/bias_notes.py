@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from dpsql.sql import bias
+from dpsql.plan import bias
 
-# plans (Any below) are dpsql.sql.plan's, not imported: this module stays out of the
+# plans (Any below) are dpsql.plan.values's, not imported: this module stays out of the
 # planner's import cycle
 
 
@@ -24,7 +24,7 @@ def _n(x: float) -> str:
 
 def _summed(plan: Any) -> list[str]:
     """Columns whose values a released SUM / AVG / VAR / STDDEV clamps (the kinds whose
-    object is ``summed``: dpsql.sql.bind.AggregateCall.summed)."""
+    object is ``summed``: dpsql.frontend.bind.AggregateCall.summed)."""
     return list(
         dict.fromkeys(o.call.column for o in plan.outputs if o.call.summed and o.call.column)
     )

@@ -26,7 +26,7 @@ The design (docs/mechanisms.md "Contribution bounds chosen privately", docs/thre
   (dpsql.pipeline). EXPLAIN shows the placeholder and says the bounds are chosen at run time.
 
 - One overhead share per query: the statement that pays for a histogram plans no bias measure
-  (dpsql.sql.bias: ``TablePolicy.bias_by_histogram``); the histogram's estimate of what R
+  (dpsql.plan.bias: ``TablePolicy.bias_by_histogram``); the histogram's estimate of what R
   cuts is its note. Later queries, choosing free, spend their bias share on the measures.
 - An unstated bound of a table with a privacy unit is "auto" (dpsql.policy); where no
   choice is made (private joins, per-unit relations, estimators) it plans at 1, a declared
@@ -81,15 +81,15 @@ from dpsql.privacy.contribution import (
 )
 
 # This module sits below the planner and compiler (it imports neither: tests/test_layering.py):
-# a bound query is passed in as ``Any`` (dpsql.sql.bind.DPQuery), the engine query of a
-# histogram is built by the caller's ``histogram_query`` (dpsql.sql.compile.contribution_query).
+# a bound query is passed in as ``Any`` (dpsql.frontend.bind.DPQuery), the engine query of a
+# histogram is built by the caller's ``histogram_query`` (dpsql.lower.compile.contribution_query).
 DPQuery = Any
 #: ColumnPolicy.clip of a column whose policy states none (dpsql.policy)
 CLIP_DEFAULT = "default"
 #: ... and of that column in a query planned with the range chosen from its kept histogram
-#: (dpsql.sql.bias.CLIP_CHOSEN, the same text: that leaf module imports nothing)
+#: (dpsql.plan.bias.CLIP_CHOSEN, the same text: that leaf module imports nothing)
 CLIP_CHOSEN = "chosen"
-#: the clamp histogram's bin ratio (as dpsql.sql.plan's ClipEstimate: 4 bins per doubling)
+#: the clamp histogram's bin ratio (as dpsql.plan.values's ClipEstimate: 4 bins per doubling)
 CLIP_RATIO = 2**0.25
 
 
@@ -319,12 +319,12 @@ def needs_of(query: DPQuery, version: str) -> tuple[Need, ...]:
 
 
 def measure_count(query: DPQuery, *, sum_counts: bool = True) -> int:
-    """How many noisy measures share the query's ε (as dpsql.sql.plan splits it, roughly:
+    """How many noisy measures share the query's ε (as dpsql.plan.values splits it, roughly:
     COUNT one, SUM one per column, AVG a sum and the count, VAR/STDDEV a sum of squares too).
     ``sum_counts=False``: a SUM alone measures no count (the plan of a single total's SUM)."""
     parts: set[tuple[str, str | None]] = set()
     for call in query.aggregates:
-        if call.summed:  # the kind's object says so (dpsql.sql.bind.AggregateCall.summed)
+        if call.summed:  # the kind's object says so (dpsql.frontend.bind.AggregateCall.summed)
             parts.add(("sum", call.column))
             if sum_counts or call.kind != "sum":
                 parts.add(("count", None))
@@ -505,7 +505,7 @@ def _with_chosen(
             col = columns[column]
             bound: Any = (lambda v: int(v)) if col.type == "int" else float
             # CLIP_CHOSEN: planned as declared bounds; the kept histogram estimates the bias
-            # of a single total over it, so no bias measure is planned there (dpsql.sql.bias);
+            # of a single total over it, so no bias measure is planned there (dpsql.plan.bias);
             # one counting units (R auto) does not: "declared", its bias measured as usual
             clip = "declared" if per_unit else CLIP_CHOSEN
             columns[column] = replace(col, lower=bound(lo), upper=bound(hi), clip=clip)

@@ -11,12 +11,12 @@ import secrets
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from dpsql.lower.compile import CompiledQuery, clamp_histogram_query, contribution_query
+from dpsql.plan.values import Plan
 from dpsql.service.bounds import buy as buy_bounds
 from dpsql.service.drawable import undrawable
 from dpsql.service.plan_cache import PreparedPlan
 from dpsql.service.transaction import paid_once
-from dpsql.sql.compile import CompiledQuery, clamp_histogram_query, contribution_query
-from dpsql.sql.plan import Plan
 
 if TYPE_CHECKING:
     from dpsql.engine.api import QueryHandle

@@ -32,20 +32,20 @@ from dpsql.boundary import post_processing_boundary
 from dpsql.engine.api import cancel_check
 from dpsql.engine.scratch import check_post
 from dpsql.errors import InternalError, NotSupportedError, ProgrammingError
-from dpsql.ir.build import plan_tree
-from dpsql.ir.canonical import answer_key
-from dpsql.ir.measures import ReleasedPostProcess
+from dpsql.frontend.statements import DIALECT, CompositeQuery, ReleasedQuery, to_literal
+from dpsql.frontend.typecheck import canonical_key_value, type_query
 from dpsql.limits import check_plan_rows
+from dpsql.lower.compile import compile_plan
+from dpsql.plan.canonical import answer_key
+from dpsql.plan.domains import ordered_values
+from dpsql.plan.measures import ReleasedPostProcess
+from dpsql.plan.tree import plan_tree
+from dpsql.plan.values import KeyPlan, Plan
 from dpsql.privacy.release import at_confidence, release
 from dpsql.service.finish import dummy_answer
 from dpsql.service.postprocess import NULL_TYPE, check_tables, picked, run_post, tagged
 from dpsql.service.results import Result, decode_answer, encode_answer, to_python, type_code
 from dpsql.service.transaction import paid_once
-from dpsql.sql.compile import compile_plan
-from dpsql.sql.domains import ordered_values
-from dpsql.sql.plan import KeyPlan, Plan
-from dpsql.sql.statements import DIALECT, CompositeQuery, ReleasedQuery, to_literal
-from dpsql.sql.typecheck import canonical_key_value, type_query
 
 if TYPE_CHECKING:
     from dpsql.engine.api import QueryHandle
@@ -243,7 +243,7 @@ def plan_released(
 
 def _released_cost(plans: Sequence[Plan]) -> Any:
     """What the statement reserves: the sum of its plans' costs, checked against the sum of
-    the plan trees' privacy maps (dpsql.ir.measures.ReleasedPostProcess) before anything is
+    the plan trees' privacy maps (dpsql.plan.measures.ReleasedPostProcess) before anything is
     read."""
     charged = functools.reduce(operator.add, (p.cost for p in plans))
     mapped = ReleasedPostProcess(tuple(plan_tree(p) for p in plans), exp.Null()).cost()

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from dpsql.frontend.statements import ExplainStatement, PublicSelect, SettingStatement
 from dpsql.service.budget_view import BUDGET_SHOWS, show_budget
 from dpsql.service.results import EXPLAIN_COLUMNS, Result
-from dpsql.sql.statements import ExplainStatement, PublicSelect, SettingStatement
 
 if TYPE_CHECKING:
     from dpsql.service.plan_cache import PreparedPlan

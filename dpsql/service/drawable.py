@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dpsql.errors import DataError
-from dpsql.sql.plan import QuantileMeasure
+from dpsql.plan.values import QuantileMeasure
 
 if TYPE_CHECKING:
+    from dpsql.plan.values import Plan
     from dpsql.privacy.samplers import NoiseSource
-    from dpsql.sql.plan import Plan
 
 
 def check_drawable(plan: Plan, noise: NoiseSource) -> None:

@@ -6,7 +6,7 @@ noise distributions: EXPLAIN reads no data and spends nothing.
 
 Sections: the released values (how each is computed, its mechanism, sensitivity, noise scale,
 share of ε/δ and the 95% half-width *of the released value*), the groups (public domain or
-threshold), the cost and what would remain, the plan tree (dpsql.ir), the engine SQL.
+threshold), the cost and what would remain, the plan tree (dpsql.plan), the engine SQL.
 """
 
 from __future__ import annotations
@@ -18,19 +18,19 @@ import sqlglot
 from dpsql.aggregates import KINDS
 from dpsql.aggregates.mode import ModeMeasure
 from dpsql.errors import BudgetExhaustedError
-from dpsql.ir.build import plan_tree, tree_lines
+from dpsql.lower.compile import compile_plan
+from dpsql.plan.tree import plan_tree, tree_lines
 from dpsql.service import group_clamps
 from dpsql.service.bias_notes import bounds_lines
 from dpsql.service.results import Result
-from dpsql.sql.compile import compile_plan
 
 if TYPE_CHECKING:
+    from dpsql.plan.values import Measure, OutputAggregate, Plan
     from dpsql.service.protocol import Service
-    from dpsql.sql.plan import Measure, OutputAggregate, Plan
 
 # each kind's formula: its object says it (dpsql.aggregates.AggregateKind.explain); what
 # each measure sums, and whether it is a bias measure: Measure.measure_kind
-# (dpsql.sql.measure_kinds)
+# (dpsql.plan.measure_kinds)
 FORMULA = {name: kind.explain for name, kind in KINDS.items()}
 
 
@@ -191,8 +191,8 @@ def explain_lines(service: Service, plan: Plan, analyst: str | None) -> list[str
 def _quantile_lines(plan: Plan, output: OutputAggregate) -> list[str]:
     """A quantile's mechanism, grid, ε and its public 95% guarantee, which is in ranks."""
     from dpsql.aggregates import quantile_target
+    from dpsql.plan.values import QuantileMeasure
     from dpsql.privacy.quantiles import ExponentialQuantile, target
-    from dpsql.sql.plan import QuantileMeasure
 
     qm = plan.quantile_of(output)
     assert isinstance(qm, QuantileMeasure)

@@ -10,14 +10,14 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from dpsql.ir.build import plan_tree, tree_lines
+from dpsql.frontend.statements import CompositeQuery, ExplainStatement, ReleasedQuery, RuleListCall
+from dpsql.lower.compile import compile_plan
+from dpsql.plan.tree import plan_tree, tree_lines
+from dpsql.plan.values import Measure, Plan, QuantileMeasure
 from dpsql.service import group_clamps
 from dpsql.service.bias_notes import bounds_lines
 from dpsql.service.explain import budget_notes, explain_text, pending_choice
 from dpsql.service.results import EXPLAIN_COLUMNS, Result
-from dpsql.sql.compile import compile_plan
-from dpsql.sql.plan import Measure, Plan, QuantileMeasure
-from dpsql.sql.statements import CompositeQuery, ExplainStatement, ReleasedQuery, RuleListCall
 
 if TYPE_CHECKING:
     from dpsql.service.protocol import Service
@@ -113,7 +113,7 @@ def explain_table(service: Service, plan: Plan, analyst: str | None = None) -> R
                 None,
             )
         )
-    for m in plan.measures:  # what the bounds cut, measured (dpsql.sql.bias)
+    for m in plan.measures:  # what the bounds cut, measured (dpsql.plan.bias)
         if m.measure_kind.bias:
             rows.append(_measure_row("bias", m, 0.0, 0.0))
     for line in bounds_lines(plan):  # e.g. "R = 5 may drop rows of units with more ..."

@@ -14,16 +14,16 @@ from sqlglot import exp
 
 from dpsql.engine.scratch import NotPlain
 from dpsql.errors import Error, ProgrammingError
+from dpsql.frontend.positions import position_of
+from dpsql.frontend.statements import DIALECT
+from dpsql.frontend.typecheck import BOOLEAN_TYPES, lower_key, released_key_type
 from dpsql.service.bias_notes import answer_notes
 from dpsql.service.plan_cache import PostPlan, PreparedPlan
 from dpsql.service.results import Result, project_rows, released_table, to_python, type_code
-from dpsql.sql.positions import position_of
-from dpsql.sql.statements import DIALECT
-from dpsql.sql.typecheck import BOOLEAN_TYPES, lower_key, released_key_type
 
 if TYPE_CHECKING:
+    from dpsql.plan.values import Plan
     from dpsql.service.protocol import Service
-    from dpsql.sql.plan import Plan
 
 
 def dummy_answer(service: Service, plan: Plan) -> dict:

@@ -53,6 +53,8 @@ from typing import Any
 import numpy as np
 
 from dpsql.errors import Error
+from dpsql.lower.compile import compile_plan
+from dpsql.plan.values import Measure, Plan
 from dpsql.privacy.clipping import posterior_candidates, posterior_counts
 from dpsql.privacy.mechanisms import Laplace
 from dpsql.privacy.release import Released, group_index, release, released_measures
@@ -63,8 +65,6 @@ from dpsql.service.bounds import (
     clamp_histogram,
     per_group_columns,
 )
-from dpsql.sql.compile import compile_plan
-from dpsql.sql.plan import Measure, Plan
 
 #: groups listed by name in the answer's note (the rest counted)
 NOTE_GROUPS = 8

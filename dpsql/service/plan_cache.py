@@ -18,12 +18,12 @@ from dpsql.engine.scratch import (
     Projection,
     plain_projection,
 )
-from dpsql.ir.canonical import answer_key
+from dpsql.frontend.statements import DIALECT
+from dpsql.lower.compile import CompiledQuery, compile_plan
+from dpsql.plan.canonical import answer_key
+from dpsql.plan.values import Plan
 from dpsql.service.results import is_output_column
 from dpsql.service.settings import Settings
-from dpsql.sql.compile import CompiledQuery, compile_plan
-from dpsql.sql.plan import Plan
-from dpsql.sql.statements import DIALECT
 
 
 class CheckedSet:
@@ -56,7 +56,7 @@ class PreparedPlan:
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
-        # the answer cache's key: the plan's canonical measured tree (dpsql.ir.canonical)
+        # the answer cache's key: the plan's canonical measured tree (dpsql.plan.canonical)
         self.fingerprint = answer_key(plan)
         self.template: SecretTemplate | None = None
         self.post: PostPlan | None = None  # how its post-processing runs (first use)
@@ -189,7 +189,7 @@ def _window_interval(node: exp.Expression) -> tuple[exp.Expression, exp.Expressi
 class SecretTemplate:
     """A statement's compiled tree, reused by every run with that run's own secret.
 
-    The tree holds a secret slot where the keyed-hash secret goes (dpsql.sql.compile), so
+    The tree holds a secret slot where the keyed-hash secret goes (dpsql.lower.compile), so
     ``with_secret(fresh)`` is what ``compile_plan(plan, fresh)`` gives, without compiling or
     rendering again (the renderings are shared; only the secret's digits differ).
     """
@@ -228,7 +228,7 @@ class PlanCache:
     table's data version is checked on every hit. A statement that is refused is never stored.
 
     Why an entry keyed by text holds the tree a fresh bind and plan of that text would give
-    (so two different canonical trees, dpsql.ir.canonical, never share an entry): binding and
+    (so two different canonical trees, dpsql.plan.canonical, never share an entry): binding and
     planning are functions of the text, the parameters, the policy, the analyst (access
     rules), the dialect, the settings they read (epsilon, delta, mechanism, quantile_method,
     partition_selection, bias_estimate; confidence and bias_interval only post-process), the

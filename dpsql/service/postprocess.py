@@ -1,6 +1,6 @@
 """Post-processing over several DP queries' released tables, on a database of its own.
 
-A :class:`dpsql.sql.bind.ReleasedQuery` (dpsql.frontend.released) is measurements M1..Mk and
+A :class:`dpsql.frontend.bind.ReleasedQuery` (dpsql.frontend.released) is measurements M1..Mk and
 one post-processing step P over their released results (a set operation, a join, windows, CTE
 chains, scalar subqueries). Privacy:
 
@@ -37,8 +37,8 @@ from sqlglot import exp, parse_one
 
 from dpsql.engine.limits import LimitExceeded, ResultCaps, Watchdog, fetch_capped
 from dpsql.errors import DataError, OperationalError, ProgrammingError
+from dpsql.frontend.identifiers import quote_ident as _q
 from dpsql.frontend.released import MEASURED
-from dpsql.sql.identifiers import quote_ident as _q
 
 DIALECT = "duckdb"
 MEMORY_LIMIT = "1GB"  # as the scratch connection's

@@ -9,16 +9,16 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from dpsql.access import access_for
+from dpsql.frontend.bind import parse_probe
+from dpsql.frontend.statements import DIALECT
+from dpsql.frontend.typecheck import relation_types, type_query
 from dpsql.service.results import Result, type_code
-from dpsql.sql.bind import parse_probe
-from dpsql.sql.statements import DIALECT
-from dpsql.sql.typecheck import relation_types, type_query
 
 if TYPE_CHECKING:
     from dpsql.service.protocol import Service
     from dpsql.service.settings import Settings
 
-# What a column probe's answer says (dpsql.sql.bind.parse_probe): its columns, never a row.
+# What a column probe's answer says (dpsql.frontend.bind.parse_probe): its columns, never a row.
 PROBE_NOTE = (
     "dpsql never releases rows: this row-level query is answered with its columns only "
     "(aggregate it to see data)"
@@ -33,7 +33,7 @@ def probe(
     analyst: str,
     models: Any,
 ) -> Result | None:
-    """A column probe of an accepted relation (dpsql.sql.bind.parse_probe: ``<relation>
+    """A column probe of an accepted relation (dpsql.frontend.bind.parse_probe: ``<relation>
     LIMIT 0`` or ``LIMIT 1``), answered free: no row, its columns named and typed from
     the text and the schema (the empty shadow tables), no engine read, no charge. None:
     not a probe. A probe of a relation that would be refused is refused the same way.

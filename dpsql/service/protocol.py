@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from dpsql.engine.scratch import Scratch
+    from dpsql.frontend.statements import DPQuery
+    from dpsql.frontend.typecheck import ShadowTypes
+    from dpsql.plan.values import Plan
     from dpsql.policy import Policy, TablePolicy
     from dpsql.privacy.ledger import Ledger
     from dpsql.privacy.samplers import NoiseSource
     from dpsql.service.results import Result
     from dpsql.service.settings import Settings
-    from dpsql.sql.plan import Plan
-    from dpsql.sql.statements import DPQuery
-    from dpsql.sql.typecheck import ShadowTypes
 
 
 class Service(Protocol):

@@ -18,10 +18,10 @@ from dpsql.engine.scratch import (
     Projection,
     cast_value,
 )
+from dpsql.plan.values import Plan
 from dpsql.policy import SQL_TYPES
 from dpsql.privacy.bias import widened
 from dpsql.privacy.release import Released
-from dpsql.sql.plan import Plan
 
 TYPE_CODES = {
     "BIGINT": "BIGINT",

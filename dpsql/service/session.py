@@ -17,11 +17,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from dpsql.engine.api import QueryHandle
+from dpsql.frontend.dialect import check_dialect
 from dpsql.service.answer import LOW_BUDGET as LOW_BUDGET
 from dpsql.service.answer import Answer, Remaining
 from dpsql.service.results import Result
 from dpsql.service.settings import ResetRequest, Settings, reset_setting
-from dpsql.sql.dialect import check_dialect
 
 log = logging.getLogger("dpsql")
 
@@ -38,7 +38,7 @@ class Session:
         self.closed = False
         self.defaults = Settings.from_policy(service.policy)
         self.settings = Settings.from_policy(service.policy)
-        # the SQL dialect statements are read in (dpsql.sql.dialect); RESET keeps it
+        # the SQL dialect statements are read in (dpsql.frontend.dialect); RESET keeps it
         self.defaults.dialect = self.settings.dialect = check_dialect(dialect)
         self._handle = QueryHandle()
         self._lock = threading.Lock()

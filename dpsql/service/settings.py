@@ -9,9 +9,9 @@ from typing import Any
 from dpsql.errors import (
     ProgrammingError,
 )
+from dpsql.frontend.statements import SettingStatement
 from dpsql.policy import MECHANISMS, Policy
 from dpsql.service.results import Result
-from dpsql.sql.statements import SettingStatement
 
 QUANTILE_METHODS = ("em", "pf", "smooth")
 ON_OFF = ("on", "off")
@@ -30,10 +30,10 @@ class Settings:
     quantile_method: str = "em"
     # non-public GROUP BY keys: optimal selection, τ-threshold, or whichever keeps more
     partition_selection: str = "auto"
-    # the SQL dialect statements are read in (dpsql.sql.dialect): chosen by the door, "duckdb"
+    # the SQL dialect statements are read in (dpsql.frontend.dialect): chosen by the door, "duckdb"
     # for the DB-API and CLI, "postgres" for the wire server; not a SET-table setting
     dialect: str = "duckdb"
-    # what the bounds cut (docs/bias.md): "on" measures it from a share of ε (dpsql.sql.bias),
+    # what the bounds cut (docs/bias.md): "on" measures it from a share of ε (dpsql.plan.bias),
     # "off" spends all of ε on the answer; bias_interval "on" shows the interval widened by
     # the estimated bias beside each noise interval (post-processing only)
     # (a session starts with bias_estimate "on": from_policy; "off" here keeps a Settings
@@ -114,7 +114,7 @@ def apply_setting(statement: SettingStatement, settings: Settings) -> Result:
 
 def _choices() -> dict[str, tuple[tuple[str, ...], str]]:
     """The settings that take one of a few words: what they allow and the hint."""
-    from dpsql.sql.sharing import SELECTION_MODES
+    from dpsql.plan.sharing import SELECTION_MODES
 
     return {
         "mechanism": (tuple(MECHANISMS), "SET mechanism = 'laplace' or 'gaussian'"),

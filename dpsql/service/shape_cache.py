@@ -32,12 +32,12 @@ from typing import TYPE_CHECKING, Any
 
 from sqlglot import exp
 
+from dpsql.frontend.statements import DIALECT, DPQuery
+from dpsql.frontend.treeops import replace_nodes
+from dpsql.lower.compile import NEUTRAL, CompiledQuery, compile_plan
+from dpsql.plan.values import Plan
 from dpsql.service.plan_cache import PreparedPlan, SecretTemplate
 from dpsql.service.settings import Settings
-from dpsql.sql.compile import NEUTRAL, CompiledQuery, compile_plan
-from dpsql.sql.plan import Plan
-from dpsql.sql.statements import DIALECT, DPQuery
-from dpsql.sql.treeops import replace_nodes
 
 if TYPE_CHECKING:
     from dpsql.service.protocol import Service

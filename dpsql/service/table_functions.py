@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from dpsql.engine.api import QueryHandle
+    from dpsql.frontend.statements import RuleListCall
     from dpsql.service.protocol import Service
     from dpsql.service.results import Result
     from dpsql.service.settings import Settings
-    from dpsql.sql.statements import RuleListCall
 
 
 def run_table_function(

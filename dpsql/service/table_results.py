@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from dpsql.boundary import post_processing_boundary
+from dpsql.frontend.statements import DIALECT, RuleListCall
 from dpsql.service.results import Result, to_python, type_code
-from dpsql.sql.statements import DIALECT, RuleListCall
 
 if TYPE_CHECKING:
     from dpsql.service.protocol import Service

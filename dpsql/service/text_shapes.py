@@ -31,7 +31,7 @@ parameter) is parsed and bound every time.
 
 Keyed, like both other caches, by the analyst (a hit is faster than a miss) and every
 setting a plan depends on, the statement dialect included: the wire server reads PostgreSQL
-(dpsql.sql.dialect), where the same text can bind to another query (``7 / 2`` is 3), so a
+(dpsql.frontend.dialect), where the same text can bind to another query (``7 / 2`` is 3), so a
 skeleton is learned, re-bound with its sentinels and served in the dialect it was read in,
 and never across dialects. Never reused: the secret, the budget check and charge, the noise.
 """
@@ -48,10 +48,10 @@ from typing import TYPE_CHECKING, Any
 
 from sqlglot import exp
 
+from dpsql.frontend.bind import parse_statement
+from dpsql.frontend.statements import DPQuery, to_literal
 from dpsql.service.plan_cache import PreparedPlan
 from dpsql.service.settings import Settings
-from dpsql.sql.bind import parse_statement
-from dpsql.sql.statements import DPQuery, to_literal
 
 if TYPE_CHECKING:
     from dpsql.service.protocol import Service

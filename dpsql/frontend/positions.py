@@ -1,0 +1,193 @@
+"""Where a construct stands in the analyst's SQL text, for error messages."""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError, TokenError
+from sqlglot.tokens import TokenType
+
+from dpsql.errors import Position
+
+# The statement being bound and the dialect it was read in (dpsql.frontend.dialect), set as its
+# parse starts (:func:`reading`): refusals name a construct by the analyst's own text.
+_READING: contextvars.ContextVar[tuple[str, str]] = contextvars.ContextVar(
+    "dpsql_reading", default=("", "duckdb")
+)
+
+
+def reading(text: str, dialect: str) -> None:
+    """Record the text and dialect of the statement whose parse starts (per thread/task)."""
+    _READING.set((text, dialect))
+
+
+def position_of(node: exp.Expr | None, text: str) -> Position | None:
+    """The earliest source position recorded on ``node`` or any of its descendants."""
+    offset = _start_offset(node, text)
+    return None if offset is None else offset_position(text, offset)
+
+
+def _start_offset(node: exp.Expr | None, text: str) -> int | None:
+    if node is None:
+        return None
+    best: int | None = None
+    for sub in node.walk():
+        meta = getattr(sub, "_meta", None) or {}
+        start = meta.get("start")
+        if start is not None and (best is None or start < best):
+            best = start
+    # Keywords (CREATE, JOIN, LIMIT, OVER, ...) carry no position in sqlglot, so the earliest
+    # one above can lie inside the construct: move back to the construct's own first token,
+    # as the statement's dialect spells it (INITCAP, not DuckDB's ARRAY_TO_STRING rendering).
+    for dialect in dict.fromkeys((_dialect_of(text), "duckdb")):
+        try:
+            head = _first_token(node.sql(dialect=dialect), dialect)
+        except Exception:  # a node the dialect cannot render: keep the recorded position
+            continue
+        if head is None:
+            continue
+        starts = [
+            t.start
+            for t in text_tokens(text)
+            if t.text.upper() == head and (best is None or t.start <= best)
+        ]
+        if starts:
+            return starts[-1]
+    return best
+
+
+def _dialect_of(text: str) -> str:
+    current, dialect = _READING.get()
+    return dialect if current == text else "duckdb"
+
+
+def text_tokens(text: str) -> tuple:
+    """sqlglot tokens of ``text``, cached: binding asks for the same text's tokens several
+    times (the first word, each GROUP BY key's position), and tokenizing dominates planning."""
+    return _tokens_cached(text, _dialect_of(text))
+
+
+def forget_tokens() -> None:
+    """Empty the token cache; called as each statement's parse starts.
+
+    The cache serves one statement's several look-ups. Kept across statements it would be
+    shared by every analyst of the process: a text another analyst sent recently would parse
+    faster (docs/threat_model.md measures ~50-90 us), telling that someone sent it.
+    """
+    _tokens_cached.cache_clear()
+
+
+@functools.lru_cache(maxsize=64)
+def _tokens_cached(text: str, dialect: str = "duckdb") -> tuple:
+    try:
+        return tuple(sqlglot.tokenize(text, read=dialect))
+    except (TokenError, ParseError):
+        return ()
+
+
+def _first_token(sql: str, dialect: str = "duckdb") -> str | None:
+    tokens = _tokens_cached(sql, dialect)
+    return tokens[0].text.upper() if tokens else None
+
+
+def offset_position(text: str, offset: int) -> Position:
+    line = text.count("\n", 0, offset) + 1
+    column = offset - (text.rfind("\n", 0, offset) + 1) + 1
+    return Position(line=line, column=column, offset=offset)
+
+
+def snippet(node: exp.Expr, limit: int = 60) -> str:
+    """Short SQL of a construct, as the analyst wrote it: the span of the statement's text
+    the node was parsed from (so a PostgreSQL ``TO_CHAR(d, 'YYYY-MM')`` is named so, not by
+    the DuckDB rendering it was mapped to); the node's DuckDB rendering when it has no span
+    (a node dpsql built). Never data: only the query's own text."""
+    sql = written(node)
+    if sql is None:
+        sql = node.sql(dialect="duckdb")
+    return sql if len(sql) <= limit else sql[: limit - 3] + "..."
+
+
+def written_name(node: exp.Expr) -> str:
+    """A function's name as the analyst wrote it (``to_char``), else as DuckDB renders it."""
+    sql = written(node)
+    if sql is not None and "(" in sql:
+        return sql.split("(")[0].strip()
+    return node.sql(dialect="duckdb").split("(")[0]
+
+
+_CLAUSE_WORDS = frozenset(
+    {"FROM", "WHERE", "GROUP", "HAVING", "ORDER", "LIMIT", "OFFSET", "AS", "UNION", "WINDOW"}
+)
+
+
+def written(node: exp.Expr) -> str | None:
+    """The text of the statement being bound that ``node`` was parsed from, or None."""
+    text, dialect = _READING.get()
+    if not text or node is None:
+        return None
+    metas: list[tuple[exp.Expr, dict]] = [
+        (sub, sub._meta or {}) for sub in node.walk() if getattr(sub, "_meta", None)
+    ]
+    # Positions recorded on a node parsed from another text (a stored model's SQL) do not
+    # point into this one: every recorded identifier must read as itself there.
+    for sub, meta in metas:
+        start, end = meta.get("start"), meta.get("end")
+        if (
+            isinstance(sub, exp.Identifier)
+            and start is not None
+            and end is not None
+            and text[start : end + 1].strip('"`').lower() != sub.name.lower()
+        ):
+            return None
+    start = _start_offset(node, text)
+    if start is None:
+        return None
+    tokens = text_tokens(text)
+    first = next((i for i, t in enumerate(tokens) if t.start == start), None)
+    if first is None:
+        return None
+    last_recorded = max((m["end"] for _, m in metas if m.get("end") is not None), default=start)
+    if first + 1 < len(tokens) and tokens[first + 1].token_type == TokenType.L_PAREN:
+        last = _closing(tokens, first + 1)  # a call: its name through its closing paren
+    else:
+        try:
+            wanted = len(_tokens_cached(node.sql(dialect=dialect), dialect))
+        except Exception:
+            wanted = 1
+        last, depth = first, 0
+        for i in range(first, len(tokens)):
+            t = tokens[i]
+            depth += t.token_type == TokenType.L_PAREN
+            depth -= t.token_type == TokenType.R_PAREN
+            if depth < 0:
+                break
+            beyond = t.start > last_recorded and i - first >= wanted
+            if beyond and depth == 0:
+                break
+            if t.start > last_recorded and depth == 0 and i > first:
+                if t.token_type in (TokenType.COMMA, TokenType.SEMICOLON):
+                    break
+                if t.text.upper() in _CLAUSE_WORDS and t.token_type != TokenType.STRING:
+                    break
+            last = i
+        if depth > 0:
+            return None
+    if last is None:
+        return None
+    return text[tokens[first].start : tokens[last].end + 1]
+
+
+def _closing(tokens: tuple, open_index: int) -> int | None:
+    depth = 0
+    for i in range(open_index, len(tokens)):
+        kind = tokens[i].token_type
+        if kind == TokenType.L_PAREN:
+            depth += 1
+        elif kind == TokenType.R_PAREN:
+            depth -= 1
+            if depth == 0:
+                return i
+    return None

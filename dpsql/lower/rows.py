@@ -1,0 +1,108 @@
+"""Engine queries for row inputs of a DP algorithm (dp_rule_list, the regressions): bounded per
+unit, counted.
+
+The learner's sensitivities assume each privacy unit contributes at most R rows, so the
+engine keeps at most R rows per unit, chosen by a keyed hash of the row with a fresh secret
+(never RANDOM()); row-level tables need no bounding. The bounding is the query plan's own
+(:func:`dpsql.lower.bounding.unit_rows`, one sqlglot tree); only the algorithm's select list
+(its features, written by its planner as expressions over the table's columns) arrives as
+text, parsed here into the tree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlglot
+from sqlglot import exp
+
+from dpsql.lower.bounding import unit_rows
+from dpsql.lower.builders import alias, count_star, select, subquery, table_ref
+from dpsql.lower.hashing import is_secret
+from dpsql.plan.relational import Bound, Scan
+from dpsql.policy import TablePolicy
+
+
+def source(table: TablePolicy) -> exp.Expression:
+    """The table's FROM: its quoted name, or a unit_path table's path joined (private_joins)."""
+    if table.joined is None:
+        return table_ref(table.name, quoted=True)
+    from dpsql.frontend.private_joins import joined_source
+
+    return joined_source(table)
+
+
+def bounded_rows(table: TablePolicy, items: Sequence[exp.Expression]) -> exp.Select:
+    """``SELECT items`` over the rows each unit keeps (at most R, :func:`unit_rows`), read
+    under the table's name; the tree holds the secret slot (:func:`with_secret`)."""
+    if table.privacy_unit is None:
+        return select(list(items), source(table))
+    kept = unit_rows(table, source(table))
+    named = exp.Subquery(
+        this=kept, alias=exp.TableAlias(this=exp.Identifier(this=table.name, quoted=True))
+    )
+    return select(list(items), named)
+
+
+def pattern_counts(
+    table: TablePolicy, items: Sequence[exp.Expression], columns: list[str]
+) -> exp.Select:
+    """Counts of each distinct row pattern of ``columns`` over the bounded rows.
+
+    The engine (DuckDB or Spark) does the scan, the bounding and the counting; only one row
+    per distinct 0/1 pattern, with its count ``__w``, reaches the learner. Sorted, so the
+    learner sees the same order on every engine.
+    """
+    names = [exp.column(c) for c in columns]
+    counted = select(
+        [*names, alias(count_star(), "__w")],
+        subquery(bounded_rows(table, items), "r"),
+        group=[n.copy() for n in names],
+    )
+    return counted.order_by(*[n.copy() for n in names], copy=False)
+
+
+def select_items(select_list: str) -> list[exp.Expression]:
+    """The items of a planner's select list (``expr AS name, ...``) as trees."""
+    return list(sqlglot.parse_one(f"SELECT {select_list}", read="duckdb").expressions)
+
+
+def with_secret(tree: exp.Expression, secret: int) -> exp.Expression:
+    """A copy of ``tree`` with this run's secret where the secret slots stand."""
+    return tree.transform(lambda node: exp.Literal.number(int(secret)) if is_secret(node) else node)
+
+
+def engine_text(tree: exp.Expression, secret: int) -> str:
+    """What the engine's fetch_matrix runs: DuckDB text, the keyed hash spelled DP_KEYED_HASH
+    (each engine renders it as its own hash), the secret printed."""
+    return with_secret(tree, secret).sql(dialect="duckdb")
+
+
+def bounded_rows_sql(table: TablePolicy, select_list: str, secret: int) -> str:
+    """``SELECT select_list`` over the table, at most R rows per privacy unit."""
+    return engine_text(bounded_rows(table, select_items(select_list)), secret)
+
+
+def pattern_counts_sql(
+    table: TablePolicy, select_list: str, columns: list[str], secret: int
+) -> str:
+    """:func:`pattern_counts` as the engine's text, with this run's ``secret``."""
+    return engine_text(pattern_counts(table, select_items(select_list), columns), secret)
+
+
+def rows_bound(table: TablePolicy) -> Bound:
+    """The relational node of this bounding, for EXPLAIN: a unit keeps at most R rows (one
+    "group": the algorithm's whole input)."""
+    scan = Scan(table.name, table.privacy_unit)
+    return Bound(scan, table.privacy_unit, int(table.max_rows_per_unit), 1)
+
+
+def bound_note(table: TablePolicy) -> str:
+    """One line for an EXPLAIN's notes: the Bound node and its stability."""
+    node = rows_bound(table)
+    if table.privacy_unit is None:
+        return "row input: every row is its own unit (no bounding)"
+    return (
+        f"row input: {node.describe()}, the rows of smallest keyed hash of the row with a "
+        f"fresh secret  -- {node.stability()}"
+    )

@@ -1,1 +1,0 @@
-"""Analyst SQL -> bound query -> sensitivity-annotated plan -> engine SQL."""
