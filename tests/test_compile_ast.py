@@ -28,10 +28,9 @@ from dpsql.lower.compile import (
     compile_plan,
     is_keyed_hash,
     is_secret,
-    keyed_hash,
     lowered_key,
-    secret_slot,
 )
+from dpsql.lower.hashing import keyed_hash, secret_slot
 from dpsql.pipeline import Settings
 from dpsql.privacy.ledger import MemoryLedger
 

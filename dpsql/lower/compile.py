@@ -82,8 +82,6 @@ from dpsql.lower.hashing import (
     SECRET,
     is_keyed_hash,
     is_secret,
-    keyed_hash,  # noqa: F401  (read from here by tests/test_compile_ast.py)
-    secret_slot,  # noqa: F401  (likewise)
 )
 from dpsql.lower.local_plan import ColumnProgram, column_program
 from dpsql.lower.row_values import cast as _cast
