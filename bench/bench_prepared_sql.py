@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.unrouted:
         from dpsql.lower import prepared_plan
 
-        prepared_plan._two_phase_pays = lambda plan: True  # type: ignore[assignment]
+        prepared_plan.two_phase_pays = lambda plan: True  # type: ignore[assignment]
     db = args.data_dir / f"fast_{args.rows}.duckdb"
     bf.generate(db, args.rows)
     shapes = {name: shape for name, shape in SHAPES.items() if args.only in name}

@@ -84,7 +84,7 @@ def _is_folded(compiled) -> bool:
 def test_folded_plans_equal_the_one_level_plans(service, sql, monkeypatch):
     # the store's two-phase plan for every shape (store_tree leaves some to the plain plan:
     # test_prepared_store.test_store_routing_by_shape); its subject is the folded store plan
-    monkeypatch.setattr(prepared_plan, "_two_phase_pays", lambda plan: True)
+    monkeypatch.setattr(prepared_plan, "two_phase_pays", lambda plan: True)
     plan = _plan(service, sql)
     folded = compile_plan(plan, 0)
     row_level = plan.query.table.privacy_unit is None

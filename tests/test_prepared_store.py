@@ -87,7 +87,7 @@ def unrouted(monkeypatch):
     """The store's two-phase plan for every shape, as before store_tree left the shapes it does
     not speed up to the plan without a store (test_store_routing_by_shape): the tests taking
     it check that plan exact, and the store's life cycle, on every query."""
-    monkeypatch.setattr(prepared_plan, "_two_phase_pays", lambda plan: True)
+    monkeypatch.setattr(prepared_plan, "two_phase_pays", lambda plan: True)
 
 
 def test_fixture_store_plans_are_exact(unrouted):

@@ -37,7 +37,7 @@ from dpsql.policy import TablePolicy
 def store_tree(plan: Plan, keys: tuple[str, ...], store: StoreInfo) -> exp.Expression | None:
     """The plan's engine query over ``store``; None when the store cannot serve it (COUNT of
     distinct units per group, which needs the pairs of every unit; measure kinds it does not
-    know) or its plan would not be faster than the plan without one (:func:`_two_phase_pays`):
+    know) or its plan would not be faster than the plan without one (:func:`two_phase_pays`):
     a store never makes a query slower."""
     # only the measure kinds this module knows (MeasureKind.stored: a kind added later keeps
     # the plain plan); a join (or a unit_path table) reads its joined source, not one
@@ -54,12 +54,12 @@ def store_tree(plan: Plan, keys: tuple[str, ...], store: StoreInfo) -> exp.Expre
     partials = _partials(plan, store)
     if partials is not None:
         return _from_partials(plan, store, partials)
-    if not _two_phase_pays(plan):
+    if not two_phase_pays(plan):
         return None
     return _two_phase(plan, store)
 
 
-def _two_phase_pays(plan: Plan) -> bool:
+def two_phase_pays(plan: Plan) -> bool:
     """Whether the two-phase plan is never slower than the plan without a store, from the
     plan's shape alone (never the statistics: the data decide neither the plan nor its time).
     Counts only or rescaled (``_split``: one scan grouped by a CASE that folds the proven rows)
