@@ -287,9 +287,9 @@ FLOW = ("dpsql.frontend", "dpsql.plan", "dpsql.lower", "dpsql.engine", "dpsql.se
 KNOWN_AGAINST_FLOW: set[tuple[str, str]] = {
     # a private join's per-unit relation is written with the keyed hash the lowerings use
     ("dpsql.frontend.private_joins", "dpsql.lower.hashing"),
-    # the compiler picks the store's plan by the store's layout, which the engine builds
+    # the compiler finds the store the engine holds for a plan's table and data version
+    # (the layout itself is a value of the lowerings: dpsql.lower.store_layout)
     ("dpsql.lower.compile", "dpsql.engine.prepared"),
-    ("dpsql.lower.prepared_plan", "dpsql.engine.prepared"),
 }
 
 

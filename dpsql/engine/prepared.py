@@ -38,8 +38,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +47,7 @@ import duckdb
 from dpsql.engine import store_files
 from dpsql.frontend.identifiers import quote_ident as _q
 from dpsql.lower.row_values import domain_condition, fixed_point_expr
+from dpsql.lower.store_layout import StoreInfo
 from dpsql.plan.fixed_point import fixed_point_bounds
 from dpsql.policy import ColumnPolicy, Policy, TablePolicy
 
@@ -55,33 +55,6 @@ FORMAT = 4  # bump when the layout changes: old files are then never matched
 # DuckDB's CombineHash multiplier (src/include/duckdb/common/types/hash.hpp); verified at build
 HASH_MULTIPLIER = 0xD6E8FEB86659FD93
 PREFIX = "__dp_"
-
-
-@dataclass(frozen=True)
-class StoreInfo:
-    """What the compiler may use of one table's store (internal names only, no data)."""
-
-    table: str
-    version: str
-    key: str
-    catalog: str | None  # the attached database of a disk store, None in memory
-    relation: str
-    unit_rows: str | None
-    pair_rows: Mapping[str, str]  # column -> rows in (unit, value)
-    unit_keys: Mapping[str, str]  # column -> distinct values in the unit
-    fixed: Mapping[str, tuple[int, int, str]]  # column -> (lo, hi, fixed-point column)
-    hash_mix: str | None
-    # "" (per unit) or a pair column -> relation of per-(unit[, value]) partials: __u, [__k,]
-    # __n and, per fixed-point column, (sum, sum of squares, count) named in partial_columns
-    partials: Mapping[str, str] = field(default_factory=dict)
-    partial_columns: Mapping[str, tuple[str, str, str]] = field(default_factory=dict)
-    # operator-facing only (dpsql prepare): never read by a plan
-    rows: int = 0
-    build_seconds: float = 0.0
-    bytes: int = 0
-    path: str | None = None
-    reused: bool = False
-    ranges: Mapping[str, tuple[Any, Any]] = field(default_factory=dict, compare=False, repr=False)
 
 
 class Registry:

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from dpsql.engine import prepared, store_files
-from dpsql.engine.prepared import PREFIX, StoreInfo
+from dpsql.engine.prepared import PREFIX
+from dpsql.lower.store_layout import StoreInfo
 from dpsql.policy import TablePolicy
 
 FORMAT = 1  # bump when the Spark layout changes: old directories are then never matched

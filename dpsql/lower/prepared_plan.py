@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-from dpsql.engine.prepared import StoreInfo
 from dpsql.lower import bounding, builders, hashing, row_values
+from dpsql.lower.store_layout import StoreInfo
 from dpsql.plan.values import Measure, Plan, bounds_groups, value_measures
 from dpsql.policy import TablePolicy
 
