@@ -174,6 +174,21 @@ def bias_report(noisy_counts: np.ndarray, hist: LogHistogram, bound: float) -> B
     )
 
 
+def clip_range(lower: float, upper: float, bound: float) -> tuple[float, float]:
+    """The clamp range a bound C gives a column declared in [lower, upper]: [max(lower, −C),
+    min(upper, C)] (a non-negative column keeps its lower bound); a range entirely below zero,
+    e.g. [-10, -5], keeps the declared one.
+
+    >>> clip_range(-100.0, 100.0, 10.0), clip_range(0.0, 100.0, 10.0), clip_range(-10, -5, 1)
+    ((-10.0, 10.0), (0.0, 10.0), (-10, -5))
+    """
+    lo = lower if lower >= 0 else max(lower, -bound)
+    hi = min(upper, bound)
+    if hi < lo:
+        return lower, upper
+    return lo, hi
+
+
 @dataclass(frozen=True)
 class ApproxBounds:
     """Spend ``epsilon`` (the stated share of a query's ε) on a DP clipping range."""
@@ -231,10 +246,7 @@ class ApproxBounds:
         """The range from a noisy histogram (post-processing only)."""
         noisy = np.asarray(noisy)
         bound = getattr(self, f"_by_{self.method}")(noisy.astype(np.float64))
-        lo = lower if lower >= 0 else max(lower, -bound)
-        hi = min(upper, bound)
-        if hi < lo:  # a range entirely below zero, e.g. [-10, -5]: keep the declared one
-            lo, hi = lower, upper
+        lo, hi = clip_range(lower, upper, bound)
         if self.weight != 1.0:  # the counts the range was chosen from, as the rows they stand for
             noisy = noisy * self.weight
         return ClipRange(float(lo), float(hi), float(bound), noisy, self.histogram, self.method)

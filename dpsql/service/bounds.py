@@ -457,12 +457,16 @@ def clamp_range(
         weight=weight if posterior else 1.0,
     )
     chosen = chooser.choose(noisy if posterior else noisy * weight, col.lower, col.upper)
-    lo, hi = chosen.lower, chosen.upper
+    bias = chosen.bias()
+    return (*declared_range(col, chosen.lower, chosen.upper), bias.sum_bias, bias.clipped_share)
+
+
+def declared_range(col: Any, lo: float, hi: float) -> tuple[float, float]:
+    """A chosen clamp range as a column takes it: on integers for an int column (outwards),
+    within its declared bounds."""
     if col.type == "int":
         lo, hi = math.floor(lo), math.ceil(hi)
-    bias = chosen.bias()
-    lo, hi = float(max(lo, col.lower)), float(min(hi, col.upper))
-    return lo, hi, bias.sum_bias, bias.clipped_share
+    return float(max(lo, col.lower)), float(min(hi, col.upper))
 
 
 def _with_chosen(

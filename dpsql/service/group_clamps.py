@@ -55,7 +55,7 @@ import numpy as np
 from dpsql.errors import Error
 from dpsql.lower.compile import compile_plan
 from dpsql.plan.values import Measure, Plan
-from dpsql.privacy.clipping import posterior_candidates, posterior_counts
+from dpsql.privacy.clipping import clip_range, posterior_candidates, posterior_counts
 from dpsql.privacy.mechanisms import Laplace
 from dpsql.privacy.release import Released, group_index, release, released_measures
 from dpsql.service.bounds import (
@@ -63,6 +63,7 @@ from dpsql.service.bounds import (
     PerGroupClamp,
     clamp_columns,
     clamp_histogram,
+    declared_range,
     per_group_columns,
 )
 
@@ -80,11 +81,21 @@ def planned(plan: Plan) -> tuple[PerGroupClamp, ...]:
     chosen = plan.extra.get("bounds")
     if not isinstance(chosen, Chosen) or chosen.pending is not None or not chosen.per_group:
         return ()
-    if not plan.keys or plan.threshold is not None or plan.selection is not None or plan.clips:
-        return ()
-    if any(kp.domain is None for kp in plan.keys) or "bounds_settings" not in plan.extra:
+    if not _every_group_public(plan) or "bounds_settings" not in plan.extra:
         return ()
     return tuple(p for p in chosen.per_group if _measures_of(plan, p.column) is not None)
+
+
+def _every_group_public(plan: Plan) -> bool:
+    """Every key public (every group released: no thresholding or selection) and no
+    automatic clipping of the plan's own: the plans whose AVGs may take a clamp per group."""
+    return (
+        bool(plan.keys)
+        and all(kp.domain is not None for kp in plan.keys)
+        and plan.threshold is None
+        and plan.selection is None
+        and not plan.clips
+    )
 
 
 def bounds_notes(plan: Plan) -> list[str]:
@@ -102,11 +113,10 @@ def explain_lines(plan: Plan) -> list[str]:
     A plan still buying its histogram (a pending choice) says what the run will do."""
     chosen = plan.extra.get("bounds")
     columns = [p.column for p in planned(plan)]
-    if not columns and isinstance(chosen, Chosen) and chosen.pending is not None:
-        public = plan.keys and all(kp.domain is not None for kp in plan.keys)
-        if public and plan.threshold is None and plan.selection is None and not plan.clips:
-            summed = clamp_columns(plan.query)
-            columns = [c for c in per_group_columns(plan.query, summed) if _measures_of(plan, c)]
+    pending = isinstance(chosen, Chosen) and chosen.pending is not None
+    if not columns and pending and _every_group_public(plan):
+        summed = clamp_columns(plan.query)
+        columns = [c for c in per_group_columns(plan.query, summed) if _measures_of(plan, c)]
     if not columns:
         return []
     keys = ", ".join(kp.key.sql for kp in plan.keys)
@@ -149,16 +159,9 @@ def _measures_of(plan: Plan, column: str) -> tuple[Measure, Measure] | None:
 
 
 def _range(col: Any, bound: float) -> tuple[float, float]:
-    """[max(L, −C), min(U, C)] as dpsql.privacy.clipping.ApproxBounds.choose returns it,
-    on integers for an int column (as dpsql.service.bounds.clamp_range)."""
-    lower, upper = float(col.lower), float(col.upper)
-    lo = lower if lower >= 0 else max(lower, -bound)
-    hi = min(upper, bound)
-    if hi < lo:
-        lo, hi = lower, upper
-    if col.type == "int":
-        lo, hi = math.floor(lo), math.ceil(hi)
-    return float(max(lo, lower)), float(min(hi, upper))
+    """The clamp range bound C gives ``col``, as the table-wide choice takes it
+    (dpsql.privacy.clipping.clip_range, then dpsql.service.bounds.declared_range)."""
+    return declared_range(col, *clip_range(float(col.lower), float(col.upper), bound))
 
 
 def errors(
