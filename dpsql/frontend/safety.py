@@ -163,10 +163,10 @@ def guarded(parts: Sequence[tuple[exp.Expression, bool]]) -> list[exp.Expression
     for part, total in parts:
         (safe if total else risky).append(exp.Paren(this=part.copy()))
     if risky:
-        guarded = risky[0]
+        under_try = risky[0]
         for r in risky[1:]:
-            guarded = exp.And(this=guarded, expression=r)
-        safe.append(exp.Try(this=guarded))
+            under_try = exp.And(this=under_try, expression=r)
+        safe.append(exp.Try(this=under_try))
     return safe
 
 

@@ -235,7 +235,7 @@ class Compute:
 @dataclass(frozen=True)
 class GroupBy:
     """The GROUP BY keys and the aggregate calls over the rows below: what is measured.
-    Planning annotates it (bounding, measures, mechanisms: dpsql.plan.planner, dpsql.plan)."""
+    Planning annotates it (bounding, measures, mechanisms: dpsql.plan.planner)."""
 
     input: Read | Where | Compute
     keys: tuple[GroupKey, ...]
@@ -243,6 +243,16 @@ class GroupBy:
 
 
 Relation = Read | Where | Compute | GroupBy
+
+
+def _rows(
+    read: Read, where: exp.Expression | None, computed: tuple[ColumnPolicy, ...]
+) -> Read | Where | Compute:
+    """The rows a GroupBy reads: ``Compute(Where(Read))``, each node only when present."""
+    filtered: Read | Where = read if where is None else Where(read, where)
+    return Compute(filtered, computed) if computed else filtered
+
+
 _N = TypeVar("_N", Read, Where, Compute, GroupBy)
 
 
@@ -275,9 +285,9 @@ class DPQuery:
         declared = {n: c for n, c in table.columns.items() if c.expr is None}
         computed = tuple(c for c in table.columns.values() if c.expr is not None)
         read = Read(replace(table, columns=declared) if computed else table, joins)
-        filtered: Read | Where = read if where is None else Where(read, where)
-        rows: Read | Where | Compute = Compute(filtered, computed) if computed else filtered
-        return cls(text, GroupBy(rows, tuple(keys), tuple(aggregates)), post)
+        return cls(
+            text, GroupBy(_rows(read, where, computed), tuple(keys), tuple(aggregates)), post
+        )
 
     def nodes(self) -> tuple[Relation, ...]:
         """The relational nodes from the top (GroupBy) down to the Read."""
@@ -335,9 +345,8 @@ class DPQuery:
         """The same query with another WHERE (a text shape's literals, a composite's filter):
         the Read and the Compute's columns are kept as they are (the same objects, so the
         cache keys' memo of the policy table still hits)."""
-        filtered: Read | Where = self.read if where is None else Where(self.read, where)
         compute = self.node(Compute)
-        rows = filtered if compute is None else Compute(filtered, compute.columns)
+        rows = _rows(self.read, where, () if compute is None else compute.columns)
         return replace(self, input=replace(self.input, input=rows))
 
     def with_keys(self, keys: tuple[GroupKey, ...]) -> DPQuery:

@@ -200,13 +200,11 @@ def row_conditions(plan: Plan) -> list[exp.Expression]:
     query = plan.query
     table = query.table
     conditions: list[exp.Expression] = []
-    if query.where is not None:
+    if (where := query.node(Where)) is not None:
         # TRY: a row whose expression fails (CAST('x' AS INT), 1 // 0) is filtered out instead
         # of failing the query, so that an error can never reveal whether such a row exists.
         # Conjuncts that cannot fail for any row run without it: each conjunct's totality is
         # a property of the bound tree's Where node (dpsql.frontend.statements.Where.conjuncts).
-        where = query.node(Where)
-        assert where is not None
         conditions.extend(guarded([(c.expr, c.total) for c in where.conjuncts]))
     conditions.extend(domain_filter_exprs(plan, skip_column_keys=True))
     if table.privacy_unit is not None:
