@@ -27,10 +27,9 @@ from dpsql.lower.compile import (
     CompiledQuery,
     compile_plan,
     is_keyed_hash,
-    is_secret,
     lowered_key,
 )
-from dpsql.lower.hashing import keyed_hash, secret_slot
+from dpsql.lower.hashing import is_secret, keyed_hash, secret_slot
 from dpsql.pipeline import Settings
 from dpsql.privacy.ledger import MemoryLedger
 

@@ -81,7 +81,7 @@ from dpsql.lower.hashing import (
     KEYED_HASH,
     SECRET,
     is_keyed_hash,
-    is_secret,
+    with_secret,
 )
 from dpsql.lower.local_plan import ColumnProgram, column_program
 from dpsql.lower.row_values import cast as _cast
@@ -188,9 +188,7 @@ class CompiledQuery:
             pieces = tuple(_swap(p, self.swaps) for p in pieces)
             self._pieces[dialect] = pieces
         if not pieces:  # the marker also occurs elsewhere: print the secret as a literal
-            tree = self.expression.transform(
-                lambda node: exp.Literal.number(self.secret) if is_secret(node) else node
-            )
+            tree = with_secret(self.expression, self.secret)
             return _swap(_generate(tree, dialect)[0], self.swaps)
         return str(int(self.secret)).join(pieces)
 

@@ -35,3 +35,8 @@ def is_keyed_hash(node: exp.Expression) -> bool:
 
 def is_secret(node: exp.Expression) -> bool:
     return isinstance(node, exp.Anonymous) and node.name.upper() == SECRET
+
+
+def with_secret(tree: exp.Expression, secret: int) -> exp.Expression:
+    """A copy of ``tree`` with ``secret`` printed where its secret slots stand."""
+    return tree.transform(lambda node: exp.Literal.number(int(secret)) if is_secret(node) else node)

@@ -18,7 +18,7 @@ from sqlglot import exp
 
 from dpsql.lower.bounding import unit_rows
 from dpsql.lower.builders import alias, count_star, select, subquery, table_ref
-from dpsql.lower.hashing import is_secret
+from dpsql.lower.hashing import with_secret
 from dpsql.plan.relational import Bound, Scan
 from dpsql.policy import TablePolicy
 
@@ -65,11 +65,6 @@ def pattern_counts(
 def select_items(select_list: str) -> list[exp.Expression]:
     """The items of a planner's select list (``expr AS name, ...``) as trees."""
     return list(sqlglot.parse_one(f"SELECT {select_list}", read="duckdb").expressions)
-
-
-def with_secret(tree: exp.Expression, secret: int) -> exp.Expression:
-    """A copy of ``tree`` with this run's secret where the secret slots stand."""
-    return tree.transform(lambda node: exp.Literal.number(int(secret)) if is_secret(node) else node)
 
 
 def engine_text(tree: exp.Expression, secret: int) -> str:
