@@ -669,7 +669,8 @@ class OsRandomBlocks:
         return buf[pos : pos + n]
 
 
-# One per process: every SecureNoise and the pipeline's secrets draw from it.
+# One per process: every SecureNoise draws from it (the pipeline's per-query secret is still
+# drawn by secrets.randbits; random_bits is the way to move it here).
 os_random_bytes = OsRandomBlocks()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=os_random_bytes.forget)

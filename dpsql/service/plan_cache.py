@@ -284,10 +284,15 @@ class PlanCache:
 
     def put(self, key: tuple, item: PreparedPlan) -> None:
         with self._lock:
-            self._items[key] = item
-            self._items.move_to_end(key)
-            while len(self._items) > self._limit:
-                self._items.popitem(last=False)
+            self._store(key, item)
+
+    def _store(self, key: tuple, item: PreparedPlan) -> None:
+        """Keep ``item`` as the most recently used, evicting the least recent past the limit
+        (the caller holds the lock)."""
+        self._items[key] = item
+        self._items.move_to_end(key)
+        while len(self._items) > self._limit:
+            self._items.popitem(last=False)
 
     def offer(self, key: tuple, item: PreparedPlan) -> None:
         """:meth:`put` for an entry that is cheap to rebuild (a text-shape hit: ~0.15 ms,
@@ -303,10 +308,7 @@ class PlanCache:
             full = key not in self._items and len(self._items) >= self._limit
             if full and _ADMIT.randrange(ADMIT_WHEN_FULL):
                 return
-            self._items[key] = item
-            self._items.move_to_end(key)
-            while len(self._items) > self._limit:
-                self._items.popitem(last=False)
+            self._store(key, item)
 
     def discard(self, key: tuple) -> None:
         with self._lock:
