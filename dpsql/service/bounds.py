@@ -68,6 +68,8 @@ import numpy as np
 from sqlglot import exp
 
 from dpsql.boundary import remember_paid
+from dpsql.frontend.statements import DPQuery
+from dpsql.policy import ColumnPolicy
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.clipping import ApproxBounds, LogHistogram
 from dpsql.privacy.contribution import (
@@ -81,9 +83,8 @@ from dpsql.privacy.contribution import (
 )
 
 # This module sits below the planner and compiler (it imports neither: tests/test_layering.py):
-# a bound query is passed in as ``Any`` (dpsql.frontend.bind.DPQuery), the engine query of a
+# it reads the bound tree (dpsql.frontend.statements.DPQuery), the engine query of a
 # histogram is built by the caller's ``histogram_query`` (dpsql.lower.compile.contribution_query).
-DPQuery = Any
 #: ColumnPolicy.clip of a column whose policy states none (dpsql.policy)
 CLIP_DEFAULT = "default"
 #: ... and of that column in a query planned with the range chosen from its kept histogram
@@ -456,9 +457,18 @@ def clamp_range(
         noise_scale=clip_rows(query.table) / float(data["epsilon"]) if posterior else None,
         weight=weight if posterior else 1.0,
     )
-    chosen = chooser.choose(noisy if posterior else noisy * weight, col.lower, col.upper)
+    chosen = chooser.choose(noisy if posterior else noisy * weight, *declared_bounds(col))
     bias = chosen.bias()
     return (*declared_range(col, chosen.lower, chosen.upper), bias.sum_bias, bias.clipped_share)
+
+
+def declared_bounds(col: ColumnPolicy) -> tuple[float, float]:
+    """A clamped column's declared bounds: the planner asks for a clamp range only for a
+    column it clamps, and it clamps only a column whose policy declares both bounds
+    (dpsql.policy checks a clip's bounds at load), so a missing one is a planner bug."""
+    lower, upper = col.lower, col.upper
+    assert lower is not None and upper is not None, f"clamped column {col.name!r} has no bounds"
+    return lower, upper
 
 
 def declared_range(col: Any, lo: float, hi: float) -> tuple[float, float]:
@@ -523,7 +533,7 @@ def _with_chosen(
             tuple(float(v) for v in kept[column]["noisy"]),
             clip_rows(query.table) / float(kept[column]["epsilon"]),
             weight,
-            (query.table.columns[column].lower, query.table.columns[column].upper),
+            declared_bounds(query.table.columns[column]),
         )
         for column in per_group_columns(query, tuple(kept))
     )
