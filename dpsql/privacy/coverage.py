@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpsql.privacy import coverage_kernel
+
 # --- test inversion (Fieller): a ratio's confidence set from the pivot â − x·b̂ ---------------
 
 PIVOT_GRID = 129  # points of x at which the pivot's quantile is simulated (then interpolated)
@@ -59,6 +61,10 @@ def ratio_set(
     The set is read at the grid points and at the point estimate a/b, then each edge is
     refined by bisection inside its grid cell (q interpolated linearly). Where no candidate
     passes (released values no data could give), the whole range."""
+    if qs.ndim == 1 and coverage_kernel.available() and _increasing(xs):
+        # one quantile row (AVG): the same search compiled, equal to the bit (~0.5 ms a group
+        # in numpy, a quarter of an ungrouped AVG query's CPU in the server)
+        return coverage_kernel.ratio_sets(a, b, xs, qs, BISECTIONS)
     lo_out = np.empty(len(a))
     hi_out = np.empty(len(a))
     for start in range(0, len(a), _CHUNK):
@@ -66,6 +72,12 @@ def ratio_set(
         rows = qs if qs.ndim == 1 else qs[sl]
         lo_out[sl], hi_out[sl] = _ratio_set_block(a[sl], b[sl], xs, rows)
     return lo_out, hi_out
+
+
+def _increasing(xs: np.ndarray) -> bool:
+    """A grid of at least two strictly increasing points (where the compiled np.interp is
+    numpy's; a degenerate range, every candidate equal, stays with numpy)."""
+    return len(xs) >= 2 and bool(np.all(xs[1:] > xs[:-1]))
 
 
 def _q_at(x: np.ndarray, xs: np.ndarray, qs: np.ndarray) -> np.ndarray:
