@@ -271,6 +271,13 @@ def check_size(text: str, limits: Limits = DEFAULT_LIMITS) -> bool:
     """Refuse a statement over ``max_query_bytes``; True when character counts alone show it
     within every other limit of :func:`check_text` (microseconds: what the wire server does on
     its event loop, leaving the full scan to the statement's own thread)."""
+    check_bytes(text, limits)
+    return _surely_within(text, limits)
+
+
+def check_bytes(text: str, limits: Limits = DEFAULT_LIMITS) -> None:
+    """Refuse a statement over ``max_query_bytes`` (the part of :func:`check_size` that a
+    scan of the text, e.g. the wire server's classification, must come after)."""
     size = len(text)
     if size * 4 > limits.max_query_bytes:  # only then can its UTF-8 form be too long
         size = len(text.encode("utf-8", "surrogatepass"))
@@ -283,7 +290,6 @@ def check_size(text: str, limits: Limits = DEFAULT_LIMITS) -> bool:
                 hint="send a shorter statement (e.g. put a long IN list into a public table "
                 "or use ranges), or ask the operator to raise limits.max_query_bytes",
             )
-    return _surely_within(text, limits)
 
 
 def check_text(text: str, limits: Limits = DEFAULT_LIMITS) -> None:

@@ -27,6 +27,7 @@ from dpsql.server.fairness import (
     FairnessError,
     FairnessLimits,
     FairScheduler,
+    Turn,
 )
 from dpsql.server.server import Server, ServerThread
 from dpsql.server.testing import RawClient, cancel_request
@@ -328,6 +329,50 @@ def test_scheduler_orders_by_recent_cpu_and_caps_each_analyst():
         assert third.granted.done()  # b is gone: a may use both again
         s.leave(second)
         s.leave(third)
+
+    asyncio.run(main())
+
+
+def test_heavy_marks_read_thread_clocks_only_when_wall_time_could_reach_the_mark(monkeypatch):
+    """A dispatch reads a running statement's CPU clock (a system call each) only when its wall
+    time since the grant could take its analyst past the mark, or when the analyst waits (its
+    figure orders the queue): the marks are those of the exact sums."""
+    reads: list[Turn] = []
+    live = Turn.live_cpu
+
+    def counted(turn: Turn) -> float:
+        reads.append(turn)
+        return live(turn)
+
+    monkeypatch.setattr(Turn, "live_cpu", counted)
+
+    async def main() -> None:
+        s = FairScheduler(FairnessLimits(analyst_statements=1, statements=4), slots=99)
+        mark = s.limits.heavy_cpu
+        t = s.enter("a")
+        assert t.granted.done() and t.running
+        reads.clear()
+        s._dispatch()
+        assert reads == [] and not s._analysts["a"].heavy  # settled without the clock
+        s._analysts["a"].recent = mark - 1e-4  # within the bound's slack of the mark: read
+        s._dispatch()
+        assert reads == [t] and not s._analysts["a"].heavy
+        reads.clear()
+        t.started -= 100.0  # long running: its CPU could be 100 s, so it is read ...
+        t.cpu = 5.0  # ... and it is (clock None: its final figure)
+        s._analysts["a"].recent = 0.0
+        s._dispatch()
+        assert reads == [t] and s._analysts["a"].heavy
+        t.cpu = 0.0
+        s._dispatch()
+        assert not s._analysts["a"].heavy
+        reads.clear()
+        t.started += 100.0
+        w = s.enter("a")  # a waits (cap 1): its exact figure orders the queue
+        assert not w.granted.done() and reads == [t]
+        s.leave(t)
+        assert w.granted.done()
+        s.leave(w)
 
     asyncio.run(main())
 

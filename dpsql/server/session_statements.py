@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from dpsql.frontend.sqltext import identifiers, keywords
-from dpsql.limits import check_size
+from dpsql.limits import check_bytes
 from dpsql.server import protocol as p
 from dpsql.server import types as t
 from dpsql.server.backend import Outcome
@@ -30,7 +30,8 @@ class SessionStatements:
         s = self.session
         # every statement, catalog ones too, before any parse: its size here, and the full scan
         # (tokenizing: up to ~1 s near the message cap) in its own thread, see run_statement
-        check_size(sql, s.limits)
+        # (whose check_size does the counts; here only the size, before the keyword scan)
+        check_bytes(sql, s.limits)
         words = keywords(sql, 3)
         if not words:
             return "empty"
