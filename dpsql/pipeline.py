@@ -55,9 +55,9 @@ from dpsql.lower.compile import (
     CompiledQuery,
     compile_plan,
 )
+from dpsql.plan.annotated import Plan
 from dpsql.plan.domains import key_domain
 from dpsql.plan.planner import build_plan
-from dpsql.plan.values import Plan
 from dpsql.policy import Policy, TablePolicy, load_policy
 from dpsql.privacy.ledger import Ledger, MemoryLedger
 from dpsql.privacy.release import Released, at_confidence, release

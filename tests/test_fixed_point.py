@@ -31,8 +31,9 @@ import dpsql
 from dpsql.frontend.bind import parse_statement
 from dpsql.lower.compile import compile_plan, fixed_point_value, render
 from dpsql.pipeline import Settings
+from dpsql.plan.annotated import Plan
 from dpsql.plan.fixed_point import fixed_point_bounds
-from dpsql.plan.values import Measure, Plan
+from dpsql.plan.values import Measure
 from dpsql.policy import ColumnPolicy
 from dpsql.privacy.ledger import MemoryLedger
 

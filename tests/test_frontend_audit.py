@@ -72,7 +72,7 @@ import dpsql.privacy.release as release_module
 import dpsql.service.composite as composite
 from dpsql.dbapi import connect_service
 from dpsql.engine.api import EngineResult
-from dpsql.plan.values import Plan
+from dpsql.plan.annotated import Plan
 from dpsql.privacy.audit import AuditReport, BufferedNoise, Event, audit, threshold_events
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.mechanisms import Laplace
@@ -462,7 +462,7 @@ class UnderstatingService(RecordingService):
             else m
             for m in plan.measures
         )
-        broken_plan = replace(plan, measures=measures)
+        broken_plan = plan.with_(measures=measures)
         self.plans[-1] = broken_plan
         return broken_plan
 
@@ -793,7 +793,7 @@ class ShrunkJoinService(RecordingService):
             )
             for m in plan.measures
         )
-        self.plans[-1] = replace(plan, measures=measures)
+        self.plans[-1] = plan.with_(measures=measures)
         return self.plans[-1]
 
 

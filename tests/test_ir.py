@@ -12,7 +12,7 @@ from dpsql.errors import InternalError
 from dpsql.frontend.bind import parse_statement
 from dpsql.plan.check import check_plan
 from dpsql.plan.measures import Measurement
-from dpsql.plan.tree import plan_tree, tree_lines
+from dpsql.plan.tree import tree_lines
 from dpsql.privacy.mechanisms import Gaussian, Laplace
 
 QUERIES = [
@@ -42,7 +42,7 @@ def _plan(conn, sql, **settings):
 @pytest.mark.parametrize("sql", QUERIES)
 def test_charged_cost_is_the_sum_of_the_privacy_maps(conn, sql, mechanism):
     plan = _plan(conn, sql, mechanism=mechanism, delta=1e-6)
-    release = plan_tree(plan).input
+    release = plan.release
     mapped, charged = release.cost(), plan.cost
     assert mapped.epsilon == pytest.approx(charged.epsilon, rel=1e-9)
     assert mapped.rho == pytest.approx(charged.rho, rel=1e-9)
@@ -52,7 +52,7 @@ def test_charged_cost_is_the_sum_of_the_privacy_maps(conn, sql, mechanism):
 
 def test_the_tree_states_each_node(conn):
     plan = _plan(conn, QUERIES[4])
-    lines = tree_lines(plan_tree(plan))
+    lines = tree_lines(plan.root)
     heads = [line.strip().split(" ")[0] for line in lines]
     assert heads[0] == "PostProcess" and heads[-1] == "Scan"
     for node in ("Release", "Aggregate", "Bound", "Filter"):
@@ -78,12 +78,12 @@ def test_a_mechanism_calibrated_to_a_smaller_sensitivity_is_caught(conn):
         m, l1=m.row_bound, mechanism=Laplace(l1=float(m.row_bound), epsilon=m.epsilon)
     )
     with pytest.raises(InternalError, match="smaller sensitivity"):
-        check_plan(dataclasses.replace(plan, measures=(broken,)))
+        check_plan(plan.with_(measures=(broken,)))
 
 
 def test_a_cost_that_omits_a_measurement_is_caught(conn):
     plan = _plan(conn, "SELECT COUNT(*), AVG(age) FROM visits")
-    cheaper = dataclasses.replace(plan, cost=plan.measures[0].mechanism.cost)
+    cheaper = plan.with_(cost=plan.measures[0].mechanism.cost)
     with pytest.raises(InternalError, match="charges epsilon"):
         check_plan(cheaper)
 
@@ -118,3 +118,36 @@ def test_explain_format_text_is_readable_and_free(conn):
     assert conn.service.ledger.spent(conn.analyst, conn.service.policy.dataset) == spent
     with pytest.raises(Exception, match="FORMAT TEXT"):
         cur.execute("EXPLAIN (FORMAT XML) SELECT COUNT(*) FROM visits")
+
+
+def test_each_mechanism_states_its_own_privacy_map():
+    """The map sits on the mechanism (OpenDP style): evaluated at the sensitivity the nodes
+    derive, it is the calibrated cost at the calibrated sensitivity, grows with a larger one,
+    and a noiseless mechanism on a query that can change costs infinity."""
+    lap = Laplace(l1=4.0, epsilon=0.5)
+    assert lap.privacy_map(4.0, 0.0) == lap.cost
+    assert lap.privacy_map(8.0, 0.0).epsilon == pytest.approx(1.0)
+    assert Laplace(l1=0.0, epsilon=0.5).privacy_map(1.0, 0.0).epsilon == float("inf")
+    gauss = Gaussian(l2=2.0, epsilon=1.0, delta=1e-6)
+    assert gauss.privacy_map(0.0, 2.0).rho == pytest.approx(gauss.rho)
+    assert gauss.privacy_map(0.0, 4.0).rho == pytest.approx(4 * gauss.rho)
+    assert Gaussian(l2=0.0, epsilon=1.0, delta=1e-6).privacy_map(0.0, 1.0).rho == float("inf")
+
+
+def test_the_plan_is_its_tree(conn):
+    """The plan's reads are its nodes' fields (no second record), and a changed plan is a new
+    tree whose Bound node reads the new query's rows."""
+    plan = _plan(conn, "SELECT department, AVG(cost) FROM visits WHERE age > 30 GROUP BY 1")
+    bound, aggregate = plan.bound, plan.aggregate
+    assert plan.root.input is plan.release and aggregate.input is bound
+    assert (plan.max_rows, plan.max_groups, plan.bounding) == (
+        bound.max_rows,
+        bound.max_groups,
+        bound.method,
+    )
+    assert plan.measures is aggregate.measures and plan.keys is aggregate.keys
+    other = _plan(conn, "SELECT department, AVG(cost) FROM visits WHERE age > 40 GROUP BY 1")
+    moved = plan.with_(query=other.query)
+    assert moved == other and moved.query is other.query
+    assert "40" in moved.bound.input.describe() and "30" in bound.input.describe()
+    assert moved.fingerprint() != plan.fingerprint()

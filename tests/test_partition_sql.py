@@ -200,7 +200,7 @@ def test_optimal_plan_reads_the_exact_count_only_in_the_selection(sized):
     # a plan whose output read the exact count is refused by the IR check
     from dataclasses import replace
 
-    bad = replace(plan, outputs=(replace(plan.outputs[0], measures=(plan.selection.measure,)),))
+    bad = plan.with_(outputs=(replace(plan.outputs[0], measures=(plan.selection.measure,)),))
     with pytest.raises(InternalError):
         check_plan(bad)
 

@@ -47,7 +47,7 @@ from scipy import stats
 import dpsql.privacy.release as release_module
 from dpsql.dbapi import connect_service
 from dpsql.engine.api import EngineResult
-from dpsql.plan.values import Plan
+from dpsql.plan.annotated import Plan
 from dpsql.privacy.audit import (
     AuditReport,
     BufferedNoise,
@@ -265,7 +265,7 @@ class RecordingService(recording.RecordingService):
 
     def adjust(self, plan: Plan) -> Plan:
         if self.tau is not None and plan.threshold is not None:
-            plan = replace(plan, threshold=replace(plan.threshold, tau=self.tau))
+            plan = plan.with_(threshold=replace(plan.threshold, tau=self.tau))
         return plan
 
 
@@ -522,8 +522,8 @@ def test_threshold_releases_a_units_own_keys_with_probability_at_most_delta(
     plan_d, plan_d3 = d.plan, d3.plan
     assert plan_d3.threshold is not None
     if tau is not None:
-        plan_d = replace(plan_d, threshold=replace(plan_d3.threshold, tau=tau))
-        plan_d3 = replace(plan_d3, threshold=replace(plan_d3.threshold, tau=tau))
+        plan_d = plan_d.with_(threshold=replace(plan_d3.threshold, tau=tau))
+        plan_d3 = plan_d3.with_(threshold=replace(plan_d3.threshold, tau=tau))
     n = RUNS if tau is None else RUNS_BROKEN
     seed = 300 + 2 * [c.name for c in CASES].index(case_name)
     in_d = new_key_release_rate(plan_d, d.result, seed, n)

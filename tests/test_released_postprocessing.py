@@ -381,14 +381,13 @@ def test_the_reserved_cost_is_the_sum_of_the_measurements_maps(exact: Any) -> No
     sum of its plan trees' privacy maps before anything is read."""
     from dpsql.frontend.bind import parse_statement
     from dpsql.plan.measures import ReleasedPostProcess
-    from dpsql.plan.tree import plan_tree
     from dpsql.service.composite import _released_cost, plan_released
 
     service, _ = exact
     conn = service.connect("tree")
     query = parse_statement(UNION_TOTAL, service.policy)
     plans = plan_released(service, query, conn._settings, "tree")
-    tree = ReleasedPostProcess(tuple(plan_tree(p) for p in plans), query.post)
+    tree = ReleasedPostProcess(tuple(p.root for p in plans), query.post)
     charged = _released_cost(plans)
     assert charged == plans[0].cost + plans[1].cost
     assert tree.cost().epsilon == pytest.approx(charged.epsilon)

@@ -16,7 +16,7 @@ import dpsql
 from dpsql.dbapi import connect_service
 from dpsql.frontend.bind import parse_statement
 from dpsql.pipeline import Settings
-from dpsql.plan.values import Plan
+from dpsql.plan.annotated import Plan
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.mechanisms import Gaussian, Laplace, analytic_gaussian_sigma

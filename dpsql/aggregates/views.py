@@ -66,7 +66,7 @@ class OutputView(Protocol):
 
 
 class PlanView(Protocol):
-    """A finished plan's measures (dpsql.plan.values.Plan)."""
+    """A finished plan's measures (dpsql.plan.annotated.Plan)."""
 
     @property
     def measures(self) -> Sequence[MeasureView]: ...

@@ -66,13 +66,13 @@ from dpsql.lower.row_values import internal_name as _name
 from dpsql.lower.row_values import number as _number
 from dpsql.lower.row_values import quoted as _quoted
 from dpsql.lower.row_values import sql_type as _type
-from dpsql.plan.values import (
-    Measure,
+from dpsql.plan.annotated import (
     Plan,
     bounds_groups,
     count_scale,
     value_measures,
 )
+from dpsql.plan.values import Measure
 from dpsql.policy import ColumnPolicy, TablePolicy, declared_type
 
 

@@ -92,14 +92,16 @@ from dpsql.lower.row_values import fixed_point_value as fixed_point_value
 from dpsql.lower.row_values import internal_name as _name
 from dpsql.lower.row_values import number as _number
 from dpsql.lower.row_values import quoted as _quoted
+from dpsql.plan.annotated import (
+    Plan,
+    bounds_groups,
+    value_measures,
+)
 from dpsql.plan.clamp_spec import ClampHistogram
 from dpsql.plan.values import (
     ClipEstimate,
     Measure,
-    Plan,
     QuantileMeasure,
-    bounds_groups,
-    value_measures,
 )
 from dpsql.policy import ColumnPolicy, TablePolicy
 from dpsql.privacy.clipping import LogHistogram

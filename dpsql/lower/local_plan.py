@@ -28,7 +28,13 @@ from dataclasses import dataclass, field
 from sqlglot import exp
 
 from dpsql.frontend.simple_where import KEY_TYPES, readable, stored, stored_column
-from dpsql.plan.values import Measure, Plan, bounds_groups, count_scale, value_measures
+from dpsql.plan.annotated import (
+    Plan,
+    bounds_groups,
+    count_scale,
+    value_measures,
+)
+from dpsql.plan.values import Measure
 
 # the measure kinds a program computes (MeasureKind.programmed; its SQL:
 # dpsql.lower.compile.measure_aggregate_expr); the bias measures (dpsql.plan.bias) run only as a

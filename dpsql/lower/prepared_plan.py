@@ -30,7 +30,12 @@ from sqlglot import exp
 
 from dpsql.lower import bounding, builders, hashing, row_values
 from dpsql.lower.store_layout import StoreInfo
-from dpsql.plan.values import Measure, Plan, bounds_groups, value_measures
+from dpsql.plan.annotated import (
+    Plan,
+    bounds_groups,
+    value_measures,
+)
+from dpsql.plan.values import Measure
 from dpsql.policy import TablePolicy
 
 

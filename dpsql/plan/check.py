@@ -12,8 +12,7 @@ from __future__ import annotations
 import math
 
 from dpsql.errors import InternalError
-from dpsql.plan.tree import plan_tree
-from dpsql.plan.values import Plan
+from dpsql.plan.annotated import Plan
 
 RELATIVE = 1e-9  # floating-point calibration (b = Δ1 / ε) round trip
 
@@ -22,8 +21,8 @@ def check_plan(plan: Plan) -> None:
     """Raise InternalError unless charged cost == sum of the tree's privacy maps, and unless
     every exact (un-noised) measure is the selection's input and read by no output."""
     _check_exact(plan)
-    release = plan_tree(plan).input
-    for measurement, measure in zip(release.measurements, plan.measures, strict=True):
+    release = plan.release
+    for measurement, measure in zip(release.measurements(), plan.measures, strict=True):
         if measurement.l1 > measure.l1 * (1 + RELATIVE) or measurement.l2 > measure.l2 * (
             1 + RELATIVE
         ):
@@ -33,7 +32,7 @@ def check_plan(plan: Plan) -> None:
                 construct=measure.kind,
                 hint="this is a dpsql bug; nothing was spent",
             )
-    for qm, quantiles in zip(release.quantiles, plan.quantiles, strict=True):
+    for qm, quantiles in zip(release.quantile_measurements(), plan.quantiles, strict=True):
         if qm.calibrated_values < qm.max_values or quantiles.groups < qm.groups:
             raise InternalError(
                 f"quantiles {quantiles.name}: calibrated for fewer values or groups per unit "

@@ -8,9 +8,10 @@ sensitivity (derived by the relational nodes, not by the planner) to a cost:
 - discrete Gaussian of σ on an integer query of L2 sensitivity Δ2: ρ = Δ2² / (2σ²)
   (Canonne, Kamath & Steinke 2020, Thm 4).
 
-Thresholding (non-public GROUP BY keys) costs the δ it is calibrated to. Optimal partition
-selection (Desfontaines et al. 2022) reads an exact unit count that is never released (its
-measurement's map is zero) and costs its own (ε, δ) (:class:`Selection`). Release (the formula
+Thresholding (non-public GROUP BY keys) costs the δ it is calibrated to
+(dpsql.plan.values.Threshold). Optimal partition selection (Desfontaines et al. 2022) reads an
+exact unit count that is never released (its measurement's map is zero) and costs its own
+(ε, δ) (:class:`SelectionMeasurement`). Release (the formula
 AVG = SUM / COUNT, clamps) and post-processing (HAVING, ORDER BY, LIMIT on released values)
 read released values only: they cost nothing.
 """
@@ -22,10 +23,18 @@ from fractions import Fraction
 
 from sqlglot import exp
 
-from dpsql.aggregates.mode import ModeMeasurement
-from dpsql.plan.relational import Aggregate
+from dpsql.aggregates import KINDS
+from dpsql.aggregates.mode import ModeMeasure, ModeMeasurement
+from dpsql.plan.relational import Aggregate, Bound
+from dpsql.plan.values import (
+    ClipEstimate,
+    OutputAggregate,
+    QuantileMeasure,
+    Selection,
+    Threshold,
+)
 from dpsql.privacy.accounting import Cost
-from dpsql.privacy.mechanisms import Gaussian, Laplace, Mechanism
+from dpsql.privacy.mechanisms import Mechanism
 from dpsql.privacy.partition import OptimalSelection, Unreleased
 from dpsql.privacy.quantiles import exponential_map
 
@@ -38,43 +47,19 @@ class Measurement:
     l2: float
 
     def privacy_map(self) -> Cost:
-        """The cost of this noise scale at this sensitivity (independent of the planner's
-        calibration: computed from the scale the sampler will use)."""
-        if isinstance(self.mechanism, Unreleased):
-            # exact, read by the selection only (dpsql.plan.check: no output reads it); the
-            # Selection node charges what deciding on it costs
-            return Cost()
-        if self.l1 == 0 and self.l2 == 0:
+        """The mechanism's own privacy map at the sensitivity the nodes derive (each
+        mechanism states its map beside its sampler: dpsql.privacy.mechanisms), independent
+        of the planner's calibration."""
+        if self.l1 == 0 and self.l2 == 0 and not isinstance(self.mechanism, Unreleased):
             # a constant needs no noise; the planner still charges its share (an over-charge)
             return self.mechanism.cost
-        if isinstance(self.mechanism, Laplace):
-            # ε = Δ1 / b, exactly as the mechanism computes b = Δ1 / ε in floating point
-            return Cost(epsilon=Fraction(self.l1) / Fraction(self.mechanism.scale))
-        if isinstance(self.mechanism, Gaussian):
-            return Cost(rho=self.l2**2 / (2 * self.mechanism.scale**2))
-        raise TypeError("unknown mechanism")
+        return self.mechanism.privacy_map(self.l1, self.l2)
 
     def describe(self) -> str:
         return (
             f"Measure {self.measure}: {self.mechanism.name} noise, scale "
             f"{self.mechanism.scale:.6g}, sensitivity L1 {self.l1:g} / L2 {self.l2:.6g} "
             "(integer units)"
-        )
-
-
-@dataclass(frozen=True)
-class Threshold:
-    measure: str
-    tau: float
-    delta: float
-
-    def privacy_map(self) -> Cost:
-        return Cost(delta=self.delta)
-
-    def describe(self) -> str:
-        return (
-            f"Threshold: release a group when noisy {self.measure} >= {self.tau:g} "
-            f"(delta {self.delta:g})"
         )
 
 
@@ -131,7 +116,7 @@ class ClipMeasurement:
 
 
 @dataclass(frozen=True)
-class Selection:
+class SelectionMeasurement:
     """Optimal partition selection on the exact unit count ``measure``: G independent
     (ε/G, δ/G)-DP keep decisions per unit, (ε, δ)-DP by basic composition."""
 
@@ -155,22 +140,75 @@ class Selection:
 
 @dataclass(frozen=True)
 class Release:
-    """Noisy measures -> the released table (keys, values, intervals): post-processing."""
+    """Noisy measures -> the released table (keys, values, intervals): post-processing.
+
+    It holds what the planner chose to release (the outputs as formulas over measures, the
+    threshold, the histogram and clipping estimators, the partition selection); each
+    measurement node below it is *derived* here, its privacy map evaluated at the sensitivity
+    the nodes under it allow (:meth:`Bound.unit_change` on the measure's row bound), so the
+    cost check (dpsql.plan.check) compares the planner's calibration with the nodes', never
+    with itself."""
 
     input: Aggregate
-    measurements: tuple[Measurement, ...]
-    threshold: Threshold | None
-    outputs: tuple[str, ...]  # AVG(x) = m0 / m1 ...
-    # histogram measurements: quantiles, and MODE's (dpsql.aggregates.mode.ModeMeasurement)
-    quantiles: tuple[QuantileMeasurement | ModeMeasurement, ...] = ()
-    clips: tuple[ClipMeasurement, ...] = ()
+    outputs: tuple[OutputAggregate, ...]
+    threshold: Threshold | None = None
+    # histogram measures: quantiles, and MODE's (dpsql.aggregates.mode.ModeMeasure), in the
+    # order of the compiled query's extras
+    quantiles: tuple[QuantileMeasure | ModeMeasure, ...] = ()
+    clips: tuple[ClipEstimate, ...] = ()
     selection: Selection | None = None
 
     def children(self) -> tuple:
         return (self.input,)
 
+    @property
+    def bound(self) -> Bound:
+        return self.input.input
+
+    def quantile_of(self, output: OutputAggregate) -> QuantileMeasure | ModeMeasure:
+        """The histogram measure an output is read from (its kind's and its column's)."""
+        want = KINDS[output.call.kind].histogram
+        return next(q for q in self.quantiles if q.column == output.call.column and q.kind == want)
+
+    def measurements(self) -> tuple[Measurement, ...]:
+        """One noisy measure each, at the sensitivity the Bound node derives for it."""
+        out = []
+        for spec, m in zip(self.input.specs(), self.input.measures, strict=True):
+            _, l1, l2 = self.bound.unit_change(spec.row_bound, per_unit=spec.per_unit)
+            out.append(Measurement(m.name, m.mechanism, l1, l2))
+        return tuple(out)
+
+    def quantile_measurements(self) -> tuple[QuantileMeasurement | ModeMeasurement, ...]:
+        R, G = self.bound.max_rows, self.bound.max_groups
+        return tuple(
+            QuantileMeasurement(
+                q.name, q.column, q.part_epsilon, len(q.parts), q.max_values, R, G, q.grid.bins
+            )
+            if isinstance(q, QuantileMeasure)
+            else q.node(R, G)  # its own node (MODE)
+            for q in self.quantiles
+        )
+
+    def clip_measurements(self) -> tuple[ClipMeasurement, ...]:
+        R, G = self.bound.max_rows, self.bound.max_groups
+        return tuple(
+            ClipMeasurement(c.column, c.mechanism.mechanism.scale, R, G, c.histogram.bins)
+            for c in self.clips
+        )
+
+    def selection_measurement(self) -> SelectionMeasurement | None:
+        selection = self.selection
+        if selection is None or selection.mechanism is None:
+            return None
+        spec = next(s for s in self.input.specs() if s.name == selection.measure)
+        _, l1, _ = self.bound.unit_change(spec.row_bound, per_unit=spec.per_unit)
+        return SelectionMeasurement(spec.name, selection.mechanism, l1)
+
     def describe(self) -> str:
-        return "Release " + ", ".join(self.outputs)
+        return "Release " + ", ".join(
+            f"{o.call.label} = f({', '.join(o.measures or (self.quantile_of(o).name,))})"
+            for o in self.outputs
+        )
 
     def stability(self) -> str:
         return "post-processing of the measurements: free"
@@ -178,7 +216,13 @@ class Release:
     def cost(self) -> Cost:
         """The sum of every part's privacy map (threshold, selection, noisy measures,
         quantiles, clipping ranges)."""
-        parts = [self.threshold, self.selection, *self.measurements, *self.quantiles, *self.clips]
+        parts = [
+            self.threshold,
+            self.selection_measurement(),
+            *self.measurements(),
+            *self.quantile_measurements(),
+            *self.clip_measurements(),
+        ]
         total = Cost()
         for part in parts:
             if part is not None:

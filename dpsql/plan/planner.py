@@ -1,5 +1,6 @@
 """The planner: a bound query annotated with bounds, sensitivities, mechanisms and the
-budget split, as a :class:`dpsql.plan.values.Plan` (whose docstring says what each is).
+budget split, as the plan tree (:class:`dpsql.plan.annotated.Plan`; dpsql.plan.values says
+what each record is).
 
 :func:`build_plan` runs the planning steps in order (contribution bounds, the measures and
 their shares of ε and δ, thresholds or the optimal selection, histogram measures, clipping
@@ -25,6 +26,7 @@ from dpsql.aggregates.mode import ModeMeasure
 from dpsql.errors import NotSupportedError, PrivacyError
 from dpsql.frontend.statements import AggregateCall, DPQuery
 from dpsql.plan import bias, sharing
+from dpsql.plan.annotated import Plan
 
 # Measure kinds and the value one row contributes (before summing):
 #   rows   - 1 for every row                       (COUNT(*))
@@ -50,12 +52,12 @@ from dpsql.plan import bias, sharing
 from dpsql.plan.check import check_plan
 from dpsql.plan.fixed_point import fixed_point_bounds
 from dpsql.plan.measure_kinds import MEASURE_KINDS
+from dpsql.plan.tree import annotate
 from dpsql.plan.values import (
     ClipEstimate,
     KeyPlan,
     Measure,
     OutputAggregate,
-    Plan,
     QuantileMeasure,
     QuantileTarget,
     Selection,
@@ -205,29 +207,30 @@ def build_plan(
     cost, selection = _charged(threshold_cost, measures, selection, quantiles, clips, G)
     if bias_specs and cost.exact_rho == 0:
         measures, cost = _bias_to_total(measures, cost, epsilon)
+    release = annotate(
+        query,
+        (R, G, bounding, group_scaling),
+        tuple(KeyPlan(key, d) for key, d in zip(query.keys, domains, strict=True)),
+        tuple(measures),
+        tuple(outputs),
+        threshold=threshold,
+        quantiles=tuple(quantiles),
+        clips=tuple(clips),
+        selection=selection,
+    )
     plan = Plan(
         query=query,
-        keys=tuple(KeyPlan(key, d) for key, d in zip(query.keys, domains, strict=True)),
-        measures=tuple(measures),
-        outputs=tuple(outputs),
-        threshold=threshold,
+        release=release,
         epsilon=epsilon,
         delta=delta if (thresholded or mechanism == "gaussian") else 0.0,
         mechanism=mechanism,
-        max_rows=R,
-        max_groups=G,
         cost=cost,
         data_version=data_version,
-        quantiles=tuple(quantiles),
-        clips=tuple(clips),
         # the ε a replanning (with_clip_ranges) starts from: the bias share is taken again
         extra={
             "measured_epsilon": split.epsilon_main + bias_epsilon,
             "bias_estimate": bias_estimate,
         },
-        selection=selection,
-        bounding=bounding,
-        group_scaling=group_scaling,
         engine=engine,
         store=store,
     )

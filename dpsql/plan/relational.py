@@ -6,16 +6,19 @@ The chain Scan -> Filter -> Project -> Bound -> Aggregate turns "one unit" into 
 sensitivity; dpsql.plan.measures then charges each measure's privacy map at that sensitivity,
 and dpsql.plan.check verifies that the planner charged exactly the sum of those maps.
 
-The nodes are built from a finished :class:`dpsql.plan.values.Plan` (dpsql.plan.tree); they are
-values (frozen), with no engine or data reference.
+The planner builds them (dpsql.plan.tree.annotate) and they *are* the plan
+(dpsql.plan.annotated.Plan): the lowerings read R, G, the bounding, the keys and the measures
+off these nodes. They are values (frozen), with no engine or data reference.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlglot import exp
+
+from dpsql.plan.values import KeyPlan, Measure
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,9 @@ class Bound:
     (truncated toward zero), so a sum over it is at most R·row_bound in magnitude all the same
     (the measures of a rescaled plan give ``row_bound`` in their fine units)."""
 
-    input: Scan | PerUnit | PublicJoin | Filter | Project
+    # the query's rows as nodes (dpsql.plan.tree.relational_nodes): derived from the plan's
+    # bound query node for node, which the plan compares and serialises itself
+    input: Scan | PerUnit | PublicJoin | Filter | Project = field(compare=False)
     unit: str | None
     max_rows: int  # R
     max_groups: int  # G (effective)
@@ -183,18 +188,37 @@ class AggregateMeasure:
 
 @dataclass(frozen=True)
 class Aggregate:
-    """GROUP BY keys (public domains, or thresholded), exact measures per group."""
+    """GROUP BY keys (public domains, or released by ``hidden``), exact measures per group."""
 
     input: Bound
-    keys: tuple[str, ...]
-    domains: tuple[str, ...]  # "public: n bins" or "thresholded"
-    measures: tuple[AggregateMeasure, ...]
+    keys: tuple[KeyPlan, ...]
+    measures: tuple[Measure, ...]
+    hidden: str = "thresholded"  # how keys without a public domain are released
 
     def children(self) -> tuple:
         return (self.input,)
 
+    def specs(self) -> tuple[AggregateMeasure, ...]:
+        """Each measure as this node sees it: its per-row bound in engine units, derived from
+        its fixed-point range by its kind's object and R (not read off the planner's figures)."""
+        R = self.input.max_rows
+        return tuple(
+            AggregateMeasure(
+                m.name,
+                m.kind,
+                m.column,
+                m.measure_kind.row_bound(m.lo, m.hi, m.center, m.center2, R) * m.scale,
+                per_unit=m.measure_kind.per_pair,
+            )
+            for m in self.measures
+        )
+
     def describe(self) -> str:
-        keys = ", ".join(f"{k} ({d})" for k, d in zip(self.keys, self.domains, strict=True))
+        domains = [
+            self.hidden if kp.domain is None else f"public: {len(kp.domain)} bins"
+            for kp in self.keys
+        ]
+        keys = ", ".join(f"{kp.key.sql} ({d})" for kp, d in zip(self.keys, domains, strict=True))
         head = f"Aggregate by {keys}" if keys else "Aggregate"
         return (
             head + ": " + ", ".join(f"{m.name}={m.kind}({m.column or '*'})" for m in self.measures)

@@ -1,20 +1,13 @@
-"""A finished plan as its tree of typed nodes (for EXPLAIN and the cost check)."""
+"""The plan tree: the bound query's rows as relational nodes, the planner's choices as the
+release over them (:func:`annotate`), and the tree printed node by node (:func:`tree_lines`)."""
 
 from __future__ import annotations
 
+from dpsql.aggregates.mode import ModeMeasure
 from dpsql.frontend.statements import Compute, DPQuery, Read, Where
-from dpsql.plan.measures import (
-    ClipMeasurement,
-    Measurement,
-    PostProcess,
-    QuantileMeasurement,
-    Release,
-    Selection,
-    Threshold,
-)
+from dpsql.plan.measures import Release
 from dpsql.plan.relational import (
     Aggregate,
-    AggregateMeasure,
     Bound,
     ComputedColumn,
     Filter,
@@ -23,7 +16,15 @@ from dpsql.plan.relational import (
     PublicJoin,
     Scan,
 )
-from dpsql.plan.values import Measure, OutputAggregate, Plan, QuantileMeasure
+from dpsql.plan.values import (
+    ClipEstimate,
+    KeyPlan,
+    Measure,
+    OutputAggregate,
+    QuantileMeasure,
+    Selection,
+    Threshold,
+)
 from dpsql.policy import ColumnPolicy
 
 
@@ -64,91 +65,28 @@ def _computed(column: ColumnPolicy) -> ComputedColumn:
     )
 
 
-def plan_tree(plan: Plan) -> PostProcess:
-    """The bound tree's rows (relational_nodes), then what planning added: Bound ->
-    Aggregate -> Release -> Post."""
-    query = plan.query
-    table = query.table
-    node = relational_nodes(query)
-    bound = Bound(
-        node,
-        table.privacy_unit,
-        plan.max_rows,
-        plan.max_groups,
-        plan.bounding,
-        plan.group_scaling,
-    )
-    measures = tuple(
-        AggregateMeasure(
-            m.name,
-            m.kind,
-            m.column,
-            _row_bound(m, plan.max_rows) * m.scale,
-            per_unit=m.measure_kind.per_pair,
-        )
-        for m in plan.measures
-    )
+def annotate(
+    query: DPQuery,
+    bound: tuple[int, int, str, bool],
+    keys: tuple[KeyPlan, ...],
+    measures: tuple[Measure, ...],
+    outputs: tuple[OutputAggregate, ...],
+    *,
+    threshold: Threshold | None = None,
+    quantiles: tuple[QuantileMeasure | ModeMeasure, ...] = (),
+    clips: tuple[ClipEstimate, ...] = (),
+    selection: Selection | None = None,
+) -> Release:
+    """The planner's choices as the release tree over the query's rows:
+    Release(Aggregate(Bound(rows))), ``bound`` = (R, G, bounding, group scaling)."""
+    R, G, method, groups_scaled = bound
+    rows = relational_nodes(query)
     hidden = "thresholded"
-    if plan.selection is not None and plan.selection.mechanism is not None:
+    if selection is not None and selection.mechanism is not None:
         hidden = "optimal selection"
-    domains = tuple(
-        hidden if kp.domain is None else f"public: {len(kp.domain)} bins" for kp in plan.keys
-    )
-    aggregate = Aggregate(bound, tuple(kp.key.sql for kp in plan.keys), domains, measures)
-    measurements = []
-    for spec, m in zip(measures, plan.measures, strict=True):
-        _, l1, l2 = bound.unit_change(spec.row_bound, per_unit=spec.per_unit)
-        measurements.append(Measurement(m.name, m.mechanism, l1, l2))
-    threshold = None
-    if plan.threshold is not None:
-        threshold = Threshold(plan.threshold.measure, plan.threshold.tau, plan.threshold.delta)
-    quantiles = tuple(
-        QuantileMeasurement(
-            q.name,
-            q.column,
-            q.part_epsilon,
-            len(q.parts),
-            q.max_values,
-            bound.max_rows,
-            bound.max_groups,
-            q.grid.bins,
-        )
-        if isinstance(q, QuantileMeasure)
-        else q.node(bound.max_rows, bound.max_groups)  # its own node (MODE)
-        for q in plan.quantiles
-    )
-    clips = tuple(
-        ClipMeasurement(
-            c.column,
-            c.mechanism.mechanism.scale,
-            bound.max_rows,
-            bound.max_groups,
-            c.histogram.bins,
-        )
-        for c in plan.clips
-    )
-    selection = None
-    if plan.selection is not None and plan.selection.mechanism is not None:
-        spec = next(s for s in measures if s.name == plan.selection.measure)
-        _, l1, _ = bound.unit_change(spec.row_bound, per_unit=spec.per_unit)
-        selection = Selection(spec.name, plan.selection.mechanism, l1)
-    release = Release(
-        aggregate,
-        tuple(measurements),
-        threshold,
-        tuple(
-            f"{o.call.label} = f({', '.join(o.measures or _quantile_names(plan, o))})"
-            for o in plan.outputs
-        ),
-        quantiles,
-        clips,
-        selection,
-    )
-    return PostProcess(release, query.post)
-
-
-def _quantile_names(plan: Plan, output: OutputAggregate) -> tuple[str, ...]:
-    return (plan.quantile_of(output).name,)
+    node = Bound(rows, query.table.privacy_unit, R, G, method, groups_scaled)
+    aggregate = Aggregate(node, keys, measures, hidden)
+    return Release(aggregate, outputs, threshold, quantiles, clips, selection)
 
 
 def tree_lines(root: object) -> list[str]:
@@ -160,32 +98,25 @@ def tree_lines(root: object) -> list[str]:
         pad = "  " * depth
         lines.append(f"{pad}{node.describe()}  -- {node.stability()}")  # type: ignore[attr-defined]
         if isinstance(node, Release):
-            for m in node.measurements:
+            for m in node.measurements():
                 cost = m.privacy_map()
                 lines.append(f"{pad}  {m.describe()}: eps {cost.epsilon:.6g}, rho {cost.rho:.6g}")
-            for q in node.quantiles:
+            for q in node.quantile_measurements():
                 cost = q.privacy_map()
                 lines.append(f"{pad}  {q.describe()}: eps {cost.epsilon:.6g}")
-            for c in node.clips:
+            for c in node.clip_measurements():
                 cost = c.privacy_map()
                 lines.append(f"{pad}  {c.describe()}: eps {cost.epsilon:.6g}")
             if node.threshold is not None:
                 lines.append(f"{pad}  {node.threshold.describe()}")
-            if node.selection is not None:
-                cost = node.selection.privacy_map()
+            selection = node.selection_measurement()
+            if selection is not None:
+                cost = selection.privacy_map()
                 lines.append(
-                    f"{pad}  {node.selection.describe()}: eps {cost.epsilon:.6g}, "
-                    f"delta {cost.delta:.6g}"
+                    f"{pad}  {selection.describe()}: eps {cost.epsilon:.6g}, delta {cost.delta:.6g}"
                 )
         for child in node.children():  # type: ignore[attr-defined]
             visit(child, depth + 1)
 
     visit(root, 0)
     return lines
-
-
-def _row_bound(m: Measure, R: int) -> int:
-    """The largest |value| one row adds to a measure, from its fixed-point range alone (a
-    bias measure: one pair or row, from R and the range: dpsql.plan.bias), as its kind's
-    object derives it (dpsql.plan.measure_kinds.MeasureKind.row_bound), not the planner."""
-    return m.measure_kind.row_bound(m.lo, m.hi, m.center, m.center2, R)

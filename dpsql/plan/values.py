@@ -1,6 +1,7 @@
-"""The sensitivity-annotated plan: what the engine computes and how each value is noised.
+"""The values a plan is made of: what the engine computes and how each value is noised.
 
-A plan is a frozen value. Every *measure* (an exact integer aggregate the engine returns) carries
+The plan itself is its annotated tree (dpsql.plan.annotated.Plan); these are the frozen
+records its nodes hold. Every *measure* (an exact integer aggregate the engine returns) carries
 its per-row range in fixed-point units, the per-unit bound after contribution bounding, its L1 and
 L2 sensitivity, its mechanism (scale, cost) and its share of the query's ε/δ. Output aggregates
 (COUNT, SUM, AVG, VAR, STDDEV) are post-processing of measures.
@@ -32,14 +33,10 @@ How a unit's pair over R is brought down to R rows (the table's ``bounding``):
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from dpsql.aggregates import KINDS
-from dpsql.aggregates.mode import ModeMeasure
 from dpsql.errors import NotSupportedError
-from dpsql.frontend.statements import AggregateCall, DPQuery, GroupKey
-from dpsql.plan.canonical import answer_key
+from dpsql.frontend.statements import AggregateCall, GroupKey
 from dpsql.plan.measure_kinds import MEASURE_KINDS, MeasureKind
 from dpsql.policy import ColumnPolicy
 from dpsql.privacy.accounting import Cost
@@ -247,6 +244,17 @@ class Threshold:
     # all of ``delta`` (dpsql.privacy.mechanisms.threshold_below)
     below: float = 0.0
 
+    def privacy_map(self) -> Cost:
+        """Thresholding costs the δ it is calibrated to (its noisy count is a measurement of
+        its own, charged there)."""
+        return Cost(delta=self.delta)
+
+    def describe(self) -> str:
+        return (
+            f"Threshold: release a group when noisy {self.measure} >= {self.tau:g} "
+            f"(delta {self.delta:g})"
+        )
+
 
 @dataclass(frozen=True)
 class Selection:
@@ -265,55 +273,6 @@ class Selection:
     epsilon: float = 0.0
     delta: float = 0.0
     n_half: tuple[tuple[str, int], ...] = ()
-
-
-@dataclass(frozen=True)
-class Plan:
-    query: DPQuery
-    keys: tuple[KeyPlan, ...]
-    measures: tuple[Measure, ...]
-    outputs: tuple[OutputAggregate, ...]
-    threshold: Threshold | None
-    epsilon: float
-    delta: float
-    mechanism: str
-    max_rows: int  # R
-    max_groups: int  # G (effective)
-    cost: Cost
-    data_version: str = ""
-    # histogram measures: per-group bin counts of bounded rows, released per group (the
-    # quantiles of a column; MODE's value counts, dpsql.aggregates.mode), in the order of
-    # the compiled query's extras
-    quantiles: tuple[QuantileMeasure | ModeMeasure, ...] = ()
-    clips: tuple[ClipEstimate, ...] = ()
-    selection: Selection | None = None
-    bounding: str = "sample"  # how pairs over R are bounded: "sample" or "scale" (see above)
-    # bounding "scale" with public keys and more bins than G: a unit's k > G groups all count,
-    # at G/k each, instead of G of them chosen by keyed hash (see above)
-    group_scaling: bool = False
-    # the engine that runs it ("duckdb", "spark"; "" unknown: a plan built outside a service)
-    # and that engine's prepared store of the table (dpsql.engine.prepared.StoreInfo) or None:
-    # a plan with an engine compiles against that store only
-    engine: str = ""
-    store: object = field(default=None, compare=False, repr=False)
-    extra: dict = field(default_factory=dict, compare=False, hash=False)
-
-    def measure(self, name: str) -> Measure:
-        return next(m for m in self.measures if m.name == name)
-
-    def quantile_of(self, output: OutputAggregate) -> QuantileMeasure | ModeMeasure:
-        """The histogram measure an output is read from (its kind's and its column's)."""
-        want = KINDS[output.call.kind].histogram
-        return next(q for q in self.quantiles if q.column == output.call.column and q.kind == want)
-
-    @property
-    def bounded_by_unit(self) -> bool:
-        return self.query.table.privacy_unit is not None
-
-    def fingerprint(self) -> str:
-        """The answer cache's key: a digest of the plan's canonical measured tree (everything
-        that determines the released distribution, not post-processing; dpsql.plan.canonical)."""
-        return answer_key(self)
 
 
 # measure kinds summed from row values: the ones a rescaled bounding multiplies by R/n (a row
@@ -364,25 +323,3 @@ def rescale_factor(row_bound: int) -> int:
     while scale * max(row_bound, 1) < RESCALE_UNITS:
         scale *= 2
     return scale
-
-
-def bounds_groups(plan: Plan) -> bool:
-    """Whether a unit can be in more than G groups, so that its groups must be ranked: there
-    are keys, and not all public with at most G bins in all."""
-    sizes = [len(kp.domain) for kp in plan.keys if kp.domain is not None]
-    bins = math.prod(sizes) if len(sizes) == len(plan.keys) else None
-    return bool(plan.keys) and (bins is None or bins > plan.max_groups)
-
-
-def value_measures(plan: Plan) -> list[Measure]:
-    """Measures summed from row values (not counted per row or unit): those need sampling
-    (MeasureKind.row_scaled: a rescaled bounding multiplies them by R/n)."""
-    return [m for m in plan.measures if m.measure_kind.row_scaled]
-
-
-def count_scale(plan: Plan) -> int:
-    """The fine grid of the plan's row and unit counts' pair shares (all share it: row bound
-    1), before the per-unit rounding (:func:`rounded_counts`) brings them back to integers."""
-    return next(
-        (m.pair_scale for m in plan.measures if m.kind in ("rows", "units")), rescale_factor(1)
-    )

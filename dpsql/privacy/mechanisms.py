@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import lru_cache
 
 import numpy as np
@@ -232,6 +233,18 @@ class Laplace:
     def cost(self) -> Cost:
         return Cost(epsilon=self.epsilon)
 
+    def privacy_map(self, l1: float, l2: float) -> Cost:
+        """What this noise costs on an integer query of L1 sensitivity ``l1`` (``l2`` is not
+        read): ε = l1 / b for the sampler's scale b, since P(k) / P(k + l1) <= exp(l1 / b).
+        Computed from the scale the sampler uses, not from the ε it was calibrated to, so a
+        calibration to a smaller sensitivity shows as a larger cost. No noise at all (b = 0)
+        on a query that can change costs ε = ∞."""
+        if l1 == 0:
+            return Cost()
+        if self.scale == 0:
+            return Cost(epsilon=math.inf)
+        return Cost(epsilon=Fraction(l1) / Fraction(self.scale))
+
     def sample(self, source: NoiseSource, size: int) -> np.ndarray:
         if self.l1 == 0:
             return np.zeros(size, dtype=np.int64)
@@ -304,6 +317,17 @@ class Gaussian:
     @property
     def cost(self) -> Cost:
         return Cost(rho=self.rho)
+
+    def privacy_map(self, l1: float, l2: float) -> Cost:
+        """What this noise costs on an integer query of L2 sensitivity ``l2`` (``l1`` is not
+        read): ρ = l2² / (2σ²) for the sampler's σ (Canonne, Kamath & Steinke 2020, Thm 4);
+        no noise on a query that can change costs ρ = ∞."""
+        if l2 == 0:
+            return Cost()
+        sigma = self.scale if self.l2 > 0 else 0.0
+        if sigma == 0:
+            return Cost(rho=math.inf)
+        return Cost(rho=l2**2 / (2 * sigma**2))
 
     def sample(self, source: NoiseSource, size: int) -> np.ndarray:
         if self.l2 == 0:

@@ -300,6 +300,11 @@ class Unreleased:
     def cost(self) -> Cost:
         return Cost()
 
+    def privacy_map(self, l1: float, l2: float) -> Cost:
+        """Zero at any sensitivity: nothing is released (the selection node charges the
+        selection's cost, and no output may read it: dpsql.plan.check)."""
+        return Cost()
+
     def sample(self, source: NoiseSource, size: int) -> np.ndarray:
         return np.zeros(size, dtype=np.int64)
 

@@ -22,7 +22,12 @@ from dpsql.aggregates.mode import ModeMeasure
 from dpsql.engine.api import EngineResult
 from dpsql.errors import PrivacyError
 from dpsql.frontend.typecheck import canonical_key_value, key_sort_value
-from dpsql.plan.values import OutputAggregate, Plan, QuantileMeasure, Threshold
+from dpsql.plan.annotated import Plan
+from dpsql.plan.values import (
+    OutputAggregate,
+    QuantileMeasure,
+    Threshold,
+)
 from dpsql.privacy import bias
 from dpsql.privacy.coverage import (
     pivot_quantiles,

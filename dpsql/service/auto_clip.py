@@ -14,8 +14,8 @@ import numpy as np
 
 from dpsql.errors import InternalError
 from dpsql.lower.compile import compile_clip_histograms
+from dpsql.plan.annotated import Plan
 from dpsql.plan.planner import with_clip_ranges
-from dpsql.plan.values import Plan
 
 if TYPE_CHECKING:
     from dpsql.engine.api import QueryHandle

@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from dpsql.lower.compile import CompiledQuery, clamp_histogram_query, contribution_query
-from dpsql.plan.values import Plan
+from dpsql.plan.annotated import Plan
 from dpsql.service.bounds import buy as buy_bounds
 from dpsql.service.drawable import undrawable
 from dpsql.service.plan_cache import PreparedPlan

@@ -23,7 +23,6 @@ import json
 import math
 import operator
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 from sqlglot import exp
@@ -36,11 +35,11 @@ from dpsql.frontend.statements import DIALECT, CompositeQuery, ReleasedQuery, to
 from dpsql.frontend.typecheck import canonical_key_value, type_query
 from dpsql.limits import check_plan_rows
 from dpsql.lower.compile import compile_plan
+from dpsql.plan.annotated import Plan
 from dpsql.plan.canonical import answer_key
 from dpsql.plan.domains import ordered_values
 from dpsql.plan.measures import ReleasedPostProcess
-from dpsql.plan.tree import plan_tree
-from dpsql.plan.values import KeyPlan, Plan
+from dpsql.plan.values import KeyPlan
 from dpsql.privacy.release import at_confidence, release
 from dpsql.service.finish import dummy_answer
 from dpsql.service.postprocess import NULL_TYPE, check_tables, picked, run_post, tagged
@@ -132,7 +131,7 @@ def bind_released(outer: Plan, query: CompositeQuery, values: list[Any]) -> Plan
             kp = KeyPlan(kp.key, ordered_values(allowed))
         keys.append(kp)
     # Measures, noise scales and cost are those planned and charged.
-    return replace(outer, query=outer.query.with_where(where), keys=tuple(keys))
+    return outer.with_(query=outer.query.with_where(where), keys=tuple(keys))
 
 
 def _is_placeholder(domain: tuple | None) -> bool:
@@ -246,7 +245,7 @@ def _released_cost(plans: Sequence[Plan]) -> Any:
     the plan trees' privacy maps (dpsql.plan.measures.ReleasedPostProcess) before anything is
     read."""
     charged = functools.reduce(operator.add, (p.cost for p in plans))
-    mapped = ReleasedPostProcess(tuple(plan_tree(p) for p in plans), exp.Null()).cost()
+    mapped = ReleasedPostProcess(tuple(p.root for p in plans), exp.Null()).cost()
     for part in ("epsilon", "delta", "rho"):
         a, b = getattr(mapped, part), getattr(charged, part)
         if not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-300):
@@ -435,7 +434,7 @@ def explain_released(
         for i, (plan, name) in enumerate(zip(plans, query.names, strict=True)):
             lines.append((f"measurement {i + 1} ({name}):",))
             lines += [("  " + str(r[0]),) for r in explain_text(service, plan, analyst).rows]
-        tree = ReleasedPostProcess(tuple(plan_tree(p) for p in plans), query.post)
+        tree = ReleasedPostProcess(tuple(p.root for p in plans), query.post)
         lines.append((tree.describe() + "  -- " + tree.stability(),))
         lines.append((f"total: ε {cost.epsilon:g}, δ {cost.delta:g}, one reservation",))
         return Result([("QUERY PLAN", "VARCHAR")], lines, status="EXPLAIN")

@@ -13,7 +13,7 @@ from dpsql.errors import DataError
 from dpsql.plan.values import QuantileMeasure
 
 if TYPE_CHECKING:
-    from dpsql.plan.values import Plan
+    from dpsql.plan.annotated import Plan
     from dpsql.privacy.samplers import NoiseSource
 
 

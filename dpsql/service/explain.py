@@ -19,13 +19,14 @@ from dpsql.aggregates import KINDS
 from dpsql.aggregates.mode import ModeMeasure
 from dpsql.errors import BudgetExhaustedError
 from dpsql.lower.compile import compile_plan
-from dpsql.plan.tree import plan_tree, tree_lines
+from dpsql.plan.tree import tree_lines
 from dpsql.service import group_clamps
 from dpsql.service.bias_notes import bounds_lines
 from dpsql.service.results import Result
 
 if TYPE_CHECKING:
-    from dpsql.plan.values import Measure, OutputAggregate, Plan
+    from dpsql.plan.annotated import Plan
+    from dpsql.plan.values import Measure, OutputAggregate
     from dpsql.service.protocol import Service
 
 # each kind's formula: its object says it (dpsql.aggregates.AggregateKind.explain); what
@@ -173,7 +174,7 @@ def explain_lines(service: Service, plan: Plan, analyst: str | None) -> list[str
         eps_left, delta_left = budget.remaining(spent)
         lines.append(f"  remaining before it: ε {_n(eps_left)}, δ {_n(delta_left)}")
     lines.append("Plan tree (each node's stability; each measurement's privacy map)")
-    lines.extend("  " + line for line in tree_lines(plan_tree(plan)))
+    lines.extend("  " + line for line in tree_lines(plan.root))
     lines.append(f"Engine SQL ({service.engine.dialect}; the secret is drawn per query)")
     compiled = compile_plan(plan, 0)
     for i, query in enumerate((compiled, *compiled.extras)):

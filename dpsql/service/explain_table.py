@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from dpsql.frontend.statements import CompositeQuery, ExplainStatement, ReleasedQuery, RuleListCall
 from dpsql.lower.compile import compile_plan
-from dpsql.plan.tree import plan_tree, tree_lines
-from dpsql.plan.values import Measure, Plan, QuantileMeasure
+from dpsql.plan.annotated import Plan
+from dpsql.plan.tree import tree_lines
+from dpsql.plan.values import Measure, QuantileMeasure
 from dpsql.service import group_clamps
 from dpsql.service.bias_notes import bounds_lines
 from dpsql.service.explain import budget_notes, explain_text, pending_choice
@@ -121,7 +122,7 @@ def explain_table(service: Service, plan: Plan, analyst: str | None = None) -> R
     for line in group_clamps.explain_lines(plan):  # a grouped AVG's clamp chosen per group
         rows.append(("clamp", line, None, None, None, None, None, None, None, None))
 
-    for line in tree_lines(plan_tree(plan)):  # the plan tree, root first
+    for line in tree_lines(plan.root):  # the plan tree, root first
         rows.append(("plan", line, None, None, None, None, None, None, None, None))
     c = plan.cost
     budget = service.policy.budget

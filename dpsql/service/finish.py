@@ -22,7 +22,7 @@ from dpsql.service.plan_cache import PostPlan, PreparedPlan
 from dpsql.service.results import Result, project_rows, released_table, to_python, type_code
 
 if TYPE_CHECKING:
-    from dpsql.plan.values import Plan
+    from dpsql.plan.annotated import Plan
     from dpsql.service.protocol import Service
 
 

@@ -54,7 +54,8 @@ import numpy as np
 
 from dpsql.errors import Error
 from dpsql.lower.compile import compile_plan
-from dpsql.plan.values import Measure, Plan
+from dpsql.plan.annotated import Plan
+from dpsql.plan.values import Measure
 from dpsql.privacy.clipping import clip_range, posterior_candidates, posterior_counts
 from dpsql.privacy.mechanisms import Laplace
 from dpsql.privacy.release import Released, group_index, release, released_measures
@@ -146,7 +147,7 @@ def for_intervals(plan: Plan) -> Plan:
         else o
         for o in plan.outputs
     )
-    return replace(plan, outputs=outputs)
+    return plan.with_(outputs=outputs)
 
 
 def _measures_of(plan: Plan, column: str) -> tuple[Measure, Measure] | None:

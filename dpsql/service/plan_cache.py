@@ -20,8 +20,8 @@ from dpsql.engine.scratch import (
 )
 from dpsql.frontend.statements import DIALECT
 from dpsql.lower.compile import CompiledQuery, compile_plan
+from dpsql.plan.annotated import Plan
 from dpsql.plan.canonical import answer_key
-from dpsql.plan.values import Plan
 from dpsql.service.results import is_output_column
 from dpsql.service.settings import Settings
 

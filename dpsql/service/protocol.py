@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from dpsql.engine.scratch import Scratch
     from dpsql.frontend.statements import DPQuery
     from dpsql.frontend.typecheck import ShadowTypes
-    from dpsql.plan.values import Plan
+    from dpsql.plan.annotated import Plan
     from dpsql.policy import Policy, TablePolicy
     from dpsql.privacy.ledger import Ledger
     from dpsql.privacy.samplers import NoiseSource

@@ -18,7 +18,7 @@ from dpsql.engine.scratch import (
     Projection,
     cast_value,
 )
-from dpsql.plan.values import Plan
+from dpsql.plan.annotated import Plan
 from dpsql.policy import SQL_TYPES
 from dpsql.privacy.bias import widened
 from dpsql.privacy.release import Released

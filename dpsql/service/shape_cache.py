@@ -35,7 +35,7 @@ from sqlglot import exp
 from dpsql.frontend.statements import DIALECT, DPQuery
 from dpsql.frontend.treeops import replace_nodes
 from dpsql.lower.compile import NEUTRAL, CompiledQuery, compile_plan
-from dpsql.plan.values import Plan
+from dpsql.plan.annotated import Plan
 from dpsql.service.plan_cache import PreparedPlan, SecretTemplate
 from dpsql.service.settings import Settings
 
@@ -122,8 +122,7 @@ class _Shape:
             replace(fresh, type=typed.type)
             for fresh, typed in zip(statement.keys, self.plan.query.keys, strict=True)
         )
-        plan = replace(
-            self.plan,
+        plan = self.plan.with_(
             query=statement.with_keys(keys),
             keys=tuple(replace(kp, key=k) for kp, k in zip(self.plan.keys, keys, strict=True)),
             outputs=tuple(
@@ -276,7 +275,7 @@ class ShapeCache:
         try:
             where = with_literal_slots(statement.where, [exp.Literal.number(s) for s in sentinels])
             other = service.plan(statement.with_where(where), settings, analyst)
-            if replace(other, query=plan.query, keys=plan.keys, outputs=plan.outputs) != plan:
+            if other.with_(query=plan.query, keys=plan.keys, outputs=plan.outputs) != plan:
                 return None  # a slot's value reached the plan: this shape is planned fresh
             if prepared.template is None:
                 prepared.template = SecretTemplate.build(plan)
