@@ -43,10 +43,32 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+from sqlglot import exp
 
 from dpsql.engine import store_files
-from dpsql.frontend.identifiers import quote_ident as _q
-from dpsql.lower.row_values import domain_condition, fixed_point_expr
+from dpsql.lower.builders import (
+    alias,
+    and_all,
+    attach,
+    coalesce,
+    count_distinct,
+    count_star,
+    count_where_over,
+    create_table_as,
+    cte,
+    detach,
+    left_join,
+    named_table,
+    order_by,
+    policy_column,
+    same,
+    select,
+    star,
+    subquery,
+    table_ref,
+    with_ctes,
+)
+from dpsql.lower.row_values import cast, domain_condition, fixed_point_expr, internal_name
 from dpsql.lower.store_layout import StoreInfo
 from dpsql.plan.fixed_point import fixed_point_bounds
 from dpsql.policy import ColumnPolicy, Policy, TablePolicy
@@ -174,110 +196,159 @@ def _pair_indexes(table: TablePolicy) -> list[tuple[str, int]]:
     ]
 
 
-def _partials_sql(
-    table: TablePolicy, layout: dict[str, Any], rows: str, name: Callable[[str], str]
-) -> list[str]:
+def _partials(
+    table: TablePolicy, layout: dict[str, Any], rows: exp.Table, name: Callable[[str], exp.Table]
+) -> list[exp.Create]:
     """CREATE TABLEs of the partials: per unit, and per (unit, value) of each pair column, the
     row count and each fixed-point column's SUM, SUM of squares (128-bit) and COUNT, over the
     rows with a unit (the plans never use the others). None for a row-level table."""
     if table.privacy_unit is None:
         return []
-    u = _q(table.privacy_unit)
-    sums = []
+    sums: list[exp.Expression] = []
     for column, (_, _, fp) in layout["fixed"].items():
         s, q, c = layout["partial_columns"][column]
+        square = exp.Mul(this=cast(internal_name(fp), "INT128"), expression=internal_name(fp))
         sums += [
-            f"SUM({fp}) AS {s}",
-            f"SUM(CAST({fp} AS HUGEINT) * {fp}) AS {q}",
-            f"COUNT({fp}) AS {c}",
+            alias(exp.Sum(this=internal_name(fp)), s),
+            alias(exp.Sum(this=square), q),
+            alias(exp.Count(this=internal_name(fp)), c),
         ]
     out = []
     for column, relation in layout["partials"].items():
-        key = [f"{_q(column)} AS __k"] if column else []
-        items = ", ".join([f"{u} AS __u", *key, "COUNT(*) AS __n", *sums])
-        group = "__u, __k" if column else "__u"
-        grouped = f"SELECT {items} FROM {rows} WHERE {u} IS NOT NULL GROUP BY {group}"
+        unit = policy_column(table.privacy_unit)
+        key = [alias(policy_column(column), "__k")] if column else []
+        items = [alias(unit, "__u"), *key, alias(count_star(), "__n"), *sums]
+        group: list[exp.Expression] = [internal_name("__u")]
+        group += [internal_name("__k")] if column else []
+        with_unit = exp.Not(this=exp.Is(this=unit.copy(), expression=exp.Null()))
+        grouped = select([i.copy() for i in items], rows.copy(), where=[with_unit], group=group)
         if column:
             # __g: the unit's pairs whose key is in the public domain (the plans' pair filter)
-            inside = domain_condition(table.columns[column], "__k").sql(dialect="duckdb")
-            counted = f"COUNT(*) FILTER (WHERE {inside}) OVER (PARTITION BY __u) AS __g"
-            grouped = f"SELECT *, {counted} FROM ({grouped})"
-        out.append(f"CREATE TABLE {name(relation)} AS {grouped} ORDER BY __u")
+            inside = domain_condition(table.columns[column], "__k")
+            counted = alias(count_where_over(inside, [internal_name("__u")]), "__g")
+            grouped = select([star(), counted], subquery(grouped, "g"))
+        out.append(create_table_as(name(relation), order_by(grouped, [internal_name("__u")])))
     return out
 
 
-def _build_sql(table: TablePolicy, layout: dict[str, Any], dest: str, hashed: bool) -> str:
-    """One CREATE TABLE: the typed rows, their statistics joined on, clustered by unit."""
-    cols = stored_columns(table)
+def rows_query(
+    table: TablePolicy,
+    layout: dict[str, Any],
+    source: exp.Table,
+    extra: list[exp.Expression] | None = None,
+) -> exp.Select:
+    """The store's rows, as every engine derives them (DuckDB here, Spark in
+    dpsql.engine.spark_store): the typed rows of ``source``, their fixed-point columns and the
+    ``extra`` items (DuckDB's hash mix), their unit's statistics joined on, ordered by (unit
+    rows, unit)."""
+    fixed = [
+        alias(fixed_point_expr(table.columns[name], lo, hi), fp)
+        for name, (lo, hi, fp) in layout["fixed"].items()
+    ]
+    rows = select([star(), *fixed, *(extra or [])], source.copy())
     unit = table.privacy_unit
-    src = _q(table.name)
-    items = ["r.*"]
-    for name, (lo, hi, fp) in layout["fixed"].items():
-        expr = fixed_point_expr(table.columns[name], lo, hi).sql(dialect="duckdb")
-        items.append(f"{expr} AS {fp}")
-    if hashed:
-        h = "HASH(" + ", ".join(f"r.{_q(c.name)}" for c in cols) + ")"
-        items.append(
-            f"CAST((CAST(XOR({h}, {h} >> 32) AS UHUGEINT) * {HASH_MULTIPLIER}::UHUGEINT) "
-            f"% 18446744073709551616::UHUGEINT AS UBIGINT) AS {PREFIX}h"
-        )
     if unit is None:
-        return f"CREATE TABLE {dest} AS SELECT {', '.join(items)} FROM {src} AS r"
-    u = _q(unit)
-    per_unit = unit_statistics(layout, _q)
-    ctes = [f"u AS (SELECT {u}, {', '.join(per_unit)} FROM {src} GROUP BY {u})"]
-    joins = [f"LEFT JOIN u ON r.{u} IS NOT DISTINCT FROM u.{u}"]
-    items += [f"COALESCE(u.{PREFIX}un, 0) AS {PREFIX}un"]
-    items += [f"COALESCE(u.{g}, 0) AS {g}" for g in layout["keys"].values()]
+        return rows
+    u = policy_column(unit)
+    per_unit = select([u, *unit_statistics(layout)], source.copy(), group=[u.copy()])
+    ctes = [cte("r", rows), cte("u", per_unit)]
+    joins = [left_join(table_ref("u"), same(policy_column(unit, "r"), policy_column(unit, "u")))]
+    items = [star("r"), alias(coalesce(internal_name(f"{PREFIX}un", "u"), _zero()), f"{PREFIX}un")]
+    items += [alias(coalesce(internal_name(g, "u"), _zero()), g) for g in layout["keys"].values()]
     for j, (name, pr) in enumerate(layout["pair"].items()):
-        c = _q(name)
-        ctes.append(f"p{j} AS (SELECT {u}, {c}, COUNT(*) AS {pr} FROM {src} GROUP BY {u}, {c})")
-        joins.append(
-            f"LEFT JOIN p{j} ON r.{u} IS NOT DISTINCT FROM p{j}.{u} "
-            f"AND r.{c} IS NOT DISTINCT FROM p{j}.{c}"
+        c, p = policy_column(name), f"p{j}"
+        counts = [u.copy(), c, alias(count_star(), pr)]
+        ctes.append(cte(p, select(counts, source.copy(), group=[u.copy(), c.copy()])))
+        on = exp.And(
+            this=same(policy_column(unit, "r"), policy_column(unit, p)),
+            expression=same(policy_column(name, "r"), policy_column(name, p)),
         )
-        items.append(f"COALESCE(p{j}.{pr}, 0) AS {pr}")
-    return (
-        f"CREATE TABLE {dest} AS WITH {', '.join(ctes)} SELECT {', '.join(items)} "
-        f"FROM {src} AS r {' '.join(joins)} ORDER BY {PREFIX}un, r.{u}"
-    )
+        joins.append(left_join(table_ref(p), on))
+        items.append(alias(coalesce(internal_name(pr, p), _zero()), pr))
+    out = select(items, table_ref("r"), joins=joins)
+    return order_by(with_ctes(out, ctes), [internal_name(f"{PREFIX}un"), policy_column(unit, "r")])
 
 
-def unit_statistics(layout: dict[str, Any], quote: Callable[[str], str]) -> list[str]:
-    """The per-unit statistics' aggregates (SQL both engines read): the unit's rows, and per
+def _zero() -> exp.Expression:
+    return exp.Literal.number(0)
+
+
+def unit_statistics(layout: dict[str, Any]) -> list[exp.Expression]:
+    """The per-unit statistics' aggregates (both engines read them): the unit's rows, and per
     key column its distinct values, NULL counted as one."""
-    items = [f"COUNT(*) AS {PREFIX}un"]
+    items: list[exp.Expression] = [alias(count_star(), f"{PREFIX}un")]
     for name, g in layout["keys"].items():
-        c = quote(name)
-        items.append(f"COUNT(DISTINCT {c}) + MAX(CASE WHEN {c} IS NULL THEN 1 ELSE 0 END) AS {g}")
+        null = exp.Case(
+            ifs=[exp.If(this=exp.Is(this=policy_column(name), expression=exp.Null()), true=_one())],
+            default=_zero(),
+        )
+        distinct = exp.Add(this=count_distinct(policy_column(name)), expression=exp.Max(this=null))
+        items.append(alias(distinct, g))
     return items
+
+
+def _one() -> exp.Expression:
+    return exp.Literal.number(1)
+
+
+def _hash_mix(columns: list[exp.Expression]) -> exp.Expression:
+    """DuckDB's ``(h ^ h >> 32) * K`` mod 2^64 of ``h = HASH(columns)``, as UBIGINT: what
+    HASH(columns..., s) combines with HASH(s) (checked by :func:`_hash_combines_as_expected`)."""
+    h = exp.Anonymous(this="HASH", expressions=columns)
+    folded = exp.BitwiseXor(
+        this=h, expression=exp.BitwiseRightShift(this=h.copy(), expression=exp.Literal.number(32))
+    )
+    mixed = exp.Mul(
+        this=cast(folded, "UINT128"),
+        expression=cast(exp.Literal.number(HASH_MULTIPLIER), "UINT128"),
+    )
+    wrapped = exp.Mod(
+        this=exp.Paren(this=mixed), expression=cast(exp.Literal.number(2**64), "UINT128")
+    )
+    return cast(wrapped, "UBIGINT")
+
+
+def _build(table: TablePolicy, layout: dict[str, Any], dest: exp.Table, hashed: bool) -> exp.Create:
+    """One CREATE TABLE: the typed rows, their statistics joined on, clustered by unit."""
+    columns: list[exp.Expression] = [policy_column(c.name) for c in stored_columns(table)]
+    extra: list[exp.Expression] = [alias(_hash_mix(columns), f"{PREFIX}h")] if hashed else []
+    return create_table_as(dest, rows_query(table, layout, named_table(table.name), extra))
 
 
 def _hash_combines_as_expected(con: duckdb.DuckDBPyConnection, table: TablePolicy) -> bool:
     """Does HASH(cols..., s) equal the stored mix XOR HASH(s), here, on this table's rows?"""
-    cols = ", ".join(_q(c.name) for c in stored_columns(table))
-    h = f"HASH({cols})"
-    mix = (
-        f"CAST((CAST(XOR({h}, {h} >> 32) AS UHUGEINT) * {HASH_MULTIPLIER}::UHUGEINT) "
-        "% 18446744073709551616::UHUGEINT AS UBIGINT)"
-    )
-    checks = " AND ".join(
-        f"bool_and(HASH({cols}, {s}) = XOR({mix}, HASH({s})))"
-        for s in (0, 7, 4242, 2**40 + 3, 2**61 + 12345, 2**62 - 1)
-    )
-    sample = f"(SELECT * FROM {_q(table.name)} LIMIT 2048)"
-    row = con.execute(f"SELECT coalesce({checks}, true) FROM {sample}").fetchone()
+    columns: list[exp.Expression] = [policy_column(c.name) for c in stored_columns(table)]
+    checks: list[exp.Expression] = []
+    for s in (0, 7, 4242, 2**40 + 3, 2**61 + 12345, 2**62 - 1):
+        seeded = exp.Anonymous(this="HASH", expressions=[*_copies(columns), exp.Literal.number(s)])
+        alone = exp.Anonymous(this="HASH", expressions=[exp.Literal.number(s)])
+        combined = exp.BitwiseXor(this=_hash_mix(_copies(columns)), expression=alone)
+        checks.append(exp.LogicalAnd(this=exp.EQ(this=seeded, expression=combined)))
+    sample = select([star()], named_table(table.name)).limit(2048, copy=False)
+    query = select([coalesce(and_all(checks), exp.true())], subquery(sample, "sample"))
+    row = con.execute(query.sql(dialect="duckdb")).fetchone()
     return bool(row and row[0])
 
 
-def _ranges(con: duckdb.DuckDBPyConnection, relation: str, table: TablePolicy) -> dict:
+def _copies(nodes: list[exp.Expression]) -> list[exp.Expression]:
+    return [n.copy() for n in nodes]
+
+
+def _ranges(con: duckdb.DuckDBPyConnection, relation: exp.Table, table: TablePolicy) -> dict:
     """Each numeric column's min and max (the operator's report only: no plan reads them)."""
     numeric = [c.name for c in stored_columns(table) if c.numeric]
     if not numeric:
         return {}
-    items = ", ".join(f"min({_q(n)}), max({_q(n)})" for n in numeric)
-    row = con.execute(f"SELECT {items} FROM {relation}").fetchone() or ()
+    items: list[exp.Expression] = []
+    for n in numeric:
+        items += [exp.Min(this=policy_column(n)), exp.Max(this=policy_column(n))]
+    row = con.execute(select(items, relation.copy()).sql(dialect="duckdb")).fetchone() or ()
     return {n: (row[2 * i], row[2 * i + 1]) for i, n in enumerate(numeric)}
+
+
+def _run(con: duckdb.DuckDBPyConnection, statement: exp.Expression, *params: Any) -> Any:
+    """Render one statement in DuckDB's dialect (the edge) and run it."""
+    return con.execute(statement.sql(dialect="duckdb"), list(params) if params else None)
 
 
 def prepare_table(
@@ -306,13 +377,13 @@ def prepare_table(
     sampled = table.privacy_unit is not None
     if directory is None:
         catalog, relation = None, f"{PREFIX}store_{table.name}"
-        dest = _q(relation)
+        dest = named_table(relation)
         hashed = sampled and _hash_combines_as_expected(con, table)
         say(f"{table.name}: building the prepared store in memory")
         before = _memory_bytes(con)
-        con.execute(_build_sql(table, layout, dest, hashed))
-        for statement in _partials_sql(table, layout, dest, lambda r: _q(f"{relation}_{r}")):
-            con.execute(statement)
+        _run(con, _build(table, layout, dest, hashed))
+        for statement in _partials(table, layout, dest, lambda r: named_table(f"{relation}_{r}")):
+            _run(con, statement)
         path, reused, size = None, False, max(_memory_bytes(con) - before, 0)
     else:
         store_files.private_directory(directory)  # 0700 whatever the umask
@@ -326,12 +397,12 @@ def prepare_table(
             say(f"{table.name}: building the prepared store {path_}")
             _build_file(con, table, layout, path_, key, version, hashed)
             _remove_stale(directory, table.name, path_)
-        con.execute(f"ATTACH '{_escape(str(path_))}' AS {catalog} (READ_ONLY)")
-        meta = json.loads(con.execute(f"SELECT info FROM {catalog}.meta").fetchone()[0])  # type: ignore[index]
+        _run(con, attach(str(path_), catalog, read_only=True))
+        meta = json.loads(_first(con, _info(catalog)))
         hashed = bool(meta["hashed"])
-        dest = f"{catalog}.{relation}"
+        dest = named_table(relation, catalog)
         path, size = str(path_), path_.stat().st_size
-    rows = int(con.execute(f"SELECT count(*) FROM {dest}").fetchone()[0])  # type: ignore[index]
+    rows = int(_first(con, select([count_star()], dest.copy())))
     seconds = time.perf_counter() - started
     info = StoreInfo(
         table=table.name,
@@ -360,22 +431,30 @@ def prepare_table(
     return info
 
 
-def _escape(text: str) -> str:
-    return text.replace("'", "''")
+def _info(catalog: str) -> exp.Select:
+    """``SELECT info FROM catalog.meta``: a disk store's metadata (its key, format, hash mix)."""
+    return select([internal_name("info")], named_table("meta", catalog))
+
+
+def _first(con: duckdb.DuckDBPyConnection, query: exp.Select) -> Any:
+    """The first value of a one-row query's first row (its statement rendered here)."""
+    row = _run(con, query).fetchone()
+    assert row is not None, "an aggregate or a store's metadata has one row"
+    return row[0]
 
 
 def _valid(con: duckdb.DuckDBPyConnection, path: Path, key: str) -> bool:
     """An existing file is used only if its metadata carries this very key."""
     probe = f"{PREFIX}probe"
     try:
-        con.execute(f"ATTACH '{_escape(str(path))}' AS {probe} (READ_ONLY)")
+        _run(con, attach(str(path), probe, read_only=True))
         try:
-            row = con.execute(f"SELECT info FROM {probe}.meta").fetchone()
+            row = _run(con, _info(probe)).fetchone()
         finally:
-            con.execute(f"DETACH {probe}")
+            _run(con, detach(probe))
     except duckdb.Error:
         return False
-    return bool(row) and json.loads(row[0]).get("key") == key  # type: ignore[index]
+    return row is not None and json.loads(row[0]).get("key") == key
 
 
 def _build_file(
@@ -394,17 +473,17 @@ def _build_file(
     with store_files.build_area(path.parent) as area:
         tmp = area / "store.duckdb"
         build = f"{PREFIX}build"
-        con.execute(f"ATTACH '{_escape(str(tmp))}' AS {build}")
+        _run(con, attach(str(tmp), build, read_only=False))
         try:
-            con.execute(_build_sql(table, layout, f"{build}.store", hashed))
-            for statement in _partials_sql(
-                table, layout, f"{build}.store", lambda r: f"{build}.{r}"
-            ):
-                con.execute(statement)
+            dest = named_table("store", build)
+            _run(con, _build(table, layout, dest, hashed))
+            for statement in _partials(table, layout, dest, lambda r: named_table(r, build)):
+                _run(con, statement)
             info = json.dumps({"key": key, "version": version, "format": FORMAT, "hashed": hashed})
-            con.execute(f"CREATE TABLE {build}.meta AS SELECT ? AS info", [info])
+            meta = exp.Select(expressions=[alias(exp.Placeholder(), "info")])
+            _run(con, create_table_as(named_table("meta", build), meta), info)
         finally:
-            con.execute(f"DETACH {build}")
+            _run(con, detach(build))
         store_files.owner_only(tmp)  # a copy of the private rows: readable by the operator only
         os.replace(tmp, path)
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from dpsql.engine import prepared, store_files
 from dpsql.engine.prepared import PREFIX
+from dpsql.lower.builders import named_table
 from dpsql.lower.store_layout import StoreInfo
 from dpsql.policy import TablePolicy
 
@@ -74,39 +75,13 @@ def view_name(table: TablePolicy) -> str:
     return f"{PREFIX}store_{table.name}"
 
 
-def _q(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
-
-
 def build_sql(table: TablePolicy, layout: dict[str, Any], source: str) -> str:
-    """Spark SQL of the derived rows: the typed rows of ``source`` (the engine's view of the
-    table), their fixed-point columns and their unit's statistics, ordered by (unit rows, unit)."""
-    from dpsql.lower.compile import fixed_point_expr, render
+    """Spark SQL of the derived rows (:func:`dpsql.engine.prepared.rows_query` over the engine's
+    view ``source`` of the table, rendered here, the one edge where it becomes text): the typed
+    rows, their fixed-point columns and their unit's statistics, ordered by (unit rows, unit)."""
+    from dpsql.lower.compile import render
 
-    src = _q(source)
-    fixed = [
-        f"{render(fixed_point_expr(table.columns[name], lo, hi), 'spark')} AS {fp}"
-        for name, (lo, hi, fp) in layout["fixed"].items()
-    ]
-    rows = f"SELECT {', '.join(['*', *fixed])} FROM {src}"
-    unit = table.privacy_unit
-    if unit is None:
-        return rows
-    u = _q(unit)
-    per_unit = prepared.unit_statistics(layout, _q)
-    ctes = [f"r AS ({rows})", f"u AS (SELECT {u}, {', '.join(per_unit)} FROM {src} GROUP BY {u})"]
-    joins = [f"LEFT JOIN u ON r.{u} <=> u.{u}"]
-    items = ["r.*", f"COALESCE(u.{PREFIX}un, 0) AS {PREFIX}un"]
-    items += [f"COALESCE(u.{g}, 0) AS {g}" for g in layout["keys"].values()]
-    for j, (name, pr) in enumerate(layout["pair"].items()):
-        c = _q(name)
-        ctes.append(f"p{j} AS (SELECT {u}, {c}, COUNT(*) AS {pr} FROM {src} GROUP BY {u}, {c})")
-        joins.append(f"LEFT JOIN p{j} ON r.{u} <=> p{j}.{u} AND r.{c} <=> p{j}.{c}")
-        items.append(f"COALESCE(p{j}.{pr}, 0) AS {pr}")
-    return (
-        f"WITH {', '.join(ctes)} SELECT {', '.join(items)} FROM r {' '.join(joins)} "
-        f"ORDER BY {PREFIX}un, r.{u}"
-    )
+    return render(prepared.rows_query(table, layout, named_table(source)), "spark")
 
 
 def prepare_table(

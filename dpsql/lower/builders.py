@@ -113,3 +113,133 @@ def decimal_type(precision: int, scale: int) -> exp.DataType:
     renderings widen sums to it (dpsql.lower.compile and the Spark store)."""
     params = [exp.DataTypeParam(this=exp.Literal.number(n)) for n in (precision, scale)]
     return exp.DataType(this=exp.DataType.Type.DECIMAL, expressions=params, nested=False)
+
+
+# -- statements and shapes of the prepared store's build (dpsql.engine.prepared, spark_store) --
+
+
+def policy_column(name: str, table: str | None = None) -> exp.Column:
+    """A policy column by its quoted name, optionally qualified by an internal alias.
+
+    >>> policy_column("Dept A", "r").sql("duckdb")
+    'r."Dept A"'
+    """
+    column = exp.Column(this=exp.Identifier(this=name, quoted=True))
+    if table is not None:
+        column.set("table", ident(table))
+    return column
+
+
+def named_table(name: str, catalog: str | None = None) -> exp.Table:
+    """A table by its quoted name, in an attached ``catalog`` or the connection's own: the
+    name is a policy table's or derives from one, so it is quoted, never spliced in.
+
+    >>> named_table("store", "__dp_p_t").sql("duckdb")
+    '"__dp_p_t"."store"'
+    """
+    table = exp.Table(this=exp.Identifier(this=name, quoted=True))
+    if catalog is not None:
+        table.set("db", exp.Identifier(this=catalog, quoted=True))
+    return table
+
+
+def create_table_as(target: exp.Table, query: exp.Expression) -> exp.Create:
+    """``CREATE TABLE target AS query``.
+
+    >>> create_table_as(named_table("s"), select([star()], named_table("t"))).sql("duckdb")
+    'CREATE TABLE "s" AS SELECT * FROM "t"'
+    """
+    return exp.Create(this=target, kind="TABLE", expression=query)
+
+
+def with_ctes(query: exp.Select, ctes: list[exp.CTE]) -> exp.Select:
+    """``WITH ctes query`` (``query`` itself, its WITH set)."""
+    if ctes:
+        query.set("with_", exp.With(expressions=ctes))
+    return query
+
+
+def order_by(query: exp.Select, keys: list[exp.Expression]) -> exp.Select:
+    """``query ORDER BY keys``, ascending with NULLs last as in DuckDB (Spark, whose NULLs
+    sort first, is told explicitly by its renderer)."""
+    query.set(
+        "order", exp.Order(expressions=[exp.Ordered(this=k, nulls_first=False) for k in keys])
+    )
+    return query
+
+
+def left_join(source: exp.Expression, on: exp.Expression) -> exp.Join:
+    """``LEFT JOIN source ON on``: every row of the left side, NULLs where nothing matches."""
+    return exp.Join(this=source, side="LEFT", on=on)
+
+
+def same(left: exp.Expression, right: exp.Expression) -> exp.NullSafeEQ:
+    """``left IS NOT DISTINCT FROM right``: equal, or both NULL (Spark: ``<=>``)."""
+    return exp.NullSafeEQ(this=left, expression=right)
+
+
+def coalesce(value: exp.Expression, default: exp.Expression) -> exp.Coalesce:
+    """``COALESCE(value, default)``."""
+    return exp.Coalesce(this=value, expressions=[default])
+
+
+def count_where_over(condition: exp.Expression, partition: list[exp.Expression]) -> exp.Window:
+    """``COUNT(*) FILTER (WHERE condition) OVER (PARTITION BY partition)``.
+
+    >>> count_where_over(exp.column("ok"), [exp.column("u")]).sql("duckdb")
+    'COUNT(*) FILTER(WHERE ok) OVER (PARTITION BY u)'
+    """
+    counted = exp.Filter(this=count_star(), expression=exp.Where(this=condition))
+    return exp.Window(this=counted, partition_by=partition, over="OVER")
+
+
+def attach(path: str, catalog: str, *, read_only: bool) -> exp.Attach:
+    """``ATTACH 'path' AS catalog [(READ_ONLY)]`` (DuckDB): the path a string literal, the
+    catalog a quoted name.
+
+    >>> attach("/tmp/it's.duckdb", "c", read_only=True).sql("duckdb")
+    'ATTACH \\'/tmp/it\\'\\'s.duckdb\\' AS "c" (READ_ONLY)'
+    """
+    target = exp.Alias(
+        this=exp.Literal.string(path), alias=exp.Identifier(this=catalog, quoted=True)
+    )
+    options = [exp.AttachOption(this=exp.Var(this="READ_ONLY"))] if read_only else None
+    return exp.Attach(this=target, exists=False, expressions=options)
+
+
+def detach(catalog: str) -> exp.Detach:
+    """``DETACH catalog`` (DuckDB).
+
+    >>> detach("c").sql("duckdb")
+    'DETACH "c"'
+    """
+    return exp.Detach(this=exp.Identifier(this=catalog, quoted=True), exists=False)
+
+
+# -- the row inputs' features (dp_rule_list, the regressions: dpsql.lower.rows) -------------
+
+
+def flag(condition: exp.Expression) -> exp.Case:
+    """``CASE WHEN condition THEN 1 ELSE 0 END``: 1 where it holds, 0 where it is false or
+    NULL (a feature's or a label's 0/1 column).
+
+    >>> flag(exp.EQ(this=policy_column("x"), expression=literal("a"))).sql("duckdb")
+    'CASE WHEN "x" = \\'a\\' THEN 1 ELSE 0 END'
+    """
+    return exp.Case(
+        ifs=[exp.If(this=condition, true=exp.Literal.number(1))], default=exp.Literal.number(0)
+    )
+
+
+def literal(value: object) -> exp.Expression:
+    """A declared value as a SQL literal: TRUE or FALSE, a number as Python prints it
+    (``repr``: every digit of a float), anything else its text as a string.
+
+    >>> [literal(v).sql("duckdb") for v in (True, 3, 0.1, "it's")]
+    ['TRUE', '3', '0.1', "'it''s'"]
+    """
+    if isinstance(value, bool):
+        return exp.Boolean(this=value)
+    if isinstance(value, int | float):
+        return exp.Literal.number(repr(value))
+    return exp.Literal.string(str(value))

@@ -134,10 +134,7 @@ def _from_partials(plan: Plan, store: StoreInfo, relation: str) -> exp.Select:
     items += [builders.alias(_partial_value(m, store), f"v_{m.name}") for m in value_measures(plan)]
     if plan.group_scaling:  # the unit's pairs in the domain, counted when the store was built
         items.append(row_values.internal_name("__g"))
-    source = builders.table_ref(relation)
-    if store.catalog is not None:
-        source.set("db", builders.ident(store.catalog))
-    pairs = builders.select(items, source)
+    pairs = builders.select(items, builders.named_table(relation, store.catalog))
     filters = bounding.column_key_domains(plan, ks)
     if filters:
         pairs = builders.select([builders.star()], builders.subquery(pairs, "p"), where=filters)
@@ -150,9 +147,10 @@ def _from_partials(plan: Plan, store: StoreInfo, relation: str) -> exp.Select:
 
 
 def _source(store: StoreInfo, alias: str | None = None) -> exp.Table:
-    table = builders.table_ref(store.relation, alias)
-    if store.catalog is not None:
-        table.set("db", builders.ident(store.catalog))
+    """The store's rows, by quoted names (a table's name may need quoting), optionally aliased."""
+    table = builders.named_table(store.relation, store.catalog)
+    if alias is not None:
+        table.set("alias", exp.TableAlias(this=builders.ident(alias)))
     return table
 
 
