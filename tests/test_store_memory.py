@@ -174,3 +174,37 @@ def test_a_where_by_chunks_gives_the_sqls_answers(tmp_path, monkeypatch):
         svc.close()
     print(f"{ran} WHEREs by chunks compared")
     assert ran >= 8
+
+
+@pytest.mark.skipif(not clustered.available(), reason="numba is not installed")
+def test_a_float_columns_fixed_points_are_computed_in_the_pass_never_held(tmp_path):
+    """A float column's fixed-point and clamp-excess rows are computed by the compiled pass
+    from its values (clustered._value), never filled: the very integers its rows hold when
+    filled (columnar._fixed_point, _clamp_excess) on NaN, infinities, 1e300, ties of x / 0.5
+    and values out of bounds; and a SUM and AVG of it give the SQL's answer."""
+    svc, policy, store = _store(tmp_path, unit=True, bounding="scale", groups=2)
+    try:
+        fixed = store.fixed_rows
+        assert fixed is not None and fixed.floats is not None
+        index = store.fixed_index or {}
+        rows = {i: key for key, i in index.items() if key[1] == "x"}
+        assert len(rows) >= 3 and all(fixed.fused[i] is not None for i in rows)  # two + excess
+        assert all(fixed.fused[i] is None for i in index.values() if i not in rows)  # ints read
+        sql = "SELECT k, COUNT(*), SUM(x), AVG(x) FROM t1 GROUP BY k"
+        compiled = _compiled(svc, sql, bias=True)
+        assert compiled.program is not None
+        fast = columnar.run(compiled.program, store, policy.tables["t1"], compiled.swaps)
+        expected = svc.engine.execute(dataclasses.replace(compiled, program=None))
+        assert _canonical(fast) == _canonical(expected)
+        assert not any(fixed._done[i] for i in rows)  # the pass computed them: none filled
+        whole = store.fixed  # every row filled, as before
+        assert whole is not None
+        kept = ~store.columns["x"].nulls
+        values = store.columns["x"].values
+        assert np.isnan(values[kept]).any() and np.isinf(values[kept]).any()
+        order = sorted(rows)
+        computed = clustered.fused_values(fixed.floats, [fixed.fused[i] for i in order], store.rows)
+        for j, i in enumerate(order):
+            assert np.array_equal(computed[j][kept], whole[i][kept].astype(np.int64)), rows[i]
+    finally:
+        svc.close()

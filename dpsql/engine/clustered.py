@@ -123,12 +123,53 @@ def _order_pairs(  # pragma: no cover - compiled
         touched[:t].sort()
 
 
+def _value(  # pragma: no cover - compiled
+    fixed: np.ndarray, floats: np.ndarray, fixed_rows: np.ndarray, fused: np.ndarray, j: Any, i: Any
+) -> Any:
+    """Measure ``j``'s fixed point of row ``i``: read from its row of ``fixed``, or where
+    ``fused[j, 0]`` is 1 or 2 computed here from the float column ``floats[fused[j, 1]]`` (no
+    full-length row of fixed points held: 4 bytes a row a measure), as that row would hold it
+    (columnar._fixed_point with g, lo, hi = ``fused[j, 2:5]``, columnar._clamp_excess with g,
+    lower, upper, W = ``fused[j, 2:6]``): the same IEEE divisions, comparisons and
+    truncations in the same order (numba compiles without fastmath), the same integers."""
+    source = fused[j, 0]
+    if source == 0.0:
+        return np.int64(fixed[fixed_rows[j], i])
+    x = floats[np.int64(fused[j, 1]), i]
+    g, a, b = fused[j, 2], fused[j, 3], fused[j, 4]
+    if source == 1.0:  # CAST(ROUND(clamp(x / g, lo, hi)) AS BIGINT), NaN to hi
+        c = x / g
+        c = b if (np.isnan(c) or c > b) else c
+        c = a if c < a else c
+    else:  # the clamp excess: ROUND(clamp((x - clamp(x, lower, upper)) / g, -W, W))
+        w = fused[j, 5]
+        inside = a if x < a else (b if (np.isnan(x) or x > b) else x)
+        c = (x - inside) / g
+        c = w if (np.isnan(c) or c > w) else c
+        c = -w if c < -w else c
+    whole = np.trunc(c)
+    return np.int64(whole + np.trunc(2.0 * (c - whole)))  # half away from zero
+
+
+def _fused_values(  # pragma: no cover - compiled
+    floats: np.ndarray, fused: np.ndarray, out: np.ndarray
+) -> None:
+    """Every row's value of each measure of ``fused`` (tests: the very integers of the rows
+    columnar.FixedRows fills)."""
+    rows = np.zeros(fused.shape[0], dtype=np.int64)
+    for j in range(fused.shape[0]):
+        for i in range(out.shape[1]):
+            out[j, i] = _value(out, floats, rows, fused, j, i)
+
+
 def _accumulate(  # pragma: no cover - compiled
     lo: int,
     hi: int,
     group: np.ndarray,
     weight: np.ndarray,
     fixed: np.ndarray,
+    floats: np.ndarray,
+    fused: np.ndarray,
     nulls: np.ndarray,
     fixed_rows: np.ndarray,
     null_rows: np.ndarray,
@@ -161,7 +202,8 @@ def _accumulate(  # pragma: no cover - compiled
             if kind == 0:
                 acc[j, s] += w
             else:
-                x = _clamped(np.int64(fixed[fixed_rows[j], i]), lows[j], highs[j]) - centers[j]
+                v = _value(fixed, floats, fixed_rows, fused, j, i)
+                x = _clamped(v, lows[j], highs[j]) - centers[j]
                 if kind == 2:
                     acc[j, s] += w * (x * x - centers2[j])
                 else:
@@ -186,6 +228,8 @@ def _bound_units(  # pragma: no cover - compiled
     group: np.ndarray,
     weight: np.ndarray,
     fixed: np.ndarray,
+    floats: np.ndarray,
+    fused: np.ndarray,
     nulls: np.ndarray,
     fixed_rows: np.ndarray,
     null_rows: np.ndarray,
@@ -238,8 +282,8 @@ def _bound_units(  # pragma: no cover - compiled
         rounds = rounds or grids[j] > 0
     for u in range(starts.shape[0] - 1):
         t = _accumulate(
-            starts[u], starts[u + 1], group, weight, fixed, nulls, fixed_rows, null_rows,
-            kinds, centers, centers2, lows, highs, seen, touched, n_loc, acc,
+            starts[u], starts[u + 1], group, weight, fixed, floats, fused, nulls, fixed_rows,
+            null_rows, kinds, centers, centers2, lows, highs, seen, touched, n_loc, acc,
         )  # fmt: skip
         k = 0
         for q in range(t):
@@ -304,6 +348,8 @@ def _row_sums(  # pragma: no cover - compiled
     group: np.ndarray,
     weight: np.ndarray,
     fixed: np.ndarray,
+    floats: np.ndarray,
+    fused: np.ndarray,
     nulls: np.ndarray,
     fixed_rows: np.ndarray,
     null_rows: np.ndarray,
@@ -329,7 +375,8 @@ def _row_sums(  # pragma: no cover - compiled
             if kind == 0:
                 values_out[j, s] += w
             else:
-                x = _clamped(np.int64(fixed[fixed_rows[j], i]), lows[j], highs[j]) - centers[j]
+                v = _value(fixed, floats, fixed_rows, fused, j, i)
+                x = _clamped(v, lows[j], highs[j]) - centers[j]
                 if kind == 2:
                     values_out[j, s] += w * (x * x - centers2[j])
                 else:
@@ -359,6 +406,8 @@ if _jit is not None:
     _floordiv = _inline(_floordiv)
     _rounded = _inline(_rounded)
     _clamped = _inline(_clamped)
+    _value = _inline(_value)
+    _fused_values = _jit(_fused_values)
     _accumulate = _inline(_accumulate)
     _order_pairs = _jit(_order_pairs)
     _bound_units = _jit(_bound_units)
@@ -381,12 +430,16 @@ def bound_units(
     group_scaling: bool,
     offsets: np.ndarray,
     clamps: list[tuple[int, int]] | None = None,
+    floats: np.ndarray | None = None,
+    fused: list[tuple[float, ...]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Run the kernel; ``measures``: per value measure (kind, grid, centre, centre², scale,
     cap), its value read from row ``fixed_rows[j]`` of ``fixed`` unless row ``null_rows[j]``
     of ``nulls`` marks it NULL; grid > 0: a count whose fine shares (on that grid) are
     rounded per unit, with ``offsets`` per unit in the store's order (0s where none is);
-    ``clamps``: per measure, [low, high] its value is clamped to as read (None: not clamped).
+    ``clamps``: per measure, [low, high] its value is clamped to as read (None: not clamped);
+    ``fused``: per measure (source, row of ``floats``, g, a, b, W), source 1 or 2 for a fixed
+    point the pass computes from ``floats`` instead of reading ``fixed`` (:func:`_value`).
     Returns per group: bounded row counts, unit counts, each value
     measure's total (one row each) and the number of non-empty pairs."""
     m = len(measures)
@@ -396,11 +449,14 @@ def bound_units(
     units_out = np.zeros(size, dtype=np.int64)
     values_out = np.zeros((m, size), dtype=np.int64)
     some_out = np.zeros(size, dtype=np.int64)
+    floats, table = _fused(floats, fused, m)
     _bound_units(
         _ro(starts),
         _ro(group),
         _ro(weight),
         _ro(fixed),
+        _ro(floats),
+        _ro(table),
         _ro(nulls),
         _ro(fixed_rows),
         _ro(null_rows),
@@ -441,18 +497,24 @@ def row_sums(
     null_rows: np.ndarray,
     size: int,
     clamps: list[tuple[int, int]] | None = None,
+    floats: np.ndarray | None = None,
+    fused: list[tuple[float, ...]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Run the row-level kernel (``measures`` and ``clamps`` as for :func:`bound_units`):
+    """Run the row-level kernel (``measures``, ``clamps``, ``floats`` and ``fused`` as for
+    :func:`bound_units`):
     per group, the kept rows and each value measure's total (one row each)."""
     m = len(measures)
     spec = np.array(measures, dtype=np.int64).reshape(m, 6)
     lows, highs = _bounds(clamps, m)
     rows_out = np.zeros(size, dtype=np.int64)
     values_out = np.zeros((m, size), dtype=np.int64)
+    floats, table = _fused(floats, fused, m)
     _row_sums(
         _ro(group),
         _ro(weight),
         _ro(fixed),
+        _ro(floats),
+        _ro(table),
         _ro(nulls),
         _ro(fixed_rows),
         _ro(null_rows),
@@ -472,3 +534,24 @@ def _bounds(clamps: list[tuple[int, int]] | None, m: int) -> tuple[np.ndarray, n
     pairs = clamps if clamps is not None else [(-_LARGEST - 1, _LARGEST)] * m
     both = np.array(pairs, dtype=np.int64).reshape(m, 2)
     return np.ascontiguousarray(both[:, 0]), np.ascontiguousarray(both[:, 1])
+
+
+def _fused(
+    floats: np.ndarray | None, fused: list[tuple[float, ...]] | None, m: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The float columns' matrix (a dummy where none) and per measure its fused source's
+    (source, row, g, a, b, W) as float64 (all zeros: read ``fixed``)."""
+    table = np.zeros((m, 6), dtype=np.float64)
+    for j, entry in enumerate(fused or ()):
+        table[j, : len(entry)] = entry
+    if floats is None:
+        floats = np.zeros((1, 1), dtype=np.float64)
+    return floats, table
+
+
+def fused_values(floats: np.ndarray, fused: list[tuple[float, ...]], rows: int) -> np.ndarray:
+    """Each ``fused`` source's value on every row of ``floats`` (int64, one row each): what
+    the passes compute in place of a row of fixed points (tests compare them)."""
+    out = np.zeros((len(fused), rows), dtype=np.int64)
+    _fused_values(_ro(floats), _ro(_fused(floats, fused, len(fused))[1]), out)
+    return out

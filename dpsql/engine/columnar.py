@@ -166,9 +166,16 @@ class FixedRows:
 
     def __init__(
         self, matrix: np.ndarray, compute: list[Callable[[int, int], np.ndarray]],
-        nulls: list[np.ndarray],
+        nulls: list[np.ndarray], floats: np.ndarray | None = None,
+        fused: list[tuple[float, ...] | None] | None = None,
     ) -> None:  # fmt: skip
         self.matrix = matrix
+        # the float columns, one row each, and per row of ``matrix`` the (source, row of
+        # ``floats``, g, a, b, W) from which the compiled pass computes that row's values
+        # itself (dpsql.engine.clustered._value: the same integers), None where it reads
+        # the row: a float column's rows are never filled for the pass (~4 bytes a row each)
+        self.floats = floats
+        self.fused = fused if fused is not None else [None] * len(compute)
         self._compute = compute
         self._nulls = nulls
         self._done = [False] * len(compute)
@@ -270,8 +277,14 @@ def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) ->
             keys.append((f"__v{i}", dtype))
         keys.append((f"__n{i}", np.bool_))
     held: dict[str, np.ndarray] = {
-        key: np.empty(rows, dtype=dtype) for key, dtype in keys if not key.startswith("__n")
+        key: np.empty(rows, dtype=dtype)
+        for key, dtype in keys
+        if not key.startswith("__n") and dtype is not np.float64
     }
+    # the float columns, one row each of one matrix (what the compiled pass reads)
+    wide = [key for key, dtype in keys if dtype is np.float64]
+    floats = np.empty((len(wide), rows), dtype=np.float64)
+    held.update({key: floats[k] for k, key in enumerate(wide)})
     # every column's NULLs, one row each of one matrix (what the compiled pass reads), zeros
     # (pages the system maps on write only) written where a fetched range has a NULL: a
     # column without any costs no memory
@@ -299,7 +312,8 @@ def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) ->
         if c.type == "date":
             values[missing] = 0
         columns[c.name] = Column(c.type, values, missing, codes, labels.get(c.name, ()))
-    return cluster(ColumnarTable(table.name, version, rows, columns, capacity), table, nulls)
+    table_ = ColumnarTable(table.name, version, rows, columns, capacity)
+    return cluster(table_, table, nulls, floats)
 
 
 _CODE_SQL: dict[type, str] = {np.uint8: "UTINYINT", np.uint16: "USMALLINT", np.int32: "INTEGER"}
@@ -474,7 +488,10 @@ def _unit_order(codes: np.ndarray, size: int) -> np.ndarray:
 
 
 def cluster(
-    table: ColumnarTable, policy: TablePolicy, nulls: np.ndarray | None = None
+    table: ColumnarTable,
+    policy: TablePolicy,
+    nulls: np.ndarray | None = None,
+    floats: np.ndarray | None = None,
 ) -> ColumnarTable:
     """``table`` as a store for the compiled pass (dpsql.engine.clustered): its rows ordered
     by privacy unit (its dense codes, NULL last; a stable sort, and none when the rows come
@@ -491,7 +508,7 @@ def cluster(
         if len(codes) > 1 and bool(np.any(codes[1:] < codes[:-1])):
             order = np.argsort(codes, kind="stable")
             columns = {name: _take(column, order) for name, column in columns.items()}
-            nulls = None
+            nulls = floats = None
             codes = columns[unit].codes
             assert codes is not None
         starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])[: len(codes)]
@@ -514,20 +531,31 @@ def cluster(
             name: replace(column, nulls=nulls[i])
             for i, (name, column) in enumerate(columns.items())
         }
+    floats, columns = _float_matrix(columns, floats)
+    float_rows = {
+        name: k for k, name in enumerate(c for c in columns if columns[c].kind == "float")
+    }
     fixed_index: dict[tuple[str, str, int, int], int] = {}
-    # each row's values over rows lo .. hi, computed when filled
+    # each row's values over rows lo .. hi, computed when filled; for a float column's row
+    # what the compiled pass computes it from instead (FixedRows.fused)
     rows_of: list[Callable[[int, int], np.ndarray]] = []
+    fused: list[tuple[float, ...] | None] = []
     for name, column in columns.items():
         spec = policy.columns[name]
         if not (spec.numeric and spec.bounded and column.kind in ("int", "float")):
             continue
         lo, hi = fixed_point_bounds(spec.lower, spec.upper, spec.granularity)  # type: ignore[arg-type]
+        k = float_rows.get(name)
+        g = float(spec.granularity)  # type: ignore[arg-type]
         for a, b in ((lo, hi), bias.measure_range("cut", lo, hi)):
             if max(abs(a), abs(b)) <= 2**53 and ("fixed", name, a, b) not in fixed_index:
                 fixed_index[("fixed", name, a, b)] = len(rows_of)
                 rows_of.append(_slice_of(_fixed_point, column, spec, a, b))
+                fused.append(None if k is None else (1.0, k, g, float(a), float(b), 0.0))
         fixed_index[("excess", name, lo, hi)] = len(rows_of)
         rows_of.append(_slice_of(_clamp_excess, column, spec, max(hi - lo, 1)))
+        bounds = (float(spec.lower), float(spec.upper), float(max(hi - lo, 1)))  # type: ignore[arg-type]
+        fused.append(None if k is None else (2.0, k, g, *bounds))
     # every row lies within its range ([lo, hi], the cut's widened one, or [-W, W] for the
     # excess): int32 when all ranges fit (decided from the policy's bounds), half the memory;
     # each row filled when a program first reads it (FixedRows)
@@ -535,7 +563,7 @@ def cluster(
     widths = [3 * max(hi_ - lo_, 1) for (_, _, lo_, hi_) in fixed_index]
     small = max([*ranges, *widths, 0]) < 2**31 - 1
     fixed = np.empty((len(rows_of), table.rows), dtype=np.int32 if small else np.int64)
-    for array in (nulls, unit_starts):
+    for array in (nulls, unit_starts, floats):
         if array is not None:
             array.setflags(write=False)
     for column in columns.values():
@@ -544,7 +572,7 @@ def cluster(
                 array.setflags(write=False)
     row_nulls = [columns[name].nulls for (_, name, _, _) in sorted(
         fixed_index, key=fixed_index.__getitem__)]  # fmt: skip
-    fixed_rows = FixedRows(fixed, rows_of, row_nulls)
+    fixed_rows = FixedRows(fixed, rows_of, row_nulls, floats, fused)
     return ColumnarTable(
         table.name,
         table.version,
@@ -561,6 +589,27 @@ def cluster(
 
 
 _FILL_ROWS = 1 << 20
+
+
+def _float_matrix(
+    columns: dict[str, Column], floats: np.ndarray | None
+) -> tuple[np.ndarray, dict[str, Column]]:
+    """The float columns' values as rows of one C-contiguous matrix, in column order (what
+    the compiled pass reads; ``floats`` when the build fetched them so already), the
+    columns' own arrays becoming views of its rows (one copy of each, not two)."""
+    names = [name for name, column in columns.items() if column.kind == "float"]
+    if floats is not None and len(floats) == len(names):
+        return floats, columns
+    if len(names) == 1:  # a view of the one column, no copy
+        stored = columns[names[0]].stored
+        assert stored is not None
+        return np.ascontiguousarray(stored).reshape(1, -1), columns
+    rows = len(next(iter(columns.values())).nulls) if columns else 0
+    matrix = np.empty((len(names), rows), dtype=np.float64)
+    for k, name in enumerate(names):
+        matrix[k] = columns[name].stored
+    held = {name: replace(columns[name], stored=matrix[k]) for k, name in enumerate(names)}
+    return matrix, {**columns, **held}
 
 
 def _slice_of(
@@ -886,13 +935,17 @@ def _compiled_pass(
         return None
     spec, fixed_rows, null_rows, clamps = planned
     assert table.fixed_rows is not None and table.nulls is not None
-    if len(table.fixed_rows.matrix):  # the rows this program reads, computed if not yet
-        reads = (clustered.SUM, clustered.SUMSQ, clustered.CUT)  # the others read no value
-        fixed = table.fixed_rows.filled(
-            sorted({row for row, s in zip(fixed_rows, spec, strict=True) if s[0] in reads})
-        )
+    reads = (clustered.SUM, clustered.SUMSQ, clustered.CUT)  # the others read no value
+    held = table.fixed_rows
+    fused = [
+        held.fused[r] if s[0] in reads else None for r, s in zip(fixed_rows, spec, strict=True)
+    ]
+    if len(held.matrix):  # the rows this program reads and does not compute, filled if not yet
+        fixed = held.filled(sorted({r for r, f, s in zip(fixed_rows, fused, spec, strict=True)
+                                    if s[0] in reads and f is None}))  # fmt: skip
     else:
         fixed = np.zeros((1, 1), dtype=np.int64)  # never read
+    sources = [f or () for f in fused]
     rows_f = np.array(fixed_rows, dtype=np.int64)
     rows_n = np.array(null_rows, dtype=np.int64)
     if program.unit is not None:
@@ -912,11 +965,14 @@ def _compiled_pass(
             program.group_scaling,
             _store_offsets(program, table),
             clamps,
+            held.floats,
+            sources,
         )
     else:
         rows_out, values_out = clustered.row_sums(
-            group, selected, fixed, table.nulls, spec, rows_f, rows_n, size, clamps
-        )
+            group, selected, fixed, table.nulls, spec, rows_f, rows_n, size, clamps,
+            held.floats, sources,
+        )  # fmt: skip
         units_out, some = rows_out, rows_out
     measures: list[np.ndarray] = []
     j = 0
