@@ -145,7 +145,7 @@ class Access:
 
     # -- the check ---------------------------------------------------------------------------
     def check(
-        self, tree: exp.Expression, text: str, policy: Policy, table_functions: Iterable[str] = ()
+        self, tree: exp.Expression, policy: Policy, table_functions: Iterable[str] = ()
     ) -> None:
         """Refuse (free, 42501) a statement naming a table or column the analyst may not
         query. ``tree`` is the parsed statement after CTE scoping (a policy table's name in it
@@ -158,12 +158,12 @@ class Access:
                 continue
             call = node.this
             if isinstance(call, exp.Anonymous) and call.name.lower() in functions:
-                self._check_table_function(call, text, policy)
+                self._check_table_function(call, policy)
                 continue
             table = policy.table(node.name) if isinstance(call, exp.Identifier) else None
             if table is None:
                 continue  # a CTE, a derived table's alias, or unknown (the binder says so)
-            self._check_table(table.name, node, text)
+            self._check_table(table.name, node)
             read[node.alias_or_name.lower()] = table.name
             read.setdefault(table.name, table.name)
         hidden = {t: self.denied_columns[t] for t in set(read.values()) if t in self.denied_columns}
@@ -171,18 +171,18 @@ class Access:
             return
         for node in tree.walk():
             if isinstance(node, exp.Star):
-                self._check_star(node, read, hidden, text)
+                self._check_star(node, read, hidden)
             elif isinstance(node, exp.Column) and not isinstance(node.this, exp.Star):
-                self._check_column(node.name, node.table, node, read, hidden, text)
+                self._check_column(node.name, node.table, node, read, hidden)
             elif isinstance(node, exp.Join):
                 for ident in node.args.get("using") or []:
                     name = ident.name if isinstance(ident, exp.Expression) else str(ident)
-                    self._check_column(name, "", ident, read, hidden, text)
+                    self._check_column(name, "", ident, read, hidden)
 
-    def _check_table(self, name: str, node: exp.Expression | None, text: str) -> None:
+    def _check_table(self, name: str, node: exp.Expression | None) -> None:
         if name in self.denied_tables:
             key = f"tables.{name}"
-            raise _denied(f"permission denied for table {name}", node, text, key, self._fix(key))
+            raise _denied(f"permission denied for table {name}", node, key, self._fix(key))
 
     def _check_column(
         self,
@@ -191,7 +191,6 @@ class Access:
         node: exp.Expression,
         read: Mapping[str, str],
         hidden: Mapping[str, frozenset[str]],
-        text: str,
     ) -> None:
         column = name.lower()
         owner = read.get(qualifier.lower()) if qualifier else None
@@ -202,7 +201,6 @@ class Access:
                 raise _denied(
                     f"permission denied for column {column} of table {table}",
                     node,
-                    text,
                     key,
                     self._fix(key),
                 )
@@ -212,7 +210,6 @@ class Access:
         node: exp.Star,
         read: Mapping[str, str],
         hidden: Mapping[str, frozenset[str]],
-        text: str,
     ) -> None:
         parent = node.parent
         if isinstance(parent, exp.Count | exp.AggFunc):
@@ -225,20 +222,19 @@ class Access:
                 raise _denied(
                     f"permission denied for some columns of table {table} (* reads them all)",
                     parent if isinstance(parent, exp.Column) else node,
-                    text,
                     f"tables.{table}.columns",
                     hint=f"name the columns you need instead of *; {_fix(table, 'columns')}; "
                     "nothing was spent",
                 )
 
-    def _check_table_function(self, call: exp.Anonymous, text: str, policy: Policy) -> None:
+    def _check_table_function(self, call: exp.Anonymous, policy: Policy) -> None:
         args = call.expressions
         if not args or not (isinstance(args[0], exp.Literal) and args[0].is_string):
             return  # the binder refuses it
         table = policy.table(args[0].this)
         if table is None:
             return
-        self._check_table(table.name, args[0], text)
+        self._check_table(table.name, args[0])
         hidden = self.denied_columns.get(table.name)
         if not hidden:
             return
@@ -263,7 +259,6 @@ class Access:
                 raise _denied(
                     f"permission denied for column {column} of table {table.name}",
                     node,
-                    text,
                     key,
                     self._fix(key),
                 )
@@ -272,7 +267,6 @@ class Access:
                 f"permission denied for some columns of table {table.name} (without "
                 "features => [...] the function reads them all)",
                 call,
-                text,
                 f"tables.{table.name}.columns",
                 hint="name the columns you may use in features => [...]; "
                 + _fix(table.name, "columns")
@@ -294,15 +288,13 @@ def _fix(table: str, what: str = "") -> str:
     return f"or ask the operator to add you to the allow list in {where}"
 
 
-def _denied(
-    message: str, node: exp.Expression | None, text: str, key: str, hint: str
-) -> AccessDenied:
+def _denied(message: str, node: exp.Expression | None, key: str, hint: str) -> AccessDenied:
     from dpsql.frontend.positions import position_of
 
     return AccessDenied(
         message,
         construct=key,
-        position=position_of(node, text) if node is not None else None,
+        position=position_of(node) if node is not None else None,
         hint=hint,
     )
 

@@ -128,7 +128,7 @@ def test_refusals(learned):
     _, _, _, models = learned
     text = "SELECT dp_predict('nope') FROM people"
     with pytest.raises(UndefinedObjectError) as info:
-        expand_predictions(sqlglot.parse_one(text, read="duckdb"), models.get, text=text)
+        expand_predictions(sqlglot.parse_one(text, read="duckdb"), models.get)
     assert info.value.sqlstate == "42704" and "dpsql model list" in info.value.hint
     assert info.value.position is not None
     for bad in ("SELECT dp_predict(age) FROM people", "SELECT dp_predict('m', age) FROM people"):

@@ -60,7 +60,7 @@ def test_group_key_positions_equal_position_of() -> None:
     from sqlglot import exp
 
     from dpsql.frontend.bind.keys import key_position
-    from dpsql.frontend.positions import position_of
+    from dpsql.frontend.positions import Source, mark, position_of
 
     texts = [
         "SELECT department, COUNT(*) FROM visits GROUP BY department",
@@ -72,7 +72,11 @@ def test_group_key_positions_equal_position_of() -> None:
     checked = 0
     for text in texts:
         tree = sqlglot.parse_one(text, read="duckdb")
+        source = Source(text, "duckdb")  # as the parse records it (dpsql.frontend.bind)
+        for node in tree.walk():
+            if node._meta:
+                mark(node, source)
         for item in tree.args["group"].expressions:
-            assert key_position(item, text) == position_of(item, text), (text, item)
+            assert key_position(item) == position_of(item), (text, item)
             checked += isinstance(item, exp.Column | exp.Literal)
     assert checked >= 10

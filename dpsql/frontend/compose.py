@@ -52,11 +52,11 @@ def _output_name(select: exp.Select, index: int = 0) -> str | None:
     return None
 
 
-def split_released_filter(tree: exp.Select, text: str) -> ReleasedFilter | None:
+def split_released_filter(tree: exp.Select) -> ReleasedFilter | None:
     """The released-filter shape of ``tree``, or None when it has none."""
     joins = tree.args.get("joins") or []
     if len(joins) == 1:
-        return _from_join(tree, joins[0], text)
+        return _from_join(tree, joins[0])
     where = tree.args.get("where")
     if joins or where is None:
         return None
@@ -71,7 +71,6 @@ def split_released_filter(tree: exp.Select, text: str) -> ReleasedFilter | None:
             raise _refuse(
                 "an IN (subquery) over a DP query must select one named column",
                 part,
-                text,
                 "IN (SELECT department AS d FROM t GROUP BY department ...)",
             )
         outer = tree.copy()
@@ -81,7 +80,7 @@ def split_released_filter(tree: exp.Select, text: str) -> ReleasedFilter | None:
     return None
 
 
-def _from_join(tree: exp.Select, join: exp.Join, text: str) -> ReleasedFilter | None:
+def _from_join(tree: exp.Select, join: exp.Join) -> ReleasedFilter | None:
     inner = _dp_subquery(join.this)
     if inner is None:
         return None
@@ -91,7 +90,6 @@ def _from_join(tree: exp.Select, join: exp.Join, text: str) -> ReleasedFilter | 
         raise _refuse(
             f"{(side + ' ' + kind).strip()} JOIN with a DP subquery is not supported",
             join,
-            text,
             "use an inner JOIN (or IN (subquery)): the subquery's released values filter rows",
         )
     alias = join.this.alias_or_name.lower() if isinstance(join.this, exp.Subquery) else ""
@@ -106,7 +104,6 @@ def _from_join(tree: exp.Select, join: exp.Join, text: str) -> ReleasedFilter | 
         raise _refuse(
             "a JOIN with a DP subquery needs ON column = subquery_column",
             on or join,
-            text,
             "JOIN (SELECT d AS d__, COUNT(*) ... LIMIT 5) AS s ON d = d__",
         )
     column, output = pair
@@ -117,7 +114,6 @@ def _from_join(tree: exp.Select, join: exp.Join, text: str) -> ReleasedFilter | 
             raise _refuse(
                 f"the outer query reads the DP subquery's column {col.sql()!r}",
                 col,
-                text,
                 "a DP subquery may only filter the outer rows (ON col = its column); select "
                 "its values with a query of their own",
             )
@@ -145,7 +141,5 @@ def _equality(on: exp.Expression, alias: str, outputs: set[str]) -> tuple[exp.Co
     return None
 
 
-def _refuse(message: str, node: exp.Expression, text: str, hint: str) -> PrivacyError:
-    return PrivacyError(
-        message, construct=snippet(node), position=position_of(node, text), hint=hint
-    )
+def _refuse(message: str, node: exp.Expression, hint: str) -> PrivacyError:
+    return PrivacyError(message, construct=snippet(node), position=position_of(node), hint=hint)

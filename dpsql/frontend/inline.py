@@ -55,30 +55,29 @@ def is_aggregate(select: exp.Select) -> bool:
 
 # The binder, passed in by it (dpsql.frontend.bind.bind_select): a per-unit relation is found by
 # binding trial SELECTs, and this module sits below the binder (it imports no binder).
-BindSelect = Callable[[exp.Select, str, Policy], DPQuery]
+BindSelect = Callable[[exp.Select, Policy], DPQuery]
 
 
 def flatten_relations(
-    tree: exp.Select, text: str, policy: Policy, bind: BindSelect
+    tree: exp.Select, policy: Policy, bind: BindSelect
 ) -> tuple[exp.Select | Wrapped, Policy]:
     """``tree`` with its CTEs and derived tables resolved (see the module docstring), and
     the policy with the per-unit tables it made (dpsql.frontend.per_unit): a derived table
     or CTE grouped by the privacy unit becomes a table of one row per unit (per key), which
     the outer query reads like any table."""
-    flattener = _Flattener(text, policy, bind)
+    flattener = _Flattener(policy, bind)
     flat = flattener.resolve(tree, {})
     if flattener.derived:
         policy = replace(policy, tables={**policy.tables, **flattener.derived})
     return flat, policy
 
 
-def _no_binding(tree: exp.Select, text: str, policy: Policy) -> DPQuery:
+def _no_binding(tree: exp.Select, policy: Policy) -> DPQuery:
     raise AssertionError("post-processing is inlined without binding")  # never called
 
 
 class _Flattener:
-    def __init__(self, text: str, policy: Policy, bind: BindSelect) -> None:
-        self.text = text
+    def __init__(self, policy: Policy, bind: BindSelect) -> None:
         self.policy = policy
         self.bind_select = bind
         self.derived: dict[str, TablePolicy] = {}  # per-unit tables made so far, by name
@@ -87,7 +86,7 @@ class _Flattener:
         return PrivacyError(
             message,
             construct=snippet(node) if node is not None else None,
-            position=position_of(node, self.text),
+            position=position_of(node),
             hint=hint,
         )
 
@@ -184,11 +183,9 @@ class _Flattener:
         policy = replace(self.policy, tables={**self.policy.tables, **self.derived})
 
         def bind(trial: exp.Select) -> DPQuery:
-            return self.bind_select(trial, self.text, policy)
+            return self.bind_select(trial, policy)
 
-        made = per_unit_relation(
-            inner, outer, self.text, policy, bind=bind, make_source=per_unit_source
-        )
+        made = per_unit_relation(inner, outer, policy, bind=bind, make_source=per_unit_source)
         if made is None:
             return None
         relation, table = made
@@ -263,7 +260,7 @@ class _Flattener:
                 f"column {node.name!r}",
                 sqlstate=UndefinedColumnError.sqlstate,
                 construct=snippet(node),
-                position=position_of(node, self.text),
+                position=position_of(node),
                 hint="its columns: " + ", ".join(columns),
             )
 
@@ -404,7 +401,7 @@ def compose_post(outer: exp.Select, inner_post: exp.Select, alias: str) -> exp.S
             for c in outer.find_all(exp.Column)
             if not _is_output_alias(c, outer)
         ):
-            flat = _Flattener("", _NO_POLICY, _no_binding)._inline(
+            flat = _Flattener(_NO_POLICY, _no_binding)._inline(
                 outer, inner_post, alias or "_", expand_star=True
             )
             flat.meta.pop("dp_unchecked", None)

@@ -55,13 +55,13 @@ _JOIN_HINT = (
 )
 
 
-def ambiguous_column(col: exp.Column, aliases: Sequence[str], text: str) -> ProgrammingError:
+def ambiguous_column(col: exp.Column, aliases: Sequence[str]) -> ProgrammingError:
     """42702 for an unqualified column that two joined tables hold, naming the qualifiers."""
     return ProgrammingError(
         f"column reference {col.name!r} is ambiguous",
         sqlstate="42702",
         construct=snippet(col),
-        position=position_of(col, text),
+        position=position_of(col),
         hint="qualify it: " + " or ".join(f"{a}.{col.name}" for a in aliases),
     )
 
@@ -95,23 +95,23 @@ class _Dimension:
         return [r[index] for r in self.rows() if r[index] is not None]
 
 
-def resolve_joins(tree: exp.Select, text: str, policy: Policy) -> exp.Select:
+def resolve_joins(tree: exp.Select, policy: Policy) -> exp.Select:
     """``tree`` with its semi joins on public tables evaluated and its joins with public
     tables inlined (see the module docstring). Other joins are left to the binder."""
     if not any(t.public for t in policy.tables.values()):
         return tree
-    tree = _semi_joins(tree, text, policy)
+    tree = _semi_joins(tree, policy)
     joins = tree.args.get("joins") or []
     if joins and all(isinstance(j.this, exp.Table) for j in joins):
-        tree = Joiner(tree, text, policy).rewrite()
+        tree = Joiner(tree, policy).rewrite()
     return tree
 
 
-def _refuse(message: str, node: exp.Expression | None, text: str, hint: str) -> PrivacyError:
+def _refuse(message: str, node: exp.Expression | None, hint: str) -> PrivacyError:
     return PrivacyError(
         message,
         construct=snippet(node) if node is not None else None,
-        position=position_of(node, text),
+        position=position_of(node),
         hint=hint,
     )
 
@@ -119,7 +119,7 @@ def _refuse(message: str, node: exp.Expression | None, text: str, hint: str) -> 
 # -- semi joins ---------------------------------------------------------------------------------
 
 
-def _semi_joins(tree: exp.Select, text: str, policy: Policy) -> exp.Select:
+def _semi_joins(tree: exp.Select, policy: Policy) -> exp.Select:
     def visit(node: exp.Expression) -> exp.Expression:
         if not isinstance(node, exp.In) or node.args.get("query") is None:
             return node
@@ -131,7 +131,7 @@ def _semi_joins(tree: exp.Select, text: str, policy: Policy) -> exp.Select:
         table = _public_source(select, policy)
         if table is None:
             return node  # a DP subquery (dpsql.frontend.compose) or refused by the binder
-        values = _evaluate_public(select, table, text)
+        values = _evaluate_public(select, table)
         if not values:
             return exp.false()  # x IN (no rows) is FALSE, NULL x too
         out = node.copy()
@@ -152,7 +152,7 @@ def _public_source(select: exp.Select, policy: Policy) -> TablePolicy | None:
     return table if table is not None and table.public else None
 
 
-def _evaluate_public(select: exp.Select, table: TablePolicy, text: str) -> list[Any]:
+def _evaluate_public(select: exp.Select, table: TablePolicy) -> list[Any]:
     """The distinct values of a one-column SELECT over one public table (public data)."""
     from dpsql.frontend.statements import SCALAR_NODES
 
@@ -172,7 +172,7 @@ def _evaluate_public(select: exp.Select, table: TablePolicy, text: str) -> list[
                 f"unknown column {node.name!r} in public table {table.name!r}",
                 sqlstate=UndefinedColumnError.sqlstate,
                 construct=snippet(node),
-                position=position_of(node, text),
+                position=position_of(node),
                 hint="its columns: " + ", ".join(table.columns),
             )
         if isinstance(node, exp.Rand | exp.Anonymous | exp.AggFunc) or not isinstance(
@@ -183,12 +183,11 @@ def _evaluate_public(select: exp.Select, table: TablePolicy, text: str) -> list[
         raise _refuse(
             f"an IN (subquery) over public table {table.name!r} {problem}",
             select,
-            text,
             f"IN (SELECT key FROM {table.name} WHERE condition)",
         )
     query = select.copy()
     query.set("distinct", exp.Distinct())
-    rows = _PublicData.of(table).rows(query.sql(dialect="duckdb"), text, select)
+    rows = _PublicData.of(table).rows(query.sql(dialect="duckdb"), select)
     return [r[0] for r in rows]
 
 
@@ -228,7 +227,7 @@ class _PublicData:
                 cls._cache[id(table.rows)] = known
             return known[1]
 
-    def rows(self, sql: str, text: str, node: exp.Expression) -> list[tuple[Any, ...]]:
+    def rows(self, sql: str, node: exp.Expression) -> list[tuple[Any, ...]]:
         try:
             with self._lock:
                 return self._con.execute(sql).fetchall()
@@ -237,13 +236,13 @@ class _PublicData:
                 f"the subquery over a public table fails: {str(exc).splitlines()[0][:200]}",
                 sqlstate="42804",
                 construct=snippet(node),
-                position=position_of(node, text),
+                position=position_of(node),
                 hint="check the column types of the public table",
             ) from None
 
 
 def public_rows(
-    table: TablePolicy, query: exp.Select, text: str
+    table: TablePolicy, query: exp.Select
 ) -> tuple[list[str], list[str], list[tuple[Any, ...]]]:
     """Output names, DuckDB types and rows of ``query`` over the public ``table`` alone
     (checked by the binder: scalar SQL and aggregates over its declared columns)."""
@@ -258,7 +257,7 @@ def public_rows(
             f"the query over public table {table.name!r} fails: {str(exc).splitlines()[0][:200]}",
             sqlstate="42804",
             construct=snippet(query),
-            position=position_of(query, text),
+            position=position_of(query),
             hint="check the column types of the public table",
         ) from None
     return [d[0] for d in description], [str(d[1]) for d in description], rows
@@ -274,13 +273,12 @@ def _literal(value: Any) -> exp.Expression:
 
 
 class Joiner:
-    def __init__(self, tree: exp.Select, text: str, policy: Policy) -> None:
+    def __init__(self, tree: exp.Select, policy: Policy) -> None:
         self.tree = tree
-        self.text = text
         self.policy = policy
 
     def refuse(self, message: str, node: exp.Expression | None, hint: str) -> PrivacyError:
-        return _refuse(message, node, self.text, hint)
+        return _refuse(message, node, hint)
 
     def side(self, node: exp.Expression) -> JoinSide:
         alias = node.alias_or_name.lower()
@@ -291,7 +289,7 @@ class Joiner:
                     f"unknown table {node.name!r}",
                     sqlstate=UndefinedTableError.sqlstate,
                     construct=snippet(node),
-                    position=position_of(node, self.text),
+                    position=position_of(node),
                     hint="use a table declared in the policy: "
                     + ", ".join(sorted(self.policy.tables)),
                 )
@@ -443,7 +441,6 @@ class Joiner:
                 spec.type,
                 f"{dim.table.name}.{key}",
                 dim.table.columns[key].type,
-                self.text,
             )
         return key, foreign
 
@@ -458,7 +455,7 @@ class Joiner:
         return in_dim
 
     def _ambiguous(self, col: exp.Column, aliases: Sequence[str]) -> ProgrammingError:
-        return ambiguous_column(col, aliases, self.text)
+        return ambiguous_column(col, aliases)
 
     def _no_column(self, col: exp.Column, dim: JoinSide) -> ProgrammingError:
         assert dim.table is not None
@@ -466,7 +463,7 @@ class Joiner:
             f"unknown column {col.name!r} in table {dim.table.name!r}",
             sqlstate=UndefinedColumnError.sqlstate,
             construct=snippet(col),
-            position=position_of(col, self.text),
+            position=position_of(col),
             hint="columns declared in the policy: " + ", ".join(dim.table.columns),
         )
 

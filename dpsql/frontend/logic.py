@@ -52,7 +52,7 @@ def column_equality(node: exp.Expression | None) -> exp.EQ | None:
 
 
 def mismatched_join(
-    on: exp.Expression, left: str, left_type: str, right: str, right_type: str, text: str
+    on: exp.Expression, left: str, left_type: str, right: str, right_type: str
 ) -> ProgrammingError:
     """42804 for a join ON columns of different comparison families, refused before reading:
     run as written, the engine would cast one side, and the cast would fail on exactly the rows
@@ -62,7 +62,7 @@ def mismatched_join(
         "different types cannot be joined",
         sqlstate="42804",
         construct=snippet(on),
-        position=position_of(on, text),
+        position=position_of(on),
         hint="join columns declared with the same type (int and float compare as numbers); "
         "if one source stores the key as text, declare it with the other's type in the policy",
     )

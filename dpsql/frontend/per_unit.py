@@ -166,10 +166,9 @@ class _Shape:
     """The SELECT read as a per-unit relation: whether it is one (a private policy table grouped
     by its privacy unit), the constructs it may not hold, and refusals that point at the text."""
 
-    def __init__(self, inner: exp.Select, outer: exp.Select, text: str, policy: Any) -> None:
+    def __init__(self, inner: exp.Select, outer: exp.Select, policy: Any) -> None:
         self.inner = inner
         self.outer = outer
-        self.text = text
         self.policy = policy
 
     def refuse(
@@ -182,7 +181,7 @@ class _Shape:
         return PrivacyError(
             message,
             construct=construct or (snippet(node) if node is not None else None),
-            position=position_of(node, self.text),
+            position=position_of(node),
             hint=hint,
         )
 
@@ -240,7 +239,7 @@ class _Shape:
             raise self.refuse(
                 "a per-unit relation (GROUP BY the privacy unit) over another per-unit "
                 "relation or over a unit_path table is not supported",
-                group if position_of(self.source, self.text) is None else self.source,
+                group if position_of(self.source) is None else self.source,
                 "aggregate per unit once, over a table that holds the unit column",
                 construct=snippet(self.source),
             )
@@ -289,7 +288,7 @@ class _Shape:
                 raise UndefinedColumnError(
                     f"unknown column {node.name!r} in table {self.base.name!r}",
                     construct=snippet(node),
-                    position=position_of(node, self.text),
+                    position=position_of(node),
                     hint="its columns: " + ", ".join(self.base.columns),
                 )
             if name not in keys:
@@ -767,13 +766,12 @@ def groups_by_unit(select: exp.Select, policy: Any) -> bool:
     """Whether ``select`` is a per-unit relation (a policy table grouped by its privacy unit):
     private rows, one per unit, not a DP query of its own (for classifiers of the text, such
     as dpsql.frontend.released's). From the text and the policy alone."""
-    return _Shape(select, select, "", policy).recognise()
+    return _Shape(select, select, policy).recognise()
 
 
 def per_unit_relation(
     inner: exp.Select,
     outer: exp.Select,
-    text: str,
     policy: Any,
     *,
     bind: Callable[[exp.Select], Any],
@@ -782,7 +780,7 @@ def per_unit_relation(
     """``(relation, table)``: a row-level SELECT over the per-unit table V and V's policy
     table, if ``inner`` groups a private table by its privacy unit; None otherwise (then
     ``inner`` is a DP query of its own). Refuses what the module docstring lists."""
-    shape = _Shape(inner, outer, text, policy)
+    shape = _Shape(inner, outer, policy)
     if not shape.recognise():
         return None
     return _Builder(shape, bind).build(make_source)

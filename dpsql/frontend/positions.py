@@ -12,25 +12,70 @@ from sqlglot.tokens import TokenType
 
 from dpsql.errors import Position
 
-# The statement being bound and the dialect it was read in (dpsql.frontend.dialect), set as its
-# parse starts (:func:`reading`): refusals name a construct by the analyst's own text.
-_READING: contextvars.ContextVar[tuple[str, str]] = contextvars.ContextVar(
-    "dpsql_reading", default=("", "duckdb")
-)
+SOURCE = "dp_source"  # the meta key of a parsed node's :class:`Source`
 
 
-def reading(text: str, dialect: str) -> None:
+class Source:
+    """The statement a tree was parsed from: its text and the dialect it was read in
+    (dpsql.frontend.dialect). :func:`mark` records it on the meta of every node that carries a
+    position, as the parse ends, so a refusal finds where its construct stands from the node
+    alone (:func:`position_of`), however far from the parse it is raised; copies of a node
+    (CTE and derived-table inlining, rewrites) keep it, with the positions, in their meta."""
+
+    __slots__ = ("dialect", "text")
+
+    def __init__(self, text: str, dialect: str) -> None:
+        self.text = text
+        self.dialect = dialect
+
+    def tokens(self) -> tuple:
+        """The text's tokens, cached for the statement (see :func:`forget_tokens`)."""
+        return _tokens_cached(self.text, self.dialect)
+
+    def __deepcopy__(self, memo: dict) -> Source:  # one statement: copies share it
+        return self
+
+
+# The statement whose parse started last on this thread/task (:func:`reading`): the source of
+# a node that records none (a node dpsql built, a statement's first look before its parse).
+_NOTHING = Source("", "duckdb")
+_READING: contextvars.ContextVar[Source] = contextvars.ContextVar("dpsql_reading", default=_NOTHING)
+
+
+def reading(text: str, dialect: str) -> Source:
     """Record the text and dialect of the statement whose parse starts (per thread/task)."""
-    _READING.set((text, dialect))
+    source = Source(text, dialect)
+    _READING.set(source)
+    return source
 
 
-def position_of(node: exp.Expr | None, text: str) -> Position | None:
-    """The earliest source position recorded on ``node`` or any of its descendants."""
-    offset = _start_offset(node, text)
-    return None if offset is None else offset_position(text, offset)
+def mark(node: exp.Expr, source: Source) -> None:
+    """Record ``source`` on ``node``'s meta, which holds its position (see :class:`Source`)."""
+    node.meta[SOURCE] = source
 
 
-def _start_offset(node: exp.Expr | None, text: str) -> int | None:
+def source_of(node: exp.Expr | None) -> Source:
+    """The statement ``node`` was parsed from: the source recorded on it or a descendant, else
+    the statement being read."""
+    if node is not None:
+        for sub in node.walk():
+            meta = sub._meta
+            if meta and (source := meta.get(SOURCE)) is not None:
+                return source
+    return _READING.get()
+
+
+def position_of(node: exp.Expr | None) -> Position | None:
+    """The earliest source position recorded on ``node`` or any of its descendants, in the
+    statement it was parsed from."""
+    if node is None:
+        return None
+    source = source_of(node)
+    offset = _start_offset(node, source)
+    return None if offset is None else offset_position(source.text, offset)
+
+
+def _start_offset(node: exp.Expr | None, source: Source) -> int | None:
     if node is None:
         return None
     best: int | None = None
@@ -42,7 +87,7 @@ def _start_offset(node: exp.Expr | None, text: str) -> int | None:
     # Keywords (CREATE, JOIN, LIMIT, OVER, ...) carry no position in sqlglot, so the earliest
     # one above can lie inside the construct: move back to the construct's own first token,
     # as the statement's dialect spells it (INITCAP, not DuckDB's ARRAY_TO_STRING rendering).
-    for dialect in dict.fromkeys((_dialect_of(text), "duckdb")):
+    for dialect in dict.fromkeys((source.dialect, "duckdb")):
         try:
             head = _first_token(node.sql(dialect=dialect), dialect)
         except Exception:  # a node the dialect cannot render: keep the recorded position
@@ -51,7 +96,7 @@ def _start_offset(node: exp.Expr | None, text: str) -> int | None:
             continue
         starts = [
             t.start
-            for t in text_tokens(text)
+            for t in source.tokens()
             if t.text.upper() == head and (best is None or t.start <= best)
         ]
         if starts:
@@ -60,8 +105,8 @@ def _start_offset(node: exp.Expr | None, text: str) -> int | None:
 
 
 def _dialect_of(text: str) -> str:
-    current, dialect = _READING.get()
-    return dialect if current == text else "duckdb"
+    current = _READING.get()
+    return current.dialect if current.text == text else "duckdb"
 
 
 def text_tokens(text: str) -> tuple:
@@ -124,9 +169,12 @@ _CLAUSE_WORDS = frozenset(
 
 
 def written(node: exp.Expr) -> str | None:
-    """The text of the statement being bound that ``node`` was parsed from, or None."""
-    text, dialect = _READING.get()
-    if not text or node is None:
+    """The text of the statement that ``node`` was parsed from, or None."""
+    if node is None:
+        return None
+    source = source_of(node)
+    text, dialect = source.text, source.dialect
+    if not text:
         return None
     metas: list[tuple[exp.Expr, dict]] = [
         (sub, sub._meta or {}) for sub in node.walk() if getattr(sub, "_meta", None)
@@ -142,10 +190,10 @@ def written(node: exp.Expr) -> str | None:
             and text[start : end + 1].strip('"`').lower() != sub.name.lower()
         ):
             return None
-    start = _start_offset(node, text)
+    start = _start_offset(node, source)
     if start is None:
         return None
-    tokens = text_tokens(text)
+    tokens = source.tokens()
     first = next((i for i, t in enumerate(tokens) if t.start == start), None)
     if first is None:
         return None

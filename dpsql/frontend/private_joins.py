@@ -200,11 +200,11 @@ def _on(pairs: tuple[tuple[str, str, str, str], ...]) -> exp.Expression:
 # -- the query rewrite ----------------------------------------------------------------------
 
 
-def resolve_private_joins(tree: exp.Select, text: str, policy: Policy) -> tuple[exp.Select, Policy]:
+def resolve_private_joins(tree: exp.Select, policy: Policy) -> tuple[exp.Select, Policy]:
     """``tree`` over one virtual table if its FROM joins two or more private tables (and the
     policy with that table); otherwise both unchanged. Refusals are decided from the text and
     the policy alone: nothing is read."""
-    tree, policy = _resolve_nested(tree, text, policy)
+    tree, policy = _resolve_nested(tree, policy)
     joins = tree.args.get("joins") or []
     from_ = tree.args.get("from_") or tree.args.get("from")
     if not joins or from_ is None:
@@ -216,11 +216,11 @@ def resolve_private_joins(tree: exp.Select, text: str, policy: Policy) -> tuple[
     if any(t is None for t in tables):
         return tree, policy
     if sum(not t.public for t in tables if t) >= 2:
-        tree, policy = _Lowering(tree, text, policy).run()
-    return _lower_public(tree, text, policy)
+        tree, policy = _Lowering(tree, policy).run()
+    return _lower_public(tree, policy)
 
 
-def _resolve_nested(tree: exp.Select, text: str, policy: Policy) -> tuple[exp.Select, Policy]:
+def _resolve_nested(tree: exp.Select, policy: Policy) -> tuple[exp.Select, Policy]:
     """The joins inside the FROM's derived table and inside each CTE, lowered in place (their
     bodies then read one virtual table, which dpsql.frontend.inline inlines or wraps like any
     other): ``FROM (SELECT p.sex, v.cost FROM visits v JOIN patients p ON ...) AS x`` is
@@ -229,8 +229,8 @@ def _resolve_nested(tree: exp.Select, text: str, policy: Policy) -> tuple[exp.Se
 
     def lowered(body: exp.Select) -> exp.Select | None:
         nonlocal policy
-        new, policy = resolve_private_joins(body, text, policy)
-        new = resolve_joins(new, text, policy)
+        new, policy = resolve_private_joins(body, policy)
+        new = resolve_joins(new, policy)
         return None if new is body else new
 
     def arg(select: exp.Select, *names: str) -> Any:
@@ -255,9 +255,8 @@ def _resolve_nested(tree: exp.Select, text: str, policy: Policy) -> tuple[exp.Se
 
 
 class _Lowering:
-    def __init__(self, tree: exp.Select, text: str, policy: Policy) -> None:
+    def __init__(self, tree: exp.Select, policy: Policy) -> None:
         self.tree = tree
-        self.text = text
         self.policy = policy
         self._on: dict[str, tuple[tuple[str, str, str, str], ...]] = {}  # by internal alias
 
@@ -265,7 +264,7 @@ class _Lowering:
         return PrivacyError(
             message,
             construct=snippet(node) if node is not None else None,
-            position=position_of(node, self.text),
+            position=position_of(node),
             hint=hint,
         )
 
@@ -402,9 +401,7 @@ class _Lowering:
         engine's join then casts nothing and cannot fail on any value."""
         ta, tb = a.table.columns[a_col].type, b.table.columns[b_col].type
         if not comparable(ta, tb):
-            raise mismatched_join(
-                on, f"{a.table.name}.{a_col}", ta, f"{b.table.name}.{b_col}", tb, self.text
-            )
+            raise mismatched_join(on, f"{a.table.name}.{a_col}", ta, f"{b.table.name}.{b_col}", tb)
 
     def _on_pairs(
         self, a: JoinSide, a_col: str, b: JoinSide, b_col: str
@@ -425,7 +422,7 @@ class _Lowering:
                     f"unknown table or alias {col.table!r} in {col.sql()!r}",
                     sqlstate=UndefinedTableError.sqlstate,
                     construct=snippet(col),
-                    position=position_of(col, self.text),
+                    position=position_of(col),
                     hint="qualify it with a table joined so far: "
                     + ", ".join(s.alias for s in sides),
                 )
@@ -444,14 +441,14 @@ class _Lowering:
             f"unknown column {col.name!r} in table {table.name!r}",
             sqlstate=UndefinedColumnError.sqlstate,
             construct=snippet(col),
-            position=position_of(col, self.text),
+            position=position_of(col),
             hint="columns declared in the policy: " + ", ".join(table.columns),
         )
 
     def _ambiguous(self, col: exp.Column, aliases: list[str]) -> ProgrammingError:
         from dpsql.frontend.joins import ambiguous_column
 
-        return ambiguous_column(col, aliases, self.text)
+        return ambiguous_column(col, aliases)
 
     # -- the virtual table ---------------------------------------------------------------
     def _rewrite(
@@ -560,7 +557,7 @@ class _Lowering:
 REAL_PUBLIC_JOINS = True
 
 
-def _lower_public(tree: exp.Select, text: str, policy: Policy) -> tuple[exp.Select, Policy]:
+def _lower_public(tree: exp.Select, policy: Policy) -> tuple[exp.Select, Policy]:
     """``FROM private JOIN public ON private.fk = public.key`` (INNER or LEFT, one or more
     dimensions) as one virtual table whose source is a real JOIN with the public rows.
 
@@ -582,7 +579,7 @@ def _lower_public(tree: exp.Select, text: str, policy: Policy) -> tuple[exp.Sele
     nodes = [from_.this, *(j.this for j in joins)]
     if not all(isinstance(n, exp.Table) and isinstance(n.this, exp.Identifier) for n in nodes):
         return tree, policy
-    joiner = Joiner(tree, text, policy)
+    joiner = Joiner(tree, policy)
     fact, *dims = [joiner.side(n) for n in nodes]
     aliases = [s.alias for s in (fact, *dims)]
     if fact.table is None or fact.public or not all(d.public for d in dims):

@@ -116,14 +116,11 @@ def _sources(select: exp.Select) -> list[exp.Expression]:
 
 
 class _Classifier:
-    def __init__(self, text: str, policy: Policy) -> None:
-        self.text = text
+    def __init__(self, policy: Policy) -> None:
         self.policy = policy
 
     def refuse(self, message: str, node: exp.Expression, hint: str) -> PrivacyError:
-        return PrivacyError(
-            message, construct=snippet(node), position=position_of(node, self.text), hint=hint
-        )
+        return PrivacyError(message, construct=snippet(node), position=position_of(node), hint=hint)
 
     def scope(self, node: exp.Expression, ctes: dict[str, _Cte]) -> dict[str, _Cte]:
         """``ctes`` with ``node``'s own CTEs added (each seeing the ones before it)."""
@@ -187,11 +184,11 @@ class _Classifier:
         return PUBLIC
 
 
-def split_released_tables(tree: exp.Expression, text: str, policy: Policy) -> ReleasedTables | None:
+def split_released_tables(tree: exp.Expression, policy: Policy) -> ReleasedTables | None:
     """The released-tables shape of ``tree``, or None when the one-query path takes it (a DP
     query, a chain of queries over one DP query, a DP subquery filter): see the module
     docstring. Refuses (free) a set operation over private rows."""
-    classifier = _Classifier(text, policy)
+    classifier = _Classifier(policy)
     kind = classifier.kind(tree, {})
     if isinstance(_unwrap(tree), exp.SetOperation) and kind != POST:
         node = _unwrap(tree)

@@ -223,7 +223,7 @@ def type_query(query: DPQuery, shadow: ShadowTypes, owner: str | None = None) ->
     key_types, condition_types = types[: len(keys)], types[len(keys) :]
     for i, ((node, role), duck_type) in enumerate(zip(contexts, condition_types, strict=True)):
         if duck_type is not None and duck_type not in BOOLEAN_TYPES:
-            at = position_of(node, query.text) if i < located else _found_at(node, query.text)
+            at = position_of(node) if i < located else _found_at(node, query.text)
             raise ProgrammingError(
                 f"{role} must be BOOLEAN, but {snippet(node)} is {duck_type}",
                 sqlstate="42804",

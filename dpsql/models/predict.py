@@ -58,8 +58,6 @@ PREDICTORS: dict[str, Callable[[dict], exp.Expression]] = {
 def expand_predictions(
     tree: exp.Expr,
     lookup: Callable[[str], StoredModel | None],
-    *,
-    text: str | None = None,
 ) -> exp.Expr:
     """A copy of ``tree`` with every ``dp_predict('name'[, table.*])`` replaced by its model.
 
@@ -67,21 +65,22 @@ def expand_predictions(
     (free, decided from the text and the store): a first argument that is not a quoted
     name, other arguments than ``*`` / ``table.*`` (42883), an unknown name (42704), a model
     learned on another table than the query reads (42809), a kind with no SQL predictor
-    (0A000).  ``text`` (the statement) lets errors carry a position.
+    (0A000).  Errors carry the call's position in the statement it was parsed from
+    (dpsql.frontend.positions).
     """
     tree = tree.copy()
     tables = {t.name.lower() for t in tree.find_all(exp.Table)}
     for call in list(tree.find_all(exp.Anonymous)):
         if str(call.name).lower() != FUNCTION:
             continue
-        model = _resolve(call, lookup, text)
+        model = _resolve(call, lookup)
         if tables and model.table.lower() not in tables:
             raise ProgrammingError(
                 f"model {model.name!r} was learned on table {model.table!r}, which this "
                 "query does not read",
                 sqlstate="42809",
                 construct=call.sql(dialect="duckdb"),
-                position=_where(call, text),
+                position=position_of(call),
                 hint=f"apply it in a query FROM {model.table}",
             )
         predictor = PREDICTORS.get(model.kind)
@@ -90,23 +89,21 @@ def expand_predictions(
                 f"models of kind {model.kind!r} cannot be applied in SQL yet",
                 sqlstate="0A000",
                 construct=FUNCTION,
-                position=_where(call, text),
+                position=position_of(call),
                 hint="kinds with a SQL form: " + ", ".join(sorted(PREDICTORS)),
             )
         call.replace(exp.Paren(this=predictor(json.loads(model.model_json))))
     return tree
 
 
-def _resolve(
-    call: exp.Anonymous, lookup: Callable[[str], StoredModel | None], text: str | None
-) -> StoredModel:
+def _resolve(call: exp.Anonymous, lookup: Callable[[str], StoredModel | None]) -> StoredModel:
     args = call.expressions
     if not args or not (isinstance(args[0], exp.Literal) and args[0].is_string):
         raise ProgrammingError(
             f"{FUNCTION} needs the model name first, in quotes",
             sqlstate="42883",
             construct=FUNCTION,
-            position=_where(call, text),
+            position=position_of(call),
             hint=f"{FUNCTION}('model_name') or {FUNCTION}('model_name', table.*)",
         )
     for extra in args[1:]:
@@ -118,7 +115,7 @@ def _resolve(
                 f"{FUNCTION} takes the model name and optionally table.*",
                 sqlstate="42883",
                 construct=extra.sql(dialect="duckdb"),
-                position=_where(extra, text),
+                position=position_of(extra),
                 hint="the model reads the columns it was learned on by name",
             )
     name = args[0].this
@@ -127,12 +124,8 @@ def _resolve(
         raise UndefinedObjectError(
             f"model {name[:70]!r} does not exist",
             construct=name[:70],
-            position=_where(call, text),
+            position=position_of(call),
             hint="store one with dp_rule_list(..., model => 'name'); list yours with "
             "`dpsql model list`",
         )
     return model
-
-
-def _where(node: exp.Expression, text: str | None):
-    return None if text is None else position_of(node, text)

@@ -105,7 +105,7 @@ def check_having_type(service: Service, plan: Plan, dummy_answer: dict) -> None:
             f"a HAVING condition must be BOOLEAN, but it is {duck_type}",
             sqlstate="42804",
             construct="HAVING",
-            position=position_of(having, plan.query.text),
+            position=position_of(having),
             hint="compare the aggregate with a value, e.g. HAVING COUNT(*) > 10",
         )
 

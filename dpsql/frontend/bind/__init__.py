@@ -36,9 +36,12 @@ from dpsql.frontend.inline import Wrapped, compose_post, flatten_relations
 from dpsql.frontend.joins import JOINED, resolve_joins
 from dpsql.frontend.per_unit import groups_by_unit
 from dpsql.frontend.positions import (
+    Source,
     forget_tokens,
+    mark,
     offset_position,
     reading,
+    source_of,
     text_tokens,
 )
 from dpsql.frontend.private_joins import resolve_private_joins
@@ -106,7 +109,7 @@ def parse_statement(
     _check_unicode(text, parameters)
     dialect = check_dialect(dialect)
     forget_tokens()
-    reading(text, dialect)  # refusals quote the analyst's own text (dpsql.frontend.positions)
+    source = reading(text, dialect)  # refusals quote the analyst's text (frontend.positions)
     head = _first_word(text)
     if head in ("SHOW", "RESET"):
         return _setting_command(head, text)
@@ -132,19 +135,20 @@ def parse_statement(
                 "EXPLAIN takes a DP SELECT query", construct="EXPLAIN", hint="EXPLAIN SELECT ..."
             )
         return ExplainStatement(bound, fmt)
-    tree = _statement_tree(text, policy, parameters, models, dialect)
-    return bind_tree(tree, text, policy, access)
+    tree = _statement_tree(source, policy, parameters, models)
+    return bind_tree(tree, policy, access)
 
 
 def _statement_tree(
-    text: str,
+    source: Source,
     policy: Policy,
     parameters: Sequence[Any] | None,
     models: Callable[[str], Any] | None,
-    dialect: str,
 ) -> exp.Expr:
-    """The one statement of ``text``, parsed and checked, with its parameters substituted and
-    the dialect's meaning made explicit: what :func:`bind_tree` binds."""
+    """The one statement of ``source``, parsed and checked, with its parameters substituted and
+    the dialect's meaning made explicit: what :func:`bind_tree` binds. Each node that records
+    a position records its source too, so refusals need no text (dpsql.frontend.positions)."""
+    text, dialect = source.text, source.dialect
     statements: list[exp.Expr] | None
     try:
         statements = _parse(text, dialect)
@@ -161,7 +165,6 @@ def _statement_tree(
             PrivacyError,
             "several statements in one query",
             statements[1],
-            text,
             "send one statement at a time",
         )
     tree = statements[0]
@@ -172,14 +175,14 @@ def _statement_tree(
         node.comments = None
         if node._meta:  # positions: copied with the node (sqlglot deep-copies every meta dict)
             node._meta = ShallowMeta(node._meta)
+            mark(node, source)
     if parameters is not None:
-        tree = _substitute_parameters(tree, parameters, text)
+        tree = _substitute_parameters(tree, parameters)
     elif tree.find(exp.Placeholder, exp.Parameter):
         raise refusal(
             ProgrammingError,
             "the query has parameter placeholders but no parameters were given",
             tree.find(exp.Placeholder, exp.Parameter),
-            text,
             "pass the values as execute(sql, parameters)",
         )
     # the dialect's meaning made explicit (PostgreSQL's integer division: ``//``) before
@@ -190,7 +193,7 @@ def _statement_tree(
 
         # The model is the analyst's own released value: its CASE is query text like any
         # other, bound and checked by the same rules (it reads no data).
-        tree = expand_predictions(tree, models, text=text)
+        tree = expand_predictions(tree, models)
     return tree
 
 
@@ -234,8 +237,8 @@ def parse_probe(
     _check_unicode(text, parameters)
     dialect = check_dialect(dialect)
     forget_tokens()
-    reading(text, dialect)
-    tree = _statement_tree(text, policy, parameters, models, dialect)
+    source = reading(text, dialect)
+    tree = _statement_tree(source, policy, parameters, models)
     if isinstance(tree, exp.Select):
         tree = _unwrapped_probe(tree, policy)
     if not isinstance(tree, exp.Select) or not (
@@ -263,7 +266,7 @@ def parse_probe(
     )
     if with_ is not None:
         wrapper.set("with_", with_)
-    bound = bind_tree(wrapper, text, policy, access)
+    bound = bind_tree(wrapper, policy, access)
     if not isinstance(bound, DPQuery) or bound.table.public:
         return None  # reads no private row: a public query, answered as one
     relation.set("limit", exp.Limit(expression=exp.Literal.number(0)))
@@ -344,8 +347,9 @@ def _column_types(policy: Policy) -> ColumnTypes:
 class ShallowMeta(dict):
     """A parsed node's meta (its positions, and markers the frontend adds): sqlglot deep-copies
     the meta of every node it copies, through :func:`copy.deepcopy`, which costs more than
-    copying the node itself. Its values are ints and tuples, or lists that are replaced and
-    never changed in place, so a shallow copy is a deep one."""
+    copying the node itself. Its values are ints and tuples, lists that are replaced and
+    never changed in place, and the statement's Source (shared by its copies), so a shallow
+    copy is a deep one."""
 
     def __deepcopy__(self, memo: dict) -> ShallowMeta:
         return ShallowMeta(self)
@@ -464,7 +468,7 @@ def _setting_command(head: str, text: str) -> SettingStatement:
     return SettingStatement(head.lower(), words[1].lower())
 
 
-def _substitute_parameters(tree: exp.Expr, params: Sequence[Any], text: str):
+def _substitute_parameters(tree: exp.Expr, params: Sequence[Any]):
     """Replace ``$n`` placeholders (``?`` is read as ``$n``, see _parse) by literals; values
     never become SQL text unescaped."""
 
@@ -481,7 +485,6 @@ def _substitute_parameters(tree: exp.Expr, params: Sequence[Any], text: str):
                 ProgrammingError,
                 f"parameter {index + 1} has no value ({len(params)} given)",
                 node,
-                text,
                 "pass one value per placeholder",
             )
         return to_literal(params[index])
@@ -489,32 +492,33 @@ def _substitute_parameters(tree: exp.Expr, params: Sequence[Any], text: str):
     return tree.transform(replace, copy=True)
 
 
-def bind_tree(tree: exp.Expr, text: str, policy: Policy, access: Any = None) -> Statement:
+def bind_tree(tree: exp.Expr, policy: Policy, access: Any = None) -> Statement:
+    """Bind one parsed statement. Refusals point at their nodes' positions, and the bound
+    statement records the text its nodes were parsed from (dpsql.frontend.positions): no
+    text is passed along the rewrites and binders below."""
     for cls, name in REFUSED_STATEMENTS.items():
         if isinstance(tree, cls):
             raise refusal(
                 PrivacyError,
                 f"{name} statements are not allowed: dpsql only answers aggregate SELECT queries",
                 tree,
-                text,
                 "send a SELECT with COUNT/SUM/AVG; data and configuration cannot be changed",
             )
     if isinstance(tree, exp.Transaction | exp.Commit | exp.Rollback):
         kind = {exp.Transaction: "begin", exp.Commit: "commit", exp.Rollback: "rollback"}
         return TransactionStatement(kind[type(tree)])
     if isinstance(tree, exp.Set):
-        return _set_statement(tree, text)
+        return _set_statement(tree)
     if isinstance(tree, exp.Command):
         word = str(tree.this).upper()
         raise refusal(
             PrivacyError,
             f"{word} statements are not allowed",
             tree,
-            text,
             "dpsql only answers aggregate SELECT queries (and SET/SHOW/RESET of privacy settings)",
         )
     if isinstance(tree, exp.Select | exp.SetOperation):
-        released = _released_tables(tree, text, policy, access)
+        released = _released_tables(tree, policy, access)
         if released is not None:
             return released
     if isinstance(tree, exp.SetOperation):
@@ -522,16 +526,15 @@ def bind_tree(tree: exp.Expr, text: str, policy: Policy, access: Any = None) -> 
             PrivacyError,
             f"{type(tree).__name__.upper()} of queries is not supported",
             tree,
-            text,
             "send each SELECT separately; each is charged on its own",
         )
     if not isinstance(tree, exp.Select):
+        # the statement's own keyword: CHECKPOINT parses as a Column, DEALLOCATE as an Alias
+        word = _first_word(source_of(tree).text) or type(tree).__name__
         raise refusal(
             PrivacyError,
-            # the statement's own keyword: CHECKPOINT parses as a Column, DEALLOCATE as an Alias
-            f"{_first_word(text) or type(tree).__name__} statements are not allowed",
+            f"{word} statements are not allowed",
             tree,
-            text,
             "send an aggregate SELECT query",
         )
     tree = normalise(tree)
@@ -539,65 +542,64 @@ def bind_tree(tree: exp.Expr, text: str, policy: Policy, access: Any = None) -> 
     # names first: a CTE shadows the policy table of its name in every construct below
     tree = cast(exp.Select, shadow_policy_tables(tree, policy))
     if access is not None:  # authorization: decided by the text and the policy (dpsql.access)
-        access.check(tree, text, policy, TABLE_FUNCTIONS)
-    tree, policy = resolve_private_joins(tree, text, policy)
-    tree = resolve_joins(tree, text, policy)
-    split = split_released_filter(tree, text)
+        access.check(tree, policy, TABLE_FUNCTIONS)
+    tree, policy = resolve_private_joins(tree, policy)
+    tree = resolve_joins(tree, policy)
+    split = split_released_filter(tree)
     if split is not None:
-        return _composite(split, text, policy)
-    flat, policy = flatten_relations(tree, text, policy, bind_select)  # + per-unit tables
+        return _composite(split, policy)
+    flat, policy = flatten_relations(tree, policy, bind_select)  # + per-unit tables
     if isinstance(flat, Wrapped):
-        inner = _Binder(flat.inner, text, policy).bind()
+        inner = _Binder(flat.inner, policy).bind()
         if not isinstance(inner, DPQuery):
             raise refusal(
                 PrivacyError,
                 "the subquery reads no table",
                 flat.inner,
-                text,
                 "aggregate a table declared in the policy inside the subquery",
             )
         return replace(inner, post=compose_post(flat.outer, inner.post, flat.alias))
-    return _Binder(flat, text, policy).bind()
+    return _Binder(flat, policy).bind()
 
 
 def _released_tables(
-    tree: exp.Select | exp.SetOperation, text: str, policy: Policy, access: Any
+    tree: exp.Select | exp.SetOperation, policy: Policy, access: Any
 ) -> ReleasedQuery | None:
     """Several DP queries combined by post-processing (set operations, joins of released
     results, CTE chains, scalar subqueries): each measurement bound on its own (the same
     rules, access included), the post tree kept for the released tables only."""
     scoped = shadow_policy_tables(tree, policy)
-    split = split_released_tables(scoped, text, policy)
+    split = split_released_tables(scoped, policy)
     if split is None:
         return None
     if access is not None:
-        access.check(scoped, text, policy, TABLE_FUNCTIONS)
+        access.check(scoped, policy, TABLE_FUNCTIONS)
     measurements = []
     for select in split.measurements:
-        bound = bind_tree(select, text, policy, access)
+        bound = bind_tree(select, policy, access)
         if not isinstance(bound, DPQuery):
             raise refusal(
                 PrivacyError,
                 "each query combined by post-processing must be a DP query over one table",
                 select,
-                text,
                 "SELECT k, COUNT(*) FROM t GROUP BY k (a DP subquery filter or a table "
                 "function runs as a query of its own)",
             )
         measurements.append(bound)
-    return ReleasedQuery(text, tuple(measurements), split.names, split.post, split.operations)
+    return ReleasedQuery(
+        source_of(tree).text, tuple(measurements), split.names, split.post, split.operations
+    )
 
 
-def _composite(split: ReleasedFilter, text: str, policy: Policy) -> CompositeQuery:
-    inner = bind_tree(split.inner, text, policy)
-    outer = bind_tree(split.outer, text, policy)
+def _composite(split: ReleasedFilter, policy: Policy) -> CompositeQuery:
+    inner = bind_tree(split.inner, policy)
+    outer = bind_tree(split.outer, policy)
     for part, node in ((inner, split.inner), (outer, split.outer)):
         if not isinstance(part, DPQuery):
             raise refusal(
                 PrivacyError,
                 "a DP subquery and the query it filters must each aggregate one table",
                 node,
-                text,
                 "SELECT key, COUNT(*) FROM t JOIN (SELECT key AS k, COUNT(*) ... LIMIT 5) "
                 "AS s ON key = k GROUP BY key",
             )
@@ -610,7 +612,6 @@ def _composite(split: ReleasedFilter, text: str, policy: Policy) -> CompositeQue
             f"{split.column.sql()!r} must be a column of {outer.table.name!r} other than "
             "the privacy unit",
             split.column,
-            text,
             "join the DP subquery's key column to a declared column of the outer table",
         )
     outputs = {item.alias.lower() for item in inner.post.expressions if item.alias}
@@ -619,19 +620,18 @@ def _composite(split: ReleasedFilter, text: str, policy: Policy) -> CompositeQue
             UndefinedColumnError,
             f"the DP subquery has no column {split.output!r}",
             split.inner,
-            text,
             "its columns: " + ", ".join(sorted(outputs)),
         )
-    return CompositeQuery(text, inner, outer, name, split.output)
+    return CompositeQuery(outer.text, inner, outer, name, split.output)
 
 
-def _set_statement(tree: exp.Set, text: str) -> SettingStatement:
+def _set_statement(tree: exp.Set) -> SettingStatement:
     items = tree.expressions
     if len(items) != 1 or not isinstance(items[0], exp.SetItem):
-        raise refusal(SQLSyntaxError, "SET takes one setting", tree, text, "SET epsilon = 0.5")
+        raise refusal(SQLSyntaxError, "SET takes one setting", tree, "SET epsilon = 0.5")
     item = items[0].this
     if not isinstance(item, exp.EQ) or not isinstance(item.this, exp.Column | exp.Identifier):
-        raise refusal(SQLSyntaxError, "SET needs name = value", tree, text, "SET epsilon = 0.5")
+        raise refusal(SQLSyntaxError, "SET needs name = value", tree, "SET epsilon = 0.5")
     name = item.this.name.lower()
     value_node = item.expression
     if isinstance(value_node, exp.Literal):
@@ -644,15 +644,15 @@ def _set_statement(tree: exp.Set, text: str) -> SettingStatement:
         value = value_node.this
     else:
         raise refusal(
-            SQLSyntaxError, "SET value must be a literal", value_node, text, "SET epsilon = 0.5"
+            SQLSyntaxError, "SET value must be a literal", value_node, "SET epsilon = 0.5"
         )
     return SettingStatement("set", name, value)
 
 
-def bind_select(tree: exp.Select, text: str, policy: Policy) -> DPQuery:
+def bind_select(tree: exp.Select, policy: Policy) -> DPQuery:
     """Bind one flat SELECT over a private table (the inliner's trial binds: a per-unit
-    relation, dpsql.frontend.inline)."""
-    bound = _Binder(tree, text, policy).bind()
+    relation, dpsql.frontend.inline), as part of the statement it was parsed from."""
+    bound = _Binder(tree, policy).bind()
     assert isinstance(bound, DPQuery)  # a private table's FROM, checked before
     return bound
 
@@ -662,9 +662,9 @@ class _Binder:
     calls (calls) and post-processing (post), or a table function's call or a public query
     (table_calls). Instance state is scratch space for a single pure binding."""
 
-    def __init__(self, tree: exp.Select, text: str, policy: Policy) -> None:
+    def __init__(self, tree: exp.Select, policy: Policy) -> None:
         self.tree = tree
-        self.scope = Scope(text, policy)
+        self.scope = Scope(source_of(tree).text, policy)  # the statement's, for its record
 
     def bind(self) -> DPQuery | PublicSelect | RuleListCall:
         tree = self.tree
@@ -673,7 +673,6 @@ class _Binder:
                 SQLSyntaxError,
                 "SELECT without a select list",
                 tree,
-                self.scope.text,
                 "name what to select, e.g. SELECT COUNT(*) FROM <table>",
             )
         if tree.args.get("with_") or tree.args.get("with"):

@@ -21,15 +21,15 @@ from dpsql.errors import (
 from dpsql.frontend.bind.scope import Scope, refusal
 from dpsql.frontend.joins import PUBLIC_VALUES
 from dpsql.frontend.logic import conjuncts
-from dpsql.frontend.positions import offset_position, position_of
+from dpsql.frontend.positions import offset_position, position_of, source_of
 from dpsql.frontend.statements import (
     DIALECT,
     GroupKey,
 )
 
 
-def key_position(item: exp.Expression, text: str) -> Position | None:
-    """``position_of(item, text)``, without tokenizing the text for a column or a number: the
+def key_position(item: exp.Expression) -> Position | None:
+    """``position_of(item)``, without tokenizing the text for a column or a number: the
     earliest start recorded on it is its first token's own, which position_of keeps."""
     if isinstance(item, exp.Column) or (isinstance(item, exp.Literal) and not item.is_string):
         starts = [
@@ -38,8 +38,8 @@ def key_position(item: exp.Expression, text: str) -> Position | None:
             if (start := (getattr(node, "_meta", None) or {}).get("start")) is not None
         ]
         if starts:
-            return offset_position(text, min(starts))
-    return position_of(item, text)
+            return offset_position(source_of(item).text, min(starts))
+    return position_of(item)
 
 
 class GroupByBinder:
@@ -80,7 +80,6 @@ class GroupByBinder:
                         SQLSyntaxError,
                         f"GROUP BY {item.this} is not a select-list position",
                         item,
-                        self.scope.text,
                         "GROUP BY a column, an expression, or a whole position such as 1",
                     )
                 index = int(item.this) - 1
@@ -116,7 +115,7 @@ class GroupByBinder:
                     "group by other columns; COUNT(DISTINCT "
                     f"{self.scope.table.privacy_unit}) counts units",
                 )
-            key = GroupKey(expr=expr, columns=columns, position=key_position(item, self.scope.text))
+            key = GroupKey(expr=expr, columns=columns, position=key_position(item))
             looked_up = resolved
             while isinstance(looked_up, exp.Paren):
                 looked_up = looked_up.this

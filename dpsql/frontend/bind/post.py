@@ -243,7 +243,7 @@ class PostBuilder:
                 f"{arg.upper()} must be a whole number >= 0",
                 sqlstate="2201W" if whole else "42804",
                 construct=snippet(node),
-                position=position_of(node, self.scope.text),
+                position=position_of(node),
                 hint=f"{arg.upper()} 10",
             )
         out = node.copy()

@@ -48,10 +48,10 @@ FILE_READERS = (
 
 
 def refusal(
-    cls: type[ProgrammingError], message: str, node: exp.Expr | None, text: str, hint: str
+    cls: type[ProgrammingError], message: str, node: exp.Expr | None, hint: str
 ) -> ProgrammingError:
     construct = snippet(node) if node is not None else None
-    return cls(message, construct=construct, position=position_of(node, text), hint=hint)
+    return cls(message, construct=construct, position=position_of(node), hint=hint)
 
 
 class Scope:
@@ -64,7 +64,7 @@ class Scope:
         self.qualifiers: set[str] = set()
 
     def refuse(self, message: str, node: exp.Expr | None, hint: str) -> PrivacyError:
-        return refusal(PrivacyError, message, node, self.text, hint)  # type: ignore[return-value]
+        return refusal(PrivacyError, message, node, hint)  # type: ignore[return-value]
 
     def bind_from(self, source: exp.Expression) -> None:
         if isinstance(source, exp.Table) and source.args.get("sample") is not None:
@@ -112,7 +112,6 @@ class Scope:
                 UndefinedTableError,
                 f"unknown table {source.sql()!r}",
                 source,
-                self.text,
                 "query a table declared in the policy: " + ", ".join(sorted(self.policy.tables)),
             )
         table = self.policy.table(source.name)
@@ -121,7 +120,6 @@ class Scope:
                 UndefinedTableError,
                 f"unknown table {source.name!r}",
                 source,
-                self.text,
                 "query a table declared in the policy: " + ", ".join(sorted(self.policy.tables)),
             )
         self.table = table
@@ -138,7 +136,6 @@ class Scope:
                 UndefinedColumnError,
                 f"unknown table or alias {col.table!r} in {col.sql()!r}",
                 col,
-                self.text,
                 f"qualify columns with {self.table.name!r} or its alias, or not at all",
             )
         name = col.name.lower()
@@ -147,7 +144,6 @@ class Scope:
                 UndefinedColumnError,
                 f"unknown column {col.name!r} in table {self.table.name!r}",
                 col,
-                self.text,
                 "columns declared in the policy: " + ", ".join(self.table.columns),
             )
         return name
@@ -240,7 +236,7 @@ class Scope:
                         f"invalid {spec.type} value {other.this!r} for column {column.name!r}",
                         sqlstate="22P02",
                         construct=snippet(other),
-                        position=position_of(other, self.text),
+                        position=position_of(other),
                         hint=f"compare {column.name} with a literal of type {spec.type}",
                     )
 

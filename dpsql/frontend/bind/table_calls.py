@@ -40,7 +40,6 @@ def rule_list_call(scope: Scope, tree: exp.Select, call: exp.Anonymous) -> RuleL
             UndefinedTableError,
             f"unknown table {args[0].this!r}",
             args[0],
-            scope.text,
             "use a table declared in the policy: " + ", ".join(sorted(scope.policy.tables)),
         )
     arguments: dict[str, Any] = {}
@@ -85,7 +84,6 @@ def rule_list_call(scope: Scope, tree: exp.Select, call: exp.Anonymous) -> RuleL
             ProgrammingError,
             f"{function} needs label => 'column'",
             call,
-            scope.text,
             f"{function}('{table.name}', label => 'column', epsilon => 1.0)",
         )
     for clause in ("group", "having"):
@@ -107,7 +105,6 @@ def rule_list_call(scope: Scope, tree: exp.Select, call: exp.Anonymous) -> RuleL
                 UndefinedColumnError,
                 f"{function} has no column {col.name!r}",
                 col,
-                scope.text,
                 "its columns: " + ", ".join(names),
             )
         col.set("table", None)
@@ -150,7 +147,7 @@ def public_table_query(scope: Scope, tree: exp.Select) -> PublicSelect:
             for i, e in enumerate(query.expressions)
         ],
     )  # fmt: skip
-    names, types, rows = public_rows(scope.table, query, scope.text)
+    names, types, rows = public_rows(scope.table, query)
     index = exp.to_identifier("__i")
     selects = [
         exp.select(
