@@ -276,11 +276,14 @@ def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) ->
             dtype: type = {"float": np.float64, "bool": np.bool_}.get(c.type, np.int64)
             keys.append((f"__v{i}", dtype))
         keys.append((f"__n{i}", np.bool_))
+    # an int unit's codes are kept as runs (cluster), made range by range: never a code a row
+    as_runs = unit is not None and readable[unit].type == "int"
     held: dict[str, np.ndarray] = {
         key: np.empty(rows, dtype=dtype)
         for key, dtype in keys
         if not key.startswith("__n") and dtype is not np.float64
-    }
+        and not (as_runs and key == f"__c{unit}")
+    }  # fmt: skip
     # the float columns, one row each of one matrix (what the compiled pass reads)
     wide = [key for key, dtype in keys if dtype is np.float64]
     floats = np.empty((len(wide), rows), dtype=np.float64)
@@ -292,8 +295,9 @@ def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) ->
     held.update({f"__n{i}": nulls[i] for i in range(len(readable))})
     ranges = _unit_ranges(rows, unit, labels, readable)
     kept = _numbered_codes(con, name, readable, labels) if len(ranges) > 1 else None
+    runs: list[tuple[np.ndarray, np.ndarray]] = []
     try:
-        filled = _fetch_ranges(con, name, readable, labels, unit, ranges, kept, keys, held)
+        filled = _fetch_ranges(con, name, readable, labels, unit, ranges, kept, keys, held, runs)
     finally:  # (they go with the cursor anyway: an interrupted build may not drop them)
         for temporary in (kept or {}).values():
             with contextlib.suppress(Exception):
@@ -302,8 +306,16 @@ def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) ->
         raise ValueError("the table changed while its store was built")
     columns: dict[str, Column] = {}
     for i, c in enumerate(readable):
-        codes = held.pop(f"__c{i}") if c.name in labels else None
+        codes = held.pop(f"__c{i}") if c.name in labels and not (as_runs and i == unit) else None
         missing = held.pop(f"__n{i}")
+        if as_runs and i == unit:
+            starts = np.append(
+                np.concatenate([s for s, _ in runs] or [np.zeros(0, np.int64)]), rows
+            )
+            codes_of = np.concatenate([c_ for _, c_ in runs] or [np.zeros(0, np.uint8)])
+            unit_runs = (starts.astype(np.int64), codes_of)
+            columns[c.name] = Column(c.type, None, missing, None, labels[c.name], unit_runs)
+            continue
         if c.type in ("text", "int"):
             stored = codes if c.type == "text" else None
             columns[c.name] = Column(c.type, stored, missing, codes, labels[c.name])
@@ -340,11 +352,14 @@ def _fetch_ranges(
     kept: dict[int, str] | None,
     keys: list[tuple[str, type]],
     held: dict[str, np.ndarray],
+    runs: list[tuple[np.ndarray, np.ndarray]],
 ) -> int:
     """Fetch each range of units into the next rows of ``held`` (no ORDER BY: DuckDB's sort
     held every row a second time beside the fetched arrays; each range is clustered here by
-    a counting sort of its unit codes). Returns the rows filled."""
-    rows = len(held[keys[0][0]]) if keys else 0
+    a counting sort of its unit codes). The unit's codes, where ``held`` has no row for them,
+    appended to ``runs`` instead: per range its runs' first rows and codes (the ranges' codes
+    ascend, so together they are the whole table's runs). Returns the rows filled."""
+    rows = len(held[f"__n{len(readable) - 1}"])
     filled = 0
     for first, last in ranges:
         sql, params = _fetch_sql(name, readable, labels, unit, first, last, kept)
@@ -356,8 +371,15 @@ def _fetch_ranges(
         if unit is not None:
             ranged = np.asarray(np.ma.getdata(fetched[f"__c{unit}"]), dtype=np.int64)
             order = _unit_order(ranged - first, last - first + 1)
+            if f"__c{unit}" not in held:
+                ordered = ranged[order]
+                starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])[:n]
+                dtype = next(d for k, d in keys if k == f"__c{unit}")
+                runs.append((starts + filled, ordered[starts].astype(dtype)))
             del ranged
         for key, dtype in keys:
+            if key not in held:
+                continue
             data: np.ndarray = np.asarray(np.ma.getdata(fetched.pop(key)), dtype=dtype)
             if key.startswith("__n") and not data.any():
                 continue  # no NULL here: the zeros stay unwritten (load_clustered)
@@ -502,7 +524,9 @@ def cluster(
     ``table``: every program's result is the same integers."""
     unit = policy.privacy_unit
     columns = dict(table.columns)
-    if unit is not None and unit in columns:
+    if unit is not None and unit in columns and columns[unit].runs is not None:
+        unit_starts = columns[unit].runs[0]  # type: ignore[index]  # built clustered
+    elif unit is not None and unit in columns:
         codes = columns[unit].codes
         assert codes is not None
         if len(codes) > 1 and bool(np.any(codes[1:] < codes[:-1])):
