@@ -36,9 +36,9 @@ from dpsql.frontend.inline import Wrapped, compose_post, flatten_relations
 from dpsql.frontend.joins import JOINED, resolve_joins
 from dpsql.frontend.per_unit import groups_by_unit
 from dpsql.frontend.positions import (
+    SOURCE,
     Source,
     forget_tokens,
-    mark,
     offset_position,
     reading,
     source_of,
@@ -174,8 +174,8 @@ def _statement_tree(
     for node in tree.walk():
         node.comments = None
         if node._meta:  # positions: copied with the node (sqlglot deep-copies every meta dict)
-            node._meta = ShallowMeta(node._meta)
-            mark(node, source)
+            meta = node._meta = ShallowMeta(node._meta)
+            meta[SOURCE] = source  # as positions.mark does, without a call for each node
     if parameters is not None:
         tree = _substitute_parameters(tree, parameters)
     elif tree.find(exp.Placeholder, exp.Parameter):
