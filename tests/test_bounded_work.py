@@ -50,8 +50,8 @@ class Spy:
         def spied_execute(compiled, handle=None):
             return self._after(execute(compiled, handle))
 
-        def spied_fetch(sql, handle=None):
-            return self._after(fetch(sql, handle))
+        def spied_fetch(query, handle=None):
+            return self._after(fetch(query, handle))
 
         self.engine.execute = spied_execute  # type: ignore[method-assign]
         self.engine.fetch_matrix = spied_fetch  # type: ignore[method-assign]

@@ -542,9 +542,9 @@ def test_a_table_function_reads_a_unit_path_table_through_its_path(star):
     original = engine.fetch_matrix
     seen: list[str] = []
 
-    def spy(sql, handle=None):
-        seen.append(sql)
-        return original(sql, handle)
+    def spy(query, handle=None):
+        seen.append(query.sql(dialect="duckdb"))  # a tree: the engine renders it
+        return original(query, handle)
 
     engine.fetch_matrix = spy
     try:

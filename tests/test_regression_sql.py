@@ -95,9 +95,9 @@ def test_rows_bounded_per_unit_by_keyed_hash(service, monkeypatch):
     seen = {}
     original = service.engine.fetch_matrix
 
-    def spy(sql, handle=None):
-        seen["sql"] = sql
-        return original(sql, handle)
+    def spy(query, handle=None):
+        seen["sql"] = query.sql(dialect="duckdb")  # a tree: the engine renders it
+        return original(query, handle)
 
     monkeypatch.setattr(service.engine, "fetch_matrix", spy)
     connect_service(service, "reg-bound").cursor().execute(LINEAR.replace("1.0)", "0.5)"))

@@ -10,7 +10,8 @@ import pytest
 
 import dpsql
 from dpsql.dbapi import connect_service
-from dpsql.lower.rows import bounded_rows_sql
+from dpsql.lower.builders import policy_column
+from dpsql.lower.rows import bounded_rows, engine_text
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import SeededNoise
 
@@ -78,9 +79,9 @@ def test_rows_bounded_per_unit_and_counted_in_the_engine(service, monkeypatch):
     seen = {}
     original = service.engine.fetch_matrix
 
-    def spy(sql, handle=None):
-        seen["sql"] = sql
-        seen["result"] = original(sql, handle)
+    def spy(query, handle=None):
+        seen["sql"] = query.sql(dialect="duckdb")  # a tree: the engine renders it
+        seen["result"] = original(query, handle)
         return seen["result"]
 
     monkeypatch.setattr(service.engine, "fetch_matrix", spy)
@@ -91,7 +92,8 @@ def test_rows_bounded_per_unit_and_counted_in_the_engine(service, monkeypatch):
     # Re-run the same bounded row source, with the same secret, keeping the unit column.
     secret = int(re.search(r", (\d+)\)\) <= ", sql).group(1))
     table = service.policy.table("visits")
-    rows = bounded_rows_sql(table, '"patient_id"', secret).replace("DP_KEYED_HASH(", "HASH(")
+    unit = [policy_column("patient_id")]
+    rows = engine_text(bounded_rows(table, unit), secret).replace("DP_KEYED_HASH(", "HASH(")
     per_unit, total = service.engine._con.execute(
         f"SELECT max(n), sum(n) FROM (SELECT patient_id, count(*) AS n FROM ({rows}) GROUP BY 1)"
     ).fetchone()

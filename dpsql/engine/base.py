@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+from sqlglot import exp
 
 from dpsql.engine.api import EngineResult, QueryHandle
 from dpsql.engine.duckdb_engine import DuckDBEngine
@@ -33,8 +34,10 @@ class Engine(Protocol):
         """Exact bounded aggregates of one compiled plan; raises dpsql.errors on failure."""
         ...
 
-    def fetch_matrix(self, sql: str, handle: QueryHandle | None = None) -> np.ndarray:
-        """0/1 feature rows (dp_rule_list) from generated DuckDB-dialect SQL, as int8."""
+    def fetch_matrix(self, query: exp.Expression, handle: QueryHandle | None = None) -> np.ndarray:
+        """Integer rows of a generated row-input query (dpsql.lower.rows: dp_rule_list's
+        pattern counts, the regressions' bounded rows), a tree with its secret printed,
+        rendered here in the engine's dialect."""
         ...
 
     def close(self) -> None: ...

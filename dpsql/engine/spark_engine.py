@@ -581,13 +581,12 @@ class SparkEngine:
                 ) from None
             self._views.append(view)
 
-    def fetch_matrix(self, sql: str, handle: QueryHandle | None = None) -> np.ndarray:
-        """Rows of a generated DuckDB-dialect integer query (dp_rule_list pattern counts)."""
-        spark_sql = render(sqlglot.parse_one(sql, read="duckdb"), self.dialect)
-        rows = self._run(spark_sql, handle, lambda df: df.collect())
+    def fetch_matrix(self, query: exp.Expression, handle: QueryHandle | None = None) -> np.ndarray:
+        """Rows of a generated integer query (dp_rule_list pattern counts): a tree of
+        dpsql.lower.rows with its secret printed, rendered here in Spark SQL, once."""
+        rows = self._run(render(query, self.dialect), handle, lambda df: df.collect())
         if not rows:
-            width = len(sqlglot.parse_one(sql, read="duckdb").expressions)
-            return np.zeros((0, width), dtype=np.int64)
+            return np.zeros((0, len(query.expressions)), dtype=np.int64)
         return canonical_rows(np.array([tuple(r) for r in rows], dtype=np.int64))
 
     def close(self) -> None:

@@ -4,20 +4,20 @@ unit, counted.
 The learner's sensitivities assume each privacy unit contributes at most R rows, so the
 engine keeps at most R rows per unit, chosen by a keyed hash of the row with a fresh secret
 (never RANDOM()); row-level tables need no bounding. The bounding is the query plan's own
-(:func:`dpsql.lower.bounding.unit_rows`, one sqlglot tree); only the algorithm's select list
-(its features, written by its planner as expressions over the table's columns) arrives as
-text, parsed here into the tree.
+(:func:`dpsql.lower.bounding.unit_rows`, one sqlglot tree), and so is the algorithm's select
+list (its features, built by its planner from the policy with dpsql.lower.builders): the
+whole query is a tree, its secret printed by :func:`dpsql.lower.hashing.with_secret`, and
+the engine's fetch_matrix renders it in its own dialect, once. No text on the way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import sqlglot
 from sqlglot import exp
 
 from dpsql.lower.bounding import unit_rows
-from dpsql.lower.builders import alias, count_star, select, subquery, table_ref
+from dpsql.lower.builders import alias, count_star, order_by, select, subquery, table_ref
 from dpsql.lower.hashing import with_secret
 from dpsql.plan.relational import Bound, Scan
 from dpsql.policy import TablePolicy
@@ -59,30 +59,14 @@ def pattern_counts(
         subquery(bounded_rows(table, items), "r"),
         group=[n.copy() for n in names],
     )
-    return counted.order_by(*[n.copy() for n in names], copy=False)
-
-
-def select_items(select_list: str) -> list[exp.Expression]:
-    """The items of a planner's select list (``expr AS name, ...``) as trees."""
-    return list(sqlglot.parse_one(f"SELECT {select_list}", read="duckdb").expressions)
+    return order_by(counted, [n.copy() for n in names])
 
 
 def engine_text(tree: exp.Expression, secret: int) -> str:
-    """What the engine's fetch_matrix runs: DuckDB text, the keyed hash spelled DP_KEYED_HASH
-    (each engine renders it as its own hash), the secret printed."""
+    """A row input's query as text, for reading it (tests, a spy on fetch_matrix): DuckDB's
+    dialect, the keyed hash spelled DP_KEYED_HASH, ``secret`` printed. The engines never
+    run this text: fetch_matrix takes the tree."""
     return with_secret(tree, secret).sql(dialect="duckdb")
-
-
-def bounded_rows_sql(table: TablePolicy, select_list: str, secret: int) -> str:
-    """``SELECT select_list`` over the table, at most R rows per privacy unit."""
-    return engine_text(bounded_rows(table, select_items(select_list)), secret)
-
-
-def pattern_counts_sql(
-    table: TablePolicy, select_list: str, columns: list[str], secret: int
-) -> str:
-    """:func:`pattern_counts` as the engine's text, with this run's ``secret``."""
-    return engine_text(pattern_counts(table, select_items(select_list), columns), secret)
 
 
 def rows_bound(table: TablePolicy) -> Bound:

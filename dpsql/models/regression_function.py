@@ -24,10 +24,10 @@ import numpy as np
 from sqlglot import exp
 
 from dpsql.errors import PrivacyError, ProgrammingError, UndefinedColumnError
-from dpsql.frontend.identifiers import quote_ident
-from dpsql.lower.builders import alias
-from dpsql.lower.row_values import quoted
-from dpsql.lower.rows import bound_note, bounded_rows, engine_text, select_items
+from dpsql.lower.builders import alias, coalesce, flag, literal
+from dpsql.lower.hashing import with_secret
+from dpsql.lower.row_values import cast, number, quoted
+from dpsql.lower.rows import bound_note, bounded_rows
 from dpsql.models import dpsgd
 from dpsql.models import sufficient_stats as ss
 from dpsql.models.regression import SCALE, RegressionModel, unscale
@@ -79,19 +79,34 @@ def _refuse(message: str, construct: str, hint: str, sqlstate: str = "22023") ->
 
 @dataclass(frozen=True)
 class Term:
-    """One model feature: its display name, SQL over the table, and public bounds."""
+    """One model feature: its display name, its value over the table's columns (a tree built
+    from the policy, never text), and public bounds."""
 
     name: str
-    sql: str
+    expr: exp.Expression
     lower: float
     upper: float
 
-    def scaled_sql(self) -> str:
-        """The feature clipped to its bounds, mapped to [−1, 1], as an integer multiple of 2⁻¹⁰."""
+    @property
+    def sql(self) -> str:
+        """The feature's text as a stored model keeps it (its predictions read it again,
+        dpsql.models.regression): the tree rendered in DuckDB's dialect."""
+        return self.expr.sql(dialect="duckdb")
+
+    def scaled(self) -> exp.Expression:
+        """The feature clipped to its bounds, mapped to [−1, 1], as an integer multiple of 2⁻¹⁰:
+        ``CAST(ROUND((2.0 * LEAST(GREATEST(COALESCE(CAST(x AS DOUBLE), lo), lo), hi) - (lo +
+        hi)) * factor) AS BIGINT)``."""
         lo, hi = self.lower, self.upper
-        clamped = f"LEAST(GREATEST(COALESCE(CAST({self.sql} AS DOUBLE), {lo!r}), {lo!r}), {hi!r})"
-        factor = SCALE / (hi - lo)
-        return f"CAST(ROUND((2.0 * {clamped} - {lo + hi!r}) * {factor!r}) AS BIGINT)"
+        value = coalesce(cast(self.expr.copy(), "DOUBLE"), number(lo))
+        # LEAST and GREATEST skip NULLs (DuckDB's and Spark's meaning; COALESCE leaves none)
+        at_least = exp.Greatest(this=value, expressions=[number(lo)], ignore_nulls=True)
+        clamped = exp.Least(this=at_least, expressions=[number(hi)], ignore_nulls=True)
+        centred = exp.Sub(
+            this=exp.Mul(this=number(2.0), expression=clamped), expression=number(lo + hi)
+        )
+        scaled = exp.Mul(this=exp.Paren(this=centred), expression=number(SCALE / (hi - lo)))
+        return cast(exp.Round(this=scaled), "BIGINT")
 
 
 @dataclass(frozen=True)
@@ -110,27 +125,33 @@ class RegressionPlan:
     cost: Cost
 
     def expressions(self) -> list[str]:
-        """Every generated expression, for the free type check on the empty shadow."""
+        """Every generated expression, for the free type check on the empty shadow (the
+        shadow's edge: the trees rendered there)."""
         return [t.sql for t in self.terms] + [self.label_term.sql]
 
-    def select_list(self) -> str:
-        """f0 … f{d−1} (scaled integers), y (scaled or 0/1), m (label present): the planner's
-        expressions, checked as they are on the empty shadow."""
-        cols = [f"{t.scaled_sql()} AS f{i}" for i, t in enumerate(self.terms)]
+    def columns(self) -> list[exp.Expression]:
+        """f0 … f{d−1} (scaled integers), y (scaled or 0/1), m (label present), as trees:
+        the planner's expressions, checked on the empty shadow."""
+        cols: list[exp.Expression] = [alias(t.scaled(), f"f{i}") for i, t in enumerate(self.terms)]
         label = self.label_term
         if self.kind == "linear_regression":
-            cols.append(f"{label.scaled_sql()} AS y")
-            cols.append(f"CASE WHEN {label.sql} IS NULL THEN 0 ELSE 1 END AS m")
+            missing = exp.Is(this=label.expr.copy(), expression=exp.Null())
+            zero, one = exp.Literal.number(0), exp.Literal.number(1)
+            present = exp.Case(ifs=[exp.If(this=missing, true=zero)], default=one)
+            cols += [alias(label.scaled(), "y"), alias(present, "m")]
         else:
-            cols.append(f"{label.sql} AS y")
-            cols.append("1 AS m")
-        return ", ".join(cols)
+            cols += [alias(label.expr.copy(), "y"), alias(exp.Literal.number(1), "m")]
+        return cols
+
+    def select_list(self) -> str:
+        """:meth:`columns` as DuckDB text (for reading them, and tests that run them alone)."""
+        return ", ".join(c.sql(dialect="duckdb") for c in self.columns())
 
     def items(self, unit: str | None) -> list[exp.Expression]:
-        """The engine's select list as trees: :meth:`select_list`, then u, the unit's number
+        """The engine's select list as trees: :meth:`columns`, then u, the unit's number
         among the bounded rows (DENSE_RANK over the unit; without a unit each row its own,
         ROW_NUMBER): DP-SGD samples and clips per unit by it."""
-        return [*select_items(self.select_list()), alias(unit_number(unit), "u")]
+        return [*self.columns(), alias(unit_number(unit), "u")]
 
 
 def unit_number(unit: str | None) -> exp.Window:
@@ -170,31 +191,24 @@ def _check_types(function: str, arguments: dict[str, Any]) -> None:
             )
 
 
-def _literal(value: Any) -> str:
-    if isinstance(value, bool):
-        return "TRUE" if value else "FALSE"
-    if isinstance(value, int | float):
-        return repr(value)
-    return "'" + str(value).replace("'", "''") + "'"
-
-
 def terms_of(col: ColumnPolicy) -> list[Term]:
     """Model features of one column from its declared domain: [] when it has none."""
-    q = quote_ident(col.name)
     if col.type == "bool":
-        return [Term(col.name, f"CASE WHEN {q} IS TRUE THEN 1 ELSE 0 END", 0.0, 1.0)]
+        return [
+            Term(col.name, flag(exp.Is(this=quoted(col.name), expression=exp.true())), 0.0, 1.0)
+        ]
     if col.values is not None and len(col.values) >= 2:
         return [
             Term(
-                f"{col.name} = {_literal(v)}",
-                f"CASE WHEN {q} = {_literal(v)} THEN 1 ELSE 0 END",
+                f"{col.name} = {literal(v).sql(dialect='duckdb')}",
+                flag(exp.EQ(this=quoted(col.name), expression=literal(v))),
                 0.0,
                 1.0,
             )
             for v in col.values[1:]  # the first value is the reference level
         ]
     if col.numeric and col.bounded and float(col.upper) > float(col.lower):  # type: ignore[arg-type]
-        return [Term(col.name, q, float(col.lower), float(col.upper))]  # type: ignore[arg-type]
+        return [Term(col.name, quoted(col.name), float(col.lower), float(col.upper))]  # type: ignore[arg-type]
     return []
 
 
@@ -250,7 +264,6 @@ def _terms(table: TablePolicy, cols: Sequence[ColumnPolicy]) -> tuple[Term, ...]
 
 
 def _label(kind: str, lab: ColumnPolicy, positive: Any) -> tuple[Term, Any]:
-    q = quote_ident(lab.name)
     if kind == "linear_regression":
         if not (lab.numeric and lab.bounded and float(lab.upper) > float(lab.lower)):  # type: ignore[arg-type]
             raise PrivacyError(
@@ -262,7 +275,7 @@ def _label(kind: str, lab: ColumnPolicy, positive: Any) -> tuple[Term, Any]:
             raise _refuse(
                 "positive => applies to dp_logistic_regression only", "positive", "drop it"
             )
-        return Term(lab.name, q, float(lab.lower), float(lab.upper)), None  # type: ignore[arg-type]
+        return Term(lab.name, quoted(lab.name), float(lab.lower), float(lab.upper)), None  # type: ignore[arg-type]
     if positive is None:
         if lab.type != "bool":
             raise _refuse(
@@ -278,7 +291,9 @@ def _label(kind: str, lab: ColumnPolicy, positive: Any) -> tuple[Term, Any]:
             "positive",
             "use one of: " + ", ".join(map(repr, lab.values)),
         )
-    return Term(lab.name, f"CASE WHEN {q} = {literal} THEN 1 ELSE 0 END", 0.0, 1.0), positive
+    return Term(
+        lab.name, flag(exp.EQ(this=quoted(lab.name), expression=literal)), 0.0, 1.0
+    ), positive
 
 
 def _needs_delta(function: str, delta: float | None, what: str) -> float:
@@ -488,10 +503,10 @@ def run_regression(
     check_post(call.post.sql(dialect=DIALECT), call.post)
     fingerprint = _fingerprint(service, call, settings)
     table = call.table
-    sql = engine_text(bounded_rows(table, plan.items(table.privacy_unit)), secrets.randbits(62))
+    query = with_secret(bounded_rows(table, plan.items(table.privacy_unit)), secrets.randbits(62))
 
     def execute() -> tuple[str, bool]:
-        matrix = service.engine.fetch_matrix(sql, handle)
+        matrix = service.engine.fetch_matrix(query, handle)
         return json.dumps(
             release_regression(plan, matrix, service.noise, cancel_check(handle))
         ), True

@@ -22,7 +22,8 @@ from dpsql.engine.scratch import check_post
 from dpsql.errors import ProgrammingError
 from dpsql.frontend.statements import DIALECT, RuleListCall
 from dpsql.frontend.typecheck import check_binds
-from dpsql.lower.rows import bound_note, pattern_counts_sql
+from dpsql.lower.hashing import with_secret
+from dpsql.lower.rows import bound_note, pattern_counts
 from dpsql.plan.canonical import canonical
 from dpsql.service.table_results import store_model, table_function_result
 from dpsql.service.transaction import paid_once
@@ -64,7 +65,7 @@ def plan_rule_list_call(service: Service, call: RuleListCall, settings: Settings
         )
     # Generated from the policy and typed arguments; bound here on the empty shadow too,
     # so that a type error is a free refusal and never an engine error after the reserve.
-    check_binds(service.shadow, call.table.name, [*plan.feature_sql, plan.label_sql])
+    check_binds(service.shadow, call.table.name, plan.expressions())
     return plan
 
 
@@ -93,11 +94,12 @@ def run_rule_list(
             )
         ).encode()
     ).hexdigest()
-    columns = [f"f{i}" for i in range(len(plan.feature_sql))] + ["y"]
-    sql = pattern_counts_sql(call.table, plan.select_list(), columns, secrets.randbits(62))
+    columns = [f"f{i}" for i in range(len(plan.predicates))] + ["y"]
+    counts = pattern_counts(call.table, plan.items(), columns)
+    query = with_secret(counts, secrets.randbits(62))
 
     def execute() -> tuple[str, bool]:
-        counted = service.engine.fetch_matrix(sql, handle)
+        counted = service.engine.fetch_matrix(query, handle)
         # One row per distinct (features, label) pattern with its count: the learner
         # works on these weights, never on one row per sample.
         released = release_rule_list(

@@ -4,8 +4,9 @@ Two steps, so the pipeline can charge the ledger between them and EXPLAIN can st
 first:
 
 1. :func:`plan_rule_list` (no data): validates the arguments against the table's policy,
-   builds the public features from declared domains, the candidate rules, the SQL expressions
-   the engine must compute per row (one 0/1 column per feature, then the 0/1 label), and the
+   builds the public features from declared domains, the candidate rules, the expressions
+   the engine must compute per row as sqlglot trees (one 0/1 column per feature, then the 0/1
+   label; a feature's text is its tree rendered, for the released rule list), and the
    privacy :class:`~dpsql.privacy.accounting.Cost` to charge.
 2. :func:`release_rule_list` (after charging): learns the list from the fetched 0/1 matrix and
    returns the result rows.
@@ -23,8 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from sqlglot import exp
 
 from dpsql.errors import DataError, PrivacyError, ProgrammingError, UndefinedColumnError
+from dpsql.lower.builders import alias, flag, literal
+from dpsql.lower.row_values import cast, quoted
 from dpsql.policy import ColumnPolicy, TablePolicy
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.samplers import NoiseSource
@@ -61,16 +65,25 @@ class RuleListPlan:
     candidates: tuple[Rule, ...]
     params: LearnerParams
     cost: Cost
-    feature_sql: tuple[str, ...]  # one 0/1 INTEGER expression per feature, in order
-    label_sql: str  # 0/1 INTEGER: 1 iff label = positive (NULL -> 0)
+    predicates: tuple[exp.Expression, ...]  # each feature's condition, in order
+    label_match: exp.Expression  # label = positive (NULL: not a match)
     budget: BudgetPlan | None = None
     model: str | None = None  # store the learned list under this name
     notes: tuple[str, ...] = ()  # decided from the arguments alone (e.g. the δ used)
 
+    def items(self) -> list[exp.Expression]:
+        """The engine's select list as trees: f0 ... f{k-1}, then y (all 0/1 integers)."""
+        cols = [alias(flag(p.copy()), f"f{i}") for i, p in enumerate(self.predicates)]
+        return [*cols, alias(flag(self.label_match.copy()), "y")]
+
+    def expressions(self) -> list[str]:
+        """The 0/1 columns as DuckDB text, for the free type check on the empty shadow (the
+        shadow's edge: the trees rendered there)."""
+        return [item.this.sql(dialect="duckdb") for item in self.items()]
+
     def select_list(self) -> str:
-        """``SELECT`` list for the engine: f0 ... f{k-1}, then y (all 0/1 integers)."""
-        cols = [f"{e} AS f{i}" for i, e in enumerate(self.feature_sql)]
-        return ", ".join([*cols, f"{self.label_sql} AS y"])
+        """:meth:`items` as DuckDB text (for reading them, and tests that run them alone)."""
+        return ", ".join(item.sql(dialect="duckdb") for item in self.items())
 
     def explain_rows(self) -> list[tuple[Any, ...]]:
         """EXPLAIN rows (the pipeline's 10 columns): the call, then ε_node, δ_node, T and Λ.
@@ -194,8 +207,8 @@ def _check_argument_types(**arguments: Any) -> None:
             )
 
 
-def typed_positive(label: ColumnPolicy, positive: Any) -> str:
-    """SQL literal of ``positive`` in the label column's own type, or a refusal.
+def typed_positive(label: ColumnPolicy, positive: Any) -> exp.Expression:
+    """``positive`` as a literal of the label column's own type (a tree), or a refusal.
 
     The comparison ``label = positive`` must not need an implicit cast: a cast of the column
     could fail on some rows only, after data was read.
@@ -225,10 +238,10 @@ def typed_positive(label: ColumnPolicy, positive: Any) -> str:
             hint=f"pass positive => {say}",
         )
     if label.type == "date":
-        return f"DATE '{positive}'"
+        return cast(exp.Literal.string(positive), "DATE")
     if label.type == "float":
-        return f"CAST({float(positive)!r} AS DOUBLE)"
-    return _literal(positive)
+        return cast(literal(float(positive)), "DOUBLE")
+    return literal(positive)
 
 
 def _fmt_num(v: float) -> str:
@@ -245,20 +258,28 @@ def features_from_column(
     cut points of [lower, upper].  Negations are true on NULL so the 0/1 matrix, the predicate
     and the CASE export agree row by row.  Other columns have no public domain: [] .
     """
+    return [f for f, _ in column_features(col, cuts, n_cuts)]
+
+
+def column_features(
+    col: ColumnPolicy, cuts: Sequence[float] | None = None, n_cuts: int = DEFAULT_CUTS
+) -> list[tuple[Feature, exp.Expression]]:
+    """:func:`features_from_column`, each feature with its condition as a tree: what the
+    engine computes, and (rendered) the feature's ``sql``, so the two never differ."""
     q = quote_ident(col.name)
+    column = quoted(col.name)
     if col.type == "bool":
-        return [Feature(col.name, f"{q} IS TRUE", f"not {col.name}", f"{q} IS NOT TRUE")]
+        true = exp.Is(this=column, expression=exp.true())
+        return [(Feature(col.name, _text(true), f"not {col.name}", f"{q} IS NOT TRUE"), true)]
     if col.values is not None:
-        return [
-            Feature(
-                f"{col.name} = {_literal(v)}",
-                f"{q} = {_literal(v)}",
-                f"{col.name} != {_literal(v)}",
-                f"{q} IS DISTINCT FROM {_literal(v)}",
-                exclusive=col.name,
-            )
-            for v in col.values
-        ]
+        out: list[tuple[Feature, exp.Expression]] = []
+        for v in col.values:
+            equal = exp.EQ(this=quoted(col.name), expression=literal(v))
+            text = _literal(v)
+            negation = f"{q} IS DISTINCT FROM {text}"
+            name, neg_name = f"{col.name} = {text}", f"{col.name} != {text}"
+            out.append((Feature(name, _text(equal), neg_name, negation, exclusive=col.name), equal))
+        return out
     if col.numeric and (cuts is not None or col.bounded):
         if cuts is None:
             lo, hi = float(col.lower), float(col.upper)  # type: ignore[arg-type]
@@ -268,19 +289,24 @@ def features_from_column(
         out = []
         for c in cuts:
             s = _fmt_num(c)
+            at_least = exp.GTE(this=quoted(col.name), expression=exp.Literal.number(s))
             neg = f"{q} < {s}" + (f" OR {q} IS NULL" if col.may_hold_null else "")
-            out.append(
-                Feature(
-                    f"{col.name} >= {s}",
-                    f"{q} >= {s}",
-                    f"{col.name} < {s}",
-                    neg,
-                    column=col.name,
-                    threshold=float(c),
-                )
+            feature = Feature(
+                f"{col.name} >= {s}",
+                _text(at_least),
+                f"{col.name} < {s}",
+                neg,
+                column=col.name,
+                threshold=float(c),
             )
+            out.append((feature, at_least))
         return out
     return []
+
+
+def _text(condition: exp.Expression) -> str:
+    """A feature's condition as the released rule list spells it (its CASE export)."""
+    return condition.sql(dialect="duckdb")
 
 
 def plan_rule_list(
@@ -328,7 +354,7 @@ def plan_rule_list(
     if model is not None:
         check_model_name(model)
     cols = {name.lower(): c for name, c in table.columns.items()}
-    lab, positive, positive_sql = _label(table, cols, label, positive)
+    lab, positive, positive_value = _label(table, cols, label, positive)
     if mechanism == "none":
         raise PrivacyError(
             "mechanism => 'none' (non-private GreedyRL) is not available through SQL",
@@ -340,10 +366,9 @@ def plan_rule_list(
     )
     cost = budget.cost
 
-    feats = _features(table, cols, lab, features, cut_points)
+    made = _features(table, cols, lab, features, cut_points)
+    feats = [f for f, _ in made]
     rules = _candidate_rules(feats, max_card)
-    feature_sql = tuple(f"CASE WHEN {f.sql} THEN 1 ELSE 0 END" for f in feats)
-    label_sql = f"CASE WHEN {quote_ident(lab.name)} = {positive_sql} THEN 1 ELSE 0 END"
     return RuleListPlan(
         table.name,
         lab.name,
@@ -352,8 +377,8 @@ def plan_rule_list(
         tuple(rules),
         params,
         cost,
-        feature_sql,
-        label_sql,
+        tuple(p for _, p in made),
+        exp.EQ(this=quoted(lab.name), expression=positive_value),
         budget,
         model,
     )
@@ -361,9 +386,9 @@ def plan_rule_list(
 
 def _label(
     table: TablePolicy, cols: dict[str, ColumnPolicy], label: str, positive: Any
-) -> tuple[ColumnPolicy, Any, str]:
-    """The label column, its positive class (TRUE for a boolean label) and that value as
-    SQL; refused when the column does not exist or the class is not among its values."""
+) -> tuple[ColumnPolicy, Any, exp.Expression]:
+    """The label column, its positive class (TRUE for a boolean label) and that value as a
+    literal tree; refused when the column does not exist or the class is not among its values."""
     lab = cols.get(label.lower())
     if lab is None:
         raise UndefinedColumnError(
@@ -380,7 +405,7 @@ def _label(
                 hint=f"pass positive => a value of {lab.name}",
             )
         positive = True
-    positive_sql = typed_positive(lab, positive)
+    positive_value = typed_positive(lab, positive)
     if lab.values is not None and positive not in lab.values:
         raise ProgrammingError(
             f"positive => {positive!r} is not among the declared values of {lab.name!r}",
@@ -388,7 +413,7 @@ def _label(
             construct="positive",
             hint="use one of: " + ", ".join(map(repr, lab.values)),
         )
-    return lab, positive, positive_sql
+    return lab, positive, positive_value
 
 
 def _learner_budget(
@@ -437,10 +462,11 @@ def _features(
     lab: ColumnPolicy,
     features: Sequence[str] | None,
     cut_points: Mapping[str, Sequence[float]] | str | None,
-) -> list[Feature]:
-    """The rule literals' features: the named columns (every column with a public domain
-    but the label and the privacy unit by default), each cut by its public domain or its
-    ``cut_points``; refused when a named column has no public domain or does not exist."""
+) -> list[tuple[Feature, exp.Expression]]:
+    """The rule literals' features, each with its condition as a tree: the named columns
+    (every column with a public domain but the label and the privacy unit by default), each
+    cut by its public domain or its ``cut_points``; refused when a named column has no
+    public domain or does not exist."""
     skip = {lab.name.lower(), (table.privacy_unit or "").lower()}
     cut_points = parse_cut_points(cut_points, cols)
     chosen: list[ColumnPolicy] = []
@@ -456,9 +482,9 @@ def _features(
                     hint="name columns of the table in features => '...'",
                 )
             chosen.append(c)
-    feats: list[Feature] = []
+    feats: list[tuple[Feature, exp.Expression]] = []
     for c in chosen:
-        made = features_from_column(c, cut_points.get(c.name.lower()))
+        made = column_features(c, cut_points.get(c.name.lower()))
         if not made and features is not None:
             raise PrivacyError(
                 f"feature column {c.name!r} has no declared public domain",
