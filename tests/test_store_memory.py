@@ -208,3 +208,46 @@ def test_a_float_columns_fixed_points_are_computed_in_the_pass_never_held(tmp_pa
             assert np.array_equal(computed[j][kept], whole[i][kept].astype(np.int64)), rows[i]
     finally:
         svc.close()
+
+
+def test_int_labels_behave_as_the_tuple_of_values_then_none():
+    """An int column's labels held as one int64 array (dpsql.engine.int_labels) read as the
+    tuple ``(*values, None)`` it replaces, everywhere the store reads labels."""
+    import bisect
+
+    from dpsql.engine.int_labels import IntLabels
+
+    values = [-(2**62), -7, 0, 3, 10, 2**40, 2**62 - 1]
+    held, plain = IntLabels(np.array(values, dtype=np.int64)), (*values, None)
+    assert len(held) == len(plain) and list(held) == list(plain) and held == plain
+    for i in range(-len(plain), len(plain)):
+        assert held[i] == plain[i] and type(held[i]) is type(plain[i]), i
+    with pytest.raises(IndexError):
+        held[len(plain)]
+    categories = held[:-1]
+    assert list(categories) == values and len(categories) == len(values)
+    assert held[1:3] == plain[1:3] and held[::-1] == plain[::-1]
+    for probe in (-(2**63), -(2**62), -8, -7, 1, 3, 2**40, 2**62, 2**64):  # exact, any size
+        assert bisect.bisect_left(categories, probe) == bisect.bisect_left(values, probe)
+        assert bisect.bisect_right(categories, probe) == bisect.bisect_right(values, probe)
+    assert np.array_equal(np.asarray(categories), np.array(values, dtype=np.int64))
+    assert np.array(categories, dtype=np.int64).dtype == np.int64
+
+
+@pytest.mark.skipif(not clustered.available(), reason="numba is not installed")
+def test_a_stores_int_labels_are_one_int64_array(tmp_path):
+    from dpsql.engine.int_labels import IntLabels
+
+    svc, policy, store = _store(tmp_path, unit=True, bounding="scale", groups=2)
+    try:
+        for name in ("u", "a", "k"):  # the unit and the int columns
+            labels = store.columns[name].labels
+            assert isinstance(labels, IntLabels) and labels.values.dtype == np.int64, name
+        sql = "SELECT k, COUNT(*), SUM(a) FROM t1 WHERE u > 3 AND a IN (1, 2, 50) GROUP BY k"
+        compiled = _compiled(svc, sql, bias=True)
+        assert compiled.program is not None
+        fast = columnar.run(compiled.program, store, policy.tables["t1"], compiled.swaps)
+        expected = svc.engine.execute(dataclasses.replace(compiled, program=None))
+        assert fast is not None and _canonical(fast) == _canonical(expected)
+    finally:
+        svc.close()

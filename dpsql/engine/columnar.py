@@ -29,7 +29,7 @@ import functools
 import math
 import operator
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
@@ -38,6 +38,7 @@ import numpy as np
 from sqlglot import exp
 
 from dpsql.engine.api import EngineResult
+from dpsql.engine.int_labels import IntLabels
 from dpsql.frontend.simple_where import COMPARISONS, KEY_TYPES, iso_date
 from dpsql.lower.local_plan import ColumnProgram
 from dpsql.plan import bias
@@ -65,14 +66,14 @@ class Column:
     stored: np.ndarray | None
     nulls: np.ndarray
     held_codes: np.ndarray | None = None
-    labels: tuple[Any, ...] = ()
+    labels: Sequence[Any] = ()
     # a store's int unit column (:func:`cluster`): its rows clustered by code, so its codes
     # are runs, (each run's first row and the end, each run's code): one int a unit, not a
     # code a row
     runs: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
-    def categories(self) -> tuple[Any, ...]:
+    def categories(self) -> Sequence[Any]:
         """The distinct non-NULL values, in order (a text column's codes index them)."""
         return self.labels[:-1]
 
@@ -121,6 +122,8 @@ class Column:
     def by_code(self) -> np.ndarray:
         """Each code's value (int64: an int column's labels; NULL's code 0): a test on the
         values is the same test on this, read at each row's code."""
+        if isinstance(self.labels, IntLabels):
+            return np.append(self.labels.values, 0)
         return np.array([*self.labels[:-1], 0], dtype=np.int64)
 
 
@@ -262,7 +265,7 @@ def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) ->
     readable = [c for c in table.columns.values() if c.expr is None and c.type in _KINDS]
     if not readable:
         return cluster(ColumnarTable(table.name, version, rows, {}, capacity), table)
-    labels: dict[str, tuple[Any, ...]] = {}
+    labels: dict[str, Sequence[Any]] = {}
     keys: list[tuple[str, type]] = []  # what is fetched, and its dtype in the store
     unit = None  # the unit column's index in ``readable`` when it has codes
     for i, c in enumerate(readable):
@@ -346,7 +349,7 @@ def _fetch_ranges(
     con: Any,
     name: str,
     readable: list[Any],
-    labels: dict[str, tuple[Any, ...]],
+    labels: dict[str, Sequence[Any]],
     unit: int | None,
     ranges: list[tuple[int, int]],
     kept: dict[int, str] | None,
@@ -389,7 +392,7 @@ def _fetch_ranges(
 
 
 def _numbered_codes(
-    con: Any, name: str, readable: list[Any], labels: dict[str, tuple[Any, ...]]
+    con: Any, name: str, readable: list[Any], labels: dict[str, Sequence[Any]]
 ) -> dict[int, str]:
     """Per coded column, its sorted distinct values numbered once, in a temporary table of
     the build's own cursor (dropped after it), which every range's fetch joins: the DISTINCT
@@ -419,7 +422,7 @@ def _numbered_codes(
 _FETCH_ROWS = 1 << 20
 
 
-def _distinct(con: Any, name: str, q: str, kind: str) -> tuple[Any, ...]:
+def _distinct(con: Any, name: str, q: str, kind: str) -> Sequence[Any]:
     """A coded column's sorted distinct non-NULL values, then None (NULL's label). Fetched as
     one array (a list of 1-tuples held ~90 bytes a value: ~0.9 GB for 10M units); a column
     whose values numpy does not hold as integers exactly (a HUGEINT) row by row."""
@@ -428,6 +431,8 @@ def _distinct(con: Any, name: str, q: str, kind: str) -> tuple[Any, ...]:
         fetched = np.ma.getdata(con.execute(sql).fetchnumpy()["v"])
         if kind == "text":
             return (*(str(v) for v in fetched.tolist()), None)
+        if fetched.dtype == np.int64:  # one int64 array, not a Python int a value
+            return IntLabels(fetched)
         if np.issubdtype(fetched.dtype, np.integer):
             return (*fetched.tolist(), None)
     distinct = con.execute(sql).fetchall()
@@ -437,7 +442,7 @@ def _distinct(con: Any, name: str, q: str, kind: str) -> tuple[Any, ...]:
 
 
 def _unit_ranges(
-    rows: int, unit: int | None, labels: dict[str, tuple[Any, ...]], readable: list[Any]
+    rows: int, unit: int | None, labels: dict[str, Sequence[Any]], readable: list[Any]
 ) -> list[tuple[int, int]]:
     """Ranges [first, last) of unit codes fetched at a time, about _FETCH_ROWS rows each if
     the units are alike (the number of ranges is the row count's, not the values'); the last
@@ -453,7 +458,7 @@ def _unit_ranges(
 def _fetch_sql(
     name: str,
     readable: list[Any],
-    labels: dict[str, tuple[Any, ...]],
+    labels: dict[str, Sequence[Any]],
     unit: int | None,
     first: int,
     last: int,
@@ -1273,7 +1278,7 @@ def _groups(
 
     Codes combine the keys' own codes in mixed radix while the product of their label counts
     stays small; past that they are re-densified after each key."""
-    per_key: list[tuple[tuple[Any, ...], np.ndarray]] = []
+    per_key: list[tuple[Sequence[Any], np.ndarray]] = []
     for name in keys:
         column = table.columns[name]
         assert column.codes is not None  # key columns: text, int, bool
@@ -1640,7 +1645,7 @@ def _or(a: Truth, b: Truth) -> Truth:
 
 
 def _int_code_test(
-    op: type, categories: tuple[Any, ...], whole: int, exact: bool, floor: int, ceil: int
+    op: type, categories: Sequence[Any], whole: int, exact: bool, floor: int, ceil: int
 ) -> Callable[[np.ndarray], Any]:
     """:meth:`_Builder._int_test` on an int column's codes into its sorted distinct values
     ``categories`` (Python ints, compared exactly with the integer bounds): x > floor is
