@@ -20,7 +20,10 @@ class Source:
     (dpsql.frontend.dialect). :func:`mark` records it on the meta of every node that carries a
     position, as the parse ends, so a refusal finds where its construct stands from the node
     alone (:func:`position_of`), however far from the parse it is raised; copies of a node
-    (CTE and derived-table inlining, rewrites) keep it, with the positions, in their meta."""
+    (CTE and derived-table inlining, rewrites) keep it, with the positions, in their meta.
+    A tree a cache serves again (plan, shape and text-shape caches) keeps the source of the
+    text it was parsed from: every such cache is keyed by the analyst, so a position or an
+    echoed construct is only ever read from the analyst's own text."""
 
     __slots__ = ("dialect", "text")
 
