@@ -201,6 +201,47 @@ def test_model_sql_matches_python_predictions():
     assert p == pytest.approx(clf.predict_proba(Xl[:1])[0, 1])
 
 
+def old_predict_sql(m: RegressionModel) -> str:
+    """RegressionModel.predict_sql as written before it built a tree (the reference)."""
+    terms = [repr(float(m.intercept))]
+    for sql, lo, hi, c in zip(m.feature_sql, m.lower, m.upper, m.coefficients, strict=True):
+        lo, hi = float(lo), float(hi)
+        clamped = f"LEAST(GREATEST(COALESCE(CAST({sql} AS DOUBLE), {lo!r}), {lo!r}), {hi!r})"
+        terms.append(f"({float(c)!r}) * {clamped}")
+    linear = " + ".join(terms)
+    return f"1.0 / (1.0 + EXP(-({linear})))" if m.kind == "logistic_regression" else linear
+
+
+def test_the_predictor_is_the_tree_of_the_text_it_parsed_before():
+    """predictor() builds the tree (only the stored features' text is parsed): the very tree
+    the old text parsed to, on models with negative, tiny and huge numbers and both kinds."""
+    import random
+
+    import sqlglot
+
+    from dpsql.models.regression import predictor
+
+    rng = random.Random(7)
+    features = ['"age"', 'CASE WHEN "smoker" IS TRUE THEN 1 ELSE 0 END', "\"d\" = 'a''b'"]
+    for _ in range(60):
+        k = rng.randint(0, 3)
+        lower = [rng.choice([0.0, -5.5, 1e-3, -1e20, -0.0, -1e-7]) for _ in range(k)]
+        model = RegressionModel(
+            rng.choice(["linear_regression", "logistic_regression"]),
+            tuple(f"f{i}" for i in range(k)),
+            tuple(rng.choice(features) for _ in range(k)),
+            tuple(lower),
+            tuple(lo + rng.choice([1.0, 3.25, 1e10]) for lo in lower),
+            tuple(rng.uniform(-3, 3) * rng.choice([1, 1e-9, 1e12]) for _ in range(k)),
+            rng.uniform(-5, 5) * rng.choice([1, 1e-12]),
+            "y",
+            None,
+        )
+        expected = sqlglot.parse_one(old_predict_sql(model), read="duckdb")
+        assert predictor(model.to_dict()) == expected
+        assert model.predict_sql() == expected.sql(dialect="duckdb")
+
+
 def test_sampler_is_poisson():
     src = SeededNoise(0)
     sizes = [len(dpsgd.poisson_sample(src, 10_000, 0.01)) for _ in range(200)]

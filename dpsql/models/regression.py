@@ -154,29 +154,66 @@ class RegressionModel:
             data.get("positive"),
         )
 
-    def linear_sql(self) -> str:
-        """intercept + Σ coef·clamp(feature): the linear predictor as a DuckDB expression."""
-        terms = [repr(float(self.intercept))]
+    def linear_tree(self) -> Any:
+        """intercept + Σ (coef) · LEAST(GREATEST(COALESCE(CAST(feature AS DOUBLE), lo), lo),
+        hi): the linear predictor as a sqlglot tree. A stored model keeps each feature as
+        text (``feature_sql``, the table function's tree rendered): that text is parsed here,
+        once per feature; the rest is built, never spliced."""
+        import sqlglot
+        from sqlglot import exp
+
+        out = _number(float(self.intercept))
         for sql, lo, hi, c in zip(
             self.feature_sql, self.lower, self.upper, self.coefficients, strict=True
         ):
             lo, hi = float(lo), float(hi)  # plain floats: repr(np.float64) is not SQL
-            clamped = f"LEAST(GREATEST(COALESCE(CAST({sql} AS DOUBLE), {lo!r}), {lo!r}), {hi!r})"
-            terms.append(f"({float(c)!r}) * {clamped}")
-        return " + ".join(terms)
+            feature = sqlglot.parse_one(sql, read="duckdb")
+            value: exp.Expression = exp.Cast(
+                this=feature, to=exp.DataType(this=exp.DataType.Type.DOUBLE)
+            )
+            value = exp.Coalesce(this=value, expressions=[_number(lo)])
+            value = exp.Greatest(this=value, expressions=[_number(lo)], ignore_nulls=True)
+            value = exp.Least(this=value, expressions=[_number(hi)], ignore_nulls=True)
+            term = exp.Mul(this=exp.Paren(this=_number(float(c))), expression=value)
+            out = exp.Add(this=out, expression=term)
+        return out
+
+    def predict_tree(self) -> Any:
+        """The prediction as a sqlglot tree: the linear predictor, or the positive-class
+        probability ``1.0 / (1.0 + EXP(-(linear)))``."""
+        from sqlglot import exp
+
+        linear = self.linear_tree()
+        if self.kind != "logistic_regression":
+            return linear
+        exponent = exp.Exp(this=exp.Neg(this=exp.Paren(this=linear)))
+        denominator = exp.Paren(this=exp.Add(this=_number(1.0), expression=exponent))
+        return exp.Div(this=_number(1.0), expression=denominator, typed=False, safe=False)
+
+    def linear_sql(self) -> str:
+        """:meth:`linear_tree` as a DuckDB expression."""
+        return str(self.linear_tree().sql(dialect="duckdb"))
 
     def predict_sql(self) -> str:
-        """Prediction in SQL: the linear predictor, or the positive-class probability."""
-        if self.kind == "logistic_regression":
-            return f"1.0 / (1.0 + EXP(-({self.linear_sql()})))"
-        return self.linear_sql()
+        """Prediction in SQL (:meth:`predict_tree` in DuckDB's dialect): the linear predictor,
+        or the positive-class probability."""
+        return str(self.predict_tree().sql(dialect="duckdb"))
+
+
+def _number(value: float) -> Any:
+    """A float literal spelt as Python prints it (``repr``: every digit), a negative one as
+    the negation of its magnitude (as the parser reads ``-2.5e-09``)."""
+    from sqlglot import exp
+
+    text = repr(value)
+    if text.startswith("-"):
+        return exp.Neg(this=exp.Literal(this=text[1:], is_string=False))
+    return exp.Literal(this=text, is_string=False)
 
 
 def predictor(model_json: dict[str, Any]) -> Any:
     """PREDICTORS entry: the model dict -> a sqlglot expression computing the prediction."""
-    import sqlglot
-
-    return sqlglot.parse_one(RegressionModel.from_dict(model_json).predict_sql(), read="duckdb")
+    return RegressionModel.from_dict(model_json).predict_tree()
 
 
 # --- estimators -----------------------------------------------------------------------------
