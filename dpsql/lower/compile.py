@@ -252,9 +252,9 @@ def _rendered_pieces(tree: exp.Expression, dialect: str) -> tuple[str, ...]:
 
 def render(expression: exp.Expr, dialect: str) -> str:
     """Engine SQL of any tree in ``dialect`` (``duckdb``, ``spark`` or :data:`NEUTRAL`), the
-    keyed hash mapped to the dialect's own fast hash. For trees parsed from text (the engines'
-    fetch_matrix reads dpsql.lower.rows' trees as DuckDB text, DP_KEYED_HASH(...) a plain call);
-    the tree itself is left unchanged."""
+    keyed hash mapped to the dialect's own fast hash, for any tree (the engines' fetch_matrix
+    renders dpsql.lower.rows' trees, their secret printed, with it); the tree itself is left
+    unchanged."""
     return _generate(expression, dialect)[0]
 
 
