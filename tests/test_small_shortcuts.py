@@ -34,6 +34,7 @@ def test_the_first_word_shortcut_agrees_with_the_tokenizer() -> None:
     from sqlglot.dialects.duckdb import DuckDB
 
     from dpsql.frontend import bind
+    from dpsql.frontend.positions import Source
 
     keys = DuckDB.tokenizer_class.KEYWORDS
     assert not [k for k in keys if " " in k and k.split()[0] in ("SELECT", "WITH")]
@@ -52,7 +53,8 @@ def test_the_first_word_shortcut_agrees_with_the_tokenizer() -> None:
     ]
     for text in texts:
         tokens = sqlglot.tokenize(text, read="duckdb") if text else []
-        assert bind._first_word(text) == (tokens[0].text.upper() if tokens else ""), text
+        first = bind._first_word(Source(text, "duckdb"))
+        assert first == (tokens[0].text.upper() if tokens else ""), text
 
 
 def test_group_key_positions_equal_position_of() -> None:

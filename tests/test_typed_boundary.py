@@ -372,7 +372,7 @@ def test_the_token_cache_is_not_shared_across_statements():
 
     policy = dpsql.Service(fixture_policy(), ledger=MemoryLedger()).policy
     parse_statement("SELECT COUNT(*) FROM visits WHERE age > 1", policy)
-    positions.text_tokens("SELECT COUNT(*) FROM visits WHERE age > 1")
+    positions.Source("SELECT COUNT(*) FROM visits WHERE age > 1", "duckdb").tokens()
     parse_statement("SELECT COUNT(*) FROM visits WHERE age > 2", policy)
     assert "SELECT COUNT(*) FROM visits WHERE age > 1" not in {
         args[0] for args in _cached_texts(positions)

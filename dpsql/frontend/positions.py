@@ -32,7 +32,9 @@ class Source:
         self.dialect = dialect
 
     def tokens(self) -> tuple:
-        """The text's tokens, cached for the statement (see :func:`forget_tokens`)."""
+        """The text's tokens, cached for the statement (see :func:`forget_tokens`): binding
+        asks for them more than once (the first word, each refusal's position), and
+        tokenizing dominates planning."""
         return _tokens_cached(self.text, self.dialect)
 
     def __deepcopy__(self, memo: dict) -> Source:  # one statement: copies share it
@@ -105,17 +107,6 @@ def _start_offset(node: exp.Expr | None, source: Source) -> int | None:
         if starts:
             return starts[-1]
     return best
-
-
-def _dialect_of(text: str) -> str:
-    current = _READING.get()
-    return current.dialect if current.text == text else "duckdb"
-
-
-def text_tokens(text: str) -> tuple:
-    """sqlglot tokens of ``text``, cached: binding asks for the same text's tokens several
-    times (the first word, each GROUP BY key's position), and tokenizing dominates planning."""
-    return _tokens_cached(text, _dialect_of(text))
 
 
 def forget_tokens() -> None:

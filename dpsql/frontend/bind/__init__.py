@@ -42,7 +42,6 @@ from dpsql.frontend.positions import (
     offset_position,
     reading,
     source_of,
-    text_tokens,
 )
 from dpsql.frontend.private_joins import resolve_private_joins
 from dpsql.frontend.released import split_released_tables
@@ -110,7 +109,7 @@ def parse_statement(
     dialect = check_dialect(dialect)
     forget_tokens()
     source = reading(text, dialect)  # refusals quote the analyst's text (frontend.positions)
-    head = _first_word(text)
+    head = _first_word(source)
     if head in ("SHOW", "RESET"):
         return _setting_command(head, text)
     if head == "EXPLAIN":
@@ -232,10 +231,12 @@ def parse_probe(
     """``text`` as a column probe of an accepted relation over private rows; None when it is
     not one (a DP query, a public query, any other statement: bind it as usual). A probe of
     a relation that would be refused raises that refusal."""
-    if _PROBE_LIMIT.search(text) is None or _first_word(text) not in ("SELECT", "WITH"):
+    if _PROBE_LIMIT.search(text) is None:
+        return None
+    dialect = check_dialect(dialect)
+    if _first_word(Source(text, dialect)) not in ("SELECT", "WITH"):
         return None
     _check_unicode(text, parameters)
-    dialect = check_dialect(dialect)
     forget_tokens()
     source = reading(text, dialect)
     tree = _statement_tree(source, policy, parameters, models)
@@ -418,14 +419,14 @@ def _check_unicode(text: str, parameters: Sequence[Any] | None) -> None:
             ) from None
 
 
-def _first_word(text: str) -> str:
+def _first_word(source: Source) -> str:
     # A text that starts with the word SELECT or WITH needs no tokenizing (~0.15 ms): that
     # word is its first token (the tokenizer has no longer keyword starting with either).
     # Anything else (a comment first, SHOW, INSERT, ...) asks the tokenizer.
-    plain = _PLAIN_HEAD.match(text)
+    plain = _PLAIN_HEAD.match(source.text)
     if plain is not None and plain.group(1).upper() in ("SELECT", "WITH"):
         return plain.group(1).upper()
-    tokens = text_tokens(text)  # cached: position_of tokenizes the same text again
+    tokens = source.tokens()  # cached: position_of tokenizes the same text again
     return tokens[0].text.upper() if tokens else ""
 
 
@@ -530,7 +531,7 @@ def bind_tree(tree: exp.Expr, policy: Policy, access: Any = None) -> Statement:
         )
     if not isinstance(tree, exp.Select):
         # the statement's own keyword: CHECKPOINT parses as a Column, DEALLOCATE as an Alias
-        word = _first_word(source_of(tree).text) or type(tree).__name__
+        word = _first_word(source_of(tree)) or type(tree).__name__
         raise refusal(
             PrivacyError,
             f"{word} statements are not allowed",
