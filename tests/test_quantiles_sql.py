@@ -266,13 +266,10 @@ def test_miscalibrated_quantiles_are_caught_before_running():
     check: the bound node lets a unit move each count by 5."""
     service = dpsql.Service(fixture_policy(), ledger=MemoryLedger())
     plan = _plan(service, "SELECT MEDIAN(age) FROM visits")
-    broken = dataclasses.replace(
-        plan, quantiles=(dataclasses.replace(plan.quantiles[0], max_values=1),)
-    )
+    broken = plan.with_(quantiles=(dataclasses.replace(plan.quantiles[0], max_values=1),))
     with pytest.raises(InternalError, match="calibrated for fewer values"):
         check_plan(broken)
-    under_charged = dataclasses.replace(
-        plan,
+    under_charged = plan.with_(
         quantiles=(dataclasses.replace(plan.quantiles[0], groups=1, max_values=5),),
     )
     check_plan(under_charged)  # G = 1 without GROUP BY: fine
@@ -435,7 +432,7 @@ def test_auto_clip_plan_costs_add_up_and_a_miscalibrated_clip_is_caught():
     run = with_clip_ranges(plan, {"cost": (0.0, 812.5)})
     assert run.query.table.columns["cost"].upper == 812.5 and not run.clips
     assert float((run.cost + clip.cost).epsilon) == pytest.approx(float(plan.cost.epsilon))
-    broken = dataclasses.replace(plan, clips=(dataclasses.replace(clip, max_values=5),))
+    broken = plan.with_(clips=(dataclasses.replace(clip, max_values=5),))
     with pytest.raises(InternalError):
         check_plan(broken)
     service.close()
