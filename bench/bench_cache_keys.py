@@ -12,7 +12,6 @@ import os
 import sys
 import time
 import tomllib
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -72,7 +71,7 @@ def main() -> None:
     for t in T:
         plan = svc.plan(parse_statement(t.format(i=40, big=big), svc.policy), s, "a")
         # what a shape-cache hit builds: the fresh statement, the rest of the plan shared
-        hit = replace(plan, query=parse_statement(t.format(i=41, big=big), svc.policy))
+        hit = plan.with_(query=parse_statement(t.format(i=41, big=big), svc.policy))
         ways = {"old": lambda p=hit: old_fingerprint(p), "new": lambda p=hit: answer_key(p)}
         best = dict.fromkeys(ways, 1e9)
         n = 20 if "IN" in t else 200
