@@ -142,6 +142,8 @@ def _value(  # pragma: no cover - compiled
         c = b if (np.isnan(c) or c > b) else c
         c = a if c < a else c
     else:  # the clamp excess: ROUND(clamp((x - clamp(x, lower, upper)) / g, -W, W))
+        if a <= x <= b:  # (x - x) / g = 0 exactly (g > 0): no division for a value inside
+            return np.int64(0)
         w = fused[j, 5]
         inside = a if x < a else (b if (np.isnan(x) or x > b) else x)
         c = (x - inside) / g
