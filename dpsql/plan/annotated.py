@@ -23,7 +23,7 @@ from dpsql.frontend.statements import DPQuery
 from dpsql.plan.canonical import answer_key
 from dpsql.plan.measures import PostProcess, Release
 from dpsql.plan.relational import Aggregate, Bound
-from dpsql.plan.tree import relational_nodes
+from dpsql.plan.tree import annotate
 from dpsql.plan.values import (
     ClipEstimate,
     KeyPlan,
@@ -72,11 +72,11 @@ class Plan:
 
     @property
     def keys(self) -> tuple[KeyPlan, ...]:
-        return self.release.input.keys
+        return self.aggregate.keys
 
     @property
     def measures(self) -> tuple[Measure, ...]:
-        return self.release.input.measures
+        return self.aggregate.measures
 
     @property
     def outputs(self) -> tuple[OutputAggregate, ...]:
@@ -101,23 +101,23 @@ class Plan:
     @property
     def max_rows(self) -> int:
         """R."""
-        return self.release.input.input.max_rows
+        return self.bound.max_rows
 
     @property
     def max_groups(self) -> int:
         """G (effective)."""
-        return self.release.input.input.max_groups
+        return self.bound.max_groups
 
     @property
     def bounding(self) -> str:
         """How pairs over R are bounded: "sample" or "scale" (dpsql.plan.values)."""
-        return self.release.input.input.method
+        return self.bound.method
 
     @property
     def group_scaling(self) -> bool:
         """Bounding "scale" with public keys and more bins than G: a unit's k > G groups all
         count, at G/k each, instead of G of them chosen by keyed hash."""
-        return self.release.input.input.groups_scaled
+        return self.bound.groups_scaled
 
     def measure(self, name: str) -> Measure:
         return next(m for m in self.measures if m.name == name)
@@ -138,24 +138,24 @@ class Plan:
     # -- a changed plan is a new tree --------------------------------------------------------
 
     def with_(self, **changes: Any) -> Plan:
-        """This plan with some parts replaced, the tree rebuilt around them: ``query`` (the
-        Bound node then reads its rows), ``keys``, ``measures``, ``outputs``, ``threshold``,
-        ``quantiles``, ``clips``, ``selection``, or any of the plan's own fields."""
+        """This plan with some parts replaced and its tree built again around them, as the
+        planner builds it (:func:`dpsql.plan.tree.annotate`): ``query`` (the Bound node then
+        reads its rows), any of :data:`TREE_PARTS`, or any of the plan's own fields."""
         query = changes.pop("query", self.query)
-        aggregate_parts = {k: changes.pop(k) for k in ("keys", "measures") if k in changes}
-        release_parts = {
-            k: changes.pop(k)
-            for k in ("outputs", "threshold", "quantiles", "clips", "selection")
-            if k in changes
-        }
-        release = self.release
-        if query is not self.query or aggregate_parts or release_parts:
-            bound = self.bound
-            if query is not self.query:
-                bound = replace(bound, input=relational_nodes(query))
-            aggregate = replace(self.aggregate, input=bound, **aggregate_parts)
-            release = replace(release, input=aggregate, **release_parts)
+        parts = {name: changes.pop(name) for name in TREE_PARTS if name in changes}
+        if query is self.query and not parts:
+            return replace(self, **changes)
+        b = self.bound
+        release = annotate(
+            query,
+            (b.max_rows, b.max_groups, b.method, b.groups_scaled),
+            **{name: parts.get(name, getattr(self, name)) for name in TREE_PARTS},
+        )
         return replace(self, query=query, release=release, **changes)
+
+
+#: What :meth:`Plan.with_` rebuilds the tree around, beside the query.
+TREE_PARTS = ("keys", "measures", "outputs", "threshold", "quantiles", "clips", "selection")
 
 
 def bounds_groups(plan: Plan) -> bool:

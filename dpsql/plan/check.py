@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import math
 
+from dpsql.aggregates import kind_of
 from dpsql.errors import InternalError
 from dpsql.plan.annotated import Plan
+from dpsql.privacy.partition import Unreleased
 
 RELATIVE = 1e-9  # floating-point calibration (b = Δ1 / ε) round trip
 
@@ -22,7 +24,7 @@ def check_plan(plan: Plan) -> None:
     every exact (un-noised) measure is the selection's input and read by no output."""
     _check_exact(plan)
     release = plan.release
-    for measurement, measure in zip(release.measurements(), plan.measures, strict=True):
+    for measurement, measure in zip(release.measurements, plan.measures, strict=True):
         if measurement.l1 > measure.l1 * (1 + RELATIVE) or measurement.l2 > measure.l2 * (
             1 + RELATIVE
         ):
@@ -32,7 +34,7 @@ def check_plan(plan: Plan) -> None:
                 construct=measure.kind,
                 hint="this is a dpsql bug; nothing was spent",
             )
-    for qm, quantiles in zip(release.quantile_measurements(), plan.quantiles, strict=True):
+    for qm, quantiles in zip(release.quantile_measurements, plan.quantiles, strict=True):
         if qm.calibrated_values < qm.max_values or quantiles.groups < qm.groups:
             raise InternalError(
                 f"quantiles {quantiles.name}: calibrated for fewer values or groups per unit "
@@ -53,9 +55,6 @@ def check_plan(plan: Plan) -> None:
 
 
 def _check_exact(plan: Plan) -> None:
-    from dpsql.aggregates import kind_of
-    from dpsql.privacy.partition import Unreleased
-
     selection = plan.selection
     allowed = selection.measure if selection is not None and selection.mechanism else None
     exact = {m.name for m in plan.measures if isinstance(m.mechanism, Unreleased)}

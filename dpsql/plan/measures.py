@@ -18,6 +18,7 @@ read released values only: they cost nothing.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -170,14 +171,20 @@ class Release:
         want = KINDS[output.call.kind].histogram
         return next(q for q in self.quantiles if q.column == output.call.column and q.kind == want)
 
+    # The measurement nodes are derived from the fields once per Release (cached_property
+    # writes the instance's __dict__, outside the frozen fields: equality, hashing and the
+    # canonical key still read the fields only); a changed plan is a new Release.
+
+    @functools.cached_property
     def measurements(self) -> tuple[Measurement, ...]:
         """One noisy measure each, at the sensitivity the Bound node derives for it."""
         out = []
-        for spec, m in zip(self.input.specs(), self.input.measures, strict=True):
+        for spec, m in zip(self.input.specs, self.input.measures, strict=True):
             _, l1, l2 = self.bound.unit_change(spec.row_bound, per_unit=spec.per_unit)
             out.append(Measurement(m.name, m.mechanism, l1, l2))
         return tuple(out)
 
+    @functools.cached_property
     def quantile_measurements(self) -> tuple[QuantileMeasurement | ModeMeasurement, ...]:
         R, G = self.bound.max_rows, self.bound.max_groups
         return tuple(
@@ -189,6 +196,7 @@ class Release:
             for q in self.quantiles
         )
 
+    @functools.cached_property
     def clip_measurements(self) -> tuple[ClipMeasurement, ...]:
         R, G = self.bound.max_rows, self.bound.max_groups
         return tuple(
@@ -196,13 +204,14 @@ class Release:
             for c in self.clips
         )
 
+    @functools.cached_property
     def selection_measurement(self) -> SelectionMeasurement | None:
+        """The selection at the L1 its exact unit count's measurement node derives."""
         selection = self.selection
         if selection is None or selection.mechanism is None:
             return None
-        spec = next(s for s in self.input.specs() if s.name == selection.measure)
-        _, l1, _ = self.bound.unit_change(spec.row_bound, per_unit=spec.per_unit)
-        return SelectionMeasurement(spec.name, selection.mechanism, l1)
+        counted = next(m for m in self.measurements if m.measure == selection.measure)
+        return SelectionMeasurement(counted.measure, selection.mechanism, counted.l1)
 
     def describe(self) -> str:
         return "Release " + ", ".join(
@@ -218,10 +227,10 @@ class Release:
         quantiles, clipping ranges)."""
         parts = [
             self.threshold,
-            self.selection_measurement(),
-            *self.measurements(),
-            *self.quantile_measurements(),
-            *self.clip_measurements(),
+            self.selection_measurement,
+            *self.measurements,
+            *self.quantile_measurements,
+            *self.clip_measurements,
         ]
         total = Cost()
         for part in parts:

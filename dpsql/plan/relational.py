@@ -13,6 +13,7 @@ off these nodes. They are values (frozen), with no engine or data reference.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -198,6 +199,7 @@ class Aggregate:
     def children(self) -> tuple:
         return (self.input,)
 
+    @functools.cached_property
     def specs(self) -> tuple[AggregateMeasure, ...]:
         """Each measure as this node sees it: its per-row bound in engine units, derived from
         its fixed-point range by its kind's object and R (not read off the planner's figures)."""

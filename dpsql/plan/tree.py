@@ -98,18 +98,18 @@ def tree_lines(root: object) -> list[str]:
         pad = "  " * depth
         lines.append(f"{pad}{node.describe()}  -- {node.stability()}")  # type: ignore[attr-defined]
         if isinstance(node, Release):
-            for m in node.measurements():
+            for m in node.measurements:
                 cost = m.privacy_map()
                 lines.append(f"{pad}  {m.describe()}: eps {cost.epsilon:.6g}, rho {cost.rho:.6g}")
-            for q in node.quantile_measurements():
+            for q in node.quantile_measurements:
                 cost = q.privacy_map()
                 lines.append(f"{pad}  {q.describe()}: eps {cost.epsilon:.6g}")
-            for c in node.clip_measurements():
+            for c in node.clip_measurements:
                 cost = c.privacy_map()
                 lines.append(f"{pad}  {c.describe()}: eps {cost.epsilon:.6g}")
             if node.threshold is not None:
                 lines.append(f"{pad}  {node.threshold.describe()}")
-            selection = node.selection_measurement()
+            selection = node.selection_measurement
             if selection is not None:
                 cost = selection.privacy_map()
                 lines.append(
