@@ -34,6 +34,7 @@ from typing import Any
 from dpsql.engine import prepared, store_files
 from dpsql.engine.prepared import PREFIX
 from dpsql.lower.builders import named_table
+from dpsql.lower.compile import render
 from dpsql.lower.store_layout import StoreInfo
 from dpsql.policy import TablePolicy
 
@@ -79,7 +80,6 @@ def build_sql(table: TablePolicy, layout: dict[str, Any], source: str) -> str:
     """Spark SQL of the derived rows (:func:`dpsql.engine.prepared.rows_query` over the engine's
     view ``source`` of the table, rendered here, the one edge where it becomes text): the typed
     rows, their fixed-point columns and their unit's statistics, ordered by (unit rows, unit)."""
-    from dpsql.lower.compile import render
 
     return render(prepared.rows_query(table, layout, named_table(source)), "spark")
 
