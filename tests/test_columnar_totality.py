@@ -19,7 +19,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import sqlglot
 from conftest import write_csv
+from sqlglot import exp
 
 from dpsql.engine import columnar, duckdb_engine
 from dpsql.errors import PolicyError
@@ -266,7 +268,13 @@ def test_a_wrongly_mapped_infinity_is_caught_by_the_comparison_with_the_sql(tmp_
         f"CAST(CASE WHEN isinf({{0}}) THEN (CASE WHEN {{0}} > DATE '1970-01-01' THEN {last} "
         f"ELSE {first} END) ELSE {{0}} - DATE '1970-01-01' END AS BIGINT)"
     )
-    monkeypatch.setitem(columnar._FETCH, "date", wrong_fetch)
+
+    def wrong_fetched(kind: str, value: exp.Expression) -> exp.Expression:
+        if kind != "date":
+            return value
+        return sqlglot.parse_one(wrong_fetch.format(value.sql("duckdb")), read="duckdb")
+
+    monkeypatch.setattr(columnar, "_fetched", wrong_fetched)
     queries = [
         f"SELECT COUNT(*) FROM t1 WHERE d {op} {literal}"
         for op in ("=", "<>", "<", "<=", ">", ">=")

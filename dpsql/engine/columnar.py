@@ -40,7 +40,27 @@ from sqlglot import exp
 from dpsql.engine.api import EngineResult
 from dpsql.engine.int_labels import IntLabels
 from dpsql.frontend.simple_where import COMPARISONS, KEY_TYPES, iso_date
+from dpsql.lower.builders import (
+    alias,
+    coalesce,
+    count_star,
+    create_temp_table_as,
+    cte,
+    day_number,
+    distinct_values,
+    drop_table,
+    is_null,
+    left_join,
+    named_table,
+    numbered,
+    order_by,
+    policy_column,
+    select,
+    table_ref,
+    with_ctes,
+)
 from dpsql.lower.local_plan import ColumnProgram
+from dpsql.lower.row_values import cast, internal_name, number
 from dpsql.plan import bias
 from dpsql.plan.fixed_point import fixed_point_bounds
 from dpsql.plan.measure_kinds import MEASURE_KINDS
@@ -215,29 +235,22 @@ def load(con: Any, table: TablePolicy, version: str, capacity: int) -> ColumnarT
     """The stored columns a program may read, from the engine's typed table of at most
     ``capacity`` rows (public: the engine's declared cap, dpsql.engine.duckdb_engine).
 
-    Total: every value of every declared type has a representation here (``_FETCH``: a date is
+    Total: every value of every declared type has a representation here (:func:`_fetched`: a date is
     read as DuckDB's own day number, 'infinity' and '-infinity' included), so whether a table
     is held depends on the policy alone, never on a value one unit holds (issue 25, item 6:
     one 'infinity' date used to make this load fail and the table silently run its SQL, ~3x
     slower on every query). Nothing here catches an error: one that still happens (a bug,
     memory) fails the engine's start, where the operator sees it."""
-    from dpsql.frontend.identifiers import quote_ident
-
     _keep_heap_pad()
 
-    name = quote_ident(table.name)
-    counted = con.execute(f"SELECT count(*) FROM {name}").fetchone()
-    rows = int(counted[0]) if counted else 0
+    rows = _row_count(con, table.name)
     if rows > capacity:
         raise ValueError(f"{rows} rows, more than the declared {capacity}")
     readable = [c for c in table.columns.values() if c.expr is None and c.type in _KINDS]
     if not readable:
         return ColumnarTable(table.name, version, rows, {}, capacity)
-    select = ", ".join(
-        _FETCH.get(c.type, "{}").format(quote_ident(c.name)) + f" AS {quote_ident(c.name)}"
-        for c in readable
-    )
-    fetched = con.execute(f"SELECT {select} FROM {name}").fetchnumpy()
+    items = [alias(_fetched(c.type, policy_column(c.name)), c.name, quoted=True) for c in readable]
+    fetched = con.execute(_duckdb(select(items, named_table(table.name)))).fetchnumpy()
     columns = {c.name: _column(c, fetched[c.name]) for c in readable}
     for column in columns.values():  # shared by every query and thread: read-only
         for array in (column.stored, column.nulls, column.codes):
@@ -254,12 +267,9 @@ def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) ->
     once, each range clustered by a counting sort of its unit codes (no sort in DuckDB): the
     build's peak is the store plus one range's fetch. A text column's values are never
     fetched, only its codes."""
-    from dpsql.frontend.identifiers import quote_ident
-
     _keep_heap_pad()
-    name = quote_ident(table.name)
-    counted = con.execute(f"SELECT count(*) FROM {name}").fetchone()
-    rows = int(counted[0]) if counted else 0
+    name = table.name
+    rows = _row_count(con, name)
     if rows > capacity:
         raise ValueError(f"{rows} rows, more than the declared {capacity}")
     readable = [c for c in table.columns.values() if c.expr is None and c.type in _KINDS]
@@ -269,9 +279,8 @@ def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) ->
     keys: list[tuple[str, type]] = []  # what is fetched, and its dtype in the store
     unit = None  # the unit column's index in ``readable`` when it has codes
     for i, c in enumerate(readable):
-        q = quote_ident(c.name)
         if c.type in ("text", "int", "bool"):
-            labels[c.name] = _distinct(con, name, q, c.type)
+            labels[c.name] = _distinct(con, name, c.name, c.type)
             keys.append((f"__c{i}", code_dtype(len(labels[c.name]))))
             if c.name == table.privacy_unit:
                 unit = i
@@ -304,7 +313,7 @@ def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) ->
     finally:  # (they go with the cursor anyway: an interrupted build may not drop them)
         for temporary in (kept or {}).values():
             with contextlib.suppress(Exception):
-                con.execute(f"DROP TABLE IF EXISTS {temporary}")
+                con.execute(_duckdb(drop_table(table_ref(temporary))))
     if filled != rows:
         raise ValueError("the table changed while its store was built")
     columns: dict[str, Column] = {}
@@ -331,7 +340,7 @@ def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) ->
     return cluster(table_, table, nulls, floats)
 
 
-_CODE_SQL: dict[type, str] = {np.uint8: "UTINYINT", np.uint16: "USMALLINT", np.int32: "INTEGER"}
+_CODE_SQL: dict[type, str] = {np.uint8: "UTINYINT", np.uint16: "USMALLINT", np.int32: "INT"}
 
 
 def code_dtype(labels: int) -> type:
@@ -398,19 +407,13 @@ def _numbered_codes(
     the build's own cursor (dropped after it), which every range's fetch joins: the DISTINCT
     over the whole table is not repeated per range (at 100M rows, 48 ranges, it was most of
     the build)."""
-    from dpsql.frontend.identifiers import quote_ident
-
     kept: dict[int, str] = {}
     for i, c in enumerate(readable):
         if c.name not in labels:
             continue
-        q = quote_ident(c.name)
         temporary = f"__dpsql_store_codes_{i}"
-        con.execute(
-            f"CREATE OR REPLACE TEMP TABLE {temporary} AS SELECT v, CAST(row_number() OVER "
-            f"(ORDER BY v) - 1 AS BIGINT) AS code FROM (SELECT DISTINCT {q} AS v FROM {name} "
-            f"WHERE {q} IS NOT NULL)"
-        )
+        codes = _numbered(policy_column(c.name), name)
+        con.execute(_duckdb(create_temp_table_as(table_ref(temporary), codes)))
         kept[i] = temporary
     return kept
 
@@ -422,11 +425,12 @@ def _numbered_codes(
 _FETCH_ROWS = 1 << 20
 
 
-def _distinct(con: Any, name: str, q: str, kind: str) -> Sequence[Any]:
+def _distinct(con: Any, name: str, column: str, kind: str) -> Sequence[Any]:
     """A coded column's sorted distinct non-NULL values, then None (NULL's label). Fetched as
     one array (a list of 1-tuples held ~90 bytes a value: ~0.9 GB for 10M units); a column
     whose values numpy does not hold as integers exactly (a HUGEINT) row by row."""
-    sql = f"SELECT DISTINCT {q} AS v FROM {name} WHERE {q} IS NOT NULL ORDER BY {q}"
+    values = distinct_values(policy_column(column), named_table(name), "v")
+    sql = _duckdb(order_by(values, [policy_column(column)]))
     if kind in ("text", "int"):
         fetched = np.ma.getdata(con.execute(sql).fetchnumpy()["v"])
         if kind == "text":
@@ -469,37 +473,66 @@ def _fetch_sql(
     numbered (in the query, or once per build in the temporary tables ``kept``: then the
     unit's restricted to the range), the other columns' values (a date as its day number) and
     every column's NULL flag."""
-    from dpsql.frontend.identifiers import quote_ident
-
-    ctes, joins, items, params = [], [], [], []
-    where = ""
+    ctes: list[exp.CTE] = []
+    joins: list[exp.Join] = []
+    items: list[exp.Expression] = []
+    params: list[Any] = []
+    where: list[exp.Expression] = []
     for i, c in enumerate(readable):
-        q = quote_ident(c.name)
+        value = policy_column(c.name, "r")
         if c.name in labels:
-            n = len(labels[c.name]) - 1
+            n, d = len(labels[c.name]) - 1, f"d{i}"
             if kept is not None:  # numbered once (_numbered_codes): this range's part
-                inside = f" WHERE code >= {first} AND code < {last}" if i == unit else ""
-                ctes.append(f"d{i} AS (SELECT v, code FROM {kept[i]}{inside})")
-            else:
-                source = f"SELECT DISTINCT {q} AS v FROM {name} WHERE {q} IS NOT NULL"
+                code = internal_name("code")
+                inside: list[exp.Expression] = [
+                    exp.GTE(this=code, expression=number(first)),
+                    exp.LT(this=code.copy(), expression=number(last)),
+                ]
+                part = [internal_name("v"), internal_name("code")]
                 ctes.append(
-                    f"d{i} AS (SELECT v, CAST(row_number() OVER (ORDER BY v) - 1 AS BIGINT) "
-                    f"AS code FROM ({source}))"
+                    cte(d, select(part, table_ref(kept[i]), where=inside if i == unit else None))
                 )
-            joins.append(f"LEFT JOIN d{i} ON r.{q} = d{i}.v")
+            else:
+                ctes.append(cte(d, _numbered(policy_column(c.name), name)))
+            same_value = exp.EQ(this=value.copy(), expression=internal_name("v", d))
+            joins.append(left_join(table_ref(d), same_value))
             # fetched in the store's own width (code_dtype): no int64 copy of each range
             width = _CODE_SQL[code_dtype(n + 1)]
-            items.append(f"CAST(COALESCE(d{i}.code, {n}) AS {width}) AS __c{i}")
+            items.append(
+                alias(cast(coalesce(internal_name("code", d), number(n)), width), f"__c{i}")
+            )
             if i == unit:
-                where = f" WHERE (r.{q} >= ? AND r.{q} <= ?)"
+                placeholder = exp.Placeholder
+                ranged: exp.Expression = exp.And(
+                    this=exp.GTE(this=value.copy(), expression=placeholder()),
+                    expression=exp.LTE(this=value.copy(), expression=placeholder()),
+                )
                 params += [labels[c.name][first], labels[c.name][last - 1]]
                 if last == n:
-                    where = where[:-1] + f" OR r.{q} IS NULL)"
+                    ranged = exp.Or(this=ranged, expression=is_null(value.copy()))
+                where = [exp.Paren(this=ranged)]
         if c.type != "text":
-            items.append(_FETCH.get(c.type, "{}").format(f"r.{q}") + f" AS __v{i}")
-        items.append(f"r.{q} IS NULL AS __n{i}")
-    with_ = f"WITH {', '.join(ctes)} " if ctes else ""
-    return f"{with_}SELECT {', '.join(items)} FROM {name} AS r {' '.join(joins)}{where}", params
+            items.append(alias(_fetched(c.type, value.copy()), f"__v{i}"))
+        items.append(alias(is_null(value.copy()), f"__n{i}"))
+    query = select(items, table_ref(name, "r", quoted=True), joins=joins, where=where)
+    return _duckdb(with_ctes(query, ctes)), params
+
+
+def _numbered(value: exp.Expression, table: str) -> exp.Select:
+    """A coded column's distinct non-NULL values ``v`` numbered from 0 in sorted order
+    (``code``): its codes, as every fetch joins them."""
+    return numbered(distinct_values(value, named_table(table), "v"), "v", "code")
+
+
+def _row_count(con: Any, table: str) -> int:
+    """The table's rows (the engine's cap is checked against it before anything is read)."""
+    counted = con.execute(_duckdb(select([count_star()], named_table(table)))).fetchone()
+    return int(counted[0]) if counted else 0
+
+
+def _duckdb(statement: exp.Expression) -> str:
+    """A build statement rendered where it runs: DuckDB, the store's one source engine."""
+    return statement.sql(dialect="duckdb")
 
 
 def _unit_order(codes: np.ndarray, size: int) -> np.ndarray:
@@ -714,17 +747,16 @@ def _take(column: Column, order: np.ndarray) -> Column:
 # 1970-01-01, +-(2^31 - 1) for the infinities), above and below every finite date it holds
 # (-2^31 + 2 .. 2^31 - 2 days: years 5877641 BC .. 5877642 AD) as DuckDB orders them.
 DATE_INFINITY = 2**31 - 1
+
+
 # How each kind is read: a date as its day number (int64 holds every one; numpy's datetime64,
 # through which DuckDB's fetchnumpy goes in microseconds, holds neither infinity nor years past
 # ~290,000); the other kinds as they are (BIGINT, DOUBLE with NaN and +-inf, VARCHAR, BOOLEAN:
 # numpy holds every value of each).
-_FETCH = {
-    "date": (
-        "CAST(CASE WHEN isinf({0}) THEN (CASE WHEN {0} > DATE '1970-01-01' "
-        f"THEN {DATE_INFINITY} ELSE {-DATE_INFINITY} END) "
-        "ELSE {0} - DATE '1970-01-01' END AS BIGINT)"
-    ),
-}
+def _fetched(kind: str, value: exp.Expression) -> exp.Expression:
+    """A stored column's value as the store reads it (``_FETCH``): a date as its day number,
+    the rest as they are."""
+    return day_number(value, DATE_INFINITY) if kind == "date" else value
 
 
 _KINDS = ("int", "float", "text", "bool", "date")
@@ -759,7 +791,7 @@ def _column(spec: ColumnPolicy, fetched: Any) -> Column:
         codes = np.full(len(nulls), len(distinct), dtype=np.int32)  # NULL: the last code
         codes[~nulls] = inverse
         return Column("text", codes, nulls, codes, (*(str(v) for v in distinct.tolist()), None))
-    if spec.type == "date":  # DuckDB's day numbers (_FETCH), compared as integers
+    if spec.type == "date":  # DuckDB's day numbers (_fetched), compared as integers
         return Column("date", np.where(nulls, 0, np.asarray(data, dtype=np.int64)), nulls)
     dtype: type = {"int": np.int64, "float": np.float64, "bool": np.bool_}[spec.type]
     values: np.ndarray = np.array(data, dtype=dtype)

@@ -8,15 +8,19 @@ fixed-point value, internal names and numbers) are in dpsql.lower.row_values.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sqlglot import exp
 
-
-def alias(node: exp.Expression, name: str) -> exp.Alias:
-    """``node AS name``, an internal result name (unquoted)."""
-    return exp.Alias(this=node, alias=exp.Identifier(this=name, quoted=False))
+from dpsql.lower.row_values import cast, number
 
 
-def and_all(conditions: list[exp.Expression]) -> exp.Expression:
+def alias(node: exp.Expression, name: str, *, quoted: bool = False) -> exp.Alias:
+    """``node AS name``: an internal result name (unquoted), or a policy column's (quoted)."""
+    return exp.Alias(this=node, alias=exp.Identifier(this=name, quoted=quoted))
+
+
+def and_all(conditions: Sequence[exp.Expression]) -> exp.Expression:
     """``a AND b AND c`` as the parser builds it (left-deep)."""
     out = conditions[0]
     for condition in conditions[1:]:
@@ -32,27 +36,32 @@ def table_ref(name: str, alias: str | None = None, *, quoted: bool = False) -> e
     return table
 
 
-def subquery(query: exp.Expression, alias: str) -> exp.Subquery:
-    """``(query) AS alias``: DuckDB and Spark both need a derived table to be named."""
+def subquery(query: exp.Expression, alias: str | None) -> exp.Subquery:
+    """``(query) AS alias``: Spark needs a derived table to be named; DuckDB alone (its
+    administrative queries: the column store's build) reads ``(query)`` unnamed too."""
+    if alias is None:
+        return exp.Subquery(this=query)
     return exp.Subquery(
         this=query, alias=exp.TableAlias(this=exp.Identifier(this=alias, quoted=False))
     )
 
 
 def select(
-    items: list[exp.Expression],
+    items: Sequence[exp.Expression],
     source: exp.Expression,
     *,
-    where: list[exp.Expression] | None = None,
+    where: Sequence[exp.Expression] | None = None,
     group: list[exp.Expression] | None = None,
     joins: list[exp.Join] | None = None,
     having: exp.Expression | None = None,
     qualify: exp.Expression | None = None,
+    distinct: bool = False,
 ) -> exp.Select:
-    """``SELECT items FROM source [joins] [WHERE a AND b] [GROUP BY group] [HAVING h]
-    [QUALIFY q]``: the one shape every step of the plan takes."""
+    """``SELECT [DISTINCT] items FROM source [joins] [WHERE a AND b] [GROUP BY group]
+    [HAVING h] [QUALIFY q]``: the one shape every step of the plan takes."""
     return exp.Select(
-        expressions=items,
+        expressions=list(items),
+        distinct=exp.Distinct() if distinct else None,
         from_=exp.From(this=source),
         joins=joins or None,
         where=exp.Where(this=and_all(where)) if where else None,
@@ -243,3 +252,76 @@ def literal(value: object) -> exp.Expression:
     if isinstance(value, int | float):
         return exp.Literal.number(repr(value))
     return exp.Literal.string(str(value))
+
+
+# -- the column store's build (dpsql.engine.columnar) and the engines' probes ---------------
+
+
+def is_null(value: exp.Expression) -> exp.Is:
+    """``value IS NULL``."""
+    return exp.Is(this=value, expression=exp.Null())
+
+
+def not_null(value: exp.Expression) -> exp.Not:
+    """``value IS NOT NULL`` (sqlglot's tree of it: ``NOT value IS NULL``, the same test)."""
+    return exp.Not(this=is_null(value))
+
+
+def date_literal(day: str) -> exp.Cast:
+    """A date constant, ``DATE 'yyyy-mm-dd'`` (sqlglot's tree of it: a cast of the text).
+
+    >>> date_literal("1970-01-01").sql("duckdb")
+    "CAST('1970-01-01' AS DATE)"
+    """
+    return cast(exp.Literal.string(day), "DATE")
+
+
+def day_number(value: exp.Expression, infinity: int) -> exp.Cast:
+    """A DuckDB date as its day number since 1970-01-01 (BIGINT), its 'infinity' and
+    '-infinity' as +-``infinity`` (dpsql.engine.columnar: what the column store holds)."""
+    epoch = date_literal("1970-01-01")
+    sign = exp.Case(
+        ifs=[exp.If(this=exp.GT(this=value.copy(), expression=epoch), true=number(infinity))],
+        default=number(-infinity),
+    )
+    days = exp.Case(
+        ifs=[exp.If(this=exp.IsInf(this=value.copy()), true=exp.Paren(this=sign))],
+        default=exp.Sub(this=value.copy(), expression=epoch.copy()),
+    )
+    return cast(days, "BIGINT")
+
+
+def distinct_values(value: exp.Expression, source: exp.Expression, name: str) -> exp.Select:
+    """``SELECT DISTINCT value AS name FROM source WHERE value IS NOT NULL``."""
+    return select([alias(value, name)], source, where=[not_null(value.copy())], distinct=True)
+
+
+def numbered(values: exp.Select, name: str, code: str) -> exp.Select:
+    """``SELECT name, CAST(ROW_NUMBER() OVER (ORDER BY name) - 1 AS BIGINT) AS code FROM
+    (values)``: each distinct value numbered from 0 in its sorted order."""
+    value = exp.column(name)
+    rank = exp.Window(
+        this=exp.RowNumber(),
+        order=exp.Order(expressions=[exp.Ordered(this=value.copy(), nulls_first=False)]),
+        over="OVER",
+    )
+    first = cast(exp.Sub(this=rank, expression=number(1)), "BIGINT")
+    return select([value, alias(first, code)], subquery(values, None))
+
+
+def create_temp_table_as(target: exp.Table, query: exp.Expression) -> exp.Create:
+    """``CREATE OR REPLACE TEMPORARY TABLE target AS query`` (the connection's own, gone
+    with it).
+
+    >>> create_temp_table_as(table_ref("t"), select([star()], table_ref("s"))).sql("duckdb")
+    'CREATE OR REPLACE TEMPORARY TABLE t AS SELECT * FROM s'
+    """
+    properties = exp.Properties(expressions=[exp.TemporaryProperty()])
+    return exp.Create(
+        this=target, kind="TABLE", replace=True, expression=query, properties=properties
+    )
+
+
+def drop_table(target: exp.Table) -> exp.Drop:
+    """``DROP TABLE IF EXISTS target``."""
+    return exp.Drop(tables=[target], kind="TABLE", exists=True)
