@@ -24,7 +24,6 @@ from test_columnar import _loaded
 import dpsql
 from dpsql.dbapi import Service
 from dpsql.engine import clamp_pass
-from dpsql.frontend.identifiers import quote_ident
 from dpsql.lower.compile import clamp_histogram_query
 from dpsql.policy import load_policy
 from dpsql.privacy.ledger import MemoryLedger
@@ -117,7 +116,7 @@ def test_the_hash_and_bins_agree_with_duckdb_on_the_probe_rows(tmp_path):
         for column in ("x", "a"):
             spec = clamp_histogram_query(table, column, clamp_histogram(table.columns[column]), 3)
             assert spec.clamp is not None
-            assert clamp_pass._probe(con, spec.clamp, quote_ident)
+            assert clamp_pass._probe(con, spec.clamp)
     finally:
         service.close()
 

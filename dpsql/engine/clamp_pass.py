@@ -40,10 +40,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import sqlglot
+from sqlglot import exp
 
 from dpsql.engine.api import EngineResult
 from dpsql.errors import OperationalError
-from dpsql.frontend.identifiers import quote_ident
+from dpsql.lower.builders import (
+    alias,
+    date_literal,
+    is_null,
+    policy_column,
+    select,
+    subquery,
+)
+from dpsql.lower.row_values import internal_name, number, sql_type
 from dpsql.plan.clamp_spec import ClampHistogram
 
 _log = logging.getLogger("dpsql.engine")
@@ -278,7 +288,7 @@ def run(
         return None
     cursor = con.cursor()
     try:
-        if not agrees(cursor, spec, quote_ident):
+        if not agrees(cursor, spec):
             return None
         if handle is not None and handle.interrupted:
             raise OperationalError("query cancelled", sqlstate="57014")
@@ -409,11 +419,11 @@ _PROBES: dict[str, list[Any]] = {
     "bool": [True, False, None],
     "text": ["", "a", "émile", "zz top", "x" * 40, None],
 }
-_SQL = {"int": "BIGINT", "float": "DOUBLE", "date": "INTEGER", "bool": "BOOLEAN",
+_SQL = {"int": "BIGINT", "float": "DOUBLE", "date": "INT", "bool": "BOOLEAN",
         "text": "VARCHAR"}  # fmt: skip
 
 
-def agrees(con: Any, spec: ClampHistogram, quote: Any) -> bool:
+def agrees(con: Any, spec: ClampHistogram) -> bool:
     """Whether the pass computes this DuckDB's keyed hash and bins on probe rows of the spec's
     column types (literals only: no data is read), once per process and shape."""
     key = (spec.stored, spec.kind, spec.lower, spec.upper, spec.maximum, spec.smallest,
@@ -423,7 +433,7 @@ def agrees(con: Any, spec: ClampHistogram, quote: Any) -> bool:
     if known is not None:
         return known
     try:
-        ok = _probe(con, spec, quote)
+        ok = _probe(con, spec)
     except Exception as exc:  # a DuckDB without a function used here: the SQL runs
         _log.warning("clamp histogram pass not used (%s): its SQL runs", type(exc).__name__)
         ok = False
@@ -450,7 +460,7 @@ def _edges(spec: ClampHistogram) -> list[float]:
     return out
 
 
-def _probe(con: Any, spec: ClampHistogram, quote: Any) -> bool:
+def _probe(con: Any, spec: ClampHistogram) -> bool:
     """Run the SQL's keyed hash and bin on probe rows and the pass's on the same values."""
     values: list[Any] = [*_edges(spec), math.nan, math.inf, -math.inf, 0.0, -0.0, None]
     if spec.kind == "int":
@@ -467,26 +477,10 @@ def _probe(con: Any, spec: ClampHistogram, quote: Any) -> bool:
     for name, kind in spec.stored:
         base = values if name == spec.column else _PROBES[kind]
         columns[name] = [base[i % len(base)] for i in range(n)]
-    # one unnest per column, zipped; a date from its day number (its infinities included)
-    unnested = ", ".join(
-        f"unnest(${i + 1}::{_SQL[kind]}[]) AS p{i}" for i, (_, kind) in enumerate(spec.stored)
-    )
-    typed = []
-    for i, (name, kind) in enumerate(spec.stored):
-        cell = f"p{i}"
-        if kind == "date":
-            cell = (
-                f"CASE WHEN p{i} = {2**31 - 1} THEN DATE 'infinity' WHEN p{i} = "
-                f"{-(2**31 - 1)} THEN DATE '-infinity' ELSE DATE '1970-01-01' + p{i} END"
-            )
-        typed.append(f"{cell} AS {quote(name)}")
     secret = 0x2545F4914F6CDD1D
-    hashed = ", ".join(quote(name) for name, _ in spec.stored)
-    sql = (
-        f"SELECT HASH({hashed}, {secret}), {spec.bin_sql}, {quote(spec.column)} IS NULL "
-        f"FROM (SELECT {', '.join(typed)} FROM (SELECT {unnested}))"
-    )
-    fetched = con.execute(sql, [columns[name] for name, _ in spec.stored]).fetchall()
+    fetched = con.execute(
+        _probe_query(spec, secret).sql(dialect="duckdb"), [columns[name] for name, _ in spec.stored]
+    ).fetchall()
     want_h = np.array([r[0] for r in fetched], dtype=np.uint64)
     want_b = [None if r[2] else int(r[1]) for r in fetched]
     store = _probe_store(columns, spec)
@@ -496,6 +490,44 @@ def _probe(con: Any, spec: ClampHistogram, quote: Any) -> bool:
     nulls = store.columns[spec.column].nulls
     got = [None if nulls[i] else int(got_b[i]) for i in range(n)]
     return bool(np.array_equal(got_h, want_h)) and got == want_b
+
+
+def _probe_query(spec: ClampHistogram, secret: int) -> exp.Select:
+    """The SQL's keyed hash, bin (the compiler's, as the spec carries it) and NULL flag of
+    the probe rows: one unnest of each column's parameter, zipped; a date from its day number
+    (its infinities included)."""
+    cells: list[exp.Expression] = []
+    typed: list[exp.Expression] = []
+    for i, (name, kind) in enumerate(spec.stored):
+        array = exp.DataType(this=exp.DataType.Type.ARRAY, expressions=[sql_type(_SQL[kind])])
+        unnest = exp.Explode(this=exp.Cast(this=exp.Placeholder(this=str(i + 1)), to=array))
+        cells.append(alias(unnest, f"p{i}"))
+        cell: exp.Expression = internal_name(f"p{i}")
+        if kind == "date":
+            # DuckDB's day numbers of its infinities (columnar.DATE_INFINITY)
+            infinite = [(2**31 - 1, "infinity"), (-(2**31 - 1), "-infinity")]
+            cell = exp.Case(
+                ifs=[
+                    exp.If(
+                        this=exp.EQ(this=cell.copy(), expression=number(day)),
+                        true=date_literal(text),
+                    )
+                    for day, text in infinite
+                ],
+                default=exp.Add(this=date_literal("1970-01-01"), expression=cell.copy()),
+            )
+        typed.append(alias(cell, name, quoted=True))
+    hashed = [policy_column(name) for name, _ in spec.stored]
+    # the compiler's bin (dpsql.lower.compile), which the spec carries as its DuckDB text
+    bin_of = sqlglot.parse_one(spec.bin_sql, read="duckdb")
+    assert isinstance(bin_of, exp.Expression), "a bin is one expression"
+    items = [
+        exp.Anonymous(this="HASH", expressions=[*hashed, number(secret)]),
+        bin_of,
+        is_null(policy_column(spec.column)),
+    ]
+    rows = select(typed, subquery(exp.Select(expressions=cells), None))
+    return select(items, subquery(rows, None))
 
 
 def label_hashes(con: Any, labels: Any) -> np.ndarray:
