@@ -40,6 +40,7 @@ from dpsql.frontend.statements import (
     CompositeQuery,
     DPQuery,
     ExplainStatement,
+    GroupKey,
     PublicSelect,
     ReleasedQuery,
     RuleListCall,
@@ -55,6 +56,7 @@ from dpsql.lower.compile import (
     CompiledQuery,
     compile_plan,
 )
+from dpsql.lower.domain_query import enumeration
 from dpsql.plan.annotated import Plan
 from dpsql.plan.domains import key_domain
 from dpsql.plan.planner import build_plan
@@ -200,13 +202,19 @@ class Service:
                 known = cache_key in self._domain_cache
                 domain = self._domain_cache.get(cache_key)
             if not known:
-                domain = key_domain(key, query.table, self.policy.max_bins, self.scratch.rows)
+                domain = key_domain(key, query.table, self.policy.max_bins, self._enumerate)
                 with self._lock:
                     self._domain_cache[cache_key] = domain
                     while len(self._domain_cache) > DOMAIN_CACHE_SIZE:
                         self._domain_cache.popitem(last=False)
             out.append(domain)
         return out
+
+    def _enumerate(self, key: GroupKey, table: TablePolicy, limit: int) -> list[tuple]:
+        """A key's public values (dpsql.plan.domains.key_domain): its enumeration's tree over
+        the public relations of its columns, run on the scratch engine (no private data)."""
+        query = enumeration(key, table, limit)
+        return [] if query is None else self.scratch.rows(query)
 
     def plan(self, query: DPQuery, settings: Settings, analyst: str = "") -> Plan:
         """Type the query (refusals are free: schema only), find its domains, plan it.

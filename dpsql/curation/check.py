@@ -364,12 +364,12 @@ def _num(x: float) -> str:
 
 def group_by(policy: Policy, col: ColumnPolicy) -> str:
     """How GROUP BY on the bare column is released."""
-    from dpsql.plan.domains import column_relation
+    from dpsql.plan.domains import column_size
 
-    rel = column_relation(col)
-    if rel is not None and rel[1] <= policy.max_bins:
+    size = column_size(col)
+    if size is not None and size <= policy.max_bins:
         what = "grid points" if col.type == "float" and col.values is None else "bins"
-        return f"public domain ({rel[1]} {what}{', NULL included' if col.nullable else ''})"
+        return f"public domain ({size} {what}{', NULL included' if col.nullable else ''})"
     if policy.delta == 0:
         return "refused (no public domain and delta = 0)"
     return "thresholded (noisy unit count must pass tau; costs delta)"

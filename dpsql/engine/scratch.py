@@ -58,10 +58,12 @@ class Scratch:
         self._con.execute("SET enable_external_access = false")
         self._con.execute("SET lock_configuration = true")
 
-    def rows(self, sql: str) -> list[tuple[Any, ...]]:
+    def rows(self, query: exp.Expression) -> list[tuple[Any, ...]]:
+        """The rows of a query over generated, public relations (a key's domain enumeration,
+        dpsql.lower.domain_query), rendered here in DuckDB's dialect."""
         cur = self._con.cursor()
         try:
-            return cur.execute(sql).fetchall()
+            return cur.execute(query.sql(dialect="duckdb")).fetchall()
         finally:
             cur.close()
 

@@ -16,64 +16,43 @@ from typing import Any
 from sqlglot import exp
 
 from dpsql.frontend.statements import GroupKey
-from dpsql.policy import SQL_TYPES, ColumnPolicy, TablePolicy
+from dpsql.policy import SQL_TYPES, ColumnPolicy, TablePolicy  # noqa: F401 (SQL_TYPES: tests)
 
 FLOAT_GRID_POINTS = 100_000
 MAX_ENUMERATION = 1_000_000
 
 
-# evaluate(sql) -> rows of a query over public, generated relations only
-Evaluator = Callable[[str], list[tuple[Any, ...]]]
+# evaluate(key, table, limit) -> at most ``limit`` distinct values of the key's lowering over
+# the public relations of its columns (dpsql.lower.domain_query builds the query, the service
+# runs it on its scratch engine: generated relations only, never a private row)
+Evaluator = Callable[[GroupKey, TablePolicy, int], list[tuple[Any, ...]]]
 
 
-def _literal(value: Any, col_type: str) -> str:
-    from dpsql.frontend.statements import to_literal
-
-    return exp.cast(to_literal(value), SQL_TYPES[col_type]).sql(dialect="duckdb")
-
-
-def column_relation(col: ColumnPolicy) -> tuple[str, int] | None:
-    """SQL of a one-column relation holding every value the policy allows, and its size."""
-    name = exp.to_identifier(col.name).sql(dialect="duckdb")
-    sql_type = SQL_TYPES[col.type]
+def column_size(col: ColumnPolicy) -> int | None:
+    """How many values the policy allows ``col`` (NULL counted when nullable), or None when
+    it has no public domain: no declared values, not a bool, not a bounded int, date or
+    float, or more than MAX_ENUMERATION days or integers. The relation of these values is
+    dpsql.lower.domain_query.column_relation."""
     if col.values is not None:
-        body = " UNION ALL ".join(f"SELECT {_literal(v, col.type)} AS {name}" for v in col.values)
         size = len(col.values)
-        if not col.values:  # an empty domain (an empty public table): a relation of no rows
-            body = f"SELECT CAST(NULL AS {sql_type}) AS {name} WHERE false"
     elif col.type == "bool":
-        body = f"SELECT CAST(b AS BOOLEAN) AS {name} FROM (VALUES (false), (true)) t(b)"
         size = 2
     elif col.type == "int" and col.bounded:
-        lo, hi = int(col.lower), int(col.upper)  # type: ignore[arg-type]
-        size = hi - lo + 1
+        size = int(col.upper) - int(col.lower) + 1  # type: ignore[arg-type]
         if size > MAX_ENUMERATION:
             return None
-        body = f"SELECT CAST(range AS BIGINT) AS {name} FROM range({lo}, {hi + 1})"
     elif col.type == "date" and col.date_range is not None:
         # Every day of the declared range: a function of the policy alone, like an int range.
         first, last = col.date_range
         size = (last - first).days + 1
         if size > MAX_ENUMERATION:
             return None
-        body = (
-            f"SELECT CAST(DATE '{first.isoformat()}' + CAST(range AS INTEGER) AS DATE) AS {name} "
-            f"FROM range(0, {size})"
-        )
     elif col.type == "float" and col.bounded:
         low, high = float(col.lower), float(col.upper)  # type: ignore[arg-type]
-        steps = min(FLOAT_GRID_POINTS, max(1, round((high - low) / col.granularity)))
-        size = steps + 1
-        body = (
-            f"SELECT CAST({low!r} + ({high - low!r}) * range / {steps} AS DOUBLE) AS {name} "
-            f"FROM range(0, {steps + 1})"
-        )
+        size = min(FLOAT_GRID_POINTS, max(1, round((high - low) / col.granularity))) + 1
     else:
         return None
-    if col.nullable:
-        body += f" UNION ALL SELECT CAST(NULL AS {sql_type}) AS {name}"
-        size += 1
-    return f"({body})", size
+    return size + 1 if col.nullable else size
 
 
 def constant_case(expr: exp.Expression) -> list[Any] | None:
@@ -124,27 +103,21 @@ def _declared_domain(
     constant = constant_case(key.expr)
     if constant is not None:
         return ordered_values(constant) if len(constant) <= max_bins else None
-    relations = []
     total = 1
     for c in key.columns:
-        rel = column_relation(table.columns[c])
-        if rel is None:
+        size = column_size(table.columns[c])
+        if size is None:
             return None
-        relations.append(rel[0])
-        total *= rel[1]
+        total *= size
     if total > MAX_ENUMERATION or (
         isinstance(key.expr, exp.Column) and total > max_bins and not key.conditions
     ):
         return None
-    source = " CROSS JOIN ".join(f"{r} AS t{i}" for i, r in enumerate(relations))
-    from dpsql.frontend.typecheck import canonical_key_value, lower_key
+    from dpsql.frontend.typecheck import canonical_key_value
 
-    # Lowered as the engine lowers keys (under TRY, cast to the released type): a value on
-    # which the key fails becomes the NULL bin, and the bins are the values the engine yields.
-    # WHERE conjuncts over the key's columns run as the engine runs them (under TRY: a value
-    # on which one fails is filtered out), on the public values: their bins have no rows.
-    where = "".join(f" AND TRY({c})" for c in key.conditions).replace(" AND", " WHERE", 1)
-    rows = evaluate(f"SELECT DISTINCT {lower_key(key)} FROM {source}{where} LIMIT {max_bins + 1}")
+    # The key lowered as the engine lowers it, over every combination of its columns' public
+    # values (dpsql.lower.domain_query.enumeration): the bins are the values the engine yields.
+    rows = evaluate(key, table, max_bins + 1)
     if len(rows) > max_bins:
         return None
     return ordered_values([canonical_key_value(r[0]) for r in rows])
