@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -46,10 +45,6 @@ def clamp_of(messages: list) -> float:
 
 
 def main() -> None:
-    import dpsql
-    from dpsql.privacy.ledger import MemoryLedger
-    from dpsql.privacy.samplers import SeededNoise
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", type=Path, default=Path("/work/shared/datasets"))
     ap.add_argument("--reps", type=int, default=200)
@@ -69,17 +64,7 @@ def main() -> None:
         policy["tables"]["pums"]["bounds_share"] = share
         got: dict[str, list[tuple[float, float]]] = {"first": [], "later": []}
         for rep in range(args.reps):
-            with (
-                warnings.catch_warnings(),
-                dpsql.connect(
-                    policy=policy,
-                    ledger=MemoryLedger(),
-                    cache=True,
-                    noise=SeededNoise(1000 + rep),
-                ) as conn,
-            ):
-                warnings.simplefilter("ignore")
-                cur = conn.cursor()
+            with peers.fresh_analyst(policy, rep) as cur:
                 for label, sql in (
                     ("first", "SELECT SUM(income) FROM pums"),
                     ("later", "SELECT SUM(income) FROM pums WHERE pid >= 0"),

@@ -45,6 +45,7 @@ commands are in docs/mechanisms.md, "Side by side with OpenDP, PipelineDP, Tumul
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import math
@@ -55,7 +56,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -421,6 +422,24 @@ def dpsql_rows(data: Data, t: Truth, reps: int, queries: list[str]) -> list[Resu
 LATER_QUERIES = ("avg", "sum")
 
 
+@contextlib.contextmanager
+def fresh_analyst(policy: dict, rep: int) -> Iterator[Any]:
+    """A cursor of a new analyst (new ledger, answer cache on, ``SeededNoise(1000 + rep)``):
+    the later rows' repetition ``rep`` (bench/bench_sum_clamp.py uses the same seeds)."""
+    import dpsql
+    from dpsql.privacy.ledger import MemoryLedger
+    from dpsql.privacy.samplers import SeededNoise
+
+    with (
+        warnings.catch_warnings(),
+        dpsql.connect(
+            policy=policy, ledger=MemoryLedger(), cache=True, noise=SeededNoise(1000 + rep)
+        ) as conn,
+    ):
+        warnings.simplefilter("ignore")
+        yield conn.cursor()
+
+
 def _dpsql_later_rows(
     data: Data, t: Truth, reps: int, queries: list[str], commit: str
 ) -> list[Result]:
@@ -431,27 +450,13 @@ def _dpsql_later_rows(
     histogram draw) runs the query once (pays), then the same query again with a filter that
     keeps every row (``pid >= 0``: another answer-cache key, so it is measured afresh); the
     second answer is scored. The rows above (cache off) are the first query's figures."""
-    import dpsql
-    from dpsql.privacy.ledger import MemoryLedger
-    from dpsql.privacy.samplers import SeededNoise
-
     out = []
     for q in queries:
         sql = DPSQL_SQL[q]
         later = sql.replace(" FROM pums", " FROM pums WHERE pid >= 0")
         scores = []
         for rep in range(reps):
-            with (
-                warnings.catch_warnings(),
-                dpsql.connect(
-                    policy=dpsql_policy(data),
-                    ledger=MemoryLedger(),
-                    cache=True,
-                    noise=SeededNoise(1000 + rep),
-                ) as conn,
-            ):
-                warnings.simplefilter("ignore")
-                cur = conn.cursor()
+            with fresh_analyst(dpsql_policy(data), rep) as cur:
                 cur.execute(sql)
                 cur.fetchall()
                 cur.execute(later)

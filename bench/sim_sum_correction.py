@@ -201,25 +201,36 @@ def run(x: np.ndarray, share: float, eps_s: float, draws: int, seed: int = 1) ->
     return {"oracle": best, **{n: float(np.mean(v)) for n, v in out.items()}}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--draws", type=int, default=400, help="noisy histograms per row")
+def arguments(doc: str, draws: int) -> argparse.ArgumentParser:
+    """The options every SUM-clamp simulator takes (bench/sim_sum_families.py too)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--draws", type=int, default=draws, help="noisy histograms per row")
     ap.add_argument("--shares", default="0.1", help="bounds_share values (ε = 1)")
     ap.add_argument("--columns", default="", help="comma-separated subset of the columns")
-    args = ap.parse_args()
+    return ap
+
+
+def print_table(
+    rows: Callable[[np.ndarray, float, float, int], dict[str, float]], args: argparse.Namespace
+) -> None:
+    """One markdown row per column, share and query ("first": ε_s = 1 − share, "later": 1)."""
     cols = columns()
     chosen = [c for c in args.columns.split(",") if c] or list(cols)
     header = None
     for name in chosen:
         for share in (float(s) for s in args.shares.split(",")):
             for label, eps_s in (("first", round(1 - share, 6)), ("later", 1.0)):
-                r = run(cols[name], share, eps_s, args.draws)
+                r = rows(cols[name], share, eps_s, args.draws)
                 if header is None:
                     header = list(r)
                     print("| column | share | query | " + " | ".join(header) + " |")
                     print("| --- | ---: | --- |" + " ---: |" * len(header))
                 cells = " | ".join(f"{r[h]:.3g}" for h in header)
                 print(f"| {name} | {share:g} | {label} | {cells} |", flush=True)
+
+
+def main() -> None:
+    print_table(run, arguments(__doc__, 400).parse_args())
 
 
 if __name__ == "__main__":

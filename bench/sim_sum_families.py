@@ -42,12 +42,12 @@ brief idea 1 (a smaller share for the choice on the first query).
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import math
 
 import numpy as np
-from sim_default_clamp import UPPER, columns, dlap
+from sim_default_clamp import UPPER, dlap
+from sim_sum_correction import arguments, print_table
 
 from dpsql.privacy.clipping import LogHistogram, posterior_candidates, posterior_counts
 
@@ -240,25 +240,14 @@ def layers_oracle(xs, eps, rng, draws: int = 4000) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--draws", type=int, default=300, help="noisy histograms per row")
-    ap.add_argument("--shares", default="0.1", help="bounds_share values (ε = 1)")
-    ap.add_argument("--columns", default="", help="comma-separated subset of the columns")
+    ap = arguments(__doc__, 300)
     ap.add_argument("--rules-only", action="store_true", help="skip the families' oracles")
     args = ap.parse_args()
-    cols = columns()
-    chosen = [c for c in args.columns.split(",") if c] or list(cols)
-    header = None
-    for name in chosen:
-        for share in (float(s) for s in args.shares.split(",")):
-            for label, eps_s in (("first", round(1 - share, 6)), ("later", 1.0)):
-                r = run(cols[name], share, eps_s, args.draws, families=not args.rules_only)
-                if header is None:
-                    header = list(r)
-                    print("| column | share | query | " + " | ".join(header) + " |")
-                    print("| --- | ---: | --- |" + " ---: |" * len(header))
-                cells = " | ".join(f"{r[h]:.3g}" for h in header)
-                print(f"| {name} | {share:g} | {label} | {cells} |", flush=True)
+
+    def rows(x: np.ndarray, share: float, eps_s: float, draws: int) -> dict[str, float]:
+        return run(x, share, eps_s, draws, families=not args.rules_only)
+
+    print_table(rows, args)
 
 
 if __name__ == "__main__":
