@@ -106,9 +106,15 @@ class Staircase:
 
 
 def run(
-    x: np.ndarray, share: float, eps_s: float, draws: int, seed: int = 1, families: bool = True
+    x: np.ndarray,
+    share: float,
+    eps_s: float,
+    draws: int,
+    seed: int = 1,
+    families: bool = True,
+    per_doubling: int = 4,
 ) -> dict[str, float]:
-    hist = LogHistogram.for_bounds(0, UPPER, resolution=1.0, ratio=2**0.25)
+    hist = LogHistogram.for_bounds(0, UPPER, resolution=1.0, ratio=2 ** (1 / per_doubling))
     cands, excess = posterior_candidates(hist)
     xs = np.sort(x)
     csum = np.concatenate([[0.0], np.cumsum(xs)])
@@ -242,10 +248,11 @@ def layers_oracle(xs, eps, rng, draws: int = 4000) -> float:
 def main() -> None:
     ap = arguments(__doc__, 300)
     ap.add_argument("--rules-only", action="store_true", help="skip the families' oracles")
+    ap.add_argument("--bins", type=int, default=4, help="bins per doubling (the default: 4)")
     args = ap.parse_args()
 
     def rows(x: np.ndarray, share: float, eps_s: float, draws: int) -> dict[str, float]:
-        return run(x, share, eps_s, draws, families=not args.rules_only)
+        return run(x, share, eps_s, draws, families=not args.rules_only, per_doubling=args.bins)
 
     print_table(rows, args)
 
