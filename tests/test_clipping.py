@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import duckdb
 import numpy as np
 import pytest
+from conftest import table_policy
 
+from dpsql.lower.compile import clamp_histogram_query
+from dpsql.policy import load_policy
 from dpsql.privacy.clipping import ApproxBounds, LogHistogram, bias_report, posterior_counts
 from dpsql.privacy.samplers import SeededNoise, ZeroNoise
+
+_CSV = Path(__file__).resolve().parent.parent / "fixtures" / "visits.csv"  # a source: never read
 
 
 def _income(seed: int = 0, n: int = 1000) -> np.ndarray:
@@ -28,7 +34,12 @@ def test_histogram_bins_match_the_engine(ratio: float) -> None:
     x = np.concatenate([rng.uniform(-6e5, 6e5, 3000), _income()])
     con = duckdb.connect()
     con.execute("CREATE TABLE t AS SELECT UNNEST(?::DOUBLE[]) AS v", [x.tolist()])
-    engine = np.array([r[0] for r in con.execute(f"SELECT {hist.bin_sql('v')} FROM t").fetchall()])
+    # the engine's bin: the compiler's lowering of the clamp histogram (its tree rendered)
+    policy = table_policy(_CSV, {"v": {"type": "float", "lower": -500_000, "upper": 500_000}})
+    table = load_policy(policy).tables["t"]
+    spec = clamp_histogram_query(table, "v", hist, 0).clamp
+    assert spec is not None
+    engine = np.array([r[0] for r in con.execute(f"SELECT {spec.bin_sql} FROM t").fetchall()])
     assert (engine == hist.bin_of(x)).mean() > 0.999
     assert hist.counts(x).sum() == x.size
 

@@ -6,12 +6,17 @@ from __future__ import annotations
 import itertools
 import math
 from fractions import Fraction
+from pathlib import Path
+from types import SimpleNamespace
 
 import duckdb
 import numpy as np
 import pytest
+from conftest import table_policy
 from scipy import stats
 
+from dpsql.lower.compile import bin_expr
+from dpsql.policy import load_policy
 from dpsql.privacy.quantiles import (
     ExponentialQuantile,
     Grid,
@@ -40,6 +45,8 @@ TARGETS = [
     target("quantile", 0.9, score="cdf"),
 ]
 
+_CSV = Path(__file__).resolve().parent.parent / "fixtures" / "visits.csv"  # a source: never read
+
 
 def _data(seed: int = 0, n: int = 1000) -> tuple[np.ndarray, np.ndarray]:
     """Synthetic ages (int) and incomes (skewed, with zeros) for statistical tests."""
@@ -67,7 +74,12 @@ def test_engine_bins_match_python_bins(grid: Grid) -> None:
         x = np.round(x)
     con = duckdb.connect()
     con.execute("CREATE TABLE t AS SELECT UNNEST(?::DOUBLE[]) AS v", [x.tolist()])
-    engine = np.array([r[0] for r in con.execute(f"SELECT {grid.bin_sql('v')} FROM t").fetchall()])
+    # the engine's bin: the compiler's lowering of a quantile's grid (its tree rendered)
+    bounds = {"lower": grid.lower, "upper": grid.upper}
+    policy = table_policy(_CSV, {"v": {"type": "float", **bounds}})
+    column = load_policy(policy).tables["t"].columns["v"]
+    bin_sql = bin_expr(SimpleNamespace(grid=grid), column).sql(dialect="duckdb")  # type: ignore[arg-type]
+    engine = np.array([r[0] for r in con.execute(f"SELECT {bin_sql} FROM t").fetchall()])
     # float rounding exactly at an edge may differ (50 of the values are edges)
     assert (engine == grid.bin_of(x)).mean() > 0.99
     assert grid.counts(x).sum() == x.size and grid.values().size == grid.bins

@@ -110,20 +110,12 @@ class LogHistogram:
         return (e[:-1] + e[1:]) / 2
 
     def bin_of(self, values: np.ndarray) -> np.ndarray:
-        """As :meth:`bin_sql` computes it: 0 below s, else ⌊ln(|x|/s)/ln r⌋ + 1, clamped."""
+        """0 below s, else ⌊ln(|x|/s)/ln r⌋ + 1, clamped: as the engine's lowering of the
+        histogram computes it (dpsql.lower.compile.clamp_histogram_query, a tree)."""
         a = np.minimum(np.abs(np.asarray(values, dtype=np.float64)), self.maximum)
         ratio = np.maximum(a, self.smallest) / self.smallest
         raw = np.where(a < self.smallest, 0, np.floor(np.log(ratio) / math.log(self.ratio)) + 1)
         return np.clip(raw, 0, self.bins - 1).astype(np.int64)
-
-    def bin_sql(self, column: str) -> str:
-        """The engine's bin index of ABS(column) (for the lead's compiler)."""
-        a = f"LEAST(ABS({column}), {self.maximum!r})"
-        raw = (
-            f"CASE WHEN {a} < {self.smallest!r} THEN 0 ELSE CAST(FLOOR(LN({a} / "
-            f"{self.smallest!r}) / {math.log(self.ratio)!r}) AS BIGINT) + 1 END"
-        )
-        return f"LEAST({self.bins - 1}, GREATEST(0, {raw}))"
 
     def counts(self, values: np.ndarray) -> np.ndarray:
         return np.bincount(self.bin_of(values), minlength=self.bins).astype(np.int64)

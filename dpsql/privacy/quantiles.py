@@ -130,20 +130,9 @@ class Grid:
         edges = self.edges()
         return (edges[:-1] + edges[1:]) / 2
 
-    def bin_sql(self, column: str) -> str:
-        """The engine's bin index of a value (for the lead's compiler): clamped to [0, B)."""
-        if self.scale == "log":
-            raw = (
-                f"FLOOR(LN(1 + GREATEST(0, {column} - ({self.lower!r}))) * "
-                f"({self.bins / self._log_span!r}))"
-            )
-        else:
-            per_unit = self.bins / (self.upper - self.lower)
-            raw = f"FLOOR(({column} - ({self.lower!r})) * ({per_unit!r}))"
-        return f"LEAST({self.bins - 1}, GREATEST(0, CAST({raw} AS BIGINT)))"
-
     def bin_of(self, values: np.ndarray) -> np.ndarray:
-        """Bin indices of values (clamped into the range), as :meth:`bin_sql` computes them."""
+        """Bin indices of values (clamped into the range), as the engine's lowering of the
+        grid computes them (dpsql.lower.compile.bin_expr, a tree)."""
         x = np.asarray(values, dtype=np.float64)
         if self.scale == "log":
             shifted = 1.0 + np.maximum(0.0, x - self.lower)  # as LN(1 + ...) in SQL
