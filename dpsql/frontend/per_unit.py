@@ -120,20 +120,29 @@ class PerUnitSpec:
     table: str
     unit: str
     keys: tuple[str, ...]
-    where: str | None  # the inner WHERE, validated by the binder (DuckDB SQL)
+    # the inner WHERE, validated by the binder: its tree (a copy of the binder's, never
+    # changed: the relation reads copies of it), lowered with the rest of V
+    where: exp.Expression | None
     columns: tuple[PerUnitColumn, ...]
     max_rows: int  # R of the base table: rows kept per (unit, key)
     max_groups: int  # G of the base table: keys kept per unit
 
     @property
     def identity(self) -> str:
-        return repr(self)
+        """V's definition as text (caches and plan fingerprints key on it): every field, the
+        WHERE as its DuckDB rendering."""
+        where = None if self.where is None else self.where.sql(dialect="duckdb")
+        fields = (self.table, self.unit, self.keys, where, self.columns)
+        return repr((*fields, self.max_rows, self.max_groups))
 
     def describe(self) -> str:
+        """V as EXPLAIN shows it to the analyst (display text, never run)."""
         by = ", ".join((self.unit, *self.keys))
         cols = ", ".join(f"{c.name}={c.kind}({c.value or '*'})" for c in self.columns)
-        where = f" WHERE {self.where}" if self.where else ""
-        return f"{self.table}{where} GROUP BY {by}: {cols}"
+        shown = [self.table]
+        if self.where is not None:
+            shown.append(exp.Where(this=self.where.copy()).sql(dialect="duckdb"))
+        return " ".join(shown) + f" GROUP BY {by}: {cols}"
 
 
 def _literal_number(node: exp.Expression) -> float | None:
@@ -630,7 +639,7 @@ class _Builder:
             table=base.name,
             unit=shape.unit,
             keys=tuple(keys),
-            where=probe.where.sql(dialect="duckdb") if probe.where is not None else None,
+            where=probe.where.copy() if probe.where is not None else None,
             columns=tuple(columns.columns),
             max_rows=columns.R,
             max_groups=columns.G,

@@ -32,7 +32,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-import sqlglot
 from sqlglot import exp
 
 from dpsql.errors import PrivacyError, ProgrammingError, UndefinedColumnError, UndefinedTableError
@@ -80,7 +79,8 @@ class PerUnitSource(JoinedSource):
         the base's own join when it is one (its name alone does not say which rows it yields)."""
         base = self.steps[0].table
         joined = base.joined.identity if base.joined is not None else ""
-        return f"per-unit\n{self.spec!r}\n{base.name}\n{joined}"
+        assert self.spec is not None
+        return f"per-unit\n{self.spec.identity}\n{base.name}\n{joined}"
 
     def relation(self) -> exp.Select:
         """V as engine SQL, from the validated spec only (dpsql.frontend.per_unit.relation)."""
@@ -90,8 +90,7 @@ class PerUnitSource(JoinedSource):
         base = self.steps[0].table
         conditions: list[exp.Expression] = []
         if self.spec.where is not None:
-            where: Any = sqlglot.parse_one(self.spec.where, read="duckdb")
-            conditions.extend(guarded_conditions(where, base))
+            conditions.extend(guarded_conditions(self.spec.where.copy(), base))
         unit = exp.column(self.spec.unit, quoted=True)
         conditions.append(exp.Not(this=exp.Is(this=unit, expression=exp.Null())))
         return relation(
