@@ -100,17 +100,29 @@ _ROW_BOUNDED = ("count", "count_distinct", "sum", "sum_distinct")
 
 @dataclass(frozen=True)
 class PerUnitColumn:
-    """One aggregate column of V: ``kind`` over ``value`` (DuckDB SQL over the base table's
-    columns; None for COUNT(*)), each row value clamped to ``row_clamp``, the aggregate to
-    ``clamp`` (the analyst's), cast to ``sql_type``."""
+    """One aggregate column of V: ``kind`` over ``value`` (a tree over the base table's
+    columns, never changed: the relation reads copies of it; None for COUNT(*)), each row
+    value clamped to ``row_clamp``, the aggregate to ``clamp`` (the analyst's), cast to
+    ``sql_type``."""
 
     name: str
     kind: str  # count | count_units | count_distinct | sum | sum_distinct | avg | min | max
-    value: str | None
+    value: exp.Expression | None
     computed: bool  # value is an expression: evaluated under TRY
     row_clamp: tuple[float, float] | None
     clamp: tuple[float, float] | None
     sql_type: str
+
+    @property
+    def value_text(self) -> str | None:
+        """The value's DuckDB rendering: how EXPLAIN and the spec's identity show it."""
+        return None if self.value is None else self.value.sql(dialect="duckdb")
+
+    @property
+    def identity(self) -> tuple:
+        """Every field, the value as its rendering (the spec's identity is text)."""
+        clamps = (self.row_clamp, self.clamp, self.sql_type)
+        return (self.name, self.kind, self.value_text, self.computed, *clamps)
 
 
 @dataclass(frozen=True)
@@ -132,13 +144,14 @@ class PerUnitSpec:
         """V's definition as text (caches and plan fingerprints key on it): every field, the
         WHERE as its DuckDB rendering."""
         where = None if self.where is None else self.where.sql(dialect="duckdb")
-        fields = (self.table, self.unit, self.keys, where, self.columns)
+        columns = tuple(c.identity for c in self.columns)
+        fields = (self.table, self.unit, self.keys, where, columns)
         return repr((*fields, self.max_rows, self.max_groups))
 
     def describe(self) -> str:
         """V as EXPLAIN shows it to the analyst (display text, never run)."""
         by = ", ".join((self.unit, *self.keys))
-        cols = ", ".join(f"{c.name}={c.kind}({c.value or '*'})" for c in self.columns)
+        cols = ", ".join(f"{c.name}={c.kind}({c.value_text or '*'})" for c in self.columns)
         shown = [self.table]
         if self.where is not None:
             shown.append(exp.Where(this=self.where.copy()).sql(dialect="duckdb"))
@@ -426,7 +439,7 @@ class _Columns:
         if call.kind == "count_units":
             return self._add(name, "count_units", None, False, None, clamp, (1, 1), "int", 1.0)
         col = call_query.table.columns[call.column] if call.column is not None else None
-        value = None if col is None else (col.expr or _quote(col.name))
+        value = None if col is None else _stored_or_computed(col)
         computed = col is not None and col.expr is not None
         R = self.R
         if call.kind == "count":
@@ -523,7 +536,9 @@ class _Columns:
             lo, hi = _clamped((float(spec.lower), float(spec.upper)), clamp)
             column_policy = replace(column_policy, lower=lo, upper=hi)
         self.columns.append(
-            PerUnitColumn(name, kind, _quote(column), False, row_clamp, clamp, sql_type)
+            PerUnitColumn(
+                name, kind, exp.column(column, quoted=True), False, row_clamp, clamp, sql_type
+            )
         )
         self.policies[name] = column_policy
         ref = exp.column(name, quoted=True)
@@ -537,7 +552,7 @@ class _Columns:
         self,
         name: str,
         kind: str,
-        value: str | None,
+        value: exp.Expression | None,
         computed: bool,
         row_clamp: tuple[float, float] | None,
         clamp: tuple[float, float] | None,
@@ -767,8 +782,14 @@ def _clamped(out: tuple[float, float], clamp: tuple[float, float]) -> tuple[floa
     return (min(max(out[0], lo), hi), min(max(out[1], lo), hi))
 
 
-def _quote(name: str) -> str:
-    return exp.column(name, quoted=True).sql(dialect="duckdb")
+def _stored_or_computed(col: Any) -> exp.Expression:
+    """A column's value as a tree: its quoted name, or a computed column's expression (the
+    policy holds its DuckDB text, read here as the lowering reads it)."""
+    if col.expr is None:
+        return exp.column(col.name, quoted=True)
+    value = sqlglot.parse_one(col.expr, read="duckdb")
+    assert isinstance(value, exp.Expression), "a computed column is one expression"
+    return value
 
 
 def groups_by_unit(select: exp.Select, policy: Any) -> bool:
@@ -886,7 +907,7 @@ def _aggregate_expr(col: PerUnitColumn, within: exp.Expression) -> exp.Expressio
     range is the value's, however many rows: bounding them would only lose accuracy)."""
     value: Any = None
     if col.value is not None:
-        value = sqlglot.parse_one(col.value, read="duckdb")
+        value = col.value.copy()
         if col.computed:
             value = exp.Try(this=value)
         if col.row_clamp is not None:
