@@ -158,6 +158,33 @@ def test_sum_distinct_per_unit(conn) -> None:
     assert "s=sum_distinct(" in text
 
 
+def test_the_spec_holds_trees_and_the_relation_reads_copies(conn) -> None:
+    """V's inner WHERE and aggregated values are trees in its spec (issue 26 item 2: no text
+    rendered to be parsed back); building V leaves them as they were, so V is the same each
+    time, and the spec's identity shows them rendered."""
+    from dpsql.frontend.bind import parse_statement
+    from dpsql.frontend.private_joins import PerUnitSource
+    from dpsql.lower.compile import render
+
+    sql = (
+        "SELECT AVG(s) FROM (SELECT patient_id, SUM(cost) AS s FROM visits "
+        "WHERE age > 30 AND department IN ('oncology', 'neurology') GROUP BY patient_id) t"
+    )
+    joined = parse_statement(sql, conn.service.policy).table.joined
+    assert isinstance(joined, PerUnitSource) and joined.spec is not None
+    spec = joined.spec
+    assert isinstance(spec.where, exp.Expression)
+    assert [type(c.value) for c in spec.columns] == [exp.Column]
+    before = (repr(spec.where), [repr(c.value) for c in spec.columns])
+    first, second = (render(joined.relation(), "duckdb") for _ in range(2))
+    assert first == second
+    assert (repr(spec.where), [repr(c.value) for c in spec.columns]) == before
+    assert "age > 30 AND department IN ('oncology', 'neurology')" in spec.identity
+    assert "WHERE age > 30 AND department IN ('oncology', 'neurology') GROUP BY" in (
+        spec.describe()
+    )
+
+
 def test_per_unit_sql_is_engine_neutral_and_bounded(conn) -> None:
     """The engine SQL reads V from the validated spec (no analyst text), rows bounded first."""
     from dpsql.frontend.bind import parse_statement
