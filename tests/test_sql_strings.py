@@ -186,10 +186,8 @@ ALLOWED: dict[str, tuple[int, str]] = {
         "an EXPLAIN row's label (display)",
     ),
     "dpsql/service/postprocess.py": (
-        7,
-        "post-processing over released values on its own DuckDB: the typed table of "
-        "released rows (parameters, not literals) the analyst's checked post-processing "
-        "reads",
+        1,
+        "administrative: SET memory_limit of the post-processing database (a constant)",
     ),
 }
 

@@ -33,12 +33,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import duckdb
-from sqlglot import exp, parse_one
+from sqlglot import exp
 
 from dpsql.engine.limits import LimitExceeded, ResultCaps, Watchdog, fetch_capped
 from dpsql.errors import DataError, OperationalError, ProgrammingError
-from dpsql.frontend.identifiers import quote_ident as _q
 from dpsql.frontend.released import MEASURED
+from dpsql.lower.builders import alias, cte, policy_column, select, table_ref
+from dpsql.lower.row_values import cast, sql_type
 
 DIALECT = "duckdb"
 MEMORY_LIMIT = "1GB"  # as the scratch connection's
@@ -95,11 +96,11 @@ def _released_ctes(tables: Sequence[Table]) -> tuple[list[exp.CTE], list[Any]]:
             # COUNT(*)``, a TOTAL row's key) stays untyped, as in SQL: a UNION gives it the
             # other branch's type
             items = [
-                f"NULL AS {_q(n)}" if code == NULL_TYPE else f"UNNEST(CAST(? AS {t}[])) AS {_q(n)}"
+                alias(exp.Null() if code == NULL_TYPE else _unnested(t), n, quoted=True)
                 for n, t, (_, code) in zip(names, types, description, strict=True)
             ]
-            items.append(f"UNNEST(CAST(? AS BIGINT[])) AS {_ROW}")
-            body = "SELECT " + ", ".join(items)
+            items.append(alias(_unnested("BIGINT"), _ROW))
+            body = exp.Select(expressions=items)
             params += [
                 list(column)
                 for column, (_, code) in zip(zip(*rows, strict=True), description, strict=True)
@@ -108,25 +109,23 @@ def _released_ctes(tables: Sequence[Table]) -> tuple[list[exp.CTE], list[Any]]:
             params.append(list(range(len(rows))))
         else:
             items = [
-                f"NULL AS {_q(n)}" if code == NULL_TYPE else f"CAST(NULL AS {t}) AS {_q(n)}"
+                alias(exp.Null() if code == NULL_TYPE else cast(exp.Null(), t), n, quoted=True)
                 for n, t, (_, code) in zip(names, types, description, strict=True)
             ]
-            body = (
-                "SELECT " + ", ".join([*items, f"CAST(NULL AS BIGINT) AS {_ROW}"]) + " WHERE false"
-            )
+            items.append(alias(cast(exp.Null(), "BIGINT"), _ROW))
+            body = exp.Select(expressions=items).where(exp.false(), copy=False)
         rows_name = f"{MEASURED}{i}__rows"
-        visible = ", ".join(_q(n) for n in names) or "NULL AS __none"
-        for name, sql in (
-            (rows_name, body),
-            (f"{MEASURED}{i}", f"SELECT {visible} FROM {rows_name}"),
-        ):
-            ctes.append(
-                exp.CTE(
-                    this=parse_one(sql, read=DIALECT),
-                    alias=exp.TableAlias(this=exp.to_identifier(name)),
-                )
-            )
+        visible: list[exp.Expression] = [policy_column(n) for n in names]
+        visible = visible or [alias(exp.Null(), "__none")]
+        ctes.append(cte(rows_name, body))
+        ctes.append(cte(f"{MEASURED}{i}", select(visible, table_ref(rows_name))))
     return ctes, params
+
+
+def _unnested(type_name: str) -> exp.Explode:
+    """``UNNEST(CAST(? AS type[]))``: one released column from its list parameter."""
+    array = exp.DataType(this=exp.DataType.Type.ARRAY, expressions=[sql_type(type_name)])
+    return exp.Explode(this=exp.Cast(this=exp.Placeholder(), to=array))
 
 
 def _is_leaf(node: exp.Expression) -> int | None:
