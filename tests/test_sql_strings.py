@@ -71,10 +71,11 @@ ALLOWED: dict[str, tuple[int, str]] = {
         "columns, INSERT of a batch)",
     ),
     "dpsql/engine/scratch.py": (
-        8,
+        10,
         "the scratch connection's shadow tables (CREATE TABLE of the policy's columns), "
-        "its SET, and the post-processing statement wrapped around the analyst's checked "
-        "post-processing text over released values",
+        "its SET, and one query's post-processing: the released table (VALUES or UNNEST of "
+        "typed parameters) put in the FROM of its rendered post-processing text (to convert: "
+        "service/postprocess builds its released tables as trees)",
     ),
     "dpsql/engine/spark_engine.py": (
         4,
@@ -235,43 +236,27 @@ def _call_name(call: ast.Call) -> str:
     return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
 
 
-def _in_message(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
-    """Is ``node`` (part of) a message: raised, or passed to an error, a refusal, a log?"""
-    while node in parents:
-        node = parents[node]
-        if isinstance(node, ast.Raise):
-            return True
-        if isinstance(node, ast.Call) and _MESSAGE_CALLS.search(_call_name(node)):
-            return True
-        if isinstance(node, ast.stmt):
-            return False
-    return False
-
-
 def sql_strings(source: str) -> list[tuple[int, str]]:
-    """(line, text) of each SQL-looking string assembled in ``source``, messages left out.
-    A string nested in another (an f-string inside a concatenation) counts once."""
-    tree = ast.parse(source)
-    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    """(line, text) of each SQL-looking string assembled in ``source``, messages left out: a
+    string raised, or passed to an error, a refusal or a log, within its statement. A string
+    that is part of a larger one (an f-string inside a concatenation) counts with it."""
     found: list[tuple[int, str]] = []
-    seen: set[ast.AST] = set()
-    for node in ast.walk(tree):
+
+    def visit(node: ast.AST, message: bool) -> None:
+        if isinstance(node, ast.stmt):
+            message = isinstance(node, ast.Raise)
+        elif isinstance(node, ast.Call) and _MESSAGE_CALLS.search(_call_name(node)):
+            message = True
         text = _text(node)
-        if text is None or not _looks_like_sql(text) or _in_message(node, parents):
-            continue
-        if any(p in seen or _text(p) is not None for p in _ancestors(node, parents)):
-            continue  # part of a larger string: that one is counted
-        seen.add(node)
-        found.append((node.lineno, text))  # type: ignore[attr-defined]
+        if text is not None and _looks_like_sql(text):
+            if not message:
+                found.append((node.lineno, text))  # type: ignore[attr-defined]
+            return
+        for child in ast.iter_child_nodes(node):
+            visit(child, message)
+
+    visit(ast.parse(source), False)
     return sorted(found)
-
-
-def _ancestors(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> list[ast.AST]:
-    out = []
-    while node in parents:
-        node = parents[node]
-        out.append(node)
-    return out
 
 
 @functools.cache
