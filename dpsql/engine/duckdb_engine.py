@@ -38,6 +38,7 @@ from dpsql.engine.versions import (
 )
 from dpsql.errors import OperationalError, PolicyError
 from dpsql.frontend.identifiers import quote_ident as _q
+from dpsql.gil_gate import released
 from dpsql.lower.compile import CompiledQuery, render
 from dpsql.policy import SQL_TYPES, Policy, TablePolicy
 from dpsql.sources import (
@@ -429,7 +430,8 @@ class DuckDBEngine:
                 handle.attach(cursor)
                 if handle.interrupted:
                     raise OperationalError("query cancelled", sqlstate="57014")
-            cursor.execute(sql)
+            with released():  # DuckDB runs without the GIL: a server's gate meanwhile
+                cursor.execute(sql)  # goes to another statement (dpsql.gil_gate)
             return fetch(cursor)
         except duckdb.InterruptException:
             raise OperationalError("query cancelled", sqlstate="57014") from None

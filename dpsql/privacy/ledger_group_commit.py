@@ -9,6 +9,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 from dpsql.errors import InterfaceError
+from dpsql.gil_gate import released
 
 
 def _own_error(exc: Exception) -> Exception:
@@ -66,16 +67,20 @@ class GroupCommit:
         queue, and so on), so under load each batch holds the charges that arrived while the
         previous one was being fsynced."""
         item = _Pending(work)
-        with self._queue_lock:
-            self._queue.append(item)
-            if not self._leading:
-                self._leading = item.lead = True
-        while not item.lead:
-            item.wake.wait()
-            if item.finished:
-                break
-        if not item.finished:
-            self._lead()
+        # Waiting for its batch (and its fsync) needs none of this process's Python: the
+        # gate goes to another statement meanwhile (dpsql.gil_gate; a server thread only), so
+        # the charges of the statements running still arrive together, one batch.
+        with released():
+            with self._queue_lock:
+                self._queue.append(item)
+                if not self._leading:
+                    self._leading = item.lead = True
+            while not item.lead:
+                item.wake.wait()
+                if item.finished:
+                    break
+            if not item.finished:
+                self._lead()
         if item.error is not None:
             raise item.error
 

@@ -46,6 +46,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from dpsql.gil_gate import Gate, released
+from dpsql.gil_gate import state as gil_state
 from dpsql.server.failures import ClientError
 
 # Descriptions of the [server] keys (also the error message's list of allowed keys).
@@ -214,8 +216,10 @@ class FairScheduler:
     returned by ``wrap`` runs in a pool thread and only reads the scheduler's state.
     """
 
-    def __init__(self, limits: FairnessLimits, slots: int) -> None:
+    def __init__(self, limits: FairnessLimits, slots: int, gate: Gate | None = None) -> None:
         self.limits = limits
+        # the statements' queue in front of the GIL (dpsql.gil_gate); None: no gate
+        self.gate = gate
         self.slots = max(1, limits.statements or slots)
         self._analysts: dict[str, _Analyst] = {}
         self._waiting: list[Turn] = []
@@ -420,9 +424,17 @@ class FairScheduler:
             if watched and sys.getprofile() is None:  # never displace a profiler
                 hook = self._yielder(turn, heavy_cpu)
                 sys.setprofile(hook)
+            gate, took = self.gate, False
             try:
+                took = gate is not None and gate.enter()  # or runs without (dpsql.gil_gate)
                 return fn(*args)
             finally:
+                # given back inline with no function of dpsql (gil_gate.leave): after a
+                # charged answer nothing of ours may fail here
+                mine = took and getattr(gil_state, "gate", None) is gate
+                if mine and gate is not None:
+                    gil_state.gate = None
+                    gate.give()
                 if hook is not None:
                     sys.setprofile(None)
                 turn.cpu = max(0.0, time.thread_time() - turn.cpu0)
@@ -460,7 +472,8 @@ class FairScheduler:
             start = monotonic()
             # Sleep until no lighter statement runs (the loop sets the event) or the pause
             # ends; waiting on the event, not polling, leaves the GIL to the others meanwhile.
-            self._no_light.wait(YIELD_PAUSE)
+            with released():  # the others may run their Python meanwhile
+                self._no_light.wait(YIELD_PAUSE)
             turn.paused += monotonic() - start
 
         return hook

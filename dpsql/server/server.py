@@ -17,6 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from dpsql import gil_gate
 from dpsql.server import protocol as p
 from dpsql.server.catalog import Shadow
 from dpsql.server.connections import (
@@ -108,7 +109,10 @@ class Server:
         # Statements wait for their turn here, fairly between analysts, before they take a
         # thread; two threads stay free for logins and clean-up (dpsql.server.fairness).
         self.fairness = fairness if fairness is not None else FairnessLimits()
-        self.scheduler = FairScheduler(self.fairness, slots=max(1, threads - 2))
+        # ... and, once running, queue for the interpreter at one gate (dpsql.gil_gate)
+        self.scheduler = FairScheduler(
+            self.fairness, slots=max(1, threads - 2), gate=gil_gate.from_environment()
+        )
         # One secret for every worker of a --workers server: an unknown user's fake SCRAM salt
         # must not depend on which process answers (that would reveal who exists).
         self.mock_secret = mock_secret if mock_secret is not None else os.urandom(32)
