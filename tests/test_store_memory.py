@@ -178,18 +178,12 @@ def test_a_where_by_chunks_gives_the_sqls_answers(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(not clustered.available(), reason="numba is not installed")
 def test_a_float_columns_fixed_points_computed_in_the_pass_are_its_rows(tmp_path, monkeypatch):
-    """Off by default (each costs every query ~5 ns a row: columnar.FUSE_FIXED, FUSE_EXCESS),
-    a float column's fixed-point and clamp-excess rows computed by the compiled pass from its
-    values (clustered._value) instead of read: never filled, the very integers its rows hold
-    when filled (columnar._fixed_point, _clamp_excess) on NaN, infinities, 1e300, ties of
-    x / 0.5 and values out of bounds; and a SUM and AVG of it give the SQL's answer."""
-    svc, policy, store = _store(tmp_path, unit=True, bounding="scale", groups=2)
-    try:  # the default: every row read
-        assert store.fixed_rows is not None and not any(store.fixed_rows.fused)
-    finally:
-        svc.close()
-    monkeypatch.setattr(columnar, "FUSE_FIXED", True)
-    monkeypatch.setattr(columnar, "FUSE_EXCESS", True)
+    """A float column's fixed-point and clamp-excess rows are computed by the compiled pass
+    from its values, block by block (clustered._fill; blocks of 7 rows here, so units and
+    blocks cut each other), never filled for it: the very integers its rows hold when filled
+    (columnar._fixed_point, _clamp_excess) on NaN, infinities, 1e300, ties of x / 0.5 and
+    values out of bounds; and a SUM and AVG of it give the SQL's answer."""
+    monkeypatch.setattr(clustered, "_BLOCK", 7)
     svc, policy, store = _store(tmp_path, unit=True, bounding="scale", groups=2)
     try:
         fixed = store.fixed_rows

@@ -123,55 +123,80 @@ def _order_pairs(  # pragma: no cover - compiled
         touched[:t].sort()
 
 
-def _value(  # pragma: no cover - compiled
-    fixed: np.ndarray, floats: np.ndarray, fixed_rows: np.ndarray, fused: np.ndarray, j: Any, i: Any
-) -> Any:
-    """Measure ``j``'s fixed point of row ``i``: read from its row of ``fixed``, or where
-    ``fused[j, 0]`` is 1 or 2 computed here from the float column ``floats[fused[j, 1]]`` (no
-    full-length row of fixed points held: 4 bytes a row a measure), as that row would hold it
-    (columnar._fixed_point with g, lo, hi = ``fused[j, 2:5]``, columnar._clamp_excess with g,
-    lower, upper, W = ``fused[j, 2:6]``): the same IEEE divisions, comparisons and
-    truncations in the same order (numba compiles without fastmath), the same integers."""
-    source = fused[j, 0]
-    if source == 0.0:
-        return np.int64(fixed[fixed_rows[j], i])
-    x = floats[np.int64(fused[j, 1]), i]
-    g, a, b = fused[j, 2], fused[j, 3], fused[j, 4]
-    if source == 1.0:  # CAST(ROUND(clamp(x / g, lo, hi)) AS BIGINT), NaN to hi
-        c = x / g
-        c = b if (np.isnan(c) or c > b) else c
-        c = a if c < a else c
-    else:  # the clamp excess: ROUND(clamp((x - clamp(x, lower, upper)) / g, -W, W))
-        if a <= x <= b:  # (x - x) / g = 0 exactly (g > 0): no division for a value inside
-            return np.int64(0)
-        w = fused[j, 5]
-        inside = a if x < a else (b if (np.isnan(x) or x > b) else x)
-        c = (x - inside) / g
-        c = w if (np.isnan(c) or c > w) else c
-        c = -w if c < -w else c
+def _fixed(x: Any, g: Any, a: Any, b: Any) -> Any:  # pragma: no cover - compiled
+    """columnar._fixed_point of one float: CAST(ROUND(clamp(x / g, a, b)) AS BIGINT), NaN to
+    ``b``, ROUND half away from zero: the same IEEE division, comparisons and truncations in
+    the same order (numba compiles without fastmath), so the same integer."""
+    c = x / g
+    c = c if c <= b else b  # NaN (no order) and above: b; one select, no branch
+    c = a if c < a else c
     whole = np.trunc(c)
     return np.int64(whole + np.trunc(2.0 * (c - whole)))  # half away from zero
+
+
+def _excess(x: Any, g: Any, a: Any, b: Any, w: Any) -> Any:  # pragma: no cover - compiled
+    """columnar._clamp_excess of one float: ROUND(clamp((x - clamp(x, a, b)) / g, -w, w)),
+    NaN clamped to ``b`` then its excess (NaN) to ``w`` (the same steps: the same integer;
+    a value inside [a, b] gives (x - x) / g = 0)."""
+    inside = x if x <= b else b  # NaN and above: b (selects, as _fixed)
+    inside = a if x < a else inside
+    c = (x - inside) / g
+    c = c if c <= w else w
+    c = -w if c < -w else c
+    whole = np.trunc(c)
+    return np.int64(whole + np.trunc(2.0 * (c - whole)))
+
+
+def _fill(  # pragma: no cover - compiled
+    floats: np.ndarray, fused: np.ndarray, buf: np.ndarray, b0: Any, b1: Any
+) -> None:
+    """Rows ``b0`` .. ``b1`` of each fixed-point row the pass computes (``fused[j, 0]`` 1:
+    columnar._fixed_point with g, a, b = ``fused[j, 2:5]`` of the float column ``floats[fused[j,
+    1]]``; 2: columnar._clamp_excess with g, lower, upper, W = ``fused[j, 2:6]``; 0: none)
+    into ``buf[j, :b1 - b0]``: one flat loop each over a block of rows, which the compiler
+    vectorises (~0.5 ns a row; computed row by row inside the pass it cost ~5). No
+    full-length row of fixed points exists (4 bytes a row each, 800 MiB at 100M)."""
+    for j in range(fused.shape[0]):
+        source = fused[j, 0]
+        if source == 0.0:
+            continue
+        # slices indexed by the loop's own counter: no negative-index test per row, which
+        # kept the loop from being vectorised (~7 ns a row instead of ~0.5)
+        x = floats[np.int64(fused[j, 1])][b0:b1]
+        out = buf[j]
+        g, a, b, w = fused[j, 2], fused[j, 3], fused[j, 4], fused[j, 5]
+        if source == 1.0:
+            for r in range(x.shape[0]):
+                out[r] = _fixed(x[r], g, a, b)
+        else:
+            for r in range(x.shape[0]):
+                out[r] = _excess(x[r], g, a, b, w)
+
+
+#: rows of a block of computed fixed points (:func:`_fill`): a source's block is 16 KiB,
+#: in the core's cache while the pass reads it (an argument of the kernels, not a constant
+#: compiled in: tests cut units with blocks of a few rows)
+_BLOCK = 2048
 
 
 def _fused_values(  # pragma: no cover - compiled
     floats: np.ndarray, fused: np.ndarray, out: np.ndarray
 ) -> None:
-    """Every row's value of each measure of ``fused`` (tests: the very integers of the rows
-    columnar.FixedRows fills)."""
-    rows = np.zeros(fused.shape[0], dtype=np.int64)
-    for j in range(fused.shape[0]):
-        for i in range(out.shape[1]):
-            out[j, i] = _value(out, floats, rows, fused, j, i)
+    """Every row's value of each source of ``fused`` (tests: the very integers of the rows
+    columnar.FixedRows fills), by the passes' own :func:`_fill`."""
+    _fill(floats, fused, out, 0, out.shape[1])
 
 
 def _accumulate(  # pragma: no cover - compiled
     lo: int,
     hi: int,
+    t: int,
     group: np.ndarray,
     weight: np.ndarray,
     fixed: np.ndarray,
-    floats: np.ndarray,
-    fused: np.ndarray,
+    buf: np.ndarray,
+    b0: int,
+    slots: np.ndarray,
     nulls: np.ndarray,
     fixed_rows: np.ndarray,
     null_rows: np.ndarray,
@@ -185,10 +210,12 @@ def _accumulate(  # pragma: no cover - compiled
     n_loc: np.ndarray,
     acc: np.ndarray,
 ) -> int:
-    """One unit's rows ``lo`` .. ``hi`` into its pairs (inlined into :func:`_bound_units`):
-    per group code the rows n (weighted) and each measure's raw sum; the codes first seen
-    appended to ``touched``. Returns how many pairs the unit has."""
-    t = 0
+    """Rows ``lo`` .. ``hi`` of a unit into its pairs (inlined into :func:`_bound_units`): per
+    group code the rows n (weighted) and each measure's raw sum; the codes first seen
+    appended to ``touched`` after its ``t`` pairs so far. Returns how many pairs the unit has
+    now. A measure's fixed point is read from its row of ``fixed``, or where ``slots[j]`` >= 0
+    from that row of ``buf``, which holds rows ``b0`` .. of the block ``hi`` lies in
+    (:func:`_fill`; an unsigned offset: no negative-index test)."""
     for i in range(lo, hi):
         w = np.int64(weight[i])
         s = group[i]
@@ -204,13 +231,69 @@ def _accumulate(  # pragma: no cover - compiled
             if kind == 0:
                 acc[j, s] += w
             else:
-                v = _value(fixed, floats, fixed_rows, fused, j, i)
+                slot = slots[j]
+                at = np.uint64(i - b0)
+                v = buf[slot, at] if slot >= 0 else np.int64(fixed[fixed_rows[j], i])
                 x = _clamped(v, lows[j], highs[j]) - centers[j]
                 if kind == 2:
                     acc[j, s] += w * (x * x - centers2[j])
                 else:
                     acc[j, s] += w * x
     return t
+
+
+def _unit_rows(  # pragma: no cover - compiled
+    lo: int,
+    hi: int,
+    b0: int,
+    b1: int,
+    block: int,
+    group: np.ndarray,
+    weight: np.ndarray,
+    fixed: np.ndarray,
+    floats: np.ndarray,
+    fused: np.ndarray,
+    buf: np.ndarray,
+    slots: np.ndarray,
+    nulls: np.ndarray,
+    fixed_rows: np.ndarray,
+    null_rows: np.ndarray,
+    kinds: np.ndarray,
+    centers: np.ndarray,
+    centers2: np.ndarray,
+    lows: np.ndarray,
+    highs: np.ndarray,
+    seen: np.ndarray,
+    touched: np.ndarray,
+    n_loc: np.ndarray,
+    acc: np.ndarray,
+) -> Any:
+    """One unit's rows ``lo`` .. ``hi`` into its pairs (:func:`_accumulate`), block by block
+    of computed fixed points: the next block (``block`` rows from the first row past ``b1``)
+    computed when a row lies past the current one (rows ``b0`` .. ``b1``). Returns the
+    unit's pairs and the block now held (inlined into :func:`_bound_units`)."""
+    t = 0
+    i = lo
+    while i < hi:
+        if i >= b1:
+            b0, b1 = i, min(group.shape[0], i + block)
+            _fill(floats, fused, buf, b0, b1)
+        e = min(hi, b1)
+        t = _accumulate(
+            i, e, t, group, weight, fixed, buf, b0, slots, nulls, fixed_rows, null_rows, kinds,
+            centers, centers2, lows, highs, seen, touched, n_loc, acc,
+        )  # fmt: skip
+        i = e
+    return t, b0, b1
+
+
+def _nonempty(touched: np.ndarray, t: int, n_loc: np.ndarray) -> Any:  # pragma: no cover
+    """How many of the unit's ``t`` pairs keep a row (k, the unit's groups)."""
+    k = 0
+    for q in range(t):
+        if n_loc[touched[q]] > 0:
+            k += 1
+    return k
 
 
 def _clamped(v: Any, low: Any, high: Any) -> Any:  # pragma: no cover - compiled
@@ -232,6 +315,7 @@ def _bound_units(  # pragma: no cover - compiled
     fixed: np.ndarray,
     floats: np.ndarray,
     fused: np.ndarray,
+    slots: np.ndarray,
     nulls: np.ndarray,
     fixed_rows: np.ndarray,
     null_rows: np.ndarray,
@@ -249,6 +333,7 @@ def _bound_units(  # pragma: no cover - compiled
     G: int,
     count_scale: int,
     group_scaling: bool,
+    block: int,
     rows_out: np.ndarray,
     units_out: np.ndarray,
     values_out: np.ndarray,
@@ -271,6 +356,7 @@ def _bound_units(  # pragma: no cover - compiled
     then exact products or 0 (R/n of its values; the bias measures' cut), a few nanoseconds of
     that pair's own bounding."""
     M = kinds.shape[0]
+    buf, b0, b1 = _blocks(fused, slots, group.shape[0], block)
     n_loc = np.zeros(size, dtype=np.int64)
     seen = np.zeros(size, dtype=np.bool_)
     acc = np.zeros((M, size), dtype=np.int64)
@@ -283,14 +369,12 @@ def _bound_units(  # pragma: no cover - compiled
         grid_shifts[j] = _shift(grids[j])
         rounds = rounds or grids[j] > 0
     for u in range(starts.shape[0] - 1):
-        t = _accumulate(
-            starts[u], starts[u + 1], group, weight, fixed, floats, fused, nulls, fixed_rows,
-            null_rows, kinds, centers, centers2, lows, highs, seen, touched, n_loc, acc,
+        t, b0, b1 = _unit_rows(
+            starts[u], starts[u + 1], b0, b1, block, group, weight, fixed, floats, fused, buf,
+            slots, nulls, fixed_rows, null_rows, kinds, centers, centers2, lows, highs, seen,
+            touched, n_loc, acc,
         )  # fmt: skip
-        k = 0
-        for q in range(t):
-            if n_loc[touched[q]] > 0:
-                k += 1
+        k = _nonempty(touched, t, n_loc)
         kept = min(k, G)
         divisor_k = max(k, 1)
         # a quotient whose divisor divides it exactly is computed as the product it is
@@ -352,6 +436,7 @@ def _row_sums(  # pragma: no cover - compiled
     fixed: np.ndarray,
     floats: np.ndarray,
     fused: np.ndarray,
+    slots: np.ndarray,
     nulls: np.ndarray,
     fixed_rows: np.ndarray,
     null_rows: np.ndarray,
@@ -360,29 +445,52 @@ def _row_sums(  # pragma: no cover - compiled
     centers2: np.ndarray,
     lows: np.ndarray,
     highs: np.ndarray,
+    block: int,
     rows_out: np.ndarray,
     values_out: np.ndarray,
 ) -> None:
     """Row-level (columnar._row_level): per group code, the kept rows and each measure's sum
     of its rows' values (every row visited, a dropped one weighing 0)."""
     M = kinds.shape[0]
-    for i in range(group.shape[0]):
-        w = np.int64(weight[i])
-        s = group[i]
-        rows_out[s] += w
-        for j in range(M):
-            if nulls[null_rows[j], i]:
-                continue
-            kind = kinds[j]
-            if kind == 0:
-                values_out[j, s] += w
-            else:
-                v = _value(fixed, floats, fixed_rows, fused, j, i)
-                x = _clamped(v, lows[j], highs[j]) - centers[j]
-                if kind == 2:
-                    values_out[j, s] += w * (x * x - centers2[j])
+    buf, _, b1 = _blocks(fused, slots, group.shape[0], block)
+    step = block if b1 == 0 else b1  # blocks of computed fixed points, or one of every row
+    for lo in range(0, group.shape[0], step):
+        hi = min(group.shape[0], lo + step)
+        if b1 == 0:
+            _fill(floats, fused, buf, lo, hi)
+        for r in range(hi - lo):  # r: an offset into the block, never negative
+            i = lo + r
+            w = np.int64(weight[i])
+            s = group[i]
+            rows_out[s] += w
+            for j in range(M):
+                if nulls[null_rows[j], i]:
+                    continue
+                kind = kinds[j]
+                if kind == 0:
+                    values_out[j, s] += w
                 else:
-                    values_out[j, s] += w * x
+                    slot = slots[j]
+                    v = buf[slot, r] if slot >= 0 else np.int64(fixed[fixed_rows[j], i])
+                    x = _clamped(v, lows[j], highs[j]) - centers[j]
+                    if kind == 2:
+                        values_out[j, s] += w * (x * x - centers2[j])
+                    else:
+                        values_out[j, s] += w * x
+
+
+def _blocks(  # pragma: no cover - compiled
+    fused: np.ndarray, slots: np.ndarray, rows: int, block: int
+) -> Any:
+    """The block buffer of the fixed points the pass computes (:func:`_fill`, one row per
+    source of ``fused``) and the block's rows (b0, b1): with none computed, one block of
+    every row (never refilled, no buffer), else blocks of ``block`` rows, none filled yet."""
+    computed = False
+    for j in range(slots.shape[0]):
+        computed = computed or slots[j] >= 0
+    if not computed:
+        return np.zeros((fused.shape[0], 1), dtype=np.int64), 0, max(rows, 1)
+    return np.zeros((fused.shape[0], block), dtype=np.int64), 0, 0
 
 
 def _counting_order(codes: np.ndarray, size: int) -> np.ndarray:  # pragma: no cover - compiled
@@ -408,9 +516,14 @@ if _jit is not None:
     _floordiv = _inline(_floordiv)
     _rounded = _inline(_rounded)
     _clamped = _inline(_clamped)
-    _value = _inline(_value)
+    _fixed = _inline(_fixed)
+    _excess = _inline(_excess)
+    _fill = _jit(_fill)
+    _blocks = _inline(_blocks)
     _fused_values = _jit(_fused_values)
     _accumulate = _inline(_accumulate)
+    _unit_rows = _inline(_unit_rows)
+    _nonempty = _inline(_nonempty)
     _order_pairs = _jit(_order_pairs)
     _bound_units = _jit(_bound_units)
     _row_sums = _jit(_row_sums)
@@ -441,7 +554,8 @@ def bound_units(
     rounded per unit, with ``offsets`` per unit in the store's order (0s where none is);
     ``clamps``: per measure, [low, high] its value is clamped to as read (None: not clamped);
     ``fused``: per measure (source, row of ``floats``, g, a, b, W), source 1 or 2 for a fixed
-    point the pass computes from ``floats`` instead of reading ``fixed`` (:func:`_value`).
+    point the pass computes from ``floats`` instead of reading ``fixed`` (:func:`_fill`: once
+    per block for every measure with the same source).
     Returns per group: bounded row counts, unit counts, each value
     measure's total (one row each) and the number of non-empty pairs."""
     m = len(measures)
@@ -451,7 +565,7 @@ def bound_units(
     units_out = np.zeros(size, dtype=np.int64)
     values_out = np.zeros((m, size), dtype=np.int64)
     some_out = np.zeros(size, dtype=np.int64)
-    floats, table = _fused(floats, fused, m)
+    floats, table, slots = _fused(floats, fused, m)
     _bound_units(
         _ro(starts),
         _ro(group),
@@ -459,6 +573,7 @@ def bound_units(
         _ro(fixed),
         _ro(floats),
         _ro(table),
+        _ro(slots),
         _ro(nulls),
         _ro(fixed_rows),
         _ro(null_rows),
@@ -476,6 +591,7 @@ def bound_units(
         G,
         count_scale,
         group_scaling,
+        _BLOCK,
         rows_out,
         units_out,
         values_out,
@@ -510,13 +626,14 @@ def row_sums(
     lows, highs = _bounds(clamps, m)
     rows_out = np.zeros(size, dtype=np.int64)
     values_out = np.zeros((m, size), dtype=np.int64)
-    floats, table = _fused(floats, fused, m)
+    floats, table, slots = _fused(floats, fused, m)
     _row_sums(
         _ro(group),
         _ro(weight),
         _ro(fixed),
         _ro(floats),
         _ro(table),
+        _ro(slots),
         _ro(nulls),
         _ro(fixed_rows),
         _ro(null_rows),
@@ -525,6 +642,7 @@ def row_sums(
         _ro(np.ascontiguousarray(spec[:, 3])),
         _ro(lows),
         _ro(highs),
+        _BLOCK,
         rows_out,
         values_out,
     )
@@ -540,20 +658,31 @@ def _bounds(clamps: list[tuple[int, int]] | None, m: int) -> tuple[np.ndarray, n
 
 def _fused(
     floats: np.ndarray | None, fused: list[tuple[float, ...]] | None, m: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """The float columns' matrix (a dummy where none) and per measure its fused source's
-    (source, row, g, a, b, W) as float64 (all zeros: read ``fixed``)."""
-    table = np.zeros((m, 6), dtype=np.float64)
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The float columns' matrix (a dummy where none), the distinct sources of ``fused`` as
+    rows (source, row, g, a, b, W) of float64 (one row of zeros where none: computes
+    nothing) and per measure its source's row there, -1 where it reads ``fixed``: two
+    measures of one fixed-point row (a SUM and AVG's sum, the bias measures' cut) share one
+    computed block."""
+    sources: list[tuple[float, ...]] = []
+    slots = np.full(m, -1, dtype=np.int64)
     for j, entry in enumerate(fused or ()):
-        table[j, : len(entry)] = entry
+        if entry:
+            if entry not in sources:
+                sources.append(entry)
+            slots[j] = sources.index(entry)
+    table = np.zeros((max(len(sources), 1), 6), dtype=np.float64)
+    for i, entry in enumerate(sources):
+        table[i, : len(entry)] = entry
     if floats is None:
         floats = np.zeros((1, 1), dtype=np.float64)
-    return floats, table
+    return floats, table, slots
 
 
 def fused_values(floats: np.ndarray, fused: list[tuple[float, ...]], rows: int) -> np.ndarray:
-    """Each ``fused`` source's value on every row of ``floats`` (int64, one row each): what
-    the passes compute in place of a row of fixed points (tests compare them)."""
+    """Each ``fused`` source's value on every row of ``floats`` (int64, one row each, in
+    order: each a distinct source): what the passes compute in place of a row of fixed
+    points (tests compare them)."""
     out = np.zeros((len(fused), rows), dtype=np.int64)
     _fused_values(_ro(floats), _ro(_fused(floats, fused, len(fused))[1]), out)
     return out

@@ -195,7 +195,7 @@ class FixedRows:
         self.matrix = matrix
         # the float columns, one row each, and per row of ``matrix`` the (source, row of
         # ``floats``, g, a, b, W) from which the compiled pass computes that row's values
-        # itself (dpsql.engine.clustered._value: the same integers), None where it reads
+        # itself (dpsql.engine.clustered._fill: the same integers), None where it reads
         # the row: a float column's rows are never filled for the pass (~4 bytes a row each)
         self.floats = floats
         self.fused = fused if fused is not None else [None] * len(compute)
@@ -613,17 +613,13 @@ def cluster(
             if max(abs(a), abs(b)) <= 2**53 and ("fixed", name, a, b) not in fixed_index:
                 fixed_index[("fixed", name, a, b)] = len(rows_of)
                 rows_of.append(_slice_of(_fixed_point, column, spec, a, b))
-                # read from its row, filled once (computed in the pass, both rows cost a
-                # division a row a measure on every query: row-level 0.82x -> 1.43x plain)
-                fused.append(
-                    (1.0, k, g, float(a), float(b), 0.0) if FUSE_FIXED and k is not None else None
-                )
+                # a float column's: computed by the pass block by block (clustered._fill),
+                # never a full-length row (4 bytes a row each; filled only for numpy's path)
+                fused.append((1.0, k, g, float(a), float(b), 0.0) if k is not None else None)
         fixed_index[("excess", name, lo, hi)] = len(rows_of)
         rows_of.append(_slice_of(_clamp_excess, column, spec, max(hi - lo, 1)))
-        # read from its row too: computed in the pass (FUSE_EXCESS) it cost ~5 ns a row on
-        # every query (row-level 0.94x -> 1.40x plain at 10M, bench_fast), for 40 MiB
         bounds = (float(spec.lower), float(spec.upper), float(max(hi - lo, 1)))  # type: ignore[arg-type]
-        fused.append((2.0, k, g, *bounds) if FUSE_EXCESS and k is not None else None)
+        fused.append((2.0, k, g, *bounds) if k is not None else None)
     # every row lies within its range ([lo, hi], the cut's widened one, or [-W, W] for the
     # excess): int32 when all ranges fit (decided from the policy's bounds), half the memory;
     # each row filled when a program first reads it (FixedRows)
@@ -657,13 +653,6 @@ def cluster(
 
 
 _FILL_ROWS = 1 << 20
-#: whether the compiled pass computes a float column's fixed points (FUSE_FIXED) and clamp
-#: excess (FUSE_EXCESS) itself from its values (dpsql.engine.clustered._value, the same
-#: integers) instead of reading rows filled once: 4 bytes a row each less memory (80 MiB at
-#: 10M for a SUM with bias estimates), but each costs every query ~5 ns a row, which broke
-#: the speed targets (docs/performance.md, "Memory of the first unit query"): off
-FUSE_FIXED = False
-FUSE_EXCESS = False
 
 
 def _float_matrix(
