@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from functools import lru_cache
 
 
+@lru_cache(maxsize=4096)  # a pure function of the policy's numbers: each column's once
 def fixed_point_bounds(lower: float, upper: float, g: float) -> tuple[int, int]:
     """The integer range [lo, hi] of one row's fixed-point value, as the sensitivity assumes.
 

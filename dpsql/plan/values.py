@@ -319,7 +319,5 @@ def rescale_factor(row_bound: int) -> int:
     """The fine grid (a power of two) of a rescaled measure whose rows are at most
     ``row_bound`` in magnitude: the smallest M with M·row_bound >= 2^20 (1 when the row range
     is already that fine), so a pair's scaled total M·R/n·v is exact to within one unit."""
-    scale = 1
-    while scale * max(row_bound, 1) < RESCALE_UNITS:
-        scale *= 2
-    return scale
+    needed = -(-RESCALE_UNITS // max(row_bound, 1))  # ⌈2^20 / row_bound⌉: M >= it
+    return 1 << (needed - 1).bit_length()  # the smallest power of two >= needed

@@ -124,6 +124,9 @@ def _show(part: Any) -> str:
     return text if Fraction(text) == part else str(part)
 
 
+_FIELDS = ("exact_epsilon", "exact_delta", "exact_rho", "exact_zrho")
+
+
 @dataclass(frozen=True, init=False)
 class Cost:
     """The privacy cost of one release (or of a running total), kept exactly.
@@ -189,12 +192,20 @@ class Cost:
         return all(isinstance(p, Fraction) for p in (*self.parts, self.exact_zrho))
 
     def __add__(self, other: Cost) -> Cost:
-        return Cost(
-            self.exact_epsilon + other.exact_epsilon,
-            self.exact_delta + other.exact_delta,
-            self.exact_rho + other.exact_rho,
-            self.exact_zrho + other.exact_zrho,
+        parts = (
+            (self.exact_epsilon, other.exact_epsilon),
+            (self.exact_delta, other.exact_delta),
+            (self.exact_rho, other.exact_rho),
+            (self.exact_zrho, other.exact_zrho),
         )
+        if all(type(a) is Fraction and type(b) is Fraction for a, b in parts):
+            # exact parts (the common case): their sums are exact already, and a zero part
+            # (δ and ρ of every Laplace charge) adds nothing; a plan adds a few dozen costs
+            total = object.__new__(Cost)
+            for name, (a, b) in zip(_FIELDS, parts, strict=True):
+                object.__setattr__(total, name, b if not a else a if not b else a + b)
+            return total
+        return Cost(*(a + b for a, b in parts))
 
     def __neg__(self) -> Cost:
         return Cost(-self.exact_epsilon, -self.exact_delta, -self.exact_rho, -self.exact_zrho)

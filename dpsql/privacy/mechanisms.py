@@ -231,7 +231,7 @@ class Laplace:
 
     @property
     def cost(self) -> Cost:
-        return Cost(epsilon=self.epsilon)
+        return _epsilon_cost(self.epsilon)
 
     def privacy_map(self, l1: float, l2: float) -> Cost:
         """What this noise costs on an integer query of L1 sensitivity ``l1`` (``l2`` is not
@@ -243,7 +243,7 @@ class Laplace:
             return Cost()
         if self.scale == 0:
             return Cost(epsilon=math.inf)
-        return Cost(epsilon=Fraction(l1) / Fraction(self.scale))
+        return _laplace_loss(l1, self.scale)
 
     def sample(self, source: NoiseSource, size: int) -> np.ndarray:
         if self.l1 == 0:
@@ -281,6 +281,19 @@ class Laplace:
         """m with q^m/(1+q) ≈ target, q = e^(-1/r): the exact search then moves a step or two."""
         r = float(laplace_scale(self.scale))
         return max(0, math.ceil(r * (-math.log(target) - math.log1p(math.exp(-1 / r)))))
+
+
+# Costs are immutable and exact: each is computed once per (ε) or (Δ1, scale), as the
+# policy's few sensitivities and shares repeat across queries (a Cost's exact ρ-view of a
+# long float is a normalisation of ~200-bit integers).
+@lru_cache(maxsize=4096)
+def _epsilon_cost(epsilon: float) -> Cost:
+    return Cost(epsilon=epsilon)
+
+
+@lru_cache(maxsize=4096)
+def _laplace_loss(l1: float, scale: float) -> Cost:
+    return Cost(epsilon=Fraction(l1) / Fraction(scale))
 
 
 @dataclass(frozen=True)
