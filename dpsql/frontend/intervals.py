@@ -21,6 +21,7 @@ from typing import Any
 from sqlglot import exp
 
 from dpsql.frontend.dialect import INTEGER_TYPES, integer_typed
+from dpsql.frontend.facts import UNSET, facts
 from dpsql.policy import TablePolicy
 
 INF = math.inf
@@ -77,13 +78,36 @@ def value_range(node: exp.Expression, table: TablePolicy) -> Range:
     """The range of ``node`` (columns unqualified, lower case) over ``table``'s rows.
 
     Raises :class:`NotNumeric` for an expression that is not a number. One step per node kind
-    (``_STEPS``, looked up along the node's class hierarchy, most specific first).
+    (``_STEPS``, looked up along the node's class hierarchy, most specific first), computed
+    once per node and table: the range (or why there is none) is a fact kept on the node
+    (dpsql.frontend.facts), and the steps reach each operand through this function.
     """
-    for cls in type(node).__mro__:
-        step = _STEPS.get(cls)
-        if step is not None:
-            return step(node, table)
+    record = facts(node, table)
+    found = record.range
+    if found is UNSET:  # the step runs in this frame: one frame per level, as deep as before
+        step = _STEP_OF.get(type(node)) or _step_of(type(node))
+        try:
+            found = step(node, table)
+        except NotNumeric as exc:
+            found = (exc.node, exc.why)
+        record.range = found
+    if type(found) is not Range:
+        raise NotNumeric(*found)
+    return found
+
+
+def _unknown(node: exp.Expression, table: TablePolicy) -> Range:
     raise NotNumeric(node, "no range is known for it")
+
+
+def _step_of(cls: type) -> Callable[[Any, TablePolicy], Range]:
+    """The step of a node class (the most specific along its hierarchy), remembered."""
+    step = next((_STEPS[c] for c in cls.__mro__ if c in _STEPS), _unknown)
+    _STEP_OF[cls] = step
+    return step
+
+
+_STEP_OF: dict[type, Callable[[Any, TablePolicy], Range]] = {}
 
 
 _EMPTY = Range(INF, -INF, True)

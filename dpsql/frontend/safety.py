@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from sqlglot import exp
 
+from dpsql.frontend.facts import UNSET, facts
 from dpsql.frontend.logic import conjuncts
 from dpsql.policy import TablePolicy
 
@@ -98,13 +99,26 @@ def _same_family(left: exp.Expression, right: exp.Expression, table: TablePolicy
 
 
 def cannot_fail(node: exp.Expression, table: TablePolicy) -> bool:
-    """True if evaluating ``node`` as a filter can never raise an error, for any row."""
-    if isinstance(node, exp.Paren):
-        return cannot_fail(node.this, table)
-    if isinstance(node, exp.And | exp.Or):
-        return cannot_fail(node.this, table) and cannot_fail(node.expression, table)
-    if isinstance(node, exp.Not):
-        return cannot_fail(node.this, table)
+    """True if evaluating ``node`` as a filter can never raise an error, for any row: the
+    node's totality, a fact computed once per node and table (dpsql.frontend.facts). The
+    operands of AND, OR, NOT and parentheses are reached through this function, in this
+    frame (one frame per level, as deep as before the facts were kept)."""
+    record = facts(node, table)
+    total = record.total
+    if total is not UNSET:
+        return bool(total)
+    if isinstance(node, exp.Paren | exp.Not):
+        total = cannot_fail(node.this, table)
+    elif isinstance(node, exp.And | exp.Or):
+        total = cannot_fail(node.this, table) and cannot_fail(node.expression, table)
+    else:
+        total = _leaf_total(node, table)
+    record.total = total
+    return total
+
+
+def _leaf_total(node: exp.Expression, table: TablePolicy) -> bool:
+    """The whitelist for a node that is not a connective: its operands are values."""
     if isinstance(node, exp.Boolean):
         return True
     if isinstance(node, exp.Column):

@@ -11,11 +11,13 @@ column without a cast that could fail), and a bare stored column key has its dec
 from __future__ import annotations
 
 import datetime
+from typing import cast
 
 from sqlglot import exp
 
+from dpsql.frontend.facts import UNSET, facts
 from dpsql.frontend.safety import iso_day
-from dpsql.policy import ColumnPolicy, TablePolicy
+from dpsql.policy import SQL_TYPES, ColumnPolicy, TablePolicy
 
 # column types a program reads, and the ones a key may have (their DuckDB names)
 READ_TYPES = ("int", "float", "text", "bool", "date")
@@ -33,13 +35,40 @@ def stored(table: TablePolicy, name: str) -> ColumnPolicy | None:
 
 def readable(node: exp.Expression, table: TablePolicy) -> bool:
     """Whether every node of a WHERE is one the engine's evaluator mirrors (literals are
-    checked again there, with the statement's own values)."""
-    if isinstance(node, exp.Paren):
-        return readable(node.this, table)
-    if isinstance(node, exp.And | exp.Or):
-        return readable(node.this, table) and readable(node.expression, table)
-    if isinstance(node, exp.Not):
-        return readable(node.this, table)
+    checked again there, with the statement's own values): a fact computed once per node and
+    table (dpsql.frontend.facts), read by typing and again by the column programs."""
+    record = facts(node, table)
+    found = record.readable
+    if found is not UNSET:
+        return bool(found)
+    if isinstance(node, exp.Paren | exp.Not):  # connectives recurse in this frame
+        found = readable(node.this, table)
+    elif isinstance(node, exp.And | exp.Or):
+        found = readable(node.this, table) and readable(node.expression, table)
+    else:
+        found = _leaf_readable(node, table)
+    record.readable = found
+    return found
+
+
+def declared_type(node: exp.Expression, table: TablePolicy) -> str | None:
+    """The DuckDB type of ``node`` known without DuckDB's binder, or None (ask the binder): a
+    bare stored column's declared type (as the shadow table declares it), BOOLEAN for a
+    condition :func:`readable` accepts. A fact computed once per node (dpsql.frontend.facts)."""
+    record = facts(node, table)
+    found = record.type
+    if found is UNSET:
+        spec = stored_column(node, table)
+        if spec is not None:
+            found = SQL_TYPES[spec.type]
+        else:
+            found = "BOOLEAN" if readable(node, table) else None
+        record.type = found
+    return cast(str | None, found)
+
+
+def _leaf_readable(node: exp.Expression, table: TablePolicy) -> bool:
+    """The rule of :func:`readable` for a node that is not a connective."""
     if isinstance(node, exp.Boolean):
         return True
     if isinstance(node, exp.Column):  # a bool column as a condition
@@ -48,10 +77,10 @@ def readable(node: exp.Expression, table: TablePolicy) -> bool:
     if isinstance(node, exp.Is):
         return isinstance(node.expression, exp.Null) and stored_column(node.this, table) is not None
     if isinstance(node, COMPARISONS):
-        left, right = node.this, node.expression
-        if stored_column(left, table) is None:
-            left, right = right, left
-        return _comparable(stored_column(left, table), right)
+        spec, other = stored_column(node.this, table), node.expression
+        if spec is None:  # the column on the right: 5 < age
+            spec, other = stored_column(other, table), node.this
+        return _comparable(spec, other)
     if isinstance(node, exp.Between):
         spec = stored_column(node.this, table)
         return _comparable(spec, node.args["low"]) and _comparable(spec, node.args["high"])

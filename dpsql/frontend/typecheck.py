@@ -39,7 +39,7 @@ from dpsql.errors import DataError, Position, ProgrammingError
 from dpsql.frontend.identifiers import quote_ident
 from dpsql.frontend.positions import offset_position, position_of, snippet
 from dpsql.frontend.safety import conjuncts
-from dpsql.frontend.simple_where import readable, stored_column
+from dpsql.frontend.simple_where import declared_type, readable
 from dpsql.frontend.statements import DIALECT, DPQuery, GroupKey
 from dpsql.policy import SQL_TYPES, Policy, TablePolicy
 
@@ -245,11 +245,11 @@ def declared_key_types(query: DPQuery) -> list[str] | None:
     if table.joined is not None or (query.where is not None and not readable(query.where, table)):
         return None
     out = []
-    for key in query.keys:
-        spec = stored_column(key.expr, table)
-        if spec is None:
+    for key in query.keys:  # a column's type is a fact of its node (simple_where.declared_type)
+        duck_type = declared_type(key.expr, table) if isinstance(key.expr, exp.Column) else None
+        if duck_type is None:
             return None
-        out.append(SQL_TYPES[spec.type])
+        out.append(duck_type)
     return out
 
 

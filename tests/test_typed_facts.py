@@ -1,0 +1,175 @@
+"""An expression node's facts (type, value range, totality) are computed once and kept on it.
+
+dpsql.frontend.facts keeps one record per node and table on the node's meta; the rules that own
+each fact (simple_where: the type known without the binder and whether the column programs
+read it; intervals: the value range; safety: the totality whitelist) fill it the first time
+they are asked, and reach operands through the same entry points. These tests pin the facts of
+a table of expressions (the rules' answers, unchanged by keeping them on the nodes), that a
+second question computes nothing (the rules are made to fail, the answers still come), and
+that a copy of a node or another table does not reuse them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import sqlglot
+from conftest import fixture_policy
+from sqlglot import exp
+
+import dpsql.frontend.intervals as intervals
+import dpsql.frontend.safety as safety
+import dpsql.frontend.simple_where as simple_where
+from dpsql.frontend.facts import FACTS, facts
+from dpsql.frontend.intervals import NotNumeric, value_range
+from dpsql.frontend.safety import cannot_fail
+from dpsql.frontend.simple_where import declared_type, readable
+from dpsql.frontend.typecheck import ShadowTypes
+from dpsql.frontend.typed import Typed, typed
+from dpsql.policy import load_policy
+
+POLICY = load_policy(fixture_policy())
+TABLE = POLICY.tables["visits"]
+INF = math.inf
+
+# expression -> (type without the binder, lower, upper, integral, total, readable); None for
+# lower/upper/integral: not a number (value_range refuses it)
+CASES: dict[str, tuple] = {
+    "42": (None, 42, 42, True, False, False),
+    "2.5": (None, 2.5, 2.5, False, False, False),
+    "'x'": (None, None, None, None, False, False),
+    "age": ("BIGINT", 0, 100, True, False, False),
+    "cost": ("DOUBLE", 0, 5000, False, False, False),
+    "smoker": ("BOOLEAN", None, None, None, True, True),
+    "visit_date": ("DATE", None, None, None, False, False),
+    "diagnosis": ("VARCHAR", None, None, None, False, False),
+    "age * 2 + 1": (None, 1, 201, True, False, False),
+    "cost / age": (None, -INF, INF, False, False, False),
+    "age // 7": (None, 0, 14, True, False, False),
+    "-age": (None, -100, 0, True, False, False),
+    "CASE WHEN smoker THEN 1 ELSE 0 END": (None, 0, 1, True, False, False),
+    "IF(age > 50, cost, NULL)": (None, 0, 5000, False, False, False),
+    "CAST(smoker AS INT)": (None, 0, 1, True, False, False),
+    "CAST(cost AS INT)": (None, 0, 5000, True, False, False),
+    "TRY_CAST(diagnosis AS INT)": (None, -INF, INF, True, False, False),
+    "LEAST(GREATEST(age, 10), 50)": (None, 10, 50, True, False, False),
+    "ABS(age - 50)": (None, 0, 50, True, False, False),
+    "ROUND(cost / 100)": (None, 0, 50, True, False, False),
+    "SQRT(age)": (None, 0, 10, False, False, False),
+    "MONTH(visit_date)": (None, 1, 12, True, False, False),
+    "POWER(age, 2)": (None, 0, 10000, True, False, False),
+    "age > 30": ("BOOLEAN", None, None, None, True, True),
+    "(age > 1)": ("BOOLEAN", None, None, None, True, True),
+    "TRUE": ("BOOLEAN", None, None, None, True, True),
+    "department = 'cardiology' AND age < 5": ("BOOLEAN", None, None, None, True, True),
+    "NOT smoker OR age IS NULL": ("BOOLEAN", None, None, None, True, True),
+    "visit_date = '2024-03-01'": ("BOOLEAN", None, None, None, True, True),
+    "age IN (1, 2, 3)": ("BOOLEAN", None, None, None, True, True),
+    "diagnosis LIKE 'a%'": (None, None, None, None, True, False),
+    "age BETWEEN 1 AND cost": (None, None, None, None, True, False),
+    "smoker IS TRUE": (None, None, None, None, True, False),
+    "LOWER(department) = 'x'": (None, None, None, None, False, False),
+    "age = 'x'": (None, None, None, None, False, False),
+}
+
+
+def _node(sql: str) -> exp.Expression:
+    return sqlglot.parse_one(f"SELECT {sql} FROM visits", read="duckdb").expressions[0]
+
+
+def _check(sql: str, found: Typed) -> None:
+    kind, lower, upper, integral, total, reads = CASES[sql]
+    assert found.type == kind, sql
+    assert (found.lower, found.upper, found.integral) == (lower, upper, integral), sql
+    assert (found.total, found.readable) == (total, reads), sql
+    assert (found.why is None) == (lower is not None), sql
+
+
+@pytest.mark.parametrize("sql", list(CASES))
+def test_facts_of_an_expression(sql: str) -> None:
+    _check(sql, typed(_node(sql), TABLE))
+
+
+def test_the_type_known_without_the_binder_is_the_binders() -> None:
+    """Where a type is known without DuckDB (dpsql.frontend.typecheck.declared_key_types
+    skips the binder on it), the shadow catalog's binder says the same."""
+    known = [sql for sql, case in CASES.items() if case[0] is not None]
+    shadow = ShadowTypes(POLICY)
+    try:
+        binder = shadow.types("visits", known)
+    finally:
+        shadow.close()
+    assert [declared_type(_node(sql), TABLE) for sql in known] == binder
+
+
+def test_a_mutated_rule_fails_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The table above pins the rules: one that accepts every condition as total breaks it."""
+    monkeypatch.setattr(safety, "_leaf_total", lambda node, table: True)
+    with pytest.raises(AssertionError):
+        for sql in CASES:
+            _check(sql, typed(_node(sql), TABLE))
+
+
+def _forbid_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rule fails from now on: only facts already kept on a node can answer."""
+
+    def computed(*args: object) -> None:
+        raise AssertionError("a fact was computed again")
+
+    monkeypatch.setattr(safety, "_leaf_total", computed)
+    monkeypatch.setattr(simple_where, "_leaf_readable", computed)
+    monkeypatch.setattr(simple_where, "stored_column", computed)
+    monkeypatch.setattr(intervals, "_STEP_OF", {})
+    monkeypatch.setattr(intervals, "_step_of", computed)
+
+
+@pytest.mark.parametrize("sql", ["LEAST(GREATEST(age * 2, 10), 50) + cost", "age > 3 AND smoker"])
+def test_every_fact_of_every_node_is_computed_once(sql: str, monkeypatch) -> None:
+    node = _node(sql)
+    first = {id(sub): typed(sub, TABLE) for sub in node.walk()}
+    kept = {id(sub): sub.meta[FACTS] for sub in node.walk()}
+    _forbid_rules(monkeypatch)
+    for sub in node.walk():
+        assert typed(sub, TABLE) == first[id(sub)]
+        assert facts(sub, TABLE) is kept[id(sub)]  # the record on the node, not a new one
+
+
+def test_operands_are_reached_through_the_kept_facts(monkeypatch) -> None:
+    """A WHERE's conjuncts asked first (dpsql.frontend.statements.Where.conjuncts), then the
+    whole WHERE (typing, then the column programs): the second walk reads the conjuncts'
+    facts, and only the AND nodes are new."""
+    where = _node("age > 3 AND department = 'x' AND NOT smoker")
+    for part in where.flatten():
+        assert cannot_fail(part, TABLE) and readable(part, TABLE)
+    _forbid_rules(monkeypatch)
+    assert cannot_fail(where, TABLE) and readable(where, TABLE)
+    ands = [n for n in where.walk() if isinstance(n, exp.And)]
+    assert len(ands) == 2 and all(n.meta[FACTS].total is True for n in ands)
+
+
+def test_a_copy_or_another_table_computes_its_own(monkeypatch) -> None:
+    """Facts hold for the node and table they were computed on: a copy (which a text shape
+    changes in place, dpsql.service.shape_cache) and another table start afresh."""
+    node = _node("age * 2")
+    assert value_range(node, TABLE).upper == 200
+    copy = node.copy()
+    assert FACTS not in copy.meta  # an operator's meta was the facts' own: a copy drops them
+    other = dataclasses.replace(TABLE, columns=dict(TABLE.columns))
+    _forbid_rules(monkeypatch)
+    assert value_range(node, TABLE).upper == 200
+    for fresh, table in ((copy, TABLE), (node, other)):
+        with pytest.raises(AssertionError, match="computed again"):
+            value_range(fresh, table)
+
+
+def test_a_refusal_is_kept_with_its_reason() -> None:
+    """A value that is not a number keeps why (the node and the reason the binder's refusal
+    names), and says it again the second time."""
+    node = _node("age + diagnosis")
+    for _ in range(2):
+        with pytest.raises(NotNumeric) as caught:
+            value_range(node, TABLE)
+        assert caught.value.why == "diagnosis is text, not a number"
+        assert caught.value.node is node.expression
