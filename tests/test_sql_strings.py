@@ -60,10 +60,10 @@ ALLOWED: dict[str, tuple[int, str]] = {
         "administrative: ATTACH of a validated database path (a string literal, escaped)",
     ),
     "dpsql/engine/duckdb_engine.py": (
-        8,
+        6,
         "administrative at connect: SET of validated settings, ATTACH of a validated "
-        "path, the typed load of a policy table (casts of its declared columns) and its "
-        "row count; no plan is lowered",
+        "path, the typed load of a policy table (CREATE ... AS SELECT of casts of its "
+        "declared columns from its source); no plan is lowered",
     ),
     "dpsql/engine/postgres_source.py": (
         2,

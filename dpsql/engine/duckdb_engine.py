@@ -39,6 +39,7 @@ from dpsql.engine.versions import (
 from dpsql.errors import OperationalError, PolicyError
 from dpsql.frontend.identifiers import quote_ident as _q
 from dpsql.gil_gate import released
+from dpsql.lower.builders import count_star, named_table, select, star
 from dpsql.lower.compile import CompiledQuery, render
 from dpsql.policy import SQL_TYPES, Policy, TablePolicy
 from dpsql.sources import (
@@ -388,7 +389,7 @@ class DuckDBEngine:
                     f"{self._select_list(table, lazy=kind == 'VIEW')} "
                     f"FROM {relation}"
                 )
-            self._con.execute(f"SELECT * FROM {_q(table.name)} LIMIT 0").fetchall()
+            self._con.execute(_duckdb(_columns_only(table.name))).fetchall()
             if relation is not None and path is None and not table.version:
                 # an attached table: a digest of its storage metadata at connect (no row
                 # read); a remote one (loaded here): of its rows
@@ -403,7 +404,8 @@ class DuckDBEngine:
                 )
             count = None
             if kind == "TABLE" and self.policy.engine.small_tables != "sql":
-                count = self._con.execute(f"SELECT count(*) FROM {_q(table.name)}").fetchone()
+                counted = select([count_star()], named_table(table.name))
+                count = self._con.execute(_duckdb(counted)).fetchone()
         except duckdb.Error as exc:
             raise PolicyError(
                 f"{where}: cannot load {display_source(table.source)!r} with the declared "
@@ -599,3 +601,13 @@ def _over_size(where: str, count: Any, small_tables: str) -> bool:
             hint='set [engine] small_tables = "sql" (and threads for a large table)',
         )
     return False
+
+
+def _columns_only(table: str) -> exp.Select:
+    """``SELECT * FROM table LIMIT 0``: the table's columns, no row (a load's check)."""
+    return select([star()], named_table(table)).limit(0, copy=False)
+
+
+def _duckdb(statement: exp.Expression) -> str:
+    """A statement of the engine's own (its loads at connect) rendered where it runs."""
+    return statement.sql(dialect="duckdb")
