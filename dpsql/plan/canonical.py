@@ -196,21 +196,32 @@ def _dataclass(value: Any, out: list[str], ctx: _Ctx) -> None:
             return
         start = len(out)
     out.append(name + "(")
+    skip = ctx.skip
     for field_name, how in fields:
-        if ctx.skip and (name, field_name) in ctx.skip:
+        if skip and (name, field_name) in skip:
             continue
         item = getattr(value, field_name)
-        out.append(field_name + "=")
         if how == "value":
+            # a plain field (most of a measure's): written here, as _write writes it
+            kind = item.__class__
+            if kind in _SCALARS:
+                out.append(f"{field_name}={item!r};")
+                continue
+            if kind is float:
+                out.append(f"{field_name}=f{item!r};")
+                continue
+            out.append(field_name + "=")
             _write(item, out, ctx)
-        elif how == "rows":
-            out.append("None" if item is None else _digest(repr(item)))
-        elif how == "set" and isinstance(item, tuple):
-            out.append("(" + ",".join(sorted(canonical(v, skip=ctx.skip) for v in item)) + ")")
-        elif how == "where" and isinstance(item, exp.Expression):
-            _where(item, out)
         else:
-            _write(item, out, ctx)
+            out.append(field_name + "=")
+            if how == "rows":
+                out.append("None" if item is None else _digest(repr(item)))
+            elif how == "set" and isinstance(item, tuple):
+                out.append("(" + ",".join(sorted(canonical(v, skip=skip) for v in item)) + ")")
+            elif how == "where" and isinstance(item, exp.Expression):
+                _where(item, out)
+            else:
+                _write(item, out, ctx)
         out.append(";")
     out.append(")")
     if memo:
