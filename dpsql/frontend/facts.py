@@ -15,12 +15,15 @@ That makes copies safe: a copy of a node shares (or deep-copies) the meta, but i
 object, so it computes its own facts (a copy may be changed in place: the text shapes swap the
 literals of a copied WHERE, dpsql.service.shape_cache). A bound tree is not changed in place.
 
+The facts of a condition that follow its connectives (totality, readability: through AND, OR,
+NOT and parentheses a condition's fact is its operands') share one walk, :func:`condition_fact`.
 Each field is :data:`UNSET` until its rule fills it; :mod:`dpsql.frontend.typed` reads all of
 them at once (one frozen record), for callers that want every fact of a node.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from sqlglot import exp
@@ -96,3 +99,26 @@ def facts(node: exp.Expr, table: TablePolicy) -> ExprFacts:
             return found
     record = meta[FACTS] = ExprFacts(node, table)
     return record
+
+
+def condition_fact(
+    node: exp.Expr, table: TablePolicy, field: str, leaf: Callable[[Any, TablePolicy], bool]
+) -> bool:
+    """A condition's fact that follows its connectives (totality, readability): through
+    parentheses and NOT it is the operand's, through AND and OR both operands' (each read
+    from, or kept on, the operand's record); ``leaf`` decides it for any other node. The
+    connectives recurse in this frame: one frame per level of the tree."""
+    record = facts(node, table)
+    found = getattr(record, field)
+    if found is not UNSET:
+        return bool(found)
+    if isinstance(node, exp.Paren | exp.Not):
+        found = condition_fact(node.this, table, field, leaf)
+    elif isinstance(node, exp.And | exp.Or):
+        found = condition_fact(node.this, table, field, leaf) and condition_fact(
+            node.expression, table, field, leaf
+        )
+    else:
+        found = leaf(node, table)
+    setattr(record, field, found)
+    return bool(found)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from sqlglot import exp
 
-from dpsql.frontend.facts import UNSET, facts
+from dpsql.frontend.facts import condition_fact
 from dpsql.frontend.logic import conjuncts
 from dpsql.policy import TablePolicy
 
@@ -100,21 +100,9 @@ def _same_family(left: exp.Expression, right: exp.Expression, table: TablePolicy
 
 def cannot_fail(node: exp.Expression, table: TablePolicy) -> bool:
     """True if evaluating ``node`` as a filter can never raise an error, for any row: the
-    node's totality, a fact computed once per node and table (dpsql.frontend.facts). The
-    operands of AND, OR, NOT and parentheses are reached through this function, in this
-    frame (one frame per level, as deep as before the facts were kept)."""
-    record = facts(node, table)
-    total = record.total
-    if total is not UNSET:
-        return bool(total)
-    if isinstance(node, exp.Paren | exp.Not):
-        total = cannot_fail(node.this, table)
-    elif isinstance(node, exp.And | exp.Or):
-        total = cannot_fail(node.this, table) and cannot_fail(node.expression, table)
-    else:
-        total = _leaf_total(node, table)
-    record.total = total
-    return total
+    node's totality, a fact computed once per node and table (dpsql.frontend.facts: through
+    AND, OR, NOT and parentheses it is the operands', :func:`_leaf_total` for the rest)."""
+    return condition_fact(node, table, "total", _leaf_total)
 
 
 def _leaf_total(node: exp.Expression, table: TablePolicy) -> bool:

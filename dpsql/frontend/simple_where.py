@@ -15,7 +15,7 @@ from typing import cast
 
 from sqlglot import exp
 
-from dpsql.frontend.facts import UNSET, facts
+from dpsql.frontend.facts import UNSET, condition_fact, facts
 from dpsql.frontend.safety import iso_day
 from dpsql.policy import SQL_TYPES, ColumnPolicy, TablePolicy
 
@@ -37,18 +37,7 @@ def readable(node: exp.Expression, table: TablePolicy) -> bool:
     """Whether every node of a WHERE is one the engine's evaluator mirrors (literals are
     checked again there, with the statement's own values): a fact computed once per node and
     table (dpsql.frontend.facts), read by typing and again by the column programs."""
-    record = facts(node, table)
-    found = record.readable
-    if found is not UNSET:
-        return bool(found)
-    if isinstance(node, exp.Paren | exp.Not):  # connectives recurse in this frame
-        found = readable(node.this, table)
-    elif isinstance(node, exp.And | exp.Or):
-        found = readable(node.this, table) and readable(node.expression, table)
-    else:
-        found = _leaf_readable(node, table)
-    record.readable = found
-    return found
+    return condition_fact(node, table, "readable", _leaf_readable)
 
 
 def declared_type(node: exp.Expression, table: TablePolicy) -> str | None:
