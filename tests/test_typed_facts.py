@@ -22,11 +22,13 @@ from sqlglot import exp
 import dpsql.frontend.intervals as intervals
 import dpsql.frontend.safety as safety
 import dpsql.frontend.simple_where as simple_where
+from dpsql.frontend.bind import parse_statement
 from dpsql.frontend.facts import FACTS, facts
 from dpsql.frontend.intervals import NotNumeric, value_range
 from dpsql.frontend.safety import cannot_fail
 from dpsql.frontend.simple_where import declared_type, readable
-from dpsql.frontend.typecheck import ShadowTypes
+from dpsql.frontend.statements import DPQuery, Where
+from dpsql.frontend.typecheck import ShadowTypes, declared_key_types
 from dpsql.frontend.typed import Typed, typed
 from dpsql.policy import load_policy
 
@@ -173,3 +175,21 @@ def test_a_refusal_is_kept_with_its_reason() -> None:
             value_range(node, TABLE)
         assert caught.value.why == "diagnosis is text, not a number"
         assert caught.value.node is node.expression
+
+
+def test_a_bound_where_keeps_its_facts_for_typing_and_lowering(monkeypatch) -> None:
+    """On the binder's own tree: the Where node's conjuncts (their totality, read by the
+    lowering) and typing's question (is the WHERE simple) leave their facts on the nodes, and
+    the column programs' second question is answered from them."""
+    query = parse_statement(
+        "SELECT department, COUNT(*) FROM visits WHERE age > 30 AND smoker GROUP BY department",
+        POLICY,
+    )
+    assert isinstance(query, DPQuery)
+    where = query.node(Where)
+    assert where is not None
+    assert [c.total for c in where.conjuncts] == [True, True]
+    assert declared_key_types(query) == ["VARCHAR"]
+    _forbid_rules(monkeypatch)
+    assert readable(where.condition, query.table)  # as dpsql.lower.local_plan asks it
+    assert [cannot_fail(c.expr, where.input.table) for c in where.conjuncts] == [True, True]
