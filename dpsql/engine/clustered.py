@@ -518,7 +518,9 @@ if _jit is not None:
     _clamped = _inline(_clamped)
     _fixed = _inline(_fixed)
     _excess = _inline(_excess)
-    _fill = _jit(_fill)
+    # inlined: an opaque call inside the unit loop cost the pass ~20% (bound_units 422 vs
+    # 347 ms at 10M against the rows read; inlined 294)
+    _fill = _inline(_fill)
     _blocks = _inline(_blocks)
     _fused_values = _jit(_fused_values)
     _accumulate = _inline(_accumulate)
