@@ -29,6 +29,7 @@ from sqlglot import exp
 
 from dpsql.errors import PrivacyError
 from dpsql.frontend.positions import position_of, snippet
+from dpsql.frontend.statements import DIALECT
 
 
 class Policy(Protocol):
@@ -281,7 +282,7 @@ def _with_scalars(top: exp.Select, classifier: _Classifier) -> ReleasedTables | 
         elif isinstance(g, exp.Column) and not g.table and g.name.lower() in items:
             g = items[g.name.lower()]
         keys.append(g)
-    key_sql = {k.sql(dialect="duckdb"): i for i, k in enumerate(keys)}
+    key_sql = {k.sql(dialect=DIALECT): i for i, k in enumerate(keys)}
     marked = {id(q): j for j, q in enumerate(scalars)}
     for q in scalars:
         q.meta["dp_scalar"] = marked[id(q)]
@@ -292,13 +293,13 @@ def _with_scalars(top: exp.Select, classifier: _Classifier) -> ReleasedTables | 
         if isinstance(node, exp.Select | exp.SetOperation) and "dp_scalar" in node.meta:
             return node.copy()  # a new node: not descended into; measured below
         if _outermost_aggregate(node):
-            sql = node.sql(dialect="duckdb")
+            sql = node.sql(dialect=DIALECT)
             if sql not in aggregates:
                 aggregates[sql] = len(found)
                 found.append(node.copy())
             return exp.column(f"__a{aggregates[sql]}")
         if isinstance(node, exp.Column | exp.Func | exp.Binary | exp.Case | exp.Paren):
-            index = key_sql.get(node.sql(dialect="duckdb"))
+            index = key_sql.get(node.sql(dialect=DIALECT))
             if index is not None:
                 return exp.column(f"__k{index}")
         return node
@@ -383,7 +384,7 @@ def _operations(post: exp.Expression) -> list[str]:
         elif isinstance(node, exp.Join):
             found.append("JOIN")
         elif isinstance(node, exp.Window):
-            found.append("window " + node.this.sql(dialect="duckdb").split("(")[0].upper())
+            found.append("window " + node.this.sql(dialect=DIALECT).split("(")[0].upper())
         elif isinstance(node, exp.Subquery) and not isinstance(node.parent, exp.From | exp.Join):
             found.append("subquery")
     return list(dict.fromkeys(found))

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from sqlglot import exp
+from sqlglot.dialects.dialect import Dialect
 
 from dpsql.aggregates import FUNCTIONS, KINDS
 from dpsql.errors import Position, ProgrammingError
@@ -32,7 +33,9 @@ from dpsql.frontend.logic import conjuncts
 from dpsql.frontend.safety import COMPARISON_NODES, cannot_fail
 from dpsql.policy import ColumnPolicy, TablePolicy
 
-DIALECT = "duckdb"
+# One instance: ``.sql(dialect="duckdb")`` looks the name up and builds a Dialect each call
+# (a few microseconds, dozens of times in planning one statement).
+DIALECT = Dialect.get_or_raise("duckdb")
 
 # The table post-processing reads: the released values only (dpsql.engine.scratch).
 RELEASED = "__released"

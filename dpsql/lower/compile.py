@@ -46,7 +46,7 @@ import sqlglot
 from sqlglot import exp
 
 from dpsql.aggregates.mode import ModeMeasure
-from dpsql.frontend.statements import GroupKey
+from dpsql.frontend.statements import DIALECT, GroupKey
 from dpsql.lower import fold
 from dpsql.lower.bounding import centred_expr as _centred
 from dpsql.lower.bounding import (
@@ -416,12 +416,12 @@ def row_value_expr(m: Measure, table: TablePolicy) -> exp.Expression | None:
 def row_value(m: Measure, table: TablePolicy) -> str | None:
     """DuckDB text of :func:`row_value_expr` (benches splice it into reference queries)."""
     node = row_value_expr(m, table)
-    return None if node is None else node.sql(dialect="duckdb")
+    return None if node is None else node.sql(dialect=DIALECT)
 
 
 def measure_aggregate(m: Measure, table: TablePolicy) -> str:
     """DuckDB text of :func:`measure_aggregate_expr`."""
-    return measure_aggregate_expr(m, table).sql(dialect="duckdb")
+    return measure_aggregate_expr(m, table).sql(dialect=DIALECT)
 
 
 # -- filters ------------------------------------------------------------------------------------
@@ -430,7 +430,7 @@ def measure_aggregate(m: Measure, table: TablePolicy) -> str:
 def _domain_filters(plan: Plan, *, skip_column_keys: bool = False) -> list[str]:
     """DuckDB text of :func:`_domain_filter_exprs` (bench_core's reference plan splices it)."""
     return [
-        f.sql(dialect="duckdb")
+        f.sql(dialect=DIALECT)
         for f in _domain_filter_exprs(plan, skip_column_keys=skip_column_keys)
     ]
 
