@@ -190,61 +190,6 @@ def _fused_values(  # pragma: no cover - compiled
 def _accumulate(  # pragma: no cover - compiled
     lo: int,
     hi: int,
-    t: int,
-    group: np.ndarray,
-    weight: np.ndarray,
-    fixed: np.ndarray,
-    buf: np.ndarray,
-    b0: int,
-    slots: np.ndarray,
-    nulls: np.ndarray,
-    fixed_rows: np.ndarray,
-    null_rows: np.ndarray,
-    kinds: np.ndarray,
-    centers: np.ndarray,
-    centers2: np.ndarray,
-    lows: np.ndarray,
-    highs: np.ndarray,
-    seen: np.ndarray,
-    touched: np.ndarray,
-    n_loc: np.ndarray,
-    acc: np.ndarray,
-) -> int:
-    """Rows ``lo`` .. ``hi`` of a unit into its pairs (inlined into :func:`_bound_units`): per
-    group code the rows n (weighted) and each measure's raw sum; the codes first seen
-    appended to ``touched`` after its ``t`` pairs so far. Returns how many pairs the unit has
-    now. A measure's fixed point is read from its row of ``fixed``, or where ``slots[j]`` >= 0
-    from that row of ``buf``, which holds rows ``b0`` .. of the block ``hi`` lies in
-    (:func:`_fill`; an unsigned offset: no negative-index test)."""
-    for i in range(lo, hi):
-        w = np.int64(weight[i])
-        s = group[i]
-        if not seen[s]:
-            seen[s] = True
-            touched[t] = s
-            t += 1
-        n_loc[s] += w
-        for j in range(kinds.shape[0]):
-            kind = kinds[j]
-            if kind == 3 or nulls[null_rows[j], i]:
-                continue
-            if kind == 0:
-                acc[j, s] += w
-            else:
-                slot = slots[j]
-                at = np.uint64(i - b0)
-                v = buf[slot, at] if slot >= 0 else np.int64(fixed[fixed_rows[j], i])
-                x = _clamped(v, lows[j], highs[j]) - centers[j]
-                if kind == 2:
-                    acc[j, s] += w * (x * x - centers2[j])
-                else:
-                    acc[j, s] += w * x
-    return t
-
-
-def _unit_rows(  # pragma: no cover - compiled
-    lo: int,
-    hi: int,
     b0: int,
     b1: int,
     block: int,
@@ -268,22 +213,39 @@ def _unit_rows(  # pragma: no cover - compiled
     n_loc: np.ndarray,
     acc: np.ndarray,
 ) -> Any:
-    """One unit's rows ``lo`` .. ``hi`` into its pairs (:func:`_accumulate`), block by block
-    of computed fixed points: the next block (``block`` rows from the first row past ``b1``)
-    computed when a row lies past the current one (rows ``b0`` .. ``b1``). Returns the
-    unit's pairs and the block now held (inlined into :func:`_bound_units`)."""
+    """One unit's rows ``lo`` .. ``hi`` into its pairs (inlined into :func:`_bound_units`): per
+    group code the rows n (weighted) and each measure's raw sum; the codes first seen
+    appended to ``touched``. A measure's fixed point is read from its row of ``fixed``, or
+    where ``slots[j]`` >= 0 from that row of ``buf``, which holds the computed block of rows
+    ``b0`` .. ``b1`` (:func:`_fill`): the next block (``block`` rows) computed when a row
+    lies past it, so blocks cut units. Returns the unit's pairs and the block now held."""
     t = 0
-    i = lo
-    while i < hi:
+    for i in range(lo, hi):
         if i >= b1:
             b0, b1 = i, min(group.shape[0], i + block)
             _fill(floats, fused, buf, b0, b1)
-        e = min(hi, b1)
-        t = _accumulate(
-            i, e, t, group, weight, fixed, buf, b0, slots, nulls, fixed_rows, null_rows, kinds,
-            centers, centers2, lows, highs, seen, touched, n_loc, acc,
-        )  # fmt: skip
-        i = e
+        w = np.int64(weight[i])
+        s = group[i]
+        if not seen[s]:
+            seen[s] = True
+            touched[t] = s
+            t += 1
+        n_loc[s] += w
+        for j in range(kinds.shape[0]):
+            kind = kinds[j]
+            if kind == 3 or nulls[null_rows[j], i]:
+                continue
+            if kind == 0:
+                acc[j, s] += w
+            else:
+                slot = slots[j]
+                at = np.uint64(i - b0)
+                v = buf[slot, at] if slot >= 0 else np.int64(fixed[fixed_rows[j], i])
+                x = _clamped(v, lows[j], highs[j]) - centers[j]
+                if kind == 2:
+                    acc[j, s] += w * (x * x - centers2[j])
+                else:
+                    acc[j, s] += w * x
     return t, b0, b1
 
 
@@ -369,7 +331,7 @@ def _bound_units(  # pragma: no cover - compiled
         grid_shifts[j] = _shift(grids[j])
         rounds = rounds or grids[j] > 0
     for u in range(starts.shape[0] - 1):
-        t, b0, b1 = _unit_rows(
+        t, b0, b1 = _accumulate(
             starts[u], starts[u + 1], b0, b1, block, group, weight, fixed, floats, fused, buf,
             slots, nulls, fixed_rows, null_rows, kinds, centers, centers2, lows, highs, seen,
             touched, n_loc, acc,
@@ -524,7 +486,6 @@ if _jit is not None:
     _blocks = _inline(_blocks)
     _fused_values = _jit(_fused_values)
     _accumulate = _inline(_accumulate)
-    _unit_rows = _inline(_unit_rows)
     _nonempty = _inline(_nonempty)
     _order_pairs = _jit(_order_pairs)
     _bound_units = _jit(_bound_units)
