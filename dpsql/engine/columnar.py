@@ -381,13 +381,16 @@ def _fetch_ranges(
             raise ValueError("the table changed while its store was built")
         order = None
         if unit is not None:
-            ranged = np.asarray(np.ma.getdata(fetched[f"__c{unit}"]), dtype=np.int64)
-            order = _unit_order(ranged - first, last - first + 1)
-            if f"__c{unit}" not in held:
-                ordered = ranged[order]
-                starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])[:n]
+            # the range's own codes from 0, in place (no second int64 copy of the range)
+            ranged = np.array(np.ma.getdata(fetched[f"__c{unit}"]), dtype=np.int64)
+            ranged -= first
+            order = _unit_order(ranged, last - first + 1)
+            if f"__c{unit}" not in held:  # the runs from each code's count: no sorted copy
+                counts = np.bincount(ranged, minlength=last - first + 1)
+                present = np.flatnonzero(counts)
+                ends = np.cumsum(counts[present])
                 dtype = next(d for k, d in keys if k == f"__c{unit}")
-                runs.append((starts + filled, ordered[starts].astype(dtype)))
+                runs.append((ends - counts[present] + filled, (present + first).astype(dtype)))
             del ranged
         for key, dtype in keys:
             if key not in held:
