@@ -222,9 +222,9 @@ class Release:
     def stability(self) -> str:
         return "post-processing of the measurements: free"
 
-    def cost(self) -> Cost:
-        """The sum of every part's privacy map (threshold, selection, noisy measures,
-        quantiles, clipping ranges)."""
+    def privacy_maps(self) -> list[Cost]:
+        """Every part's privacy map (threshold, selection, noisy measures, quantiles,
+        clipping ranges)."""
         parts = [
             self.threshold,
             self.selection_measurement,
@@ -232,10 +232,13 @@ class Release:
             *self.quantile_measurements,
             *self.clip_measurements,
         ]
+        return [part.privacy_map() for part in parts if part is not None]
+
+    def cost(self) -> Cost:
+        """The sum of every part's privacy map, exact."""
         total = Cost()
-        for part in parts:
-            if part is not None:
-                total = total + part.privacy_map()
+        for mapped in self.privacy_maps():
+            total = total + mapped
         return total
 
 
