@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import sqlglot
 
 import dpsql
 from dpsql.dbapi import connect_service
@@ -128,7 +129,7 @@ def test_predictions_match_case_expression(service):
         + " ".join(f"WHEN {r[2]} THEN {str(r[3]).upper()}" for r in rows if not r[6])
         + f" ELSE {str(rows[-1][3]).upper()} END"
     )
-    scored = service.scratch.rows(f"SELECT {case} FROM visits")
+    scored = service.scratch.rows(sqlglot.parse_one(f"SELECT {case} FROM visits", read="duckdb"))
     assert scored == []  # the scratch shadow table is empty: no private rows there
     assert isinstance(np.array([r[4] for r in rows]), np.ndarray)
 
