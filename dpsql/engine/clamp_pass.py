@@ -52,8 +52,9 @@ from dpsql.lower.builders import (
     policy_column,
     select,
     subquery,
+    unnest_parameter,
 )
-from dpsql.lower.row_values import internal_name, number, sql_type
+from dpsql.lower.row_values import internal_name, number
 from dpsql.plan.clamp_spec import ClampHistogram
 
 _log = logging.getLogger("dpsql.engine")
@@ -499,9 +500,7 @@ def _probe_query(spec: ClampHistogram, secret: int) -> exp.Select:
     cells: list[exp.Expression] = []
     typed: list[exp.Expression] = []
     for i, (name, kind) in enumerate(spec.stored):
-        array = exp.DataType(this=exp.DataType.Type.ARRAY, expressions=[sql_type(_SQL[kind])])
-        unnest = exp.Explode(this=exp.Cast(this=exp.Placeholder(this=str(i + 1)), to=array))
-        cells.append(alias(unnest, f"p{i}"))
+        cells.append(alias(unnest_parameter(_SQL[kind], i + 1), f"p{i}"))
         cell: exp.Expression = internal_name(f"p{i}")
         if kind == "date":
             # DuckDB's day numbers of its infinities (columnar.DATE_INFINITY)

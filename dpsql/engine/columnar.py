@@ -59,6 +59,7 @@ from dpsql.lower.builders import (
     table_ref,
     with_ctes,
 )
+from dpsql.lower.compile import render
 from dpsql.lower.local_plan import ColumnProgram
 from dpsql.lower.row_values import cast, internal_name, number
 from dpsql.plan import bias
@@ -250,7 +251,7 @@ def load(con: Any, table: TablePolicy, version: str, capacity: int) -> ColumnarT
     if not readable:
         return ColumnarTable(table.name, version, rows, {}, capacity)
     items = [alias(_fetched(c.type, policy_column(c.name)), c.name, quoted=True) for c in readable]
-    fetched = con.execute(_duckdb(select(items, named_table(table.name)))).fetchnumpy()
+    fetched = con.execute(render(select(items, named_table(table.name)), "duckdb")).fetchnumpy()
     columns = {c.name: _column(c, fetched[c.name]) for c in readable}
     for column in columns.values():  # shared by every query and thread: read-only
         for array in (column.stored, column.nulls, column.codes):
@@ -313,7 +314,7 @@ def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) ->
     finally:  # (they go with the cursor anyway: an interrupted build may not drop them)
         for temporary in (kept or {}).values():
             with contextlib.suppress(Exception):
-                con.execute(_duckdb(drop_table(table_ref(temporary))))
+                con.execute(render(drop_table(table_ref(temporary)), "duckdb"))
     if filled != rows:
         raise ValueError("the table changed while its store was built")
     columns: dict[str, Column] = {}
@@ -416,7 +417,7 @@ def _numbered_codes(
             continue
         temporary = f"__dpsql_store_codes_{i}"
         codes = _numbered(policy_column(c.name), name)
-        con.execute(_duckdb(create_temp_table_as(table_ref(temporary), codes)))
+        con.execute(render(create_temp_table_as(table_ref(temporary), codes), "duckdb"))
         kept[i] = temporary
     return kept
 
@@ -433,7 +434,7 @@ def _distinct(con: Any, name: str, column: str, kind: str) -> Sequence[Any]:
     one array (a list of 1-tuples held ~90 bytes a value: ~0.9 GB for 10M units); a column
     whose values numpy does not hold as integers exactly (a HUGEINT) row by row."""
     values = distinct_values(policy_column(column), named_table(name), "v")
-    sql = _duckdb(order_by(values, [policy_column(column)]))
+    sql = render(order_by(values, [policy_column(column)]), "duckdb")
     if kind in ("text", "int"):
         fetched = np.ma.getdata(con.execute(sql).fetchnumpy()["v"])
         if kind == "text":
@@ -518,7 +519,7 @@ def _fetch_sql(
             items.append(alias(_fetched(c.type, value.copy()), f"__v{i}"))
         items.append(alias(is_null(value.copy()), f"__n{i}"))
     query = select(items, table_ref(name, "r", quoted=True), joins=joins, where=where)
-    return _duckdb(with_ctes(query, ctes)), params
+    return render(with_ctes(query, ctes), "duckdb"), params
 
 
 def _numbered(value: exp.Expression, table: str) -> exp.Select:
@@ -529,13 +530,8 @@ def _numbered(value: exp.Expression, table: str) -> exp.Select:
 
 def _row_count(con: Any, table: str) -> int:
     """The table's rows (the engine's cap is checked against it before anything is read)."""
-    counted = con.execute(_duckdb(select([count_star()], named_table(table)))).fetchone()
+    counted = con.execute(render(select([count_star()], named_table(table)), "duckdb")).fetchone()
     return int(counted[0]) if counted else 0
-
-
-def _duckdb(statement: exp.Expression) -> str:
-    """A build statement rendered where it runs: DuckDB, the store's one source engine."""
-    return statement.sql(dialect="duckdb")
 
 
 def _unit_order(codes: np.ndarray, size: int) -> np.ndarray:
@@ -746,7 +742,7 @@ DATE_INFINITY = 2**31 - 1
 # ~290,000); the other kinds as they are (BIGINT, DOUBLE with NaN and +-inf, VARCHAR, BOOLEAN:
 # numpy holds every value of each).
 def _fetched(kind: str, value: exp.Expression) -> exp.Expression:
-    """A stored column's value as the store reads it (``_FETCH``): a date as its day number,
+    """A stored column's value as the store reads it: a date as its day number,
     the rest as they are."""
     return day_number(value, DATE_INFINITY) if kind == "date" else value
 

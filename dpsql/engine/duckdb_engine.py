@@ -389,7 +389,7 @@ class DuckDBEngine:
                     f"{self._select_list(table, lazy=kind == 'VIEW')} "
                     f"FROM {relation}"
                 )
-            self._con.execute(_duckdb(_columns_only(table.name))).fetchall()
+            self._con.execute(render(_columns_only(table.name), "duckdb")).fetchall()
             if relation is not None and path is None and not table.version:
                 # an attached table: a digest of its storage metadata at connect (no row
                 # read); a remote one (loaded here): of its rows
@@ -405,7 +405,7 @@ class DuckDBEngine:
             count = None
             if kind == "TABLE" and self.policy.engine.small_tables != "sql":
                 counted = select([count_star()], named_table(table.name))
-                count = self._con.execute(_duckdb(counted)).fetchone()
+                count = self._con.execute(render(counted, "duckdb")).fetchone()
         except duckdb.Error as exc:
             raise PolicyError(
                 f"{where}: cannot load {display_source(table.source)!r} with the declared "
@@ -606,8 +606,3 @@ def _over_size(where: str, count: Any, small_tables: str) -> bool:
 def _columns_only(table: str) -> exp.Select:
     """``SELECT * FROM table LIMIT 0``: the table's columns, no row (a load's check)."""
     return select([star()], named_table(table)).limit(0, copy=False)
-
-
-def _duckdb(statement: exp.Expression) -> str:
-    """A statement of the engine's own (its loads at connect) rendered where it runs."""
-    return statement.sql(dialect="duckdb")

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from sqlglot import exp
 
-from dpsql.lower.row_values import cast, number
+from dpsql.lower.row_values import cast, number, sql_type
 
 
 def alias(node: exp.Expression, name: str, *, quoted: bool = False) -> exp.Alias:
@@ -255,6 +255,14 @@ def literal(value: object) -> exp.Expression:
 
 
 # -- the column store's build (dpsql.engine.columnar) and the engines' probes ---------------
+
+
+def unnest_parameter(type_name: str, number: int | None = None) -> exp.Explode:
+    """``UNNEST(CAST(? AS type[]))`` (``$number`` when given): one column of rows from a list
+    parameter, so values reach DuckDB as parameters, never as text."""
+    array = exp.DataType(this=exp.DataType.Type.ARRAY, expressions=[sql_type(type_name)])
+    slot = exp.Placeholder() if number is None else exp.Placeholder(this=str(number))
+    return exp.Explode(this=exp.Cast(this=slot, to=array))
 
 
 def is_null(value: exp.Expression) -> exp.Is:

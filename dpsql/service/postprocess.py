@@ -38,8 +38,8 @@ from sqlglot import exp
 from dpsql.engine.limits import LimitExceeded, ResultCaps, Watchdog, fetch_capped
 from dpsql.errors import DataError, OperationalError, ProgrammingError
 from dpsql.frontend.released import MEASURED
-from dpsql.lower.builders import alias, cte, policy_column, select, table_ref
-from dpsql.lower.row_values import cast, sql_type
+from dpsql.lower.builders import alias, cte, policy_column, select, table_ref, unnest_parameter
+from dpsql.lower.row_values import cast
 
 DIALECT = "duckdb"
 MEMORY_LIMIT = "1GB"  # as the scratch connection's
@@ -96,10 +96,10 @@ def _released_ctes(tables: Sequence[Table]) -> tuple[list[exp.CTE], list[Any]]:
             # COUNT(*)``, a TOTAL row's key) stays untyped, as in SQL: a UNION gives it the
             # other branch's type
             items = [
-                alias(exp.Null() if code == NULL_TYPE else _unnested(t), n, quoted=True)
+                alias(exp.Null() if code == NULL_TYPE else unnest_parameter(t), n, quoted=True)
                 for n, t, (_, code) in zip(names, types, description, strict=True)
             ]
-            items.append(alias(_unnested("BIGINT"), _ROW))
+            items.append(alias(unnest_parameter("BIGINT"), _ROW))
             body = exp.Select(expressions=items)
             params += [
                 list(column)
@@ -120,12 +120,6 @@ def _released_ctes(tables: Sequence[Table]) -> tuple[list[exp.CTE], list[Any]]:
         ctes.append(cte(rows_name, body))
         ctes.append(cte(f"{MEASURED}{i}", select(visible, table_ref(rows_name))))
     return ctes, params
-
-
-def _unnested(type_name: str) -> exp.Explode:
-    """``UNNEST(CAST(? AS type[]))``: one released column from its list parameter."""
-    array = exp.DataType(this=exp.DataType.Type.ARRAY, expressions=[sql_type(type_name)])
-    return exp.Explode(this=exp.Cast(this=exp.Placeholder(), to=array))
 
 
 def _is_leaf(node: exp.Expression) -> int | None:
