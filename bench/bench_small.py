@@ -48,8 +48,7 @@ from bench_server import (
 
 import dpsql
 from dpsql.frontend.bind import parse_statement
-from dpsql.plan.domains import SQL_TYPES
-from dpsql.policy import load_policy
+from dpsql.policy import SQL_TYPES, load_policy
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.server.users import UserStore, users_path
 from dpsql.service.settings import Settings

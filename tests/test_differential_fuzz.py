@@ -50,7 +50,7 @@ import dpsql
 from dpsql.engine.base import Engine
 from dpsql.errors import Error
 from dpsql.lower.totality import mixed_comparisons
-from dpsql.plan.domains import SQL_TYPES
+from dpsql.policy import SQL_TYPES
 from dpsql.privacy.ledger import MemoryLedger
 from dpsql.privacy.samplers import ZeroNoise
 from dpsql.privacy.sqlite_ledger import SQLiteLedger

@@ -224,7 +224,7 @@ def test_the_engine_sql_oracle_catches_a_builder_that_forgets_the_rule(monkeypat
     place the same query never reaches the engine."""
     from dpsql.frontend import joins, private_joins
     from dpsql.lower.totality import mixed_comparisons
-    from dpsql.plan.domains import SQL_TYPES
+    from dpsql.policy import SQL_TYPES
 
     sql = "SELECT COUNT(*) FROM visits v JOIN departments d ON v.dept_id = d.name"
     service = dpsql.Service(star_policy(), ledger=MemoryLedger(), noise=ZeroNoise(), cache=False)

@@ -16,7 +16,7 @@ from typing import Any
 from sqlglot import exp
 
 from dpsql.frontend.statements import GroupKey
-from dpsql.policy import SQL_TYPES, ColumnPolicy, TablePolicy  # noqa: F401 (SQL_TYPES: tests)
+from dpsql.policy import ColumnPolicy, TablePolicy
 
 FLOAT_GRID_POINTS = 100_000
 MAX_ENUMERATION = 1_000_000
