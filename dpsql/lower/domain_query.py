@@ -21,7 +21,7 @@ from dpsql.frontend.statements import GroupKey, to_literal
 from dpsql.lower.bounding import lowered_key
 from dpsql.lower.builders import alias, date_literal, select, subquery
 from dpsql.lower.row_values import cast, internal_name, number
-from dpsql.plan.domains import FLOAT_GRID_POINTS, column_size
+from dpsql.plan.domains import column_size, float_grid_steps
 from dpsql.policy import SQL_TYPES, ColumnPolicy, TablePolicy
 
 
@@ -48,9 +48,9 @@ def column_relation(col: ColumnPolicy) -> exp.Expression | None:
         first, last = col.date_range  # type: ignore[misc]
         day = exp.Add(this=date_literal(first.isoformat()), expression=cast(_range(), "INT"))
         body = select([_name(cast(day, "DATE"), col)], _series(0, (last - first).days + 1))
-    else:  # a bounded float: its grid, FLOAT_GRID_POINTS steps at most
+    else:  # a bounded float: its grid (plan.domains.float_grid_steps)
         low, high = float(col.lower), float(col.upper)  # type: ignore[arg-type]
-        steps = min(FLOAT_GRID_POINTS, max(1, round((high - low) / col.granularity)))
+        steps = float_grid_steps(col)
         span = exp.Mul(this=exp.Paren(this=number(high - low)), expression=_range())
         point = exp.Add(this=number(low), expression=exp.Div(this=span, expression=number(steps)))
         body = select([_name(cast(point, "DOUBLE"), col)], _series(0, steps + 1))

@@ -48,11 +48,17 @@ def column_size(col: ColumnPolicy) -> int | None:
         if size > MAX_ENUMERATION:
             return None
     elif col.type == "float" and col.bounded:
-        low, high = float(col.lower), float(col.upper)  # type: ignore[arg-type]
-        size = min(FLOAT_GRID_POINTS, max(1, round((high - low) / col.granularity))) + 1
+        size = float_grid_steps(col) + 1
     else:
         return None
     return size + 1 if col.nullable else size
+
+
+def float_grid_steps(col: ColumnPolicy) -> int:
+    """The steps of a bounded float column's public grid (its points are one more): one per
+    granularity across its bounds, FLOAT_GRID_POINTS at most."""
+    low, high = float(col.lower), float(col.upper)  # type: ignore[arg-type]
+    return min(FLOAT_GRID_POINTS, max(1, round((high - low) / col.granularity)))
 
 
 def constant_case(expr: exp.Expression) -> list[Any] | None:
