@@ -194,13 +194,14 @@ class BufferedNoise:
     def __init__(self, inner: NoiseSource, batch: int = 1 << 16) -> None:
         self.inner = inner
         self.batch = batch
-        self._buffers: dict[tuple[str, float], tuple[np.ndarray, int]] = {}
+        self._buffers: dict[tuple[str, float | tuple], tuple[np.ndarray, int]] = {}
 
-    def _take(self, kind: str, parameter: float, size: int) -> np.ndarray:
+    def _take(self, kind: str, parameter: float | tuple, size: int) -> np.ndarray:
         buffer, used = self._buffers.get((kind, parameter), (np.zeros(0, np.int64), 0))
         if used + size > buffer.size:
             draw = getattr(self.inner, kind)
-            fresh = draw(parameter, max(self.batch, size))
+            args = parameter if isinstance(parameter, tuple) else (parameter,)
+            fresh = draw(*args, max(self.batch, size))
             buffer, used = np.concatenate([buffer[used:], fresh]), 0
         self._buffers[(kind, parameter)] = (buffer, used + size)
         return buffer[used : used + size]
@@ -210,6 +211,9 @@ class BufferedNoise:
 
     def discrete_gaussian(self, sigma: float, size: int) -> np.ndarray:
         return self._take("discrete_gaussian", sigma, size)
+
+    def discrete_staircase(self, epsilon: float, period: int, step: int, size: int) -> np.ndarray:
+        return self._take("discrete_staircase", (epsilon, period, step), size)
 
     def uniform(self, size: int) -> np.ndarray:
         return self.inner.uniform(size)

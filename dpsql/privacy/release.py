@@ -36,7 +36,7 @@ from dpsql.privacy.coverage import (
     variance_pivot_quantiles,
     variance_set,
 )
-from dpsql.privacy.mechanisms import Gaussian, Mechanism
+from dpsql.privacy.mechanisms import Mechanism
 from dpsql.privacy.partition import Unreleased
 from dpsql.privacy.quantiles import ExponentialQuantile, JointQuantiles, SmoothMedian, target
 from dpsql.privacy.samplers import NoiseSource
@@ -541,19 +541,13 @@ _large_simulated_noise_cached = lru_cache(maxsize=8)(_draw_noise)
 
 
 def _approximate_noise(mech: Mechanism, rng: np.random.Generator, size: int) -> np.ndarray:
-    """Fast draws from (a close approximation of) a mechanism's noise, for error bars only.
+    """Fast draws from (a close approximation of) a mechanism's noise, for error bars only
+    (each mechanism's own ``approximate``).
 
     Never used for a release: intervals describe the public noise distribution, so a
     non-cryptographic generator is fine here and keeps EXPLAIN and queries fast.
     """
-    if mech.scale == 0:
-        return np.zeros(size)
-    if isinstance(mech, Gaussian):
-        return np.rint(rng.normal(0.0, mech.scale, size))
-    # 1 − e^(−1/b) as −expm1(−1/b): at a scale above ~9e15 (a drawable one) 1 − exp(...)
-    # rounds to 0 and rng.geometric(0) would fail after the charge
-    p = -math.expm1(-1.0 / mech.scale)
-    return (rng.geometric(p, size) - rng.geometric(p, size)).astype(float)
+    return mech.approximate(rng, size)
 
 
 DEFAULT_CONFIDENCE = 0.95  # the level of the intervals the release computes and caches

@@ -60,6 +60,12 @@ class NoiseSource(Protocol):
         """i.i.d. draws with P(k) ∝ exp(-k² / (2 σ²)), k ∈ ℤ."""
         ...
 
+    def discrete_staircase(self, epsilon: float, period: int, step: int, size: int) -> np.ndarray:
+        """i.i.d. draws with P(k) ∝ e^(-jε) for |k| in [jD, jD + g) and e^(-(j+1)ε) for |k|
+        in [jD + g, (j+1)D), j >= 0, D = ``period``, g = ``step`` (the discrete staircase:
+        dpsql.privacy.mechanisms.Staircase)."""
+        ...
+
     # Continuous draws, for data-dependent selection (smooth sensitivity, noisy max),
     # never added to a released float aggregate.
     def uniform(self, size: int) -> np.ndarray:
@@ -84,6 +90,9 @@ class ZeroNoise:
         return np.zeros(size, dtype=np.int64)
 
     def discrete_gaussian(self, sigma: float, size: int) -> np.ndarray:
+        return np.zeros(size, dtype=np.int64)
+
+    def discrete_staircase(self, epsilon: float, period: int, step: int, size: int) -> np.ndarray:
         return np.zeros(size, dtype=np.int64)
 
     def uniform(self, size: int) -> np.ndarray:
@@ -213,6 +222,18 @@ def _check_exact_scale(t: int, s: int) -> None:
         raise ValueError(f"discrete Laplace scale {t}/{s} is too large for the exact sampler")
 
 
+def staircase_parameters(epsilon: float, period: int, step: int) -> tuple[int, int]:
+    """(p, q) with ε = p/q exactly (the float's own rational: nothing is rounded, so the
+    sampler's ratio e^(-ε) is the one the privacy map states), after checking the period D >= 1
+    and the step 0 <= g <= D: ValueError otherwise, before any draw."""
+    eps = _check_positive("epsilon", epsilon)
+    if not (isinstance(period, int) and isinstance(step, int) and period >= 1):
+        raise ValueError(f"the staircase needs an integer period >= 1, got {period!r}")
+    if not 0 <= step <= period:
+        raise ValueError(f"the staircase's step must be in [0, {period}], got {step!r}")
+    return eps.numerator, eps.denominator
+
+
 def check_laplace_drawable(scale: float) -> None:
     """ValueError unless ``discrete_laplace(scale, ·)`` can draw (a finite scale > 0 whose
     realised rational fits the exact sampler): the check a planner runs before the charge, so
@@ -303,23 +324,51 @@ def uniform_below_scalar(rb: ByteStream, t: int) -> int:
             return u
 
 
+def _geometric_scalar(rb: ByteStream, t: int, s: int) -> int:
+    """One exact draw of Y >= 0 with P(Y = y) ∝ e^(-y·s/t) (the magnitude of CKS Algorithm 2):
+    for t <= s a count of Bernoulli(e^(-s/t)) successes, else ⌊(U + t·V)/s⌋ with U uniform on
+    {0..t-1} kept with probability e^(-U/t) (redrawn otherwise) and V geometric of ratio e^(-1)."""
+    if t <= s:
+        y = 0
+        while bernoulli_exp_scalar(rb, s, t):
+            y += 1
+        return y
+    while True:
+        u = uniform_below_scalar(rb, t)
+        if _bernoulli_exp_unit(rb, u, t):
+            break
+    v = 0
+    while _bernoulli_exp_unit(rb, 1, 1):
+        v += 1
+    return (u + t * v) // s
+
+
 def _laplace_scalar(rb: ByteStream, t: int, s: int) -> int:
     """One exact draw from Lap_ℤ(t/s), the algorithm of :meth:`_ExactSampler._discrete_laplace_ts`
     (CKS Algorithm 2): Y = |Z| geometric with ratio e^(-s/t), a sign byte's low bit, (-, 0)
     rejected."""
     while True:
-        if t <= s:
-            y = 0
-            while bernoulli_exp_scalar(rb, s, t):
-                y += 1
+        y = _geometric_scalar(rb, t, s)
+        if rb.take(1) & 1:
+            if y:
+                return -y
         else:
-            u = uniform_below_scalar(rb, t)
-            if not _bernoulli_exp_unit(rb, u, t):
-                continue
-            v = 0
-            while _bernoulli_exp_unit(rb, 1, 1):
-                v += 1
-            y = (u + t * v) // s
+            return y
+
+
+def _staircase_scalar(rb: ByteStream, p: int, q: int, period: int, step: int) -> int:
+    """One exact draw from the discrete staircase at ε = p/q (period D, step g): the
+    magnitude is j·D + r with j geometric of ratio e^(-ε) (:func:`_geometric_scalar`) and r
+    uniform on {0..D-1}, kept if r < g and otherwise with probability e^(-ε) (redrawn when
+    not kept), so P(r) ∝ 1 or e^(-ε); j and r are independent because the weight of j·D + r
+    is e^(-jε)·w(r). A sign byte's low bit, (-, 0) rejected so that 0 is counted once."""
+    while True:
+        j = _geometric_scalar(rb, q, p)
+        while True:
+            r = uniform_below_scalar(rb, period)
+            if r < step or bernoulli_exp_scalar(rb, p, q):
+                break
+        y = j * period + r
         if rb.take(1) & 1:
             if y:
                 return -y
@@ -496,19 +545,24 @@ class _ExactSampler:
 
     def _geometric_exp_const(self, n: int, num: int, den: int) -> np.ndarray:
         """P(V = v) ∝ exp(-v·num/den), v >= 0: count successes of Bernoulli(exp(-num/den))."""
-        whole, frac = divmod(num, den)
         v = np.zeros(n, dtype=np.int64)
         idx = np.arange(n)
         while idx.size:
-            ok = self._bernoulli_exp_const(idx.size, frac, den)
-            for _ in range(whole):
-                sub = np.flatnonzero(ok)
-                if not sub.size:
-                    break
-                ok[sub] = self._bernoulli_exp_const(sub.size, 1, 1)
-            idx = idx[ok]
+            idx = idx[self._bernoulli_exp_n(idx.size, num, den)]
             v[idx] += 1
         return v
+
+    def _bernoulli_exp_n(self, n: int, num: int, den: int) -> np.ndarray:
+        """n draws of Bernoulli(exp(-num/den)), num/den >= 0: one for the fractional part,
+        then ⌊num/den⌋ Bernoulli(exp(-1)) for those still alive."""
+        whole, frac = divmod(num, den)
+        ok = self._bernoulli_exp_const(n, frac, den)
+        for _ in range(whole):
+            sub = np.flatnonzero(ok)
+            if not sub.size:
+                break
+            ok[sub] = self._bernoulli_exp_const(sub.size, 1, 1)
+        return ok
 
     # -- discrete Laplace and Gaussian --
 
@@ -530,18 +584,51 @@ class _ExactSampler:
         while filled < size:
             need = size - filled
             tries = int(need / accept * 1.02) + 16
-            if direct:
-                y = self._geometric_exp_const(tries, s, t)
-            else:
-                u = self._uniform_below(tries, t)
-                if t <= _GROUPED:
-                    u = u[self._bernoulli_exp_keyed(u, tuple(Fraction(v, t) for v in range(t)))]
-                else:
-                    u = u[self._bernoulli_exp_frac(u, t)]
-                y = (u + t * self._geometric_exp_const(u.size, 1, 1)) // s
+            y = self._geometric_ts(t, s, tries)
             negative = self._bits(y.size)
             keep = ~(negative & (y == 0))  # so that 0 is not counted twice
             z = np.where(negative, -y, y)[keep][:need]
+            out[filled : filled + z.size] = z
+            filled += z.size
+        return out
+
+    def _geometric_ts(self, t: int, s: int, tries: int) -> np.ndarray:
+        """Up to ``tries`` i.i.d. draws (fewer: rejected proposals are dropped by position) of
+        Y >= 0 with P(Y = y) ∝ e^(-y·s/t), by the method of :meth:`_discrete_laplace_ts`."""
+        if t <= s:
+            return self._geometric_exp_const(tries, s, t)
+        u = self._uniform_below(tries, t)
+        if t <= _GROUPED:
+            u = u[self._bernoulli_exp_keyed(u, tuple(Fraction(v, t) for v in range(t)))]
+        else:
+            u = u[self._bernoulli_exp_frac(u, t)]
+        return (u + t * self._geometric_exp_const(u.size, 1, 1)) // s
+
+    def discrete_staircase(self, epsilon: float, period: int, step: int, size: int) -> np.ndarray:
+        """i.i.d. draws from the discrete staircase at ε (exactly the float's rational p/q),
+        period D and step g (:func:`_staircase_scalar`'s algorithm; vectorised for more than
+        ``_SCALAR_MAX`` draws and D < 2^40, where j·D + r stays in int64)."""
+        p, q = staircase_parameters(epsilon, period, step)
+        if size <= _SCALAR_MAX or period >= 1 << 40 or q >= 1 << _DEN_BITS:
+            rb = ByteStream(self._random_bytes, 48 * size + 32)
+            draws = [_staircase_scalar(rb, p, q, period, step) for _ in range(size)]
+            return np.array(draws, dtype=np.int64)
+        out = np.empty(size, dtype=np.int64)
+        filled = 0
+        while filled < size:
+            need = size - filled
+            j = self._geometric_ts(q, p, int(need * 1.7) + 16)  # P(keep a proposal) >= 0.63
+            r = self._uniform_below(j.size, period)
+            todo = np.flatnonzero(r >= step)
+            while todo.size:  # r >= g is kept with probability e^(-ε), else redrawn
+                todo = todo[~self._bernoulli_exp_n(todo.size, p, q)]
+                r[todo] = self._uniform_below(todo.size, period)
+                todo = todo[r[todo] >= step]
+            if j.size and int(j.max()) > ((1 << 62) - period) // period:
+                raise OverflowError("staircase noise beyond 2^62 units")
+            y = j * period + r
+            negative = self._bits(y.size)
+            z = np.where(negative, -y, y)[~(negative & (y == 0))][:need]
             out[filled : filled + z.size] = z
             filled += z.size
         return out

@@ -57,7 +57,6 @@ from dpsql.lower.compile import compile_plan
 from dpsql.plan.annotated import Plan
 from dpsql.plan.values import Measure
 from dpsql.privacy.clipping import clip_range, posterior_candidates, posterior_counts
-from dpsql.privacy.mechanisms import Laplace
 from dpsql.privacy.release import Released, group_index, release, released_measures
 from dpsql.service.bounds import (
     Chosen,
@@ -206,10 +205,9 @@ def errors(
 
 
 def _variance(m: Measure) -> float:
-    """A measure's noise variance in released units (discrete Laplace of scale b: about 2b²;
-    the discrete Gaussian's σ²)."""
-    scale = float(m.mechanism.scale) * m.unit  # type: ignore[union-attr]
-    return (2.0 if isinstance(m.mechanism, Laplace) else 1.0) * scale**2
+    """A measure's noise variance in released units (the mechanism's own: discrete Laplace of
+    scale b about 2b², the discrete Gaussian's σ², the staircase's in closed form)."""
+    return float(m.mechanism.variance) * float(m.unit) ** 2  # type: ignore[union-attr]
 
 
 def classes(err: np.ndarray, most: int) -> np.ndarray:
