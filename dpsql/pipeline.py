@@ -17,6 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
+from sqlglot import exp
+
 from dpsql.access import access_for
 from dpsql.boundary import (
     STATEMENT_CHARGED,
@@ -159,7 +161,7 @@ class Service:
         # Per analyst: a warm entry is faster than a cold one, so a shared cache would let one
         # analyst time whether another asked the same shape (docs/threat_model.md).
         self._domain_cache: OrderedDict[
-            tuple[str, str, str, tuple | None, tuple[str, ...]], tuple | None
+            tuple[str, str, str, tuple | None, tuple[exp.Expression, ...]], tuple | None
         ] = OrderedDict()
         self._post_checked = CheckedSet()
         self._lock = threading.Lock()

@@ -107,7 +107,8 @@ def test_a_column_without_a_public_domain_has_no_relation(table):
 
 def test_the_enumeration_is_the_old_text_as_a_tree(table):
     expr = sqlglot.parse_one('"v" || CAST("n" % 3 AS VARCHAR)', read="duckdb")
-    key = GroupKey(expr, ("v", "n"), type="VARCHAR", conditions=('"n" > -2', "\"v\" <> 'a'"))
+    conditions = tuple(sqlglot.parse_one(c, read="duckdb") for c in ('"n" > -2', "\"v\" <> 'a'"))
+    key = GroupKey(expr, ("v", "n"), type="VARCHAR", conditions=conditions)
     tree = enumeration(key, table, 51)
     assert tree is not None and tree.sql(dialect="duckdb") == _parsed(_ENUMERATION)
     con = duckdb.connect()

@@ -178,9 +178,10 @@ class GroupKey:
     # The values a top-level ``WHERE key IN (...)`` / ``key = ...`` allows: a public key set
     # from the query text (None: no such restriction). See dpsql.plan.domains.key_domain.
     allowed: tuple[Any, ...] | None = None
-    # Top-level WHERE conjuncts over the key's columns only (SQL): a value failing one never
-    # has rows, so its bin is not released (``WHERE age < 5 GROUP BY age``: 5 bins, not 91).
-    conditions: tuple[str, ...] = ()
+    # Top-level WHERE conjuncts over the key's columns only (copies of the WHERE's trees, which
+    # dpsql.lower.domain_query lowers under TRY): a value failing one never has rows, so its
+    # bin is not released (``WHERE age < 5 GROUP BY age``: 5 bins, not 91).
+    conditions: tuple[exp.Expression, ...] = ()
 
     @functools.cached_property
     def sql(self) -> str:

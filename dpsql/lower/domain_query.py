@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import sqlglot
 from sqlglot import exp
 
 from dpsql.frontend.statements import GroupKey, to_literal
@@ -77,17 +76,9 @@ def enumeration(key: GroupKey, table: TablePolicy, limit: int) -> exp.Select | N
             return None
         sources.append(subquery(relation, f"t{i}"))
     joins = [exp.Join(this=s, kind="CROSS") for s in sources[1:]]
-    where = [exp.Try(this=_condition(c)) for c in key.conditions]
+    where = [exp.Try(this=c.copy()) for c in key.conditions]
     query = select([lowered_key(key)], sources[0], joins=joins, where=where, distinct=True)
     return query.limit(limit, copy=False)
-
-
-def _condition(text: str) -> exp.Expression:
-    """A WHERE conjunct over the key's columns: the binder keeps it as its DuckDB text
-    (GroupKey.conditions), read back here."""
-    condition = sqlglot.parse_one(text, read="duckdb")
-    assert isinstance(condition, exp.Expression), "a condition is one expression"
-    return condition
 
 
 def _name(value: exp.Expression, col: ColumnPolicy) -> exp.Alias:

@@ -23,7 +23,6 @@ from dpsql.frontend.joins import PUBLIC_VALUES
 from dpsql.frontend.logic import conjuncts
 from dpsql.frontend.positions import offset_position, position_of, source_of
 from dpsql.frontend.statements import (
-    DIALECT,
     GroupKey,
 )
 
@@ -136,7 +135,7 @@ class GroupByBinder:
         'b')``, ``col = 'a'``) has those values as its public set (``allowed``): released
         without thresholding, or intersected with its declared domain."""
         own = tuple(
-            part.sql(dialect=DIALECT)
+            part.copy()
             for part in conjuncts(where)
             if {c.name for c in part.find_all(exp.Column)} <= set(key.columns)
             and part.find(exp.Column) is not None
