@@ -50,6 +50,24 @@ _FORMAT_TOKENS = (
 _CLOCK_FUNCTIONS = ("now", "transaction_timestamp", "statement_timestamp", "get_current_time")
 
 
+#: The node classes :func:`normalise`'s visitor acts on (a Select is rewritten only for its
+#: joins): a tree holding none of them is returned as it is, without the transform's walk.
+_RESPELLED = (
+    exp.Filter,
+    exp.CountIf,
+    exp.WithinGroup,
+    exp.Quantile,
+    exp.Anonymous,
+    exp.CurrentDate,
+    exp.CurrentTimestamp,
+    exp.Localtimestamp,
+    exp.UnixToTime,
+    exp.StrToTime,
+    exp.StrToDate,
+    exp.Join,
+)
+
+
 def normalise(
     tree: exp.Expression, *, today: dt.date | None = None, now: dt.datetime | None = None
 ) -> exp.Expr:
@@ -61,6 +79,8 @@ def normalise(
     statement-start semantics) and the plan, its fingerprint and the answer cache's key carry
     the instant: a relative filter (``WHERE d > NOW() - INTERVAL '30 days'``) is never
     replayed from another day's answer."""
+    if tree.find(*_RESPELLED) is None:  # no node the visitor below would replace
+        return tree
     now = now or dt.datetime.now(dt.UTC)
     today = today or now.date()
     instant = now.astimezone(dt.UTC).replace(tzinfo=None).isoformat(sep=" ")

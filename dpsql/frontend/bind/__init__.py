@@ -563,12 +563,23 @@ def bind_tree(tree: exp.Expr, policy: Policy, access: Any = None) -> Statement:
     return _Binder(flat, policy).bind()
 
 
+def _one_query(tree: exp.Expression) -> bool:
+    """A SELECT with no query inside it: no subquery, CTE body or set operation."""
+    return isinstance(tree, exp.Select) and all(q is tree for q in tree.find_all(exp.Query))
+
+
 def _released_tables(
     tree: exp.Select | exp.SetOperation, policy: Policy, access: Any
 ) -> ReleasedQuery | None:
     """Several DP queries combined by post-processing (set operations, joins of released
     results, CTE chains, scalar subqueries): each measurement bound on its own (the same
-    rules, access included), the post tree kept for the released tables only."""
+    rules, access included), the post tree kept for the released tables only.
+
+    A SELECT with no query inside it (no subquery, CTE or set operation) is always the
+    one-query path: every source is a table, so the classifier finds no DP or released part
+    beside the query itself and no scalar subquery; answered without the classifier's walks."""
+    if _one_query(tree):
+        return None
     scoped = shadow_policy_tables(tree, policy)
     split = split_released_tables(scoped, policy)
     if split is None:
