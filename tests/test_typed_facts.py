@@ -14,21 +14,30 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import fuzz_grammar as g
 import pytest
 import sqlglot
 from conftest import fixture_policy
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 from sqlglot import exp
 
 import dpsql.frontend.intervals as intervals
 import dpsql.frontend.safety as safety
 import dpsql.frontend.simple_where as simple_where
+from dpsql.errors import Error
 from dpsql.frontend.bind import parse_statement
-from dpsql.frontend.facts import FACTS, facts
+from dpsql.frontend.facts import FACTS, facts, known_type
 from dpsql.frontend.intervals import NotNumeric, value_range
 from dpsql.frontend.safety import cannot_fail
 from dpsql.frontend.simple_where import declared_type, readable
 from dpsql.frontend.statements import DPQuery, Where
-from dpsql.frontend.typecheck import ShadowTypes, declared_key_types
+from dpsql.frontend.typecheck import (
+    ShadowTypes,
+    _boolean_contexts,
+    declared_key_types,
+    type_query,
+)
 from dpsql.frontend.typed import Typed, typed
 from dpsql.policy import load_policy
 
@@ -193,3 +202,102 @@ def test_a_bound_where_keeps_its_facts_for_typing_and_lowering(monkeypatch) -> N
     _forbid_rules(monkeypatch)
     assert readable(where.condition, query.table)  # as dpsql.lower.local_plan asks it
     assert [cannot_fail(c.expr, where.input.table) for c in where.conjuncts] == [True, True]
+
+
+# --- the binder's types are facts of the nodes it typed ------------------------------------
+
+#: Queries whose keys or conditions only the shadow binder types (fixture and hand-written).
+BINDER_QUERIES = (
+    "SELECT department, COUNT(*) FROM visits GROUP BY department",
+    "SELECT LOWER(department) AS d, COUNT(*) FROM visits GROUP BY d",
+    "SELECT age // 10 AS a, SUM(cost) FROM visits WHERE smoker AND NOT readmitted GROUP BY 1",
+    "SELECT CASE WHEN age > 60 THEN 'old' END AS band, COUNT(*) FROM visits GROUP BY band",
+    "SELECT YEAR(visit_date) AS y, COUNT(*) FROM visits"
+    " WHERE COALESCE(readmitted, FALSE) OR age IS NULL GROUP BY y",
+    "SELECT COUNT(*) FROM visits WHERE IF(cost > 10, smoker, readmitted)",
+    "SELECT SUM(CASE WHEN smoker THEN cost END) FROM visits",
+)
+
+
+def _generated(strategy: st.SearchStrategy, n: int) -> list:
+    """``n`` examples of ``strategy``, the same on every run (derandomized)."""
+    out: list = []
+
+    @settings(
+        derandomize=True,
+        database=None,
+        deadline=None,
+        max_examples=n,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(strategy)
+    def collect(example: object) -> None:
+        out.append(example)
+
+    collect()
+    return out
+
+
+def _typed_query(sql: str, shadow: ShadowTypes) -> DPQuery | None:
+    try:
+        query = parse_statement(sql, POLICY)
+        if not isinstance(query, DPQuery):
+            return None
+        return type_query(query, shadow)
+    except Error:
+        return None  # a refusal: nothing typed to compare
+
+
+def test_the_binders_types_are_facts_of_the_nodes() -> None:
+    """type_query records what the shadow binder answered on each key and condition node; a
+    key's type and every condition's type fact equal the binder asked about the node alone."""
+    generated = [q.sql for q in _generated(g.key_queries(g.typed_keys, typed_only=True), 25)]
+    generated += [q.sql for q in _generated(g.where_queries(), 15)]
+    shadow = ShadowTypes(POLICY)
+    checked = 0
+    try:
+        for sql in BINDER_QUERIES + tuple(generated):
+            query = _typed_query(sql, shadow)
+            if query is None:
+                assert sql not in BINDER_QUERIES, sql
+                continue
+            table = query.table
+            for key in query.keys:
+                assert known_type(key.expr, table) == key.type, sql
+                assert key.type == shadow.types(table.name, [key.sql])[0], sql
+                checked += 1
+            where = query.where
+            for node, _ in _boolean_contexts(where) if where is not None else ():
+                found = known_type(node, table)
+                if isinstance(found, str):
+                    assert found == shadow.types(table.name, [node.sql(dialect="duckdb")])[0]
+                    checked += 1
+    finally:
+        shadow.close()
+    assert checked >= 30  # the comparison ran on enough nodes to mean something
+
+
+def test_a_condition_typed_once_is_not_asked_again(monkeypatch) -> None:
+    """The second typing of the same tree (a probe re-types its query) reads the conditions'
+    type facts: the binder is asked for none of them again."""
+    shadow = ShadowTypes(POLICY)
+    try:
+        query = parse_statement(
+            "SELECT COUNT(*) FROM visits WHERE COALESCE(readmitted, FALSE) AND smoker", POLICY
+        )
+        assert isinstance(query, DPQuery)
+        asked: list[list[str]] = []
+        real = shadow.types
+
+        def spy(table: str, expressions: list[str], owner: str | None = None) -> list[str]:
+            asked.append(list(expressions))
+            return real(table, expressions, owner)
+
+        monkeypatch.setattr(shadow, "types", spy)
+        type_query(query, shadow)
+        type_query(query, shadow)
+    finally:
+        shadow.close()
+    whole = "COALESCE(readmitted, FALSE) AND smoker"  # still bound whole: it must bind
+    assert asked == [[whole, "COALESCE(readmitted, FALSE)", "smoker"], [whole]]

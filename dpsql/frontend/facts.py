@@ -47,16 +47,20 @@ UNSET: Any = _Unset()
 class ExprFacts:
     """The facts of one node over one table, each filled once by the rule that owns it.
 
-    - ``type``: its DuckDB type when known without DuckDB's binder (a stored column's declared
-      type, BOOLEAN for a simple condition), else None (dpsql.frontend.simple_where).
+    - ``type``: its DuckDB type: known without DuckDB's binder (a stored column's declared
+      type, BOOLEAN for a simple condition: dpsql.frontend.simple_where.declared_type, None
+      when only the binder knows), or what the shadow binder answered for the node
+      (dpsql.frontend.typecheck.type_query records it; the checks there read it back).
     - ``range``: its per-row value range (dpsql.frontend.intervals.Range), or, for a value that
       is not a number, the ``(node, why)`` that says so (dpsql.frontend.intervals).
     - ``total``: as a condition, it can never raise on any row (dpsql.frontend.safety).
     - ``readable``: as a condition, the column programs evaluate it as DuckDB does
       (dpsql.frontend.simple_where).
+    - ``nullable``: it can be NULL on some row (False only when it never is where it does
+      not raise: dpsql.frontend.nullability).
     """
 
-    __slots__ = ("node", "range", "readable", "table", "total", "type")
+    __slots__ = ("node", "nullable", "range", "readable", "table", "total", "type")
 
     def __init__(self, node: exp.Expr, table: TablePolicy) -> None:
         self.node = node
@@ -65,6 +69,7 @@ class ExprFacts:
         self.range: Any = UNSET
         self.total: Any = UNSET
         self.readable: Any = UNSET
+        self.nullable: Any = UNSET
 
     def __deepcopy__(self, memo: dict) -> ExprFacts:
         return self  # a copied node's meta may carry it; the copy is another node (facts)
@@ -99,6 +104,18 @@ def facts(node: exp.Expr, table: TablePolicy) -> ExprFacts:
             return found
     record = meta[FACTS] = ExprFacts(node, table)
     return record
+
+
+def known_type(node: exp.Expr, table: TablePolicy) -> Any:
+    """The type fact of ``node`` over ``table`` as it stands, computing nothing: a DuckDB type
+    (from the policy's declarations, dpsql.frontend.simple_where.declared_type, or from the
+    shadow binder, dpsql.frontend.typecheck.type_query), None (not known without the binder,
+    or the binder could not type it alone), or :data:`UNSET` (not asked yet)."""
+    meta = node._meta
+    found = meta.get(FACTS) if meta is not None else None
+    if found is not None and found.node is node and found.table is table:
+        return found.type
+    return UNSET
 
 
 def condition_fact(

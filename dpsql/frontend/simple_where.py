@@ -43,7 +43,8 @@ def readable(node: exp.Expression, table: TablePolicy) -> bool:
 def declared_type(node: exp.Expression, table: TablePolicy) -> str | None:
     """The DuckDB type of ``node`` known without DuckDB's binder, or None (ask the binder): a
     bare stored column's declared type (as the shadow table declares it), BOOLEAN for a
-    condition :func:`readable` accepts. A fact computed once per node (dpsql.frontend.facts)."""
+    condition :func:`readable` accepts. A fact computed once per node (dpsql.frontend.facts);
+    once the shadow binder typed the node (dpsql.frontend.typecheck.type_query), its answer."""
     record = facts(node, table)
     found = record.type
     if found is UNSET:

@@ -36,6 +36,7 @@ import sqlglot
 from sqlglot import exp
 
 from dpsql.errors import DataError, Position, ProgrammingError
+from dpsql.frontend.facts import facts, known_type
 from dpsql.frontend.identifiers import quote_ident
 from dpsql.frontend.positions import offset_position, position_of, snippet
 from dpsql.frontend.safety import conjuncts
@@ -206,6 +207,7 @@ def type_query(query: DPQuery, shadow: ShadowTypes, owner: str | None = None) ->
         return _typed(query, tuple(replace(k, type=t) for k, t in known))
     if query.table.joined is not None:
         shadow.declare(query.table)
+    policy = query.table
     keys = [k.sql for k in query.keys]
     where = [query.where.sql(dialect=DIALECT)] if query.where is not None else []
     contexts = list(_boolean_contexts(query.where)) if query.where is not None else []
@@ -213,15 +215,24 @@ def type_query(query: DPQuery, shadow: ShadowTypes, owner: str | None = None) ->
     for sql in computed:
         contexts += _boolean_contexts(_parsed(sql), top=False)
     whole = where + computed
-    sqls = keys + [node.sql(dialect=DIALECT) for node, _ in contexts]
+    # each condition node asked once (a WHERE conjunct is an operand of AND too), and not at
+    # all when its type is already a fact of the node (typed before, or declared)
+    unique = {id(node): node for node, _ in contexts}.values()
+    asked = [node for node in unique if not isinstance(known_type(node, policy), str)]
+    sqls = keys + [node.sql(dialect=DIALECT) for node in asked]
     try:  # one binder call in the common case: the keys and every condition together
         types: list[str | None] = list(shadow.types(table, keys + whole + sqls[len(keys) :], owner))
         del types[len(keys) : len(keys) + len(whole)]
     except duckdb.Error:
         check_binds(shadow, table, keys + whole)  # raises the refusal for the whole query
         types = _types_or_none(shadow, table, sqls)
-    key_types, condition_types = types[: len(keys)], types[len(keys) :]
-    for i, ((node, role), duck_type) in enumerate(zip(contexts, condition_types, strict=True)):
+    # the binder's answers become facts of their nodes, which the checks below read
+    for key, duck_type in zip(query.keys, types, strict=False):
+        facts(key.expr, policy).type = duck_type
+    for node, duck_type in zip(asked, types[len(keys) :], strict=True):
+        facts(node, policy).type = duck_type
+    for i, (node, role) in enumerate(contexts):
+        duck_type = known_type(node, policy)
         if duck_type is not None and duck_type not in BOOLEAN_TYPES:
             at = position_of(node) if i < located else _found_at(node, query.text)
             raise ProgrammingError(
@@ -232,8 +243,7 @@ def type_query(query: DPQuery, shadow: ShadowTypes, owner: str | None = None) ->
                 hint="compare it with a value (e.g. col = 'x', col IS NOT NULL), or cast it "
                 "explicitly with TRY_CAST(... AS BOOLEAN)",
             )
-    typed = zip(query.keys, key_types, strict=True)
-    return _typed(query, tuple(replace(k, type=t) for k, t in typed))
+    return _typed(query, tuple(replace(k, type=known_type(k.expr, policy)) for k in query.keys))
 
 
 def declared_key_types(query: DPQuery) -> list[str] | None:
