@@ -12,8 +12,10 @@ that a copy of a node or another table does not reuse them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
+import duckdb
 import fuzz_grammar as g
 import pytest
 import sqlglot
@@ -23,15 +25,17 @@ from hypothesis import strategies as st
 from sqlglot import exp
 
 import dpsql.frontend.intervals as intervals
+import dpsql.frontend.nullability as nullability
 import dpsql.frontend.safety as safety
 import dpsql.frontend.simple_where as simple_where
 from dpsql.errors import Error
 from dpsql.frontend.bind import parse_statement
 from dpsql.frontend.facts import FACTS, facts, known_type
 from dpsql.frontend.intervals import NotNumeric, value_range
+from dpsql.frontend.nullability import may_be_null
 from dpsql.frontend.safety import cannot_fail
 from dpsql.frontend.simple_where import declared_type, readable
-from dpsql.frontend.statements import DPQuery, Where
+from dpsql.frontend.statements import DPQuery, GroupKey, Where
 from dpsql.frontend.typecheck import (
     ShadowTypes,
     _boolean_contexts,
@@ -39,7 +43,8 @@ from dpsql.frontend.typecheck import (
     type_query,
 )
 from dpsql.frontend.typed import Typed, typed
-from dpsql.policy import load_policy
+from dpsql.plan.domains import key_domain
+from dpsql.policy import SQL_TYPES, load_policy
 
 POLICY = load_policy(fixture_policy())
 TABLE = POLICY.tables["visits"]
@@ -301,3 +306,152 @@ def test_a_condition_typed_once_is_not_asked_again(monkeypatch) -> None:
         shadow.close()
     whole = "COALESCE(readmitted, FALSE) AND smoker"  # still bound whole: it must bind
     assert asked == [[whole, "COALESCE(readmitted, FALSE)", "smoker"], [whole]]
+
+
+# --- nullable: never "not NULL" when a row can make it NULL ---------------------------------
+
+#: visits with more nullable columns (the fixture declares only cost nullable)
+NULLS_TABLE = dataclasses.replace(
+    TABLE,
+    columns={
+        n: dataclasses.replace(c, nullable=True)
+        if n in ("age", "department", "visit_date", "smoker", "cost")
+        else c
+        for n, c in TABLE.columns.items()
+    },
+)
+#: rows with NULL in every nullable column somewhere, and edge values elsewhere
+NULL_ROWS = (
+    "(1, 0, 'cardiology', '', 0.0, DATE '2024-01-01', FALSE, FALSE)",
+    "(2, NULL, NULL, 'x', NULL, NULL, NULL, TRUE)",
+    "(3, 100, 'oncology', 'q999', 5000.0, DATE '2025-12-31', TRUE, FALSE)",
+    "(4, 7, NULL, '12', 2.5, NULL, FALSE, TRUE)",
+)
+#: expressions whose nullability the rules decide one way or the other (besides generated ones)
+NULLABLE_CASES = {
+    "age": True,
+    "patient_id": False,
+    "COALESCE(age, 0)": False,
+    "COALESCE(age, cost)": True,
+    "CASE WHEN age > 3 THEN 1 END": True,
+    "CASE WHEN age > 3 THEN 1 ELSE 0 END": False,
+    "CASE WHEN patient_id > 3 THEN 'a' ELSE 'b' END": False,
+    "CASE WHEN patient_id > 3 THEN 'a' ELSE NULL END": True,
+    "IF(patient_id > 1, patient_id, 0)": False,
+    "patient_id / 2": False,
+    "patient_id / 0": True,
+    "patient_id // (patient_id - 1)": True,
+    "patient_id % 0": True,
+    "NULLIF(patient_id, 1)": True,
+    "TRY_CAST(diagnosis AS INT)": True,
+    "age IS NULL": False,
+    "cost IS NOT DISTINCT FROM 1": False,
+    "patient_id + 1": False,
+    "age + 1": True,
+    "diagnosis LIKE 'a%'": False,
+    "department = 'x'": True,
+    "patient_id IN (1, NULL)": True,
+    "patient_id IN (1, 2)": False,
+    "NOT readmitted": False,
+    "NOT smoker": True,
+    "ROUND(patient_id / 3)": False,
+    "LOWER(diagnosis)": False,
+    "v.patient_id": True,
+}
+
+
+@functools.cache
+def _expressions() -> tuple[str, ...]:
+    """The cases above and generated expressions of every type (fuzz_grammar.FULL: columns,
+    literals, NULL, COALESCE, NULLIF, CASE, IF, casts, arithmetic, comparisons)."""
+    written = list(NULLABLE_CASES)
+    for t in g.TYPES:
+        written += _generated(g.FULL.expr(t, 2), 40)
+    return tuple(written)
+
+
+def _nullability_claims() -> list[tuple[str, str, bool]]:
+    """(engine SQL, as written, the nullable fact) of :func:`_expressions`, parsed afresh."""
+    out = []
+    for sql in _expressions():
+        try:
+            node = _node(sql)
+        except sqlglot.errors.ParseError:
+            continue
+        out.append((node.sql(dialect="duckdb"), sql, may_be_null(node, NULLS_TABLE)))
+    return out
+
+
+def _null_rows_db() -> duckdb.DuckDBPyConnection:
+    con = duckdb.connect(":memory:")
+    cols = ", ".join(f"{c.name} {SQL_TYPES[c.type]}" for c in NULLS_TABLE.columns.values())
+    con.execute(f"CREATE TABLE visits ({cols})")
+    con.execute(f"INSERT INTO visits VALUES {', '.join(NULL_ROWS)}")
+    return con
+
+
+def _unsound(
+    claims: list[tuple[str, str, bool]], con: duckdb.DuckDBPyConnection, first: bool = False
+) -> list[str]:
+    """The expressions claimed never NULL that DuckDB evaluates to NULL on some row (a row on
+    which evaluating it raises does not count: TRY makes it NULL, told apart from a NULL);
+    ``first``: stop at the first."""
+    out: list[str] = []
+    for engine_sql, written, nullable in claims:
+        if nullable:
+            continue
+        probe = f"SELECT TRY(CASE WHEN ({engine_sql}) IS NULL THEN 1 ELSE 0 END) FROM visits v"
+        try:
+            found = con.execute(probe).fetchall()
+        except duckdb.Error:
+            continue  # does not bind (a mistyped generated expression)
+        if any(row[0] == 1 for row in found):
+            out.append(written)
+            if first:
+                break
+    return out
+
+
+def test_a_not_nullable_fact_is_never_null_on_rows_with_nulls() -> None:
+    """DuckDB evaluates every expression the fact calls never-NULL on rows with NULLs in every
+    nullable column: none is NULL. The hand-written cases keep their answers."""
+    claims = _nullability_claims()
+    by_sql = {written: nullable for _, written, nullable in claims}
+    assert {sql: by_sql[sql] for sql in NULLABLE_CASES} == NULLABLE_CASES
+    con = _null_rows_db()
+    try:
+        assert _unsound(claims, con) == []
+    finally:
+        con.close()
+    assert sum(not nullable for _, _, nullable in claims) >= 40  # enough claims were tried
+
+
+@pytest.mark.parametrize("mutated", [exp.Case, exp.Coalesce, exp.Div, exp.Column, exp.Nullif])
+def test_a_rule_claiming_never_null_wrongly_is_caught(mutated: type, monkeypatch) -> None:
+    """Make one rule say "never NULL" for its operator: the evaluation above finds a row on
+    which DuckDB says NULL (the soundness test has teeth for each of these operators)."""
+    monkeypatch.setitem(nullability._RULES, mutated, lambda node, table: False)
+    con = _null_rows_db()
+    try:
+        assert _unsound(_nullability_claims(), con, first=True) != []
+    finally:
+        con.close()
+
+
+def test_a_constant_case_key_has_a_null_bin_by_its_nullable_fact() -> None:
+    """A CASE key of constants: its NULL bin is released when the node can be NULL (no ELSE,
+    a NULL branch), not otherwise."""
+
+    def domain(sql: str) -> tuple:
+        key = GroupKey(expr=_node(sql), columns=("age",))
+        found = key_domain(key, TABLE, 100, lambda *args: [])
+        assert found is not None
+        return found
+
+    assert domain("CASE WHEN age > 60 THEN 'old' ELSE 'young' END") == ("old", "young")
+    assert domain("CASE WHEN age > 60 THEN 'old' END") == ("old", None)
+    assert domain("CASE WHEN age > 60 THEN 'old' WHEN age < 5 THEN NULL ELSE 'x' END") == (
+        "old",
+        "x",
+        None,
+    )

@@ -4,10 +4,12 @@ The facts themselves are kept on the node (dpsql.frontend.facts) and computed on
 and table, by the rule that owns each: the type known without DuckDB's binder
 (dpsql.frontend.simple_where.declared_type), the value range by interval arithmetic
 (dpsql.frontend.intervals.value_range), the totality by the whitelist
-(dpsql.frontend.safety.cannot_fail), and whether the column programs evaluate it as a
-condition (dpsql.frontend.simple_where.readable). :func:`typed` reads them all as one frozen
-record (EXPLAIN-style views, tests); the planner's paths ask only the fact they need, so no
-fact a query does not use is computed.
+(dpsql.frontend.safety.cannot_fail), whether the column programs evaluate it as a
+condition (dpsql.frontend.simple_where.readable), and whether it can be NULL
+(dpsql.frontend.nullability.may_be_null). The type is the binder's once the shadow typing
+asked it (dpsql.frontend.typecheck.type_query records it on the node). :func:`typed` reads
+them all as one frozen record (EXPLAIN-style views, tests); the planner's paths ask only the
+fact they need, so no fact a query does not use is computed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from dpsql.frontend.intervals import NotNumeric, value_range
+from dpsql.frontend.nullability import may_be_null
 from dpsql.frontend.safety import cannot_fail
 from dpsql.frontend.simple_where import declared_type, readable
 from dpsql.policy import TablePolicy
@@ -30,7 +33,8 @@ class Typed:
     ``type``: its DuckDB type known without the binder (None: only the binder knows).
     ``lower``/``upper``/``integral``: its per-row value range (None when it is not a number;
     ``why`` then says what is not). ``total``: as a condition it never raises on any row.
-    ``readable``: as a condition, the column programs evaluate it exactly as DuckDB does."""
+    ``readable``: as a condition, the column programs evaluate it exactly as DuckDB does.
+    ``nullable``: it can be NULL on some row (dpsql.frontend.nullability)."""
 
     type: str | None
     lower: float | None
@@ -39,6 +43,7 @@ class Typed:
     total: bool
     readable: bool
     why: str | None = None
+    nullable: bool = True
 
     @property
     def bounded(self) -> bool:
@@ -67,4 +72,5 @@ def typed(node: exp.Expression, table: TablePolicy) -> Typed:
         total=cannot_fail(node, table),
         readable=readable(node, table),
         why=why,
+        nullable=may_be_null(node, table),
     )

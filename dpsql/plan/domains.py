@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlglot import exp
 
+from dpsql.frontend.nullability import may_be_null
 from dpsql.frontend.statements import GroupKey
 from dpsql.policy import ColumnPolicy, TablePolicy
 
@@ -62,16 +63,20 @@ def float_grid_steps(col: ColumnPolicy) -> int:
 
 
 def constant_case(expr: exp.Expression) -> list[Any] | None:
+    """The non-NULL values of a searched CASE whose branches are all constants (literals,
+    TRUE/FALSE, NULL), or None for any other expression. Whether NULL is one of its values
+    too (no ELSE, a NULL branch) is the node's nullable fact (:func:`_declared_domain`)."""
     if not isinstance(expr, exp.Case) or expr.args.get("this") is not None:
         return None
     branches = [i.args["true"] for i in expr.args.get("ifs", [])]
     default = expr.args.get("default")
-    branches.append(default if default is not None else exp.Null())
+    if default is not None:
+        branches.append(default)
     out: list[Any] = []
     for b in branches:
         if isinstance(b, exp.Null):
-            value = None
-        elif isinstance(b, exp.Literal):
+            continue
+        if isinstance(b, exp.Literal):
             value = b.this if b.is_string else float(b.this)
             # Whole numbers that fit BIGINT are ints; larger ones (1e308) stay DOUBLE, as the
             # engine releases them.
@@ -108,6 +113,8 @@ def _declared_domain(
 ) -> tuple | None:
     constant = constant_case(key.expr)
     if constant is not None:
+        if may_be_null(key.expr, table):  # no ELSE, or a NULL branch: a NULL bin
+            constant.append(None)
         return ordered_values(constant) if len(constant) <= max_bins else None
     total = 1
     for c in key.columns:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from fractions import Fraction
 
 from dpsql.aggregates import KINDS
+from dpsql.frontend.nullability import column_may_be_null
 from dpsql.policy import TablePolicy
 from dpsql.privacy.mechanisms import Mechanism
 
@@ -36,7 +37,7 @@ def canonical(table: TablePolicy, spec: Spec, units_measured: bool, max_rows: in
     kind, column = spec
     if kind == "values" and column is not None:
         col = table.columns[column]
-        if not col.may_hold_null and col.expr is None:
+        if not column_may_be_null(col):  # the rule of a column's nullable fact
             kind, column = "rows", None
     if kind == "rows" and units_measured and max_rows == 1:
         kind = "units"
