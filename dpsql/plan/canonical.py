@@ -185,7 +185,6 @@ def _write(value: Any, out: list[str], ctx: _Ctx) -> None:
 
 def _dataclass(value: Any, out: list[str], ctx: _Ctx) -> None:
     cls = type(value)
-    fields = _FIELDS.get(cls) or _fields(cls)
     name = cls.__name__
     memo = name in _MEMOISED
     local = name in _ONCE_PER_CALL
@@ -195,35 +194,8 @@ def _dataclass(value: Any, out: list[str], ctx: _Ctx) -> None:
             out.append(hit[1])
             return
         start = len(out)
-    out.append(name + "(")
-    skip = ctx.skip
-    for field_name, how in fields:
-        if skip and (name, field_name) in skip:
-            continue
-        item = getattr(value, field_name)
-        if how == "value":
-            # a plain field (most of a measure's): written here, as _write writes it
-            kind = item.__class__
-            if kind in _SCALARS:
-                out.append(f"{field_name}={item!r};")
-                continue
-            if kind is float:
-                out.append(f"{field_name}=f{item!r};")
-                continue
-            out.append(field_name + "=")
-            _write(item, out, ctx)
-        else:
-            out.append(field_name + "=")
-            if how == "rows":
-                out.append("None" if item is None else _digest(repr(item)))
-            elif how == "set" and isinstance(item, tuple):
-                out.append("(" + ",".join(sorted(canonical(v, skip=skip) for v in item)) + ")")
-            elif how == "where" and isinstance(item, exp.Expression):
-                _where(item, out)
-            else:
-                _write(item, out, ctx)
-        out.append(";")
-    out.append(")")
+    writer = _WRITERS.get((cls, ctx.skip)) or _writer(cls, ctx.skip)
+    writer(value, out, ctx)
     if memo:
         _remember(value, ctx.skip, out, start)
     elif local:
@@ -231,6 +203,73 @@ def _dataclass(value: Any, out: list[str], ctx: _Ctx) -> None:
         del out[start:]
         out.append(text)
         ctx.seen[id(value)] = (value, text)
+
+
+# (class, skipped fields) -> the function writing such a value's fields (see _writer)
+_WRITERS: dict[tuple[type, frozenset], Any] = {}
+
+
+def _writer(cls: type, skip: frozenset) -> Any:
+    """The writer of ``cls``'s fields as the generic loop would write them, generated once
+    per class and skip set: one straight-line function (a plain field's scalar written in
+    place), since a plan key writes a few dozen dataclasses and the loop's per-field
+    dispatch was most of its cost. Each field is written as ``name=<value>;``, in field
+    order, between ``Class(`` and ``)``."""
+    name = cls.__name__
+    lines = ["def write(value, out, ctx):", f"    out.append({name + '('!r})"]
+    for field_name, how in _FIELDS.get(cls) or _fields(cls):
+        if (name, field_name) in skip:
+            continue
+        label = field_name + "="
+        lines.append(f"    item = value.{field_name}")
+        if how == "value":
+            lines += [
+                "    kind = item.__class__",
+                "    if kind in _SCALARS:",
+                f"        out.append({label!r} + repr(item) + ';')",
+                "    elif kind is float:",
+                f"        out.append({label + 'f'!r} + repr(item) + ';')",
+                "    else:",
+                f"        out.append({label!r})",
+                "        _write(item, out, ctx)",
+                "        out.append(';')",
+            ]
+            continue
+        lines.append(f"    out.append({label!r})")
+        if how == "rows":
+            lines.append("    out.append('None' if item is None else _digest(repr(item)))")
+        elif how == "set":
+            lines += [
+                "    if isinstance(item, tuple):",
+                "        parts = sorted(canonical(v, skip=ctx.skip) for v in item)",
+                "        out.append('(' + ','.join(parts) + ')')",
+                "    else:",
+                "        _write(item, out, ctx)",
+            ]
+        elif how == "where":
+            lines += [
+                "    if isinstance(item, exp.Expression):",
+                "        _where(item, out)",
+                "    else:",
+                "        _write(item, out, ctx)",
+            ]
+        else:
+            lines.append("    _write(item, out, ctx)")
+        lines.append("    out.append(';')")
+    lines.append("    out.append(')')")
+    namespace: dict[str, Any] = {
+        "_SCALARS": _SCALARS,
+        "_write": _write,
+        "_digest": _digest,
+        "_where": _where,
+        "canonical": canonical,
+        "exp": exp,
+    }
+    exec("\n".join(lines), namespace)  # code built from the class's own field names only
+    writer = namespace["write"]
+    with _fields_lock:
+        _WRITERS[(cls, skip)] = writer
+    return writer
 
 
 def _remember(value: object, skip: frozenset, out: list[str], start: int) -> None:
