@@ -564,8 +564,9 @@ def bound_units(
 
 
 def counting_order(codes: np.ndarray, size: int) -> np.ndarray:
-    """The row indexes in order of ``codes`` (each in [0, size)), stably: a counting sort."""
-    return _counting_order(_ro(np.ascontiguousarray(codes, dtype=np.int64)), int(size))
+    """The row indexes in order of ``codes`` (each in [0, size)), stably: a counting sort.
+    Codes read as int32 (a store's are below 2^27 rows: 4 bytes a row, not 8)."""
+    return _counting_order(_ro(np.ascontiguousarray(codes, dtype=np.int32)), int(size))
 
 
 def row_sums(

@@ -260,14 +260,21 @@ def load(con: Any, table: TablePolicy, version: str, capacity: int) -> ColumnarT
     return ColumnarTable(table.name, version, rows, columns, capacity)
 
 
-def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) -> ColumnarTable:
+def load_clustered(
+    con: Any,
+    table: TablePolicy,
+    version: str,
+    capacity: int,
+    fetching: Callable[[], None] | None = None,
+) -> ColumnarTable:
     """:func:`load` then :func:`cluster`, for a large table: the same arrays, with the codes
     of text, int and bool columns computed by DuckDB (a join to each column's sorted distinct
     values, on all its threads) instead of numpy's ``unique`` (a sort per column, ~5 µs a row
     for text). Fetched by ranges of unit codes (:func:`_unit_ranges`) into arrays allocated
     once, each range clustered by a counting sort of its unit codes (no sort in DuckDB): the
     build's peak is the store plus one range's fetch. A text column's values are never
-    fetched, only its codes."""
+    fetched, only its codes. ``fetching``: called once the labels are read, before the rows
+    are (the engine lowers its build instance's memory limit there)."""
     _keep_heap_pad()
     name = table.name
     rows = _row_count(con, name)
@@ -308,6 +315,8 @@ def load_clustered(con: Any, table: TablePolicy, version: str, capacity: int) ->
     held.update({f"__n{i}": nulls[i] for i in range(len(readable))})
     ranges = _unit_ranges(rows, unit, labels, readable)
     kept = _numbered_codes(con, name, readable, labels) if len(ranges) > 1 else None
+    if fetching is not None:
+        fetching()
     runs: list[tuple[np.ndarray, np.ndarray]] = []
     try:
         filled = _fetch_ranges(con, name, readable, labels, unit, ranges, kept, keys, held, runs)
@@ -382,9 +391,11 @@ def _fetch_ranges(
             raise ValueError("the table changed while its store was built")
         order = None
         if unit is not None:
-            # the range's own codes from 0, in place (no second int64 copy of the range)
-            ranged = np.array(np.ma.getdata(fetched[f"__c{unit}"]), dtype=np.int64)
+            # the range's own codes from 0, in place, in 4 bytes (codes < 2^27: LARGE_ROWS)
+            ranged = np.array(np.ma.getdata(fetched[f"__c{unit}"]), dtype=np.int32)
             ranged -= first
+            if f"__c{unit}" not in held:  # kept as runs: the fetched codes are done with
+                del fetched[f"__c{unit}"]
             order = _unit_order(ranged, last - first + 1)
             if f"__c{unit}" not in held:  # the runs from each code's count: no sorted copy
                 counts = np.bincount(ranged, minlength=last - first + 1)
@@ -399,7 +410,12 @@ def _fetch_ranges(
             data: np.ndarray = np.asarray(np.ma.getdata(fetched.pop(key)), dtype=dtype)
             if key.startswith("__n") and not data.any():
                 continue  # no NULL here: the zeros stay unwritten (load_clustered)
-            held[key][filled : filled + n] = data if order is None else data[order]
+            if order is None:
+                held[key][filled : filled + n] = data
+            else:  # gathered straight into the store's rows (no reordered copy: "clip"
+                # is not buffered as "raise" is; ``order`` is a permutation of the range)
+                np.take(data, order, out=held[key][filled : filled + n], mode="clip")
+            del data
         filled += n
     return filled
 

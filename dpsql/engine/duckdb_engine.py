@@ -12,6 +12,7 @@ import atexit
 import contextlib
 import hashlib
 import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -102,6 +103,14 @@ class DuckDBEngine:
         self._over_size: set[str] = set()  # CSV tables past SMALL_ROWS under "auto": SQL
         self.stores: list[prepared.StoreInfo] = []
         allowed: list[str] = []
+        # what a store's build instance repeats (_build_connection): the ATTACH, each view's
+        # CREATE statement (table -> (statement, whether it reads the attached database)),
+        # the files it may read
+        self._attach: str | None = None
+        self._database: str | None = None
+        self._views: dict[str, tuple[str, bool]] = {}
+        self._allowed = allowed
+        self._lock_fd: int | None = None
         attached = False
         if database not in (":memory:", "", None):
             if not Path(database).is_file():
@@ -110,16 +119,16 @@ class DuckDBEngine:
                     construct="database",
                     hint="pass the path of an existing DuckDB file, or ':memory:'",
                 )
-            self._con.execute(f"ATTACH {_sql_string(str(database))} AS src (READ_ONLY)")
+            self._attach = f"ATTACH {_sql_string(str(database))} AS src (READ_ONLY)"
+            self._con.execute(self._attach)
+            self._database = str(database)
             attached = True
         for table in policy.tables.values():
             self._load(table, attached, database, allowed)
         if policy.engine.prepared != "off":
             self._prepare(allowed, progress)
         self.columns: dict[str, columnar.ColumnarTable] = self._hold_columns()
-        self._con.execute(
-            "SET allowed_paths = [" + ", ".join(_sql_string(p) for p in allowed) + "]"
-        )
+        _restrict(self._con, allowed)
         self._con.execute(f"SET perfect_ht_threshold = {int(policy.engine.perfect_hash_bits)}")
         # give memory back to the system after each large query (DuckDB's allocator keeps a
         # query's peak otherwise: a store's build held ~4x its own size at 10M rows)
@@ -132,7 +141,6 @@ class DuckDBEngine:
             threads = 1
         if threads is not None:
             self._con.execute(f"SET threads = {int(threads)}")
-        self._con.execute("SET enable_external_access = false")
         self._con.execute("SET lock_configuration = true")
         self._closed = False
         self._builds: dict[str, threading.Thread] = {}
@@ -179,17 +187,14 @@ class DuckDBEngine:
         started = time.perf_counter()
         version = self.versions.get(table.name, "")
         try:
-            with self._build_lock:
-                if self._closed:
-                    return
-                cursor = self._con.cursor()
-                self._build_cursors[table.name] = cursor
-            try:
-                store = columnar.load_clustered(cursor, table, version or "", LARGE_ROWS)
-            finally:
-                with self._build_lock:
-                    self._build_cursors.pop(table.name, None)
-                cursor.close()
+            store = None
+            if table.name in self._views:
+                with contextlib.suppress(duckdb.Error):  # e.g. over its instance's limit
+                    store = self._build_on(table, version, own=True)
+            if store is None:  # not a view over files, or its own instance failed
+                store = self._build_on(table, version, own=False)
+            if store is None:
+                return
             columnar.warm_up()
         except Exception as exc:  # the SQL plans stay: the operator's log says why
             if self._closed:
@@ -210,6 +215,34 @@ class DuckDBEngine:
             store.rows,
             time.perf_counter() - started,
         )
+
+    def _build_on(
+        self, table: TablePolicy, version: str, *, own: bool
+    ) -> columnar.ColumnarTable | None:
+        """The store, built on an instance of its own (``own``: :func:`_build_connection`)
+        or on a cursor of the engine's connection; None when the engine closed first."""
+        spill = tempfile.mkdtemp(prefix="build-", dir=self._spill) if own else ""
+        with self._build_lock:
+            if self._closed:
+                return None
+            con = (
+                _build_connection(self._views[table.name], self._attach, self._allowed,
+                                  self.policy.engine.threads, spill)
+                if own
+                else self._con.cursor()
+            )  # fmt: skip
+            self._build_cursors[table.name] = con
+        try:
+            limit = (lambda: _limit(con)) if own else None
+            return columnar.load_clustered(con, table, version or "", LARGE_ROWS, limit)
+        finally:
+            with self._build_lock:
+                self._build_cursors.pop(table.name, None)
+            con.close()
+            if own:
+                shutil.rmtree(spill, ignore_errors=True)
+                if self._database is not None:
+                    self._lock_fd = _relock(self._database, self._lock_fd)
 
     def wait_for_stores(self, timeout: float | None = None) -> bool:
         """Wait for the background builds (tests, benchmarks, ``dpsql prepare``); True when
@@ -384,11 +417,14 @@ class DuckDBEngine:
             kind = "TABLE"
         try:
             if relation is not None:
-                self._con.execute(
+                create = (
                     f"CREATE {kind} {_q(table.name)} AS SELECT "
                     f"{self._select_list(table, lazy=kind == 'VIEW')} "
                     f"FROM {relation}"
                 )
+                self._con.execute(create)
+                if kind == "VIEW":
+                    self._views[table.name] = (create, path is None)
             self._con.execute(render(_columns_only(table.name), "duckdb")).fetchall()
             if relation is not None and path is None and not table.version:
                 # an attached table: a digest of its storage metadata at connect (no row
@@ -529,6 +565,9 @@ class DuckDBEngine:
             prepared.unregister(info)
         self.stores = []
         self._con.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
         shutil.rmtree(self._spill, ignore_errors=True)
 
 
@@ -573,6 +612,76 @@ def _attached(con: Any, table: TablePolicy, where: str, attached: bool, database
             hint="fix the table name in the policy",
         )
     return f"src.{_q(table.source)}"
+
+
+def _build_connection(
+    view: tuple[str, bool], attach: str | None, allowed: list[str], threads: int | None, spill: str
+) -> duckdb.DuckDBPyConnection:
+    """A DuckDB instance of its own for the build of a store over files (an attached table,
+    Parquet): the blocks of the file it caches and its temporary tables go when it closes
+    (they stayed in the engine's instance, whose memory limit is locked: 66 MiB of cached
+    blocks at 10M rows, ~10x that at 100M). The same view over the same source (``view``: its
+    CREATE statement and whether it reads the attached database, ``attach``), the same seal
+    as the engine's connection (only the policy's files, no other file or extension),
+    spilling to ``spill``, a private directory of the engine's; a memory limit and the
+    configuration locked once the labels are read (:func:`_limit`, before the rows are
+    fetched). It runs only the build's SQL."""
+    config: dict[str, Any] = {"temp_directory": spill, "allocator_flush_threshold": "32MiB"}
+    if threads is not None:
+        config["threads"] = int(threads)
+    con = duckdb.connect(":memory:", config=config)
+    try:
+        create, reads_database = view
+        if reads_database and attach is not None:
+            con.execute(attach)
+        con.execute(create)
+        _restrict(con, allowed)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def _relock(database: str, fd: int | None) -> int | None:
+    """Take the attached ``database``'s read lock again (on ``fd``, opened for it the first
+    time; returned): DuckDB's file locks are POSIX record locks, held by the process and all
+    dropped when any descriptor of the file closes, so closing a build instance that opened
+    it released the engine's lock too (a writer could then open the file under the engine).
+    A writer that slipped in between is logged for the operator."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: a lock belongs to its handle, none was dropped
+        return fd
+    try:
+        if fd is None:
+            fd = os.open(database, os.O_RDONLY)
+        fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        _log.warning("database %s: its read lock could not be taken again", database)
+    return fd
+
+
+def _limit(con: Any) -> None:
+    """The build instance's memory limit lowered (its cached blocks evicted, its temporary
+    tables spilled) and its configuration locked, before the rows are fetched: the cache of
+    the file's blocks is held under it while they are (each range of units scans the table
+    again), not the whole file (66 MiB at 10M rows). 16 MiB and 8 more a thread: what a
+    range's query pins (at 10M rows, 2 threads, 16 MiB failed to pin a block; 32 held).
+    Reading the labels (a DISTINCT of every unit, numbered) needs more (at 100M rows a
+    256 MiB limit failed it) and runs before any store array is written
+    (dpsql.engine.columnar.load_clustered). Over the limit the build fails and runs again
+    on the engine's own connection (DuckDBEngine._build)."""
+    threads = con.execute("SELECT current_setting('threads')").fetchone()
+    con.execute("SET memory_limit = ?", [f"{16 + 8 * int(threads[0])}MiB"])
+    con.execute("SET lock_configuration = true")
+
+
+def _restrict(con: Any, allowed: list[str]) -> None:
+    """Only the policy's own files readable (``allowed``), every other file, extension and
+    network access off: the seal of every connection the engine runs SQL on (its
+    configuration locked after)."""
+    con.execute("SET allowed_paths = [" + ", ".join(_sql_string(p) for p in allowed) + "]")
+    con.execute("SET enable_external_access = false")
 
 
 def _over_size(where: str, count: Any, small_tables: str) -> bool:
