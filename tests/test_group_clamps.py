@@ -90,8 +90,9 @@ def test_noise_off_each_group_is_clamped_to_its_own_range(tmp_path: Path):
 
 
 class _Recording(SeededNoise):
-    """Seeded noise that records the scale and size of every discrete Laplace draw (not the
-    empty ones of the drawability check before the charge)."""
+    """Seeded noise that records the scale and size of every discrete Laplace draw and of every
+    staircase draw (its scale: period / ε, the mechanism's Δ/ε), not the empty ones of the
+    drawability check before the charge."""
 
     def __init__(self, seed: int) -> None:
         super().__init__(seed)
@@ -101,6 +102,11 @@ class _Recording(SeededNoise):
         if size:
             self.draws.append((float(scale), int(size)))
         return super().discrete_laplace(scale, size)
+
+    def discrete_staircase(self, epsilon: float, period: int, step: int, size: int) -> np.ndarray:
+        if size:
+            self.draws.append((period / epsilon, int(size)))
+        return super().discrete_staircase(epsilon, period, step, size)
 
 
 def test_each_groups_sum_is_noised_at_its_own_clamps_scale(tmp_path: Path):

@@ -1,7 +1,8 @@
 """Empirical privacy audit of the whole release path (issue 3, item 6).
 
-For COUNT, SUM, a public-domain histogram and a thresholded GROUP BY (Laplace), and COUNT and
-the thresholded GROUP BY again with the Gaussian mechanism, we release many times on
+For COUNT, SUM (the staircase noise: an ungrouped sum), a public-domain histogram and a
+thresholded GROUP BY (Laplace), and COUNT and the thresholded GROUP BY again with the Gaussian
+mechanism, we release many times on
 neighbouring datasets D and D′ = D + one worst-case privacy unit, and bound the privacy loss of
 the released output from below with Clopper–Pearson intervals (dpsql.privacy.audit). A correct
 release must show no significant violation of its (ε, δ); the same audit of a deliberately
@@ -58,7 +59,13 @@ from dpsql.privacy.audit import (
     threshold_events,
 )
 from dpsql.privacy.ledger import MemoryLedger
-from dpsql.privacy.mechanisms import Gaussian, discrete_gaussian_tail, discrete_laplace_tail
+from dpsql.privacy.mechanisms import (
+    Gaussian,
+    Laplace,
+    Staircase,
+    discrete_gaussian_tail,
+    discrete_laplace_tail,
+)
 from dpsql.privacy.release import release
 from dpsql.privacy.samplers import NoiseSource, SeededNoise, ZeroNoise
 
@@ -281,6 +288,9 @@ class HalfNoise:
     def discrete_gaussian(self, sigma: float, size: int) -> np.ndarray:
         return self.inner.discrete_gaussian(sigma / 2, size)
 
+    def discrete_staircase(self, epsilon: float, period: int, step: int, size: int) -> np.ndarray:
+        return self.inner.discrete_staircase(epsilon, max(1, period // 2), step // 2, size)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
@@ -462,6 +472,17 @@ def test_end_to_end_equals_release_layer(pipeline_runs: dict[str, list[Execution
                 )
             ]
             assert sorted(e.rows, key=repr) == sorted(replayed, key=repr), (name, e.case)
+
+
+def test_the_sum_case_audits_the_staircase(pipeline_runs: dict[str, list[Execution]]) -> None:
+    """The ungrouped SUM is released with the staircase noise (one group per unit: its map is
+    ε at the period, dpsql.privacy.mechanisms.Staircase), so the audits below of the "sum"
+    case audit it; the counts keep the discrete Laplace."""
+    for name in ("D", "D′"):
+        plan = first(pipeline_runs[name], "sum").plan
+        assert isinstance(plan.measure(plan.outputs[0].measures[0]).mechanism, Staircase)
+        plan = first(pipeline_runs[name], "count").plan
+        assert isinstance(plan.measure(plan.outputs[0].measures[0]).mechanism, Laplace)
 
 
 def test_worst_case_unit_moves_every_aggregate_by_its_sensitivity(

@@ -5,13 +5,18 @@ E|noise| below the discrete Laplace's at the same charge."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
+from conftest import exact_connect, fixture_policy
 from scipy import stats
 
+from dpsql.errors import InternalError
+from dpsql.frontend.bind import parse_statement
 from dpsql.plan.canonical import canonical
+from dpsql.plan.check import check_plan
 from dpsql.privacy.mechanisms import (
     Laplace,
     Staircase,
@@ -184,3 +189,59 @@ def test_cache_key_tells_the_mechanisms_apart():
     noise never serves a plan with the other (dpsql.plan.canonical)."""
     assert canonical(Staircase(5.0, 1.0)) != canonical(Laplace(5.0, 1.0))
     assert canonical(Staircase(5.0, 1.0)) == canonical(Staircase(5.0, 1.0))
+
+
+# --- the plans that choose it --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def conn():
+    c = exact_connect(fixture_policy())
+    yield c
+    c.close()
+
+
+def _plan(conn, sql: str):
+    return conn.service.plan(parse_statement(sql, conn.service.policy), conn._settings)
+
+
+def test_an_ungrouped_sum_gets_the_staircase_and_a_grouped_one_keeps_the_laplace(conn):
+    """One unit moves an ungrouped SUM (G = 1) in one coordinate: the staircase, charged the
+    same ε as the Laplace it replaces; over G = 3 groups the Laplace (module doc of
+    :meth:`Staircase.privacy_map`). Counts and bias measures keep the Laplace."""
+    plan = _plan(conn, "SELECT SUM(cost), AVG(cost) FROM visits")
+    kinds = {m.kind: m.mechanism for m in plan.measures}
+    assert isinstance(kinds["sum"], Staircase) and isinstance(kinds["values"], Laplace)
+    assert all(isinstance(m.mechanism, Laplace) for m in plan.measures if m.measure_kind.bias)
+    for m in plan.measures:
+        assert m.mechanism.cost == Laplace(l1=m.l1, epsilon=m.epsilon).cost
+    check_plan(plan)
+    grouped = _plan(conn, "SELECT department, SUM(cost) FROM visits GROUP BY department")
+    assert grouped.max_groups > 1
+    assert all(isinstance(m.mechanism, Laplace) for m in grouped.measures)
+
+
+def test_the_plan_check_refuses_a_staircase_the_tree_does_not_allow(conn):
+    """Its own map, evaluated at the tree's sensitivity and G: on G = 3 groups the staircase
+    at period G·p costs 3ε (each changed group up to ε), and one calibrated to a single row's
+    range costs R·ε; both fail the check before any data is read."""
+    grouped = _plan(conn, "SELECT department, SUM(cost) FROM visits GROUP BY department")
+    m = grouped.measures[0]
+    moved = dataclasses.replace(m, mechanism=Staircase(l1=m.l1, epsilon=m.epsilon))
+    with pytest.raises(InternalError, match="charges epsilon"):
+        check_plan(grouped.with_(measures=(moved, *grouped.measures[1:])))
+    plan = _plan(conn, "SELECT SUM(cost) FROM visits")
+    m = plan.measures[0]
+    narrow = dataclasses.replace(m, mechanism=Staircase(l1=float(m.row_bound), epsilon=m.epsilon))
+    with pytest.raises(InternalError, match="charges epsilon"):
+        check_plan(plan.with_(measures=(narrow, *plan.measures[1:])))
+
+
+def test_explain_names_the_staircase_and_the_answer_is_charged_its_epsilon(conn):
+    cur = conn.cursor()
+    cur.execute("EXPLAIN SELECT SUM(cost) FROM visits")
+    rows = cur.fetchall()
+    assert [r[2] for r in rows if r[1] == "sum(cost)"] == ["staircase"]
+    assert any("m0: staircase noise" in str(r[1]) for r in rows if r[0] == "plan")
+    plan = _plan(conn, "SELECT SUM(cost) FROM visits")
+    assert float(plan.cost.epsilon) == pytest.approx(conn._settings.epsilon, rel=1e-12)

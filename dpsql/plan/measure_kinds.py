@@ -26,6 +26,10 @@ object here (``Measure.measure_kind``), so a new measure kind is one more object
   prepared store's plans (dpsql.lower.prepared_plan) and the numpy column programs
   (dpsql.lower.local_plan); a kind either does not know (a new one, by default) keeps the plain
   engine SQL;
+- ``least_noise``: a sum of values (sensitivity many fixed-point units), released under pure ε
+  with the noise of least E|X| at the charge (dpsql.privacy.mechanisms.quieter_sum_noise: the
+  staircase, where it is quieter than the discrete Laplace); counts and the bias measures keep
+  the discrete Laplace (at a sensitivity of a few units the two coincide);
 - :meth:`MeasureKind.row_bound`: the largest |value| one row (or pair) adds, from the measure's
   fixed-point range alone (the plan tree re-derives each sensitivity from it: dpsql.plan.tree).
 
@@ -58,6 +62,7 @@ class MeasureKind:
     divided: bool = False
     stored: bool = False
     programmed: bool = False
+    least_noise: bool = False
 
     def fine_grid(self, bounding: str, group_scaling: bool) -> bool:
         """Whether a plan with this ``bounding`` (and group scaling) computes the measure on
@@ -134,6 +139,7 @@ MEASURE_KINDS: dict[str, MeasureKind] = _kinds(
         "sum of distinct non-NULL {column} over the bounded rows",
         "its sum of distinct values",
         distinct=True,
+        least_noise=True,
     ),
     MeasureKind(
         "sum",
@@ -144,6 +150,7 @@ MEASURE_KINDS: dict[str, MeasureKind] = _kinds(
         centred=True,
         stored=True,
         programmed=True,
+        least_noise=True,
     ),
     MeasureKind(
         "sumsq",
@@ -155,6 +162,7 @@ MEASURE_KINDS: dict[str, MeasureKind] = _kinds(
         squared=True,
         stored=True,
         programmed=True,
+        least_noise=True,
     ),
     MeasureKind(
         "dropped",

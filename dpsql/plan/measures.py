@@ -46,15 +46,17 @@ class Measurement:
     mechanism: Mechanism | Unreleased
     l1: float  # the sensitivity the relational nodes derive
     l2: float
+    groups: int = 1  # how many groups (coordinates) one unit can change: the Bound node's G
 
     def privacy_map(self) -> Cost:
         """The mechanism's own privacy map at the sensitivity the nodes derive (each
         mechanism states its map beside its sampler: dpsql.privacy.mechanisms), independent
-        of the planner's calibration."""
+        of the planner's calibration. ``groups`` matters to a noise whose map is not a
+        function of the vector's L1 alone (the staircase's: per changed coordinate)."""
         if self.l1 == 0 and self.l2 == 0 and not isinstance(self.mechanism, Unreleased):
             # a constant needs no noise; the planner still charges its share (an over-charge)
             return self.mechanism.cost
-        return self.mechanism.privacy_map(self.l1, self.l2)
+        return self.mechanism.privacy_map(self.l1, self.l2, self.groups)
 
     def describe(self) -> str:
         return (
@@ -181,8 +183,14 @@ class Release:
         out = []
         for spec, m in zip(self.input.specs, self.input.measures, strict=True):
             _, l1, l2 = self.bound.unit_change(spec.row_bound, per_unit=spec.per_unit)
-            out.append(Measurement(m.name, m.mechanism, l1, l2))
+            out.append(Measurement(m.name, m.mechanism, l1, l2, self._groups_changed))
         return tuple(out)
+
+    @property
+    def _groups_changed(self) -> int:
+        """How many groups one unit's rows can reach: G, or without limit when a unit over G
+        public groups keeps all k of them at G/k (bounding = "scale")."""
+        return self.bound.max_groups if not self.bound.groups_scaled else 1 << 62
 
     @functools.cached_property
     def quantile_measurements(self) -> tuple[QuantileMeasurement | ModeMeasurement, ...]:

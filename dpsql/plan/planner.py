@@ -69,7 +69,13 @@ from dpsql.plan.values import (
 from dpsql.policy import ColumnPolicy, TablePolicy
 from dpsql.privacy.accounting import Cost, exact
 from dpsql.privacy.clipping import LogHistogram
-from dpsql.privacy.mechanisms import Gaussian, Laplace, Mechanism, threshold_below
+from dpsql.privacy.mechanisms import (
+    Gaussian,
+    Laplace,
+    Mechanism,
+    quieter_sum_noise,
+    threshold_below,
+)
 from dpsql.privacy.partition import OptimalSelection, Unreleased
 from dpsql.privacy.samplers import SecureNoise
 
@@ -482,7 +488,15 @@ def _measure(
     l1 = float(shape.G * per_group)
     l2 = math.sqrt(shape.G) * per_group
     if shape.mechanism == "laplace":
-        mech: Mechanism = Laplace(l1=l1, epsilon=eps_share)
+        # pure ε: a sum's noise of least E|X| at the same charge (the staircase) where one unit
+        # moves one group only (its map is per changed group: dpsql.privacy.mechanisms
+        # .Staircase.privacy_map), else the discrete Laplace
+        scalar = shape.G == 1 and not shape.group_scaling
+        mech: Mechanism = (
+            quieter_sum_noise(l1, eps_share)
+            if mk.least_noise and scalar
+            else Laplace(l1=l1, epsilon=eps_share)
+        )
     else:
         mech = Gaussian(l2=l2, epsilon=eps_share, delta=shape.measure_delta)
     return Measure(

@@ -250,18 +250,36 @@ class _Tails:
 
 
 @dataclass(frozen=True)
-class Laplace(_Tails):
-    """Discrete Laplace noise with scale Δ1/ε: pure ε-DP for integer queries of L1
-    sensitivity Δ1 (P(k)/P(k+Δ1) <= e^ε). The sampler's scale is >= Δ1/ε, never smaller."""
+class _PureEpsilon(_Tails):
+    """An additive noise calibrated to an L1 sensitivity Δ1 at pure ε (its nominal scale Δ1/ε,
+    its charge ε): what the Laplace and the staircase share."""
 
     l1: float
     epsilon: float
 
-    name = "laplace"
+    def __post_init__(self) -> None:
+        _check("l1", self.l1, positive=False)
+        _check("epsilon", self.epsilon, positive=True)
 
     @property
     def _silent(self) -> bool:
         return self.l1 == 0
+
+    @property
+    def scale(self) -> float:
+        return self.l1 / self.epsilon
+
+    @property
+    def cost(self) -> Cost:
+        return _epsilon_cost(self.epsilon)
+
+
+@dataclass(frozen=True)
+class Laplace(_PureEpsilon):
+    """Discrete Laplace noise with scale Δ1/ε: pure ε-DP for integer queries of L1
+    sensitivity Δ1 (P(k)/P(k+Δ1) <= e^ε). The sampler's scale is >= Δ1/ε, never smaller."""
+
+    name = "laplace"
 
     @property
     def variance(self) -> float:
@@ -287,21 +305,10 @@ class Laplace(_Tails):
         p = -math.expm1(-1.0 / self.scale)
         return (rng.geometric(p, size) - rng.geometric(p, size)).astype(float)
 
-    def __post_init__(self) -> None:
-        _check("l1", self.l1, positive=False)
-        _check("epsilon", self.epsilon, positive=True)
-
-    @property
-    def scale(self) -> float:
-        return self.l1 / self.epsilon
-
-    @property
-    def cost(self) -> Cost:
-        return _epsilon_cost(self.epsilon)
-
-    def privacy_map(self, l1: float, l2: float) -> Cost:
-        """What this noise costs on an integer query of L1 sensitivity ``l1`` (``l2`` is not
-        read): ε = l1 / b for the sampler's scale b, since P(k) / P(k + l1) <= exp(l1 / b).
+    def privacy_map(self, l1: float, l2: float, groups: int = 1) -> Cost:
+        """What this noise costs on an integer query of L1 sensitivity ``l1`` (``l2`` and
+        ``groups`` are not read: it holds for any vector of that L1): ε = l1 / b for the
+        sampler's scale b, since P(k) / P(k + l1) <= exp(l1 / b).
         Computed from the scale the sampler uses, not from the ε it was calibrated to, so a
         calibration to a smaller sensitivity shows as a larger cost. No noise at all (b = 0)
         on a query that can change costs ε = ∞."""
@@ -375,10 +382,10 @@ class Gaussian(_Tails):
     def cost(self) -> Cost:
         return Cost(rho=self.rho)
 
-    def privacy_map(self, l1: float, l2: float) -> Cost:
-        """What this noise costs on an integer query of L2 sensitivity ``l2`` (``l1`` is not
-        read): ρ = l2² / (2σ²) for the sampler's σ (Canonne, Kamath & Steinke 2020, Thm 4);
-        no noise on a query that can change costs ρ = ∞."""
+    def privacy_map(self, l1: float, l2: float, groups: int = 1) -> Cost:
+        """What this noise costs on an integer query of L2 sensitivity ``l2`` (``l1`` and
+        ``groups`` are not read): ρ = l2² / (2σ²) for the sampler's σ (Canonne, Kamath &
+        Steinke 2020, Thm 4); no noise on a query that can change costs ρ = ∞."""
         if l2 == 0:
             return Cost()
         sigma = self.scale if self.l2 > 0 else 0.0
@@ -495,7 +502,7 @@ def staircase_tail(epsilon: float, period: int, step: int, m: int) -> float:
 
 
 @dataclass(frozen=True)
-class Staircase(_Tails):
+class Staircase(_PureEpsilon):
     """Discrete staircase noise (Geng & Viswanath 2016): pure ε-DP for integer queries of L1
     sensitivity Δ1, with the least E|noise| among ε-DP additive noises for large Δ1 (0.9595 of
     the Laplace's Δ1/ε at ε = 1, 0.92 at ε = 2). The period is D = ⌈Δ1⌉ integer units, the
@@ -517,18 +524,7 @@ class Staircase(_Tails):
     ``scale`` is Δ1/ε, the Laplace's at the same charge, for EXPLAIN's "scale" column; the
     interval comes from the staircase's own CDF (:func:`staircase_tail`)."""
 
-    l1: float
-    epsilon: float
-
     name = "staircase"
-
-    def __post_init__(self) -> None:
-        _check("l1", self.l1, positive=False)
-        _check("epsilon", self.epsilon, positive=True)
-
-    @property
-    def _silent(self) -> bool:
-        return self.l1 == 0
 
     @property
     def period(self) -> int:
@@ -538,14 +534,6 @@ class Staircase(_Tails):
     @property
     def step(self) -> int:
         return staircase_step(self.epsilon, self.period) if self.period else 0
-
-    @property
-    def scale(self) -> float:
-        return self.l1 / self.epsilon
-
-    @property
-    def cost(self) -> Cost:
-        return _epsilon_cost(self.epsilon)
 
     @property
     def variance(self) -> float:
@@ -560,17 +548,24 @@ class Staircase(_Tails):
             return 0.0
         return staircase_expected_abs(self.epsilon, self.period, self.step)
 
-    def privacy_map(self, l1: float, l2: float) -> Cost:
-        """What this noise costs on an integer query of L1 sensitivity ``l1`` (``l2`` is not
-        read): the integer aggregate moves by at most ⌊l1⌋, and f(m)/f(m + d) <= e^(kε) for
-        |d| <= kD (k steps of at most D, each within e^ε), so ε·⌈⌊l1⌋/D⌉ (at least one ε
-        when l1 > 0). No noise (D = 0) on a query that can change costs ε = ∞."""
-        if l1 == 0:
+    def privacy_map(self, l1: float, l2: float, groups: int = 1) -> Cost:
+        """What this noise, drawn independently per group, costs on integer aggregates one
+        unit moves by at most ``l1`` in L1 over at most ``groups`` groups (``l2`` is not
+        read). Unlike the Laplace's, the staircase's loss is not linear in the change: a
+        coordinate moved by d costs up to ε·⌈|d|/D⌉ (f(m)/f(m + d) <= e^(kε) for |d| <= kD:
+        k steps of at most D, each within e^ε), even for |d| = 1. With L = ⌊l1⌋ (integers)
+        spread over k <= min(groups, L) coordinates, Σ⌈d_i/D⌉ = Σ(⌊(d_i − 1)/D⌋ + 1) <=
+        k + ⌊(L − k)/D⌋, largest at k = min(groups, L): so ε·(k + ⌊(L − k)/D⌋). One group
+        (an ungrouped query, or G = 1) moved by <= D costs ε; a plan that put the staircase
+        on G > 1 groups at period G·p shows G·ε, and the plan check refuses it. No noise
+        (D = 0) on a query that can change costs ε = ∞."""
+        whole = math.floor(l1)
+        if whole == 0:
             return Cost()
         if self.period == 0:
             return Cost(epsilon=math.inf)
-        periods = max(1, -(-math.floor(l1) // self.period))
-        return _epsilon_cost(self.epsilon * periods)
+        k = min(max(groups, 1), whole)
+        return _epsilon_cost(self.epsilon * (k + (whole - k) // self.period))
 
     def sample(self, source: NoiseSource, size: int) -> np.ndarray:
         if self.period == 0:

@@ -300,7 +300,7 @@ class Unreleased:
     def cost(self) -> Cost:
         return Cost()
 
-    def privacy_map(self, l1: float, l2: float) -> Cost:
+    def privacy_map(self, l1: float, l2: float, groups: int = 1) -> Cost:
         """Zero at any sensitivity: nothing is released (the selection node charges the
         selection's cost, and no output may read it: dpsql.plan.check)."""
         return Cost()
