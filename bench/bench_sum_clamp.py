@@ -8,12 +8,14 @@ analyst (new ledger, answer cache on, ``SeededNoise(1000 + rep)``) runs
 ``WHERE pid >= 0`` (a later query: the clamp chosen free from the kept histogram, ε_s = 1).
 The clamp each chose is read from the answer's note ("income clamped to [0, C]"). Columns:
 
-- ``measured``: the mean |released − true| (what bench_utility_peers prints; its own Laplace
-  noise has a sampling error of about ±2.5e4 over 200 repetitions);
+- ``measured``: the mean |released − true| (what bench_utility_peers prints; its own noise,
+  the staircase since it shipped (docs/mechanisms.md), has a sampling error of about ±2.5e4
+  over 200 repetitions);
 - ``exact Laplace``: the mean over the chosen clamps of E|bias(C) + Laplace(C/ε_s)| (the
   noise averaged exactly: the choice's error alone, no sampling error from the SUM's noise);
 - ``exact staircase``: the same clamps with the staircase noise of least E|noise|
-  (bench/sim_sum_families.py ``Staircase``; not in dpsql: what it would give).
+  (bench/sim_sum_families.py ``Staircase``, continuous: what dpsql's discrete staircase
+  gives at these periods, their E|X| agreeing to 1e-12 relative).
 
 ``--shares`` sets the table's ``bounds_share`` (the policy option; default 0.1).
 
