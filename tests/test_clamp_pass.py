@@ -121,6 +121,25 @@ def test_the_hash_and_bins_agree_with_duckdb_on_the_probe_rows(tmp_path):
         service.close()
 
 
+def test_the_probe_runs_the_histogram_querys_own_bin_tree(tmp_path):
+    """The spec carries the compiler's bin as a tree (no text read back): the probe's SQL holds
+    it rendered exactly as the histogram query holds it, and the spec's tree is a copy, so
+    the probe's query never re-parents a node of the histogram's."""
+    service = Service(_loaded(tmp_path, unit=True), ledger=MemoryLedger(), cache=False)
+    try:
+        table = service.policy.tables["t1"]
+        for column in ("x", "a"):
+            query = clamp_histogram_query(table, column, clamp_histogram(table.columns[column]), 3)
+            assert query.clamp is not None
+            bin_sql = query.clamp.bin_of.sql(dialect="duckdb")
+            before = query.render("duckdb")
+            assert bin_sql in before
+            assert bin_sql in clamp_pass._probe_query(query.clamp, 5).sql(dialect="duckdb")
+            assert query.clamp.bin_of.parent is None and query.render("duckdb") == before
+    finally:
+        service.close()
+
+
 def test_a_probe_that_differs_runs_the_sql(tmp_path, monkeypatch, caplog):
     """A DuckDB whose hash the pass does not reproduce: the SQL runs (same counts), logged."""
     service = Service(_loaded(tmp_path, unit=True), ledger=MemoryLedger(), cache=False)

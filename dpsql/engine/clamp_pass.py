@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import sqlglot
 from sqlglot import exp
 
 from dpsql.engine.api import EngineResult
@@ -428,7 +427,7 @@ def agrees(con: Any, spec: ClampHistogram) -> bool:
     """Whether the pass computes this DuckDB's keyed hash and bins on probe rows of the spec's
     column types (literals only: no data is read), once per process and shape."""
     key = (spec.stored, spec.kind, spec.lower, spec.upper, spec.maximum, spec.smallest,
-           spec.log_ratio, spec.bins, spec.bin_sql)  # fmt: skip
+           spec.log_ratio, spec.bins, spec.bin_of)  # fmt: skip
     with _checked_lock:
         known = _checked.get(key)
     if known is not None:
@@ -517,12 +516,9 @@ def _probe_query(spec: ClampHistogram, secret: int) -> exp.Select:
             )
         typed.append(alias(cell, name, quoted=True))
     hashed = [policy_column(name) for name, _ in spec.stored]
-    # the compiler's bin (dpsql.lower.compile), which the spec carries as its DuckDB text
-    bin_of = sqlglot.parse_one(spec.bin_sql, read="duckdb")
-    assert isinstance(bin_of, exp.Expression), "a bin is one expression"
     items = [
         exp.Anonymous(this="HASH", expressions=[*hashed, number(secret)]),
-        bin_of,
+        spec.bin_of.copy(),  # the compiler's bin (dpsql.lower.compile), as the spec carries it
         is_null(policy_column(spec.column)),
     ]
     rows = select(typed, subquery(exp.Select(expressions=cells), None))

@@ -33,14 +33,13 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 import numpy as np
-import sqlglot
 from sqlglot import exp
 
 from dpsql.engine import prepared
 from dpsql.engine.api import EngineResult, QueryHandle, canonical_rows, with_extras
 from dpsql.engine.versions import file_version
 from dpsql.errors import OperationalError, PolicyError
-from dpsql.lower.compile import CompiledQuery, render
+from dpsql.lower.compile import CompiledQuery
 from dpsql.policy import FILE_SUFFIXES, Policy, TablePolicy
 from dpsql.sources import is_postgres
 
@@ -471,7 +470,9 @@ class SparkEngine:
                 )
 
     # -- running -----------------------------------------------------------------------------
-    def _run(self, sql: str, handle: QueryHandle | None, collect: Callable[[Any], Any]) -> Any:
+    def _run(
+        self, query: CompiledQuery, handle: QueryHandle | None, collect: Callable[[Any], Any]
+    ) -> Any:
         context = self._spark.sparkContext
         group = f"dpsql-{uuid.uuid4().hex}"
         try:
@@ -480,7 +481,7 @@ class SparkEngine:
                 handle.attach(_Cancel(context, group))  # type: ignore[arg-type]
                 if handle.interrupted:
                     raise OperationalError("query cancelled", sqlstate="57014")
-            return self._collect_staged(sql, group, collect)
+            return self._collect_staged(query, group, collect)
         except OperationalError:
             raise
         except Exception as exc:
@@ -503,14 +504,16 @@ class SparkEngine:
             with contextlib.suppress(Exception):  # the JVM may be gone: nothing to clear
                 context.setLocalProperty("spark.jobGroup.id", None)
 
-    def _collect_staged(self, sql: str, group: str, collect: Callable[[Any], Any]) -> Any:
-        """Run ``sql`` with each CTE it reads more than once computed once (cached).
+    def _collect_staged(
+        self, query: CompiledQuery, group: str, collect: Callable[[Any], Any]
+    ) -> Any:
+        """Run ``query`` with each CTE it reads more than once computed once (cached).
 
         Spark inlines CTEs, so a bounding step referenced by three later steps would be
         recomputed (scans and shuffles included) three times; DuckDB materialises such CTEs.
         The cached stages are per query (unique view names) and dropped afterwards.
         """
-        stages, final = stage_ctes(sql, f"__{group.replace('-', '_')}_")
+        stages, final = staged_sql(query, f"__{group.replace('-', '_')}_")
         made: list[tuple[str, Any]] = []
         try:
             for name, body in stages:
@@ -527,7 +530,7 @@ class SparkEngine:
                     df.unpersist()
 
     def execute(self, compiled: CompiledQuery, handle: QueryHandle | None = None) -> EngineResult:
-        rows = self._run(self._render(compiled), handle, lambda df: df.collect())
+        rows = self._run(self._runnable(compiled), handle, lambda df: df.collect())
         nk = len(compiled.key_columns)
         key_rows = [tuple(_python_key(v) for v in r[:nk]) for r in rows]
         measures = [
@@ -539,10 +542,15 @@ class SparkEngine:
         return with_extras(main, compiled.extras, lambda query: self.execute(query, handle))
 
     def _render(self, compiled: CompiledQuery) -> str:
-        """Spark SQL of ``compiled``; a prepared-store plan through spark_store.spark_tree
-        (rewritten once per tree and literals, then rendered per secret like any other)."""
+        """Spark SQL of ``compiled`` (:meth:`_runnable`), unstaged."""
+        return self._runnable(compiled).render(self.dialect)
+
+    def _runnable(self, compiled: CompiledQuery) -> CompiledQuery:
+        """``compiled`` as this engine runs it: a prepared-store plan through
+        spark_store.spark_tree (rewritten once per tree and literals, then rendered per secret
+        like any other)."""
         if not self.stores and not prepared.STORES:
-            return compiled.render(self.dialect)
+            return compiled
         from dpsql.engine import spark_store
 
         key = (id(compiled.expression), compiled.swaps)
@@ -562,8 +570,8 @@ class SparkEngine:
                 self._store_plans.clear()
             hit = self._store_plans[key] = (tree, variant)
         if hit[1] is None:
-            return compiled.render(self.dialect)
-        return replace(hit[1], secret=compiled.secret).render(self.dialect)
+            return compiled
+        return replace(hit[1], secret=compiled.secret)
 
     def _lazy_store(self, table: TablePolicy) -> None:
         """A DuckDB store's plan reached this engine, which keeps no store of ``table``: its
@@ -584,7 +592,8 @@ class SparkEngine:
     def fetch_matrix(self, query: exp.Expression, handle: QueryHandle | None = None) -> np.ndarray:
         """Rows of a generated integer query (dp_rule_list pattern counts): a tree of
         dpsql.lower.rows with its secret printed, rendered here in Spark SQL, once."""
-        rows = self._run(render(query, self.dialect), handle, lambda df: df.collect())
+        # a tree with its secret printed and no literal slots: a query of its own
+        rows = self._run(CompiledQuery(query, (), ()), handle, lambda df: df.collect())
         if not rows:
             return np.zeros((0, len(query.expressions)), dtype=np.int64)
         return canonical_rows(np.array([tuple(r) for r in rows], dtype=np.int64))
@@ -611,45 +620,63 @@ class SparkEngine:
             self._root = None
 
 
-def stage_ctes(sql: str, prefix: str) -> tuple[list[tuple[str, str]], str]:
-    """Split Spark SQL into (view name, SQL) stages for CTEs read more than once, plus the rest.
-
-    Each stage's SQL keeps the CTEs it needs that are read only once; references to staged
-    CTEs are renamed to their views. Without such CTEs the query is returned unchanged.
-    """
-    tree = sqlglot.parse_one(sql, read="spark")
-    with_ = tree.args.get("with_") or tree.args.get("with")
+def shared_ctes(tree: exp.Expression) -> set[str]:
+    """The CTEs of ``tree``'s outermost WITH that it reads more than once (Spark recomputes
+    each read: dpsql.engine.spark_engine stages them), read off the tree, nothing changed."""
+    with_ = tree.args.get("with_")
     if with_ is None:
-        return [], sql
-    ctes = list(with_.expressions)
-    names = {cte.alias for cte in ctes}
+        return set()
+    names = {cte.alias for cte in with_.expressions}
     reads = dict.fromkeys(names, 0)
     for table in tree.find_all(exp.Table):
         if table.name in names and not table.db:
             reads[table.name] += 1
-    staged = {name for name, n in reads.items() if n > 1}
+    return {name for name, n in reads.items() if n > 1}
+
+
+def stage_ctes(
+    tree: exp.Expression, prefix: str
+) -> tuple[list[tuple[str, exp.Expression]], exp.Expression]:
+    """Cut a query's tree (changed in place) into (view name, query) stages for the CTEs it
+    reads more than once, plus the rest.
+
+    Each stage keeps the CTEs read only once defined before it; reads of staged CTEs name
+    their views. Without such CTEs the tree is returned as it is, with no stage.
+    """
+    staged = shared_ctes(tree)
     if not staged:
-        return [], sql
+        return [], tree
+    with_ = tree.args["with_"]
+    ctes = list(with_.expressions)
     for table in list(tree.find_all(exp.Table)):
         if table.name in staged and not table.db:
             alias = table.alias or table.name
             table.set("this", exp.to_identifier(prefix + table.name))
             table.set("alias", exp.TableAlias(this=exp.to_identifier(alias)))
-    stages: list[tuple[str, str]] = []
+    stages: list[tuple[str, exp.Expression]] = []
     inline: list[exp.CTE] = []
     for cte in ctes:
         if cte.alias in staged:
             body = cte.this.copy()
             if inline:
                 body.set("with_", exp.With(expressions=[c.copy() for c in inline]))
-            stages.append((prefix + cte.alias, body.sql(dialect="spark")))
+            stages.append((prefix + cte.alias, body))
         else:
             inline.append(cte)
     if inline:
         with_.set("expressions", inline)
     else:
         tree.set("with_", None)
-    return stages, tree.sql(dialect="spark")
+    return stages, tree
+
+
+def staged_sql(query: CompiledQuery, prefix: str) -> tuple[list[tuple[str, str]], str]:
+    """Spark SQL of ``query`` with each CTE read more than once cut out as a stage (view
+    name, its SQL), and the rest: the tree is cut (:func:`stage_ctes`) and each part rendered
+    once (CompiledQuery.render_split); a query with no such CTE is its usual rendering."""
+    if not shared_ctes(query.expression):
+        return [], query.render("spark")
+    return query.render_split("spark", lambda tree: stage_ctes(tree, prefix))
 
 
 def _python_key(value: Any) -> Any:

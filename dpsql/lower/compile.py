@@ -44,6 +44,7 @@ from dataclasses import dataclass, field, replace
 
 import sqlglot
 from sqlglot import exp
+from sqlglot.transforms import eliminate_distinct_on, eliminate_qualify
 
 from dpsql.aggregates.mode import ModeMeasure
 from dpsql.frontend.statements import DIALECT, GroupKey
@@ -194,6 +195,41 @@ class CompiledQuery:
             return _swap(_generate(tree, dialect)[0], self.swaps)
         return str(int(self.secret)).join(pieces)
 
+    def render_split(self, dialect: str, split: Splitter) -> tuple[list[tuple[str, str]], str]:
+        """Engine text of the tree cut into parts by ``split`` (Spark's staged CTEs,
+        dpsql.engine.spark_engine.stage_ctes): ``split`` cuts a copy of the tree as the dialect
+        renders it (Spark's rewrites done on the whole, before the cut) into named parts and
+        the rest, and each is rendered once, with this run's secret and literals, as
+        :meth:`render` renders the whole."""
+        ready = _dialect_tree(self.expression, dialect, copy=True)
+        if dialect == "spark":  # what Spark's generator does to a SELECT, before the cut
+            ready = ready.transform(_spark_select_rewrites, copy=False)
+        assert isinstance(ready, exp.Expression), "a query is an expression"
+        parts, rest = split(ready)
+        named = [(name, self._render_part(part, dialect)) for name, part in parts]
+        return named, self._render_part(rest, dialect)
+
+    def _render_part(self, part: exp.Expression, dialect: str) -> str:
+        text, secrets = _generate_ready(part, dialect)
+        pieces = text.split(_MARKER)
+        if len(pieces) != secrets + 1:  # the marker also occurs elsewhere
+            text = _generate_ready(with_secret(part, self.secret), dialect)[0]
+            return _swap(text, self.swaps)
+        return str(int(self.secret)).join(_swap(p, self.swaps) for p in pieces)
+
+
+def _spark_select_rewrites(node: exp.Expr) -> exp.Expr:
+    """The rewrites sqlglot's Spark generator makes of a SELECT that wrap it in a derived
+    table (QUALIFY, DISTINCT ON): made before a cut, as rendering the whole made them, so a
+    part given a WITH of its own (a staged CTE's body) keeps the WITH outside the wrapper."""
+    if isinstance(node, exp.Select):
+        return eliminate_distinct_on(eliminate_qualify(node))
+    return node
+
+
+#: cuts a query's tree into named parts and the rest (see CompiledQuery.render_split)
+Splitter = Callable[[exp.Expression], tuple[list[tuple[str, exp.Expression]], exp.Expression]]
+
 
 def _swap(text: str, swaps: tuple[tuple[str, str], ...]) -> str:
     """``text`` with each sentinel replaced by its literal (sentinels are unique digit runs)."""
@@ -209,8 +245,19 @@ def _generate(tree: exp.Expr, dialect: str) -> tuple[str, int]:
     a 500-node tree costs as much as rendering it) and the keyed hash is renamed in the text
     when its spelling occurs exactly once per node (else on a copy of the tree); Spark renders
     a rewritten copy anyway."""
+    return _generate_ready(_dialect_tree(tree, dialect), dialect)
+
+
+def _dialect_tree(tree: exp.Expr, dialect: str, *, copy: bool = False) -> exp.Expr:
+    """The tree as ``dialect`` renders it: Spark's rewritten copy (its keyed hash named
+    XXHASH64, :func:`_spark_safe`); the tree itself (or a copy) for DuckDB's."""
     if dialect == "spark":
-        tree = _spark_safe(tree.transform(_hash_named("spark")))
+        return _spark_safe(tree.transform(_hash_named("spark")))
+    return tree.copy() if copy else tree
+
+
+def _generate_ready(tree: exp.Expr, dialect: str) -> tuple[str, int]:
+    """:func:`_generate` of a tree already in ``dialect``'s form (:func:`_dialect_tree`)."""
     text = _GENERATORS[dialect].generate(tree, copy=False, comments=False)
     calls: list[str] = []
 
@@ -786,7 +833,7 @@ def clamp_histogram_query(
             math.log(hist.ratio),
             hist.bins,
             int(table.max_rows_per_unit),
-            render(bin_of, "duckdb"),
+            bin_of.copy(),
         )
     if table.privacy_unit is None:
         tree = _select(
