@@ -7,12 +7,9 @@ that must not end is given a short look only (it can never fail on a slow machin
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import shutil
 import threading
 from pathlib import Path
-from typing import Any
 
 import dpsql
 from dpsql import gil_gate
@@ -21,8 +18,6 @@ from dpsql.gil_gate import Gate, held, holding, released
 from dpsql.policy import load_policy
 from dpsql.privacy.accounting import Budget, Cost
 from dpsql.privacy.sqlite_ledger import SQLiteLedger
-from dpsql.server.fairness import FairnessLimits, FairScheduler
-from dpsql.server.wire_errors import SqlError
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "visits.toml"
 
@@ -201,74 +196,3 @@ def test_a_gated_statement_pays_durably_before_the_engine_reads(tmp_path: Path) 
     finally:
         service.close()
     assert out and seen == [(0.25, True)]
-
-
-class _Posts:
-    """The event loop as a statement thread sees it: records, for each outcome it posts,
-    whether the thread still held the gate, then hands the post to the real loop."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.held: list[bool] = []
-
-    def call_soon_threadsafe(self, callback: Any, *args: Any) -> Any:
-        self.held.append(held())
-        return self.loop.call_soon_threadsafe(callback, *args)
-
-
-def _posted(fn: Any) -> tuple[list[bool], object, bool, Gate]:
-    """Run ``fn`` as a scheduled statement whose thread posts its outcome to a future (as
-    Session._blocking does); returns the gate states at the post, the outcome, whether the
-    thread held the gate after its call, and the gate."""
-    gate = Gate(patience=30)
-    after: list[bool] = []
-
-    async def main() -> tuple[list[bool], object]:
-        scheduler = FairScheduler(FairnessLimits(), slots=2, gate=gate)
-        turn = scheduler.enter("alice")
-        await turn.granted
-        loop = asyncio.get_running_loop()
-        posts = _Posts(loop)
-        done: asyncio.Future[Any] = loop.create_future()
-        call = scheduler.wrap(turn, fn, done=(posts, done))  # type: ignore[arg-type]
-
-        def thread() -> None:
-            with contextlib.suppress(Exception):
-                call()
-            after.append(held())
-
-        t = threading.Thread(target=thread)
-        t.start()
-        try:
-            outcome: object = await asyncio.wait_for(done, 30)
-        except Exception as exc:
-            outcome = exc
-        t.join(30)
-        assert turn.finished  # set before the post: the loop's leave() sees it
-        scheduler.leave(turn)
-        return posts.held, outcome
-
-    states, outcome = asyncio.run(main())
-    return states, outcome, after[0], gate
-
-
-def test_a_statement_posts_its_outcome_to_the_loop_before_it_gives_the_gate_back() -> None:
-    """One post a statement, made while its thread still holds the gate (the next statement's
-    thread, woken by the gate, then finds no executor machinery of this one still running);
-    the gate is free after."""
-    states, outcome, after, gate = _posted(lambda: 42)
-    assert states == [True] and outcome == 42
-    assert not after and not gate._lock.locked()
-
-
-def test_a_failed_statement_posts_its_error_and_gives_the_gate_back() -> None:
-    """The statement's own error reaches the loop as it was raised (the session turns it into
-    the analyst's error there), posted once, and the gate is free after."""
-    error = SqlError("22012", "division by zero")
-
-    def fail() -> None:
-        raise error
-
-    states, outcome, after, gate = _posted(fail)
-    assert states == [True] and outcome is error
-    assert not after and not gate._lock.locked()

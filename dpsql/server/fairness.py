@@ -391,13 +391,7 @@ class FairScheduler:
             self._no_light.set()
 
     # running --------------------------------------------------------------------------------
-    def wrap(
-        self,
-        turn: Turn,
-        fn: Callable[..., Any],
-        *args: Any,
-        done: tuple[asyncio.AbstractEventLoop, asyncio.Future[Any]] | None = None,
-    ) -> Callable[[], Any]:
+    def wrap(self, turn: Turn, fn: Callable[..., Any], *args: Any) -> Callable[[], Any]:
         """``fn(*args)`` for a pool thread (call it on the loop, right after the grant): measures
         the thread's CPU for the analyst's account and, for a statement that may turn out
         expensive, watches it with a profile hook that yields the GIL to lighter analysts once
@@ -408,14 +402,6 @@ class FairScheduler:
         share), that runs another statement at the same time, or whose text is long
         (:data:`WATCH_TEXT`; binding and planning grow with it). A short first statement of an
         idle analyst runs unwatched, and so cannot be slowed once it starts.
-
-        With ``done`` (the event loop and a future of it), the outcome is also posted to that
-        future from this thread, before the gate is given back (:meth:`Session._blocking`):
-        the statement's whole hand-off back to the loop is one ``call_soon_threadsafe`` of
-        the future's own ``set_result`` / ``set_exception``, no function of dpsql, so nothing
-        of ours can fail there after a charged answer (tests/test_fault_walk.py). Posting it
-        before the gate goes means the next statement's thread, woken by the gate, does not
-        wait for the GIL while this one still runs the executor's future machinery.
         """
         a = turn.analyst
         heavy_cpu = self.limits.heavy_cpu
@@ -439,34 +425,21 @@ class FairScheduler:
                 hook = self._yielder(turn, heavy_cpu)
                 sys.setprofile(hook)
             gate, took = self.gate, False
-            failed: BaseException | None = None
-            result: Any = None
             try:
                 took = gate is not None and gate.enter()  # or runs without (dpsql.gil_gate)
-                result = fn(*args)
-                return result
-            except BaseException as exc:
-                failed = exc
-                raise
+                return fn(*args)
             finally:
-                # inline, with no function of dpsql (gil_gate.leave): after a charged answer
-                # nothing of ours may fail here
+                # given back inline with no function of dpsql (gil_gate.leave): after a
+                # charged answer nothing of ours may fail here
+                mine = took and getattr(gil_state, "gate", None) is gate
+                if mine and gate is not None:
+                    gil_state.gate = None
+                    gate.give()
                 if hook is not None:
                     sys.setprofile(None)
                 turn.cpu = max(0.0, time.thread_time() - turn.cpu0)
                 turn.clock = None
                 turn.finished = True
-                try:  # the outcome to the loop, then the gate to the next statement
-                    if done is not None:
-                        if failed is None:
-                            done[0].call_soon_threadsafe(done[1].set_result, result)
-                        else:
-                            done[0].call_soon_threadsafe(done[1].set_exception, failed)
-                finally:  # even when the loop is gone (a server shutting down)
-                    mine = took and getattr(gil_state, "gate", None) is gate
-                    if mine and gate is not None:
-                        gil_state.gate = None
-                        gate.give()
 
         return call
 

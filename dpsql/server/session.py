@@ -210,15 +210,7 @@ class Session:
                         hint="it was still waiting for its turn to run (the analyst's other "
                         "statements, or the server's, were running); nothing ran or was spent",
                     )
-                # the thread posts the outcome to ``done`` itself (FairScheduler.wrap): one
-                # hand-off back, no executor future chained to an asyncio one; shielded, so a
-                # cancelled session never leaves the thread a cancelled future to set
-                done: asyncio.Future[Any] = loop.create_future()
-                call = self.server.scheduler.wrap(turn, fn, *args, done=(loop, done))
-                self._interrupt = interrupt
-                ran = True
-                self.server.executor.submit(call)
-                return await asyncio.shield(done)
+                call = self.server.scheduler.wrap(turn, fn, *args)
             self._interrupt = interrupt
             ran = True
             return await loop.run_in_executor(self.server.executor, call)
