@@ -38,7 +38,6 @@ from dpsql.errors import (
 )
 from dpsql.frontend.bind import parse_statement
 from dpsql.frontend.statements import (
-    DIALECT,
     CompositeQuery,
     DPQuery,
     ExplainStatement,
@@ -337,9 +336,7 @@ class Service:
         if isinstance(statement, TransactionStatement):
             return Result(status=statement.kind.upper())
         if isinstance(statement, PublicSelect):
-            description, rows = self.scratch.post_process(
-                statement.post.sql(dialect=DIALECT), [], [], []
-            )
+            description, rows = self.scratch.post_process(statement.post, [], [], [])
             return Result([(n, type_code(t)) for n, t in description], rows)
         if isinstance(statement, ExplainStatement):
             return explain_statement(self, statement, settings, analyst)

@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import sqlglot
 from conftest import fixture_policy
 
 import dpsql
@@ -485,6 +486,11 @@ def service():
     svc.close()
 
 
+def _tree(sql: str) -> sqlglot.exp.Expression:
+    """A post-processing query as the scratch connection takes it (a tree)."""
+    return sqlglot.parse_one(sql, read="duckdb")
+
+
 @pytest.mark.parametrize(
     "sql",
     [
@@ -496,7 +502,7 @@ def service():
 )
 def test_post_processing_calls_only_what_the_binder_accepts(service, sql):
     with pytest.raises(ProgrammingError) as info:
-        service.scratch.post_process(sql, ["k0"], ["VARCHAR"], [("a",)])
+        service.scratch.post_process(_tree(sql), ["k0"], ["VARCHAR"], [("a",)])
     assert info.value.sqlstate == "42883" and info.value.hint
 
 
@@ -507,7 +513,7 @@ def test_public_selects_and_released_rows_still_post_process(service):
     assert cur.fetchall() == [(2, "A", 0.5)]
     rows = [("a", 3), ("b", 1)]
     got = service.scratch.post_process(
-        "SELECT k0, ROUND(a0 * 1.5, 1) AS x FROM __released ORDER BY a0",
+        _tree("SELECT k0, ROUND(a0 * 1.5, 1) AS x FROM __released ORDER BY a0"),
         ["k0", "a0"],
         ["VARCHAR", "BIGINT"],
         rows,
@@ -520,20 +526,21 @@ def test_post_processing_output_is_capped(service, monkeypatch):
     rows = [(f"k{i}", i) for i in range(20)]
     with pytest.raises(DataError) as info:
         service.scratch.post_process(
-            "SELECT k0 FROM __released", ["k0", "a0"], ["VARCHAR", "BIGINT"], rows
+            _tree("SELECT k0 FROM __released"), ["k0", "a0"], ["VARCHAR", "BIGINT"], rows
         )
     assert info.value.sqlstate == "54000" and "10 rows" in info.value.message
     monkeypatch.setattr(scratch, "POST_CAPS", ResultCaps(max_rows=10, max_bytes=100))
     with pytest.raises(DataError):
         service.scratch.post_process(
-            "SELECT k0 FROM __released", ["k0"], ["VARCHAR"], [("x" * 200,)]
+            _tree("SELECT k0 FROM __released"), ["k0"], ["VARCHAR"], [("x" * 200,)]
         )
 
 
 def test_post_processing_is_interrupted_at_its_deadline(service, monkeypatch):
     monkeypatch.setattr(scratch, "POST_TIMEOUT", 0.2)
     with pytest.raises(OperationalError) as info:
-        service.scratch._run_post("SELECT count(*) AS n FROM range(10000000000000)", "", [])
+        endless = _tree("SELECT count(*) AS n FROM range(10000000000000)")
+        service.scratch._run_post(endless, sqlglot.exp.Select(), [])
     assert info.value.sqlstate == "57014"
 
 

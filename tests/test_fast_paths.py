@@ -16,6 +16,7 @@ from typing import Any
 
 import duckdb
 import pytest
+import sqlglot
 
 import dpsql.pipeline as pipeline
 import dpsql.service.plan_cache as plan_cache
@@ -287,7 +288,7 @@ KEY_COLUMNS = {
     "TIMESTAMP": [dt.datetime(2024, 1, 1), None, dt.datetime(2024, 1, 1, 12, 30, 1, 5)] * 2
     + [dt.datetime(1970, 1, 1), dt.datetime(2038, 1, 19, 3, 14, 8)],
 }
-POSTS = [
+POSTS = [  # the post-processing queries, parsed below (the scratch connection takes trees)
     'SELECT k0 AS "k", a0 AS "n", a0_lo AS __lo0, a0_hi AS __hi0 FROM __released',
     "SELECT k0, a0 FROM __released ORDER BY k0",
     "SELECT k0, a0 FROM __released ORDER BY a0 DESC NULLS FIRST, k0 LIMIT 3 OFFSET 1",
@@ -297,6 +298,10 @@ POSTS = [
     "SELECT * FROM __released",
     "SELECT CAST(a1 AS INTEGER) AS i FROM __released",  # fails for some rows
 ]
+
+
+def _tree(sql: str) -> Any:
+    return sqlglot.parse_one(sql, read="duckdb")
 
 
 def _outcome(run: Any, *args: Any) -> Any:
@@ -324,7 +329,7 @@ def test_unnested_released_table_equals_one_parameter_per_cell(key_type: str) ->
     ]
     columns = ["k0", "a0", "a0_lo", "a0_hi", "a1", "__suppressed"]
     types = [key_type, "BIGINT", "DOUBLE", "DOUBLE", "DOUBLE", "DOUBLE"]
-    for post in POSTS:
+    for post in map(_tree, POSTS):
         for data in (rows, rows[:1], []):
             want = _outcome(sc._run_post, post, *scratch._values_source(columns, types, data))
             assert _outcome(sc.post_process, post, columns, types, data) == want, (post, data)
@@ -337,7 +342,7 @@ def test_values_duckdb_will_not_list_fall_back_to_one_parameter_per_cell() -> No
     service = _service()
     columns, types = ["k0", "a0"], ["VARCHAR", "BIGINT"]
     rows = [(5, 1.5), ("x", 2)]  # an int among texts, a float among ints: cast one by one
-    post = "SELECT k0, a0 FROM __released"
+    post = _tree("SELECT k0, a0 FROM __released")
     assert service.scratch.post_process(post, columns, types, rows)[1] == [("5", 2), ("x", 2)]
     with pytest.raises(DataError, match="out of range"):
         service.scratch.post_process(post, columns, types, [("x", 2**70)])

@@ -257,10 +257,12 @@ def literal(value: object) -> exp.Expression:
 # -- the column store's build (dpsql.engine.columnar) and the engines' probes ---------------
 
 
-def unnest_parameter(type_name: str, number: int | None = None) -> exp.Explode:
+def unnest_parameter(type_name: str | exp.DataType, number: int | None = None) -> exp.Explode:
     """``UNNEST(CAST(? AS type[]))`` (``$number`` when given): one column of rows from a list
-    parameter, so values reach DuckDB as parameters, never as text."""
-    array = exp.DataType(this=exp.DataType.Type.ARRAY, expressions=[sql_type(type_name)])
+    parameter, so values reach DuckDB as parameters, never as text. ``type_name``: a plain
+    type's name, or a type node (a released column's ``DECIMAL(18,3)``)."""
+    element = type_name.copy() if isinstance(type_name, exp.DataType) else sql_type(type_name)
+    array = exp.DataType(this=exp.DataType.Type.ARRAY, expressions=[element])
     slot = exp.Placeholder() if number is None else exp.Placeholder(this=str(number))
     return exp.Explode(this=exp.Cast(this=slot, to=array))
 

@@ -98,7 +98,7 @@ def check_having_type(service: Service, plan: Plan, dummy_answer: dict) -> None:
         probe.set(arg, None)
     probe.set("expressions", [exp.alias_(having.this.copy(), "__having")])
     columns, types, rows = released_table(plan, dummy_answer)
-    description, _ = service.scratch.post_process(probe.sql(dialect=DIALECT), columns, types, rows)
+    description, _ = service.scratch.post_process(probe, columns, types, rows)
     duck_type = description[0][1]
     if duck_type not in BOOLEAN_TYPES:
         raise ProgrammingError(
@@ -136,7 +136,7 @@ def finish(
             pass  # a value of an unexpected Python type: let DuckDB cast it
     visible = post.visible
     description, out_rows = service.scratch.post_process(
-        post.sql or PostPlan.render(plan.query.post), columns, types, rows
+        post.query or PostPlan.render(plan.query.post), columns, types, rows
     )
     hidden = {name: i for i, (name, _) in enumerate(description)}
     intervals = []

@@ -18,7 +18,6 @@ from dpsql.engine.scratch import (
     Projection,
     plain_projection,
 )
-from dpsql.frontend.statements import DIALECT
 from dpsql.lower.compile import CompiledQuery, compile_plan
 from dpsql.plan.annotated import Plan
 from dpsql.plan.canonical import answer_key
@@ -71,18 +70,19 @@ class PostPlan:
     scratch connection (with hidden ``__lo{j}``/``__hi{j}`` interval columns)."""
 
     projection: Projection | None
-    sql: str | None  # None for a plain projection (rendered only if a value needs DuckDB)
+    query: exp.Select | None  # None for a plain projection (built only if a value needs DuckDB)
     visible: int
 
     @classmethod
     def of(cls, post: exp.Select, columns: Sequence[str]) -> PostPlan:
         projection = plain_projection(post, columns)
-        sql = None if projection is not None else cls.render(post)
-        return cls(projection, sql, len(post.expressions))
+        query = None if projection is not None else cls.render(post)
+        return cls(projection, query, len(post.expressions))
 
     @staticmethod
-    def render(post: exp.Select) -> str:
-        """The post-processing query, plus the interval bounds of each picked aggregate."""
+    def render(post: exp.Select) -> exp.Select:
+        """The post-processing query, plus the interval bounds of each picked aggregate (a
+        tree: dpsql.engine.scratch puts the released table in its FROM and renders it)."""
         post = post.copy()
         for j, item in enumerate(list(post.expressions)):
             inner = item.this if isinstance(item, exp.Alias) else item
@@ -100,7 +100,7 @@ class PostPlan:
                 post = post.select(
                     exp.alias_(low, f"__lo{j}"), exp.alias_(high, f"__hi{j}"), copy=False
                 )
-        return post.sql(dialect=DIALECT)
+        return post
 
 
 def _sum_interval(

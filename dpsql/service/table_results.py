@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from dpsql.boundary import post_processing_boundary
-from dpsql.frontend.statements import DIALECT, RuleListCall
+from dpsql.frontend.statements import RuleListCall
 from dpsql.service.results import Result, to_python, type_code
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ def table_function_result(
         data = json.loads(answer)
         rows = [tuple(r) for r in data["rows"]]
         description, out_rows = service.scratch.post_process(
-            call.post.sql(dialect=DIALECT),
+            call.post,
             [c for c, _ in columns],
             [t for _, t in columns],
             rows,
