@@ -331,11 +331,7 @@ def load_clustered(
         codes = held.pop(f"__c{i}") if c.name in labels and not (as_runs and i == unit) else None
         missing = held.pop(f"__n{i}")
         if as_runs and i == unit:
-            starts = np.append(
-                np.concatenate([s for s, _ in runs] or [np.zeros(0, np.int64)]), rows
-            )
-            codes_of = np.concatenate([c_ for _, c_ in runs] or [np.zeros(0, np.uint8)])
-            unit_runs = (starts.astype(np.int64), codes_of)
+            unit_runs = _joined_runs(runs, rows)
             columns[c.name] = Column(c.type, None, missing, None, labels[c.name], unit_runs)
             continue
         if c.type in ("text", "int"):
@@ -348,6 +344,27 @@ def load_clustered(
         columns[c.name] = Column(c.type, values, missing, codes, labels.get(c.name, ()))
     table_ = ColumnarTable(table.name, version, rows, columns, capacity)
     return cluster(table_, table, nulls, floats)
+
+
+def _joined_runs(
+    runs: list[tuple[np.ndarray, np.ndarray]], rows: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The ranges' runs (``runs``, emptied) as one pair: every run's first row then the end
+    (int64), and every run's code. Each piece is copied once into arrays allocated once and
+    dropped as it is (concatenating, appending the end and casting made three copies of the
+    starts: 240 MiB transient at 100M rows of 10M units)."""
+    total = sum(len(first) for first, _ in runs)
+    starts = np.empty(total + 1, dtype=np.int64)
+    codes = np.empty(total, dtype=runs[0][1].dtype if runs else np.uint8)
+    at = 0
+    runs.reverse()
+    while runs:
+        first, code = runs.pop()
+        starts[at : at + len(first)] = first
+        codes[at : at + len(code)] = code
+        at += len(first)
+    starts[total] = rows
+    return starts, codes
 
 
 _CODE_SQL: dict[type, str] = {np.uint8: "UTINYINT", np.uint16: "USMALLINT", np.int32: "INT"}
