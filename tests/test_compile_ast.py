@@ -20,8 +20,10 @@ from sqlglot import exp
 import dpsql
 import dpsql.lower.compile as compile_module
 from dpsql.frontend.bind import parse_statement
-from dpsql.frontend.safety import guarded_conditions, where_conditions
+from dpsql.frontend.safety import guarded, guarded_conditions, where_conditions
+from dpsql.frontend.statements import Where
 from dpsql.frontend.typecheck import lower_key
+from dpsql.lower.bounding import row_conditions, row_filter
 from dpsql.lower.compile import (
     NEUTRAL,
     CompiledQuery,
@@ -207,6 +209,30 @@ def test_where_trees_are_the_text_of_where_conditions(service):
         texts = where_conditions(where, table, "duckdb")
         assert [t.sql(dialect="duckdb") for t in trees] == texts
         assert all(t is not where and t.this is not where for t in trees)  # copies
+
+
+def test_the_rows_where_is_read_off_the_relational_nodes(service):
+    """row_conditions visits the Bound node's input (Project over Filter over the read) for the
+    WHERE: the same guarded conjuncts, byte for byte, as reading the bound query's Where node
+    (its cached conjuncts and their totality), and none for rows without a Filter."""
+    queries = [*QUERIES, "SELECT SUM(c2) FROM (SELECT cost * 2 AS c2 FROM visits WHERE age > 3) t"]
+    filtered = 0
+    for sql in queries:
+        try:
+            plan = _plan(service, sql)
+        except dpsql.Error:
+            continue
+        condition = row_filter(plan.bound.input)
+        where = plan.query.node(Where)
+        assert (condition is None) == (where is None), sql
+        if where is None:
+            continue
+        filtered += 1
+        assert condition is where.condition
+        old = guarded([(c.expr, c.total) for c in where.conjuncts])
+        now = row_conditions(plan)[: len(old)]
+        assert [t.sql(dialect="duckdb") for t in now] == [t.sql(dialect="duckdb") for t in old]
+    assert filtered >= 8
 
 
 # -- no SQL written as text --------------------------------------------------------------------

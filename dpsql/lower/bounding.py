@@ -15,8 +15,9 @@ from collections.abc import Sequence
 
 from sqlglot import exp
 
-from dpsql.frontend.safety import guarded
-from dpsql.frontend.statements import GroupKey, Where
+from dpsql.frontend.logic import conjuncts
+from dpsql.frontend.safety import cannot_fail, guarded
+from dpsql.frontend.statements import GroupKey
 from dpsql.frontend.typecheck import DECIMAL_PATTERN, WIDE_INTEGERS
 from dpsql.lower import fold
 from dpsql.lower.builders import (
@@ -72,6 +73,7 @@ from dpsql.plan.annotated import (
     count_scale,
     value_measures,
 )
+from dpsql.plan.relational import Filter, Project
 from dpsql.plan.values import Measure
 from dpsql.policy import ColumnPolicy, TablePolicy, declared_type
 
@@ -194,18 +196,29 @@ def lowered_key(key: GroupKey) -> exp.Expression:
     return guarded()
 
 
+def row_filter(rows: object) -> exp.Expression | None:
+    """The condition of the rows' Filter node, read by visiting the relational nodes the
+    plan's Bound node reads (dpsql.plan.tree.relational_nodes: [Project] over [Filter] over
+    Scan, PerUnit or PublicJoin); None: the rows are not filtered."""
+    node = rows
+    while isinstance(node, Project):
+        node = node.input
+    return node.condition if isinstance(node, Filter) else None
+
+
 def row_conditions(plan: Plan) -> list[exp.Expression]:
     """The scan's WHERE: the analyst's conditions (risky ones under TRY), the public domains
     of non-column keys, and (with a privacy unit) rows that belong to a unit."""
     query = plan.query
     table = query.table
     conditions: list[exp.Expression] = []
-    if (where := query.node(Where)) is not None:
+    if (condition := row_filter(plan.bound.input)) is not None:
         # TRY: a row whose expression fails (CAST('x' AS INT), 1 // 0) is filtered out instead
         # of failing the query, so that an error can never reveal whether such a row exists.
         # Conjuncts that cannot fail for any row run without it: each conjunct's totality is
-        # a property of the bound tree's Where node (dpsql.frontend.statements.Where.conjuncts).
-        conditions.extend(guarded([(c.expr, c.total) for c in where.conjuncts]))
+        # a fact of its node over the read table, computed once (dpsql.frontend.safety).
+        read = query.read.table
+        conditions.extend(guarded([(c, cannot_fail(c, read)) for c in conjuncts(condition)]))
     conditions.extend(domain_filter_exprs(plan, skip_column_keys=True))
     if table.privacy_unit is not None:
         # A row without a privacy unit belongs to nobody we can bound: it is never used.
