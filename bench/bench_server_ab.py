@@ -98,6 +98,21 @@ def start(tree: str, policy: Path, workers: int = 1) -> tuple[subprocess.Popen, 
     return proc, int(m.group(1))
 
 
+def fixture_copy(tmp: Path, connections: int) -> Path:
+    """The fixture's policy and data copied into ``tmp`` (so its ledger is a fresh one), with
+    the logins ``bench0`` .. ``bench{connections - 1}``; returns the copied policy's path."""
+    src = ROOT / "fixtures" / "visits.toml"
+    policy = tmp / src.name
+    shutil.copy(src, policy)
+    for t in load_policy(src).tables.values():
+        if t.source_path is not None:
+            shutil.copy(t.source_path, tmp / t.source_path.name)
+    users = UserStore(users_path(policy))
+    for i in range(connections):
+        users.add(f"bench{i}", b.PASSWORD)
+    return policy
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("base")
@@ -109,22 +124,13 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1, help="dpsql serve --workers N for both")
     ap.add_argument("--warmup", type=float, default=6.0, help="seconds of warm-up per server")
     a = ap.parse_args()
-    src = ROOT / "fixtures" / "visits.toml"
     servers: dict[str, tuple[subprocess.Popen, int]] = {}
     tmps: list[Path] = []
     try:
         for name, tree in (("before", a.base), ("after", a.new)):
             tmp = Path(tempfile.mkdtemp(prefix=f"doors-{name}-"))
             tmps.append(tmp)
-            policy = tmp / src.name
-            shutil.copy(src, policy)
-            for t in load_policy(src).tables.values():
-                if t.source_path is not None:
-                    shutil.copy(t.source_path, tmp / t.source_path.name)
-            users = UserStore(users_path(policy))
-            for i in range(a.connections):
-                users.add(f"bench{i}", b.PASSWORD)
-            servers[name] = start(tree, policy, a.workers)
+            servers[name] = start(tree, fixture_copy(tmp, a.connections), a.workers)
         print(
             f"{a.connections} connections, {a.seconds:g} s rounds, --workers {a.workers}, "
             f"{b._load()}"

@@ -23,10 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import bench_server as b
-from bench_server_ab import start
-
-from dpsql.policy import load_policy
-from dpsql.server.users import UserStore, users_path
+from bench_server_ab import fixture_copy, start
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,17 +88,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=45.0)
     ap.add_argument("--seconds", type=float, default=8.0)
     a = ap.parse_args()
-    src = ROOT / "fixtures" / "visits.toml"
     tmp = Path(tempfile.mkdtemp(prefix="server-threads-"))
-    policy = tmp / src.name
-    shutil.copy(src, policy)
-    for t in load_policy(src).tables.values():
-        if t.source_path is not None:
-            shutil.copy(t.source_path, tmp / t.source_path.name)
-    users = UserStore(users_path(policy))
-    for i in range(a.connections):
-        users.add(f"bench{i}", b.PASSWORD)
-    proc, port = start(a.tree, policy, a.workers)
+    proc, port = start(a.tree, fixture_copy(tmp, a.connections), a.workers)
     try:
         b.run_server((proc, port), a.connections, a.warmup, None, "warm")
         print(f"--workers {a.workers}, {a.connections} connections, {b._load()}")
