@@ -1100,8 +1100,10 @@ def _store_offsets(program: ColumnProgram, table: ColumnarTable) -> np.ndarray:
             else:
                 assert column.codes is not None
                 firsts = column.codes[table.unit_starts[:-1]]
-            offsets = unit_offsets(table, program.unit, grid)  # type: ignore[arg-type]
+            # per code, not kept: only this order of them is (8 bytes a unit less held)
+            offsets = unit_offsets(table, program.unit, grid, keep=False)  # type: ignore[arg-type]
             held = np.ascontiguousarray(offsets[firsts], dtype=np.int64)
+            del offsets
         held.setflags(write=False)
         table.masks[key] = held
     return held
@@ -1286,20 +1288,29 @@ _DENSE_SLOTS = 8
 _DENSE_MOST = 1 << 21
 
 
-def unit_offsets(table: ColumnarTable, unit: str, grid: int) -> np.ndarray:
+def unit_offsets(table: ColumnarTable, unit: str, grid: int, keep: bool = True) -> np.ndarray:
     """Per unit code of an integer unit column, the rounding offset U_u = ((u mod grid) ·
     ROUNDING_MULTIPLIER) mod grid (dpsql.lower.compile.unit_offset: the same integers; NULL 0),
-    computed once per table and kept on it (read-only)."""
+    computed once per table and kept on it (read-only), unless not ``keep`` (the store keeps
+    them in its units' order instead: :func:`_store_offsets`)."""
     from dpsql.plan.values import ROUNDING_MULTIPLIER
 
     key = ("offsets", unit, grid)
     held = table.masks.get(key)
     if held is None:
         column = table.columns[unit]
-        ids = np.array(column.labels[:-1], dtype=np.int64)
-        held = np.append((ids % grid) * ROUNDING_MULTIPLIER % grid, 0).astype(np.int64)
+        ids = np.asarray(column.labels[:-1], dtype=np.int64)
+        # in place in one array: the same int64 operations, without their five temporaries
+        # of 8 bytes a unit (80 MiB each at 10M units)
+        held = np.empty(len(ids) + 1, dtype=np.int64)
+        np.remainder(ids, grid, out=held[:-1])
+        del ids
+        held[:-1] *= ROUNDING_MULTIPLIER
+        held[:-1] %= grid
+        held[-1] = 0
         held.setflags(write=False)
-        table.masks[key] = held
+        if keep:
+            table.masks[key] = held
     return held
 
 
