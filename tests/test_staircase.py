@@ -245,3 +245,18 @@ def test_explain_names_the_staircase_and_the_answer_is_charged_its_epsilon(conn)
     assert any("m0: staircase noise" in str(r[1]) for r in rows if r[0] == "plan")
     plan = _plan(conn, "SELECT SUM(cost) FROM visits")
     assert float(plan.cost.epsilon) == pytest.approx(conn._settings.epsilon, rel=1e-12)
+
+
+@pytest.mark.parametrize("epsilon", [2.0**-54, 1e-9, 0.01, 1.0, 30.0, 700.0, 1000.0, 1e6, 1e300])
+@pytest.mark.parametrize("l1", [1.0, 3.0, 1e6, 2.0**40])
+def test_the_choice_and_its_closed_forms_hold_at_any_epsilon(epsilon: float, l1: float) -> None:
+    """A SUM's noise is chosen at planning, before anything is charged, for any ε a session
+    may set (SET epsilon = 1000 in the BI replay): the closed forms never divide by zero or
+    overflow (at ε = 1000, e^(-ε) is 0 in floats), the chosen noise has a finite E|X| and
+    tails in [0, 1], and the staircase's step is >= 1."""
+    noise = quieter_sum_noise(l1, epsilon)
+    assert math.isfinite(noise.expected_abs) and noise.expected_abs >= 0
+    for m in (-3, 0, 1, 2):
+        assert 0.0 <= noise._tail(m) <= 1.0
+    if isinstance(noise, Staircase):
+        assert 1 <= noise.step <= noise.period

@@ -478,8 +478,11 @@ def staircase_step(epsilon: float, period: int) -> int:
     γD, γ = 1/(1 + e^(ε/2)) (Geng & Viswanath 2016, Thm 3); on the integers E|X| is computed
     in closed form for the integers within 3 of γD and the least taken (ties: the smaller g).
     Any g in [0, D] is ε-DP (see :class:`Staircase`): g only moves E|X|."""
-    centre = round(period / (1 + math.exp(epsilon / 2)))
-    candidates = range(max(0, centre - 3), min(period, centre + 3) + 1)
+    half = math.exp(-epsilon / 2)  # γ = e^(-ε/2) / (1 + e^(-ε/2)): no overflow at large ε
+    centre = round(period * half / (1 + half))
+    # g >= 1: g = 0 only lowers f(0) to its neighbours' q (a larger E|X|), and at a large ε
+    # (q = 0 in floats) its normaliser would be 0
+    candidates = range(max(1, centre - 3), max(1, min(period, centre + 3)) + 1)
     return min(candidates, key=lambda g: (staircase_expected_abs(epsilon, period, g), g))
 
 
@@ -614,7 +617,11 @@ def quieter_sum_noise(l1: float, epsilon: float) -> Laplace | Staircase:
     discrete Laplace otherwise (Δ1 of a few units, where the two nearly coincide)."""
     laplace = Laplace(l1=l1, epsilon=epsilon)
     staircase = Staircase(l1=l1, epsilon=epsilon)
-    quieter = staircase.expected_abs < laplace.expected_abs * (1 - 1e-9)  # not a float tie
+    try:
+        ours, theirs = staircase.expected_abs, laplace.expected_abs
+    except (ArithmeticError, ValueError):  # the closed forms out of float range: keep Laplace
+        return laplace
+    quieter = math.isfinite(ours) and ours < theirs * (1 - 1e-9)  # not a float tie
     return staircase if quieter else laplace
 
 
