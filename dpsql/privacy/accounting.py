@@ -73,6 +73,12 @@ def exact(value: Amount) -> Fraction:
     k <= 64), so exact sums stay cheap. Fractions, ints, Decimals and strings ("1/3",
     "0.25") are taken as they are.
     """
+    if isinstance(value, float) and value.__class__ is float:  # first: no abstract classes
+        if not math.isfinite(value):
+            raise ValueError(f"a privacy parameter must be finite, got {value!r}")
+        return _from_float(value)
+    if isinstance(value, int) and value.__class__ is int:
+        return Fraction(value)
     if isinstance(value, Fraction):
         return value
     if isinstance(value, numbers.Integral):

@@ -186,6 +186,10 @@ def refuse_unless_fits(limits: list[LimitStatus], cost: Cost) -> None:
             raise exceeded(limit, cost)
 
 
+#: Nothing spent: one shared value (a Cost is immutable), not a new one each time a total is read.
+_NOTHING = Cost()
+
+
 class MemoryLedger:
     """A thread-safe, non-durable ledger: for tests and throw-away sessions.
 
@@ -214,7 +218,8 @@ class MemoryLedger:
             self._budgets[(analyst, dataset)] = budget
 
     def spent(self, analyst: str, dataset: str) -> Cost:
-        return self._spent.get((analyst, dataset), Cost())
+        spent = self._spent.get((analyst, dataset))
+        return _NOTHING if spent is None else spent
 
     def standing(self, analyst: str, dataset: str, default: Budget) -> tuple[Budget, Cost]:
         """The budget and the total spent together (SQLiteLedger reads both at once); a
@@ -256,7 +261,7 @@ class MemoryLedger:
         with self._lock:
             for pool in rules.pools():
                 period = period_of(pool.renew, now)
-                spent, charges = self._pools.get((pool.key, dataset, period), (Cost(), 0))
+                spent, charges = self._pools.get((pool.key, dataset, period), (_NOTHING, 0))
                 out.append(LimitStatus(pool.kind, pool.name, pool.budget, spent, period, charges))
         return out
 
@@ -270,11 +275,11 @@ class MemoryLedger:
         period = period_of(rules.renew, now)
         renewed = rules.renew is not None and stale(self._periods.get((analyst, dataset)), period)
         if renewed:
-            spent, charges = Cost(), 0
+            spent, charges = _NOTHING, 0
         limits = [LimitStatus("analyst", analyst, budget, spent, period, charges)]
         for pool in rules.pools(analyst):
             p = period_of(pool.renew, now)
-            total, n = self._pools.get((pool.key, dataset, p), (Cost(), 0))
+            total, n = self._pools.get((pool.key, dataset, p), (_NOTHING, 0))
             limits.append(LimitStatus(pool.kind, pool.name, pool.budget, total, p, n))
         return limits, renewed
 
