@@ -210,9 +210,8 @@ class CompiledQuery:
         return named, self._render_part(rest, dialect)
 
     def _render_part(self, part: exp.Expression, dialect: str) -> str:
-        text, secrets = _generate_ready(part, dialect)
-        pieces = text.split(_MARKER)
-        if len(pieces) != secrets + 1:  # the marker also occurs elsewhere
+        pieces = _secret_slots(*_generate_ready(part, dialect))
+        if not pieces:  # the marker also occurs elsewhere: print the secret as a literal
             text = _generate_ready(with_secret(part, self.secret), dialect)[0]
             return _swap(text, self.swaps)
         return str(int(self.secret)).join(_swap(p, self.swaps) for p in pieces)
@@ -292,7 +291,12 @@ def _hash_named(dialect: str) -> Callable[[exp.Expression], exp.Expression]:
 
 def _rendered_pieces(tree: exp.Expression, dialect: str) -> tuple[str, ...]:
     """The tree's text cut at each secret slot; () if a marker stands anywhere else."""
-    text, secrets = _generate(tree, dialect)
+    return _secret_slots(*_generate(tree, dialect))
+
+
+def _secret_slots(text: str, secrets: int) -> tuple[str, ...]:
+    """A rendered ``text`` holding ``secrets`` secret slots, cut at them; () if the marker
+    stands anywhere else too (the caller then prints the secret as a literal)."""
     pieces = tuple(text.split(_MARKER))
     return pieces if len(pieces) == secrets + 1 else ()
 
