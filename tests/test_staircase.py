@@ -260,3 +260,24 @@ def test_the_choice_and_its_closed_forms_hold_at_any_epsilon(epsilon: float, l1:
         assert 0.0 <= noise._tail(m) <= 1.0
     if isinstance(noise, Staircase):
         assert 1 <= noise.step <= noise.period
+
+
+@pytest.mark.parametrize(("l1", "epsilon"), [(2.0**30, 2.0**-40), (1e6, 1e-12), (2.0**40, 1e-6)])
+def test_a_staircase_beyond_the_samplers_range_is_refused_before_any_draw(
+    l1: float, epsilon: float
+) -> None:
+    """The plan's drawability check samples 0 draws before the charge: a staircase whose
+    draws could leave int64 (its magnitude is the Laplace's at scale D/ε) is refused there,
+    exactly where the Laplace at that scale is, not by an overflow after the charge."""
+    with pytest.raises(ValueError):
+        Laplace(l1=l1, epsilon=epsilon).sample(SeededNoise(7), 0)
+    with pytest.raises(ValueError):
+        Staircase(l1=l1, epsilon=epsilon).sample(SeededNoise(7), 0)
+
+
+def test_a_staircase_at_the_edge_of_the_range_draws_in_int64() -> None:
+    """Just inside the Laplace's range, both paths draw without overflow."""
+    noise = Staircase(l1=2.0**20, epsilon=2.0**-30)
+    assert noise.sample(SeededNoise(7), 0).size == 0
+    for size in (3, 40):
+        assert noise.sample(SeededNoise(7), size).dtype == np.int64

@@ -225,12 +225,17 @@ def _check_exact_scale(t: int, s: int) -> None:
 def staircase_parameters(epsilon: float, period: int, step: int) -> tuple[int, int]:
     """(p, q) with ε = p/q exactly (the float's own rational: nothing is rounded, so the
     sampler's ratio e^(-ε) is the one the privacy map states), after checking the period D >= 1
-    and the step 0 <= g <= D: ValueError otherwise, before any draw."""
+    and the step 0 <= g <= D, and that its draws stay in the exact sampler's integers: its
+    magnitude is the discrete Laplace's at scale D/ε (j geometric of ratio e^(-ε), times D),
+    so it is held to that Laplace's range (:func:`check_laplace_drawable`). ValueError
+    otherwise, before any draw: a plan's check (size 0) refuses it before the charge, as it
+    does the Laplace, instead of a draw overflowing after it."""
     eps = _check_positive("epsilon", epsilon)
     if not (isinstance(period, int) and isinstance(step, int) and period >= 1):
         raise ValueError(f"the staircase needs an integer period >= 1, got {period!r}")
     if not 0 <= step <= period:
         raise ValueError(f"the staircase's step must be in [0, {period}], got {step!r}")
+    check_laplace_drawable(period / epsilon)
     return eps.numerator, eps.denominator
 
 
