@@ -6,8 +6,9 @@ millisecond goes"): it is the loop's own work and the hand-offs between the loop
 statement threads. This prints, for one round of ``bench_server.py``'s DP queries after a
 warm-up, the user and system CPU and the voluntary / involuntary context switches a query of
 each process's main thread (the event loop) and of its other threads (statements, the group
-commit, DuckDB), read from ``/proc/PID/task/*`` (Linux) before and after the round. Switches a
-query depend much less on the machine's load than CPU does.
+commit, DuckDB; connections' own threads), read from ``/proc/PID/task/*`` (Linux) at an eighth
+and at seven eighths of the round (the queries between: the round's rate times the interval).
+Switches a query depend much less on the machine's load than CPU does.
 
     python bench/bench_server_threads.py --workers 2 --warmup 45 --seconds 8
     python bench/bench_server_threads.py --tree /tmp/before --workers 1   # another source tree
@@ -18,6 +19,8 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -93,10 +96,22 @@ def main() -> None:
     try:
         b.run_server((proc, port), a.connections, a.warmup, None, "warm")
         print(f"--workers {a.workers}, {a.connections} connections, {b._load()}")
-        before = threads(proc.pid)
+        # Read inside the round (its connections open): a server that serves each connection
+        # on a thread of its own (dpsql.server.door) ends those threads with the round.
+        samples: list[tuple[float, Counts]] = []
+
+        def sample() -> None:
+            samples.append((time.monotonic(), threads(proc.pid)))
+
+        inner = max(0.5, a.seconds / 8)
+        timers = [threading.Timer(inner, sample), threading.Timer(a.seconds - inner, sample)]
+        for timer in timers:
+            timer.start()
         rate = b.run_server((proc, port), a.connections, a.seconds, None, "round")
-        after = threads(proc.pid)
-        report(before, after, max(1, round(rate * a.seconds)))  # queries, within ~1%
+        for timer in timers:
+            timer.join()
+        (t0, before), (t1, after) = samples
+        report(before, after, max(1, round(rate * (t1 - t0))))  # queries, within a few %
         print(b._load())
     finally:
         proc.terminate()

@@ -131,13 +131,18 @@ class FakeServer(Server):
         return session
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@pytest.fixture(scope="module", params=["door", "loop"])
+def server(tmp_path_factory, request):
+    """The server, serving each logged-in connection on a thread of its own (the default,
+    dpsql.server.door) or every statement through the event loop (as TLS connections are)."""
     users = UserStore(tmp_path_factory.mktemp("users") / "visits.users.json")
     users.add("alice", "pw-alice")
     users.add("bob", "pw-bob")
     service = FakeService()
-    thread = ServerThread(lambda: FakeServer(service, users, max_message=64 * 1024))
+    threaded = request.param == "door"
+    thread = ServerThread(
+        lambda: FakeServer(service, users, max_message=64 * 1024, threaded=threaded)
+    )
     thread.start()
     thread.service = service  # type: ignore[attr-defined]
     yield thread
