@@ -117,8 +117,11 @@ def test_the_store_holds_narrow_codes_and_fills_fixed_rows_when_read(tmp_path):
         expected = svc.engine.execute(dataclasses.replace(compiled, program=None))
         assert _canonical(fast) == _canonical(expected)
         assert "codes" not in vars(unit)  # the pass read the runs, never a code a row
+        assert table.columns[sums[0]].type == "int"
         done = [key for key, i in (store.fixed_index or {}).items() if fixed._done[i]]
-        assert done and {key[1] for key in done} == {sums[0]}  # only the column it sums
+        assert not done  # an int column's rows are looked up at its codes, never filled
+        looked = [key for key, i in (store.fixed_index or {}).items() if fixed._looked[i]]
+        assert looked and {key[1] for key in looked} == {sums[0]}  # only the column it sums
         # every row filled on a whole read, each the same integers as a filling by parts
         whole = store.fixed
         assert whole is not None and all(fixed._done)
@@ -191,7 +194,8 @@ def test_a_float_columns_fixed_points_computed_in_the_pass_are_its_rows(tmp_path
         index = store.fixed_index or {}
         rows = {i: key for key, i in index.items() if key[1] == "x"}
         assert len(rows) >= 3  # two fixed-point ranges and the excess
-        assert all((fixed.fused[i] is not None) == (i in rows) for i in index.values())
+        from_floats = {i for i, f in enumerate(fixed.fused) if f is not None and f[0] < 3.0}
+        assert from_floats == set(rows)  # x's, computed from its values (an int's: looked up)
         sql = "SELECT k, COUNT(*), SUM(x), AVG(x) FROM t1 GROUP BY k"
         compiled = _compiled(svc, sql, bias=True)
         assert compiled.program is not None
@@ -251,5 +255,116 @@ def test_a_stores_int_labels_are_one_int64_array(tmp_path):
         fast = columnar.run(compiled.program, store, policy.tables["t1"], compiled.swaps)
         expected = svc.engine.execute(dataclasses.replace(compiled, program=None))
         assert fast is not None and _canonical(fast) == _canonical(expected)
+    finally:
+        svc.close()
+
+
+def _widened(store: columnar.ColumnarTable, policy, widths: dict[str, type]):
+    """``store`` clustered again with the named int columns' codes widened (uint16, int32:
+    the codes of a domain over 256 and over 65,536 values), copied into a new code array."""
+    columns = {
+        name: dataclasses.replace(c, held_codes=c.held_codes.astype(widths[name]))
+        if name in widths else c
+        for name, c in store.columns.items()
+    }  # fmt: skip
+    table = columnar.ColumnarTable(store.name, store.version, store.rows, columns, store.capacity)
+    return columnar.cluster(table, policy)
+
+
+INT_QUERIES = [
+    "SELECT k, COUNT(*), SUM(a), AVG(a) FROM t1 GROUP BY k",
+    "SELECT t, SUM(a), VARIANCE(a), SUM(k) FROM t1 WHERE a > 3 OR x < 1 GROUP BY t",
+    "SELECT COUNT(*), SUM(a), AVG(k), SUM(x) FROM t1 WHERE b",
+    "SELECT b, SUM(a), AVG(a) FROM t1 WHERE k IN (1, 4) GROUP BY b",
+]
+
+
+@pytest.mark.skipif(not clustered.available(), reason="numba is not installed")
+def test_an_int_columns_fixed_points_are_looked_up_in_the_pass_never_filled(tmp_path, monkeypatch):
+    """An int column's fixed-point and clamp-excess values are looked up by the compiled
+    pass at each row's code in a table of its domain (clustered._look_up; blocks of 7 rows,
+    so units and blocks cut each other), on codes of 1, 2 and 4 bytes: no full-length row is
+    filled (its row's compute raises if called), no array of the table's length is made for
+    it (its values are never gathered whole, its tables are its domain long), the very
+    integers its filled rows hold, and the SQL's answers."""
+    monkeypatch.setattr(clustered, "_BLOCK", 7)
+    svc, policy, built = _store(tmp_path, unit=True, bounding="scale", groups=2)
+    table = policy.tables["t1"]
+    try:
+        for store in (built, _widened(built, table, {"a": np.uint16, "k": np.int32})):
+            fixed = store.fixed_rows
+            index = store.fixed_index or {}
+            assert fixed is not None and fixed.codes is not None
+            ints = {i: key for key, i in index.items() if key[1] in ("a", "k")}
+            assert len(ints) >= 5  # a's two ranges and excess, k's range(s) and excess
+            assert {i for i, f in enumerate(fixed.fused) if f and f[0] == 3.0} == set(ints)
+            widths = {store.columns[n].held_codes.dtype.itemsize for n in ("a", "k")}
+            assert widths in ({1}, {2, 4})
+
+            def never(lo, hi):
+                raise AssertionError("an int column's fixed-point row was filled")
+
+            kept_computes = list(fixed._compute)
+            for i in ints:
+                fixed._compute[i] = never
+            for sql in INT_QUERIES:
+                compiled = _compiled(svc, sql, bias=True)
+                assert compiled.program is not None, sql
+                fast = columnar.run(compiled.program, store, table, compiled.swaps)
+                expected = svc.engine.execute(dataclasses.replace(compiled, program=None))
+                assert fast is not None and _canonical(fast) == _canonical(expected), sql
+            assert not any(fixed._done[i] for i in ints)
+            looked = [ints[i] for i in ints if fixed._looked[i]]  # read by some query
+            assert {key[:2] for key in looked} >= {(r, n) for r in ("fixed", "excess")
+                                                   for n in ("a", "k")}  # fmt: skip
+            for name in ("a", "k"):
+                assert "values" not in vars(store.columns[name])  # never gathered whole
+            domains = sum(len(store.columns[key[1]].labels) for key in ints.values())
+            assert len(fixed.lut) == domains < store.rows  # tables of the domains, not rows
+            # the very integers of the filled rows (the numpy path fills them, as before)
+            fixed._compute[:] = kept_computes
+            whole = store.fixed
+            assert whole is not None
+            order = sorted(ints)
+            fixed.looked_up(order)  # the tables no query read (a narrower range's)
+            computed = clustered.fused_values(
+                fixed.floats, [fixed.fused[i] for i in order], store.rows, fixed.codes, fixed.lut
+            )
+            for j, i in enumerate(order):
+                kept = ~store.columns[ints[i][1]].nulls
+                assert np.array_equal(computed[j][kept], whole[i][kept].astype(np.int64)), ints[i]
+    finally:
+        svc.close()
+
+
+@pytest.mark.skipif(not clustered.available(), reason="numba is not installed")
+def test_an_int_columns_looked_up_fixed_points_give_the_filled_rows_answers(tmp_path):
+    """Bit-identical to the store before the lookup: every exact aggregate (bias measures
+    included) of a pass that looks an int column's fixed points up equals that of a pass
+    reading its filled rows (the lookup switched off: fused None, as before), for the same
+    compiled query and secret, so every released answer is the same."""
+    svc, policy, store = _store(tmp_path, unit=True, bounding="scale", groups=2)
+    table = policy.tables["t1"]
+    try:
+        old = columnar.cluster(
+            columnar.ColumnarTable(store.name, store.version, store.rows, store.columns,
+                                   store.capacity), table,
+        )  # fmt: skip
+        assert old.fixed_rows is not None
+        old.fixed_rows.fused = [
+            f if f is None or f[0] < 3.0 else None for f in old.fixed_rows.fused
+        ]
+        for sql in INT_QUERIES:
+            for bias in (True, False):
+                compiled = _compiled(svc, sql, bias=bias)
+                assert compiled.program is not None
+                new = columnar.run(compiled.program, store, table, compiled.swaps)
+                before = columnar.run(compiled.program, old, table, compiled.swaps)
+                assert new is not None and before is not None
+                assert new.key_rows == before.key_rows, sql
+                assert [list(m) for m in new.measures] == [list(m) for m in before.measures], sql
+                assert new.key_types == before.key_types
+        assert old.fixed_rows._done != [False] * len(old.fixed_rows._done)  # it filled them
+        assert not any(store.fixed_rows._done)  # the lookup filled none
     finally:
         svc.close()

@@ -148,17 +148,27 @@ def _excess(x: Any, g: Any, a: Any, b: Any, w: Any) -> Any:  # pragma: no cover 
 
 
 def _fill(  # pragma: no cover - compiled
-    floats: np.ndarray, fused: np.ndarray, buf: np.ndarray, b0: Any, b1: Any
+    floats: np.ndarray,
+    codes: np.ndarray,
+    lut: np.ndarray,
+    fused: np.ndarray,
+    buf: np.ndarray,
+    b0: Any,
+    b1: Any,
 ) -> None:
     """Rows ``b0`` .. ``b1`` of each fixed-point row the pass computes (``fused[j, 0]`` 1:
     columnar._fixed_point with g, a, b = ``fused[j, 2:5]`` of the float column ``floats[fused[j,
-    1]]``; 2: columnar._clamp_excess with g, lower, upper, W = ``fused[j, 2:6]``; 0: none)
-    into ``buf[j, :b1 - b0]``: one flat loop each over a block of rows, which the compiler
-    vectorises (~0.5 ns a row; computed row by row inside the pass it cost ~5). No
-    full-length row of fixed points exists (4 bytes a row each, 800 MiB at 100M)."""
+    1]]``; 2: columnar._clamp_excess with g, lower, upper, W = ``fused[j, 2:6]``; 3: an int
+    column's, :func:`_look_up`; 0: none) into ``buf[j, :b1 - b0]``: one flat loop each over a
+    block of rows, which the compiler vectorises (~0.5 ns a row; computed row by row inside
+    the pass it cost ~5). No full-length row of fixed points exists (4 bytes a row each, 800
+    MiB at 100M)."""
     for j in range(fused.shape[0]):
         source = fused[j, 0]
         if source == 0.0:
+            continue
+        if source == 3.0:
+            _look_up(codes, lut, fused[j], buf[j], b0, b1)
             continue
         # slices indexed by the loop's own counter: no negative-index test per row, which
         # kept the loop from being vectorised (~7 ns a row instead of ~0.5)
@@ -173,6 +183,33 @@ def _fill(  # pragma: no cover - compiled
                 out[r] = _excess(x[r], g, a, b, w)
 
 
+def _look_up(  # pragma: no cover - compiled
+    codes: np.ndarray, lut: np.ndarray, source: np.ndarray, out: np.ndarray, b0: Any, b1: Any
+) -> None:
+    """An int column's fixed points (or clamp excesses) of rows ``b0`` .. ``b1`` into ``out``:
+    each row's value at its code in the column's table (``lut[o + code]``, o = ``source[1]``;
+    columnar.FixedRows computes that table once from the column's labels, the same function
+    of the same value, so the same integer as its filled row), its codes read from the byte
+    array ``codes`` at ``source[2]``, ``source[3]`` bytes a code (the store's own codes, no
+    copy). A gather from a table of the column's domain, not a row of 4 bytes a row."""
+    o = np.int64(source[1])
+    at = np.int64(source[2])
+    width = np.int64(source[3])
+    n = b1 - b0
+    if width == 1:
+        c1 = codes[at + b0 : at + b1]
+        for r in range(n):
+            out[r] = np.int64(lut[o + np.int64(c1[r])])
+    elif width == 2:
+        c2 = codes[at + 2 * b0 : at + 2 * b1].view(np.uint16)
+        for r in range(n):
+            out[r] = np.int64(lut[o + np.int64(c2[r])])
+    else:
+        c4 = codes[at + 4 * b0 : at + 4 * b1].view(np.int32)
+        for r in range(n):
+            out[r] = np.int64(lut[o + np.int64(c4[r])])
+
+
 #: rows of a block of computed fixed points (:func:`_fill`): a source's block is 16 KiB,
 #: in the core's cache while the pass reads it (an argument of the kernels, not a constant
 #: compiled in: tests cut units with blocks of a few rows)
@@ -180,11 +217,11 @@ _BLOCK = 2048
 
 
 def _fused_values(  # pragma: no cover - compiled
-    floats: np.ndarray, fused: np.ndarray, out: np.ndarray
+    floats: np.ndarray, codes: np.ndarray, lut: np.ndarray, fused: np.ndarray, out: np.ndarray
 ) -> None:
     """Every row's value of each source of ``fused`` (tests: the very integers of the rows
     columnar.FixedRows fills), by the passes' own :func:`_fill`."""
-    _fill(floats, fused, out, 0, out.shape[1])
+    _fill(floats, codes, lut, fused, out, 0, out.shape[1])
 
 
 def _accumulate(  # pragma: no cover - compiled
@@ -197,6 +234,8 @@ def _accumulate(  # pragma: no cover - compiled
     weight: np.ndarray,
     fixed: np.ndarray,
     floats: np.ndarray,
+    codes: np.ndarray,
+    lut: np.ndarray,
     fused: np.ndarray,
     buf: np.ndarray,
     slots: np.ndarray,
@@ -223,7 +262,7 @@ def _accumulate(  # pragma: no cover - compiled
     for i in range(lo, hi):
         if i >= b1:
             b0, b1 = i, min(group.shape[0], i + block)
-            _fill(floats, fused, buf, b0, b1)
+            _fill(floats, codes, lut, fused, buf, b0, b1)
         w = np.int64(weight[i])
         s = group[i]
         if not seen[s]:
@@ -276,6 +315,8 @@ def _bound_units(  # pragma: no cover - compiled
     weight: np.ndarray,
     fixed: np.ndarray,
     floats: np.ndarray,
+    codes: np.ndarray,
+    lut: np.ndarray,
     fused: np.ndarray,
     slots: np.ndarray,
     nulls: np.ndarray,
@@ -310,13 +351,11 @@ def _bound_units(  # pragma: no cover - compiled
     a measure with ``grids[j]`` > 0) are rounded per unit to integers as
     dpsql.lower.compile.rounded_counts does: over the unit's pairs in group-code order, with
     A the running sum of the shares w and U = ``offsets[u]``, (A + U) // F - (A - w + U) // F.
-
     Fixed shapes: every row is accumulated with its weight (0 for a row the WHERE drops) and
     every pair of the unit's rows is bounded (an empty one adds zeros), so the work depends on
     the table, not on which rows the WHERE keeps (docs/threat_model.md, "Column programs").
-    The branch on a weighted count: a pair within R (n <= R) skips the quotients that are
-    then exact products or 0 (R/n of its values; the bias measures' cut), a few nanoseconds of
-    that pair's own bounding."""
+    The branch on a weighted count: a pair within R (n <= R) skips the quotients that are then
+    exact products or 0 (R/n of its values; the bias measures' cut), a few ns of its bounding."""
     M = kinds.shape[0]
     buf, b0, b1 = _blocks(fused, slots, group.shape[0], block)
     n_loc = np.zeros(size, dtype=np.int64)
@@ -332,9 +371,9 @@ def _bound_units(  # pragma: no cover - compiled
         rounds = rounds or grids[j] > 0
     for u in range(starts.shape[0] - 1):
         t, b0, b1 = _accumulate(
-            starts[u], starts[u + 1], b0, b1, block, group, weight, fixed, floats, fused, buf,
-            slots, nulls, fixed_rows, null_rows, kinds, centers, centers2, lows, highs, seen,
-            touched, n_loc, acc,
+            starts[u], starts[u + 1], b0, b1, block, group, weight, fixed, floats, codes, lut,
+            fused, buf, slots, nulls, fixed_rows, null_rows, kinds, centers, centers2, lows,
+            highs, seen, touched, n_loc, acc,
         )  # fmt: skip
         k = _nonempty(touched, t, n_loc)
         kept = min(k, G)
@@ -397,6 +436,8 @@ def _row_sums(  # pragma: no cover - compiled
     weight: np.ndarray,
     fixed: np.ndarray,
     floats: np.ndarray,
+    codes: np.ndarray,
+    lut: np.ndarray,
     fused: np.ndarray,
     slots: np.ndarray,
     nulls: np.ndarray,
@@ -419,7 +460,7 @@ def _row_sums(  # pragma: no cover - compiled
     for lo in range(0, group.shape[0], step):
         hi = min(group.shape[0], lo + step)
         if b1 == 0:
-            _fill(floats, fused, buf, lo, hi)
+            _fill(floats, codes, lut, fused, buf, lo, hi)
         for r in range(hi - lo):  # r: an offset into the block, never negative
             i = lo + r
             w = np.int64(weight[i])
@@ -482,6 +523,7 @@ if _jit is not None:
     _excess = _inline(_excess)
     # inlined: an opaque call inside the unit loop cost the pass ~20% (bound_units 422 vs
     # 347 ms at 10M against the rows read; inlined 294)
+    _look_up = _inline(_look_up)
     _fill = _inline(_fill)
     _blocks = _inline(_blocks)
     _fused_values = _jit(_fused_values)
@@ -510,6 +552,8 @@ def bound_units(
     clamps: list[tuple[int, int]] | None = None,
     floats: np.ndarray | None = None,
     fused: list[tuple[float, ...]] | None = None,
+    codes: np.ndarray | None = None,
+    lut: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Run the kernel; ``measures``: per value measure (kind, grid, centre, centre², scale,
     cap), its value read from row ``fixed_rows[j]`` of ``fixed`` unless row ``null_rows[j]``
@@ -518,7 +562,9 @@ def bound_units(
     ``clamps``: per measure, [low, high] its value is clamped to as read (None: not clamped);
     ``fused``: per measure (source, row of ``floats``, g, a, b, W), source 1 or 2 for a fixed
     point the pass computes from ``floats`` instead of reading ``fixed`` (:func:`_fill`: once
-    per block for every measure with the same source).
+    per block for every measure with the same source), or (3, offset in ``lut``, offset in
+    ``codes``, bytes a code, 0, 0) for an int column's, looked up at its codes
+    (:func:`_look_up`; ``lut`` of ``fixed``'s dtype).
     Returns per group: bounded row counts, unit counts, each value
     measure's total (one row each) and the number of non-empty pairs."""
     m = len(measures)
@@ -529,12 +575,15 @@ def bound_units(
     values_out = np.zeros((m, size), dtype=np.int64)
     some_out = np.zeros(size, dtype=np.int64)
     floats, table, slots = _fused(floats, fused, m)
+    codes, lut = _lookups(codes, lut, fixed.dtype)
     _bound_units(
         _ro(starts),
         _ro(group),
         _ro(weight),
         _ro(fixed),
         _ro(floats),
+        _ro(codes),
+        _ro(lut),
         _ro(table),
         _ro(slots),
         _ro(nulls),
@@ -581,9 +630,11 @@ def row_sums(
     clamps: list[tuple[int, int]] | None = None,
     floats: np.ndarray | None = None,
     fused: list[tuple[float, ...]] | None = None,
+    codes: np.ndarray | None = None,
+    lut: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Run the row-level kernel (``measures``, ``clamps``, ``floats`` and ``fused`` as for
-    :func:`bound_units`):
+    """Run the row-level kernel (``measures``, ``clamps``, ``floats``, ``fused``, ``codes``
+    and ``lut`` as for :func:`bound_units`):
     per group, the kept rows and each value measure's total (one row each)."""
     m = len(measures)
     spec = np.array(measures, dtype=np.int64).reshape(m, 6)
@@ -591,11 +642,14 @@ def row_sums(
     rows_out = np.zeros(size, dtype=np.int64)
     values_out = np.zeros((m, size), dtype=np.int64)
     floats, table, slots = _fused(floats, fused, m)
+    codes, lut = _lookups(codes, lut, fixed.dtype)
     _row_sums(
         _ro(group),
         _ro(weight),
         _ro(fixed),
         _ro(floats),
+        _ro(codes),
+        _ro(lut),
         _ro(table),
         _ro(slots),
         _ro(nulls),
@@ -643,10 +697,33 @@ def _fused(
     return floats, table, slots
 
 
-def fused_values(floats: np.ndarray, fused: list[tuple[float, ...]], rows: int) -> np.ndarray:
-    """Each ``fused`` source's value on every row of ``floats`` (int64, one row each, in
-    order: each a distinct source): what the passes compute in place of a row of fixed
-    points (tests compare them)."""
+def fused_values(
+    floats: np.ndarray | None,
+    fused: list[tuple[float, ...]],
+    rows: int,
+    codes: np.ndarray | None = None,
+    lut: np.ndarray | None = None,
+) -> np.ndarray:
+    """Each ``fused`` source's value on every row (int64, one row each, in order: each a
+    distinct source): what the passes compute in place of a row of fixed points (tests
+    compare them)."""
     out = np.zeros((len(fused), rows), dtype=np.int64)
-    _fused_values(_ro(floats), _ro(_fused(floats, fused, len(fused))[1]), out)
+    floats, table, _ = _fused(floats, fused, len(fused))
+    codes, lut = _lookups(codes, lut, lut.dtype if lut is not None else np.int64)
+    _fused_values(_ro(floats), _ro(codes), _ro(lut), _ro(table), out)
     return out
+
+
+def _lookups(
+    codes: np.ndarray | None, lut: np.ndarray | None, dtype: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """The int columns' code bytes and tables of fixed points (:func:`_look_up`), dummies
+    where none: the table of ``dtype`` (a kernel's fixed points' own: one compiled signature
+    each, as without a table)."""
+    if codes is None or len(codes) == 0:
+        codes = np.zeros(8, dtype=np.uint8)
+    if lut is None or len(lut) == 0:
+        lut = np.zeros(1, dtype=dtype)
+    if lut.dtype != dtype:
+        raise TypeError("a table of fixed points has its rows' dtype")
+    return codes, lut

@@ -192,6 +192,8 @@ class FixedRows:
         self, matrix: np.ndarray, compute: list[Callable[[int, int], np.ndarray]],
         nulls: list[np.ndarray], floats: np.ndarray | None = None,
         fused: list[tuple[float, ...] | None] | None = None,
+        codes: np.ndarray | None = None,
+        lookups: list[tuple[int, int, Callable[[], np.ndarray]] | None] | None = None,
     ) -> None:  # fmt: skip
         self.matrix = matrix
         # the float columns, one row each, and per row of ``matrix`` the (source, row of
@@ -200,12 +202,36 @@ class FixedRows:
         # the row: a float column's rows are never filled for the pass (~4 bytes a row each)
         self.floats = floats
         self.fused = fused if fused is not None else [None] * len(compute)
+        # nor an int column's: ``codes`` holds the int columns' codes (the store's own,
+        # :func:`_code_arena`), and per row ``lookups`` its table's offset and length in
+        # ``lut`` and its value at each of its column's codes (the same function of the same
+        # value as its filled row), which the pass reads at each row's code instead
+        # (clustered._look_up; ``fused`` (3, offset, ...)): the column's domain long, not a
+        # row of the table, computed the first time a pass reads it (:meth:`looked_up`)
+        self.codes = codes
+        self._lookups = lookups if lookups is not None else [None] * len(compute)
+        size = max([at + n for at, n, _ in filter(None, self._lookups)] or [0])
+        self.lut = np.empty(size, dtype=matrix.dtype)
+        self._looked = [False] * len(compute)
         self._compute = compute
         self._nulls = nulls
         self._done = [False] * len(compute)
         self._lock = threading.Lock()
         self._view = matrix.view()
         self._view.flags.writeable = False
+
+    def looked_up(self, rows: Any) -> None:
+        """The tables of those of ``rows`` that are an int column's, computed if not yet."""
+        wanted = [i for i in rows if self._lookups[i] is not None and not self._looked[i]]
+        if wanted:
+            with self._lock, np.errstate(all="ignore"):
+                for i in wanted:
+                    entry = self._lookups[i]
+                    if self._looked[i] or entry is None:
+                        continue
+                    at, n, compute = entry
+                    self.lut[at : at + n] = compute()
+                    self._looked[i] = True
 
     def filled(self, rows: Any) -> np.ndarray:
         """The matrix (read-only) with ``rows`` computed."""
@@ -298,8 +324,15 @@ def load_clustered(
         keys.append((f"__n{i}", np.bool_))
     # an int unit's codes are kept as runs (cluster), made range by range: never a code a row
     as_runs = unit is not None and readable[unit].type == "int"
+    # an int column's codes in one byte array (what the compiled pass looks its fixed points
+    # up from: cluster, _code_arena)
+    coded = {
+        f"__c{i}": c.name for i, c in enumerate(readable)
+        if c.type == "int" and not (as_runs and i == unit)
+    }  # fmt: skip
+    arena, code_at, views = _arena({key: (dtype, rows) for key, dtype in keys if key in coded})
     held: dict[str, np.ndarray] = {
-        key: np.empty(rows, dtype=dtype)
+        key: views[key] if key in coded else np.empty(rows, dtype=dtype)
         for key, dtype in keys
         if not key.startswith("__n") and dtype is not np.float64
         and not (as_runs and key == f"__c{unit}")
@@ -343,7 +376,8 @@ def load_clustered(
             values[missing] = 0
         columns[c.name] = Column(c.type, values, missing, codes, labels.get(c.name, ()))
     table_ = ColumnarTable(table.name, version, rows, columns, capacity)
-    return cluster(table_, table, nulls, floats)
+    at = {coded[key]: offset for key, offset in code_at.items()}
+    return cluster(table_, table, nulls, floats, (arena, at))
 
 
 def _joined_runs(
@@ -584,34 +618,37 @@ def cluster(
     policy: TablePolicy,
     nulls: np.ndarray | None = None,
     floats: np.ndarray | None = None,
+    codes: tuple[np.ndarray, dict[str, int]] | None = None,
 ) -> ColumnarTable:
     """``table`` as a store for the compiled pass (dpsql.engine.clustered): its rows ordered
     by privacy unit (its dense codes, NULL last; a stable sort, and none when the rows come
     ordered), each unit's first row, the fixed point of every bounded numeric column at its
     declared bounds (dpsql.lower.compile.fixed_point_expr, as :func:`_fixed_point`; each row
     computed when first read: :class:`FixedRows`) and every column's NULLs, one row each
-    (``nulls``: that matrix already, the columns' masks its rows). The same rows as
-    ``table``: every program's result is the same integers."""
+    (``nulls``: that matrix already, the columns' masks its rows; ``floats``: the float
+    columns' matrix already; ``codes``: a byte array holding the int columns' codes already
+    and each one's offset, :func:`_code_arena`). The same rows as ``table``: every
+    program's result is the same integers."""
     unit = policy.privacy_unit
     columns = dict(table.columns)
     if unit is not None and unit in columns and columns[unit].runs is not None:
         unit_starts = columns[unit].runs[0]  # type: ignore[index]  # built clustered
     elif unit is not None and unit in columns:
-        codes = columns[unit].codes
-        assert codes is not None
-        if len(codes) > 1 and bool(np.any(codes[1:] < codes[:-1])):
-            order = np.argsort(codes, kind="stable")
+        ordered = columns[unit].codes
+        assert ordered is not None
+        if len(ordered) > 1 and bool(np.any(ordered[1:] < ordered[:-1])):
+            order = np.argsort(ordered, kind="stable")
             columns = {name: _take(column, order) for name, column in columns.items()}
-            nulls = floats = None
-            codes = columns[unit].codes
-            assert codes is not None
-        starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])[: len(codes)]
-        unit_starts = np.append(starts.astype(np.int64), len(codes))
+            nulls = floats = codes = None
+            ordered = columns[unit].codes
+            assert ordered is not None
+        starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])[: len(ordered)]
+        unit_starts = np.append(starts.astype(np.int64), len(ordered))
         held = columns[unit]
         if held.kind == "int" and held.stored is None:  # its codes: one a unit, not a row
-            runs = (unit_starts, np.ascontiguousarray(codes[starts]))
+            runs = (unit_starts, np.ascontiguousarray(ordered[starts]))
             columns[unit] = replace(held, held_codes=None, runs=runs)
-        del codes
+        del ordered
     else:
         unit, unit_starts = None, None
     # every column's NULLs, one row each; the columns' own masks become views of its rows
@@ -626,49 +663,15 @@ def cluster(
             for i, (name, column) in enumerate(columns.items())
         }
     floats, columns = _float_matrix(columns, floats)
-    float_rows = {
-        name: k for k, name in enumerate(c for c in columns if columns[c].kind == "float")
-    }
-    fixed_index: dict[tuple[str, str, int, int], int] = {}
-    # each row's values over rows lo .. hi, computed when filled; for a float column's row
-    # what the compiled pass computes it from instead (FixedRows.fused)
-    rows_of: list[Callable[[int, int], np.ndarray]] = []
-    fused: list[tuple[float, ...] | None] = []
-    for name, column in columns.items():
-        spec = policy.columns[name]
-        if not (spec.numeric and spec.bounded and column.kind in ("int", "float")):
-            continue
-        lo, hi = fixed_point_bounds(spec.lower, spec.upper, spec.granularity)  # type: ignore[arg-type]
-        k = float_rows.get(name)
-        g = float(spec.granularity)  # type: ignore[arg-type]
-        for a, b in ((lo, hi), bias.measure_range("cut", lo, hi)):
-            if max(abs(a), abs(b)) <= 2**53 and ("fixed", name, a, b) not in fixed_index:
-                fixed_index[("fixed", name, a, b)] = len(rows_of)
-                rows_of.append(_slice_of(_fixed_point, column, spec, a, b))
-                # a float column's: computed by the pass block by block (clustered._fill),
-                # never a full-length row (4 bytes a row each; filled only for numpy's path)
-                fused.append((1.0, k, g, float(a), float(b), 0.0) if k is not None else None)
-        fixed_index[("excess", name, lo, hi)] = len(rows_of)
-        rows_of.append(_slice_of(_clamp_excess, column, spec, max(hi - lo, 1)))
-        bounds = (float(spec.lower), float(spec.upper), float(max(hi - lo, 1)))  # type: ignore[arg-type]
-        fused.append((2.0, k, g, *bounds) if k is not None else None)
-    # every row lies within its range ([lo, hi], the cut's widened one, or [-W, W] for the
-    # excess): int32 when all ranges fit (decided from the policy's bounds), half the memory;
-    # each row filled when a program first reads it (FixedRows)
-    ranges = [abs(b) for (_, _, lo_, hi_) in fixed_index for b in (lo_, hi_)]
-    widths = [3 * max(hi_ - lo_, 1) for (_, _, lo_, hi_) in fixed_index]
-    small = max([*ranges, *widths, 0]) < 2**31 - 1
-    fixed = np.empty((len(rows_of), table.rows), dtype=np.int32 if small else np.int64)
-    for array in (nulls, unit_starts, floats):
+    arena, code_at, columns = _code_arena(columns, policy, codes)
+    fixed_rows, fixed_index = _fixed_rows(columns, policy, table.rows, floats, (arena, code_at))
+    for array in (nulls, unit_starts, floats, arena):
         if array is not None:
             array.setflags(write=False)
     for column in columns.values():
         for array in (column.stored, column.nulls, column.held_codes, *(column.runs or ())):
             if array is not None:
                 array.setflags(write=False)
-    row_nulls = [columns[name].nulls for (_, name, _, _) in sorted(
-        fixed_index, key=fixed_index.__getitem__)]  # fmt: skip
-    fixed_rows = FixedRows(fixed, rows_of, row_nulls, floats, fused)
     return ColumnarTable(
         table.name,
         table.version,
@@ -682,6 +685,138 @@ def cluster(
         nulls,
         nulls_index,
     )
+
+
+def _fixed_rows(
+    columns: dict[str, Column],
+    policy: TablePolicy,
+    rows: int,
+    floats: np.ndarray,
+    codes: tuple[np.ndarray, dict[str, int]],
+) -> tuple[FixedRows, dict[tuple[str, str, int, int], int]]:
+    """The store's fixed-point rows (:class:`FixedRows`, none computed yet) and their index:
+    per bounded numeric column its fixed point at its declared bounds and at a cut measure's
+    widened ones, and a clamped measure's excess."""
+    float_rows = {
+        name: k for k, name in enumerate(c for c in columns if columns[c].kind == "float")
+    }
+    arena, code_at = codes
+    fixed_index: dict[tuple[str, str, int, int], int] = {}
+    # each row's values over rows lo .. hi, computed when filled; for a float column's row
+    # what the compiled pass computes it from instead (FixedRows.fused), for an int column's
+    # its table by code (FixedRows.lookups: its offset, length and values)
+    rows_of: list[Callable[[int, int], np.ndarray]] = []
+    fused: list[tuple[float, ...] | None] = []
+    lookups: list[tuple[int, int, Callable[[], np.ndarray]] | None] = []
+    tables = 0  # the tables' length so far
+
+    def add(row: Callable[[int, int], np.ndarray], table: Callable[[], np.ndarray],
+            column: Column, name: str, source: tuple[float, ...] | None) -> None:  # fmt: skip
+        nonlocal tables
+        rows_of.append(row)
+        at = code_at.get(name)
+        if source is None and at is not None:  # an int column's: looked up at its codes
+            n = len(column.labels)
+            width = column.held_codes.dtype.itemsize  # type: ignore[union-attr]
+            source = (3.0, float(tables), float(at), float(width), 0.0, 0.0)
+            lookups.append((tables, n, table))
+            tables += n
+        else:
+            lookups.append(None)
+        # a float or an int column's: computed by the pass block by block (clustered._fill),
+        # never a full-length row (4 bytes a row each; filled only for numpy's path)
+        fused.append(source)
+
+    for name, column in columns.items():
+        spec = policy.columns[name]
+        if not (spec.numeric and spec.bounded and column.kind in ("int", "float")):
+            continue
+        lo, hi = fixed_point_bounds(spec.lower, spec.upper, spec.granularity)  # type: ignore[arg-type]
+        k = float_rows.get(name)
+        g = float(spec.granularity)  # type: ignore[arg-type]
+        for a, b in ((lo, hi), bias.measure_range("cut", lo, hi)):
+            if max(abs(a), abs(b)) <= 2**53 and ("fixed", name, a, b) not in fixed_index:
+                fixed_index[("fixed", name, a, b)] = len(rows_of)
+                add(_slice_of(_fixed_point, column, spec, a, b),
+                    _by_code(_fixed_point, column, spec, a, b), column, name,
+                    (1.0, k, g, float(a), float(b), 0.0) if k is not None else None)  # fmt: skip
+        fixed_index[("excess", name, lo, hi)] = len(rows_of)
+        width = max(hi - lo, 1)
+        bounds = (float(spec.lower), float(spec.upper), float(width))  # type: ignore[arg-type]
+        add(_slice_of(_clamp_excess, column, spec, width),
+            _by_code(_clamp_excess, column, spec, width), column, name,
+            (2.0, k, g, *bounds) if k is not None else None)  # fmt: skip
+    # every row lies within its range ([lo, hi], the cut's widened one, or [-W, W] for the
+    # excess): int32 when all ranges fit (decided from the policy's bounds), half the memory;
+    # each row filled when a program first reads it (FixedRows), and so each table
+    ranges = [abs(b) for (_, _, lo_, hi_) in fixed_index for b in (lo_, hi_)]
+    widths = [3 * max(hi_ - lo_, 1) for (_, _, lo_, hi_) in fixed_index]
+    small = max([*ranges, *widths, 0]) < 2**31 - 1
+    fixed = np.empty((len(rows_of), rows), dtype=np.int32 if small else np.int64)
+    row_nulls = [columns[name].nulls for (_, name, _, _) in sorted(
+        fixed_index, key=fixed_index.__getitem__)]  # fmt: skip
+    return FixedRows(fixed, rows_of, row_nulls, floats, fused, arena, lookups), fixed_index
+
+
+def _code_arena(
+    columns: dict[str, Column],
+    policy: TablePolicy,
+    codes: tuple[np.ndarray, dict[str, int]] | None,
+) -> tuple[np.ndarray, dict[str, int], dict[str, Column]]:
+    """The codes of every bounded int column held as codes, in one byte array (what the
+    compiled pass reads them from, clustered._look_up), each at its offset (a multiple of 8):
+    ``codes`` when the build fetched them so already, else copied there, the columns' own
+    codes becoming views of it (one copy of each, not two)."""
+    names = [
+        name for name, c in columns.items()
+        if c.kind == "int" and c.held_codes is not None
+        and policy.columns[name].numeric and policy.columns[name].bounded
+    ]  # fmt: skip
+    if codes is not None and all(name in codes[1] for name in names):
+        return codes[0], {name: codes[1][name] for name in names}, columns
+    held: dict[str, np.ndarray] = {}
+    for name in names:
+        held_codes = columns[name].held_codes
+        assert held_codes is not None
+        held[name] = held_codes
+    arena, at, views = _arena({name: (a.dtype, len(a)) for name, a in held.items()})
+    for name, view in views.items():
+        view[:] = held[name]
+    copied = {name: replace(columns[name], held_codes=views[name]) for name in names}
+    return arena, at, {**columns, **copied}
+
+
+def _arena(
+    shapes: dict[str, tuple[Any, int]],
+) -> tuple[np.ndarray, dict[str, int], dict[str, np.ndarray]]:
+    """One byte array with room for an array of each of ``shapes`` (name: (dtype, length)),
+    unfilled, each one's offset (a multiple of 8: every view aligned) and its view there."""
+    at: dict[str, int] = {}
+    size = 0
+    for name, (dtype, n) in shapes.items():
+        at[name] = size
+        size += -(-np.dtype(dtype).itemsize * n // 8) * 8
+    arena = np.empty(size, dtype=np.uint8)
+    views = {
+        name: arena[at[name] : at[name] + np.dtype(dtype).itemsize * n].view(dtype)
+        for name, (dtype, n) in shapes.items()
+    }
+    return arena, at, views
+
+
+def _by_code(
+    compute: Callable[..., np.ndarray], column: Column, *args: Any
+) -> Callable[[], np.ndarray]:
+    """``compute(each code's value, *args)``, NULL's code 0 (its rows are never read: the
+    pass skips a NULL, a filled row holds 0 there)."""
+
+    def table() -> np.ndarray:
+        values = compute(column.by_code, *args)
+        if column.labels and column.labels[-1] is None:
+            values[-1] = 0
+        return values
+
+    return table
 
 
 _FILL_ROWS = 1 << 20
@@ -1035,6 +1170,7 @@ def _compiled_pass(
     fused = [
         held.fused[r] if s[0] in reads else None for r, s in zip(fixed_rows, spec, strict=True)
     ]
+    held.looked_up(r for r, f in zip(fixed_rows, fused, strict=True) if f is not None)
     if len(held.matrix):  # the rows this program reads and does not compute, filled if not yet
         fixed = held.filled(sorted({r for r, f, s in zip(fixed_rows, fused, spec, strict=True)
                                     if s[0] in reads and f is None}))  # fmt: skip
@@ -1062,11 +1198,13 @@ def _compiled_pass(
             clamps,
             held.floats,
             sources,
+            held.codes,
+            held.lut,
         )
     else:
         rows_out, values_out = clustered.row_sums(
             group, selected, fixed, table.nulls, spec, rows_f, rows_n, size, clamps,
-            held.floats, sources,
+            held.floats, sources, held.codes, held.lut,
         )  # fmt: skip
         units_out, some = rows_out, rows_out
     measures: list[np.ndarray] = []
