@@ -108,7 +108,7 @@ def test_drive_refuses_a_step_that_would_wait_on_a_loop():
 
 def test_a_logged_in_connection_is_served_on_its_own_thread(users):
     service = FakeService()
-    with ServerThread(lambda: FakeServer(service, users)) as th:
+    with ServerThread(lambda: FakeServer(service, users, threaded=True)) as th:
         assert th.server is not None and th.server.threaded
         c = RawClient("127.0.0.1", th.port)
         # a query sent right behind the login's last message, read by the loop before the
@@ -136,7 +136,7 @@ def test_a_logged_in_connection_is_served_on_its_own_thread(users):
 
 def test_closing_the_server_ends_a_connections_running_statement(users):
     service = FakeService()
-    th = ServerThread(lambda: FakeServer(service, users))
+    th = ServerThread(lambda: FakeServer(service, users, threaded=True))
     th.start()
     c = RawClient("127.0.0.1", th.port)
     assert c.login("alice", "pw-alice").status == "I"

@@ -22,6 +22,11 @@ armed by the door (one ``call_soon_threadsafe``, only for a statement that has a
 and a :class:`Watch` looks every :data:`WATCH_EVERY` seconds, with one ``poll``, for a peer
 that hung up while its door runs a statement (which it interrupts, as the loop's reader task
 did). TLS connections stay on the loop (their TLS state lives in asyncio's transport).
+
+Opt-in (``DPSQL_DOOR=thread``, or ``Server(threaded=True)``): it lowers the door's own cost
+(the bench's ``SHOW epsilon`` rounds: ×1.6-3 the queries/s), but side by side under the bench's
+DP queries, on this shared 2-core machine, the server got fewer cores with it and its q/s
+median was ×1.08, ×0.87 and ×0.86 in three runs (docs/server.md, "One thread a connection").
 """
 
 from __future__ import annotations
@@ -49,10 +54,11 @@ _RECV = 1 << 16
 
 
 def enabled() -> bool:
-    """Whether plaintext connections get a thread of their own: ``DPSQL_DOOR`` = ``thread``
-    (the default) or ``loop`` (every statement through the event loop and the thread pool, as
-    before; for comparisons)."""
-    return os.environ.get("DPSQL_DOOR", "thread").strip().lower() != "loop"
+    """Whether plaintext connections get a thread of their own: ``DPSQL_DOOR`` = ``thread``;
+    by default (``loop``) every statement goes through the event loop and the thread pool.
+    Not the default: side by side under the bench's DP queries it lowered the CPU a query in
+    two runs of three but not the queries/s (docs/server.md, "One thread a connection")."""
+    return os.environ.get("DPSQL_DOOR", "loop").strip().lower() == "thread"
 
 
 def drive(step: Coroutine[Any, Any, Any]) -> Any:

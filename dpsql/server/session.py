@@ -114,7 +114,7 @@ class Session:
         self._out: list[bytes] = []
         self._out_bytes = 0
         # the connection's own thread once it is logged in (dpsql.server.door); None: the
-        # event loop serves it (TLS, DPSQL_DOOR=loop, or still logging in)
+        # event loop serves it (TLS, DPSQL_DOOR=loop as by default, or still logging in)
         self.door: Door | None = None
 
     # ---------------------------------------------------------------------------------------
