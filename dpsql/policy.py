@@ -97,6 +97,10 @@ class ColumnPolicy:
     # the table's stored columns, and the range derived from their declared bounds. None for
     # a column stored in the source.
     expr: str | None = None
+    # the same expression as a tree (a sqlglot node: a copy of the binder's, never changed),
+    # which the lowerings place copies of (dpsql.lower.row_values.column_value) instead of
+    # parsing ``expr`` back; ``expr`` stays its rendering, for the cache keys and EXPLAIN
+    tree: Any = field(default=None, compare=False, repr=False)
     # the public grid of its quantiles (dpsql.privacy.quantiles): "auto" is chosen from the
     # declared range (dpsql.privacy.defaults: log for a wide non-negative one), bins None its
     # default count

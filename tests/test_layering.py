@@ -285,8 +285,6 @@ FLOW = ("dpsql.frontend", "dpsql.plan", "dpsql.lower", "dpsql.engine", "dpsql.se
 
 #: Imports against the flow that remain: (importer, imported).
 KNOWN_AGAINST_FLOW: set[tuple[str, str]] = {
-    # a private join's per-unit relation is written with the keyed hash the lowerings use
-    ("dpsql.frontend.private_joins", "dpsql.lower.hashing"),
     # the compiler finds the store the engine holds for a plan's table and data version
     # (the layout itself is a value of the lowerings: dpsql.lower.store_layout)
     ("dpsql.lower.compile", "dpsql.engine.prepared"),

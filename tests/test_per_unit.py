@@ -165,18 +165,21 @@ def test_the_spec_holds_trees_and_the_relation_reads_copies(conn) -> None:
     from dpsql.frontend.bind import parse_statement
     from dpsql.frontend.private_joins import PerUnitSource
     from dpsql.lower.compile import render
+    from dpsql.lower.sources import per_unit
+    from dpsql.plan.tree import read_node
 
     sql = (
         "SELECT AVG(s) FROM (SELECT patient_id, SUM(cost) AS s FROM visits "
         "WHERE age > 30 AND department IN ('oncology', 'neurology') GROUP BY patient_id) t"
     )
-    joined = parse_statement(sql, conn.service.policy).table.joined
+    table = parse_statement(sql, conn.service.policy).table
+    joined = table.joined
     assert isinstance(joined, PerUnitSource) and joined.spec is not None
     spec = joined.spec
     assert isinstance(spec.where, exp.Expression)
     assert [type(c.value) for c in spec.columns] == [exp.Column]
     before = (repr(spec.where), [repr(c.value) for c in spec.columns])
-    first, second = (render(joined.relation(), "duckdb") for _ in range(2))
+    first, second = (render(per_unit(read_node(table)), "duckdb") for _ in range(2))
     assert first == second
     assert (repr(spec.where), [repr(c.value) for c in spec.columns]) == before
     assert "age > 30 AND department IN ('oncology', 'neurology')" in spec.identity
@@ -190,11 +193,13 @@ def test_per_unit_sql_is_engine_neutral_and_bounded(conn) -> None:
     from dpsql.frontend.bind import parse_statement
     from dpsql.frontend.private_joins import PerUnitSource
     from dpsql.lower.compile import render
+    from dpsql.lower.sources import per_unit
+    from dpsql.plan.tree import read_node
 
     statement = parse_statement(PER_KEY, conn.service.policy)
     table = statement.table
     assert isinstance(table.joined, PerUnitSource)
-    v = table.joined.relation()
+    v = per_unit(read_node(table))
     for dialect in ("duckdb", "spark"):
         sql = render(v, dialect)
         assert "ROW_NUMBER() OVER (PARTITION BY" in sql
@@ -410,6 +415,8 @@ def test_the_per_unit_relation_bounds_rows_before_aggregating(tmp_path: Path) ->
     from dpsql.frontend.bind import parse_statement
     from dpsql.lower.compile import render
     from dpsql.lower.hashing import is_secret
+    from dpsql.lower.sources import per_unit
+    from dpsql.plan.tree import read_node
     from dpsql.policy import load_policy
 
     source = write_csv(tmp_path / "d2.csv", rows_d() + EXTRA)
@@ -419,7 +426,7 @@ def test_the_per_unit_relation_bounds_rows_before_aggregating(tmp_path: Path) ->
 
     def v_rows(sql: str) -> list[tuple]:
         table = parse_statement(sql, loaded).table
-        tree = table.joined.relation().transform(
+        tree = per_unit(read_node(table)).transform(
             lambda n: exp.Literal.number(12345) if is_secret(n) else n
         )
         return con.execute(render(tree, "duckdb") + " ORDER BY ALL").fetchall()

@@ -35,9 +35,10 @@ def old_bounded_rows_sql(table: TablePolicy, select_list: str, secret: int) -> s
     source = _q(table.name)
     relation = source
     if table.joined is not None:  # a unit_path table: its path joined (private_joins)
-        from dpsql.frontend.private_joins import joined_source
+        from dpsql.lower import sources
+        from dpsql.plan.tree import read_node
 
-        relation = joined_source(table).sql(dialect="duckdb")
+        relation = sources.source(read_node(table)).sql(dialect="duckdb")
     if table.privacy_unit is None:
         return f"SELECT {select_list} FROM {relation}"
     columns = ", ".join(_q(c) for c in table.columns)

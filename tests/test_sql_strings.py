@@ -202,10 +202,6 @@ PARSED: dict[str, tuple[int, str]] = {
         "check_post of a post-processing text given without its tree (every dpsql caller "
         "passes the tree): the analyst's text, checked again before the shared connection",
     ),
-    "dpsql/lower/row_values.py": (
-        1,
-        "a computed column's expression as the curator's policy states it (validated at load)",
-    ),
     "dpsql/lower/totality.py": (
         1,
         "a test oracle typing an engine text it is handed (tests only, never on a query's path)",

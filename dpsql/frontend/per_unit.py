@@ -8,7 +8,8 @@ relation* V, computed in the engine, that the outer DP query reads like a table 
 unit is still ``patient_id``. Shapes: Tableau's FIXED LOD (a per-unit value, then binned),
 cohorts (each unit's first month, then COUNT by month), ZetaSQL's per-user subqueries.
 
-How V is computed (:func:`relation`, engine SQL generated from the validated spec only):
+How V is computed (dpsql.lower.sources.per_unit, engine SQL generated from the validated spec
+only, which the plan's PerUnit node carries):
 
 1. the base table's rows that pass the inner WHERE and have a unit;
 2. contribution bounding, *before* aggregating: each unit keeps its G (unit, key) pairs of
@@ -62,7 +63,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-import sqlglot
 from sqlglot import exp
 
 from dpsql.errors import PrivacyError, UndefinedColumnError
@@ -94,8 +94,6 @@ _HINT = (
     "[WHERE ...] GROUP BY unit [, columns] [HAVING ...]"
 )
 _WIDEST_INT = 2**62
-# Aggregates whose range grows with the rows they read: over a pair's R kept rows only.
-_ROW_BOUNDED = ("count", "count_distinct", "sum", "sum_distinct")
 
 
 @dataclass(frozen=True)
@@ -783,13 +781,12 @@ def _clamped(out: tuple[float, float], clamp: tuple[float, float]) -> tuple[floa
 
 
 def _stored_or_computed(col: Any) -> exp.Expression:
-    """A column's value as a tree: its quoted name, or a computed column's expression (the
-    policy holds its DuckDB text, read here as the lowering reads it)."""
+    """A column's value as a tree: its quoted name, or a computed column's expression (a copy
+    of the tree the binder kept on the column, ColumnPolicy.tree: never its text parsed)."""
     if col.expr is None:
         return exp.column(col.name, quoted=True)
-    value = sqlglot.parse_one(col.expr, read="duckdb")
-    assert isinstance(value, exp.Expression), "a computed column is one expression"
-    return value
+    assert isinstance(col.tree, exp.Expression), "a computed column carries its tree"
+    return col.tree.copy()
 
 
 def groups_by_unit(select: exp.Select, policy: Any) -> bool:
@@ -814,122 +811,3 @@ def per_unit_relation(
     if not shape.recognise():
         return None
     return _Builder(shape, bind).build(make_source)
-
-
-# -- the engine relation ------------------------------------------------------------------------
-
-
-def _clamp(x: exp.Expression, lower: float, upper: float) -> exp.Expression:
-    ifs = []
-    if math.isfinite(lower):
-        ifs.append(exp.If(this=exp.LT(this=x.copy(), expression=_num(lower)), true=_num(lower)))
-    if math.isfinite(upper):
-        ifs.append(exp.If(this=exp.GT(this=x.copy(), expression=_num(upper)), true=_num(upper)))
-    return exp.Case(ifs=ifs, default=x.copy()) if ifs else x
-
-
-def _num(value: float) -> exp.Expression:
-    magnitude = abs(value)
-    text = (
-        str(int(magnitude))
-        if float(magnitude).is_integer() and magnitude < 2**63
-        else repr(float(magnitude))
-    )
-    node: exp.Expression = exp.Literal.number(text)
-    return exp.Neg(this=node) if value < 0 else node
-
-
-def _q(name: str) -> exp.Column:
-    return exp.column(name, quoted=True)
-
-
-def relation(
-    spec: PerUnitSpec,
-    *,
-    source: exp.Expression,
-    conditions: list[exp.Expression],
-    stored: list[str],
-    keyed_hash: Callable[[list[exp.Expression]], exp.Expression],
-    secret: Callable[[], exp.Expression],
-) -> exp.Select:
-    """V as engine SQL: bounded rows (step 2 of the module docstring), then GROUP BY unit
-    [, keys]. ``conditions``: the inner WHERE as the compiler guards it, and unit IS NOT NULL;
-    ``stored``: the base table's stored columns (the row hash)."""
-    pair = [_q(spec.unit), *[_q(k) for k in spec.keys]]
-    row_order = keyed_hash([*[_q(c) for c in stored], secret()])
-    rn = exp.Window(
-        this=exp.RowNumber(),
-        partition_by=[p.copy() for p in pair],
-        order=exp.Order(expressions=[exp.Ordered(this=row_order)]),
-    )
-    keep: exp.Expression | None = None
-    if spec.keys:
-        key_order = keyed_hash([*[p.copy() for p in pair], secret()])
-        dr = exp.Window(
-            this=exp.Anonymous(this="DENSE_RANK", expressions=[]),
-            partition_by=[_q(spec.unit)],
-            order=exp.Order(
-                expressions=[
-                    exp.Ordered(this=key_order),
-                    *[exp.Ordered(this=_q(k)) for k in spec.keys],
-                ]
-            ),
-        )
-        keep = exp.LTE(this=dr, expression=_num(spec.max_groups))
-    # the row number only where a COUNT or SUM reads it (a window over every row is the
-    # costly step: docs/performance.md); MIN/MAX/AVG alone read every row of a kept pair
-    counted = any(c.kind in _ROW_BOUNDED for c in spec.columns)
-    items_rows: list[Any] = [exp.Star(), *([exp.alias_(rn, "__rn")] if counted else [])]
-    rows = exp.Select(expressions=items_rows).from_(source)
-    where = None
-    for c in conditions:
-        where = c if where is None else exp.And(this=where, expression=c)
-    if where is not None:
-        rows.set("where", exp.Where(this=where))
-    if keep is not None:
-        rows.set("qualify", exp.Qualify(this=keep))
-    within = exp.LTE(this=exp.column("__rn"), expression=_num(spec.max_rows))
-    items: list[Any] = [exp.alias_(p.copy(), p.name, quoted=True) for p in pair]
-    for col in spec.columns:
-        items.append(exp.alias_(_aggregate_expr(col, within), col.name, quoted=True))
-    return exp.Select(
-        expressions=items,
-        from_=exp.From(
-            this=exp.Subquery(this=rows, alias=exp.TableAlias(this=exp.to_identifier("r")))
-        ),
-        group=exp.Group(expressions=[p.copy() for p in pair]),
-    )
-
-
-def _aggregate_expr(col: PerUnitColumn, within: exp.Expression) -> exp.Expression:
-    """One aggregate of V. COUNT and SUM read only the R kept rows of the pair (``within``:
-    their range grows with the rows); MIN, MAX and AVG every row of the kept pairs (their
-    range is the value's, however many rows: bounding them would only lose accuracy)."""
-    value: Any = None
-    if col.value is not None:
-        value = col.value.copy()
-        if col.computed:
-            value = exp.Try(this=value)
-        if col.row_clamp is not None:
-            value = _clamp(value, *col.row_clamp)
-    if col.kind in _ROW_BOUNDED:
-        kept = value if value is not None else _num(1)
-        value = exp.Case(ifs=[exp.If(this=within.copy(), true=kept)])
-    node: Any
-    if col.kind == "count_units":
-        node = _num(1)
-    elif col.kind == "count":
-        node = exp.Count(this=value if value is not None else exp.Star())
-    elif col.kind == "count_distinct":
-        assert value is not None
-        node = exp.Count(this=exp.Distinct(expressions=[value]))
-    elif col.kind == "sum_distinct":
-        assert value is not None
-        node = exp.Sum(this=exp.Distinct(expressions=[value]))
-    else:
-        assert value is not None
-        cls = {"sum": exp.Sum, "avg": exp.Avg, "min": exp.Min, "max": exp.Max}[col.kind]
-        node = cls(this=value)
-    if col.clamp is not None:
-        node = _clamp(node, *col.clamp)
-    return exp.Cast(this=node, to=exp.DataType.build(col.sql_type))

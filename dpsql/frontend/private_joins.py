@@ -5,8 +5,8 @@ virtual table, ``visits JOIN patients``: its columns are the joined tables' colu
 tables share is qualified, ``v_visit_id``), its privacy unit the shared unit, its bounds those
 of the table whose rows the join keeps. The binder and the planner see a single private table;
 the compiler renders its source as a real JOIN of the policy tables in the engine's FROM
-(:func:`joined_source`), built from the validated plan only, and the existing keyed-hash
-bounding runs on the joined rows.
+(dpsql.lower.sources, from the plan's read node: dpsql.plan.tree.read_node), built from the
+validated plan only, and the existing keyed-hash bounding runs on the joined rows.
 
 Stability. A join is accepted when its ON condition makes both rows belong to the same unit:
 
@@ -36,9 +36,8 @@ from sqlglot import exp
 
 from dpsql.errors import PrivacyError, ProgrammingError, UndefinedColumnError, UndefinedTableError
 from dpsql.frontend.logic import column_equality, mismatched_join, transform_clauses
-from dpsql.frontend.per_unit import PerUnitSpec, relation
+from dpsql.frontend.per_unit import PerUnitSpec
 from dpsql.frontend.positions import position_of, snippet
-from dpsql.lower.hashing import keyed_hash, secret_slot
 from dpsql.policy import ColumnPolicy, JoinedSource, JoinStep, Policy, TablePolicy, comparable
 
 if TYPE_CHECKING:
@@ -82,118 +81,11 @@ class PerUnitSource(JoinedSource):
         assert self.spec is not None
         return f"per-unit\n{self.spec.identity}\n{base.name}\n{joined}"
 
-    def relation(self) -> exp.Select:
-        """V as engine SQL, from the validated spec only (dpsql.frontend.per_unit.relation)."""
-        from dpsql.frontend.safety import guarded_conditions
-
-        assert self.spec is not None
-        base = self.steps[0].table
-        conditions: list[exp.Expression] = []
-        if self.spec.where is not None:
-            conditions.extend(guarded_conditions(self.spec.where.copy(), base))
-        unit = exp.column(self.spec.unit, quoted=True)
-        conditions.append(exp.Not(this=exp.Is(this=unit, expression=exp.Null())))
-        return relation(
-            self.spec,
-            source=_source(base, "__src"),
-            conditions=conditions,
-            stored=[c for c, spec in base.columns.items() if spec.expr is None],
-            keyed_hash=keyed_hash,
-            secret=secret_slot,
-        )
-
 
 def per_unit_source(base: TablePolicy, spec: PerUnitSpec, description: str) -> PerUnitSource:
     return PerUnitSource(
         steps=(JoinStep(base, "r"),), outputs=(), description=description, spec=spec
     )
-
-
-# -- the engine's FROM ----------------------------------------------------------------------
-
-
-def joined_source(table: TablePolicy) -> exp.Expression:
-    """The FROM source of ``table``: its quoted name, or for a private join the JOIN of its
-    policy tables as a derived table with the virtual table's columns."""
-    return _source(table, "__src")
-
-
-def _source(table: TablePolicy, alias: str | None) -> exp.Expression:
-    ident = exp.Identifier(this=alias, quoted=False) if alias else None
-    if table.public and table.rows is not None:
-        return _public_values(table, ident)
-    if isinstance(table.joined, PerUnitSource):
-        return exp.Subquery(this=table.joined.relation(), alias=exp.TableAlias(this=ident))
-    if table.joined is None:
-        node = exp.Table(this=exp.Identifier(this=table.name, quoted=True))
-        if ident is not None:
-            node.set("alias", exp.TableAlias(this=ident))
-        return node
-    joined = table.joined
-    first, *rest = joined.steps
-    joins = [
-        exp.Join(
-            this=_source(step.table, step.alias),
-            side="LEFT" if step.kind == "LEFT" else None,
-            on=_on(step.on),
-        )
-        for step in rest
-    ]
-    select = exp.Select(
-        expressions=[
-            exp.Alias(this=_column(a, c), alias=exp.Identifier(this=name, quoted=True))
-            for name, a, c in joined.outputs
-        ],
-        from_=exp.From(this=_source(first.table, first.alias)),
-        joins=joins,
-    )
-    return exp.Subquery(this=select, alias=exp.TableAlias(this=ident))
-
-
-def _public_values(table: TablePolicy, ident: exp.Identifier | None) -> exp.Subquery:
-    """A public table as the rows read and checked at connect (its unique keys held there),
-    a VALUES list typed as declared: the engine joins exactly those public facts."""
-    from dpsql.frontend.statements import to_literal
-    from dpsql.policy import SQL_TYPES
-
-    names = list(table.columns)
-    inner = [exp.Identifier(this=f"c{i}", quoted=False) for i in range(len(names))]
-    items = [
-        exp.Alias(
-            this=exp.Cast(
-                this=exp.Column(this=inner[i].copy()),
-                to=exp.DataType.build(SQL_TYPES[table.columns[n].type]),
-            ),
-            alias=exp.Identifier(this=n, quoted=True),
-        )
-        for i, n in enumerate(names)
-    ]
-    rows = list(table.rows or ())
-    where = None
-    if not rows:  # VALUES needs a row: one of NULLs, never kept
-        rows, where = [(None,) * len(names)], exp.Where(this=exp.false())
-    values = exp.Values(
-        expressions=[exp.Tuple(expressions=[to_literal(v) for v in r]) for r in rows],
-        alias=exp.TableAlias(this=exp.Identifier(this="v", quoted=False), columns=inner),
-    )
-    select = exp.Select(expressions=items, from_=exp.From(this=values), where=where)
-    return exp.Subquery(this=select, alias=exp.TableAlias(this=ident))
-
-
-def _column(alias: str, column: str) -> exp.Column:
-    return exp.Column(
-        this=exp.Identifier(this=column, quoted=True),
-        table=exp.Identifier(this=alias, quoted=False),
-    )
-
-
-def _on(pairs: tuple[tuple[str, str, str, str], ...]) -> exp.Expression:
-    out: exp.Expression | None = None
-    for a, ca, b, cb in pairs:
-        eq = exp.EQ(this=_column(a, ca), expression=_column(b, cb))
-        out = eq if out is None else exp.And(this=out, expression=eq)
-    assert out is not None
-    return out
 
 
 # -- the query rewrite ----------------------------------------------------------------------

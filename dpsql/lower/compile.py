@@ -48,7 +48,7 @@ from sqlglot.transforms import eliminate_distinct_on, eliminate_qualify
 
 from dpsql.aggregates.mode import ModeMeasure
 from dpsql.frontend.statements import DIALECT, GroupKey
-from dpsql.lower import fold
+from dpsql.lower import fold, sources
 from dpsql.lower.bounding import centred_expr as _centred
 from dpsql.lower.bounding import (
     clamp_excess_expr,
@@ -99,6 +99,7 @@ from dpsql.plan.annotated import (
     value_measures,
 )
 from dpsql.plan.clamp_spec import ClampHistogram
+from dpsql.plan.tree import read_node
 from dpsql.plan.values import (
     ClipEstimate,
     Measure,
@@ -406,15 +407,17 @@ def _output_columns(query: exp.Expr, ctes: dict) -> list[str] | None:
 # this module's lowerings have always used)
 
 
-def _source(table: TablePolicy) -> exp.Expression:
-    """The plan's FROM: the policy table, or for a join of private tables on the unit (or a
-    unit_path table) that JOIN as a derived table (dpsql.frontend.private_joins); bounding
-    runs on its rows, after the join."""
-    if table.joined is None:
-        return _table(table.name, quoted=True)
-    from dpsql.frontend.private_joins import joined_source
+def _source(plan: Plan) -> exp.Expression:
+    """The plan's FROM, lowered from the node that reads its table (dpsql.lower.sources): the
+    policy table, or for a join of private tables on the unit (or a unit_path table) that
+    JOIN as a derived table; bounding runs on its rows, after the join."""
+    return sources.source(sources.read_of(plan.bound.input))
 
-    return joined_source(table)
+
+def _table_source(table: TablePolicy) -> exp.Expression:
+    """The FROM of a query over ``table`` alone (no plan: the default clamp's and the
+    contribution histograms), lowered from its read node as a plan's is."""
+    return sources.source(read_node(table))
 
 
 def _same(left: str, right: str, column: str, *, nulls_match: bool) -> exp.Expression:
@@ -666,7 +669,7 @@ def _histogram(
         group: list[exp.Expression] = [exp.Literal.number(i + 1) for i in range(n_group)]
         return _select(
             items,
-            _source(table),
+            _source(plan),
             where=[*_conditions(plan), not_null],
             group=group,
         )
@@ -680,7 +683,7 @@ def _histogram(
     domain = _column_key_domains(plan, ks)
     ranked_items: list[exp.Expression] = [_name(c) for c in [*gc, "__b"]]
     ranked_items.append(_alias(_row_rank(table, [_name(c) for c in gc]), "__r"))
-    raw_rows = _select([_star(), *items], _source(table), where=_conditions(plan))
+    raw_rows = _select([_star(), *items], _source(plan), where=_conditions(plan))
     if domain:
         raw_rows = _select([_star()], _subquery(raw_rows, "p"), where=domain)
     numbered = _select(ranked_items, _subquery(raw_rows, "b"))
@@ -723,7 +726,7 @@ def _row_level(plan: Plan, keys: tuple[str, ...]) -> exp.Select:
     """Every row its own unit: one scan and one GROUP BY, no bounding."""
     table = plan.query.table
     aggregates = [(measure_aggregate_expr(m, table), m.name) for m in plan.measures]
-    return grouped_select(plan, keys, aggregates, _source(table))
+    return grouped_select(plan, keys, aggregates, _source(plan))
 
 
 def _pairs(plan: Plan, ks: list[str]) -> exp.Select:
@@ -739,7 +742,7 @@ def _pairs(plan: Plan, ks: list[str]) -> exp.Select:
         for m in _pair_measures(plan)
     ]
     group: list[exp.Expression] = [_name(c) for c in ["__u", *ks]]
-    pairs = _select(items, _source(table), where=_conditions(plan), group=group)
+    pairs = _select(items, _source(plan), where=_conditions(plan), group=group)
     pair_filters = _column_key_domains(plan, ks)
     if pair_filters:
         pairs = _select([_star()], _subquery(pairs, "p"), where=pair_filters)
@@ -778,7 +781,7 @@ def _sampled(plan: Plan, ks: list[str]) -> exp.Select:
     gc = ["__u", *ks]
     rows_items: list[exp.Expression] = [_star(), _alias(_quoted(table.privacy_unit), "__u")]  # type: ignore[arg-type]
     rows_items += [_alias(lowered_key(kp.key), k) for kp, k in zip(plan.keys, ks, strict=True)]
-    rows = _select(rows_items, _source(table), where=_conditions(plan))
+    rows = _select(rows_items, _source(plan), where=_conditions(plan))
     carried = [f"v_{m.name}" for m in _pair_measures(plan)]  # per pair, from base
     over_r = _select(
         [_name(c) for c in [*gc, *carried]],
@@ -822,8 +825,9 @@ def clamp_histogram_query(
     value = _col(col)
     not_null = exp.Not(this=exp.Is(this=value, expression=exp.Null()))
     bin_of = _log_bin_of(hist)(col)
+    read = read_node(table)
     spec = None
-    if table.joined is None:
+    if sources.stored_scan(read) is not None:  # a stored table: its store can count it
         spec = ClampHistogram(
             table.name,
             table.privacy_unit,
@@ -842,7 +846,7 @@ def clamp_histogram_query(
     if table.privacy_unit is None:
         tree = _select(
             [_alias(bin_of, "b"), _alias(_count_star(), "c")],
-            _source(table),
+            sources.source(read),
             where=[not_null],
             group=[exp.Literal.number(1)],
         )
@@ -850,7 +854,7 @@ def clamp_histogram_query(
     unit = _quoted(table.privacy_unit)
     rank = _row_rank(table, [unit])
     numbered = _select(
-        [_alias(bin_of, "__b"), _alias(rank, "__r")], _source(table), where=[not_null]
+        [_alias(bin_of, "__b"), _alias(rank, "__r")], sources.source(read), where=[not_null]
     )
     tree = _select(
         [_alias(_name("__b"), "b"), _alias(_count_star(), "c")],
@@ -874,11 +878,11 @@ def contribution_query(
     assert table.privacy_unit is not None
     unit = _quoted(table.privacy_unit)
     if kind == "rows":
-        per_unit = _select([_alias(_count_star(), "n")], _source(table))
+        per_unit = _select([_alias(_count_star(), "n")], _table_source(table))
         per_unit.set("group", exp.Group(expressions=[unit]))
     else:
         lowered = [_alias(lowered_key(k), f"__k{i}") for i, k in enumerate(keys)]
-        pairs = _select([_alias(unit, "__u"), *lowered], _source(table))
+        pairs = _select([_alias(unit, "__u"), *lowered], _table_source(table))
         pairs.set("distinct", exp.Distinct())
         per_unit = _select([_alias(_count_star(), "n")], _subquery(pairs, "d"))
         per_unit.set("group", exp.Group(expressions=[_name("__u")]))

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from sqlglot import exp
 
 from dpsql.frontend.simple_where import KEY_TYPES, readable, stored, stored_column
+from dpsql.lower.bounding import row_filter
+from dpsql.lower.sources import stored_scan
 from dpsql.plan.annotated import (
     Plan,
     bounds_groups,
@@ -77,7 +79,9 @@ def column_program(plan: Plan) -> ColumnProgram | None:
     """The program of ``plan``, or None when only its SQL computes it (see the module doc)."""
     query = plan.query
     table = query.table
-    if not plan.measures or plan.quantiles or plan.clips or table.joined is not None:
+    if not plan.measures or plan.quantiles or plan.clips:
+        return None
+    if stored_scan(plan.bound.input) is None:  # a join or a per-unit relation: SQL only
         return None
     if not all(m.measure_kind.programmed for m in plan.measures):
         return None
@@ -99,7 +103,10 @@ def column_program(plan: Plan) -> ColumnProgram | None:
         if spec is None or KEY_TYPES.get(spec.type) != kp.key.type:
             return None
         keys.append(spec.name)
-    if query.where is not None and not readable(query.where, table):
+    # the rows' WHERE as the Bound node reads it (the Filter under it), as the SQL's
+    # guarded WHERE reads it (dpsql.lower.bounding.row_conditions)
+    where = row_filter(plan.bound.input)
+    if where is not None and not readable(where, table):
         return None
     program = ColumnProgram(
         table=table.name,
@@ -113,7 +120,7 @@ def column_program(plan: Plan) -> ColumnProgram | None:
         max_groups=plan.max_groups,
         group_scaling=plan.group_scaling,
         count_scale=count_scale(plan) if table.privacy_unit is not None else 1,
-        where=query.where,
+        where=where,
     )
     if any(stored(table, name) is None for name in program.columns):
         return None

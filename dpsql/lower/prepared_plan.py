@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-from dpsql.lower import bounding, builders, hashing, row_values
+from dpsql.lower import bounding, builders, hashing, row_values, sources
 from dpsql.lower.store_layout import StoreInfo
 from dpsql.plan.annotated import (
     Plan,
@@ -49,7 +49,7 @@ def store_tree(plan: Plan, keys: tuple[str, ...], store: StoreInfo) -> exp.Expre
     # table's store
     if not plan.measures or not all(m.measure_kind.stored for m in plan.measures):
         return None
-    if plan.query.table.joined is not None:
+    if sources.stored_scan(plan.bound.input) is None:
         return None
     if plan.query.table.privacy_unit is None:
         return _row_level(plan, keys, store)
@@ -82,7 +82,7 @@ def _partials(plan: Plan, store: StoreInfo) -> str | None:
     filter but the unit's (the analyst's WHERE would change them), no key or one bare column
     key with partials, and every summed measure over a stored fixed point of the plan's range.
     Sampling needs the rows themselves, so only rescaled plans and counts-only plans use it."""
-    if plan.query.where is not None or len(bounding.row_conditions(plan)) != 1:
+    if bounding.row_filter(plan.bound.input) is not None or len(bounding.row_conditions(plan)) != 1:
         return None
     if plan.bounding != "scale" and value_measures(plan):
         return None

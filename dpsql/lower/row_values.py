@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import sqlglot
 from sqlglot import exp
 
 from dpsql.frontend.statements import to_literal
@@ -51,12 +50,13 @@ def column_value(col: ColumnPolicy) -> exp.Expression:
     (a row on which it fails -- an overflow, a bad cast -- gives NULL instead of an error
     that would reveal that such a row exists).
 
-    A computed column's policy holds its SQL text only (dpsql.frontend.bind renders it), so it is
-    parsed here: once per compiled plan and use, never cached across queries (a cache shared
-    by analysts would tell one, by timing, which expressions another has used).
+    A computed column carries its expression as a tree (``ColumnPolicy.tree``, the binder's
+    node copied when it made the column: dpsql.frontend.bind.calls); each use places a copy
+    of it, never its rendering parsed back.
     """
     if col.expr is not None:
-        return exp.Try(this=sqlglot.parse_one(col.expr, read="duckdb"))
+        assert isinstance(col.tree, exp.Expression), "a computed column carries its tree"
+        return exp.Try(this=col.tree.copy())
     return quoted(col.name)
 
 

@@ -16,20 +16,19 @@ from collections.abc import Sequence
 
 from sqlglot import exp
 
+from dpsql.lower import sources
 from dpsql.lower.bounding import unit_rows
-from dpsql.lower.builders import alias, count_star, order_by, select, subquery, table_ref
+from dpsql.lower.builders import alias, count_star, order_by, select, subquery
 from dpsql.lower.hashing import with_secret
 from dpsql.plan.relational import Bound, Scan
+from dpsql.plan.tree import read_node
 from dpsql.policy import TablePolicy
 
 
 def source(table: TablePolicy) -> exp.Expression:
-    """The table's FROM: its quoted name, or a unit_path table's path joined (private_joins)."""
-    if table.joined is None:
-        return table_ref(table.name, quoted=True)
-    from dpsql.frontend.private_joins import joined_source
-
-    return joined_source(table)
+    """The table's FROM, lowered from the node that reads it (dpsql.plan.tree.read_node,
+    dpsql.lower.sources): its quoted name, or a unit_path table's path joined."""
+    return sources.source(read_node(table))
 
 
 def bounded_rows(table: TablePolicy, items: Sequence[exp.Expression]) -> exp.Select:

@@ -19,16 +19,56 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
+from dpsql.frontend.per_unit import PerUnitSpec
 from dpsql.plan.values import KeyPlan, Measure
+
+
+@dataclass(frozen=True)
+class PublicRows:
+    """A public table as the rows the policy holds (read and checked at connect, its unique
+    keys held there): joined as those rows, typed as declared. Public: no unit, no stability
+    of its own (a side of a :class:`JoinedRows`)."""
+
+    table: str
+    columns: tuple[tuple[str, str], ...]  # (name, policy type), in declared order
+    rows: tuple[tuple, ...] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class JoinSide:
+    """One side of a private join (dpsql.frontend.private_joins): its rows under an internal
+    alias, joined (``kind`` "INNER" or "LEFT"; "" for the first side) ON ``on``, a typed
+    condition tree of column equalities ``alias.column = alias.column`` with the sides before
+    it (None for the first). The lowerings place copies of ``on``, never the tree itself."""
+
+    rows: Scan | PerUnit | PublicRows
+    alias: str
+    kind: str = ""
+    on: exp.Expression | None = None
+
+
+@dataclass(frozen=True)
+class JoinedRows:
+    """How a virtual table of private tables joined on the unit (or a unit_path table) is
+    read: its sides in join order and its columns, each ``(name, alias, column)``. Every joined
+    row belongs to one unit (the ON conditions make both rows the same unit's), so the read
+    is as stable as a policy table's: it belongs to the :class:`Scan` of the virtual table, not
+    a node of its own (EXPLAIN shows the virtual table)."""
+
+    sides: tuple[JoinSide, ...]
+    outputs: tuple[tuple[str, str, str], ...]
 
 
 @dataclass(frozen=True)
 class Scan:
     """Read a policy table. Neighbouring datasets differ by one unit with all of its rows
-    (a table without a unit: by one row)."""
+    (a table without a unit: by one row). ``source``: for a virtual table of private tables
+    joined on the unit (or a unit_path table), the join its rows are read from; None: the
+    stored table by its name."""
 
     table: str
     unit: str | None
+    source: JoinedRows | None = None
 
     def children(self) -> tuple:
         return ()
@@ -55,6 +95,13 @@ class PerUnit:
     keys: int  # extra GROUP BY keys besides the unit
     max_rows: int  # R of the base table
     max_groups: int  # G of the base table
+    # what the lowering reads: the relation's validated spec (dpsql.frontend.per_unit's
+    # PerUnitSpec: its trees, never changed), the inner WHERE's top-level conjuncts with their
+    # totality over the base table (a total one runs bare, the others under TRY), and the
+    # base table's stored columns (the row's keyed hash)
+    spec: PerUnitSpec | None = field(default=None, compare=False, repr=False)
+    where: tuple[tuple[exp.Expression, bool], ...] = field(default=(), compare=False, repr=False)
+    stored: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
     def children(self) -> tuple:
         return (self.input,)
@@ -109,9 +156,12 @@ class Filter:
 @dataclass(frozen=True)
 class ComputedColumn:
     name: str
-    sql: str
+    sql: str  # its rendering, as EXPLAIN shows it
     lower: float
     upper: float
+    # the expression as a tree (the binder's copy, ColumnPolicy.tree): what the lowerings
+    # place copies of, under TRY (dpsql.lower.row_values.column_value)
+    tree: exp.Expression | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

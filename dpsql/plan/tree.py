@@ -3,7 +3,11 @@ release over them (:func:`annotate`), and the tree printed node by node (:func:`
 
 from __future__ import annotations
 
+from sqlglot import exp
+
 from dpsql.aggregates.mode import ModeMeasure
+from dpsql.frontend.logic import conjuncts
+from dpsql.frontend.safety import cannot_fail
 from dpsql.frontend.statements import Compute, DPQuery, Read, Where
 from dpsql.plan.measures import Release
 from dpsql.plan.relational import (
@@ -11,9 +15,12 @@ from dpsql.plan.relational import (
     Bound,
     ComputedColumn,
     Filter,
+    JoinedRows,
+    JoinSide,
     PerUnit,
     Project,
     PublicJoin,
+    PublicRows,
     Scan,
 )
 from dpsql.plan.values import (
@@ -25,7 +32,7 @@ from dpsql.plan.values import (
     Selection,
     Threshold,
 )
-from dpsql.policy import ColumnPolicy
+from dpsql.policy import ColumnPolicy, TablePolicy
 
 
 def relational_nodes(query: DPQuery) -> Scan | PerUnit | PublicJoin | Filter | Project:
@@ -40,19 +47,74 @@ def relational_nodes(query: DPQuery) -> Scan | PerUnit | PublicJoin | Filter | P
 
 
 def _read(read: Read) -> Scan | PerUnit | PublicJoin:
-    table = read.table
-    node: Scan | PerUnit = Scan(table.name, table.privacy_unit)
-    spec = getattr(table.joined, "spec", None)  # a per-unit relation (dpsql.frontend.per_unit)
+    node = read_node(read.table)
+    assert not isinstance(node, PublicRows)  # a DP query reads a private table
+    return PublicJoin(node, read.joins) if read.joins else node
+
+
+def read_node(table: TablePolicy) -> Scan | PerUnit | PublicRows:
+    """The relational node that reads ``table`` as the engine reads it: a stored table by its
+    name (a Scan), a per-unit relation (PerUnit, over its base table's node), or a virtual
+    table of private tables joined on the unit, or a unit_path table (a Scan whose
+    ``source`` holds the join: each side's node, alias, kind and ON tree). Everything the
+    lowerings need is on the nodes (dpsql.lower.sources reads them), built from the validated
+    policy table only."""
+    if table.joined is None:
+        return Scan(table.name, table.privacy_unit)
+    return _side_node(table)
+
+
+def _side_node(table: TablePolicy) -> Scan | PerUnit | PublicRows:
+    """``table`` as a side of a join (or the FROM of a joined read): a public table as its
+    rows, a per-unit relation, a join, or the stored table."""
+    if table.public and table.rows is not None:
+        columns = tuple((name, col.type) for name, col in table.columns.items())
+        return PublicRows(table.name, columns, tuple(table.rows))
+    joined = table.joined
+    if joined is None:
+        return Scan(table.name, table.privacy_unit)
+    spec = getattr(joined, "spec", None)  # a per-unit relation (dpsql.frontend.per_unit)
     if spec is not None:
-        base = table.joined.steps[0].table  # type: ignore[union-attr]
-        node = PerUnit(
-            Scan(base.name, base.privacy_unit),
+        base = joined.steps[0].table
+        scan = _side_node(base)
+        assert isinstance(scan, Scan)  # a per-unit relation groups a private table
+        where: tuple[tuple[exp.Expression, bool], ...] = ()
+        if spec.where is not None:
+            where = tuple((c, cannot_fail(c, base)) for c in conjuncts(spec.where))
+        stored = tuple(c for c, col in base.columns.items() if col.expr is None)
+        return PerUnit(
+            scan,
             spec.describe(),
             len(spec.keys),
             spec.max_rows,
             spec.max_groups,
+            spec=spec,
+            where=where,
+            stored=stored,
         )
-    return PublicJoin(node, read.joins) if read.joins else node
+    sides = tuple(
+        JoinSide(_side_node(step.table), step.alias, step.kind, _on(step.on) if step.on else None)
+        for step in joined.steps
+    )
+    return Scan(table.name, table.privacy_unit, JoinedRows(sides, joined.outputs))
+
+
+def _on(pairs: tuple[tuple[str, str, str, str], ...]) -> exp.Expression:
+    """A join step's ON pairs ``(alias, column, alias, column)`` as one condition tree, the
+    equalities ANDed in order."""
+    out: exp.Expression | None = None
+    for a, ca, b, cb in pairs:
+        eq = exp.EQ(this=_column(a, ca), expression=_column(b, cb))
+        out = eq if out is None else exp.And(this=out, expression=eq)
+    assert out is not None
+    return out
+
+
+def _column(alias: str, column: str) -> exp.Column:
+    return exp.Column(
+        this=exp.Identifier(this=column, quoted=True),
+        table=exp.Identifier(this=alias, quoted=False),
+    )
 
 
 def _computed(column: ColumnPolicy) -> ComputedColumn:
@@ -62,6 +124,7 @@ def _computed(column: ColumnPolicy) -> ComputedColumn:
         column.expr,
         column.lower if column.lower is not None else float("nan"),
         column.upper if column.upper is not None else float("nan"),
+        column.tree,
     )
 
 

@@ -175,7 +175,9 @@ class AggregateBinder:
         return AggregateCall(kind, self._computed_column(expr, found).name, shown, level)
 
     def _computed_column(self, expr: exp.Expression, found: Range | None) -> ColumnPolicy:
-        """The computed column for ``expr`` (one per distinct expression in the query)."""
+        """The computed column for ``expr`` (one per distinct expression in the query): its
+        rendering (``expr``, for the cache keys and EXPLAIN) and a copy of its tree, which the
+        lowerings read (never the rendering parsed back)."""
         assert self.scope.table is not None
         sql = expr.sql(dialect=DIALECT)
         known = self.computed.get(sql)
@@ -183,7 +185,9 @@ class AggregateBinder:
             return known
         name = known.name if known is not None else f"__e{len(self.computed)}"
         if found is None:
-            column = ColumnPolicy(name=name, type="float", nullable=True, expr=sql)
+            column = ColumnPolicy(
+                name=name, type="float", nullable=True, expr=sql, tree=expr.copy()
+            )
         else:
             lower, upper = (found.lower, found.upper) if found.lower <= found.upper else (0, 0)
             floats = [
@@ -203,6 +207,7 @@ class AggregateBinder:
                 nullable=True,
                 granularity=granularity,
                 expr=sql,
+                tree=expr.copy(),
             )
         self.computed[sql] = column
         return column
