@@ -426,14 +426,20 @@ def check_tree(tree: Any, limits: Limits = DEFAULT_LIMITS) -> None:
     """Refuse a parsed statement deeper than the walkers that follow handle."""
     limit = limits.tree_depth
     if tree_depth(tree, limit) > limit:
-        raise ProgrammingError(
-            "the statement is too complex: its expressions nest too deeply (a long chain of "
-            "AND/OR, arithmetic or casts counts one level per operator)",
-            sqlstate="54001",
-            construct="statement",
-            hint="shorten the chain: use IN (...) instead of many ORs, BETWEEN instead of "
-            "ANDed comparisons, or ask the operator to raise limits.max_depth",
-        )
+        raise too_deep()
+
+
+def too_deep() -> ProgrammingError:
+    """The refusal of a parsed statement deeper than ``limits.tree_depth`` (:func:`check_tree`;
+    the binder's first walk over a parsed tree checks the depth as it goes, the same test)."""
+    return ProgrammingError(
+        "the statement is too complex: its expressions nest too deeply (a long chain of "
+        "AND/OR, arithmetic or casts counts one level per operator)",
+        sqlstate="54001",
+        construct="statement",
+        hint="shorten the chain: use IN (...) instead of many ORs, BETWEEN instead of "
+        "ANDed comparisons, or ask the operator to raise limits.max_depth",
+    )
 
 
 # -- 3. parameter values ---------------------------------------------------------------------

@@ -70,7 +70,9 @@ def _both(text: str) -> tuple[tuple, tuple]:
     fast = _outcome(text)
     with pytest.MonkeyPatch.context() as m:
         m.setattr(rewrite, "_RESPELLED", (exp.Expression,))  # the visitor walks every tree
-        m.setattr(bind, "_one_query", lambda tree: False)  # the classifier sees every SELECT
+        m.setattr(
+            bind, "_one_query", lambda tree, census=None: False
+        )  # the classifier sees every SELECT
         slow = _outcome(text)
     return fast, slow
 

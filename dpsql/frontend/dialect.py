@@ -24,9 +24,13 @@ This module imports only sqlglot: the policy's column types come in as a functio
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import sqlglot
 from sqlglot import exp
+
+if TYPE_CHECKING:  # this module imports only sqlglot at run time
+    from dpsql.frontend.census import Census
 
 DUCKDB = "duckdb"
 POSTGRES = "postgres"
@@ -64,15 +68,25 @@ def reader(dialect: str) -> sqlglot.Dialect:
     return sqlglot.Dialect.get_or_raise(dialect)
 
 
-def to_engine_semantics(tree: exp.Expr, dialect: str, column_types: ColumnTypes) -> exp.Expr:
+def to_engine_semantics(
+    tree: exp.Expr, dialect: str, column_types: ColumnTypes, census: Census | None = None
+) -> exp.Expr:
     """``tree`` as parsed in ``dialect``, with its meaning made explicit for the DuckDB engine.
 
     In place where possible; returns the (possibly new) root. Every dialect: ``COUNT(DISTINCT
     (col))`` (Power BI writes ``count(distinct("col"))``) loses the parentheses around its
     argument, and ``$$...$$`` strings become plain string literals. PostgreSQL: each division
     sqlglot marked ``typed`` becomes ``//`` or ``/`` (see the module's docstring).
+
+    ``census``: the classes of ``tree``'s nodes (dpsql.frontend.census), when known: a step
+    whose nodes the tree has none of is skipped, not walked for.
     """
-    for distinct in list(tree.find_all(exp.Distinct)):
+    if census is not None and census.root is not tree:
+        census = None
+    distincts: list[exp.Distinct] | None = (
+        [] if census is not None and not census.has(exp.Distinct) else None
+    )
+    for distinct in list(tree.find_all(exp.Distinct)) if distincts is None else distincts:
         if isinstance(distinct.parent, exp.AggFunc):
             for item in list(distinct.expressions):
                 inner = item
@@ -80,13 +94,16 @@ def to_engine_semantics(tree: exp.Expr, dialect: str, column_types: ColumnTypes)
                     inner = inner.this
                 if inner is not item:
                     item.replace(inner)
-    for raw in list(tree.find_all(exp.RawString)):  # DuckDB reads $$...$$ too
+    raws: list[exp.RawString] | None = (
+        [] if census is not None and not census.has(exp.RawString) else None
+    )
+    for raw in list(tree.find_all(exp.RawString)) if raws is None else raws:  # $$...$$ too
         literal = exp.Literal.string(raw.name)
         literal._meta = raw._meta
         if raw is tree:
             return literal
         raw.replace(literal)
-    if dialect != POSTGRES:
+    if dialect != POSTGRES or (census is not None and not census.has(exp.Div)):
         return tree
     typer = _Typer(tree, column_types)
     # innermost first: an outer division's operand may be an inner one (``a / b / c``)

@@ -194,7 +194,10 @@ class _Flattener:
 
     def _check_no_cte_elsewhere(self, select: exp.Select, ctes: dict) -> None:
         """CTE names may appear only as the FROM source (a subquery elsewhere is refused by the
-        binder; this names the CTE in the refusal instead of 'unknown table')."""
+        binder; this names the CTE in the refusal instead of 'unknown table'). Without a CTE
+        in scope no table can be one: nothing to walk."""
+        if not ctes:
+            return
         for table in select.find_all(exp.Table):
             if table.name.lower() in ctes and table is not _from_source(select):
                 raise self.refuse(

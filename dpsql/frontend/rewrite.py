@@ -16,6 +16,7 @@ from decimal import Decimal, InvalidOperation
 from sqlglot import exp
 
 from dpsql.errors import DataError
+from dpsql.frontend.census import Census
 from dpsql.frontend.logic import column_equality, conjuncts
 from dpsql.policy import TablePolicy
 
@@ -68,8 +69,21 @@ _RESPELLED = (
 )
 
 
+def respells(tree: exp.Expression, census: Census | None = None) -> bool:
+    """Whether :func:`normalise` has anything to replace in ``tree``: a node of a class its
+    visitor acts on, asked of ``census`` (the classes of ``tree``'s nodes,
+    dpsql.frontend.census) when it counts this tree, else found by a walk."""
+    if census is not None and census.root is tree:
+        return census.has(*_RESPELLED)
+    return tree.find(*_RESPELLED) is not None
+
+
 def normalise(
-    tree: exp.Expression, *, today: dt.date | None = None, now: dt.datetime | None = None
+    tree: exp.Expression,
+    *,
+    census: Census | None = None,
+    today: dt.date | None = None,
+    now: dt.datetime | None = None,
 ) -> exp.Expr:
     """``tree`` with the spellings above replaced (in place: the binder owns the parsed tree).
 
@@ -79,7 +93,7 @@ def normalise(
     statement-start semantics) and the plan, its fingerprint and the answer cache's key carry
     the instant: a relative filter (``WHERE d > NOW() - INTERVAL '30 days'``) is never
     replayed from another day's answer."""
-    if tree.find(*_RESPELLED) is None:  # no node the visitor below would replace
+    if not respells(tree, census):  # no node the visitor below would replace
         return tree
     now = now or dt.datetime.now(dt.UTC)
     today = today or now.date()

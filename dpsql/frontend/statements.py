@@ -295,6 +295,12 @@ class DPQuery:
 
     def nodes(self) -> tuple[Relation, ...]:
         """The relational nodes from the top (GroupBy) down to the Read."""
+        return self._nodes
+
+    @functools.cached_property
+    def _nodes(self) -> tuple[Relation, ...]:
+        """:meth:`nodes`, walked once per query (the views below ask for a node a dozen
+        times while one query is planned; the tree is frozen)."""
         out: list[Relation] = []
         node: Relation = self.input
         while True:
@@ -305,11 +311,14 @@ class DPQuery:
 
     def node(self, kind: type[_N]) -> _N | None:
         """The node of type ``kind`` in the tree, if the query has one."""
-        return next((n for n in self.nodes() if isinstance(n, kind)), None)
+        for n in self._nodes:
+            if isinstance(n, kind):
+                return n
+        return None
 
     @functools.cached_property
     def read(self) -> Read:
-        node = self.nodes()[-1]
+        node = self._nodes[-1]
         assert isinstance(node, Read)  # every chain ends in its Read
         return node
 

@@ -204,7 +204,7 @@ def type_query(query: DPQuery, shadow: ShadowTypes, owner: str | None = None) ->
     declared = declared_key_types(query)
     if declared is not None and not computed:  # nothing to ask the binder: declared_key_types
         known = zip(query.keys, declared, strict=True)
-        return _typed(query, tuple(replace(k, type=t) for k, t in known))
+        return _typed(query, tuple(_with_type(k, t) for k, t in known))
     if query.table.joined is not None:
         shadow.declare(query.table)
     policy = query.table
@@ -243,7 +243,16 @@ def type_query(query: DPQuery, shadow: ShadowTypes, owner: str | None = None) ->
                 hint="compare it with a value (e.g. col = 'x', col IS NOT NULL), or cast it "
                 "explicitly with TRY_CAST(... AS BOOLEAN)",
             )
-    return _typed(query, tuple(replace(k, type=known_type(k.expr, policy)) for k in query.keys))
+    return _typed(query, tuple(_with_type(k, known_type(k.expr, policy)) for k in query.keys))
+
+
+def _with_type(key: GroupKey, duck_type: str | None) -> GroupKey:
+    """``key`` with its type: the same expression, so its text rendered once already (the
+    binder asks ``key.sql``) is the new key's too, not rendered again."""
+    typed = replace(key, type=duck_type)
+    if "sql" in key.__dict__:  # functools.cached_property's slot: the same expr, the same text
+        typed.__dict__["sql"] = key.__dict__["sql"]
+    return typed
 
 
 def declared_key_types(query: DPQuery) -> list[str] | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
@@ -17,7 +18,8 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.dialects.duckdb import DuckDB
 from sqlglot.errors import ParseError, TokenError
-from sqlglot.tokens import Token, TokenType
+from sqlglot.parser import Parser
+from sqlglot.tokens import Token, Tokenizer, TokenType
 
 from dpsql.errors import (
     PrivacyError,
@@ -30,6 +32,7 @@ from dpsql.frontend.bind.keys import GroupByBinder
 from dpsql.frontend.bind.post import PostBuilder, is_star_item
 from dpsql.frontend.bind.scope import Scope, refusal
 from dpsql.frontend.bind.table_calls import public_select, public_table_query, rule_list_call
+from dpsql.frontend.census import Census
 from dpsql.frontend.compose import ReleasedFilter, split_released_filter
 from dpsql.frontend.dialect import DUCKDB, ColumnTypes, check_dialect, reader, to_engine_semantics
 from dpsql.frontend.inline import Wrapped, compose_post, flatten_relations
@@ -45,7 +48,7 @@ from dpsql.frontend.positions import (
 )
 from dpsql.frontend.private_joins import resolve_private_joins
 from dpsql.frontend.released import split_released_tables
-from dpsql.frontend.rewrite import normalise, timestamp_literals
+from dpsql.frontend.rewrite import normalise, respells, timestamp_literals
 from dpsql.frontend.scopes import shadow_policy_tables
 from dpsql.frontend.statements import (  # the bound tree's values (re-exported for the doors)
     DIALECT,
@@ -61,7 +64,7 @@ from dpsql.frontend.statements import (  # the bound tree's values (re-exported 
     TransactionStatement,
     to_literal,
 )
-from dpsql.limits import check_tree, too_complex
+from dpsql.limits import too_complex, too_deep
 from dpsql.policy import Policy
 from dpsql.table_functions import TABLE_FUNCTIONS
 
@@ -134,8 +137,8 @@ def parse_statement(
                 "EXPLAIN takes a DP SELECT query", construct="EXPLAIN", hint="EXPLAIN SELECT ..."
             )
         return ExplainStatement(bound, fmt)
-    tree = _statement_tree(source, policy, parameters, models)
-    return bind_tree(tree, policy, access)
+    tree, census = _counted_statement_tree(source, policy, parameters, models)
+    return bind_tree(tree, policy, access, census)
 
 
 def _statement_tree(
@@ -147,6 +150,17 @@ def _statement_tree(
     """The one statement of ``source``, parsed and checked, with its parameters substituted and
     the dialect's meaning made explicit: what :func:`bind_tree` binds. Each node that records
     a position records its source too, so refusals need no text (dpsql.frontend.positions)."""
+    return _counted_statement_tree(source, policy, parameters, models)[0]
+
+
+def _counted_statement_tree(
+    source: Source,
+    policy: Policy,
+    parameters: Sequence[Any] | None,
+    models: Callable[[str], Any] | None,
+) -> tuple[exp.Expr, Census | None]:
+    """:func:`_statement_tree`, with the census of its node classes (dpsql.frontend.census)
+    while it is still the tree the first walk counted (None once a step rewrote it)."""
     text, dialect = source.text, source.dialect
     statements: list[exp.Expr] | None
     try:
@@ -167,17 +181,15 @@ def _statement_tree(
             "send one statement at a time",
         )
     tree = statements[0]
-    check_tree(tree, policy.limits)  # before the walkers below recurse on it (54001)
-    # sqlglot keeps comments on nodes and renders them again: drop them, so no analyst text
-    # but validated expressions ever reaches the engine SQL.
-    for node in tree.walk():
-        node.comments = None
-        if node._meta:  # positions: copied with the node (sqlglot deep-copies every meta dict)
-            meta = node._meta = ShallowMeta(node._meta)
-            meta[SOURCE] = source  # as positions.mark does, without a call for each node
+    census: Census | None = _scrub(tree, source, policy.limits.tree_depth)
     if parameters is not None:
         tree = _substitute_parameters(tree, parameters)
-    elif tree.find(exp.Placeholder, exp.Parameter):
+        census = None  # the values' literals are new nodes
+    elif (
+        census.has(exp.Placeholder, exp.Parameter)
+        if census is not None
+        else tree.find(exp.Placeholder, exp.Parameter) is not None
+    ):
         raise refusal(
             ProgrammingError,
             "the query has parameter placeholders but no parameters were given",
@@ -186,14 +198,49 @@ def _statement_tree(
         )
     # the dialect's meaning made explicit (PostgreSQL's integer division: ``//``) before
     # anything is bound, so no later step can lose it (dpsql.frontend.dialect)
-    tree = to_engine_semantics(tree, dialect, _column_types(policy))
+    tree = to_engine_semantics(tree, dialect, _column_types(policy), census)
+    if census is not None and (
+        census.has(exp.RawString)
+        or (census.has(exp.Distinct) and census.has(exp.Paren))
+        or (dialect != DUCKDB and census.has(exp.Div))
+    ):
+        # maybe rewritten: a $$ string is a literal now, a DISTINCT's parentheses are gone,
+        # a division is ``//``
+        census = None
     if models is not None and "dp_predict" in text.lower():
         from dpsql.models.predict import expand_predictions
 
         # The model is the analyst's own released value: its CASE is query text like any
         # other, bound and checked by the same rules (it reads no data).
         tree = expand_predictions(tree, models)
-    return tree
+        census = None
+    return tree, census
+
+
+def _scrub(tree: exp.Expr, source: Source, limit: int) -> Census:
+    """One walk over a parsed statement: refuse it deeper than ``limit`` (54001, as
+    dpsql.limits.check_tree does, before any walker below recurses on it), drop every
+    comment (sqlglot keeps comments on nodes and renders them again: no analyst text but
+    validated expressions ever reaches the engine SQL), record ``source`` on each node that
+    records a position (as positions.mark does, without a call for each node), and count
+    the nodes of each class (the census the passes below ask before they walk)."""
+    counts: dict[type, int] = {}
+    stack = [(tree, 1)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        node, depth = pop()
+        if depth > limit:
+            raise too_deep()
+        node.comments = None
+        if node._meta:  # positions: copied with the node (sqlglot deep-copies every meta dict)
+            meta = node._meta = ShallowMeta(node._meta)
+            meta[SOURCE] = source
+        cls = node.__class__
+        counts[cls] = counts.get(cls, 0) + 1
+        depth += 1
+        for child in node.iter_expressions():
+            push((child, depth))
+    return Census(tree, counts)
 
 
 # -- column probes of a relation ---------------------------------------------------------------
@@ -356,15 +403,32 @@ class ShallowMeta(dict):
         return ShallowMeta(self)
 
 
+_LOCAL = threading.local()
+
+
+def _duckdb_reader() -> tuple[Tokenizer, Parser]:
+    """This thread's DuckDB tokenizer and parser: sqlglot builds both afresh for each call of
+    ``Dialect.tokenize`` and ``Dialect.parser`` (their tables copied into new cores), and
+    each resets its whole state as it starts, so one of each per thread reads every text."""
+    got = getattr(_LOCAL, "reader", None)
+    if got is None:
+        got = _LOCAL.reader = (_READER.tokenizer(), _READER.parser())
+    return got
+
+
 def _parse(text: str, dialect: str = DUCKDB) -> list[exp.Expr]:
     """The statements of ``text`` in ``dialect``'s grammar, the n-th ``?`` placeholder *in the text*
     read as ``$n`` (the tree's own order visits LIMIT before WHERE, so parameters bind in text
     order). The tokens are renumbered, not the text, so every position stays where it was."""
-    read = _READER if dialect == DUCKDB else reader(dialect)
-    tokens = read.tokenize(text)
-    if any(t.token_type == TokenType.PLACEHOLDER and t.text == "?" for t in tokens):
+    if dialect == DUCKDB:
+        tokenizer, parser = _duckdb_reader()
+    else:
+        read = reader(dialect)
+        tokenizer, parser = read.tokenizer(), read.parser()
+    tokens = tokenizer.tokenize(text)
+    if "?" in text and any(t.token_type == TokenType.PLACEHOLDER and t.text == "?" for t in tokens):
         tokens = list(_numbered_placeholders(tokens))
-    return [s for s in read.parser().parse(tokens, text) if s is not None]
+    return [s for s in parser.parse(tokens, text) if s is not None]
 
 
 def _numbered_placeholders(tokens: list[Token]) -> Iterator[Token]:
@@ -493,10 +557,17 @@ def _substitute_parameters(tree: exp.Expr, params: Sequence[Any]):
     return tree.transform(replace, copy=True)
 
 
-def bind_tree(tree: exp.Expr, policy: Policy, access: Any = None) -> Statement:
+def bind_tree(
+    tree: exp.Expr, policy: Policy, access: Any = None, census: Census | None = None
+) -> Statement:
     """Bind one parsed statement. Refusals point at their nodes' positions, and the bound
     statement records the text its nodes were parsed from (dpsql.frontend.positions): no
-    text is passed along the rewrites and binders below."""
+    text is passed along the rewrites and binders below.
+
+    ``census``: the classes of ``tree``'s nodes (dpsql.frontend.census), when known: the
+    passes below that look for nodes it has none of skip their walks."""
+    if census is not None and census.root is not tree:
+        census = None
     for cls, name in REFUSED_STATEMENTS.items():
         if isinstance(tree, cls):
             raise refusal(
@@ -519,7 +590,7 @@ def bind_tree(tree: exp.Expr, policy: Policy, access: Any = None) -> Statement:
             "dpsql only answers aggregate SELECT queries (and SET/SHOW/RESET of privacy settings)",
         )
     if isinstance(tree, exp.Select | exp.SetOperation):
-        released = _released_tables(tree, policy, access)
+        released = _released_tables(tree, policy, access, census)
         if released is not None:
             return released
     if isinstance(tree, exp.SetOperation):
@@ -538,12 +609,18 @@ def bind_tree(tree: exp.Expr, policy: Policy, access: Any = None) -> Statement:
             tree,
             "send an aggregate SELECT query",
         )
-    tree = normalise(tree)
+    if census is not None and respells(tree, census):
+        census = None  # respelled below: new nodes
+    tree = normalise(tree, census=census)
     assert isinstance(tree, exp.Select)  # normalise keeps the root: a Select stays a Select
     # names first: a CTE shadows the policy table of its name in every construct below
-    tree = cast(exp.Select, shadow_policy_tables(tree, policy))
+    if census is None or census.has(exp.CTE):
+        tree = cast(exp.Select, shadow_policy_tables(tree, policy))
     if access is not None:  # authorization: decided by the text and the policy (dpsql.access)
         access.check(tree, policy, TABLE_FUNCTIONS)
+    if census is not None and not (census.only_root_query() and not census.has(exp.Join)):
+        # a join, a derived table, a CTE or a subquery: the steps below may rewrite them
+        census = None
     tree, policy = resolve_private_joins(tree, policy)
     tree = resolve_joins(tree, policy)
     split = split_released_filter(tree)
@@ -560,16 +637,24 @@ def bind_tree(tree: exp.Expr, policy: Policy, access: Any = None) -> Statement:
                 "aggregate a table declared in the policy inside the subquery",
             )
         return replace(inner, post=compose_post(flat.outer, inner.post, flat.alias))
-    return _Binder(flat, policy).bind()
+    # One query over one table, no join: the steps above had nothing to rewrite (each
+    # returns its input when the tree has no join, derived table, CTE or subquery), so the
+    # census still counts ``flat``'s nodes, unless a step built another tree (public
+    # tables: dpsql.frontend.joins copies the tree to evaluate semi joins).
+    return _Binder(
+        flat, policy, census if census is not None and census.root is flat else None
+    ).bind()
 
 
-def _one_query(tree: exp.Expression) -> bool:
+def _one_query(tree: exp.Expression, census: Census | None = None) -> bool:
     """A SELECT with no query inside it: no subquery, CTE body or set operation."""
+    if census is not None and census.root is tree:
+        return isinstance(tree, exp.Select) and census.only_root_query()
     return isinstance(tree, exp.Select) and all(q is tree for q in tree.find_all(exp.Query))
 
 
 def _released_tables(
-    tree: exp.Select | exp.SetOperation, policy: Policy, access: Any
+    tree: exp.Select | exp.SetOperation, policy: Policy, access: Any, census: Census | None = None
 ) -> ReleasedQuery | None:
     """Several DP queries combined by post-processing (set operations, joins of released
     results, CTE chains, scalar subqueries): each measurement bound on its own (the same
@@ -578,7 +663,7 @@ def _released_tables(
     A SELECT with no query inside it (no subquery, CTE or set operation) is always the
     one-query path: every source is a table, so the classifier finds no DP or released part
     beside the query itself and no scalar subquery; answered without the classifier's walks."""
-    if _one_query(tree):
+    if _one_query(tree, census):
         return None
     scoped = shadow_policy_tables(tree, policy)
     split = split_released_tables(scoped, policy)
@@ -674,9 +759,11 @@ class _Binder:
     calls (calls) and post-processing (post), or a table function's call or a public query
     (table_calls). Instance state is scratch space for a single pure binding."""
 
-    def __init__(self, tree: exp.Select, policy: Policy) -> None:
+    def __init__(self, tree: exp.Select, policy: Policy, census: Census | None = None) -> None:
         self.tree = tree
         self.scope = Scope(source_of(tree).text, policy)  # the statement's, for its record
+        # the classes of the tree's nodes, when known (dpsql.frontend.census)
+        self.census = census if census is not None and census.root is tree else None
 
     def bind(self) -> DPQuery | PublicSelect | RuleListCall:
         tree = self.tree
@@ -711,7 +798,9 @@ class _Binder:
                     node,
                     "query one table; join public facts in your own tool after release",
                 )
-        for sub in tree.find_all(exp.Subquery, exp.Select):
+        census = self.census
+        nested = census is None or census.count(exp.Subquery, exp.Select) > 1
+        for sub in tree.find_all(exp.Subquery, exp.Select) if nested else ():
             if sub is not tree:
                 raise self.scope.refuse(
                     "subqueries are not supported (for now)",
@@ -719,7 +808,8 @@ class _Binder:
                     "rewrite as one SELECT over one table",
                 )
         post = PostBuilder(self.scope, tree, AggregateBinder(self.scope))
-        post.check_windows(tree)
+        if census is None or census.has(exp.Window):
+            post.check_windows(tree)
         from_ = tree.args.get("from_") or tree.args.get("from")
         if from_ is None:
             return public_select(self.scope, tree)

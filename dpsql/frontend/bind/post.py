@@ -107,10 +107,7 @@ class PostBuilder:
                     and isinstance(n, exp.Column | exp.Func | exp.Binary | exp.Case | exp.Paren)
                     and not n.find(exp.AggFunc)
                 ):
-                    try:
-                        normal = self.scope.normal_sql(n)
-                    except ProgrammingError:
-                        normal = None
+                    normal = self.scope.resolved_sql(n)
                     if normal in key_sql:
                         return exp.column(f"k{key_sql[normal]}")
                 if isinstance(n, exp.Column):
@@ -137,7 +134,9 @@ class PostBuilder:
             inner = item.this if isinstance(item, exp.Alias) else item
             self._check_post(inner, "SELECT")
             name = item.alias if isinstance(item, exp.Alias) else default_name(inner, i)
-            post = post.select(exp.alias_(rewrite(inner, "SELECT"), name, quoted=True), copy=False)
+            # the rewrite is a copy of the item already: aliased as it is, not copied again
+            rewritten = rewrite(inner, "SELECT")
+            post = post.select(exp.alias_(rewritten, name, quoted=True, copy=False), copy=False)
         # a built From (a string would be parsed: ~0.1 ms)
         released = exp.From(this=exp.Table(this=exp.Identifier(this=RELEASED, quoted=False)))
         post = post.from_(released, copy=False)

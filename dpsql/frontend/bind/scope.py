@@ -175,6 +175,21 @@ class Scope:
                 return self.normalise_columns(node).sql(dialect=DIALECT)
         return node.sql(dialect=DIALECT)
 
+    def resolved_sql(self, node: exp.Expression) -> str | None:
+        """:meth:`normal_sql` of ``node``, or None where it would refuse a column (one that
+        :meth:`column_name` does not resolve), without building that refusal: its position
+        and snippet render and tokenize the subtree, for a question whose answer is "no"
+        (the post-processing asks it of each select item that might be a key)."""
+        assert self.table is not None
+        columns = self.table.columns
+        for col in node.find_all(exp.Column):
+            qualifier = col.table
+            if (qualifier and qualifier.lower() not in self.qualifiers) or (
+                col.name.lower() not in columns
+            ):
+                return None
+        return self.normal_sql(node)
+
     def check_scalar(self, node: exp.Expr, clause: str) -> None:
         for sub in node.walk():
             if isinstance(sub, exp.AggFunc):
