@@ -81,6 +81,7 @@ from dpsql.service.results import (
     SQL_TYPES_BY_CODE,
     TYPE_CODES,
     Result,
+    answer_data,
     decode_answer,
     encode_answer,
     float_values,
@@ -473,14 +474,15 @@ class Service:
         compiled = None
         run_plan = plan
         clip_notes: list[str] = []
+        fresh: dict | None = None  # this run's answer, as its replay would decode it
 
         def check() -> None:
             nonlocal compiled
             self._check_drawable(plan)
             compiled = self._compiled(prepared)
 
-        def execute() -> tuple[str, bool]:
-            nonlocal compiled, run_plan, clip_notes
+        def execute() -> tuple[str | None, bool]:
+            nonlocal compiled, run_plan, clip_notes, fresh
             assert compiled is not None  # check() ran before the reserve
             if plan.clips:
                 # automatic clipping: release the ranges, then run the plan planned with them
@@ -501,6 +503,9 @@ class Service:
                 self.data_version(plan.query.table) == plan.data_version
             )
             key_types = self._key_types(plan)  # from the plan: the same on every dataset
+            if not self.cache:  # nothing remembers it: no JSON text (results.answer_data)
+                fresh = answer_data(released, key_types)
+                return None, replayable
             return encode_answer(released, key_types), replayable
 
         if not prepared.post_checked:
@@ -515,7 +520,7 @@ class Service:
         )  # fmt: skip
         with post_processing_boundary():
             # Decode what is stored, so a fresh answer and its cached replay look the same.
-            answer = decode_answer(paid.answer)
+            answer = fresh if fresh is not None else decode_answer(cast(str, paid.answer))
             if paid.replayed:
                 return self._finish(
                     plan,

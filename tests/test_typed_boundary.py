@@ -206,10 +206,9 @@ def test_every_failure_after_the_reserve_is_uniform_and_charged(fresh, monkeypat
         _break(monkeypatch, service.engine, "execute", TypeError(secret))
     elif where == "release":
         _break(monkeypatch, pipeline, "release", ValueError(secret))
-    elif where == "encode":
-        _break(
-            monkeypatch, pipeline, "encode_answer", UnicodeEncodeError("utf-8", secret, 0, 1, "x")
-        )
+    elif where == "encode":  # the remembered text, or the answer built without it
+        for step in ("encode_answer", "answer_data"):
+            _break(monkeypatch, pipeline, step, UnicodeEncodeError("utf-8", secret, 0, 1, "x"))
     sql = "SELECT department, COUNT(*) * 2 AS c FROM visits GROUP BY department"
     if where == "postprocess":  # after a first run, whose dry run of the post-processing passed
         conn.cursor().execute(sql)

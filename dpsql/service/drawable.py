@@ -7,7 +7,9 @@ it, no mechanism refuses because of its ε.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Hashable
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, cast
 
 from dpsql.errors import DataError
 from dpsql.plan.values import QuantileMeasure
@@ -27,8 +29,11 @@ def check_drawable(plan: Plan, noise: NoiseSource) -> None:
 
     for m in plan.measures:
         try:
-            m.mechanism.sample(noise, 0)
-            m.mechanism.interval_halfwidth()
+            mechanism = m.mechanism
+            if _hashable(mechanism):
+                _measure_drawable(mechanism, cast(Hashable, noise))  # hashed by identity
+            else:
+                _measure_drawable.__wrapped__(mechanism, noise)
         except (ValueError, OverflowError):
             raise undrawable(f"{m.kind}({m.column or '*'})") from None
     for qm in plan.quantiles:
@@ -54,6 +59,25 @@ def check_drawable(plan: Plan, noise: NoiseSource) -> None:
             _ = selection.mechanism.table  # cached per (ε, δ): released from it later
         except (ValueError, OverflowError):
             raise undrawable("the partition selection", bounds=False) from None
+
+
+@lru_cache(maxsize=1024)
+def _measure_drawable(mechanism: Any, noise: NoiseSource) -> None:
+    """A measure's noise draws (0 of them: the sampler's range check) and its interval search
+    at its mechanism's public parameters; remembered for a mechanism and source that passed
+    (a frozen, hashable mechanism decides it alone), raised again each time for one that
+    did not (lru_cache keeps no exception). A shape's plans with new numbers share their
+    mechanisms, so a statement of a known shape does not search again."""
+    mechanism.sample(noise, 0)
+    mechanism.interval_halfwidth()
+
+
+def _hashable(value: object) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 def undrawable(what: str, *, bounds: bool = True) -> DataError:

@@ -209,35 +209,65 @@ def float_values(values: Any) -> Any:
     return np.asarray(values, dtype=np.float64)
 
 
+def _answer_fields(released: Released, key_types: Sequence[str]) -> dict:
+    """The released table in JSON's own types (lists, Python numbers, ISO dates), before the
+    text: what encode_answer writes and decode_answer reads back (keys' dates still text)."""
+    return {
+        "keys": [[jsonable(v) for v in k] for k in released.key_values],
+        "key_types": list(key_types),
+        # float64 .tolist(): the same Python floats as float(x) per element, in C
+        # a value-released kind (MODE: a domain value) keeps its own values
+        "outputs": [
+            [jsonable(v) for v in o] if np.asarray(o).dtype == object else float_values(o).tolist()
+            for o in released.outputs
+        ],
+        "intervals": [float_values(iv).reshape(-1, 2).tolist() for iv in released.intervals],
+        "suppressed": (
+            None
+            if released.suppressed_probability is None
+            else float_values(released.suppressed_probability).tolist()
+        ),
+        "biases": [None if b is None else float_values(b).tolist() for b in released.biases],
+    }
+
+
 def encode_answer(released: Released, key_types: Sequence[str]) -> str:
     """A released table as the JSON text the ledger remembers (replayed by decode_answer)."""
-    return json.dumps(
-        {
-            "keys": [[jsonable(v) for v in k] for k in released.key_values],
-            "key_types": list(key_types),
-            # float64 .tolist(): the same Python floats as float(x) per element, in C
-            # a value-released kind (MODE: a domain value) keeps its own values
-            "outputs": [
-                [jsonable(v) for v in o]
+    return json.dumps(_answer_fields(released, key_types))
+
+
+def answer_data(released: Released, key_types: Sequence[str]) -> dict:
+    """``decode_answer(encode_answer(released, key_types))`` without the JSON text between: a
+    fresh answer that is not remembered (no answer cache) in the types its replay would have.
+
+    JSON keeps every value :func:`_answer_fields` holds as it is (lists, str, bool, None, int,
+    float incl. NaN and ±inf, written in ``repr`` and read back bit for bit), so only the
+    keys' dates are parsed back. tests/test_answer_data.py compares both.
+    """
+    fields = _answer_fields(released, key_types)
+    # the same TypeError as encode_answer for a value JSON lacks (the keys and a kind's own
+    # values; the rest are float64's Python floats)
+    json.dumps(
+        [
+            fields["keys"],
+            [
+                v
+                for v, o in zip(fields["outputs"], released.outputs, strict=True)
                 if np.asarray(o).dtype == object
-                else float_values(o).tolist()
-                for o in released.outputs
             ],
-            "intervals": [float_values(iv).reshape(-1, 2).tolist() for iv in released.intervals],
-            "suppressed": (
-                None
-                if released.suppressed_probability is None
-                else float_values(released.suppressed_probability).tolist()
-            ),
-            "biases": [None if b is None else float_values(b).tolist() for b in released.biases],
-        }
+        ]
     )
+    return _parse_dates(fields)
 
 
 def decode_answer(answer: str) -> dict:
     """A remembered answer (encode_answer's text) back as released keys and values, dates
     and timestamps parsed again from their key types."""
-    data = json.loads(answer)
+    return _parse_dates(json.loads(answer))
+
+
+def _parse_dates(data: dict) -> dict:
+    """``data`` with its DATE and TIMESTAMP keys parsed from their ISO text."""
     for i, t in enumerate(data["key_types"]):
         parse = {"DATE": dt.date.fromisoformat, "TIMESTAMP": dt.datetime.fromisoformat}.get(t)
         if parse is not None:
