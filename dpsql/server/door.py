@@ -42,7 +42,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from dpsql.server import protocol as p
-from dpsql.server.wire_errors import Closed, SqlError
+from dpsql.server.wire_errors import Closed, cancelled_waiting, timed_out_running
 
 log = logging.getLogger("dpsql.server")
 
@@ -173,14 +173,7 @@ class Door:
                 s._interrupt = turn.abandon
                 granted = turn.granted.wait()
                 if not granted or s._cancelled:  # while it waited: nothing ran
-                    raise SqlError(
-                        "57014",
-                        "canceling statement due to statement timeout"
-                        if s._timed_out
-                        else "canceling statement due to user request",
-                        hint="it was still waiting for its turn to run (the analyst's other "
-                        "statements, or the server's, were running); nothing ran or was spent",
-                    )
+                    raise cancelled_waiting(s._timed_out)
                 call = scheduler.wrap(turn, fn, *args)
             s._interrupt = interrupt
             ran = True
@@ -189,11 +182,7 @@ class Door:
             return call() if call is not None else fn(*args)
         except Exception as exc:
             if ran and s._timed_out:
-                raise SqlError(
-                    "57014",
-                    "canceling statement due to statement timeout",
-                    hint="raise statement_timeout (SET statement_timeout = '60s') or simplify",
-                ) from exc
+                raise timed_out_running() from exc
             raise
         finally:
             self.busy = False

@@ -52,6 +52,7 @@ from dpsql.server.settings import (
 from dpsql.server.wire_errors import Closed as _Closed
 from dpsql.server.wire_errors import SqlError as SqlError
 from dpsql.server.wire_errors import as_sql_error as as_sql_error
+from dpsql.server.wire_errors import cancelled_waiting, timed_out_running
 
 
 class Server(Protocol):
@@ -218,25 +219,14 @@ class Session:
                 except Abandoned:  # a cancel, the timeout, or the client went away
                     abandoned = True
                 if abandoned or self._cancelled:  # while it waited: nothing ran
-                    raise SqlError(
-                        "57014",
-                        "canceling statement due to statement timeout"
-                        if self._timed_out
-                        else "canceling statement due to user request",
-                        hint="it was still waiting for its turn to run (the analyst's other "
-                        "statements, or the server's, were running); nothing ran or was spent",
-                    )
+                    raise cancelled_waiting(self._timed_out)
                 call = self.server.scheduler.wrap(turn, fn, *args)
             self._interrupt = interrupt
             ran = True
             return await loop.run_in_executor(self.server.executor, call)
         except Exception as exc:
             if ran and self._timed_out:
-                raise SqlError(
-                    "57014",
-                    "canceling statement due to statement timeout",
-                    hint="raise statement_timeout (SET statement_timeout = '60s') or simplify",
-                ) from exc
+                raise timed_out_running() from exc
             raise
         finally:
             if turn is not None:

@@ -55,3 +55,25 @@ def as_sql_error(exc: BaseException) -> SqlError:
         return SqlError(exc.sqlstate, exc.message, fatal=True)
     log.exception("internal error", exc_info=exc)
     return SqlError("XX000", "internal error in dpsql server", hint="see the server log")
+
+
+def cancelled_waiting(timed_out: bool) -> SqlError:
+    """A statement cancelled (by its timeout or a cancel request) before its turn to run came:
+    nothing ran or was spent (the loop's path and the connection thread's send the same)."""
+    return SqlError(
+        "57014",
+        "canceling statement due to statement timeout"
+        if timed_out
+        else "canceling statement due to user request",
+        hint="it was still waiting for its turn to run (the analyst's other "
+        "statements, or the server's, were running); nothing ran or was spent",
+    )
+
+
+def timed_out_running() -> SqlError:
+    """A statement stopped by its statement timeout while it ran."""
+    return SqlError(
+        "57014",
+        "canceling statement due to statement timeout",
+        hint="raise statement_timeout (SET statement_timeout = '60s') or simplify",
+    )
