@@ -239,3 +239,20 @@ def test_the_engine_spills_into_a_private_directory_removed_on_close():
     assert engine._con.execute("SELECT current_setting('temp_directory')").fetchone()[0] == spill
     service.close()
     assert not os.path.exists(spill)
+
+
+def test_an_engine_never_closed_leaves_no_spill_directory(tmp_path: Path, monkeypatch):
+    """The engine's own spill directory goes with it: on close, and when an engine nobody
+    closed is collected (the test suite once left ~900 empty ones in /tmp per run)."""
+    import gc
+
+    from dpsql.engine.duckdb_engine import DuckDBEngine
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    policy = load_policy(fixture_policy())
+    closed = DuckDBEngine(policy)
+    closed.close()
+    dropped = DuckDBEngine(policy)
+    del dropped
+    gc.collect()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("dpsql-spill-")] == []

@@ -93,6 +93,9 @@ class DuckDBEngine:
         # directory, with the umask's mode: a private 0700 directory instead, removed on close
         # (a disk store moves it into the store directory: dpsql.engine.store_files)
         self._spill = tempfile.mkdtemp(prefix="dpsql-spill-")
+        # removed by close(), or when the engine is collected or the process exits without it
+        # (an engine dropped unclosed, or one whose load raised, left an empty directory each)
+        self._remove_spill = weakref.finalize(self, shutil.rmtree, self._spill, ignore_errors=True)
         self._con.execute(f"SET temp_directory = '{self._spill.replace(chr(39), chr(39) * 2)}'")
         # table -> data version; Parquet files re-checked on every read (engine/versions.py)
         self._versions = SourceVersions()
@@ -568,7 +571,7 @@ class DuckDBEngine:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
-        shutil.rmtree(self._spill, ignore_errors=True)
+        self._remove_spill()
 
 
 # engines with background builds, stopped at exit (DuckDBEngine._stop_builds)
