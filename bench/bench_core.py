@@ -590,8 +590,10 @@ def bench_memory(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--rows", type=int, default=10_000_000, help="rows to generate (10M)")
-    ap.add_argument("--quick", action="store_true", help="1M rows, fewer repetitions")
+    ap.add_argument("--rows", type=int, default=None, help="rows to generate (10M; quick 1M)")
+    ap.add_argument(
+        "--quick", action="store_true", help="1M rows unless --rows says, fewer repetitions"
+    )
     ap.add_argument("--reps", type=int, default=None, help="repetitions per query (5; quick 3)")
     ap.add_argument(
         "--hot",
@@ -636,7 +638,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.memory_child:
         memory_child(*args.memory_child)
         return 0
-    rows = 1_000_000 if args.quick else args.rows
+    # --rows wins over --quick's 1M (the smoke test asks for 200k; it silently ran 1M before)
+    rows = args.rows or (1_000_000 if args.quick else 10_000_000)
     reps = args.reps or (3 if args.quick else 5)
     check = args.quick if args.check_reference is None else args.check_reference
     results: dict[str, Any] = {"rows": rows, "reps": reps}
