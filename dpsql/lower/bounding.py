@@ -1,12 +1,12 @@
 """The steps of the bounded plan that the per-query compiler and the prepared-store lowering share.
 
 The guarded WHERE and key domains of a plan (row_conditions), the measures' per-pair
-aggregates (measure_aggregate_expr, clamp_excess_expr), the grouped SELECT, the rescaling of
-pairs to R rows (rescaled, scaled_partial), G-group scaling (group_scaled), the rounding of
-counts' fine shares back to integers per unit (rounded_counts) and the final steps of the
-bounded plan (finish_bounded). dpsql.lower.compile documents the plan these steps build; they
-live here, public, so that dpsql.lower.prepared_plan (the same plan over a prepared store)
-reads them without importing the compiler, which chooses between the two lowerings.
+aggregates (measure_aggregate_expr: each kind's object builds its own), the grouped SELECT,
+the rescaling of pairs to R rows (rescaled, scaled_partial), G-group scaling (group_scaled),
+the rounding of counts' fine shares back to integers per unit (rounded_counts) and the final
+steps of the bounded plan (finish_bounded). dpsql.lower.compile documents the plan these steps
+build; they live here, public, so that dpsql.lower.prepared_plan (the same plan over a prepared
+store) reads them without importing the compiler, which chooses between the two lowerings.
 """
 
 from __future__ import annotations
@@ -19,12 +19,9 @@ from dpsql.frontend.logic import conjuncts
 from dpsql.frontend.safety import cannot_fail, guarded
 from dpsql.frontend.statements import GroupKey
 from dpsql.frontend.typecheck import DECIMAL_PATTERN, WIDE_INTEGERS
-from dpsql.lower import fold
+from dpsql.lower import builders, fold
 from dpsql.lower.builders import (
     alias as _alias,
-)
-from dpsql.lower.builders import (
-    count_distinct as _count_distinct,
 )
 from dpsql.lower.builders import (
     count_star as _count_star,
@@ -32,6 +29,7 @@ from dpsql.lower.builders import (
 from dpsql.lower.builders import (
     cte as _cte,
 )
+from dpsql.lower.builders import fraction as fraction_expr
 from dpsql.lower.builders import (
     join as _join,
 )
@@ -48,20 +46,15 @@ from dpsql.lower.builders import (
     subquery as _subquery,
 )
 from dpsql.lower.builders import (
-    sum_distinct as _sum_distinct,
-)
-from dpsql.lower.builders import (
     table_ref as _table,
 )
+from dpsql.lower.builders import wide as wide
 from dpsql.lower.hashing import (
     keyed_hash,
     secret_slot,
 )
 from dpsql.lower.row_values import cast as _cast
-from dpsql.lower.row_values import clamp as _clamp
-from dpsql.lower.row_values import column_value as _col
 from dpsql.lower.row_values import domain_condition as _domain_condition
-from dpsql.lower.row_values import fixed_point_expr
 from dpsql.lower.row_values import fixed_point_value as fixed_point_value
 from dpsql.lower.row_values import internal_name as _name
 from dpsql.lower.row_values import number as _number
@@ -75,54 +68,14 @@ from dpsql.plan.annotated import (
 )
 from dpsql.plan.relational import Filter, Project
 from dpsql.plan.values import Measure
-from dpsql.policy import ColumnPolicy, TablePolicy, declared_type
-
-
-def centred_expr(m: Measure, col: ColumnPolicy) -> exp.Expression:
-    """The row's fixed-point value minus the measure's centre (none when it is 0)."""
-    value = fixed_point_expr(col, m.lo, m.hi)
-    return exp.Sub(this=value, expression=_number(m.center)) if m.center else value
-
-
-def squared(m: Measure, col: ColumnPolicy) -> exp.Expression:
-    """``(centred) * (centred) - center2``: the row's sumsq contribution."""
-    square = exp.Mul(
-        this=exp.Paren(this=centred_expr(m, col)), expression=exp.Paren(this=centred_expr(m, col))
-    )
-    return exp.Sub(this=square, expression=_number(m.center2)) if m.center2 else square
-
-
-def clamp_excess_expr(m: Measure, col: ColumnPolicy) -> exp.Expression:
-    """A ``clamped`` bias measure's row value (dpsql.plan.bias): round((x − clamp(x)) / g)
-    within [−W, W], W = hi − lo, as BIGINT (NULL for NULL). The quotient is clamped before
-    ROUND (a NaN or infinite excess goes to a bound), so the value lies in [−W, W]."""
-    x = _cast(_col(col), "DOUBLE")
-    excess = exp.Paren(
-        this=exp.Sub(this=x, expression=_clamp(x.copy(), col.lower, col.upper))  # type: ignore[arg-type]
-    )
-    quotient = exp.Div(this=excess, expression=_number(col.granularity), typed=False, safe=False)
-    width = max(m.hi - m.lo, 1)
-    return _cast(exp.Round(this=_clamp(quotient, -width, width)), "BIGINT")
+from dpsql.policy import TablePolicy, declared_type
 
 
 def measure_aggregate_expr(m: Measure, table: TablePolicy) -> exp.Expression:
-    """One measure aggregated over raw rows: COUNT(*), COUNT(col) or SUM(value).
-
-    Same totals as SUM(row_value) but cheaper: NULL rows drop out of COUNT(col) and SUM by
-    themselves (an all-NULL SUM is NULL, which the engine reads as 0).
-    """
-    if m.kind in ("rows", "units"):
-        return _count_star()
-    col = table.columns[m.column]  # type: ignore[index]
-    if m.kind == "values":
-        return exp.Count(this=_col(col))
-    if m.kind == "distinct":  # row-level plans only (bounded ones count it in CompiledQuery.extras)
-        return _count_distinct(_col(col))
-    if m.kind == "distinct_sum":  # likewise: SUM(DISTINCT fixed-point value), NULLs out
-        return _sum_distinct(fixed_point_expr(col, m.lo, m.hi))
-    if m.kind == "clamped":
-        return exp.Sum(this=clamp_excess_expr(m, col))
-    return exp.Sum(this=centred_expr(m, col) if m.kind == "sum" else squared(m, col))
+    """One measure aggregated over raw rows (COUNT(*), COUNT(col), SUM(value), ...): its kind's
+    object builds it (dpsql.plan.measure_kinds, MeasureKind.aggregate) with the builders."""
+    col = None if m.column is None else table.columns[m.column]
+    return m.measure_kind.aggregate(m, col, builders)
 
 
 def domain_filter_exprs(plan: Plan, *, skip_column_keys: bool = False) -> list[exp.Expression]:
@@ -271,12 +224,6 @@ def pair_measures(plan: Plan) -> list[Measure]:
     return [m for m in plan.measures if m.measure_kind.bias and m.measure_kind.per_pair]
 
 
-def wide(node: exp.Expression) -> exp.Cast:
-    """``CAST(node AS INT128)`` (DuckDB's HUGEINT; DECIMAL(38, 0) on Spark): a partial sum times
-    a scale cannot overflow."""
-    return _cast(node, "INT128")
-
-
 def scaled_partial(m: Measure, R: int, n: exp.Expression) -> exp.Expression:
     """A pair's partial ``v_m`` at R/n of its n rows, in m's fine grid (m.scale units per
     integer): ``(v · scale · LEAST(n, R)) // n``, truncated toward zero, so its magnitude is at
@@ -284,28 +231,6 @@ def scaled_partial(m: Measure, R: int, n: exp.Expression) -> exp.Expression:
     capped = exp.Least(this=n.copy(), expressions=[_number(R)], ignore_nulls=True)
     factor = exp.Mul(this=_number(m.pair_scale), expression=capped)
     return fraction_expr(_name(f"v_{m.name}"), factor, m.pair_scale * R, n)
-
-
-def fraction_expr(
-    v: exp.Expression,
-    factor: exp.Expression,
-    most: int,
-    n: exp.Expression,
-    bound: int | None = None,
-) -> exp.Expression:
-    """``(v * factor) // n`` exactly, truncated toward zero, for 0 <= factor <= most: in 64
-    bits where |v| * most cannot overflow (every real pair: 128-bit division is ~5x slower),
-    else in 128. ``bound``: the largest |v| can be (a partial already bounded); when
-    bound * most fits in 64 bits the test is known to pass and left out."""
-    narrow = exp.Mul(this=_cast(v.copy(), "BIGINT"), expression=exp.Paren(this=factor))
-    if bound is not None and bound * max(most, 1) <= 2**63 - 1:
-        return exp.IntDiv(this=narrow, expression=n.copy())
-    fits = exp.LTE(this=exp.Abs(this=v), expression=_number((2**63 - 1) // max(most, 1)))
-    wide_ = exp.Mul(this=wide(v.copy()), expression=exp.Paren(this=factor.copy()))
-    return exp.Case(
-        ifs=[exp.If(this=fits, true=exp.IntDiv(this=narrow, expression=n.copy()))],
-        default=exp.IntDiv(this=wide_, expression=n.copy()),
-    )
 
 
 def group_scaled(

@@ -3,7 +3,10 @@
 One public module for them (issue 26 item 2), below both the per-query compiler
 (dpsql.lower.compile) and the prepared-store lowering (dpsql.lower.prepared_plan), so neither
 reaches into the other's private helpers. One row's values (a column, a clamp, the
-fixed-point value, internal names and numbers) are in dpsql.lower.row_values.
+fixed-point value, internal names and numbers) are in dpsql.lower.row_values; the ones a
+measure kind builds its SQL with (dpsql.plan.measure_kinds.Builders: a column's value, a clamp,
+the fixed point, a cast, a number) are named here too, so the lowering hands this module to
+the kind's object.
 """
 
 from __future__ import annotations
@@ -12,7 +15,10 @@ from collections.abc import Sequence
 
 from sqlglot import exp
 
-from dpsql.lower.row_values import cast, number, sql_type
+from dpsql.lower.row_values import cast, fixed_point_expr, number, sql_type
+from dpsql.lower.row_values import clamp as clamp
+from dpsql.lower.row_values import column_value as column_value
+from dpsql.policy import ColumnPolicy
 
 
 def alias(node: exp.Expression, name: str, *, quoted: bool = False) -> exp.Alias:
@@ -94,6 +100,39 @@ def count_distinct(value: exp.Expression) -> exp.Count:
 def sum_distinct(value: exp.Expression) -> exp.Sum:
     """``SUM(DISTINCT value)`` (NULLs are not summed)."""
     return exp.Sum(this=exp.Distinct(expressions=[value]))
+
+
+def fixed_point(col: ColumnPolicy, lo: int, hi: int) -> exp.Expression:
+    """One row's fixed-point integer in [lo, hi] (dpsql.lower.row_values.fixed_point_expr)."""
+    return fixed_point_expr(col, lo, hi)
+
+
+def wide(node: exp.Expression) -> exp.Cast:
+    """``CAST(node AS INT128)`` (DuckDB's HUGEINT; DECIMAL(38, 0) on Spark): a partial sum times
+    a scale cannot overflow."""
+    return cast(node, "INT128")
+
+
+def fraction(
+    v: exp.Expression,
+    factor: exp.Expression,
+    most: int,
+    n: exp.Expression,
+    bound: int | None = None,
+) -> exp.Expression:
+    """``(v * factor) // n`` exactly, truncated toward zero, for 0 <= factor <= most: in 64
+    bits where |v| * most cannot overflow (every real pair: 128-bit division is ~5x slower),
+    else in 128. ``bound``: the largest |v| can be (a partial already bounded); when
+    bound * most fits in 64 bits the test is known to pass and left out."""
+    narrow = exp.Mul(this=cast(v.copy(), "BIGINT"), expression=exp.Paren(this=factor))
+    if bound is not None and bound * max(most, 1) <= 2**63 - 1:
+        return exp.IntDiv(this=narrow, expression=n.copy())
+    fits = exp.LTE(this=exp.Abs(this=v), expression=number((2**63 - 1) // max(most, 1)))
+    wide_ = exp.Mul(this=wide(v.copy()), expression=exp.Paren(this=factor.copy()))
+    return exp.Case(
+        ifs=[exp.If(this=fits, true=exp.IntDiv(this=narrow, expression=n.copy()))],
+        default=exp.IntDiv(this=wide_, expression=n.copy()),
+    )
 
 
 def row_number(partition: list[exp.Expression], order: list[exp.Expression]) -> exp.Window:

@@ -48,24 +48,20 @@ from sqlglot.transforms import eliminate_distinct_on, eliminate_qualify
 
 from dpsql.aggregates.mode import ModeMeasure
 from dpsql.frontend.statements import DIALECT, GroupKey
-from dpsql.lower import fold, sources
-from dpsql.lower.bounding import centred_expr as _centred
+from dpsql.lower import builders, fold, sources
+from dpsql.lower.bounding import column_key_domains as _column_key_domains
+from dpsql.lower.bounding import domain_filter_exprs as _domain_filter_exprs
+from dpsql.lower.bounding import finish_bounded as _finish_bounded
 from dpsql.lower.bounding import (
-    clamp_excess_expr,
     grouped_select,
     lowered_key,
     measure_aggregate_expr,
     rescaled,
 )
-from dpsql.lower.bounding import column_key_domains as _column_key_domains
-from dpsql.lower.bounding import domain_filter_exprs as _domain_filter_exprs
-from dpsql.lower.bounding import finish_bounded as _finish_bounded
-from dpsql.lower.bounding import fraction_expr as _fraction
 from dpsql.lower.bounding import pair_measures as _pair_measures
 from dpsql.lower.bounding import ranked_pairs as _ranked
 from dpsql.lower.bounding import row_conditions as _conditions
 from dpsql.lower.bounding import row_rank as _row_rank
-from dpsql.lower.bounding import squared as _squared
 from dpsql.lower.builders import alias as _alias
 from dpsql.lower.builders import and_all as _and
 from dpsql.lower.builders import count_distinct as _count_distinct
@@ -429,42 +425,19 @@ def _same(left: str, right: str, column: str, *, nulls_match: bool) -> exp.Expre
 # -- values -----------------------------------------------------------------------------------
 
 
-def _cut_rows(R: int, C: int) -> exp.Expression:
-    """``COUNT(*) - R`` clamped to [0, C]: a pair's rows cut by R, at most C."""
-    return _clamp(exp.Sub(this=_count_star(), expression=_number(R)), 0, C)
-
-
 def pair_measure_expr(m: Measure, table: TablePolicy, R: int) -> exp.Expression:
     """A pair-level bias measure (``dropped``, ``cut``: dpsql.plan.bias) over a (unit, group)'s
-    rows grouped together, in m's fine grid: the rows cut by R (at most C), or the pair's
-    clamped sum times that count over its rows (truncated toward zero)."""
-    from dpsql.plan.bias import cap
-
-    C = cap(R)
-    factor: exp.Expression = _cut_rows(R, C)
-    if m.scale != 1:
-        factor = exp.Mul(this=exp.Paren(this=factor), expression=_number(m.scale))
-    if m.kind == "dropped":
-        return factor
-    col = table.columns[m.column]  # type: ignore[index]
-    total = exp.Coalesce(
-        this=exp.Sum(this=fixed_point_expr(col, m.lo, m.hi)), expressions=[_number(0)]
-    )
-    return _fraction(total, factor, C * m.scale, _count_star())
+    rows grouped together, in m's fine grid: its kind's object builds it (MeasureKind.pair_value:
+    the rows cut by R, at most C, or the pair's clamped sum times that count over its rows)."""
+    col = None if m.column is None else table.columns[m.column]
+    return m.measure_kind.pair_value(m, col, builders, R)
 
 
 def row_value_expr(m: Measure, table: TablePolicy) -> exp.Expression | None:
-    """One row's integer contribution to a measure (None: counted per unit/row)."""
-    if m.kind in ("rows", "units", "dropped", "cut"):
-        return None
-    col = table.columns[m.column]  # type: ignore[index]
-    if m.kind == "clamped":
-        return exp.Coalesce(this=clamp_excess_expr(m, col), expressions=[_number(0)])
-    is_null = exp.Is(this=_col(col), expression=exp.Null())
-    if m.kind == "values":
-        return exp.Case(ifs=[exp.If(this=is_null, true=_number(0))], default=_number(1))
-    value = _centred(m, col) if m.kind == "sum" else _squared(m, col)
-    return exp.Case(ifs=[exp.If(this=is_null, true=_cast(_number(0), "BIGINT"))], default=value)
+    """One row's integer contribution to a measure (None: counted per unit/row), as its
+    kind's object builds it (MeasureKind.row_value)."""
+    col = None if m.column is None else table.columns[m.column]
+    return m.measure_kind.row_value(m, col, builders)
 
 
 def row_value(m: Measure, table: TablePolicy) -> str | None:
@@ -634,7 +607,7 @@ def bin_expr(qm: QuantileMeasure, col: ColumnPolicy) -> exp.Expression:
 def _distinct_query(plan: Plan, m: Measure) -> exp.Select:
     """A distinct measure's own query over the bounded rows: ``COUNT(DISTINCT col)``, or
     ``SUM(DISTINCT value)`` of the row's fixed-point value in [lo, hi] (``distinct_sum``)."""
-    if m.kind == "distinct":
+    if m.measure_kind.counted:  # COUNT(DISTINCT col) reads no range
         return _histogram(plan, m.column, None)  # type: ignore[arg-type]
     return _histogram(plan, m.column, None, (m.lo, m.hi))  # type: ignore[arg-type]
 
