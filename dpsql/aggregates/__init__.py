@@ -16,6 +16,8 @@ the interval code and the released-table schema:
   ``histogram`` (the kind of histogram measure a rank- or value-released kind reads:
   "quantile", "mode"; dpsql.plan.values builds it through ``histogram_measure``);
 - ``column_problem``: why the kind cannot aggregate a column (the binder's refusal, free);
+- ``bias_reads`` and ``bias_estimate``: the bias measures (dpsql.plan.bias) that estimate its
+  bias and the estimate from their noisy values (dpsql.plan.bias and dpsql.privacy.bias ask);
 - ``FUNCTIONS``: the analyst's aggregate functions (sqlglot nodes) bound to each kind.
 
 New kinds are one more object here (MODE: :class:`ModeKind` and dpsql.aggregates.mode).
@@ -38,6 +40,20 @@ if TYPE_CHECKING:
     from dpsql.privacy.mechanisms import Mechanism
 
 Spec = tuple[str, str | None]  # a measure's (kind, column), as dpsql.plan.sharing names it
+# a bias measure's noisy value per group in answer units and its noise's half-width; None:
+# not measured (dpsql.privacy.bias)
+BiasPart = tuple[np.ndarray, float] | None
+
+
+def _mass(parts: dict[str, BiasPart], n: int) -> tuple[np.ndarray, float] | None:
+    """The mass the bounds cut from a sum (``cut`` + ``clamped``), None where neither is
+    measured; an absent one adds 0."""
+    cut, clamped = parts.get("cut"), parts.get("clamped")
+    if cut is None and clamped is None:
+        return None
+    c, hc = cut if cut is not None else (np.zeros(n), 0.0)
+    k, hk = clamped if clamped is not None else (np.zeros(n), 0.0)
+    return c + k, hc + hk
 
 
 def values_measure(plan: PlanView, sum_measure: MeasureView) -> MeasureView:
@@ -56,6 +72,9 @@ class AggregateKind:
     summed: ClassVar[bool] = False  # sums a column's values (automatic clipping applies)
     histogram: ClassVar[str | None] = None  # "quantile" | "mode": read from a histogram measure
     takes_expressions: ClassVar[bool] = True  # SUM(a * b): a computed column's range
+    # the bias measures (dpsql.plan.bias: "dropped", "cut", "clamped") whose noisy values
+    # estimate its bias (setting bias_estimate); none: it gets no bias estimate
+    bias_reads: ClassVar[tuple[str, ...]] = ()
 
     def column_problem(
         self, upper: str, column: ColumnPolicy, table: str
@@ -118,6 +137,19 @@ class AggregateKind:
         of one column are released jointly: dpsql.plan.values builds those)."""
         raise NotImplementedError
 
+    def bias_estimate(
+        self,
+        output: OutputView,
+        parts: dict[str, BiasPart],
+        noisy: dict[str, np.ndarray],
+        value: np.ndarray,
+    ) -> np.ndarray | None:
+        """An (n_groups, 2) array of (bias estimate, its half-width) from the noisy bias
+        measures it reads (``parts``, by kind: each one's value in answer units and its
+        noise's half-width, None where the plan does not measure it; dpsql.privacy.bias), or
+        None: no estimate."""
+        return None
+
     def released_type(self, column: ColumnPolicy | None) -> str:
         return "DOUBLE"
 
@@ -132,6 +164,14 @@ class Count(AggregateKind):
     name: ClassVar[str] = "count"
     floor_zero: ClassVar[bool] = True
     explain: ClassVar[str] = "the noisy count, clamped at 0"
+    bias_reads: ClassVar[tuple[str, ...]] = ("dropped",)
+
+    def bias_estimate(self, output, parts, noisy, value):
+        dropped = parts["dropped"]  # the rows R cut
+        if dropped is None:
+            return None
+        d, h = dropped
+        return np.stack([d, np.full(len(value), h)], axis=1)
 
     def measures(self, column: str | None) -> list[tuple[str, str | None]]:
         return [("rows", None) if column is None else ("values", column)]
@@ -154,6 +194,7 @@ class CountUnits(Count):
     """COUNT(DISTINCT unit): one per (unit, group) after bounding."""
 
     name: ClassVar[str] = "count_units"
+    bias_reads: ClassVar[tuple[str, ...]] = ()
     explain: ClassVar[str] = "the noisy count of units, clamped at 0"
 
     def measures(self, column):
@@ -169,6 +210,7 @@ class CountDistinct(Count):
     the bounded rows; a unit's <= R rows per group add <= R of them (sensitivity as COUNT)."""
 
     name: ClassVar[str] = "count_distinct"
+    bias_reads: ClassVar[tuple[str, ...]] = ()
     explain: ClassVar[str] = "the noisy count of distinct values, clamped at 0"
 
     def measures(self, column):
@@ -186,6 +228,13 @@ class Sum(AggregateKind):
     name: ClassVar[str] = "sum"
     explain: ClassVar[str] = "the noisy sum"
     summed: ClassVar[bool] = True
+    bias_reads: ClassVar[tuple[str, ...]] = ("cut", "clamped")
+
+    def bias_estimate(self, output, parts, noisy, value):
+        mass = _mass(parts, len(value))  # the sum's cut mass
+        if mass is None:
+            return None
+        return np.stack([mass[0], np.full(len(value), mass[1])], axis=1)
 
     def measures(self, column):
         return [("sum", column)]
@@ -265,6 +314,21 @@ class Mean(AggregateKind):
     name: ClassVar[str] = "avg"
     explain: ClassVar[str] = "noisy sum / noisy count, clamped to the column's range"
     summed: ClassVar[bool] = True
+    bias_reads: ClassVar[tuple[str, ...]] = ("dropped", "cut", "clamped")
+
+    def bias_estimate(self, output, parts, noisy, value):
+        cut = _mass(parts, len(value))
+        if cut is None:
+            return None
+        mass, mass_half = cut
+        # AVG = S / N: the uncut mean (S + mass) / (N + dropped), from the released values
+        d, hd = parts["dropped"] or (np.zeros(len(value)), 0.0)
+        count = np.maximum(np.asarray(noisy[output.measures[1]], dtype=float), 1.0)
+        total = value * count
+        uncut = np.maximum(count + d, 1.0)
+        b = (total + mass) / uncut - value
+        h = (mass_half + np.abs(value) * hd) / uncut
+        return np.stack([b, h], axis=1)
 
     def measures(self, column):
         return [("sum", column), ("values", column)]

@@ -59,7 +59,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-# A leaf module (no dpsql import): the planner, the tree check and the notes all read it.
+from dpsql.aggregates import KINDS as AGGREGATE_KINDS
+
+# Imports only the aggregate kinds (which bias measures each reads): the planner, the measure
+# kinds, the tree check and the notes all read it.
 
 #: The share of the query's ε (after any automatic clipping share) spent on the bias measures.
 BIAS_SHARE = 0.1
@@ -67,13 +70,13 @@ BIAS_SHARE = 0.1
 CAP_FACTOR = 2
 #: Measured once per kept (unit, group) pair, not per row: a unit adds <= row_bound per group.
 PAIR_KINDS = ("dropped", "cut")
+#: Of no column (the rows R cuts): at most one per query.
+OF_NO_COLUMN = ("dropped",)
 KINDS = ("dropped", "cut", "clamped")
 #: ColumnPolicy.clip of a column planned with the clamp range chosen from its kept DP
 #: histogram (dpsql.service.bounds.CLIP_CHOSEN): a single total's clamp bias is that
 #: histogram's estimate (post-processing), so no ``clamped`` measure is planned for it.
 CLIP_CHOSEN = "chosen"
-#: Output aggregates whose bias is estimated (COUNT(*) / COUNT(x), SUM, AVG).
-ESTIMATED = ("count", "sum", "avg")
 _LIMIT = 2**62  # 64-bit engine sums: larger per-row bounds are not measured
 
 
@@ -129,18 +132,25 @@ def bias_specs(
     # where the unit is declared primary_key / unique with R = G = 1 (TablePolicy.unit_is_row)
     bounded = not query.table.unit_is_row
     specs: list[tuple[str, str | None]] = []
-    calls = [c for c in query.aggregates if c.kind in ESTIMATED]
-    if bounded and any(c.kind in ("count", "avg") for c in calls):  # SUM reads cut mass only
-        specs.append(("dropped", None))
-    for call in calls:
-        if call.kind == "count" or call.column is None:
+    # each aggregate kind's object says which bias measures estimate it (dpsql.aggregates:
+    # COUNT the rows dropped, SUM the mass cut and clamped, AVG all three); pairs, and the rows
+    # R cuts from them, exist only where a unit is bounded
+    reads = [
+        (c, [k for k in AGGREGATE_KINDS[c.kind].bias_reads if bounded or k not in PAIR_KINDS])
+        for c in query.aggregates
+    ]
+    specs += [(k, None) for k in OF_NO_COLUMN if any(k in kinds for _, kinds in reads)]
+    for call, kinds in reads:
+        of_column = [k for k in kinds if k not in OF_NO_COLUMN]
+        if call.column is None or not of_column:
             continue
         col = query.table.columns[call.column]
         lo, hi = fixed(col)
-        for kind in ("cut", "clamped") if bounded else ("clamped",):
+        for kind in of_column:
             if kind == "clamped" and col.clip == CLIP_CHOSEN and not query.keys:
                 continue  # estimated by the kept histogram the range was chosen from
             b = row_bound(kind, *measure_range(kind, lo, hi), R)
-            if (kind, call.column) not in specs and b * (1 if kind == "cut" else R) <= _LIMIT:
+            per_unit = b if kind in PAIR_KINDS else b * R
+            if (kind, call.column) not in specs and per_unit <= _LIMIT:
                 specs.append((kind, call.column))
     return specs

@@ -27,20 +27,25 @@ from typing import Any
 
 import numpy as np
 
-# No dpsql import (the release and the results read it): plans, measures and outputs (Any
-# below) are dpsql.plan.values's, read by attribute.
+from dpsql.aggregates import KINDS, BiasPart
+
+# Plans, measures and outputs (Any below) are dpsql.plan.values's, read by attribute; each
+# aggregate kind's object (dpsql.aggregates) says which bias measures it reads
+# (``bias_reads``) and combines them (``bias_estimate``: the formulas above).
 
 PART_CONFIDENCE = 0.975  # each of a bias's (at most two) parts: 95% jointly
 
 
 def _find(plan: Any, kind: str, column: str | None) -> Any | None:
-    return next((m for m in plan.measures if m.kind == kind and m.column == column), None)
+    """The plan's bias measure of ``kind`` for ``column``: ``dropped`` is per pair, of no
+    column; the others are of the output's column."""
+    return next((m for m in plan.measures if m.kind == kind and m.column in (column, None)), None)
 
 
-def _part(m: Any | None, noisy: dict[str, np.ndarray], n: int) -> tuple[np.ndarray, float]:
-    """A bias measure's noisy value in answer units and its noise's half-width (0s: absent)."""
+def _part(m: Any | None, noisy: dict[str, np.ndarray]) -> BiasPart:
+    """A bias measure's noisy value in answer units and its noise's half-width (None: absent)."""
     if m is None:
-        return np.zeros(n), 0.0
+        return None
     half = m.mechanism.interval_halfwidth(PART_CONFIDENCE) * m.unit
     return np.asarray(noisy[m.name], dtype=float) * m.granularity, float(half)
 
@@ -58,33 +63,12 @@ def estimates(
 def _estimate(
     output: Any, plan: Any, noisy: dict[str, np.ndarray], value: np.ndarray
 ) -> np.ndarray | None:
-    kind = output.call.kind
-    n = len(value)
-    dropped = _find(plan, "dropped", None)
-    if kind == "count":
-        if dropped is None:
-            return None
-        d, h = _part(dropped, noisy, n)
-        return np.stack([d, np.full(n, h)], axis=1)
-    if kind not in ("sum", "avg"):
+    kind = KINDS[output.call.kind]
+    if not kind.bias_reads:
         return None
     column = output.call.column
-    cut, clamped = _find(plan, "cut", column), _find(plan, "clamped", column)
-    if cut is None and clamped is None:
-        return None
-    c, hc = _part(cut, noisy, n)
-    k, hk = _part(clamped, noisy, n)
-    mass, mass_half = c + k, hc + hk
-    if kind == "sum":
-        return np.stack([mass, np.full(n, mass_half)], axis=1)
-    # AVG = S / N: the uncut mean (S + mass) / (N + dropped), from the released values
-    d, hd = _part(dropped, noisy, n)
-    count = np.maximum(np.asarray(noisy[output.measures[1]], dtype=float), 1.0)
-    total = value * count
-    uncut = np.maximum(count + d, 1.0)
-    b = (total + mass) / uncut - value
-    h = (mass_half + np.abs(value) * hd) / uncut
-    return np.stack([b, h], axis=1)
+    parts = {b: _part(_find(plan, b, column), noisy) for b in kind.bias_reads}
+    return kind.bias_estimate(output, parts, noisy, value)
 
 
 def widened(low: float, high: float, b: float, h: float) -> tuple[float, float]:

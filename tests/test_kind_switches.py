@@ -1,0 +1,140 @@
+"""Kinds as objects (issue 26 item 4): a ratchet on switches over kind names outside the objects.
+
+What differs between measure kinds (dpsql.plan.measure_kinds: ``rows``, ``sum``, ``dropped``
+...) and between aggregate kinds (dpsql.aggregates: ``count``, ``sum``, ``avg`` ...) is asked
+of each kind's object, including its engine SQL (MeasureKind.row_value / aggregate /
+pair_value, built with dpsql.lower.builders) and which bias measures estimate it
+(AggregateKind.bias_reads / bias_estimate). A comparison of a ``kind`` (a name or an
+attribute) with a kind's name, anywhere in dpsql/, is a switch the objects should answer.
+Those that remain are recorded below per file with their count and why; a new one fails, and
+a record larger than the code (a switch moved onto the objects) must shrink.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from dpsql.aggregates import KINDS
+from dpsql.plan import bias
+from dpsql.plan.measure_kinds import MEASURE_KINDS
+
+ROOT = Path(__file__).resolve().parent.parent / "dpsql"
+NAMES = frozenset(MEASURE_KINDS) | frozenset(KINDS)
+
+#: file -> comparisons of a kind with a kind's name today (may only go down).
+RECORDED: dict[str, int] = {
+    # MIN / MAX / MEDIAN as quantile targets (Quantile's own object)
+    "dpsql/aggregates/__init__.py": 3,
+    # the numpy column programs' and the compiled store pass's kernel specs and row values
+    # (one kernel code per measure kind; the engine's speed, not yet asked of the objects)
+    "dpsql/engine/columnar.py": 14,
+    # the binder's COUNT(*), DISTINCT and quantile-level spellings
+    "dpsql/frontend/bind/calls.py": 7,
+    # the outer aggregate over a per-unit relation: its own list of kinds
+    "dpsql/frontend/per_unit.py": 11,
+    # the bounded plan's final totals: the rows measure is SUM(__n), the units measure
+    # SUM(__units) or COUNT(*) (columns of the bounded pairs, not of one measure's rows)
+    "dpsql/lower/bounding.py": 2,
+    # contribution_query's "rows" histogram (rows per unit, not a measure kind)
+    "dpsql/lower/compile.py": 1,
+    # the per-unit relation's outer aggregates (as frontend/per_unit.py)
+    "dpsql/lower/sources.py": 4,
+    # the store's plans: the rows measure is the pairs' __n column
+    "dpsql/lower/prepared_plan.py": 2,
+    # the count shares' fine grid: the rows and units measures
+    "dpsql/plan/annotated.py": 1,
+    # the bias measures' own definitions and bounds (their proofs are in that module)
+    "dpsql/plan/bias.py": 4,
+    # centring SUM on a counted column; COUNT(DISTINCT unit) forces the units measure
+    "dpsql/plan/planner.py": 3,
+    # shared counts: COUNT(col) of a non-NULL column is COUNT(*), R = 1 rows are units
+    "dpsql/plan/sharing.py": 2,
+    # a quantile target's (min / max) level
+    "dpsql/plan/values.py": 2,
+    # AVG / SUM error bars
+    "dpsql/plots.py": 2,
+    # the exponential mechanism's targets (min, max)
+    "dpsql/privacy/quantiles.py": 2,
+    # quantile targets; the units measure the τ-threshold selection reads
+    "dpsql/privacy/release.py": 2,
+    # measure_count and the default-bounds ε estimate: COUNT / SUM / AVG measures
+    "dpsql/service/bounds.py": 7,
+    # EXPLAIN's AVG formula line
+    "dpsql/service/explain.py": 1,
+    # per-group clamps apply to AVG
+    "dpsql/service/group_clamps.py": 2,
+}
+
+
+def _is_kind(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "kind") or (
+        isinstance(node, ast.Name) and node.id == "kind"
+    )
+
+
+def _strings(node: ast.AST) -> set[str]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return {
+            e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)
+        }
+    return set()
+
+
+def switches(source: str) -> int:
+    """Comparisons of a ``kind`` with a kind's name (or a tuple of them) in ``source``."""
+    count = 0
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(_is_kind(s) for s in sides) and set().union(*map(_strings, sides)) & NAMES:
+                count += 1
+    return count
+
+
+def test_no_new_switch_on_a_kind_name():
+    found = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        n = switches(path.read_text())
+        if n:
+            found[str(path.relative_to(ROOT.parent))] = n
+    grown = {f: n for f, n in found.items() if n > RECORDED.get(f, 0)}
+    assert not grown, (
+        f"switches on a kind's name outside its object: {grown} (recorded: "
+        f"{ {f: RECORDED.get(f, 0) for f in grown} }); ask the kind's object "
+        "(dpsql.plan.measure_kinds.MeasureKind, dpsql.aggregates.AggregateKind) instead"
+    )
+    stale = {f: (n, found.get(f, 0)) for f, n in RECORDED.items() if found.get(f, 0) < n}
+    assert not stale, f"stale records (recorded, now): {stale}; lower them in RECORDED"
+
+
+def test_the_ratchet_sees_a_switch():
+    assert switches('if m.kind == "sum":\n    pass\n') == 1
+    assert switches('x = kind in ("rows", "units")\n') == 1
+    assert switches('if m.kind == "join":\n    pass\n') == 0
+    assert switches("if m.measure_kind.counted:\n    pass\n") == 0
+
+
+def test_every_measure_kind_builds_its_own_sql():
+    """Each measure kind lowers itself: an aggregate over rows, or (a pair-level bias
+    measure) a value over a pair's rows; a row value wherever its values are summed."""
+    for name, kind in MEASURE_KINDS.items():
+        pair = kind.bias and kind.per_pair
+        assert (kind.pair_sql is not None) == pair, name
+        assert (kind.aggregate_sql is None) == pair, name
+        if kind.row_scaled:  # summed from row values: the numpy programs' and bench's value
+            assert kind.row_sql is not None, name
+
+
+def test_bias_reads_name_bias_measures():
+    """Which aggregate kinds get a bias estimate is their objects' ``bias_reads``: COUNT the
+    rows dropped, SUM the mass cut and clamped, AVG all three; the others none."""
+    reads = {name: kind.bias_reads for name, kind in KINDS.items() if kind.bias_reads}
+    assert reads == {
+        "count": ("dropped",),
+        "sum": ("cut", "clamped"),
+        "avg": ("dropped", "cut", "clamped"),
+    }
+    assert all(set(r) <= set(bias.KINDS) for r in reads.values())
