@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 from sqlglot import exp
 
+from dpsql.engine import kernel_readiness
 from dpsql.engine.api import EngineResult
 from dpsql.errors import OperationalError
 from dpsql.lower.builders import (
@@ -314,8 +315,8 @@ def runnable(store: Any, spec: ClampHistogram) -> bool:
     """Whether ``store`` (a dpsql.engine.columnar.ColumnarTable) holds what the pass reads:
     every stored column, clustered by the spec's unit. From the policy and the store's
     shape only."""
-    if not available() or spec.kind not in ("int", "float"):
-        return False
+    if not available() or not kernel_readiness.ready() or spec.kind not in ("int", "float"):
+        return False  # no kernel, or not loaded yet (its SQL rather than wait), or a kind not held
     if max(abs(spec.lower), abs(spec.upper)) >= _EXACT:
         return False  # a bound a DOUBLE does not hold exactly: the SQL's casts, not mirrored
     if not all(name in store.columns for name, _ in spec.stored):

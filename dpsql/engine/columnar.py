@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 from sqlglot import exp
 
+from dpsql.engine import kernel_readiness
 from dpsql.engine.api import EngineResult
 from dpsql.engine.int_labels import IntLabels
 from dpsql.frontend.simple_where import COMPARISONS, KEY_TYPES, iso_date
@@ -876,6 +877,7 @@ def warm_up() -> None:
     from dpsql.engine import clamp_pass
 
     clamp_pass.warm_up()
+    kernel_readiness.mark_ready()
 
 
 def warm_up_later() -> None:
@@ -1058,6 +1060,8 @@ def _kernel_spec(program: ColumnProgram, table: ColumnarTable) -> _Spec | None:
     from dpsql.engine import clustered
 
     if table.fixed_rows is None or table.nulls is None or not clustered.available():
+        return None
+    if not kernel_readiness.ready():  # not loaded yet: numpy (or the SQL) rather than wait
         return None
     if program.unit is not None and (program.unit != table.unit or table.unit_starts is None):
         return None
