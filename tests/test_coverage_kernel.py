@@ -2,6 +2,8 @@
 the bit, on random and edge-case inputs (fixed seeds), and ratio_set routes to it only where
 it is numpy's own arithmetic (one quantile row, a strictly increasing grid)."""
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -64,6 +66,7 @@ def test_ratio_set_routes_by_shape(monkeypatch: pytest.MonkeyPatch) -> None:
         calls.append(1)
         return real(*args)  # type: ignore[arg-type]
 
+    coverage_kernel.load()
     monkeypatch.setattr(coverage_kernel, "ratio_sets", spy)
     xs = np.linspace(0.0, 1.0, 9)
     a, b = np.array([0.4, 3.0]), np.array([1.0, 2.0])
@@ -76,3 +79,24 @@ def test_ratio_set_routes_by_shape(monkeypatch: pytest.MonkeyPatch) -> None:
     want = _ratio_set_block(a, b, flat, np.full(9, 0.2))
     np.testing.assert_array_equal(lo, want[0])
     np.testing.assert_array_equal(hi, want[1])
+
+
+def test_a_release_never_waits_for_the_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Until the search is loaded the numpy search answers (and the load starts on its own
+    thread); once loaded, the compiled one: the same set to the bit."""
+    calls: list[int] = []
+    real = coverage_kernel.ratio_sets
+    monkeypatch.setattr(coverage_kernel, "ratio_sets", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(coverage_kernel, "_loaded", threading.Event())  # a fresh process
+    monkeypatch.setattr(coverage_kernel, "_loading", [])
+    started: list[object] = []
+    monkeypatch.setattr(threading.Thread, "start", lambda self: started.append(self))
+    xs = np.linspace(0.0, 1.0, 9)
+    a, b, qs = np.array([0.4, 3.0]), np.array([1.0, 2.0]), np.full(9, 0.2)
+    before = ratio_set(a, b, xs, qs)
+    assert calls == [] and len(started) == 1  # numpy answered; the load was started
+    coverage_kernel.load()
+    after = ratio_set(a, b, xs, qs)
+    assert calls == [1, 1]  # the load's own tiny call, then the release's
+    np.testing.assert_array_equal(before[0], after[0])
+    np.testing.assert_array_equal(before[1], after[1])

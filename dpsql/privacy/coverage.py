@@ -61,7 +61,7 @@ def ratio_set(
     The set is read at the grid points and at the point estimate a/b, then each edge is
     refined by bisection inside its grid cell (q interpolated linearly). Where no candidate
     passes (released values no data could give), the whole range."""
-    if qs.ndim == 1 and coverage_kernel.available() and _increasing(xs):
+    if qs.ndim == 1 and coverage_kernel.ready() and _increasing(xs):
         # one quantile row (AVG): the same search compiled, equal to the bit (~0.5 ms a group
         # in numpy, a quarter of an ungrouped AVG query's CPU in the server)
         return coverage_kernel.ratio_sets(a, b, xs, qs, BISECTIONS)

@@ -15,6 +15,7 @@ value at the point); the caller routes a grid that is not strictly increasing to
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,32 @@ _BIG = np.finfo(np.float64).max  # np.nan_to_num's value for +inf
 def available() -> bool:
     """Whether the compiled search can run here."""
     return _jit is not None
+
+
+def ready() -> bool:
+    """Whether the compiled search is loaded in this process. The first ask starts loading it
+    (compiled, or read from numba's cache) on a thread of its own and says no: the numpy
+    search answers meanwhile, equal to the bit, so no release waits for a compile (~10 s of
+    CPU in a fresh install). A fact of the process's age, never of the data."""
+    if _loaded.is_set():
+        return True
+    with _loading_lock:
+        if available() and not _loading:
+            _loading.append(threading.Thread(target=load, name="dpsql-coverage", daemon=True))
+            _loading[0].start()
+    return False
+
+
+def load() -> None:
+    """Compile (or read from numba's cache) the search now, on tiny inputs."""
+    grid = np.array([0.0, 1.0])
+    ratio_sets(np.ones(1), np.ones(1), grid, np.ones(2), 1)
+    _loaded.set()
+
+
+_loaded = threading.Event()
+_loading: list[threading.Thread] = []
+_loading_lock = threading.Lock()
 
 
 def _interp(x: float, xs: np.ndarray, qs: np.ndarray) -> float:  # pragma: no cover - compiled
