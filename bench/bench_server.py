@@ -83,10 +83,16 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
+#: Each round's CPU ms a query by its name (bench_server_ab.py summarises them).
+CPU_MS: dict[str, list[float]] = {}
+
+
 def _report(
     name: str, count: int, elapsed: float, latencies: list[float], cpu: float | None = None
 ) -> float:
     rate = count / elapsed
+    if cpu and count:
+        CPU_MS.setdefault(name, []).append(1000 * cpu / count)
     # CPU per query depends much less on other jobs than q/s does: it shows whether N workers
     # do more work per query, and "cores" how much of the machine the server got.
     usage = f"   cpu {1000 * cpu / count:5.2f} ms/q {cpu / elapsed:4.2f} cores" if cpu else ""

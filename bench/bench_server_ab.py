@@ -12,10 +12,14 @@ and Python function calls a query (cProfile: a count that does not depend on the
 
     git archive OLD | tar -x -C /tmp/before; git archive HEAD | tar -x -C /tmp/after
     python bench/bench_server_ab.py /tmp/before /tmp/after --connections 8 --seconds 4 --rounds 6
+
+The two sides may be one tree with a different environment (``--env-after DPSQL_GATE=0``,
+``--env-before``; repeatable): each side's server is started with its variables set.
 """
 
 import argparse
 import json
+import os
 import re
 import shutil
 import statistics
@@ -71,8 +75,11 @@ service.close()
 """
 
 
-def start(tree: str, policy: Path, workers: int = 1) -> tuple[subprocess.Popen, int]:
-    """``dpsql serve`` from ``tree`` (``python -m dpsql`` run there imports that tree's code)."""
+def start(
+    tree: str, policy: Path, workers: int = 1, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, int]:
+    """``dpsql serve`` from ``tree`` (``python -m dpsql`` run there imports that tree's code),
+    with ``env`` added to this process's environment."""
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -91,6 +98,7 @@ def start(tree: str, policy: Path, workers: int = 1) -> tuple[subprocess.Popen, 
         stderr=subprocess.DEVNULL,
         text=True,
         cwd=tree,
+        env={**os.environ, **(env or {})},
     )
     line = proc.stdout.readline() if proc.stdout else ""
     m = re.search(r":(\d+)\s*$", line)
@@ -113,6 +121,17 @@ def fixture_copy(tmp: Path, connections: int) -> Path:
     return policy
 
 
+def _env(pairs: list[str]) -> dict[str, str]:
+    """``KEY=VALUE`` options as a mapping."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--env-before/--env-after take KEY=VALUE, not {pair!r}")
+        out[key] = value
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("base")
@@ -123,17 +142,26 @@ def main() -> None:
     ap.add_argument("--backend-rounds", type=int, default=3, help="in-process DpBackend runs")
     ap.add_argument("--workers", type=int, default=1, help="dpsql serve --workers N for both")
     ap.add_argument("--warmup", type=float, default=6.0, help="seconds of warm-up per server")
+    for side in ("before", "after"):
+        ap.add_argument(
+            f"--env-{side}",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help=f"an environment variable set for the {side} server (repeatable)",
+        )
     a = ap.parse_args()
+    envs = {"before": _env(a.env_before), "after": _env(a.env_after)}
     servers: dict[str, tuple[subprocess.Popen, int]] = {}
     tmps: list[Path] = []
     try:
         for name, tree in (("before", a.base), ("after", a.new)):
             tmp = Path(tempfile.mkdtemp(prefix=f"doors-{name}-"))
             tmps.append(tmp)
-            servers[name] = start(tree, fixture_copy(tmp, a.connections), a.workers)
+            servers[name] = start(tree, fixture_copy(tmp, a.connections), a.workers, envs[name])
         print(
             f"{a.connections} connections, {a.seconds:g} s rounds, --workers {a.workers}, "
-            f"{b._load()}"
+            f"env before {envs['before']} after {envs['after']}, {b._load()}"
         )
         for name, srv in servers.items():
             b.run_server(srv, a.connections, a.warmup, None, f"warm {name}")
@@ -149,6 +177,15 @@ def main() -> None:
             b.run_server(servers[name], a.connections, 3.0, "SHOW epsilon", f"proto {name}")
         ratios = [x / y for x, y in zip(rates["after"], rates["before"], strict=True)]
         print(f"median ratio after/before = {statistics.median(ratios):.3f}; {b._load()}")
+        cpu = {n: b.CPU_MS.get(n, []) for n in servers}
+        if all(cpu.values()):
+            print(
+                "median ms CPU a query: before {:.2f}, after {:.2f} (ratio {:.3f})".format(
+                    statistics.median(cpu["before"]),
+                    statistics.median(cpu["after"]),
+                    statistics.median(cpu["after"]) / statistics.median(cpu["before"]),
+                )
+            )
         trees = {"before": a.base, "after": a.new}
         for r in range(a.backend_rounds):
             for name in list(trees) if r % 2 == 0 else list(trees)[::-1]:
