@@ -96,8 +96,8 @@ def main() -> None:
     try:
         b.run_server((proc, port), a.connections, a.warmup, None, "warm")
         print(f"--workers {a.workers}, {a.connections} connections, {b._load()}")
-        # Read inside the round (its connections open): a server that serves each connection
-        # on a thread of its own (dpsql.server.door) ends those threads with the round.
+        # Read inside the round (its connections open): threads that end with the round's
+        # connections would be missed by a read after it.
         samples: list[tuple[float, Counts]] = []
 
         def sample() -> None:

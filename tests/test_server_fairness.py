@@ -79,10 +79,10 @@ def service(policy_path):
     service.close()
 
 
-def _serve(service, policy_path, threaded=None, **limits) -> ServerThread:
+def _serve(service, policy_path, **limits) -> ServerThread:
     users = UserStore(users_path(policy_path))
     fairness = FairnessLimits(**limits)
-    return ServerThread(lambda: Server(service, users, fairness=fairness, threaded=threaded))
+    return ServerThread(lambda: Server(service, users, fairness=fairness))
 
 
 def _login(th: ServerThread, user: str, timeout: float = 120.0) -> RawClient:
@@ -220,13 +220,10 @@ def test_a_statement_waiting_for_its_turn_obeys_statement_timeout_and_cancel(ser
             c.close()
 
 
-@pytest.mark.parametrize("threaded", [False, True], ids=["loop", "door"])
-def test_probe_recognition_is_the_analysts_scheduled_work(
-    service, policy_path, monkeypatch, threaded
-):
+def test_probe_recognition_is_the_analysts_scheduled_work(service, policy_path, monkeypatch):
     """Parsing a text to see whether it is a zero-row probe took a second of the event loop's
     time for a long one (every connection waited); it runs in the analyst's turn instead: in
-    the pool, or on the connection's own thread (dpsql.server.door), a turn held."""
+    the pool, a turn held."""
     from dpsql.server import probes
 
     parsed_on: list[str] = []
@@ -239,24 +236,21 @@ def test_probe_recognition_is_the_analysts_scheduled_work(
         return parse(sql)
 
     monkeypatch.setattr(probes, "_parse", recording_parse)
-    with _serve(service, policy_path, threaded) as th:
+    with _serve(service, policy_path) as th:
         c = _login(th, "bystander")
         reply = c.query("SELECT COUNT(*) FROM visits WHERE age > 1 LIMIT 0")
         assert not reply.errors() and reply.tags() == ["SELECT 0"], reply.errors()
         assert c.query("SELECT COUNT(*) FROM visits WHERE age > 2 /* not a probe */").rows()
         c.close()
-    where = "dpsql-conn" if threaded else "dpsql-query"
-    assert len(parsed_on) == 2 and all(n.startswith(where) for n in parsed_on), parsed_on
+    assert len(parsed_on) == 2 and all(n.startswith("dpsql-query") for n in parsed_on), parsed_on
     assert all(running >= 1 for running in turns), turns
 
 
-@pytest.mark.parametrize("threaded", [False, True], ids=["loop", "door"])
 def test_long_texts_and_large_results_are_handled_off_the_event_loop(
-    service, policy_path, monkeypatch, threaded
+    service, policy_path, monkeypatch
 ):
     """Splitting and classifying a long text and encoding a large result grow with the
-    client's input: they run in the analyst's turn, in the pool, not on the shared loop. On a
-    connection's own thread (dpsql.server.door) all of it runs there, the long ones in a turn."""
+    client's input: they run in the analyst's turn, in the pool, not on the shared loop."""
     from dpsql.server import session as session_module
 
     seen: dict[str, list[tuple[int, str, int]]] = {"split": [], "encode": []}
@@ -275,7 +269,7 @@ def test_long_texts_and_large_results_are_handled_off_the_event_loop(
     monkeypatch.setattr(session_module, "split_statements", recording_split)
     monkeypatch.setattr(session_module, "_encode_rows", recording_encode)
     long_text = "SELECT COUNT(*) FROM visits WHERE age > 3 " + "/* padding */ " * 2000
-    with _serve(service, policy_path, threaded) as th:
+    with _serve(service, policy_path) as th:
         c = _login(th, "bystander")
         assert not c.query(long_text).errors()
         assert not c.query("SELECT 1").errors()
@@ -284,10 +278,6 @@ def test_long_texts_and_large_results_are_handled_off_the_event_loop(
         c.close()
     for kind, most in (("split", session_module.LOOP_TEXT), ("encode", session_module.LOOP_VALUES)):
         for size, thread, running in seen[kind]:
-            if threaded:  # the connection's thread, never the loop; a long one in its turn
-                assert thread.startswith("dpsql-conn"), (kind, size, thread)
-                assert size <= most or running >= 1, (kind, size, running)
-                continue
             expected = "dpsql-server" if size <= most else "dpsql-query"  # the loop, the pool
             assert thread.startswith(expected), (kind, size, thread)
             assert size <= most or running >= 1, (kind, size, running)

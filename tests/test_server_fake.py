@@ -131,18 +131,13 @@ class FakeServer(Server):
         return session
 
 
-@pytest.fixture(scope="module", params=["door", "loop"])
-def server(tmp_path_factory, request):
-    """The server, serving each logged-in connection on a thread of its own (the default,
-    dpsql.server.door) or every statement through the event loop (as TLS connections are)."""
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
     users = UserStore(tmp_path_factory.mktemp("users") / "visits.users.json")
     users.add("alice", "pw-alice")
     users.add("bob", "pw-bob")
     service = FakeService()
-    threaded = request.param == "door"
-    thread = ServerThread(
-        lambda: FakeServer(service, users, max_message=64 * 1024, threaded=threaded)
-    )
+    thread = ServerThread(lambda: FakeServer(service, users, max_message=64 * 1024))
     thread.start()
     thread.service = service  # type: ignore[attr-defined]
     yield thread

@@ -132,77 +132,6 @@ class Abandoned(Exception):
     """A statement stopped waiting for its turn (cancel request or statement timeout)."""
 
 
-_PENDING, _GRANTED, _ABANDONED, _CANCELLED = 0, 1, 2, 3
-
-
-def _resolve(future: asyncio.Future[None], state: int) -> None:
-    """Settle an event loop's view of a grant (on that loop)."""
-    if future.done():
-        return
-    if state == _GRANTED:
-        future.set_result(None)
-    elif state == _ABANDONED:
-        future.set_exception(Abandoned())
-    else:
-        future.cancel()
-
-
-class Grant:
-    """A turn's grant: settled once, by whichever thread dispatches or abandons it (under the
-    scheduler's lock), and waited for by the statement's own thread (:meth:`wait`, a plain
-    lock: no event loop) or, for a statement of the event loop, awaited there (a future of
-    that loop, settled on it; from another thread through ``call_soon_threadsafe``)."""
-
-    __slots__ = ("_future", "_loop", "_loop_thread", "_waiter", "state")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        self.state = _PENDING
-        self._waiter = threading.Lock()  # held until the grant is settled
-        self._waiter.acquire()
-        self._loop = loop
-        self._future: asyncio.Future[None] | None = None
-        self._loop_thread = 0
-        if loop is not None:
-            self._future = loop.create_future()
-            self._loop_thread = threading.get_ident()
-
-    def done(self) -> bool:
-        return self.state != _PENDING
-
-    def set_result(self, _value: None = None) -> None:
-        self._settle(_GRANTED)
-
-    def set_exception(self, _exc: BaseException) -> None:
-        self._settle(_ABANDONED)
-
-    def cancel(self) -> None:
-        self._settle(_CANCELLED)
-
-    def _settle(self, state: int) -> None:
-        if self.state != _PENDING:
-            return
-        self.state = state
-        self._waiter.release()
-        future, loop = self._future, self._loop
-        if future is not None and loop is not None:
-            if threading.get_ident() == self._loop_thread:
-                _resolve(future, state)
-            else:
-                loop.call_soon_threadsafe(_resolve, future, state)
-
-    def wait(self) -> bool:
-        """Block this thread until the grant is settled; True when granted."""
-        if self.state == _PENDING:
-            self._waiter.acquire()
-            self._waiter.release()
-        return self.state == _GRANTED
-
-    def __await__(self) -> Any:
-        if self._future is None:
-            raise RuntimeError("a thread's grant is waited for with wait(), not awaited")
-        return self._future.__await__()
-
-
 # A heavy analyst's running statement yields the GIL to lighter analysts' statements: after
 # each YIELD_QUANTUM seconds of its own CPU, while a lighter statement runs, it sleeps until none
 # does, for at most YIELD_PAUSE (so it still gets at least QUANTUM / (QUANTUM + PAUSE) of a core,
@@ -225,17 +154,14 @@ class Turn:
     """One statement's place in the scheduler: waiting, then running, then done."""
 
     __slots__ = (
-        "analyst", "clock", "cpu", "cpu0", "finished", "granted", "lock", "paused", "running",
-        "seq", "started", "waited", "watched",
+        "analyst", "clock", "cpu", "cpu0", "finished", "granted", "paused", "running", "seq",
+        "started", "waited", "watched",
     )  # fmt: skip
 
-    def __init__(
-        self, analyst: _Analyst, seq: int, granted: Grant, lock: threading.RLock | None = None
-    ) -> None:
+    def __init__(self, analyst: _Analyst, seq: int, granted: asyncio.Future[None]) -> None:
         self.analyst = analyst
         self.seq = seq
         self.granted = granted
-        self.lock = lock if lock is not None else threading.RLock()  # the scheduler's
         self.running = False
         self.clock: int | None = None  # the running thread's CPU clock
         self.cpu0 = 0.0
@@ -265,10 +191,9 @@ class Turn:
             return self.cpu
 
     def abandon(self) -> None:
-        """Stop waiting (a cancel or a timeout, from any thread); a no-op once it runs."""
-        with self.lock:  # never between a dispatch's choice of this turn and its grant
-            if not self.granted.done():
-                self.granted.set_exception(Abandoned())
+        """Stop waiting (called on the event loop); a no-op once the statement runs."""
+        if not self.granted.done():
+            self.granted.set_exception(Abandoned())
 
 
 class _Analyst:
@@ -285,11 +210,10 @@ class _Analyst:
 
 
 class FairScheduler:
-    """Admits statements to run, fairly between analysts.
+    """Admits statements to the thread pool, fairly between analysts.
 
-    ``enter``, ``leave`` and everything they call run under one lock, on the server's event
-    loop or on a connection's own thread (dpsql.server.door); the call returned by ``wrap``
-    runs in the statement's thread and only reads the scheduler's state.
+    ``enter``, ``leave`` and everything they call run on the server's event loop; the call
+    returned by ``wrap`` runs in a pool thread and only reads the scheduler's state.
     """
 
     def __init__(self, limits: FairnessLimits, slots: int, gate: Gate | None = None) -> None:
@@ -305,9 +229,6 @@ class FairScheduler:
         self.light_running = 0  # running statements of analysts that are not heavy
         self._no_light = threading.Event()  # set while light_running is 0 (wakes pauses)
         self._no_light.set()
-        # enter, leave, abandon and the accounting run on the event loop and on connections'
-        # own threads (dpsql.server.door): one lock, held for a dispatch (tens of µs)
-        self._lock = threading.RLock()
 
     # accounting ---------------------------------------------------------------------------
     def _analyst(self, name: str) -> _Analyst:
@@ -327,9 +248,8 @@ class FairScheduler:
 
     def usage(self, name: str) -> float:
         """An analyst's recent CPU seconds: finished statements decayed, plus those running."""
-        with self._lock:
-            a = self._analysts.get(name)
-            return 0.0 if a is None else self._usage(a, time.monotonic())
+        a = self._analysts.get(name)
+        return 0.0 if a is None else self._usage(a, time.monotonic())
 
     def heavy(self, name: str) -> bool:
         return self.usage(name) > self.limits.heavy_cpu
@@ -337,52 +257,42 @@ class FairScheduler:
     def snapshot(self) -> dict[str, dict[str, float]]:
         """Per analyst: recent and total CPU, statements run, running, waiting, and the seconds
         its statements waited for their turn or slept to yield (for logs and tests)."""
-        with self._lock:
-            waiting: dict[str, int] = {}
-            for t in self._waiting:
-                waiting[t.analyst.name] = waiting.get(t.analyst.name, 0) + 1
-            return {
-                name: {
-                    "recent_cpu": self.usage(name),
-                    "heavy": self.heavy(name),
-                    "total_cpu": a.total_cpu,
-                    "statements": a.statements,
-                    "running": len(a.running),
-                    "waiting": waiting.get(name, 0),
-                }
-                for name, a in list(self._analysts.items())
+        waiting: dict[str, int] = {}
+        for t in self._waiting:
+            waiting[t.analyst.name] = waiting.get(t.analyst.name, 0) + 1
+        return {
+            name: {
+                "recent_cpu": self.usage(name),
+                "heavy": self.heavy(name),
+                "total_cpu": a.total_cpu,
+                "statements": a.statements,
+                "running": len(a.running),
+                "waiting": waiting.get(name, 0),
             }
+            for name, a in self._analysts.items()
+        }
 
     # admission ------------------------------------------------------------------------------
-    def enter(self, analyst: str, loop: asyncio.AbstractEventLoop | None = None) -> Turn:
-        """A place in line. On an event loop (``loop``, or the running one): await
-        ``turn.granted``; on a connection's own thread (no loop): ``turn.granted.wait()``.
-        Either may already be done."""
-        if loop is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # a connection's thread (dpsql.server.door)
-                loop = None
-        grant = Grant(loop)
-        with self._lock:
-            self._seq += 1
-            turn = Turn(self._analyst(analyst), self._seq, grant, self._lock)
-            turn.waited = time.monotonic()
-            self._waiting.append(turn)
-            try:
-                self._dispatch()
-            except BaseException:  # a turn its caller never got back must not hold a slot:
-                turn.finished = True  # the next dispatch takes it back if the release fails,
-                turn.granted.cancel()  # and a cancelled turn is never granted
-                self._release(turn)
-                raise
+    def enter(self, analyst: str) -> Turn:
+        """A place in line; await ``turn.granted`` (it may already be done)."""
+        loop = asyncio.get_running_loop()
+        self._seq += 1
+        turn = Turn(self._analyst(analyst), self._seq, loop.create_future())
+        turn.waited = time.monotonic()
+        self._waiting.append(turn)
+        try:
+            self._dispatch()
+        except BaseException:  # a turn its caller never got back must not hold a slot:
+            turn.finished = True  # the next dispatch takes it back if the release fails too,
+            turn.granted.cancel()  # and a cancelled turn is never granted
+            self._release(turn)
+            raise
         return turn
 
     def leave(self, turn: Turn) -> None:
         """The statement ended (or stopped waiting): account its CPU, hand its slot on."""
-        with self._lock:
-            self._release(turn)
-            self._dispatch()
+        self._release(turn)
+        self._dispatch()
 
     def _release(self, turn: Turn) -> None:
         """Take ``turn`` out of the line or out of its slot (idempotent), accounting its CPU.
@@ -495,13 +405,12 @@ class FairScheduler:
         """
         a = turn.analyst
         heavy_cpu = self.limits.heavy_cpu
-        with self._lock:
-            watched = (
-                a.heavy
-                or self._usage(a, time.monotonic()) > WARM * heavy_cpu
-                or len(a.running) > 1
-                or any(isinstance(x, str) and len(x) > WATCH_TEXT for x in args)
-            )
+        watched = (
+            a.heavy
+            or self._usage(a, time.monotonic()) > WARM * heavy_cpu
+            or len(a.running) > 1
+            or any(isinstance(x, str) and len(x) > WATCH_TEXT for x in args)
+        )
         turn.watched = watched
 
         def call() -> Any:

@@ -18,7 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from dpsql import gil_gate
-from dpsql.server import door as door_module
 from dpsql.server import protocol as p
 from dpsql.server.catalog import Shadow
 from dpsql.server.connections import (
@@ -87,7 +86,6 @@ class Server:
         mock_secret: bytes | None = None,
         fairness: FairnessLimits | None = None,
         connections: ConnectionLimits | None = None,
-        threaded: bool | None = None,
     ) -> None:
         self.service = service
         self.users = users
@@ -127,9 +125,6 @@ class Server:
         # Set by a worker: forwards a cancel key this process does not own to the supervisor.
         self.forward_cancel: Callable[[int, int], None] | None = None
         self._server: asyncio.base_events.Server | None = None
-        # logged-in plaintext connections get a thread of their own (dpsql.server.door)
-        self.threaded = door_module.enabled() if threaded is None else threaded
-        self._watch: door_module.Watch | None = None
 
     # called by sessions -------------------------------------------------------------------
     def next_pid(self) -> int:
@@ -147,15 +142,6 @@ class Server:
         the DB-API. PostgreSQL clients mean PostgreSQL: 7 / 2 is 3, TO_CHAR, date_part
         (dpsql.frontend.dialect)."""
         return ServiceSession(self.service, analyst, dialect="postgres")
-
-    def door_watch(self) -> door_module.Watch | None:
-        """The running loop's watch over connection threads; None when connections stay on
-        the loop (``threaded`` off)."""
-        if not self.threaded:
-            return None
-        if self._watch is None:
-            self._watch = door_module.Watch(asyncio.get_running_loop())
-        return self._watch
 
     def unregister(self, session: Session) -> None:
         if self.sessions.get(session.pid) is session:
@@ -284,20 +270,10 @@ class Server:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-        doors = []
         for session in list(self.sessions.values()):
             session.cancel()
             with contextlib.suppress(Exception):
                 session.writer.close()
-            if session.door is not None:
-                session.door.shut()
-                doors.append(session.door.thread)
-        # connection threads end their statement (cancelled) before the service closes
-        deadline = asyncio.get_running_loop().time() + 30
-        while any(t.is_alive() for t in doors) and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.01)
-        if self._watch is not None:
-            self._watch.close()
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 5)

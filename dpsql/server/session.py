@@ -34,7 +34,6 @@ from dpsql.server.backend import DpBackend, Outcome, placeholder_count
 from dpsql.server.catalog import ShadowCursor
 from dpsql.server.catalog_sql import SessionInfo
 from dpsql.server.connections import ConnectionLimits, address_of
-from dpsql.server.door import Door, serve_on_thread
 from dpsql.server.extended import LOOP_TEXT, LOOP_VALUES, ExtendedQuery
 from dpsql.server.extended import MAX_STATEMENTS as MAX_STATEMENTS
 from dpsql.server.extended import encode_rows as _encode_rows
@@ -68,7 +67,6 @@ class Server(Protocol):
 
     def next_pid(self) -> int: ...
     def unregister(self, session: Session) -> None: ...
-    def door_watch(self) -> Any: ...
 
 
 log = logging.getLogger("dpsql.server")
@@ -114,9 +112,6 @@ class Session:
         # messages sent since the last flush, written to the socket together (see send)
         self._out: list[bytes] = []
         self._out_bytes = 0
-        # the connection's own thread once it is logged in (dpsql.server.door); None: the
-        # event loop serves it (TLS, DPSQL_DOOR=loop as by default, or still logging in)
-        self.door: Door | None = None
 
     # ---------------------------------------------------------------------------------------
     # plumbing
@@ -137,17 +132,11 @@ class Session:
             data = b"".join(self._out) if len(self._out) > 1 else self._out[0]
             self._out.clear()
             self._out_bytes = 0
-            if self.door is not None:
-                self.door.send(data)
-            elif not self.writer.is_closing():
+            if not self.writer.is_closing():
                 self.writer.write(data)
 
     async def flush(self) -> None:
         self._write_out()
-        if self.door is not None:  # written: a blocking send on the connection's thread
-            if self.door.broken:
-                raise _Closed()
-            return
         try:
             await self.writer.drain()
         except (ConnectionError, RuntimeError) as exc:
@@ -159,8 +148,6 @@ class Session:
             await self.flush()
 
     async def _read_exact(self, n: int) -> bytes:
-        if self.door is not None:
-            return self.door.recv_exact(n)
         try:
             return await self.reader.readexactly(n)
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
@@ -196,10 +183,7 @@ class Session:
         """Run ``fn(*args)`` in the thread pool. A ``scheduled`` call (every statement) first
         waits for its turn in the server's fair scheduler (:mod:`dpsql.server.fairness`), which
         also counts its CPU against the analyst; the wait counts against statement_timeout and a
-        CancelRequest ends it, as it ends the statement once it runs. On a connection's own
-        thread, all of it there (dpsql.server.door)."""
-        if self.door is not None:
-            return self.door.call(fn, args, interrupt, scheduled)
+        CancelRequest ends it, as it ends the statement once it runs."""
         loop = asyncio.get_running_loop()
         self._cancelled = False
         timer = None
@@ -289,9 +273,7 @@ class Session:
                     return
             if not await self.handshake.open_backends(startup):
                 return
-            watch = self.server.door_watch()
-            if watch is None or not await serve_on_thread(self, watch):
-                await self._main_loop()
+            await self._main_loop()
         except TimeoutError:
             if self._auth_stage == "tls":  # mid-handshake: nothing can be written
                 return
