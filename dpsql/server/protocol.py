@@ -401,7 +401,17 @@ def error_response(
 def notice_response(
     sqlstate: str, text: str, *, hint: str | None = None, severity: str = "NOTICE"
 ) -> bytes:
-    return message(b"N", _fields(severity, sqlstate, text, {"H": hint or ""}))
+    """NoticeResponse: the same fields, in the same order, as :func:`_fields` writes (a DP
+    answer sends one or two a query, so they are written out here in one expression)."""
+    sev = severity.encode("utf-8")
+    payload = b"S%s\x00V%s\x00C%s\x00M%s\x00%s\x00" % (
+        sev,
+        sev,
+        sqlstate.encode("utf-8"),
+        text.encode("utf-8"),
+        b"H" + hint.encode("utf-8") + b"\x00" if hint else b"",
+    )
+    return b"N" + _I32.pack(len(payload) + 4) + payload
 
 
 def parse_error_fields(payload: bytes) -> dict[str, str]:

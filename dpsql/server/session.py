@@ -74,6 +74,8 @@ log = logging.getLogger("dpsql.server")
 QUEUE_DEPTH = 8
 # Queued reply bytes handed to the transport at once past this size, before the next flush.
 _OUT_CHUNK = 64 << 10
+# RowDescriptions a connection remembers (forgotten all at once when full)
+_DESCRIPTIONS = 64
 
 
 class Session:
@@ -112,6 +114,9 @@ class Session:
         # messages sent since the last flush, written to the socket together (see send)
         self._out: list[bytes] = []
         self._out_bytes = 0
+        # RowDescriptions this connection sent, by (columns, formats): a dashboard's tiles
+        # repeat their columns, and building one is ~10 Python calls (dpsql.server.extended)
+        self._descriptions: dict[tuple[Any, Any], bytes] = {}
 
     # ---------------------------------------------------------------------------------------
     # plumbing
@@ -471,6 +476,21 @@ class Session:
         if not check_size(sql, self.limits):
             await self._blocking(check_text, sql, self.limits)
 
+    def _row_description(self, columns: Any, formats: tuple[int, ...]) -> bytes:
+        """RowDescription of ``columns`` (remembered by this connection: the bytes depend
+        only on the columns' names and types and the formats, never on a value)."""
+        key = (columns, formats)
+        try:
+            description = self._descriptions.get(key)
+        except TypeError:  # columns in a list (a catalog result): built each time
+            return _row_description(columns, formats)
+        if description is None:
+            description = _row_description(columns, formats)
+            if len(self._descriptions) >= _DESCRIPTIONS:
+                self._descriptions.clear()
+            self._descriptions[key] = description
+        return description
+
     def _send_notices(self, outcome: Outcome) -> None:
         for severity, code, text in outcome.notices:
             self.send(p.notice_response(code, text, severity=severity))
@@ -495,7 +515,7 @@ class Session:
                         size, LOOP_VALUES, _encode_rows, outcome.columns, outcome.rows, formats
                     )
                     self._send_notices(outcome)
-                    self.send(_row_description(outcome.columns, formats))
+                    self.send(self._row_description(outcome.columns, formats))
                     for row in rows:
                         self.send(row)
                 else:
