@@ -15,6 +15,7 @@ import math
 import random
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,7 @@ from dpsql.server.backend import DpBackend
 from dpsql.server.server import Server, ServerThread
 from dpsql.server.testing import RawClient
 from dpsql.server.users import UserStore, users_path
+from dpsql.service.bias_notes import answer_notes
 from dpsql.service.session import Session
 
 R = 3
@@ -398,3 +400,17 @@ def test_explain_says_beforehand_what_the_bounds_may_cut() -> None:
     text = "\n".join(r[0] for r in cur.fetchall())
     assert "What the bounds may cut" in text and "R = 5 may drop rows" in text
     assert cur.cost is None  # EXPLAIN spends nothing
+
+
+def test_a_grouped_note_says_what_a_negative_estimate_means():
+    """Per group the estimate is the true value minus the answer: "cut -7,847" alone read as
+    nonsense; below 0 the note says the answer is likely above the true value."""
+    table = SimpleNamespace(privacy_unit=None, unit_is_row=True)
+    plan = SimpleNamespace(query=SimpleNamespace(table=table, keys=["k"]), max_groups=1)
+    described = [("k", "text"), ("a", "float")]
+    mixed = answer_notes(plan, described, [[None, (-7847.0, -1, 1)], [None, (3324.0, -1, 1)]])
+    assert (
+        "-7,847 to 3,324 per group (below 0: the answer likely above the true value)" in (mixed[0])
+    )
+    cut = answer_notes(plan, described, [[None, (10.0, -1, 1)], [None, (3324.0, -1, 1)]])
+    assert "10 to 3,324 per group over its 2 groups" in cut[0] and "below 0" not in cut[0]

@@ -119,10 +119,13 @@ def answer_notes(
             notes.append(f"{said}; the 95% interval with that bias is [{_n(low)}, {_n(high)}]")
         else:
             low, high = min(c[0] for c in cells), max(c[0] for c in cells)
+            # an estimate is the true value minus the answer: below 0 the bounds pushed the
+            # answer up (the true value likely lower), which "cut -7,847" did not say
+            sign = " (below 0: the answer likely above the true value)" if low < 0 else ""
             notes.append(
                 f"bias: {name} is computed from bounded rows; the bounds cut an estimated "
-                f"{_n(low)} to {_n(high)} per group over its {len(cells)} groups (each one "
-                "and the 95% interval with it: SET bias_interval = on)"
+                f"{_n(low)} to {_n(high)} per group{sign} over its {len(cells)} groups (each "
+                "one and the 95% interval with it: SET bias_interval = on)"
             )
     table = plan.query.table
     if notes and plan.query.keys and table.privacy_unit is not None and not table.unit_is_row:
