@@ -1160,8 +1160,9 @@ def _compiled_pass(
     """The program by one compiled pass (dpsql.engine.clustered) over a store
     (:func:`cluster`; per unit: clustered by the program's unit): the same (measures, present)
     as :func:`_row_level` / :func:`_per_unit`, and the bias measures' pair and row values as
-    the SQL computes them (dpsql.lower.compile.pair_measure_expr, clamp_excess_expr). None (the
-    numpy program runs) when :func:`_kernel_spec` says it cannot."""
+    the SQL computes them (the ``dropped`` / ``cut`` / ``clamped`` kinds' SQL in
+    dpsql.plan.measure_kinds). None (the numpy program runs) when :func:`_kernel_spec` says it
+    cannot."""
     from dpsql.engine import clustered
 
     planned = _kernel_spec(program, table)
@@ -1564,9 +1565,10 @@ def _fixed_point(values: np.ndarray, spec: ColumnPolicy, lo: int, hi: int) -> np
 
 
 def _clamp_excess(values: np.ndarray, spec: ColumnPolicy, width: int) -> np.ndarray:
-    """dpsql.lower.compile.clamp_excess_expr: ``CAST(ROUND(clamp((x - clamp(x, lower, upper)) /
-    g, -W, W)) AS BIGINT)`` in doubles, NaN clamped to ``upper`` then its excess (NaN) to W,
-    ROUND half away from zero."""
+    """The ``clamped`` kind's row value as its SQL computes it (dpsql.plan.measure_kinds,
+    _clamp_excess): ``CAST(ROUND(clamp((x - clamp(x, lower, upper)) / g, -W, W)) AS BIGINT)``
+    in doubles, NaN clamped to ``upper`` then its excess (NaN) to W, ROUND half away from
+    zero."""
     x = values.astype(np.float64)
     lower, upper = float(spec.lower), float(spec.upper)  # type: ignore[arg-type]
     inside = np.where(x < lower, lower, np.where(np.isnan(x) | (x > upper), upper, x))
