@@ -43,14 +43,20 @@ except ImportError:  # pragma: no cover
 VALUES, SUM, SUMSQ, DROPPED, CUT = 0, 1, 2, 3, 4
 _LARGEST = 2**63 - 1
 _EXACT = 2**53
+#: rows of a kernel's packed ``spec`` (one column per value measure)
+_KIND, _GRID, _CENTER, _CENTER2, _SCALE, _CAP, _LOW, _HIGH, _SLOT, _FIXED_ROW, _NULL_ROW = range(11)
+_ROWS = 11
 
 
 def _ro(array: np.ndarray) -> np.ndarray:
     """A read-only view (no copy): numba compiles one kernel per argument type, read-only
     arrays being a type of their own, so every input is passed read-only (one signature,
-    compiled once, cached on disk)."""
+    compiled once, cached on disk). One already read-only (a store's) is passed as it is: a
+    view and its flag cost ~1 µs an argument, a call's largest fixed cost at 20k rows."""
+    if not array.flags.writeable:
+        return array
     view = array.view()
-    view.flags.writeable = False
+    view.setflags(write=False)
     return view
 
 
@@ -224,79 +230,6 @@ def _fused_values(  # pragma: no cover - compiled
     _fill(floats, codes, lut, fused, out, 0, out.shape[1])
 
 
-def _accumulate(  # pragma: no cover - compiled
-    lo: int,
-    hi: int,
-    b0: int,
-    b1: int,
-    block: int,
-    group: np.ndarray,
-    weight: np.ndarray,
-    fixed: np.ndarray,
-    floats: np.ndarray,
-    codes: np.ndarray,
-    lut: np.ndarray,
-    fused: np.ndarray,
-    buf: np.ndarray,
-    slots: np.ndarray,
-    nulls: np.ndarray,
-    fixed_rows: np.ndarray,
-    null_rows: np.ndarray,
-    kinds: np.ndarray,
-    centers: np.ndarray,
-    centers2: np.ndarray,
-    lows: np.ndarray,
-    highs: np.ndarray,
-    seen: np.ndarray,
-    touched: np.ndarray,
-    n_loc: np.ndarray,
-    acc: np.ndarray,
-) -> Any:
-    """One unit's rows ``lo`` .. ``hi`` into its pairs (inlined into :func:`_bound_units`): per
-    group code the rows n (weighted) and each measure's raw sum; the codes first seen
-    appended to ``touched``. A measure's fixed point is read from its row of ``fixed``, or
-    where ``slots[j]`` >= 0 from that row of ``buf``, which holds the computed block of rows
-    ``b0`` .. ``b1`` (:func:`_fill`): the next block (``block`` rows) computed when a row
-    lies past it, so blocks cut units. Returns the unit's pairs and the block now held."""
-    t = 0
-    for i in range(lo, hi):
-        if i >= b1:
-            b0, b1 = i, min(group.shape[0], i + block)
-            _fill(floats, codes, lut, fused, buf, b0, b1)
-        w = np.int64(weight[i])
-        s = group[i]
-        if not seen[s]:
-            seen[s] = True
-            touched[t] = s
-            t += 1
-        n_loc[s] += w
-        for j in range(kinds.shape[0]):
-            kind = kinds[j]
-            if kind == 3 or nulls[null_rows[j], i]:
-                continue
-            if kind == 0:
-                acc[j, s] += w
-            else:
-                slot = slots[j]
-                at = np.uint64(i - b0)
-                v = buf[slot, at] if slot >= 0 else np.int64(fixed[fixed_rows[j], i])
-                x = _clamped(v, lows[j], highs[j]) - centers[j]
-                if kind == 2:
-                    acc[j, s] += w * (x * x - centers2[j])
-                else:
-                    acc[j, s] += w * x
-    return t, b0, b1
-
-
-def _nonempty(touched: np.ndarray, t: int, n_loc: np.ndarray) -> Any:  # pragma: no cover
-    """How many of the unit's ``t`` pairs keep a row (k, the unit's groups)."""
-    k = 0
-    for q in range(t):
-        if n_loc[touched[q]] > 0:
-            k += 1
-    return k
-
-
 def _clamped(v: Any, low: Any, high: Any) -> Any:  # pragma: no cover - compiled
     """``v`` clamped to [low, high] (a fixed point read from a wider range's row: the same
     integer as the row at [low, high], see columnar._kernel_spec)."""
@@ -310,56 +243,31 @@ def _rounded(running: Any, w: Any, off: Any, d: Any, shift: Any) -> Any:  # prag
 
 
 def _bound_units(  # pragma: no cover - compiled
-    starts: np.ndarray,
-    group: np.ndarray,
-    weight: np.ndarray,
-    fixed: np.ndarray,
-    floats: np.ndarray,
-    codes: np.ndarray,
-    lut: np.ndarray,
-    fused: np.ndarray,
-    slots: np.ndarray,
-    nulls: np.ndarray,
-    fixed_rows: np.ndarray,
-    null_rows: np.ndarray,
-    kinds: np.ndarray,
-    grids: np.ndarray,
-    centers: np.ndarray,
-    centers2: np.ndarray,
-    lows: np.ndarray,
-    highs: np.ndarray,
-    scales: np.ndarray,
-    caps: np.ndarray,
-    offsets: np.ndarray,
-    size: int,
-    R: int,
-    G: int,
-    count_scale: int,
-    group_scaling: bool,
-    block: int,
-    rows_out: np.ndarray,
-    units_out: np.ndarray,
-    values_out: np.ndarray,
-    some_out: np.ndarray,
-) -> None:
+    starts: np.ndarray, group: np.ndarray, weight: np.ndarray, fixed: np.ndarray,
+    floats: np.ndarray, codes: np.ndarray, lut: np.ndarray, fused: np.ndarray,
+    nulls: np.ndarray, offsets: np.ndarray, spec: np.ndarray, knobs: np.ndarray, out: np.ndarray,
+) -> None:  # fmt: skip
     """Per unit (rows ``starts[u]`` .. ``starts[u + 1]``), per group code: the kept rows n and
     each measure's raw sum; then as columnar._per_unit: capped = min(n, R), partial =
     raw·scale·capped / max(n, 1); under group scaling with k the unit's non-empty pairs and
     kept = min(k, G): counts capped·cs·kept / k, units cs·kept / k, partials p·kept / k (all
-    truncated toward zero); summed per group into the ``*_out`` arrays (``some_out``: the
-    non-empty pairs per group). Counts' fine shares (row and unit counts under group scaling,
-    a measure with ``grids[j]`` > 0) are rounded per unit to integers as
-    dpsql.lower.compile.rounded_counts does: over the unit's pairs in group-code order, with
-    A the running sum of the shares w and U = ``offsets[u]``, (A + U) // F - (A - w + U) // F.
-    Fixed shapes: every row is accumulated with its weight (0 for a row the WHERE drops) and
-    every pair of the unit's rows is bounded (an empty one adds zeros), so the work depends on
+    truncated toward zero), summed per group. Fine shares (row and unit counts under group
+    scaling, a measure with a grid > 0) rounded per unit as dpsql.lower.compile.rounded_counts
+    does: over the unit's pairs by group code, A the running sum of the shares w and U =
+    ``offsets[u]``, (A + U) // F - (A - w + U) // F. Fixed shapes: every row is accumulated
+    with its weight (0 where the WHERE drops it) and every pair bounded, so the work depends on
     the table, not on which rows the WHERE keeps (docs/threat_model.md, "Column programs").
-    The branch on a weighted count: a pair within R (n <= R) skips the quotients that are then
-    exact products or 0 (R/n of its values; the bias measures' cut), a few ns of its bounding."""
-    M = kinds.shape[0]
+    Packed (:func:`_prepared`); a unit's rows accumulated here, not in an inlined helper (each
+    array passed to one was counted in and out per unit: ~40% of the pass at 4 rows a unit)."""
+    M = spec.shape[1]
+    kinds, grids, centers, centers2 = spec[_KIND], spec[_GRID], spec[_CENTER], spec[_CENTER2]
+    scales, caps, lows, highs = spec[_SCALE], spec[_CAP], spec[_LOW], spec[_HIGH]
+    slots, fixed_rows, null_rows = spec[_SLOT], spec[_FIXED_ROW], spec[_NULL_ROW]
+    size, R, G, count_scale = knobs[0], knobs[1], knobs[2], knobs[3]
+    group_scaling, block = knobs[4] != 0, knobs[5]
+    values_out, rows_out, units_out, some_out = out[:M], out[M], out[M + 1], out[M + 2]
     buf, b0, b1 = _blocks(fused, slots, group.shape[0], block)
-    n_loc = np.zeros(size, dtype=np.int64)
-    seen = np.zeros(size, dtype=np.bool_)
+    n_loc, seen = np.zeros(size, dtype=np.int64), np.zeros(size, dtype=np.bool_)
     acc = np.zeros((M, size), dtype=np.int64)
     touched = np.empty(size, dtype=np.int64)
     running = np.zeros(M, dtype=np.int64)
@@ -370,12 +278,37 @@ def _bound_units(  # pragma: no cover - compiled
         grid_shifts[j] = _shift(grids[j])
         rounds = rounds or grids[j] > 0
     for u in range(starts.shape[0] - 1):
-        t, b0, b1 = _accumulate(
-            starts[u], starts[u + 1], b0, b1, block, group, weight, fixed, floats, codes, lut,
-            fused, buf, slots, nulls, fixed_rows, null_rows, kinds, centers, centers2, lows,
-            highs, seen, touched, n_loc, acc,
-        )  # fmt: skip
-        k = _nonempty(touched, t, n_loc)
+        t = 0
+        for i in range(starts[u], starts[u + 1]):
+            if i >= b1:
+                b0, b1 = i, min(group.shape[0], i + block)
+                _fill(floats, codes, lut, fused, buf, b0, b1)
+            w = np.int64(weight[i])
+            s = group[i]
+            if not seen[s]:
+                seen[s] = True
+                touched[t] = s
+                t += 1
+            n_loc[s] += w
+            for j in range(M):
+                kind = kinds[j]
+                if kind == 3 or nulls[null_rows[j], i]:
+                    continue
+                if kind == 0:
+                    acc[j, s] += w
+                else:
+                    slot = slots[j]
+                    at = np.uint64(i - b0)
+                    v = buf[slot, at] if slot >= 0 else np.int64(fixed[fixed_rows[j], i])
+                    x = _clamped(v, lows[j], highs[j]) - centers[j]
+                    if kind == 2:
+                        acc[j, s] += w * (x * x - centers2[j])
+                    else:
+                        acc[j, s] += w * x
+        k = 0
+        for q in range(t):
+            if n_loc[touched[q]] > 0:
+                k += 1
         kept = min(k, G)
         divisor_k = max(k, 1)
         # a quotient whose divisor divides it exactly is computed as the product it is
@@ -439,22 +372,20 @@ def _row_sums(  # pragma: no cover - compiled
     codes: np.ndarray,
     lut: np.ndarray,
     fused: np.ndarray,
-    slots: np.ndarray,
     nulls: np.ndarray,
-    fixed_rows: np.ndarray,
-    null_rows: np.ndarray,
-    kinds: np.ndarray,
-    centers: np.ndarray,
-    centers2: np.ndarray,
-    lows: np.ndarray,
-    highs: np.ndarray,
-    block: int,
-    rows_out: np.ndarray,
-    values_out: np.ndarray,
+    spec: np.ndarray,
+    knobs: np.ndarray,
+    out: np.ndarray,
 ) -> None:
     """Row-level (columnar._row_level): per group code, the kept rows and each measure's sum
-    of its rows' values (every row visited, a dropped one weighing 0)."""
-    M = kinds.shape[0]
+    of its rows' values (every row visited, a dropped one weighing 0); ``spec``, ``knobs``
+    and ``out`` as :func:`_bound_units` packs them."""
+    M = spec.shape[1]
+    kinds, centers, centers2 = spec[_KIND], spec[_CENTER], spec[_CENTER2]
+    lows, highs, slots = spec[_LOW], spec[_HIGH], spec[_SLOT]
+    fixed_rows, null_rows = spec[_FIXED_ROW], spec[_NULL_ROW]
+    block = knobs[5]
+    values_out, rows_out = out[:M], out[M]
     buf, _, b1 = _blocks(fused, slots, group.shape[0], block)
     step = block if b1 == 0 else b1  # blocks of computed fixed points, or one of every row
     for lo in range(0, group.shape[0], step):
@@ -527,8 +458,6 @@ if _jit is not None:
     _fill = _inline(_fill)
     _blocks = _inline(_blocks)
     _fused_values = _jit(_fused_values)
-    _accumulate = _inline(_accumulate)
-    _nonempty = _inline(_nonempty)
     _order_pairs = _jit(_order_pairs)
     _bound_units = _jit(_bound_units)
     _row_sums = _jit(_row_sums)
@@ -567,49 +496,28 @@ def bound_units(
     (:func:`_look_up`; ``lut`` of ``fixed``'s dtype).
     Returns per group: bounded row counts, unit counts, each value
     measure's total (one row each) and the number of non-empty pairs."""
-    m = len(measures)
-    spec = np.array(measures, dtype=np.int64).reshape(m, 6)
-    lows, highs = _bounds(clamps, m)
-    rows_out = np.zeros(size, dtype=np.int64)
-    units_out = np.zeros(size, dtype=np.int64)
-    values_out = np.zeros((m, size), dtype=np.int64)
-    some_out = np.zeros(size, dtype=np.int64)
-    floats, table, slots = _fused(floats, fused, m)
+    spec, table, knobs = _prepared(
+        measures, fixed_rows, null_rows, clamps, fused, (size, R, G, count_scale, group_scaling)
+    )
+    m = spec.shape[1]
+    out = np.zeros((m + 3, size), dtype=np.int64)  # the values' rows, rows, units, some
     codes, lut = _lookups(codes, lut, fixed.dtype)
     _bound_units(
         _ro(starts),
         _ro(group),
         _ro(weight),
         _ro(fixed),
-        _ro(floats),
-        _ro(codes),
-        _ro(lut),
-        _ro(table),
-        _ro(slots),
+        _NO_FLOATS if floats is None else _ro(floats),
+        codes,
+        lut,
+        table,
         _ro(nulls),
-        _ro(fixed_rows),
-        _ro(null_rows),
-        _ro(np.ascontiguousarray(spec[:, 0])),
-        _ro(np.ascontiguousarray(spec[:, 1])),
-        _ro(np.ascontiguousarray(spec[:, 2])),
-        _ro(np.ascontiguousarray(spec[:, 3])),
-        _ro(lows),
-        _ro(highs),
-        _ro(np.ascontiguousarray(spec[:, 4])),
-        _ro(np.ascontiguousarray(spec[:, 5])),
         _ro(np.ascontiguousarray(offsets, dtype=np.int64)),
-        size,
-        R,
-        G,
-        count_scale,
-        group_scaling,
-        _BLOCK,
-        rows_out,
-        units_out,
-        values_out,
-        some_out,
+        spec,
+        knobs,
+        out,
     )
-    return rows_out, units_out, values_out, some_out
+    return out[m], out[m + 1], out[:m], out[m + 2]
 
 
 def counting_order(codes: np.ndarray, size: int) -> np.ndarray:
@@ -636,35 +544,68 @@ def row_sums(
     """Run the row-level kernel (``measures``, ``clamps``, ``floats``, ``fused``, ``codes``
     and ``lut`` as for :func:`bound_units`):
     per group, the kept rows and each value measure's total (one row each)."""
-    m = len(measures)
-    spec = np.array(measures, dtype=np.int64).reshape(m, 6)
-    lows, highs = _bounds(clamps, m)
-    rows_out = np.zeros(size, dtype=np.int64)
-    values_out = np.zeros((m, size), dtype=np.int64)
-    floats, table, slots = _fused(floats, fused, m)
+    spec, table, knobs = _prepared(measures, fixed_rows, null_rows, clamps, fused, (size,))
+    m = spec.shape[1]
+    out = np.zeros((m + 1, size), dtype=np.int64)  # the values' rows, then rows
     codes, lut = _lookups(codes, lut, fixed.dtype)
     _row_sums(
         _ro(group),
         _ro(weight),
         _ro(fixed),
-        _ro(floats),
-        _ro(codes),
-        _ro(lut),
-        _ro(table),
-        _ro(slots),
+        _NO_FLOATS if floats is None else _ro(floats),
+        codes,
+        lut,
+        table,
         _ro(nulls),
-        _ro(fixed_rows),
-        _ro(null_rows),
-        _ro(np.ascontiguousarray(spec[:, 0])),
-        _ro(np.ascontiguousarray(spec[:, 2])),
-        _ro(np.ascontiguousarray(spec[:, 3])),
-        _ro(lows),
-        _ro(highs),
-        _BLOCK,
-        rows_out,
-        values_out,
+        spec,
+        knobs,
+        out,
     )
-    return rows_out, values_out
+    return out[m], out[:m]
+
+
+#: kernels' packed arguments per program (:func:`_prepared`): a known shape's are built once
+_PREPARED: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+_PREPARED_MAX = 512
+
+
+def _prepared(
+    measures: list[tuple[int, int, int, int, int, int]],
+    fixed_rows: np.ndarray,
+    null_rows: np.ndarray,
+    clamps: list[tuple[int, int]] | None,
+    fused: list[tuple[float, ...]] | None,
+    scalars: tuple[int | bool, ...],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The kernel's packed read-only arguments: ``spec`` (the measures' rows, :data:`_ROWS`:
+    kind, grid, centre, centre², scale, cap, clamp low and high, the slot of its computed
+    fixed point in ``fused``'s table, its rows of ``fixed`` and ``nulls``), the table of
+    distinct computed sources (:func:`_fused`) and ``knobs`` (``scalars`` padded to six, the
+    block last). Kept per arguments (from the program and the store's layout, never a value):
+    a known shape's are not built again (building and viewing ~20 small arrays was a
+    quarter of a 20k-row pass)."""
+    key = (
+        tuple(measures), fixed_rows.tobytes(), null_rows.tobytes(),
+        None if clamps is None else tuple(clamps), None if fused is None else tuple(fused),
+        scalars, _BLOCK,
+    )  # fmt: skip
+    held = _PREPARED.get(key)
+    if held is not None:
+        return held
+    m = len(measures)
+    spec = np.empty((_ROWS, m), dtype=np.int64)
+    spec[_KIND : _CAP + 1] = np.array(measures, dtype=np.int64).reshape(m, 6).T
+    spec[_LOW], spec[_HIGH] = _bounds(clamps, m)
+    table, spec[_SLOT] = _fused(fused, m)
+    spec[_FIXED_ROW], spec[_NULL_ROW] = fixed_rows, null_rows
+    knobs = np.zeros(6, dtype=np.int64)
+    knobs[: len(scalars)] = [int(x) for x in scalars]
+    knobs[5] = _BLOCK
+    held = (_ro(spec), _ro(table), _ro(knobs))
+    if len(_PREPARED) >= _PREPARED_MAX:
+        _PREPARED.clear()
+    _PREPARED[key] = held
+    return held
 
 
 def _bounds(clamps: list[tuple[int, int]] | None, m: int) -> tuple[np.ndarray, np.ndarray]:
@@ -674,14 +615,11 @@ def _bounds(clamps: list[tuple[int, int]] | None, m: int) -> tuple[np.ndarray, n
     return np.ascontiguousarray(both[:, 0]), np.ascontiguousarray(both[:, 1])
 
 
-def _fused(
-    floats: np.ndarray | None, fused: list[tuple[float, ...]] | None, m: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The float columns' matrix (a dummy where none), the distinct sources of ``fused`` as
-    rows (source, row, g, a, b, W) of float64 (one row of zeros where none: computes
-    nothing) and per measure its source's row there, -1 where it reads ``fixed``: two
-    measures of one fixed-point row (a SUM and AVG's sum, the bias measures' cut) share one
-    computed block."""
+def _fused(fused: list[tuple[float, ...]] | None, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct sources of ``fused`` as rows (source, row, g, a, b, W) of float64 (one
+    row of zeros where none: computes nothing) and per measure its source's row there, -1
+    where it reads ``fixed``: two measures of one fixed-point row (a SUM and AVG's sum, the
+    bias measures' cut) share one computed block."""
     sources: list[tuple[float, ...]] = []
     slots = np.full(m, -1, dtype=np.int64)
     for j, entry in enumerate(fused or ()):
@@ -692,9 +630,7 @@ def _fused(
     table = np.zeros((max(len(sources), 1), 6), dtype=np.float64)
     for i, entry in enumerate(sources):
         table[i, : len(entry)] = entry
-    if floats is None:
-        floats = np.zeros((1, 1), dtype=np.float64)
-    return floats, table, slots
+    return table, slots
 
 
 def fused_values(
@@ -708,9 +644,9 @@ def fused_values(
     distinct source): what the passes compute in place of a row of fixed points (tests
     compare them)."""
     out = np.zeros((len(fused), rows), dtype=np.int64)
-    floats, table, _ = _fused(floats, fused, len(fused))
+    table, _ = _fused(fused, len(fused))
     codes, lut = _lookups(codes, lut, lut.dtype if lut is not None else np.int64)
-    _fused_values(_ro(floats), _ro(codes), _ro(lut), _ro(table), out)
+    _fused_values(_NO_FLOATS if floats is None else _ro(floats), codes, lut, _ro(table), out)
     return out
 
 
@@ -721,9 +657,23 @@ def _lookups(
     where none: the table of ``dtype`` (a kernel's fixed points' own: one compiled signature
     each, as without a table)."""
     if codes is None or len(codes) == 0:
-        codes = np.zeros(8, dtype=np.uint8)
+        codes = _NO_CODES
     if lut is None or len(lut) == 0:
-        lut = np.zeros(1, dtype=dtype)
+        lut = _no_lut(np.dtype(dtype))
     if lut.dtype != dtype:
         raise TypeError("a table of fixed points has its rows' dtype")
-    return codes, lut
+    return _ro(codes), _ro(lut)
+
+
+def _no_lut(dtype: np.dtype) -> np.ndarray:
+    """A table of fixed points of ``dtype`` standing for none (read-only, one per dtype)."""
+    held = _NO_LUTS.get(dtype)
+    if held is None:
+        held = _NO_LUTS[dtype] = _ro(np.zeros(1, dtype=dtype))
+    return held
+
+
+# the dummies standing for no float columns, no int columns' codes, no tables (read-only)
+_NO_FLOATS = _ro(np.zeros((1, 1), dtype=np.float64))
+_NO_CODES = _ro(np.zeros(8, dtype=np.uint8))
+_NO_LUTS: dict[np.dtype, np.ndarray] = {}
