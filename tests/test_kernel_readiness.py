@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import exact_connect, fixture_policy, rows_of
+from test_clustered import _spy
 
 import dpsql
 from dpsql.engine import clamp_pass, clustered, columnar, kernel_readiness
@@ -20,16 +21,7 @@ QUERIES = [
 
 @pytest.fixture()
 def kernel_calls(monkeypatch) -> list[str]:
-    calls: list[str] = []
-    for name in ("bound_units", "row_sums"):
-        original = getattr(clustered, name)
-
-        def spied(*args, _original=original, _name=name, **kw):
-            calls.append(_name)
-            return _original(*args, **kw)
-
-        monkeypatch.setattr(clustered, name, spied)
-    yield calls
+    yield _spy(monkeypatch)  # each run of a kernel
     columnar.warm_up()  # loaded again (from numba's cache) for the tests after this one
 
 
