@@ -403,14 +403,13 @@ def test_explain_says_beforehand_what_the_bounds_may_cut() -> None:
 
 
 def test_a_grouped_note_says_what_a_negative_estimate_means():
-    """Per group the estimate is the true value minus the answer: "cut -7,847" alone read as
-    nonsense; below 0 the note says the answer is likely above the true value."""
+    """Per group the estimate is the true value minus the answer, with noise: "cut -7,847"
+    alone read as nonsense; below 0 the note says what it can mean."""
     table = SimpleNamespace(privacy_unit=None, unit_is_row=True)
     plan = SimpleNamespace(query=SimpleNamespace(table=table, keys=["k"]), max_groups=1)
     described = [("k", "text"), ("a", "float")]
     mixed = answer_notes(plan, described, [[None, (-7847.0, -1, 1)], [None, (3324.0, -1, 1)]])
-    assert (
-        "-7,847 to 3,324 per group (below 0: the answer likely above the true value)" in (mixed[0])
-    )
+    said = "-7,847 to 3,324 per group (each noisy; one below 0 means little was cut there"
+    assert said in mixed[0]
     cut = answer_notes(plan, described, [[None, (10.0, -1, 1)], [None, (3324.0, -1, 1)]])
     assert "10 to 3,324 per group over its 2 groups" in cut[0] and "below 0" not in cut[0]

@@ -119,9 +119,15 @@ def answer_notes(
             notes.append(f"{said}; the 95% interval with that bias is [{_n(low)}, {_n(high)}]")
         else:
             low, high = min(c[0] for c in cells), max(c[0] for c in cells)
-            # an estimate is the true value minus the answer: below 0 the bounds pushed the
-            # answer up (the true value likely lower), which "cut -7,847" did not say
-            sign = " (below 0: the answer likely above the true value)" if low < 0 else ""
+            # an estimate is the true value minus the answer, with noise: below 0 either little
+            # was cut there (a count's cut is never below 0) or a clamp raised the answer; "cut
+            # -7,847" alone said neither
+            sign = (
+                " (each noisy; one below 0 means little was cut there, or that the bounds raised"
+                " the answer)"
+                if low < 0
+                else ""
+            )
             notes.append(
                 f"bias: {name} is computed from bounded rows; the bounds cut an estimated "
                 f"{_n(low)} to {_n(high)} per group{sign} over its {len(cells)} groups (each "
