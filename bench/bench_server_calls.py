@@ -8,7 +8,10 @@ ledger) runs in this process on its own loop thread; one client sends the bench'
 where the called function lives: the server (``dpsql/server``, ``dpsql/gil_gate.py``), the
 standard library's event loop and threads (asyncio, concurrent.futures, threading, selectors,
 socket), and the rest (the pipeline). Timings on this shared machine move ±20% with the other
-sessions' load; these counts move only when the code does.
+sessions' load; these counts move only when the code does. Then ``--cpu-rounds`` rounds of
+``--cpu-queries`` queries with no hook: the CPU of the server's threads a query (the process's
+CPU less the client thread's), one client at a time, so no contention between statements:
+still load-dependent (run two trees alternately to compare).
 
     python bench/bench_server_calls.py --warmup 400 --queries 400
 """
@@ -17,9 +20,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import statistics
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _STDLIB = ("asyncio", "concurrent", "threading.py", "selectors.py", "socket.py", "queue.py")
 
 counting = False
+unhook = False
 calls: collections.Counter[str] = collections.Counter()
 functions: collections.Counter[str] = collections.Counter()
 
@@ -50,6 +56,9 @@ def _where(filename: str) -> str:
 
 
 def _hook(frame: Any, event: str, _arg: Any) -> None:
+    if unhook:  # each thread drops the hook at its next event (the timed rounds)
+        sys.setprofile(None)
+        return
     if counting and event == "call":
         code = frame.f_code
         where = _where(code.co_filename)
@@ -59,11 +68,13 @@ def _hook(frame: Any, event: str, _arg: Any) -> None:
 
 
 def main() -> None:
-    global counting
+    global counting, unhook
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--warmup", type=int, default=400)
     ap.add_argument("--queries", type=int, default=400)
     ap.add_argument("--top", type=int, default=25, help="the server's most called functions")
+    ap.add_argument("--cpu-rounds", type=int, default=3, help="rounds timing the server's CPU")
+    ap.add_argument("--cpu-queries", type=int, default=200)
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="server-calls-"))
     policy = tmp / "visits.toml"
@@ -85,6 +96,18 @@ def main() -> None:
         reply = c.query(b._query(k, False))
         assert not reply.errors(), reply.errors()
     counting = False
+    unhook = True
+    threading.setprofile(None)
+    for k in range(20):  # every server thread has run (and dropped the hook) after a few
+        c.query(b._query(k, False))
+    server_cpu = []
+    for r in range(a.cpu_rounds):  # the server's CPU a query, no profile hook counting
+        start = a.warmup + a.queries + r * a.cpu_queries
+        before, own = time.process_time(), time.thread_time()
+        for k in range(start, start + a.cpu_queries):
+            c.query(b._query(k, False))
+        spent = (time.process_time() - before) - (time.thread_time() - own)
+        server_cpu.append(spent / a.cpu_queries * 1e3)
     c.close()
     th.stop()
     service.close()
@@ -93,6 +116,12 @@ def main() -> None:
     for where, count in calls.most_common():
         print(f"  {count / n:8.1f}  {where}")
     print(f"  {sum(calls.values()) / n:8.1f}  total")
+    if server_cpu:
+        print(
+            f"the server's CPU a DP query (its threads; one client, {a.cpu_queries} queries a "
+            f"round): rounds {', '.join(f'{x:.3f}' for x in server_cpu)} ms, "
+            f"median {statistics.median(server_cpu):.3f} ms (moves with the load)"
+        )
     print("the server's and the stdlib's most called:")
     for name, count in functions.most_common(a.top):
         print(f"  {count / n:8.1f}  {name}")

@@ -513,6 +513,56 @@ def test_disconnect_mid_query_interrupts_and_server_survives(server):
     _alive(server)
 
 
+def _hang_up_behind_a_running_query(server, behind: bytes, reset: bool = False) -> FakeSession:
+    """A slow query running, then ``behind`` (messages) sent and the socket closed (with a
+    reset when ``reset``): the stand-in session of that connection."""
+    c = RawClient("127.0.0.1", server.port)
+    c.login("alice", "pw-alice")
+    conn = server.service.connections[-1]
+    c.send(b"Q", p.cstr("SELECT slow FROM visits"))
+    assert conn.started.wait(10)
+    c.send_raw(behind)
+    if reset:
+        c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    c.sock.close()
+    return conn
+
+
+def _closed(conn: FakeSession, wait: float = 10.0) -> bool:
+    deadline = time.monotonic() + wait
+    while not conn.closed and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return conn.closed
+
+
+def test_hang_up_behind_pipelined_queries_interrupts(server):
+    """Complete messages queued behind the running query, then the end of the stream: the
+    statement is interrupted (as a reader reading ahead reached the end)."""
+    more = p.message(b"Q", p.cstr("SELECT n FROM visits"))
+    conn = _hang_up_behind_a_running_query(server, more + more)
+    assert _closed(conn)  # (uninterrupted, the stand-in query runs 20 s)
+    _alive(server)
+
+
+def test_hang_up_after_a_terminate_lets_the_query_finish(server):
+    """A Terminate queued behind the running query, then the end of the stream: the
+    statement is not interrupted (a reader stops at the Terminate, before the end); it runs to
+    its end and the session closes after it."""
+    conn = _hang_up_behind_a_running_query(server, p.message(b"X", b""))
+    time.sleep(0.3)
+    assert not conn.interrupted.is_set() and not conn.closed
+    conn.interrupt()  # the stand-in query ends (as if it had finished)
+    assert _closed(conn)
+    _alive(server)
+
+
+def test_hang_up_with_a_reset_interrupts_even_after_a_terminate(server):
+    """A connection reset ends the stream at once, whatever was sent before it."""
+    conn = _hang_up_behind_a_running_query(server, p.message(b"X", b""), reset=True)
+    assert _closed(conn)
+    _alive(server)
+
+
 # --------------------------------------------------------------------------------------------
 # hostile input
 

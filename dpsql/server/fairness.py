@@ -226,9 +226,14 @@ class FairScheduler:
         self._running = 0
         self._seq = 0
         self._decay = math.log(2) / limits.cpu_half_life
+        self._heavy_cpu = limits.heavy_cpu  # (the limits are frozen)
         self.light_running = 0  # running statements of analysts that are not heavy
-        self._no_light = threading.Event()  # set while light_running is 0 (wakes pauses)
+        # set while light_running is 0 (wakes pauses); kept up to date while a watched
+        # statement runs (only their hooks wait on it: an Event's set and clear are ~9 Python
+        # calls a statement, most statements are not watched)
+        self._no_light = threading.Event()
         self._no_light.set()
+        self.watching = 0  # running turns that are watched (see wrap)
 
     # accounting ---------------------------------------------------------------------------
     def _analyst(self, name: str) -> _Analyst:
@@ -303,6 +308,9 @@ class FairScheduler:
         a = turn.analyst
         if turn.running:
             turn.running = False
+            if turn.watched:
+                turn.watched = False
+                self.watching -= 1
             self._running -= 1
             a.running.remove(turn)
             cpu = turn.live_cpu()
@@ -321,14 +329,17 @@ class FairScheduler:
         analysts = self._analysts
         for a in list(analysts.values()):
             if a.running:
-                for turn in [t for t in a.running if t.finished]:
-                    self._release(turn)
+                for turn in a.running[:]:
+                    if turn.finished:
+                        self._release(turn)
         now = time.monotonic()
-        heavy_cpu = self.limits.heavy_cpu
+        heavy_cpu = self._heavy_cpu
         decay = self._decay
+        waiting: set[str] = set()  # (loops, not comprehensions: each of those is a call)
         if self._waiting:
             self._waiting = [t for t in self._waiting if not t.granted.done()]
-        waiting = {t.analyst.name for t in self._waiting}
+            for t in self._waiting:
+                waiting.add(t.analyst.name)
         usage: dict[str, float] = {}  # exact, for every analyst whose figure is read below
         for name, a in analysts.items():
             if now > a.stamp:  # _recent
@@ -382,8 +393,17 @@ class FairScheduler:
             chosen.analyst.running.append(chosen)
             self._running += 1
             chosen.granted.set_result(None)
-        self.light_running = sum(len(a.running) for a in analysts.values() if not a.heavy)
-        # an Event's set and clear take its lock: only when the state changes
+        light = 0
+        for a in analysts.values():
+            if not a.heavy:
+                light += len(a.running)
+        self.light_running = light
+        if self.watching:
+            self._light_event()
+
+    def _light_event(self) -> None:
+        """``_no_light`` set while no light statement runs (an Event's set and clear take its
+        lock: only when the state changes)."""
         if self.light_running:
             if self._no_light.is_set():
                 self._no_light.clear()
@@ -404,14 +424,20 @@ class FairScheduler:
         idle analyst runs unwatched, and so cannot be slowed once it starts.
         """
         a = turn.analyst
-        heavy_cpu = self.limits.heavy_cpu
+        heavy_cpu = self._heavy_cpu
         watched = (
-            a.heavy
-            or self._usage(a, time.monotonic()) > WARM * heavy_cpu
-            or len(a.running) > 1
-            or any(isinstance(x, str) and len(x) > WATCH_TEXT for x in args)
+            a.heavy or self._usage(a, time.monotonic()) > WARM * heavy_cpu or len(a.running) > 1
         )
-        turn.watched = watched
+        if not watched:
+            for x in args:  # (a loop, not any(...): a generator's every step is a call)
+                if isinstance(x, str) and len(x) > WATCH_TEXT:
+                    watched = True
+                    break
+        if watched:
+            if not turn.watched and turn.running:
+                self.watching += 1  # counted until its turn is released
+            turn.watched = True
+            self._light_event()  # its hook may wait on it: up to date from now on
 
         def call() -> Any:
             try:

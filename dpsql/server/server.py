@@ -14,7 +14,6 @@ import sys
 import threading
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from dpsql import gil_gate
@@ -28,8 +27,10 @@ from dpsql.server.connections import (
     refuse_after_negotiation,
 )
 from dpsql.server.fairness import FairnessLimits, FairScheduler
+from dpsql.server.pool import Pool
 from dpsql.server.session import Session
 from dpsql.server.settings import DEFAULTS
+from dpsql.server.stream import ClientReader
 from dpsql.server.users import UserStore
 from dpsql.service.session import Session as ServiceSession
 
@@ -105,7 +106,8 @@ class Server:
         self.logins: Counter[str] = Counter()  # authenticated sessions of each login
         self.refusing = 0  # connections being refused after their SSL negotiation
         threads = workers or min(32, (os.cpu_count() or 2) * 4 + 8)
-        self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="dpsql-query")
+        # the statement threads (dpsql.server.pool: one queue in, one post back to the loop)
+        self.pool = Pool(threads, name="dpsql-query")
         # Statements wait for their turn here, fairly between analysts, before they take a
         # thread; two threads stay free for logins and clean-up (dpsql.server.fairness).
         self.fairness = fairness if fairness is not None else FairnessLimits()
@@ -185,7 +187,12 @@ class Server:
 
     # lifecycle -----------------------------------------------------------------------------
     async def start(self, host: str = "127.0.0.1", port: int = 5433) -> int:
-        self._server = await asyncio.start_server(self._accept, host, port)
+        loop = asyncio.get_running_loop()
+
+        def factory() -> asyncio.StreamReaderProtocol:  # as asyncio.start_server's
+            return asyncio.StreamReaderProtocol(ClientReader(loop=loop), self._accept, loop=loop)
+
+        self._server = await loop.create_server(factory, host, port)
         return int(self._server.sockets[0].getsockname()[1])
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -257,7 +264,7 @@ class Server:
                     done.set_result(None)
 
         def factory() -> asyncio.StreamReaderProtocol:
-            return asyncio.StreamReaderProtocol(asyncio.StreamReader(loop=loop), run, loop=loop)
+            return asyncio.StreamReaderProtocol(ClientReader(loop=loop), run, loop=loop)
 
         await loop.connect_accepted_socket(factory, sock)
         await done
@@ -277,7 +284,7 @@ class Server:
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 5)
-        self.executor.shutdown(wait=True, cancel_futures=True)
+        self.pool.shutdown()
         self.shadow.close()
 
 

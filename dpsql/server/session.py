@@ -4,8 +4,9 @@ Statements are routed by what they reference: anything naming a private table (o
 privacy setting) goes to the analyst's session over the service (``dpsql.service.session``,
 through :class:`~dpsql.server.backend.DpBackend`); everything else — catalog and session
 queries — goes to the empty shadow database. Blocking work runs in the server's thread pool so
-the event loop keeps serving other clients; a reader task keeps reading while a query runs, so a
-client that disconnects mid-query interrupts it.
+the event loop keeps serving other clients (dpsql.server.pool); the connection's stream tells the
+session when the client hangs up, so a client that disconnects mid-query interrupts it
+(dpsql.server.stream).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import logging
 import secrets
 import struct
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from dpsql.boundary import CHARGED_HINT, CHARGED_STATES, FAILED_AFTER_READ
@@ -40,6 +40,7 @@ from dpsql.server.extended import encode_rows as _encode_rows
 from dpsql.server.extended import row_description as _row_description
 from dpsql.server.fairness import Abandoned, FairScheduler
 from dpsql.server.handshake import Handshake
+from dpsql.server.pool import Pool
 from dpsql.server.probes import (
     COLUMN_PROBE_NOTICE,
     probe_decision,
@@ -48,6 +49,7 @@ from dpsql.server.session_statements import SessionStatements
 from dpsql.server.settings import (
     SessionSettings,
 )
+from dpsql.server.stream import ClientReader, reads_to_end
 from dpsql.server.wire_errors import Closed as _Closed
 from dpsql.server.wire_errors import SqlError as SqlError
 from dpsql.server.wire_errors import as_sql_error as as_sql_error
@@ -62,7 +64,7 @@ class Server(Protocol):
     dataset: str
     max_message: int
     connections: ConnectionLimits
-    executor: ThreadPoolExecutor
+    pool: Pool
     scheduler: FairScheduler
 
     def next_pid(self) -> int: ...
@@ -71,7 +73,6 @@ class Server(Protocol):
 
 log = logging.getLogger("dpsql.server")
 
-QUEUE_DEPTH = 8
 # Queued reply bytes handed to the transport at once past this size, before the next flush.
 _OUT_CHUNK = 64 << 10
 # RowDescriptions a connection remembers (forgotten all at once when full)
@@ -102,7 +103,9 @@ class Session:
         self.commands = SessionStatements(self)
         self.handshake = Handshake(self)
         self.skip_to_sync = False
-        self.queue: asyncio.Queue[Any] = asyncio.Queue(QUEUE_DEPTH)
+        if isinstance(reader, ClientReader):  # the server's streams (dpsql.server.stream)
+            reader.on_lost = self._lost
+        self._hung_up = False
         self._interrupt: Callable[[], None] | None = None
         self._cancelled = False
         self._timed_out = False
@@ -212,7 +215,12 @@ class Session:
                 call = self.server.scheduler.wrap(turn, fn, *args)
             self._interrupt = interrupt
             ran = True
-            return await loop.run_in_executor(self.server.executor, call)
+            # the outcome unpacked here, inline: no dpsql function runs between a charged
+            # statement's end and its answer's arrival (dpsql.server.pool)
+            ok, value = await self.server.pool.run(call)
+            if not ok:
+                raise value
+            return value
         except Exception as exc:
             if ran and self._timed_out:
                 raise timed_out_running() from exc
@@ -306,54 +314,39 @@ class Session:
             with contextlib.suppress(Exception):
                 self._interrupt()
         self.server.unregister(self)
-        loop = asyncio.get_running_loop()
         try:
             for backend in (self.dp, self.shadow):
                 if backend is not None:
                     with contextlib.suppress(Exception):
-                        await loop.run_in_executor(self.server.executor, backend.close)
+                        await self.server.pool.run(backend.close)
         finally:  # also when the server shuts down and cancels this task
             with contextlib.suppress(Exception):
                 self._write_out()
                 self.writer.close()
 
-    async def _reader_task(self) -> None:
+    def _lost(self, error: bool) -> None:
+        """The client hung up (called by its stream, dpsql.server.stream): a statement running
+        or waiting for its turn is interrupted — after an error at once, after an EOF unless a
+        Terminate or a refused message comes first in what is left to read (where a reader
+        reading ahead stopped, before the end). Once a connection."""
+        if self._hung_up or self._interrupt is None or self._closing:
+            return
+        unread = self.reader._buffer  # type: ignore[attr-defined]
+        if not error and not reads_to_end(unread, self.server.max_message):
+            return
+        self._hung_up = True
         try:
-            while True:
-                kind, body = await self.read_message()
-                await self.queue.put((kind, body))
-                if kind == b"X":
-                    return
-        except _Closed:
-            if self._interrupt is not None:
-                with contextlib.suppress(Exception):
-                    self._interrupt()
-            await self.queue.put(None)
-        except p.ProtocolViolation as exc:
-            await self.queue.put(exc)
-        except Exception:  # the main loop must hear of it, or the session waits forever
-            log.exception("session %s: reading a message failed", self.pid)
-            await self.queue.put(SqlError("XX000", "internal error in dpsql server", fatal=True))
+            self._interrupt()
+        except Exception:
+            log.debug("interrupt failed", exc_info=True)
 
     async def _main_loop(self) -> None:
-        reader = asyncio.create_task(self._reader_task())
-        try:
-            while True:
-                item = await self.queue.get()
-                if item is None:
-                    return
-                if isinstance(item, p.ProtocolViolation | SqlError):
-                    await self.fatal(item.sqlstate, item.message)
-                    return
-                kind, body = item
-                if kind == b"X":
-                    return
-                if not await self._dispatch(kind, body):
-                    return
-        finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
+        while True:
+            kind, body = await self.read_message()
+            if kind == b"X":
+                return
+            if not await self._dispatch(kind, body):
+                return
 
     async def _dispatch(self, kind: bytes, body: bytes) -> bool:
         """Handle one message; False closes the connection."""
