@@ -413,3 +413,22 @@ def test_a_grouped_note_says_what_a_negative_estimate_means():
     assert said in mixed[0]
     cut = answer_notes(plan, described, [[None, (10.0, -1, 1)], [None, (3324.0, -1, 1)]])
     assert "10 to 3,324 per group over its 2 groups" in cut[0] and "below 0" not in cut[0]
+
+
+def test_a_grouped_note_tells_estimates_within_their_noise_apart():
+    """The quick start's AVG(cost) in [0, 5000] was said to be cut by "-8,855 to 4,423 per
+    group": every one of those estimates lay within its own noise. Such estimates are
+    counted and their noise said; the range is of the estimates that stand out of it."""
+    table = SimpleNamespace(privacy_unit=None, unit_is_row=True)
+    plan = SimpleNamespace(query=SimpleNamespace(table=table, keys=["k"]), max_groups=1)
+    described = [("k", "text"), ("a", "float")]
+    # noise interval [100, 200]; (b, widened low, widened high) = b ± h added to its ends
+    noise = [(None, (100.0, 200.0))] * 2
+    within = [[None, (-50.0, 100 - 80.0, 200 + 30.0)], [None, (500.0, 100 - 100.0, 200 + 1100.0)]]
+    said = answer_notes(plan, described, within, noise)[0]
+    assert "each within their own noise in all 2 groups (up to ±600 at 95%)" in said
+    assert "too noisy to tell" in said and "an estimated" not in said
+    mixed = [[None, (-50.0, 100 - 80.0, 200 + 30.0)], [None, (900.0, 100.0, 200 + 1000.0)]]
+    said = answer_notes(plan, described, mixed, noise)[0]
+    assert "an estimated 900 in 1 of its 2 groups" in said
+    assert "in the other 1, each estimate is within its own noise" in said

@@ -118,22 +118,60 @@ def answer_notes(
                 said += f" (the true value is likely {'higher' if b >= 0 else 'lower'})"
             notes.append(f"{said}; the 95% interval with that bias is [{_n(low)}, {_n(high)}]")
         else:
-            low, high = min(c[0] for c in cells), max(c[0] for c in cells)
-            # an estimate is the true value minus the answer, with noise: below 0 either little
-            # was cut there (a count's cut is never below 0) or a clamp raised the answer; "cut
-            # -7,847" alone said neither
-            sign = (
-                " (each noisy; one below 0 means little was cut there, or that the bounds raised"
-                " the answer)"
-                if low < 0
-                else ""
-            )
-            notes.append(
-                f"bias: {name} is computed from bounded rows; the bounds cut an estimated "
-                f"{_n(low)} to {_n(high)} per group{sign} over its {len(cells)} groups (each "
-                "one and the 95% interval with it: SET bias_interval = on)"
-            )
+            notes.append(_grouped_note(name, j, biases, intervals))
     table = plan.query.table
     if notes and plan.query.keys and table.privacy_unit is not None and not table.unit_is_row:
         notes.append(f"bias: G = {plan.max_groups} may cut groups too; that is not estimated")
     return notes
+
+
+def _half_width(cell: Any, span: Any) -> float | None:
+    """The half-width h of a group's estimate b when b is within it (b − h < 0 < b + h: the
+    bias-inclusive interval reaches past both ends of the noise interval), else None."""
+    if span is None or span[0] is None or span[1] is None:
+        return None
+    _, low, high = cell
+    if not (low < span[0] and high > span[1]):
+        return None
+    return ((high - span[1]) - (low - span[0])) / 2
+
+
+def _grouped_note(name: str, j: int, biases: list[Any], intervals: list[Any] | None) -> str:
+    """The note of a column over several groups: the range of the estimates that stand out
+    of their own noise, and how many do not. A range over estimates each within its noise
+    (an AVG of cost in [0, 5000] "cut -8,855 to 4,423") reads as a finding and is none."""
+    told, noisy = [], []
+    for r, row in enumerate(biases):
+        if j >= len(row) or row[j] is None:
+            continue
+        span = (
+            intervals[r][j] if intervals and r < len(intervals) and j < len(intervals[r]) else None
+        )
+        h = _half_width(row[j], span)
+        (told if h is None else noisy).append(row[j][0] if h is None else h)
+    head = f"bias: {name} is computed from bounded rows; "
+    tail = " (each one and the 95% interval with it: SET bias_interval = on)"
+    if not told:
+        return (
+            head + f"the estimates of what the bounds cut are each within their own noise in "
+            f"all {len(noisy)} groups (up to ±{_n(max(noisy))} at 95%): too noisy to tell at "
+            "this ε" + tail
+        )
+    low, high = min(told), max(told)
+    # an estimate is the true value minus the answer, with noise: below 0 either little was
+    # cut there (a count's cut is never below 0) or a clamp raised the answer; "cut -7,847"
+    # alone said neither
+    sign = (
+        " (each noisy; one below 0 means little was cut there, or that the bounds raised"
+        " the answer)"
+        if low < 0
+        else ""
+    )
+    where = f"over its {len(told)} groups"
+    if noisy:
+        where = (
+            f"in {len(told)} of its {len(told) + len(noisy)} groups (in the other "
+            f"{len(noisy)}, each estimate is within its own noise)"
+        )
+    amount = _n(low) if len(told) == 1 else f"{_n(low)} to {_n(high)} per group"
+    return head + f"the bounds cut an estimated {amount}{sign} {where}" + tail
