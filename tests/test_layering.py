@@ -14,6 +14,7 @@ a function (a lazy import is still a dependency: it only hides the cycle from th
 from __future__ import annotations
 
 import ast
+import functools
 from collections import defaultdict
 from pathlib import Path
 
@@ -62,6 +63,12 @@ def _modules() -> dict[str, Path]:
     return out
 
 
+@functools.cache
+def _parsed(path: Path) -> ast.Module:
+    """A module's syntax tree, parsed once per run (several tests walk every module)."""
+    return ast.parse(path.read_text())
+
+
 def _targets(module: str, path: Path, node: ast.Import | ast.ImportFrom, mods) -> list[str]:
     if isinstance(node, ast.Import):
         return [a.name for a in node.names]
@@ -78,7 +85,7 @@ def import_graph() -> dict[str, set[str]]:
     mods = _modules()
     graph: dict[str, set[str]] = defaultdict(set)
     for module, path in mods.items():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(_parsed(path)):
             if not isinstance(node, ast.Import | ast.ImportFrom):
                 continue
             for target in _targets(module, path, node, mods):
@@ -202,11 +209,12 @@ def _reach(graph: dict[str, set[str]], start: str) -> set[str]:
     return seen
 
 
-def _package_names(path: Path) -> set[str]:
+@functools.cache
+def _package_names(path: Path) -> frozenset[str]:
     """Names a module takes from the package itself, which the import graph leaves out:
     ``from dpsql import X`` (X not a submodule) and ``dpsql.X`` after ``import dpsql`` (the
     package's lazy names, ``dpsql.connect`` and ``dpsql.Service`` among them)."""
-    tree = ast.parse(path.read_text())
+    tree = _parsed(path)
     names: set[str] = set()
     plain = False
     for node in ast.walk(tree):
@@ -222,7 +230,7 @@ def _package_names(path: Path) -> set[str]:
             and isinstance(node.value, ast.Name)
             and node.value.id == "dpsql"
         )
-    return names
+    return frozenset(names)
 
 
 def test_the_server_and_the_cli_are_not_built_on_the_dbapi():
