@@ -437,3 +437,20 @@ def answer_key(plan: Any) -> str:
     bias and clipping estimators and the public clock's instant (a literal), so no other part
     is needed (docs/architecture.md, "Cache keys")."""
     return _digest(canonical(plan, skip=_POST))
+
+
+def answer_text(plan: Any) -> str:
+    """The canonical text :func:`answer_key` digests (what a key template is cut from)."""
+    return canonical(plan, skip=_POST)
+
+
+def key_of_text(text: str) -> str:
+    """:func:`answer_key` of a plan whose :func:`answer_text` is ``text``."""
+    return _digest(text)
+
+
+def where_text(where: exp.Expression) -> str:
+    """The text a WHERE condition takes in a plan's canonical text (its sorted conjuncts)."""
+    out: list[str] = []
+    _where(where, out)
+    return "".join(out)

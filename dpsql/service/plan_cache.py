@@ -53,10 +53,11 @@ class PreparedPlan:
 
     __slots__ = ("fingerprint", "plan", "post", "post_checked", "runs", "shape_key", "template")
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, fingerprint: str | None = None) -> None:
         self.plan = plan
-        # the answer cache's key: the plan's canonical measured tree (dpsql.plan.canonical)
-        self.fingerprint = answer_key(plan)
+        # the answer cache's key: the plan's canonical measured tree (dpsql.plan.canonical);
+        # ``fingerprint``: that key, already known (a text shape's key template, checked)
+        self.fingerprint = answer_key(plan) if fingerprint is None else fingerprint
         self.template: SecretTemplate | None = None
         self.post: PostPlan | None = None  # how its post-processing runs (first use)
         self.post_checked = False  # the free dry run of its post-processing has passed

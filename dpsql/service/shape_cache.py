@@ -116,7 +116,7 @@ class _Shape:
             and statement.post == old.post
         )
 
-    def prepared(self, statement: DPQuery, literals: list[str]) -> PreparedPlan:
+    def plan_for(self, statement: DPQuery) -> Plan:
         """The plan of ``statement``: this shape's, with the statement's own query."""
         keys = tuple(
             replace(fresh, type=typed.type)
@@ -130,7 +130,15 @@ class _Shape:
                 for o, c in zip(self.plan.outputs, statement.aggregates, strict=True)
             ),
         )
-        prepared = PreparedPlan(plan)
+        return plan
+
+    def prepared(
+        self, statement: DPQuery, literals: list[str], fingerprint: str | None = None
+    ) -> PreparedPlan:
+        """The prepared statement of ``statement``: :meth:`plan_for`, its SQL template with
+        the statement's ``literals``, and the shape's shared post-processing. ``fingerprint``:
+        its plan's answer key, where the caller knows it (dpsql.service.text_shapes)."""
+        prepared = PreparedPlan(self.plan_for(statement), fingerprint)
         swaps = tuple(zip(self.sentinels, literals, strict=True))
         prepared.template = SecretTemplate(self.compiled.with_literals(swaps))
         served = self.served
