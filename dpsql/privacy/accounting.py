@@ -321,6 +321,16 @@ def zcdp_cap(epsilon: float, delta: float) -> float:
 CONVERSION_DELTA_SHARE = 0.1  # of the budget's δ, reserved for the zCDP -> (ε, δ) conversion
 
 
+def _left(cap: Any, spent: Any) -> float:
+    """``float(max(Fraction(0), cap - spent))``, the same float: for two exact rationals from
+    their integers, unreduced (``int / int`` is correctly rounded, so n/d and its reduced
+    form give one float), without building the Fractions (read after every charge)."""
+    if type(cap) is Fraction and type(spent) is Fraction:
+        n = cap.numerator * spent.denominator - spent.numerator * cap.denominator
+        return n / (cap.denominator * spent.denominator) if n > 0 else 0.0
+    return float(max(Fraction(0), cap - spent))
+
+
 @dataclass(frozen=True)
 class Budget:
     """An analyst's total (ε, δ) allowance on one dataset, and the filter that enforces it.
@@ -435,11 +445,10 @@ class Budget:
         """
         eps = 0.0
         if total.exact_rho == 0:
-            eps = float(max(Fraction(0), self.exact_pure_epsilon - total.exact_epsilon))
+            eps = _left(self.exact_pure_epsilon, total.exact_epsilon)
         if self.zcdp and total.is_finite:
-            left = max(Fraction(0), self.exact_rho - total.exact_zrho)
-            eps = max(eps, math.sqrt(2 * float(left)))
-        return eps, float(max(Fraction(0), self.exact_pure_delta - total.exact_delta))
+            eps = max(eps, math.sqrt(2 * _left(self.exact_rho, total.exact_zrho)))
+        return eps, _left(self.exact_pure_delta, total.exact_delta)
 
     def unspent(self, total: Cost) -> tuple[float, float]:
         """(budget ε − guaranteed ε, budget δ − guaranteed δ): the guarantee not yet used."""
