@@ -7,7 +7,9 @@ queue (~25 Python calls and one more turn of the event loop a statement,
 calls ``on_lost`` when the connection ends (EOF or an error) — the moment the reader task saw
 it: the session interrupts a statement that is running or waiting for its turn, unless the
 reader task would have stopped before the end (:func:`reads_to_end`: a Terminate or a message
-the server refuses comes first), exactly as before.
+the server refuses comes first), as before. One difference: the reader task stopped reading
+ahead once 8 messages were queued, so a client that pipelined more than that behind a running
+statement and then hung up did not interrupt it; it now does.
 """
 
 from __future__ import annotations
