@@ -16,6 +16,7 @@ import ast
 from pathlib import Path
 
 from dpsql.aggregates import KINDS
+from dpsql.engine import clustered
 from dpsql.plan import bias
 from dpsql.plan.measure_kinds import MEASURE_KINDS
 
@@ -26,9 +27,6 @@ NAMES = frozenset(MEASURE_KINDS) | frozenset(KINDS)
 RECORDED: dict[str, int] = {
     # MIN / MAX / MEDIAN as quantile targets (Quantile's own object)
     "dpsql/aggregates/__init__.py": 3,
-    # the numpy column programs' and the compiled store pass's kernel specs and row values
-    # (one kernel code per measure kind; the engine's speed, not yet asked of the objects)
-    "dpsql/engine/columnar.py": 14,
     # the binder's COUNT(*), DISTINCT and quantile-level spellings
     "dpsql/frontend/bind/calls.py": 7,
     # the outer aggregate over a per-unit relation: its own list of kinds
@@ -138,3 +136,22 @@ def test_bias_reads_name_bias_measures():
         "avg": ("dropped", "cut", "clamped"),
     }
     assert all(set(r) <= set(bias.KINDS) for r in reads.values())
+
+
+def test_every_programmed_kind_says_how_the_engines_compute_it():
+    """The numpy programs and the compiled store pass (dpsql.engine.columnar) ask the kind:
+    a tally (rows per row, units per pair) has no row value and no kernel code; every other
+    programmed kind names one of dpsql.engine.clustered's codes and what of its column a row's
+    value reads; a kind the engines do not program names neither."""
+    codes = {clustered.VALUES, clustered.SUM, clustered.SUMSQ, clustered.DROPPED, clustered.CUT}
+    for name, kind in MEASURE_KINDS.items():
+        assert kind.reads in ("", "nulls", "fixed", "excess"), name
+        if not kind.programmed or kind.tallied:
+            assert kind.kernel is None and not kind.reads, name
+            assert not kind.tallied or (kind.counted and kind.row_sql is None), name
+            continue
+        assert getattr(clustered, kind.kernel or "") in codes, name
+        assert (kind.reads == "nulls") == (kind.kernel == "VALUES"), name
+        assert (kind.reads == "") == (kind.kernel == "DROPPED"), name
+    tallies = {name for name, kind in MEASURE_KINDS.items() if kind.tallied}
+    assert tallies == {"rows", "units"}

@@ -1072,10 +1072,14 @@ def _kernel_spec(program: ColumnProgram, table: ColumnarTable) -> _Spec | None:
     null_rows: list[int] = []
     clamps: list[tuple[int, int]] = []
     for m in program.measures:
-        if m.kind in ("rows", "units"):
+        kind = m.measure_kind  # what the pass computes for it (MeasureKind: the kernel's)
+        if kind.tallied:  # the pass's own row and unit counts
             continue
-        if m.kind == "dropped":
-            spec.append((clustered.DROPPED, 0, 0, 0, m.scale, _bias_cap(program)))
+        if kind.kernel is None:
+            return None
+        code = getattr(clustered, kind.kernel)
+        if not kind.reads:  # a pair's rows (cut by R): no column read
+            spec.append((code, 0, 0, 0, m.scale, _bias_cap(program)))
             fixed_rows.append(0)
             null_rows.append(0)
             clamps.append(_NO_CLAMP)
@@ -1083,15 +1087,13 @@ def _kernel_spec(program: ColumnProgram, table: ColumnarTable) -> _Spec | None:
         if m.column not in nulls_index:
             return None
         null_rows.append(nulls_index[m.column])  # type: ignore[index]
-        if m.kind == "values":
+        if kind.reads == "nulls":
             # a rescaled COUNT(col): shares on its fine grid, rounded per unit (grid > 0)
-            spec.append((clustered.VALUES, m.fine if m.fine > 1 else 0, 0, 0, m.pair_scale, 0))
+            spec.append((code, m.fine if m.fine > 1 else 0, 0, 0, m.pair_scale, 0))
             fixed_rows.append(0)
             clamps.append(_NO_CLAMP)
             continue
-        if m.kind not in ("sum", "sumsq", "cut", "clamped"):
-            return None
-        if m.kind == "clamped":
+        if kind.reads == "excess":
             held = fixed_index.get(("excess", m.column, m.lo, m.hi))  # type: ignore[arg-type]
             clamp = _NO_CLAMP
         else:
@@ -1099,10 +1101,7 @@ def _kernel_spec(program: ColumnProgram, table: ColumnarTable) -> _Spec | None:
             clamp = (m.lo, m.hi)
         if held is None:
             return None
-        kind = {"sum": clustered.SUM, "clamped": clustered.SUM, "sumsq": clustered.SUMSQ}.get(
-            m.kind, clustered.CUT
-        )
-        spec.append((kind, 0, m.center, m.center2, m.scale, _bias_cap(program)))
+        spec.append((code, 0, m.center, m.center2, m.scale, _bias_cap(program)))
         fixed_rows.append(held)
         clamps.append(clamp)
     return spec, fixed_rows, null_rows, clamps
@@ -1215,10 +1214,9 @@ def _compiled_pass(
     measures: list[np.ndarray] = []
     j = 0
     for m in program.measures:
-        if m.kind == "rows":
-            measures.append(rows_out)
-        elif m.kind == "units":
-            measures.append(units_out)
+        kind = m.measure_kind
+        if kind.tallied:  # per pair: the pairs kept (units), else the rows kept
+            measures.append(units_out if kind.per_pair else rows_out)
         else:
             measures.append(values_out[j])
             j += 1
@@ -1349,19 +1347,19 @@ def _per_unit(
         for i, m in enumerate(program.measures):
             if m.fine <= 1:
                 continue
-            if m.kind == "rows":
-                counts = slots.rounded(counts, offsets, m.fine)
-            elif m.kind == "units":
+            kind = m.measure_kind
+            if kind.tallied and kind.per_pair:
                 units_per_pair = slots.rounded(units_per_pair, offsets, m.fine)
+            elif kind.tallied:
+                counts = slots.rounded(counts, offsets, m.fine)
             else:
                 partials[i] = slots.rounded(partials[i], offsets, m.fine)  # type: ignore[arg-type]
     present = slots.per_group(some) > 0
     measures = []
     for m, p in zip(program.measures, partials, strict=True):
-        if m.kind == "rows":
-            measures.append(slots.per_group(counts))
-        elif m.kind == "units":
-            measures.append(slots.per_group(units_per_pair))
+        kind = m.measure_kind
+        if kind.tallied:  # per pair: the units, else the rows
+            measures.append(slots.per_group(units_per_pair if kind.per_pair else counts))
         else:
             measures.append(slots.per_group(p))  # type: ignore[arg-type]
     return measures, present
@@ -1537,16 +1535,18 @@ def _row_values(
     m: Measure, table: ColumnarTable, policy: TablePolicy, weight: np.ndarray
 ) -> np.ndarray | None:
     """Each row's integer contribution (0 for NULL and for a row the WHERE drops), or None
-    for a count of rows."""
-    if m.kind in ("rows", "units"):
+    for a count of rows or units (the kind's object says which value: MeasureKind.reads; the
+    bias measures are the compiled pass's only, KERNEL_ONLY)."""
+    kind = m.measure_kind
+    if kind.tallied:
         return None
     column = table.columns[m.column]  # type: ignore[index]
-    if m.kind == "values":
+    if kind.reads == "nulls":
         return weight * ~column.nulls
     spec = policy.columns[m.column]  # type: ignore[index]
     fixed = _fixed_point(column.values, spec, m.lo, m.hi)
     centred = fixed - m.center if m.center else fixed
-    value = centred if m.kind == "sum" else centred * centred - m.center2
+    value = centred * centred - m.center2 if kind.squared else centred
     return np.where(column.nulls, 0, value) * weight
 
 

@@ -33,6 +33,16 @@ object here (``Measure.measure_kind``), so a new measure kind is one more object
 - :meth:`MeasureKind.row_bound`: the largest |value| one row (or pair) adds, from the measure's
   fixed-point range alone (the plan tree re-derives each sensitivity from it: dpsql.plan.tree).
 
+- how the engines' programs compute it (``programmed`` kinds; dpsql.engine.columnar, whose
+  compiled store pass is dpsql.engine.clustered): ``tallied``, one of the programs' own
+  counts, with no row value (per row the rows kept, ``per_pair`` the pairs kept: the units);
+  ``kernel``, the compiled pass's code for it (the name of dpsql.engine.clustered's constant:
+  ``VALUES``, ``SUM``, ``SUMSQ``, ``DROPPED``, ``CUT``; None: tallied, or not in the pass);
+  ``reads``, what of its column one row's value is computed from: ``""`` nothing (a pair's
+  rows), ``"nulls"`` whether it is NULL, ``"fixed"`` its fixed point at [lo, hi] (centred,
+  and squared where ``squared``), ``"excess"`` its excess over the clamp (each the store's
+  row of that role). The engines ask these, never the kind's name.
+
 - its engine SQL, as sqlglot trees built with the public node constructors the lowering hands
   it (:class:`Builders`: dpsql.lower.builders): ``row_value`` (one row's integer, the numpy
   programs' and the reference queries' value), ``aggregate`` (the measure over a group's or a
@@ -117,6 +127,11 @@ class MeasureKind:
     stored: bool = False
     programmed: bool = False
     least_noise: bool = False
+    # how the engines' programs compute it (dpsql.engine.columnar's numpy programs and its
+    # compiled store pass, dpsql.engine.clustered; module doc)
+    tallied: bool = False
+    kernel: str | None = None
+    reads: str = ""
     # its engine SQL (module doc): one row's value (None: counted per row, unit or pair, or by
     # a distinct measure's own query), the aggregate over rows, a pair-level bias measure's value
     row_sql: RowSql | None = field(default=None, repr=False, compare=False)
@@ -278,6 +293,7 @@ MEASURE_KINDS: dict[str, MeasureKind] = _kinds(
         "count of rows",
         "its row count",
         counted=True,
+        tallied=True,
         group_scaled=True,
         rounded=True,
         stored=True,
@@ -294,6 +310,8 @@ MEASURE_KINDS: dict[str, MeasureKind] = _kinds(
         rounded=True,
         stored=True,
         programmed=True,
+        kernel="VALUES",
+        reads="nulls",
         row_sql=_value_flag,
         aggregate_sql=_count_values,
     ),
@@ -302,6 +320,7 @@ MEASURE_KINDS: dict[str, MeasureKind] = _kinds(
         "count of distinct units",
         "its count of units",
         counted=True,
+        tallied=True,
         per_pair=True,
         group_scaled=True,
         rounded=True,
@@ -334,6 +353,8 @@ MEASURE_KINDS: dict[str, MeasureKind] = _kinds(
         stored=True,
         programmed=True,
         least_noise=True,
+        kernel="SUM",
+        reads="fixed",
         row_sql=_or_zero(_centred),
         aggregate_sql=_summed(_centred),
     ),
@@ -348,6 +369,8 @@ MEASURE_KINDS: dict[str, MeasureKind] = _kinds(
         stored=True,
         programmed=True,
         least_noise=True,
+        kernel="SUMSQ",
+        reads="fixed",
         row_sql=_or_zero(_squared),
         aggregate_sql=_summed(_squared),
     ),
@@ -359,6 +382,7 @@ MEASURE_KINDS: dict[str, MeasureKind] = _kinds(
         group_scaled=True,
         bias=True,
         programmed=True,
+        kernel="DROPPED",
         pair_sql=_cut_rows,
     ),
     MeasureKind(
@@ -370,6 +394,8 @@ MEASURE_KINDS: dict[str, MeasureKind] = _kinds(
         divided=True,
         bias=True,
         programmed=True,
+        kernel="CUT",
+        reads="fixed",
         pair_sql=_cut_mass,
     ),
     MeasureKind(
@@ -380,6 +406,8 @@ MEASURE_KINDS: dict[str, MeasureKind] = _kinds(
         group_scaled=True,
         bias=True,
         programmed=True,
+        kernel="SUM",
+        reads="excess",
         row_sql=_excess_or_zero,
         aggregate_sql=_summed(_clamp_excess),
     ),
