@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dpsql.aggregates import kind_of, values_measure
 from dpsql.errors import Error, InterfaceError, ProgrammingError
 
 
@@ -96,15 +97,14 @@ def _halfwidths(
     out = []
     for o in plan.outputs:
         parts = [plan.measure(name) for name in o.measures]
-        if o.call.kind == "avg" and rows_per_group:
+        kind = kind_of(o)  # a sum over a count (AVG), a recentred sum (SUM): its object says
+        if kind.ratio and rows_per_group:
             m = parts[0]
             half = m.mechanism.interval_halfwidth(confidence) * m.unit / rows_per_group
             out.append((f"{o.call.label} at {rows_per_group:g} rows per group", float(half)))
             continue
-        if o.call.kind == "sum" and parts[0].center:
-            from dpsql.aggregates import values_measure  # COUNT(col) or the shared count
-
-            count = values_measure(plan, parts[0])
+        if kind.recentred and parts[0].center:
+            count = values_measure(plan, parts[0])  # COUNT(col) or the shared count
             out.append((o.call.label, _centred_sum_halfwidth(parts[0], count, confidence)))
             continue
         for m in parts:

@@ -15,10 +15,16 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+from conftest import fixture_policy
+
 from dpsql.aggregates import KINDS
 from dpsql.engine import clustered
+from dpsql.frontend.bind import parse_statement
 from dpsql.plan import bias
 from dpsql.plan.measure_kinds import MEASURE_KINDS
+from dpsql.policy import load_policy
+from dpsql.service import bounds
 
 ROOT = Path(__file__).resolve().parent.parent / "dpsql"
 NAMES = frozenset(MEASURE_KINDS) | frozenset(KINDS)
@@ -50,18 +56,12 @@ RECORDED: dict[str, int] = {
     "dpsql/plan/sharing.py": 2,
     # a quantile target's (min / max) level
     "dpsql/plan/values.py": 2,
-    # AVG / SUM error bars
-    "dpsql/plots.py": 2,
     # the exponential mechanism's targets (min, max)
     "dpsql/privacy/quantiles.py": 2,
     # quantile targets; the units measure the τ-threshold selection reads
     "dpsql/privacy/release.py": 2,
-    # measure_count and the default-bounds ε estimate: COUNT / SUM / AVG measures
-    "dpsql/service/bounds.py": 7,
-    # EXPLAIN's AVG formula line
-    "dpsql/service/explain.py": 1,
-    # per-group clamps apply to AVG
-    "dpsql/service/group_clamps.py": 2,
+    # a contribution histogram's Need kind "rows" (rows per unit), not a measure kind
+    "dpsql/service/bounds.py": 2,
 }
 
 
@@ -155,3 +155,51 @@ def test_every_programmed_kind_says_how_the_engines_compute_it():
         assert (kind.reads == "") == (kind.kernel == "DROPPED"), name
     tallies = {name for name, kind in MEASURE_KINDS.items() if kind.tallied}
     assert tallies == {"rows", "units"}
+
+
+def test_what_the_service_and_the_plots_ask_of_an_aggregate_kind():
+    """dpsql.service.bounds, dpsql.service.group_clamps, EXPLAIN and dpsql.plots ask the kind's
+    object: COUNT(col) alone reads no value of its column; AVG is the one sum over a count and
+    the one kind clamped per group; SUM the one that adds the centre times a count back."""
+    assert {n for n, k in KINDS.items() if not k.reads_values} == {"count"}
+    assert {n for n, k in KINDS.items() if k.ratio} == {"avg"}
+    assert {n for n, k in KINDS.items() if k.group_clamp} == {"avg"}
+    assert {n for n, k in KINDS.items() if k.recentred} == {"sum"}
+
+
+def _default_clamped():
+    """The fixture's policy with age and cost clamped by default (no clip stated)."""
+    policy = fixture_policy()
+    for column in policy["tables"]["visits"]["columns"].values():
+        column.pop("clip", None)
+    return load_policy(policy)
+
+
+@pytest.mark.parametrize(
+    "aggregates, count, sum_alone, clamped, per_group",
+    [
+        ("COUNT(*)", 1, 1, (), ()),
+        ("SUM(cost)", 2, 1, ("cost",), ()),
+        ("AVG(cost)", 2, 2, ("cost",), ("cost",)),
+        ("VARIANCE(age)", 3, 3, ("age",), ()),
+        ("COUNT(*), COUNT(cost), COUNT(DISTINCT patient_id)", 1, 1, (), ()),
+        ("COUNT(*), COUNT(DISTINCT age)", 2, 2, (), ()),
+        ("MEDIAN(cost), MIN(cost)", 2, 2, (), ()),
+        ("SUM(cost), AVG(cost), VARIANCE(cost)", 3, 3, ("cost",), ()),
+        ("SUM(DISTINCT age), SUM(age)", 3, 2, (), ()),
+        ("AVG(cost), COUNT(cost)", 2, 2, ("cost",), ()),
+        ("AVG(cost), COUNT(DISTINCT cost)", 3, 3, (), ()),
+        ("AVG(cost), MEDIAN(cost)", 3, 3, (), ()),
+        ("SUM(age), MODE(department)", 3, 2, ("age",), ()),
+    ],
+)
+def test_the_bounds_estimates_read_the_kinds(aggregates, count, sum_alone, clamped, per_group):
+    """measure_count (COUNT one measure, SUM its sum and a count, AVG a sum and the count,
+    VAR a sum of squares too, every count shared), the columns whose clamp is chosen (COUNT(col)
+    reads none of its values) and those chosen per group (AVG only), from the kinds' objects."""
+    policy = _default_clamped()
+    query = parse_statement(f"SELECT {aggregates} FROM visits GROUP BY department", policy)
+    assert bounds.measure_count(query) == count
+    assert bounds.measure_count(query, sum_counts=False) == sum_alone
+    assert bounds.clamp_columns(query) == clamped
+    assert bounds.per_group_columns(query, clamped) == per_group

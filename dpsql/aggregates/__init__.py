@@ -18,6 +18,14 @@ the interval code and the released-table schema:
 - ``column_problem``: why the kind cannot aggregate a column (the binder's refusal, free);
 - ``bias_reads`` and ``bias_estimate``: the bias measures (dpsql.plan.bias) that estimate its
   bias and the estimate from their noisy values (dpsql.plan.bias and dpsql.privacy.bias ask);
+- ``reads_values``: it reads its column's values, not only which are NULL (COUNT(col) does
+  not: a column only counted besides keeps the clamp chosen for its sums, dpsql.service.bounds);
+  ``ratio``: its value is its first measure (a sum) over its second (a count), so in a group of
+  n rows its noise is about the sum's over n (EXPLAIN's line, dpsql.plots); ``group_clamp``:
+  its column's default clamp may be chosen per group, from the count it releases, where every
+  call of the column is such a kind (dpsql.service.group_clamps: AVG); ``recentred``: its value
+  adds the centre times a count back where its sum measure is centred (SUM: g (S + c N); the
+  error plots simulate both noises);
 - ``FUNCTIONS``: the analyst's aggregate functions (sqlglot nodes) bound to each kind.
 
 New kinds are one more object here (MODE: :class:`ModeKind` and dpsql.aggregates.mode).
@@ -75,6 +83,13 @@ class AggregateKind:
     # the bias measures (dpsql.plan.bias: "dropped", "cut", "clamped") whose noisy values
     # estimate its bias (setting bias_estimate); none: it gets no bias estimate
     bias_reads: ClassVar[tuple[str, ...]] = ()
+    # asked by the service and the plots (module doc): reads its column's values, not only
+    # which are NULL; its value is a sum over a count; its column's clamp may be chosen per
+    # group; its value adds the centre times a count back
+    reads_values: ClassVar[bool] = True
+    ratio: ClassVar[bool] = False
+    group_clamp: ClassVar[bool] = False
+    recentred: ClassVar[bool] = False
 
     def column_problem(
         self, upper: str, column: ColumnPolicy, table: str
@@ -165,6 +180,7 @@ class Count(AggregateKind):
     floor_zero: ClassVar[bool] = True
     explain: ClassVar[str] = "the noisy count, clamped at 0"
     bias_reads: ClassVar[tuple[str, ...]] = ("dropped",)
+    reads_values: ClassVar[bool] = False  # COUNT(col): which values are NULL only
 
     def bias_estimate(self, output, parts, noisy, value):
         dropped = parts["dropped"]  # the rows R cut
@@ -195,6 +211,7 @@ class CountUnits(Count):
 
     name: ClassVar[str] = "count_units"
     bias_reads: ClassVar[tuple[str, ...]] = ()
+    reads_values: ClassVar[bool] = True  # its units (the unit column's values)
     explain: ClassVar[str] = "the noisy count of units, clamped at 0"
 
     def measures(self, column):
@@ -211,6 +228,7 @@ class CountDistinct(Count):
 
     name: ClassVar[str] = "count_distinct"
     bias_reads: ClassVar[tuple[str, ...]] = ()
+    reads_values: ClassVar[bool] = True
     explain: ClassVar[str] = "the noisy count of distinct values, clamped at 0"
 
     def measures(self, column):
@@ -228,6 +246,7 @@ class Sum(AggregateKind):
     name: ClassVar[str] = "sum"
     explain: ClassVar[str] = "the noisy sum"
     summed: ClassVar[bool] = True
+    recentred: ClassVar[bool] = True
     bias_reads: ClassVar[tuple[str, ...]] = ("cut", "clamped")
 
     def bias_estimate(self, output, parts, noisy, value):
@@ -314,6 +333,8 @@ class Mean(AggregateKind):
     name: ClassVar[str] = "avg"
     explain: ClassVar[str] = "noisy sum / noisy count, clamped to the column's range"
     summed: ClassVar[bool] = True
+    ratio: ClassVar[bool] = True
+    group_clamp: ClassVar[bool] = True
     bias_reads: ClassVar[tuple[str, ...]] = ("dropped", "cut", "clamped")
 
     def bias_estimate(self, output, parts, noisy, value):

@@ -162,8 +162,8 @@ class AggregateCall:
     def summed(self) -> bool:
         """Whether its kind sums the column's values (SUM, AVG, VAR, STDDEV: automatic
         clipping and the default clamp apply), as the kind's object declares it; read by
-        modules below the planner (dpsql.service.bounds, dpsql.service.bias_notes), which
-        take the call and import no kind."""
+        modules below the planner that take the call (dpsql.service.bounds, which asks the
+        kind's object its other attributes, and dpsql.service.bias_notes)."""
         return KINDS[self.kind].summed
 
 

@@ -67,8 +67,10 @@ from typing import Any
 import numpy as np
 from sqlglot import exp
 
+from dpsql.aggregates import KINDS
 from dpsql.boundary import remember_paid
 from dpsql.frontend.statements import DPQuery
+from dpsql.plan.measure_kinds import MEASURE_KINDS
 from dpsql.policy import ColumnPolicy
 from dpsql.privacy.accounting import Cost
 from dpsql.privacy.clipping import ApproxBounds, LogHistogram
@@ -241,7 +243,8 @@ def per_group_columns(query: DPQuery, columns: tuple[str, ...]) -> tuple[str, ..
     for column in columns:
         calls = [c for c in query.aggregates if c.column == column]
         col = query.table.columns[column]
-        if calls and all(c.kind == "avg" for c in calls) and col.clip_method == "auto":
+        per_group = all(KINDS[c.kind].group_clamp for c in calls)  # AVG's (its object's)
+        if calls and per_group and col.clip_method == "auto":
             out.append(column)
     return tuple(out)
 
@@ -263,7 +266,7 @@ def clamp_columns(query: DPQuery) -> tuple[str, ...]:
         if call.column is None:
             continue
         if not call.summed:
-            if call.kind != "count":
+            if KINDS[call.kind].reads_values:  # not COUNT(col): its kind's object says
                 others.add(call.column)
             continue
         col = table.columns.get(call.column)
@@ -325,16 +328,17 @@ def measure_count(query: DPQuery, *, sum_counts: bool = True) -> int:
     ``sum_counts=False``: a SUM alone measures no count (the plan of a single total's SUM)."""
     parts: set[tuple[str, str | None]] = set()
     for call in query.aggregates:
-        if call.summed:  # the kind's object says so (dpsql.frontend.bind.AggregateCall.summed)
-            parts.add(("sum", call.column))
-            if sum_counts or call.kind != "sum":
-                parts.add(("count", None))
-            if call.kind not in ("sum", "avg"):
-                parts.add(("sumsq", call.column))
-        elif call.kind in ("count", "count_units"):
-            parts.add(("count", None))
-        else:
+        reads = KINDS[call.kind].measures(call.column)  # the measures its kind's object reads
+        if not reads:  # released from a histogram measure of its own (quantiles, MODE)
             parts.add((call.kind, call.column))
+        for name, column in reads:
+            measure = MEASURE_KINDS[name]
+            if measure.counted and not measure.distinct:  # rows, values, units: one count
+                parts.add(("count", None))
+            else:
+                parts.add((name, column))
+            if measure.centred and sum_counts:  # a centred sum measures a count
+                parts.add(("count", None))
     return max(1, len(parts))
 
 

@@ -87,7 +87,7 @@ def explain_lines(service: Service, plan: Plan, analyst: str | None) -> list[str
         for name in output.measures:
             lines.append(_measure_line(plan, plan.measure(name)))
         first = plan.measure(output.measures[0])
-        if output.call.kind == "avg":
+        if KINDS[output.call.kind].ratio:  # a sum over a count (AVG): per row of a group
             half = first.mechanism.interval_halfwidth() * first.unit
             lines.append(
                 f"    the average of a group of n rows is within about ±{_n(half)} / n "

@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from dpsql.aggregates import kind_of
 from dpsql.errors import Error
 from dpsql.lower.compile import compile_plan
 from dpsql.plan.annotated import Plan
@@ -142,7 +143,7 @@ def for_intervals(plan: Plan) -> Plan:
         return plan
     outputs = tuple(
         replace(o, lower=per_group[o.call.column][0], upper=per_group[o.call.column][1])
-        if o.call.kind == "avg" and o.call.column in per_group
+        if kind_of(o).group_clamp and o.call.column in per_group
         else o
         for o in plan.outputs
     )
@@ -153,7 +154,7 @@ def _measures_of(plan: Plan, column: str) -> tuple[Measure, Measure] | None:
     """The SUM and count measures of the AVG of ``column`` (the first AVG's: every AVG of a
     column reads the same two)."""
     for output in plan.outputs:
-        if output.call.kind == "avg" and output.call.column == column:
+        if kind_of(output).group_clamp and output.call.column == column:
             return plan.measure(output.measures[0]), plan.measure(output.measures[1])
     return None
 
