@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from sqlglot import exp
 from sqlglot.dialects.dialect import Dialect
+from sqlglot.helper import name_sequence
 
 from dpsql.aggregates import FUNCTIONS, KINDS
 from dpsql.errors import Position, ProgrammingError
@@ -36,6 +38,22 @@ from dpsql.policy import ColumnPolicy, TablePolicy
 # One instance: ``.sql(dialect="duckdb")`` looks the name up and builds a Dialect each call
 # (a few microseconds, dozens of times in planning one statement).
 DIALECT = Dialect.get_or_raise("duckdb")
+
+_GENERATOR = threading.local()
+
+
+def duckdb_sql(node: exp.Expr, *, copy: bool = True) -> str:
+    """``node.sql(dialect=DIALECT)``: the same text, from this thread's one DuckDB generator.
+    ``.sql`` builds a Generator (its dialect's settings and dispatch) for every call, which
+    cost more than rendering a key or a condition; a generator resets its state as each
+    ``generate`` starts, but for the names it gives unnamed table aliases, reset here.
+    ``copy=False`` only for a tree nothing else reads (the generator may rewrite it)."""
+    generator = getattr(_GENERATOR, "duckdb", None)
+    if generator is None:
+        generator = _GENERATOR.duckdb = DIALECT.generator()
+    generator._next_name = name_sequence("_t")
+    return generator.generate(node, copy=copy)
+
 
 # The table post-processing reads: the released values only (dpsql.engine.scratch).
 RELEASED = "__released"
@@ -186,7 +204,7 @@ class GroupKey:
     @functools.cached_property
     def sql(self) -> str:
         """The key's DuckDB text (rendered once: it keys caches, domains and the fingerprint)."""
-        return self.expr.sql(dialect=DIALECT)
+        return duckdb_sql(self.expr)
 
 
 @dataclass(frozen=True)

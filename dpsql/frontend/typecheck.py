@@ -41,7 +41,7 @@ from dpsql.frontend.identifiers import quote_ident
 from dpsql.frontend.positions import offset_position, position_of, snippet
 from dpsql.frontend.safety import conjuncts
 from dpsql.frontend.simple_where import declared_type, readable
-from dpsql.frontend.statements import DIALECT, DPQuery, GroupKey
+from dpsql.frontend.statements import DIALECT, DPQuery, GroupKey, duckdb_sql
 from dpsql.policy import SQL_TYPES, Policy, TablePolicy
 
 BOOLEAN_TYPES = frozenset({"BOOLEAN", '"NULL"'})
@@ -209,7 +209,7 @@ def type_query(query: DPQuery, shadow: ShadowTypes, owner: str | None = None) ->
         shadow.declare(query.table)
     policy = query.table
     keys = [k.sql for k in query.keys]
-    where = [query.where.sql(dialect=DIALECT)] if query.where is not None else []
+    where = [duckdb_sql(query.where)] if query.where is not None else []
     contexts = list(_boolean_contexts(query.where)) if query.where is not None else []
     located = len(contexts)  # conditions after these are re-parsed (no source position)
     for sql in computed:
@@ -219,7 +219,7 @@ def type_query(query: DPQuery, shadow: ShadowTypes, owner: str | None = None) ->
     # all when its type is already a fact of the node (typed before, or declared)
     unique = {id(node): node for node, _ in contexts}.values()
     asked = [node for node in unique if not isinstance(known_type(node, policy), str)]
-    sqls = keys + [node.sql(dialect=DIALECT) for node in asked]
+    sqls = keys + [duckdb_sql(node) for node in asked]
     try:  # one binder call in the common case: the keys and every condition together
         types: list[str | None] = list(shadow.types(table, keys + whole + sqls[len(keys) :], owner))
         del types[len(keys) : len(keys) + len(whole)]

@@ -238,8 +238,14 @@ def _scrub(tree: exp.Expr, source: Source, limit: int) -> Census:
         cls = node.__class__
         counts[cls] = counts.get(cls, 0) + 1
         depth += 1
-        for child in node.iter_expressions():
-            push((child, depth))
+        # the children as iter_expressions yields them, without a generator for each node
+        for value in node.args.values():
+            if isinstance(value, list):
+                for child in value:
+                    if isinstance(child, exp.Expr):
+                        push((child, depth))
+            elif isinstance(value, exp.Expr):
+                push((value, depth))
     return Census(tree, counts)
 
 

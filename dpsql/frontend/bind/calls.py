@@ -18,8 +18,8 @@ from dpsql.frontend.intervals import NotNumeric, Range, value_range
 from dpsql.frontend.positions import snippet, written_name
 from dpsql.frontend.statements import (
     AGGREGATE_KINDS,
-    DIALECT,
     AggregateCall,
+    duckdb_sql,
 )
 from dpsql.policy import ColumnPolicy, default_granularity
 
@@ -179,7 +179,7 @@ class AggregateBinder:
         rendering (``expr``, for the cache keys and EXPLAIN) and a copy of its tree, which the
         lowerings read (never the rendering parsed back)."""
         assert self.scope.table is not None
-        sql = expr.sql(dialect=DIALECT)
+        sql = duckdb_sql(expr)
         known = self.computed.get(sql)
         if known is not None and (found is None or known.bounded):
             return known

@@ -84,8 +84,10 @@ class PostBuilder:
         key_nodes: list[exp.Expression],
         aggregates: list[AggregateCall],
     ) -> exp.Select:
-        key_sql = {self.scope.normal_sql(n): i for i, n in enumerate(key_nodes)}
-        key_sql.update({k.sql: i for i, k in enumerate(keys)})
+        # each key's normal text: ``keys[i].expr`` is ``normalise_columns(key_nodes[i])``
+        # (GroupByBinder.bind), whose rendering is ``normal_sql(key_nodes[i])`` by definition,
+        # so the keys' own (cached) renderings are the texts; no node is rendered again
+        key_sql = {k.sql: i for i, k in enumerate(keys)}
         # a subtree can only render as a key if it is of a key's node class: others are not
         # rendered at all (rendering every subtree was a tenth of planning)
         key_classes = {type(n) for n in key_nodes} | {type(k.expr) for k in keys}

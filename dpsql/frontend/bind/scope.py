@@ -25,8 +25,8 @@ from dpsql.errors import (
 from dpsql.frontend.intervals import NotNumeric, value_range
 from dpsql.frontend.positions import position_of, snippet, written_name
 from dpsql.frontend.statements import (
-    DIALECT,
     SCALAR_NODES,
+    duckdb_sql,
 )
 from dpsql.policy import Policy, TablePolicy
 
@@ -172,8 +172,9 @@ class Scope:
                 or ident.name != ident.name.lower()
                 or ident.name not in self.table.columns
             ):
-                return self.normalise_columns(node).sql(dialect=DIALECT)
-        return node.sql(dialect=DIALECT)
+                # a fresh copy, read by nothing else: rendered as it is
+                return duckdb_sql(self.normalise_columns(node), copy=False)
+        return duckdb_sql(node)
 
     def resolved_sql(self, node: exp.Expression) -> str | None:
         """:meth:`normal_sql` of ``node``, or None where it would refuse a column (one that
