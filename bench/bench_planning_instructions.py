@@ -15,6 +15,13 @@ instructions (2026-12-07), 5.2M is about 1 ms.
     python bench/bench_planning_instructions.py               # this tree
     python bench/bench_planning_instructions.py --tree OTHER  # another tree (a git archive)
     python bench/bench_planning_instructions.py --bias off    # SET bias_estimate = off
+    python bench/bench_planning_instructions.py --steps      # and per step (see below)
+
+``--steps`` also counts each step of the same plans on its own, a loop of its own around it
+(the statements parsed, the plans planned before): parse and bind (``parse_statement``), type,
+domains, bounds and plan with its check (``Service.plan``), the answer key (``answer_key``),
+and compiling with the SQL rendered where the plan has no column program. What the ``cold``
+path does besides (the plan and text caches asked and told) is the whole less their sum.
 
 Needs valgrind (apt install valgrind); ~1.5 min a run.
 """
@@ -32,7 +39,38 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _child(bias: str, per_template: int) -> None:
+def _steps(service, settings, texts: list[str]) -> None:
+    """Each step's loop (see the module doc): one ``functools.reduce`` each, which callgrind
+    dumps apart (``--dump-before``)."""
+    import functools
+
+    from dpsql.frontend.bind import parse_statement
+    from dpsql.plan.canonical import answer_key
+    from dpsql.service.plan_cache import SecretTemplate
+
+    statements = [parse_statement(t, service.policy) for t in texts]
+    plans = [service.plan(s, settings, "bench") for s in statements]
+
+    def compiled(plan) -> None:
+        query = SecretTemplate.build(plan).with_secret(12345)
+        if query.program is None:
+            query.render("duckdb")
+
+    functools.reduce(lambda _, t: parse_statement(t, service.policy), texts, None)
+    functools.reduce(lambda _, s: service.plan(s, settings, "bench"), statements, None)
+    functools.reduce(lambda _, p: answer_key(p), plans, None)
+    functools.reduce(lambda _, p: compiled(p), plans, None)
+
+
+STEPS = (
+    "parse and bind",
+    "type, domains, bounds, plan, check",
+    "answer key",
+    "compile",
+)
+
+
+def _child(bias: str, per_template: int, steps: bool = False) -> None:
     import dataclasses
     import functools
     import gc
@@ -56,6 +94,8 @@ def _child(bias: str, per_template: int) -> None:
         b._plan_cpu(service, text + " ", settings)
     gc.collect()
     gc.disable()  # a collection's cost depends on what else the process holds
+    if steps:
+        _steps(service, settings, texts)
     functools.reduce(lambda _, text: b._plan_cpu(service, text, settings), texts, None)
     print(f"plans {len(texts)}")
 
@@ -65,10 +105,11 @@ def main() -> int:
     parser.add_argument("--tree", default=str(ROOT), help="the source tree to measure")
     parser.add_argument("--bias", choices=("on", "off"), default="on")
     parser.add_argument("--per-template", type=int, default=5)
+    parser.add_argument("--steps", action="store_true", help="also count each step apart")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        _child(args.bias, args.per_template)
+        _child(args.bias, args.per_template, args.steps)
         return 0
     tree = Path(args.tree).resolve()
     with tempfile.TemporaryDirectory() as tmp:
@@ -77,6 +118,7 @@ def main() -> int:
             "valgrind",
             "--tool=callgrind",
             "--toggle-collect=functools_reduce",
+            *(["--dump-before=functools_reduce"] if args.steps else []),
             f"--callgrind-out-file={out}",
             sys.executable,
             str(Path(__file__).resolve()),
@@ -85,17 +127,36 @@ def main() -> int:
             args.bias,
             "--per-template",
             str(args.per_template),
+            *(["--steps"] if args.steps else []),
         ]
         env = {**os.environ, "PYTHONPATH": str(tree)}
         run = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
+        # with --steps: a dump before each reduce, the last (the whole) in ``out`` itself
+        dumps = sorted(Path(tmp).glob("callgrind.out.*"), key=lambda p: int(p.suffix[1:]))
+        counts = [_total(p) for p in dumps if _total(p)]
+        whole = _total(out) if args.steps and out.exists() else 0
     text = run.stdout + run.stderr
     plans = re.search(r"plans (\d+)", text)
     collected = re.search(r"Collected : ([\d,]+)", text)
     if run.returncode != 0 or plans is None or collected is None:
         print(text[-2000:], file=sys.stderr)
         return 1
-    per_plan = int(collected.group(1).replace(",", "")) / int(plans.group(1))
+    # with --steps "Collected" sums every loop: the whole plan's is the last dump's own
+    total = whole or int(collected.group(1).replace(",", ""))
+    per_plan = total / int(plans.group(1))
     print(f"{tree}: {per_plan / 1e6:.3f} M instructions per new-shape plan (bias {args.bias})")
+    if args.steps:
+        n = int(plans.group(1))
+        for name, count in zip(STEPS, counts[-len(STEPS) :], strict=False):
+            print(f"  {name}: {count / n / 1e6:.3f} M")
+    return 0
+
+
+def _total(dump: Path) -> int:
+    """The instructions one callgrind dump counted (its ``totals:`` line)."""
+    for line in dump.read_text().splitlines():
+        if line.startswith(("totals:", "summary:")):
+            return int(line.split()[1])
     return 0
 
 
