@@ -500,8 +500,8 @@ def spark_session():
     require_spark()
 
     session = local_spark()
+    # not stopped: the next Spark module of this worker joins it (a new context costs seconds)
     yield session
-    session.stop()
 
 
 # -- public dimensions: a real JOIN, and the lookup lowering it replaced ----------------------

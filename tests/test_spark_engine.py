@@ -11,7 +11,8 @@ which no bound binds; on over-bound data the tests check the invariants instead 
 keeps exactly min(n, R) rows per group, in at most G groups) and exact equality where the
 choice cannot matter.
 
-One Spark session (local[2]) is shared by the whole module to keep the run to minutes.
+One Spark session (local[2]) is shared by the whole module, and by the worker's other Spark
+modules (conftest.local_spark: never stopped before the worker ends), to keep the run to minutes.
 """
 
 from __future__ import annotations
@@ -45,8 +46,11 @@ require_spark()
 @pytest.fixture(scope="module")
 def spark():
     session = local_spark()
+    # the code the engine runs by default (conftest.local_spark turns it off for the others)
+    session.conf.set("spark.sql.codegen.wholeStage", "true")
+    # not stopped: the next Spark module of this worker joins it (a new context costs seconds)
     yield session
-    session.stop()
+    session.conf.set("spark.sql.codegen.wholeStage", "false")
 
 
 def _pair(policy, spark, **options):

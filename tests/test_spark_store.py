@@ -4,7 +4,7 @@ For the same secret, every exact measure of the store-backed plan on Spark equal
 plan without a store (fixture queries, row-level and privacy unit, and generated data where R
 and G bind for half the units); where no bound binds it equals DuckDB's. A disk store is reused
 by a later engine with the same key and rebuilt on a new data version. One local Spark session
-is shared by the module (Spark tests are slow: few, small).
+is shared by the module and the worker's other Spark modules (Spark tests are slow: few, small).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ SECRETS = (0, 2**62 - 1)
 @pytest.fixture(scope="module")
 def spark():
     session = local_spark()
+    # not stopped: the next Spark module of this worker joins it (a new context costs seconds)
     yield session
-    session.stop()
 
 
 def _with_store(policy, mode: str = "memory", **extra):
