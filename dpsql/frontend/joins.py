@@ -505,9 +505,11 @@ class Joiner:
                 for row in dim.rows()
                 if row[k] is not None and row[v] is not None
             ]
-            values = {row[v] for row in dim.rows() if row[k] is not None}
+            # in the public table's row order: a set's order of strings follows the process's
+            # hash seed, and so did the answer key of the same query in another process
+            values = dict.fromkeys(row[v] for row in dim.rows() if row[k] is not None)
             if dim.keep_unmatched:
-                values.add(None)
+                values[None] = None
             node: exp.Expression = (
                 exp.Case(ifs=ifs) if ifs else exp.Cast(this=exp.Null(), to=_type(table, name))
             )
