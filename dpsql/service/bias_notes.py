@@ -140,7 +140,8 @@ def _grouped_note(name: str, j: int, biases: list[Any], intervals: list[Any] | N
     """The note of a column over several groups: the range of the estimates that stand out
     of their own noise, and how many do not. A range over estimates each within its noise
     (an AVG of cost in [0, 5000] "cut -8,855 to 4,423") reads as a finding and is none."""
-    told, noisy = [], []
+    told: list[float] = []  # estimates that stand out of their noise
+    noisy: list[float] = []  # half-widths of those within it
     for r, row in enumerate(biases):
         if j >= len(row) or row[j] is None:
             continue
