@@ -4,8 +4,10 @@ What differs between measure kinds (dpsql.plan.measure_kinds: ``rows``, ``sum``,
 ...) and between aggregate kinds (dpsql.aggregates: ``count``, ``sum``, ``avg`` ...) is asked
 of each kind's object, including its engine SQL (MeasureKind.row_value / aggregate /
 pair_value, built with dpsql.lower.builders) and which bias measures estimate it
-(AggregateKind.bias_reads / bias_estimate). A comparison of a ``kind`` (a name or an
-attribute) with a kind's name, anywhere in dpsql/, is a switch the objects should answer.
+(AggregateKind.bias_reads / bias_estimate), and of a per-unit relation's aggregates
+(dpsql.frontend.per_unit_kinds: their ranges and engine aggregates). A comparison of a
+``kind`` (a name or an attribute) with a kind's name, anywhere in dpsql/, is a switch the
+objects should answer.
 Those that remain are recorded below per file with their count and why; a new one fails, and
 a record larger than the code (a switch moved onto the objects) must shrink.
 """
@@ -14,12 +16,15 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import fixture_policy
+from sqlglot import exp
 
 from dpsql.aggregates import KINDS
 from dpsql.engine import clustered
+from dpsql.frontend import per_unit_kinds
 from dpsql.frontend.bind import parse_statement
 from dpsql.plan import bias
 from dpsql.plan.measure_kinds import MEASURE_KINDS
@@ -27,7 +32,7 @@ from dpsql.policy import load_policy
 from dpsql.service import bounds
 
 ROOT = Path(__file__).resolve().parent.parent / "dpsql"
-NAMES = frozenset(MEASURE_KINDS) | frozenset(KINDS)
+NAMES = frozenset(MEASURE_KINDS) | frozenset(KINDS) | frozenset(per_unit_kinds.KINDS)
 
 #: file -> comparisons of a kind with a kind's name today (may only go down).
 RECORDED: dict[str, int] = {
@@ -35,15 +40,11 @@ RECORDED: dict[str, int] = {
     "dpsql/aggregates/__init__.py": 3,
     # the binder's COUNT(*), DISTINCT and quantile-level spellings
     "dpsql/frontend/bind/calls.py": 7,
-    # the outer aggregate over a per-unit relation: its own list of kinds
-    "dpsql/frontend/per_unit.py": 11,
     # the bounded plan's final totals: the rows measure is SUM(__n), the units measure
     # SUM(__units) or COUNT(*) (columns of the bounded pairs, not of one measure's rows)
     "dpsql/lower/bounding.py": 2,
     # contribution_query's "rows" histogram (rows per unit, not a measure kind)
     "dpsql/lower/compile.py": 1,
-    # the per-unit relation's outer aggregates (as frontend/per_unit.py)
-    "dpsql/lower/sources.py": 4,
     # the store's plans: the rows measure is the pairs' __n column
     "dpsql/lower/prepared_plan.py": 2,
     # the count shares' fine grid: the rows and units measures
@@ -165,6 +166,83 @@ def test_what_the_service_and_the_plots_ask_of_an_aggregate_kind():
     assert {n for n, k in KINDS.items() if k.ratio} == {"avg"}
     assert {n for n, k in KINDS.items() if k.group_clamp} == {"avg"}
     assert {n for n, k in KINDS.items() if k.recentred} == {"sum"}
+
+
+def test_what_a_per_unit_relation_asks_of_its_aggregate_kinds():
+    """A per-unit relation's aggregates (dpsql.frontend.per_unit_kinds) are asked, not named,
+    by dpsql.frontend.per_unit and dpsql.lower.sources: COUNT and SUM (and their DISTINCT forms)
+    read a pair's R kept rows; MIN and MAX keep the column's own policy; COUNT(DISTINCT unit)
+    reads no value; SUM(DISTINCT x) is bound as SUM(x); the binder's calls computed are those
+    the relation lists, each lowered to its own engine aggregate."""
+    kinds = per_unit_kinds.KINDS
+    assert {n for n, k in kinds.items() if k.row_bounded} == {
+        "count",
+        "count_distinct",
+        "sum",
+        "sum_distinct",
+    }
+    assert {n for n, k in kinds.items() if k.picks_value} == {"min", "max"}
+    assert {n for n, k in kinds.items() if not k.reads_value} == {"count_units"}
+    assert set(per_unit_kinds.BOUND) == {
+        "count",
+        "count_distinct",
+        "count_units",
+        "sum",
+        "avg",
+        "min",
+        "max",
+    }
+    assert set(per_unit_kinds.BOUND) <= set(KINDS)  # the binder's kinds (dpsql.aggregates)
+    assert {k.name for k in per_unit_kinds.FUNCTIONS.values()} == {
+        "count",
+        "sum",
+        "avg",
+        "min",
+        "max",
+    }
+    for kind in kinds.values():
+        for other in (kind.distinct, kind.distinct_unit):
+            assert other is None or other in kinds, kind.name
+        if kind.function is not None:
+            assert kind.spelled == kind.name.upper(), kind.name
+    column = exp.column("x", quoted=True)
+    built = {n: k.aggregate(column.copy()).sql(dialect="duckdb") for n, k in kinds.items()}
+    assert built == {
+        "count": 'COUNT("x")',
+        "count_units": "1",
+        "count_distinct": 'COUNT(DISTINCT "x")',
+        "sum": 'SUM("x")',
+        "sum_distinct": 'SUM(DISTINCT "x")',
+        "avg": 'AVG("x")',
+        "min": 'MIN("x")',
+        "max": 'MAX("x")',
+    }
+    assert kinds["count"].aggregate(None).sql() == "COUNT(*)"
+
+
+def test_a_per_unit_kind_ranges_itself():
+    """Each kind's range over a pair's R kept rows from the column's declared [L, U] (the
+    interval arithmetic of dpsql.frontend.per_unit's docstring): counts [1, R] / [0, R], a
+    unit count [1, 1], sums [min(L, R·L), max(U, R·U)], AVG / MIN / MAX [L, U]."""
+    column = SimpleNamespace(lower=-2, upper=10, type="int", granularity=1.0, nullable=False)
+    column.expr = None
+    ranges = {
+        n: (r.out, r.type, r.row_clamp)
+        for n, k in per_unit_kinds.KINDS.items()
+        for r in [k.ranged(column, 5)]
+    }
+    assert ranges == {
+        "count": ((0, 5), "int", None),
+        "count_units": ((1, 1), "int", None),
+        "count_distinct": ((0, 5), "int", None),
+        "sum": ((-10.0, 50.0), "int", (-2.0, 10.0)),
+        "sum_distinct": ((-10.0, 50.0), "int", (-2.0, 10.0)),
+        "avg": ((-2.0, 10.0), "float", (-2.0, 10.0)),
+        "min": ((-2.0, 10.0), "int", (-2.0, 10.0)),
+        "max": ((-2.0, 10.0), "int", (-2.0, 10.0)),
+    }
+    assert per_unit_kinds.KINDS["count"].ranged(None, 5).out == (1, 5)  # COUNT(*)
+    assert per_unit_kinds.KINDS["avg"].ranged(column, 5).granularity == 0.001  # 1e-4 of 10
 
 
 def _default_clamped():

@@ -66,6 +66,9 @@ from typing import Any
 from sqlglot import exp
 
 from dpsql.errors import PrivacyError, UndefinedColumnError
+from dpsql.frontend.per_unit_kinds import BOUND, FUNCTIONS, KINDS, LISTED, PerUnitKind
+from dpsql.frontend.per_unit_kinds import SHAPE as _HINT
+from dpsql.frontend.per_unit_kinds import granularity_of as _granularity
 from dpsql.frontend.positions import position_of, snippet
 
 # Clauses that make a relation depend on other rows than its own, or on an order: refused in
@@ -82,17 +85,6 @@ ROW_CHANGING_CLAUSES = {
     "into": "INTO",
     "locks": "FOR UPDATE",
 }
-_KINDS: dict[type, str] = {
-    exp.Count: "count",
-    exp.Sum: "sum",
-    exp.Avg: "avg",
-    exp.Min: "min",
-    exp.Max: "max",
-}
-_HINT = (
-    "a per-unit relation is SELECT unit [, columns], COUNT/SUM/AVG/MIN/MAX(...) AS name FROM t "
-    "[WHERE ...] GROUP BY unit [, columns] [HAVING ...]"
-)
 _WIDEST_INT = 2**62
 
 
@@ -104,12 +96,17 @@ class PerUnitColumn:
     ``sql_type``."""
 
     name: str
-    kind: str  # count | count_units | count_distinct | sum | sum_distinct | avg | min | max
+    kind: str  # its PerUnitKind's name (dpsql.frontend.per_unit_kinds.KINDS)
     value: exp.Expression | None
     computed: bool  # value is an expression: evaluated under TRY
     row_clamp: tuple[float, float] | None
     clamp: tuple[float, float] | None
     sql_type: str
+
+    @property
+    def per_unit_kind(self) -> PerUnitKind:
+        """The kind's object: its range, its lowering (dpsql.frontend.per_unit_kinds)."""
+        return KINDS[self.kind]
 
     @property
     def value_text(self) -> str | None:
@@ -174,12 +171,6 @@ def _unwrap(node: exp.Expression) -> exp.Expression:
     while isinstance(node, exp.Paren):
         node = node.this
     return node
-
-
-def _granularity(lower: float, upper: float) -> float:
-    """dpsql.policy.default_granularity for a float (a power of 10, ~1e-4 of the magnitude)."""
-    magnitude = max(abs(lower), abs(upper), 1e-12)
-    return 10.0 ** (math.floor(math.log10(magnitude)) - 4)
 
 
 class _Shape:
@@ -361,14 +352,14 @@ class _Columns:
                 else:
                     clamp_lo = max(clamp_lo, bound)
                 inner = _unwrap(inner.this)
-        kind = _KINDS.get(type(inner))
+        kind = FUNCTIONS.get(type(inner))
         if kind is None or any(n is not inner for n in inner.find_all(exp.AggFunc)):
             found: Any = inner if isinstance(inner, exp.AggFunc) else node.find(exp.AggFunc)
-            if found is not None and _KINDS.get(type(found)) is None:
+            if found is not None and FUNCTIONS.get(type(found)) is None:
                 raise self.shape.refuse(
                     f"aggregate {snippet(found)} is not supported in a per-unit relation",
                     found,
-                    "per unit: COUNT, COUNT(DISTINCT col), SUM, AVG, MIN or MAX",
+                    f"per unit: {LISTED}",
                 )
             written = shown.sql(dialect="duckdb")  # the whole expression, not its first call
             raise self.shape.refuse(
@@ -380,7 +371,7 @@ class _Columns:
             )
         clamp = None
         if math.isfinite(clamp_lo) or math.isfinite(clamp_hi):
-            if kind in ("min", "max") and not self._numeric_arg(inner):
+            if kind.picks_value and not self._numeric_arg(inner):
                 raise self.shape.refuse(
                     f"{snippet(shown)}: LEAST/GREATEST clamps a number",
                     shown,
@@ -394,28 +385,30 @@ class _Columns:
                 )
             clamp = (clamp_lo, clamp_hi)
         arg = inner.this
-        if kind in ("min", "max"):
+        if kind.picks_value:
             monotone = self._monotone_column(arg)
             if monotone is not None:
                 column, wrap = monotone
                 return self._min_max(kind, name, column, wrap, clamp)
-        if kind == "count" and isinstance(arg, exp.Distinct):
+        if kind.distinct_unit is not None and isinstance(arg, exp.Distinct):
             values = arg.expressions
             if len(values) == 1 and self.shape.is_column(values[0], self.shape.unit):
-                return self._add(name, "count_units", None, False, None, clamp, (1, 1), "int", 1.0)
-        distinct_sum = kind == "sum" and isinstance(arg, exp.Distinct)
-        if distinct_sum:
+                return self._column(name, KINDS[kind.distinct_unit], None, clamp)
+        distinct = kind.distinct if isinstance(arg, exp.Distinct) else None
+        if distinct is not None:
             # SUM(DISTINCT x): x bound as in SUM(x); the sum of the distinct values among
             # the pair's R kept rows lies in SUM's range too (at most R values of [L, U])
             values = arg.expressions
             if len(values) != 1:
                 raise self.shape.refuse(
-                    "SUM(DISTINCT ...) takes one value", inner, "SUM(DISTINCT column)"
+                    f"{kind.spelled}(DISTINCT ...) takes one value",
+                    inner,
+                    f"{kind.spelled}(DISTINCT column)",
                 )
-            call_query = self.bind_one(exp.Sum(this=values[0].copy()))
+            call_query = self.bind_one(type(inner)(this=values[0].copy()))
         else:
             call_query = self.bind_one(inner)
-        return self._ranged(name, inner, call_query, clamp, distinct_sum)
+        return self._ranged(name, inner, call_query, clamp, distinct)
 
     def _ranged(
         self,
@@ -423,53 +416,36 @@ class _Columns:
         inner: exp.Expression,
         call_query: Any,
         clamp: tuple[float, float] | None,
-        distinct_sum: bool,
+        distinct: str | None,
     ) -> exp.Expression:
-        """V's column for an aggregate the binder bound: its kind and its range over the
-        pair's R kept rows (COUNT, SUM) or the value's declared bounds (AVG, MIN, MAX)."""
+        """V's column for an aggregate the binder bound: its kind (``distinct``: the kind
+        its DISTINCT form computes) and its range (the kind's ``ranged``)."""
         call = call_query.aggregates[0]
-        if call.kind not in ("count", "count_distinct", "count_units", "sum", "avg", "min", "max"):
+        kind = BOUND.get(call.kind)
+        if kind is None:
             raise self.shape.refuse(
                 f"{snippet(inner)} is not supported in a per-unit relation",
                 inner,
-                "per unit: COUNT, COUNT(DISTINCT col), SUM, AVG, MIN or MAX",
+                f"per unit: {LISTED}",
             )
-        if call.kind == "count_units":
-            return self._add(name, "count_units", None, False, None, clamp, (1, 1), "int", 1.0)
-        col = call_query.table.columns[call.column] if call.column is not None else None
+        if distinct is not None:
+            kind = KINDS[distinct]
+        col = None
+        if kind.reads_value and call.column is not None:
+            col = call_query.table.columns[call.column]
+        return self._column(name, kind, col, clamp)
+
+    def _column(
+        self, name: str, kind: PerUnitKind, col: Any, clamp: tuple[float, float] | None
+    ) -> exp.Expression:
+        """V's column of ``kind`` over ``col`` (None: COUNT(*), or a kind reading no value),
+        ranged by the kind over the pair's rows."""
         value = None if col is None else _stored_or_computed(col)
         computed = col is not None and col.expr is not None
-        R = self.R
-        if call.kind == "count":
-            low = 1 if col is None else 0
-            return self._add(name, "count", value, computed, None, clamp, (low, R), "int", 1.0)
-        if call.kind == "count_distinct":
-            return self._add(
-                name, "count_distinct", value, computed, None, clamp, (0, R), "int", 1.0
-            )
-        assert col is not None and col.lower is not None and col.upper is not None
-        lo, hi = float(col.lower), float(col.upper)
-        if call.kind == "sum":
-            out = (min(lo, R * lo), max(hi, R * hi))
-            kind_type = "int" if col.type == "int" else "float"
-            granularity = col.granularity
-        else:
-            out = (lo, hi)
-            kind_type = "float" if call.kind == "avg" else col.type
-            granularity = col.granularity
-            if call.kind == "avg" and col.type == "int":
-                granularity = _granularity(lo, hi)
+        r = kind.ranged(col, self.R)
+        out = (r.out, r.type, r.granularity)
         return self._add(
-            name,
-            "sum_distinct" if distinct_sum else call.kind,
-            value,
-            computed,
-            (lo, hi),
-            clamp,
-            out,
-            kind_type,
-            granularity,
-            nullable=col.nullable or computed,
+            name, kind.name, value, computed, r.row_clamp, clamp, *out, nullable=r.nullable
         )
 
     def _numeric_arg(self, agg: exp.Expression) -> bool:
@@ -492,7 +468,7 @@ class _Columns:
 
     def _min_max(
         self,
-        kind: str,
+        kind: PerUnitKind,
         name: str,
         column: str,
         wrap: exp.Expression | None,
@@ -507,19 +483,19 @@ class _Columns:
             )
         if column == self.shape.unit:
             raise self.shape.refuse(
-                f"{kind.upper()} of the privacy unit is meaningless",
+                f"{kind.spelled} of the privacy unit is meaningless",
                 self.shape.inner,
                 f"COUNT(DISTINCT {column}) counts units",
             )
         if spec.expr is not None:
             raise self.shape.refuse(
-                f"{kind.upper()}({column}) of a computed column is not supported per unit",
+                f"{kind.spelled}({column}) of a computed column is not supported per unit",
                 self.shape.inner,
                 "aggregate a stored column",
             )
         if wrap is not None and spec.type != "date":
             raise self.shape.refuse(
-                f"{kind.upper()}(DATE_TRUNC(..., {column})): {column} is {spec.type}, not a date",
+                f"{kind.spelled}(DATE_TRUNC(..., {column})): {column} is {spec.type}, not a date",
                 self.shape.inner,
                 "DATE_TRUNC a date column",
             )
@@ -535,7 +511,7 @@ class _Columns:
             column_policy = replace(column_policy, lower=lo, upper=hi)
         self.columns.append(
             PerUnitColumn(
-                name, kind, exp.column(column, quoted=True), False, row_clamp, clamp, sql_type
+                name, kind.name, exp.column(column, quoted=True), False, row_clamp, clamp, sql_type
             )
         )
         self.policies[name] = column_policy

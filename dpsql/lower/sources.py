@@ -112,10 +112,6 @@ def per_unit(node: PerUnit) -> exp.Select:
     return _relation(spec, _side(node.input, SOURCE_ALIAS), conditions, list(node.stored))
 
 
-# Aggregates whose range grows with the rows they read: over a pair's R kept rows only.
-_ROW_BOUNDED = ("count", "count_distinct", "sum", "sum_distinct")
-
-
 def _clamp(x: exp.Expression, lower: float, upper: float) -> exp.Expression:
     ifs = []
     if math.isfinite(lower):
@@ -169,7 +165,7 @@ def _relation(
         keep = exp.LTE(this=dr, expression=_num(spec.max_groups))
     # the row number only where a COUNT or SUM reads it (a window over every row is the
     # costly step: docs/performance.md); MIN/MAX/AVG alone read every row of a kept pair
-    counted = any(c.kind in _ROW_BOUNDED for c in spec.columns)
+    counted = any(c.per_unit_kind.row_bounded for c in spec.columns)
     items_rows: list[Any] = [exp.Star(), *([exp.alias_(rn, "__rn")] if counted else [])]
     rows = exp.Select(expressions=items_rows).from_(source)
     where = None
@@ -193,9 +189,11 @@ def _relation(
 
 
 def _aggregate_expr(col: PerUnitColumn, within: exp.Expression) -> exp.Expression:
-    """One aggregate of V. COUNT and SUM read only the R kept rows of the pair (``within``:
-    their range grows with the rows); MIN, MAX and AVG every row of the kept pairs (their
-    range is the value's, however many rows: bounding them would only lose accuracy)."""
+    """One aggregate of V, built by its kind (dpsql.frontend.per_unit_kinds). A kind whose
+    range grows with the rows (COUNT, SUM: ``row_bounded``) reads only the R kept rows of the
+    pair (``within``); MIN, MAX and AVG every row of the kept pairs (their range is the
+    value's, however many rows: bounding them would only lose accuracy)."""
+    kind = col.per_unit_kind
     value: Any = None
     if col.value is not None:
         value = col.value.copy()
@@ -203,24 +201,10 @@ def _aggregate_expr(col: PerUnitColumn, within: exp.Expression) -> exp.Expressio
             value = exp.Try(this=value)
         if col.row_clamp is not None:
             value = _clamp(value, *col.row_clamp)
-    if col.kind in _ROW_BOUNDED:
+    if kind.row_bounded:
         kept = value if value is not None else _num(1)
         value = exp.Case(ifs=[exp.If(this=within.copy(), true=kept)])
-    node: Any
-    if col.kind == "count_units":
-        node = _num(1)
-    elif col.kind == "count":
-        node = exp.Count(this=value if value is not None else exp.Star())
-    elif col.kind == "count_distinct":
-        assert value is not None
-        node = exp.Count(this=exp.Distinct(expressions=[value]))
-    elif col.kind == "sum_distinct":
-        assert value is not None
-        node = exp.Sum(this=exp.Distinct(expressions=[value]))
-    else:
-        assert value is not None
-        cls = {"sum": exp.Sum, "avg": exp.Avg, "min": exp.Min, "max": exp.Max}[col.kind]
-        node = cls(this=value)
+    node = kind.aggregate(value)
     if col.clamp is not None:
         node = _clamp(node, *col.clamp)
     return exp.Cast(this=node, to=exp.DataType.build(col.sql_type))
