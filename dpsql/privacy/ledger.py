@@ -209,6 +209,8 @@ class MemoryLedger:
         self._cache: dict[tuple[str, str, str], str] = {}
         self._charged: set[tuple[str, str]] = set()
         self.log: list[tuple[str, str, Cost, str, str]] = []
+        # the last (budget, total spent, cost, new total) that fitted (_total_after)
+        self._passed: tuple[Budget, Cost, Cost, Cost] | None = None
 
     def budget(self, analyst: str, dataset: str, default: Budget) -> Budget:
         return self._budgets.get((analyst, dataset), default)
@@ -284,13 +286,22 @@ class MemoryLedger:
         return limits, renewed
 
     def _total_after(self, analyst: str, dataset: str, cost: Cost, default: Budget) -> Cost:
-        """The total with ``cost`` added, or :class:`BudgetExhaustedError` if it overspends."""
-        validate_cost(cost)
+        """The total with ``cost`` added, or :class:`BudgetExhaustedError` if it overspends.
+
+        A statement's check and its charge ask this of the same budget, total and cost: the
+        charge takes the check's sum when all three are the very objects it passed with (all
+        immutable, so the same total and the same verdict; held here, so no id is reused);
+        any charge in between made a new total, and the sum is made again."""
         budget = self.budget(analyst, dataset, default)
         spent = self.spent(analyst, dataset)
+        last = self._passed
+        if last is not None and last[0] is budget and last[1] is spent and last[2] is cost:
+            return last[3]
+        validate_cost(cost)
         total = spent + cost
         if not budget.covers(total):
             raise exhausted(analyst, budget, spent, cost)
+        self._passed = (budget, spent, cost, total)
         return total
 
     def charge(
