@@ -975,8 +975,11 @@ def run(
     assert table.rows <= table.capacity
     if not _fits(program, table.capacity):
         return None
-    if any(m.measure_kind.bias for m in program.measures) and _kernel_spec(program, table) is None:
-        return None
+    planned: object = _UNPLANNED
+    if any(m.measure_kind.bias for m in program.measures):
+        planned = _kernel_spec(program, table)
+        if planned is None:
+            return None
     try:
         where = _condition(program.where, table, dict(swaps))
     except NotRunnable:
@@ -985,7 +988,11 @@ def run(
     # (and clamps), but a warning is output that only some data produce, and under
     # ``-W error`` it would fail the query on those data only.
     with np.errstate(all="ignore"):
-        return _run(program, table, policy, where)
+        return _run(program, table, policy, where, planned)
+
+
+#: :func:`_kernel_spec` not asked yet (:func:`_compiled_pass` asks it)
+_UNPLANNED = object()
 
 
 def _run(
@@ -993,6 +1000,7 @@ def _run(
     table: ColumnarTable,
     policy: TablePolicy,
     where: Callable[[int, int], np.ndarray] | None,
+    planned: object = _UNPLANNED,
 ) -> EngineResult:
     static = _static_mask(program, table, policy) if program.unit is not None else None
     if where is not None:
@@ -1010,7 +1018,7 @@ def _run(
     # Fixed shapes from here on: every row and every (unit, group) slot is computed, a row
     # the WHERE drops weighing 0, so the time does not depend on which rows it keeps.
     group, size, label = _groups(program.keys, table)
-    compiled = _compiled_pass(program, table, group, size, selected)
+    compiled = _compiled_pass(program, table, group, size, selected, planned)
     if compiled is not None:
         measures, present = compiled
         return _result(program, policy, measures, present, label)
@@ -1155,18 +1163,22 @@ def _compiled_pass(
     group: np.ndarray,
     size: int,
     selected: np.ndarray,
+    planned: object = _UNPLANNED,
 ) -> tuple[list[np.ndarray], np.ndarray] | None:
     """The program by one compiled pass (dpsql.engine.clustered) over a store
     (:func:`cluster`; per unit: clustered by the program's unit): the same (measures, present)
     as :func:`_row_level` / :func:`_per_unit`, and the bias measures' pair and row values as
     the SQL computes them (the ``dropped`` / ``cut`` / ``clamped`` kinds' SQL in
     dpsql.plan.measure_kinds). None (the numpy program runs) when :func:`_kernel_spec` says it
-    cannot."""
+    cannot; ``planned``: its answer already asked (:func:`run`, for a program with bias
+    measures: the same program and table, so the same spec)."""
     from dpsql.engine import clustered
 
-    planned = _kernel_spec(program, table)
+    if planned is _UNPLANNED:
+        planned = _kernel_spec(program, table)
     if planned is None:
         return None
+    assert isinstance(planned, tuple)
     spec, fixed_rows, null_rows, clamps = planned
     assert table.fixed_rows is not None and table.nulls is not None
     reads = (clustered.SUM, clustered.SUMSQ, clustered.CUT)  # the others read no value
