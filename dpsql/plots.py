@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpsql.aggregates import kind_of, values_measure
 from dpsql.errors import Error, InterfaceError, ProgrammingError
 
 
@@ -94,6 +93,8 @@ def error_curves(
 def _halfwidths(
     plan: Any, confidence: float, rows_per_group: float | None = None
 ) -> list[tuple[str, float]]:
+    from dpsql.aggregates import kind_of, values_measure  # numba and scipy: not for --help
+
     out = []
     for o in plan.outputs:
         parts = [plan.measure(name) for name in o.measures]

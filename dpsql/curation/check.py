@@ -484,9 +484,3 @@ def run(args: argparse.Namespace) -> int:
     if report.errors or (args.strict and report.warnings):
         return 1
     return 0
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("policy", help="privacy policy (TOML)")
-    p.add_argument("--database", help="the DuckDB database file holding table sources")
-    p.add_argument("--strict", action="store_true", help="exit 1 on warnings too")

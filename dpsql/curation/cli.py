@@ -14,7 +14,7 @@ IMPORT = "write a dpsql policy from a SmartNoise SQL metadata file (YAML)"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from dpsql.curation import check, init
+    from dpsql.curation.options import check_arguments, init_arguments
 
     p = sub.add_parser(
         "init",
@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog="examples: dpsql init data.csv -o policy.toml; "
         "dpsql init --database warehouse.duckdb --table visits -o policy.toml",
     )
-    init.add_arguments(p)
+    init_arguments(p)
     p.set_defaults(handler=_init)
 
     p = sub.add_parser(
@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "nullable = false and values outside declared bounds or domains are warnings. The "
         "report reads the private data: it is the operator's view, not for analysts.",
     )
-    check.add_arguments(p)
+    check_arguments(p)
     p.set_defaults(handler=_check)
 
     p = sub.add_parser(

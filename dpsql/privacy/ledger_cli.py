@@ -15,15 +15,15 @@ import json
 import math
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpsql.errors import Error
-from dpsql.policy import Policy, load_policy
-from dpsql.privacy.accounting import Budget, Cost
-from dpsql.privacy.ledger import AnalystStatus, LogEntry
-from dpsql.privacy.ledger_backup import backup_ledger, restore_ledger
-from dpsql.privacy.sqlite_ledger import SQLiteLedger
 from dpsql.tables import number, render
+
+if TYPE_CHECKING:
+    from dpsql.policy import Policy
+    from dpsql.privacy.ledger import AnalystStatus, LogEntry
+    from dpsql.privacy.sqlite_ledger import SQLiteLedger
 
 _ADMIN_NOTE = (
     "Administrator command: anyone who can write the ledger file can change budgets, so keep "
@@ -167,6 +167,8 @@ def _run(args: argparse.Namespace, fn: Any, *, need_analyst: bool = False) -> in
     if need_analyst and not getattr(args, "analyst", None):
         print(f"{name}: error: --analyst is required", file=sys.stderr)
         return 2
+    from dpsql.policy import load_policy  # pydantic: only once a command runs (not --help)
+
     try:
         policy = load_policy(args.policy)
         if policy.ledger_path is None:  # only for dict policies; a file always has a default
@@ -182,6 +184,8 @@ def _open(policy: Policy, *, create: bool) -> SQLiteLedger | None:
     assert policy.ledger_path is not None
     if not create and not policy.ledger_path.exists():
         return None
+    from dpsql.privacy.sqlite_ledger import SQLiteLedger
+
     return SQLiteLedger(policy.ledger_path)
 
 
@@ -242,6 +246,8 @@ def _show(args: argparse.Namespace, policy: Policy) -> int:
 
 
 def _set_budget(args: argparse.Namespace, policy: Policy) -> int:
+    from dpsql.privacy.accounting import Budget
+
     ledger = _open(policy, create=True)
     assert ledger is not None
     with ledger:
@@ -326,6 +332,8 @@ def _verify(args: argparse.Namespace, policy: Policy) -> int:
 
 
 def _backup(args: argparse.Namespace, policy: Policy) -> int:
+    from dpsql.privacy.ledger_backup import backup_ledger
+
     assert policy.ledger_path is not None
     copy = backup_ledger(policy.ledger_path, args.dest, force=args.force)
     print(
@@ -336,6 +344,8 @@ def _backup(args: argparse.Namespace, policy: Policy) -> int:
 
 
 def _restore(args: argparse.Namespace, policy: Policy) -> int:
+    from dpsql.privacy.ledger_backup import restore_ledger
+
     assert policy.ledger_path is not None
     copy, forgotten = restore_ledger(args.source, policy.ledger_path, force=args.force)
     print(
@@ -355,6 +365,9 @@ def _restore(args: argparse.Namespace, policy: Policy) -> int:
 
 
 def _fresh(analyst: str, policy: Policy) -> AnalystStatus:
+    from dpsql.privacy.accounting import Cost
+    from dpsql.privacy.ledger import AnalystStatus
+
     return AnalystStatus(analyst, policy.dataset, Cost(), policy.budget, False, 0)
 
 

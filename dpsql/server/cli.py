@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import dataclasses
 import getpass
@@ -194,6 +193,8 @@ def _fairness(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import asyncio  # here, not at the top: dpsql --help and the one-shot commands need none
+
     from dpsql.errors import Error
     from dpsql.pipeline import Service
     from dpsql.server.fairness import FairnessError
