@@ -83,6 +83,60 @@ def with_literal_slots(where: exp.Expression, values: list[exp.Expression]) -> e
     return copy
 
 
+#: where each slot literal of a WHERE stands: per slot (walk order), the (arg key, list index or
+#: None) of each node on the way down from the WHERE's root (slot_paths)
+SlotPaths = tuple[tuple[tuple[str, int | None], ...], ...]
+
+
+def slot_paths(where: exp.Expression) -> SlotPaths | None:
+    """The paths of ``where``'s slot literals (see :data:`SlotPaths`), or None where a slot is
+    not found again from the root by its path (the tree's links are not what they say)."""
+    paths = []
+    for slot, _ in literal_slots(where):
+        path: list[tuple[str, int | None]] = []
+        node: exp.Expr | None = slot
+        while node is not where:
+            if node is None or node.parent is None or not node.arg_key:
+                return None
+            held = node.parent.args.get(node.arg_key)
+            path.append((node.arg_key, node.index if isinstance(held, list) else None))
+            node = node.parent
+        paths.append(tuple(reversed(path)))
+        if _at(where, paths[-1]) is not slot:
+            return None
+    return tuple(paths)
+
+
+def _at(root: exp.Expression, path: tuple[tuple[str, int | None], ...]) -> exp.Expr | None:
+    node: Any = root
+    for key, index in path:
+        held = node.args.get(key)
+        if index is None:
+            node = held
+        elif isinstance(held, list) and index < len(held):
+            node = held[index]
+        else:
+            return None
+        if not isinstance(node, exp.Expr):
+            return None
+    return node
+
+
+def with_slots_at(
+    where: exp.Expression, paths: SlotPaths, values: list[exp.Expression]
+) -> exp.Expression:
+    """:func:`with_literal_slots` of ``where`` whose :func:`slot_paths` are ``paths``: the
+    copy's slots found by their paths (the copy has the tree's shape) rather than by a walk
+    that tests every node. The copy is sqlglot's deep copy (``copy.deepcopy`` calls the same
+    ``__deepcopy__``; called directly, without its memo's bookkeeping for the root)."""
+    copy = where.__deepcopy__({})
+    nodes = [_at(copy, path) for path in paths]
+    if not all(isinstance(node, exp.Literal) for node in nodes):
+        return with_literal_slots(where, values)  # not the tree the paths were taken from
+    replace_nodes(zip(nodes, values, strict=True))  # type: ignore[arg-type]
+    return copy
+
+
 def _sentinel(cls: str) -> str:
     if cls == "i":
         return str(_RANDOM.randrange(10**14, 10**15))
@@ -92,7 +146,16 @@ def _sentinel(cls: str) -> str:
 class _Shape:
     """One verified shape: its plan, the bound parts compared by value, its SQL template."""
 
-    __slots__ = ("compiled", "plan", "policy", "sentinels", "served", "statement", "version")
+    __slots__ = (
+        "compiled",
+        "parts",
+        "plan",
+        "policy",
+        "sentinels",
+        "served",
+        "statement",
+        "version",
+    )
 
     def __init__(
         self, plan: Plan, statement: DPQuery, compiled: CompiledQuery, sentinels: list[str]
@@ -106,6 +169,8 @@ class _Shape:
         # the first statement served from it: its post-processing (equal for every statement
         # of the shape, see matches) is planned and dry-run once, then shared
         self.served: PreparedPlan | None = None
+        # the keys and aggregates plan_for last typed (as given), and what it made of them
+        self.parts: tuple[tuple, tuple, tuple, tuple, tuple] | None = None
 
     def matches(self, statement: DPQuery) -> bool:
         old = self.statement
@@ -117,20 +182,27 @@ class _Shape:
         )
 
     def plan_for(self, statement: DPQuery) -> Plan:
-        """The plan of ``statement``: this shape's, with the statement's own query."""
-        keys = tuple(
-            replace(fresh, type=typed.type)
-            for fresh, typed in zip(statement.keys, self.plan.query.keys, strict=True)
-        )
-        plan = self.plan.with_(
-            query=statement.with_keys(keys),
-            keys=tuple(replace(kp, key=k) for kp, k in zip(self.plan.keys, keys, strict=True)),
-            outputs=tuple(
+        """The plan of ``statement``: this shape's, with the statement's own query. Its typed
+        keys, key plans and outputs are made from the statement's keys and aggregates alone,
+        so they are made again only when those are other objects than last time (a text
+        shape's statements share their entry's: dpsql.service.text_shapes)."""
+        parts = self.parts
+        if parts is None or parts[0] is not statement.keys or parts[1] is not statement.aggregates:
+            keys = tuple(
+                replace(fresh, type=typed.type)
+                for fresh, typed in zip(statement.keys, self.plan.query.keys, strict=True)
+            )
+            key_plans = tuple(
+                replace(kp, key=k) for kp, k in zip(self.plan.keys, keys, strict=True)
+            )
+            outputs = tuple(
                 replace(o, call=c)
                 for o, c in zip(self.plan.outputs, statement.aggregates, strict=True)
-            ),
-        )
-        return plan
+            )
+            parts = (statement.keys, statement.aggregates, keys, key_plans, outputs)
+            self.parts = parts
+        _, _, keys, key_plans, outputs = parts
+        return self.plan.with_(query=statement.with_keys(keys), keys=key_plans, outputs=outputs)
 
     def prepared(
         self, statement: DPQuery, literals: list[str], fingerprint: str | None = None

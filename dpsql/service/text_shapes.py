@@ -53,6 +53,7 @@ from dpsql.frontend.statements import DPQuery, to_literal
 from dpsql.plan.canonical import answer_text, key_of_text, where_text
 from dpsql.service.plan_cache import PreparedPlan
 from dpsql.service.settings import Settings
+from dpsql.service.shape_cache import SlotPaths, slot_paths, with_slots_at
 
 if TYPE_CHECKING:
     from dpsql.service.protocol import Service
@@ -152,6 +153,8 @@ class _Entry:
     fixed_params: tuple[tuple[int, Any], ...] = ()
     # the answer key of the plans it serves, as a template around their WHERE (_answer_key)
     keys: _KeyTemplate = field(default_factory=lambda: _KeyTemplate(), compare=False)
+    # where its WHERE's slots stand (_where_for)
+    paths: _SlotsHeld = field(default_factory=lambda: _SlotsHeld(), compare=False)
 
 
 class _KeyTemplate:
@@ -162,6 +165,30 @@ class _KeyTemplate:
 
     def __init__(self) -> None:
         self.held: tuple[object, str | None, str | None] | None = None
+
+
+class _SlotsHeld:
+    """An entry's WHERE's slot paths once found: (paths,), paths None when not found again."""
+
+    __slots__ = ("held",)
+
+    def __init__(self) -> None:
+        self.held: tuple[SlotPaths | None] | None = None
+
+
+def _where_for(entry: _Entry, values: list[exp.Expression]) -> exp.Expression:
+    """The entry's WHERE with ``values`` in its slots (walk order): as :func:`_where_with`,
+    the slots found by their paths, taken once per entry, rather than by a walk each time."""
+    where = entry.statement.where
+    assert where is not None
+    held = entry.paths.held
+    if held is None:
+        held = (slot_paths(where),)
+        entry.paths.held = held
+    paths = held[0]
+    if paths is None:
+        return _where_with(where, values)
+    return with_slots_at(where, paths, values)
 
 
 def _answer_key(entry: _Entry, shape: Any, where: exp.Expression) -> str | None:
@@ -282,8 +309,7 @@ class TextShapes:
         if shape is None:
             self.discard(key)
             return None
-        assert entry.statement.where is not None
-        where = _where_with(entry.statement.where, values)
+        where = _where_for(entry, values)
         statement = replace(entry.statement.with_where(where), text=text)
         prepared: PreparedPlan = shape.prepared(
             statement, literals, _answer_key(entry, shape, where)
