@@ -205,9 +205,13 @@ def released_measures(
         if m.name in given:
             noisy[m.name] = np.asarray(given[m.name], dtype=float)
             continue
-        column = np.array([int(v) for v in exact[:, j]], dtype=object)
-        noise = m.mechanism.sample(source, len(exact))
-        noisy[m.name] = (column + np.array([int(x) for x in noise], dtype=object)).astype(float)
+        column = [int(v) for v in exact[:, j].tolist()]
+        noise = np.asarray(m.mechanism.sample(source, len(exact))).tolist()
+        # exact integer sums (Python ints), each rounded once to a float (as an object
+        # array's astype(float) rounds it), without the object arrays
+        noisy[m.name] = np.array(
+            [float(v + int(x)) for v, x in zip(column, noise, strict=True)], dtype=float
+        )
         if m.scale != 1:  # a rescaled measure's fine grid (dpsql.plan.values): post-processing
             noisy[m.name] = noisy[m.name] / m.scale
     return noisy
@@ -353,7 +357,7 @@ def _interval(
         return _box_interval(output, plan, kind, noisy, value, {} if memo is None else memo)
     names = kind.interval_measures(output, plan)
     draws = min(INTERVAL_DRAWS, max(200, 200_000 // max(n, 1)))
-    order = sorted(names)  # a set, whose order follows the hash seed
+    order = list(names)
     noises = simulated_noise(12345, tuple(_noised(plan, k) for k in order), draws * n)
     sims = {
         name: noisy[name][None, :] + noise.reshape(draws, n) / plan.measure(name).scale
