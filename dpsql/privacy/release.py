@@ -357,7 +357,7 @@ def _interval(
         return _box_interval(output, plan, kind, noisy, value, {} if memo is None else memo)
     names = kind.interval_measures(output, plan)
     draws = min(INTERVAL_DRAWS, max(200, 200_000 // max(n, 1)))
-    order = list(names)
+    order = sorted(names)  # a set, whose order follows the hash seed
     noises = simulated_noise(12345, tuple(_noised(plan, k) for k in order), draws * n)
     sims = {
         name: noisy[name][None, :] + noise.reshape(draws, n) / plan.measure(name).scale
