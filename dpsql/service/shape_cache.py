@@ -130,6 +130,7 @@ def with_slots_at(
     that tests every node. The copy is sqlglot's deep copy (``copy.deepcopy`` calls the same
     ``__deepcopy__``; called directly, without its memo's bookkeeping for the root)."""
     copy = where.__deepcopy__({})
+    assert isinstance(copy, exp.Expression)  # a copy of where's own class
     nodes = [_at(copy, path) for path in paths]
     if not all(isinstance(node, exp.Literal) for node in nodes):
         return with_literal_slots(where, values)  # not the tree the paths were taken from
