@@ -22,7 +22,7 @@ import pytest
 from conftest import fixture_policy
 from sqlglot import exp
 
-from dpsql.aggregates import KINDS
+from dpsql.aggregates import FUNCTIONS, KINDS, quantile_target
 from dpsql.engine import clustered
 from dpsql.frontend import per_unit_kinds
 from dpsql.frontend.bind import parse_statement
@@ -36,10 +36,9 @@ NAMES = frozenset(MEASURE_KINDS) | frozenset(KINDS) | frozenset(per_unit_kinds.K
 
 #: file -> comparisons of a kind with a kind's name today (may only go down).
 RECORDED: dict[str, int] = {
-    # MIN / MAX / MEDIAN as quantile targets (Quantile's own object)
-    "dpsql/aggregates/__init__.py": 3,
-    # the binder's COUNT(*), DISTINCT and quantile-level spellings
-    "dpsql/frontend/bind/calls.py": 7,
+    # values_measure: the values measure a centred sum's count is, picked by name (the
+    # measure kinds import this module, through dpsql.plan.bias)
+    "dpsql/aggregates/__init__.py": 1,
     # the bounded plan's final totals: the rows measure is SUM(__n), the units measure
     # SUM(__units) or COUNT(*) (columns of the bounded pairs, not of one measure's rows)
     "dpsql/lower/bounding.py": 2,
@@ -49,10 +48,6 @@ RECORDED: dict[str, int] = {
     "dpsql/lower/prepared_plan.py": 2,
     # the count shares' fine grid: the rows and units measures
     "dpsql/plan/annotated.py": 1,
-    # the bias measures' own definitions and bounds (their proofs are in that module)
-    "dpsql/plan/bias.py": 4,
-    # centring SUM on a counted column; COUNT(DISTINCT unit) forces the units measure
-    "dpsql/plan/planner.py": 3,
     # shared counts: COUNT(col) of a non-NULL column is COUNT(*), R = 1 rows are units
     "dpsql/plan/sharing.py": 2,
     # a quantile target's (min / max) level
@@ -166,6 +161,57 @@ def test_what_the_service_and_the_plots_ask_of_an_aggregate_kind():
     assert {n for n, k in KINDS.items() if k.ratio} == {"avg"}
     assert {n for n, k in KINDS.items() if k.group_clamp} == {"avg"}
     assert {n for n, k in KINDS.items() if k.recentred} == {"sum"}
+
+
+def test_what_the_binder_asks_of_an_aggregate_kind():
+    """dpsql.frontend.bind.calls binds a function's call through its kind's object: COUNT the
+    one that counts (COUNT(*), COUNT(1), COUNT(col) of any column, no range); DISTINCT binds
+    COUNT to count_distinct (count_units of the privacy unit) and SUM to sum_distinct, and is
+    refused elsewhere; PERCENTILE_CONT/DISC state their level, MIN / MAX / MEDIAN are the
+    levels 0, 1 and 0.5 of the same quantile object; the kinds of no function bind nothing."""
+    bound = {name: KINDS[name] for name in set(FUNCTIONS.values())}
+    assert {n for n, k in bound.items() if k.counts} == {"count"}
+    assert {n: k.distinct for n, k in bound.items() if k.distinct} == {
+        "count": "count_distinct",
+        "sum": "sum_distinct",
+    }
+    assert {n: k.distinct_unit for n, k in bound.items() if k.distinct_unit} == {
+        "count": "count_units"
+    }
+    assert {n for n, k in bound.items() if k.leveled} == {"percentile_cont", "percentile_disc"}
+    unbound = [k for n, k in KINDS.items() if n not in bound]
+    assert not [k for k in unbound if k.distinct or k.distinct_unit or k.leveled]
+    targets = {
+        n: quantile_target(SimpleNamespace(kind=n, level=None)) for n in ("min", "max", "median")
+    }
+    assert targets == {"min": ("min", None), "max": ("max", None), "median": ("quantile", 0.5)}
+    levels = {
+        q: quantile_target(SimpleNamespace(kind="percentile_cont", level=q)) for q in (0, 0.3, 1)
+    }
+    assert levels == {0: ("min", None), 0.3: ("quantile", 0.3), 1: ("max", None)}
+
+
+def test_the_bias_measures_are_objects():
+    """dpsql.plan.bias's measures own their bound and range (their proofs: that module):
+    dropped and cut per kept pair, dropped of no column, cut over the range widened by its
+    width, clamped estimated by a chosen clamp's histogram for a single total."""
+    kinds = bias.BIAS_KINDS
+    assert bias.KINDS == ("dropped", "cut", "clamped")
+    assert bias.PAIR_KINDS == ("dropped", "cut") and bias.OF_NO_COLUMN == ("dropped",)
+    assert {n for n, k in kinds.items() if k.by_histogram} == {"clamped"}
+    assert {n: bias.measure_range(n, -2, 10) for n in kinds} == {
+        "dropped": (-2, 10),
+        "cut": (-14, 22),
+        "clamped": (-2, 10),
+    }
+    R = 3
+    assert {n: bias.row_bound(n, -2, 10, R) for n in kinds} == {
+        "dropped": 6,
+        "cut": 60,
+        "clamped": 12,
+    }
+    assert bias.row_bound("cut", 0, 0, R) == 6 and bias.row_bound("clamped", 4, 4, R) == 1
+    assert {n for n, k in MEASURE_KINDS.items() if k.bias} == set(kinds)
 
 
 def test_what_a_per_unit_relation_asks_of_its_aggregate_kinds():

@@ -26,6 +26,11 @@ the interval code and the released-table schema:
   call of the column is such a kind (dpsql.service.group_clamps: AVG); ``recentred``: its value
   adds the centre times a count back where its sum measure is centred (SUM: g (S + c N); the
   error plots simulate both noises);
+- ``counts``, ``distinct``, ``distinct_unit`` and ``leveled``: how the binder
+  (dpsql.frontend.bind.calls) binds a call of its function: COUNT counts (COUNT(*) and
+  COUNT(constant) its rows, COUNT(col) of any column, the privacy unit's too, with no range);
+  its DISTINCT form (COUNT: count_distinct, SUM: sum_distinct; none: refused) and, of the
+  privacy unit, COUNT's (count_units); PERCENTILE_CONT/DISC state their level in the call;
 - ``FUNCTIONS``: the analyst's aggregate functions (sqlglot nodes) bound to each kind.
 
 New kinds are one more object here (MODE: :class:`ModeKind` and dpsql.aggregates.mode).
@@ -90,6 +95,16 @@ class AggregateKind:
     ratio: ClassVar[bool] = False
     group_clamp: ClassVar[bool] = False
     recentred: ClassVar[bool] = False
+    # asked by the binder (module doc): it counts values or rows, never ranged; the kind its
+    # DISTINCT form binds to (None: DISTINCT is refused) and that of DISTINCT privacy unit
+    counts: ClassVar[bool] = False
+    distinct: ClassVar[str | None] = None
+    distinct_unit: ClassVar[str | None] = None
+
+    @property
+    def leveled(self) -> bool:
+        """Its call states the level it releases (PERCENTILE_CONT/DISC: the binder reads it)."""
+        return False
 
     def column_problem(
         self, upper: str, column: ColumnPolicy, table: str
@@ -181,6 +196,9 @@ class Count(AggregateKind):
     explain: ClassVar[str] = "the noisy count, clamped at 0"
     bias_reads: ClassVar[tuple[str, ...]] = ("dropped",)
     reads_values: ClassVar[bool] = False  # COUNT(col): which values are NULL only
+    counts: ClassVar[bool] = True
+    distinct: ClassVar[str | None] = "count_distinct"
+    distinct_unit: ClassVar[str | None] = "count_units"
 
     def bias_estimate(self, output, parts, noisy, value):
         dropped = parts["dropped"]  # the rows R cut
@@ -212,6 +230,8 @@ class CountUnits(Count):
     name: ClassVar[str] = "count_units"
     bias_reads: ClassVar[tuple[str, ...]] = ()
     reads_values: ClassVar[bool] = True  # its units (the unit column's values)
+    distinct: ClassVar[str | None] = None  # a DISTINCT form's own kind (not bound from COUNT)
+    distinct_unit: ClassVar[str | None] = None
     explain: ClassVar[str] = "the noisy count of units, clamped at 0"
 
     def measures(self, column):
@@ -229,6 +249,8 @@ class CountDistinct(Count):
     name: ClassVar[str] = "count_distinct"
     bias_reads: ClassVar[tuple[str, ...]] = ()
     reads_values: ClassVar[bool] = True
+    distinct: ClassVar[str | None] = None  # (likewise)
+    distinct_unit: ClassVar[str | None] = None
     explain: ClassVar[str] = "the noisy count of distinct values, clamped at 0"
 
     def measures(self, column):
@@ -248,6 +270,7 @@ class Sum(AggregateKind):
     summed: ClassVar[bool] = True
     recentred: ClassVar[bool] = True
     bias_reads: ClassVar[tuple[str, ...]] = ("cut", "clamped")
+    distinct: ClassVar[str | None] = "sum_distinct"
 
     def bias_estimate(self, output, parts, noisy, value):
         mass = _mass(parts, len(value))  # the sum's cut mass
@@ -413,15 +436,10 @@ class Variance(AggregateKind):
 
 def quantile_target(call: CallView) -> tuple[str, float | None]:
     """The rank target of a quantile call: ("min", None), ("max", None) or ("quantile", q)
-    (PERCENTILE at level 0 or 1 is MIN or MAX)."""
-    if call.kind in ("min", "max"):
-        return call.kind, None
-    q = 0.5 if call.kind == "median" else float(call.level)  # type: ignore[arg-type]
-    if q <= 0:
-        return "min", None
-    if q >= 1:
-        return "max", None
-    return "quantile", q
+    (PERCENTILE at level 0 or 1 is MIN or MAX): its kind's (:meth:`Quantile.target`)."""
+    kind = KINDS[call.kind]
+    assert isinstance(kind, Quantile), call.kind
+    return kind.target(call)
 
 
 @dataclass(frozen=True)
@@ -436,6 +454,21 @@ class Quantile(AggregateKind):
     name: ClassVar[str] = "quantile"
     histogram: ClassVar[str | None] = "quantile"
     explain: str = "exponential mechanism on a public grid"  # type: ignore[misc]
+    # the level it releases (MIN 0, MAX 1, MEDIAN 0.5); None: its call's (PERCENTILE_CONT/DISC)
+    level: float | None = None
+
+    @property
+    def leveled(self) -> bool:
+        return self.level is None
+
+    def target(self, call: CallView) -> tuple[str, float | None]:
+        """``call``'s rank target (:func:`quantile_target`): the level 0 is MIN's, 1 MAX's."""
+        q = self.level if self.level is not None else float(call.level)  # type: ignore[arg-type]
+        if q <= 0:
+            return "min", None
+        if q >= 1:
+            return "max", None
+        return "quantile", q
 
     def measures(self, column):
         return []
@@ -562,19 +595,21 @@ _register(
 )
 _register(
     "median",
-    Quantile(explain="exponential mechanism on a public grid (the 0.5 quantile)"),
+    Quantile(explain="exponential mechanism on a public grid (the 0.5 quantile)", level=0.5),
     exp.Median,
 )
 _register("percentile_cont", Quantile(), exp.PercentileCont)
 _register("percentile_disc", Quantile(), exp.PercentileDisc)
 _register(
     "min",
-    Quantile(explain="exponential mechanism on a public grid (the smallest value's bin)"),
+    Quantile(
+        explain="exponential mechanism on a public grid (the smallest value's bin)", level=0.0
+    ),
     exp.Min,
 )
 _register(
     "max",
-    Quantile(explain="exponential mechanism on a public grid (the largest value's bin)"),
+    Quantile(explain="exponential mechanism on a public grid (the largest value's bin)", level=1.0),
     exp.Max,
 )
 _register("mode", ModeKind(), exp.Mode)

@@ -48,8 +48,11 @@ the answer's; ``SET bias_estimate = off`` gives it all to the answer):
 
 G is not estimated: a unit's groups beyond G are dropped (or rescaled) whole and a per-group
 estimate of them would need the pairs the ranking drops; EXPLAIN and every note say that G
-may cut more. The bias measures are released like any other measure (their noise is
-Laplace, pure ε, whatever the plan's mechanism) and charged in the query's one reservation.
+may cut more. Each bias measure is one :class:`BiasKind` (BIAS_KINDS) owning what the planner,
+the measure kinds and the engines ask of it: per pair or per row, of a column or not, the range
+it reads and its bound per pair (row) from the proofs above. The bias measures are released
+like any other measure (their noise is Laplace, pure ε, whatever the plan's mechanism) and
+charged in the query's one reservation.
 What an answer reports (post-processing of the noisy measures, free) is in
 dpsql.privacy.bias.
 """
@@ -57,6 +60,7 @@ dpsql.privacy.bias.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from dpsql.aggregates import KINDS as AGGREGATE_KINDS
@@ -68,11 +72,6 @@ from dpsql.aggregates import KINDS as AGGREGATE_KINDS
 BIAS_SHARE = 0.1
 #: C = CAP_FACTOR · R: a (unit, group) pair's rows cut by R are counted up to C.
 CAP_FACTOR = 2
-#: Measured once per kept (unit, group) pair, not per row: a unit adds <= row_bound per group.
-PAIR_KINDS = ("dropped", "cut")
-#: Of no column (the rows R cuts): at most one per query.
-OF_NO_COLUMN = ("dropped",)
-KINDS = ("dropped", "cut", "clamped")
 #: ColumnPolicy.clip of a column planned with the clamp range chosen from its kept DP
 #: histogram (dpsql.service.bounds.CLIP_CHOSEN): a single total's clamp bias is that
 #: histogram's estimate (post-processing), so no ``clamped`` measure is planned for it.
@@ -96,24 +95,67 @@ def parts(total: float, k: int) -> list[float]:
     return [total / k] * k
 
 
+@dataclass(frozen=True)
+class BiasKind:
+    """One bias measure (module docstring): ``per_pair``, measured once per kept (unit, group)
+    pair, not per row (a unit adds <= its row bound per group); ``of_column``, a column's (else
+    of no column, the rows R cuts: at most one per query); ``widened``, it reads the column's
+    [lo, hi] widened by its width W on each side (so with ``clamped`` it sees what the clamp
+    removed from the rows R cuts too); ``by_histogram``, a single total of a column whose clamp
+    was chosen from its kept DP histogram (CLIP_CHOSEN) is estimated by that histogram, not
+    measured; ``bound``, the largest |value| one pair (one row) adds, from the fixed-point
+    range it reads and R (the proofs: module docstring)."""
+
+    name: str
+    per_pair: bool
+    of_column: bool
+    bound: Callable[[int, int, int], int]
+    widened: bool = False
+    by_histogram: bool = False
+
+    def measure_range(self, lo: int, hi: int) -> tuple[int, int]:
+        if not self.widened:
+            return lo, hi
+        width = hi - lo
+        return lo - width, hi + width
+
+
+BIAS_KINDS = {
+    k.name: k
+    for k in (
+        BiasKind("dropped", per_pair=True, of_column=False, bound=lambda lo, hi, R: cap(R)),
+        BiasKind(
+            "cut",
+            per_pair=True,
+            of_column=True,
+            widened=True,
+            bound=lambda lo, hi, R: cap(R) * max(abs(lo), abs(hi), 1),
+        ),
+        BiasKind(
+            "clamped",
+            per_pair=False,
+            of_column=True,
+            by_histogram=True,
+            bound=lambda lo, hi, R: max(hi - lo, 1),
+        ),
+    )
+}
+#: Measured once per kept (unit, group) pair, not per row: a unit adds <= row_bound per group.
+PAIR_KINDS = tuple(name for name, k in BIAS_KINDS.items() if k.per_pair)
+#: Of no column (the rows R cuts): at most one per query.
+OF_NO_COLUMN = tuple(name for name, k in BIAS_KINDS.items() if not k.of_column)
+KINDS = tuple(BIAS_KINDS)
+
+
 def measure_range(kind: str, lo: int, hi: int) -> tuple[int, int]:
-    """The fixed-point range a bias measure reads a column's values in: ``cut`` widens the
-    column's [lo, hi] by its width W on each side (so with ``clamped`` it sees what the clamp
-    removed from the rows R cuts too), the others keep it."""
-    if kind != "cut":
-        return lo, hi
-    width = hi - lo
-    return lo - width, hi + width
+    """The fixed-point range a bias measure reads a column's values in (BiasKind.widened)."""
+    return BIAS_KINDS[kind].measure_range(lo, hi)
 
 
 def row_bound(kind: str, lo: int, hi: int, R: int) -> int:
     """The largest |value| one pair (PAIR_KINDS) or one row (clamped) adds to a bias measure,
     from the column's fixed-point range [lo, hi] (see the module docstring)."""
-    if kind == "dropped":
-        return cap(R)
-    if kind == "cut":
-        return cap(R) * max(abs(lo), abs(hi), 1)
-    return max(hi - lo, 1)
+    return BIAS_KINDS[kind].bound(lo, hi, R)
 
 
 def bias_specs(
@@ -147,7 +189,7 @@ def bias_specs(
         col = query.table.columns[call.column]
         lo, hi = fixed(col)
         for kind in of_column:
-            if kind == "clamped" and col.clip == CLIP_CHOSEN and not query.keys:
+            if BIAS_KINDS[kind].by_histogram and col.clip == CLIP_CHOSEN and not query.keys:
                 continue  # estimated by the kept histogram the range was chosen from
             b = row_bound(kind, *measure_range(kind, lo, hi), R)
             per_unit = b if kind in PAIR_KINDS else b * R

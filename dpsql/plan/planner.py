@@ -674,11 +674,12 @@ def _count_specs(
     query: DPQuery, specs: list[tuple[str, str | None]], R: int
 ) -> dict[str, tuple[str, str | None]]:
     """Per summed column, the measure counting its values, when the query measures it anyway
-    (the sum is then centred on its range's midpoint and the count adds centre × it back)."""
+    (its sum, and sum of squares, is then centred on its range's midpoint and the count adds
+    centre × it back): per column of a centred measure kind (MeasureKind.centred)."""
     units = ("units", None) in specs
     out = {}
     for kind, column in specs:
-        if kind == "sum" and column is not None:
+        if MEASURE_KINDS[kind].centred and column is not None:
             spec = sharing.count_spec(query.table, column, units, R)
             if spec in specs:
                 out[column] = spec
@@ -707,7 +708,7 @@ def _split_weights(
     weights = dict.fromkeys(specs, 0.0)
     for call, parts in output_specs:
         parts = list(parts)
-        if call.kind == "sum" and call.column in count_of:
+        if KINDS[call.kind].recentred and call.column in count_of:  # SUM: g (S + c N)
             parts.append(count_of[call.column])
 
         def scale(spec: tuple[str, str | None]) -> tuple[float, float, float]:
@@ -756,7 +757,10 @@ def _choose_layout(
             construct="partition_selection",
             hint="SET partition_selection = 'auto', 'optimal' or 'threshold'",
         )
-    units_measured = thresholded or any(c.kind == "count_units" for c in query.aggregates)
+    # a kind measuring the units (COUNT(DISTINCT unit)) measures them for every count
+    units_measured = thresholded or any(
+        ("units", None) in KINDS[c.kind].measures(c.column) for c in query.aggregates
+    )
 
     def share(spec: tuple[str, str | None]) -> tuple[str, str | None]:
         return sharing.canonical(query.table, spec, units_measured, R)

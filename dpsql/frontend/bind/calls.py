@@ -43,8 +43,9 @@ class AggregateBinder:
                 "use COUNT, SUM, AVG, VARIANCE, STDDEV, MEDIAN, PERCENTILE_CONT/DISC, "
                 "QUANTILE_CONT/DISC, MIN, MAX or MODE",
             )
+        the = KINDS[kind]  # what differs between kinds (dpsql.aggregates: the binder's part)
         level = None
-        if kind in ("percentile_cont", "percentile_disc"):
+        if the.leveled:  # PERCENTILE_CONT/DISC: the level the call states
             level = self._quantile_level(node)
         arg = node.this
         distinct = isinstance(arg, exp.Distinct)
@@ -57,11 +58,12 @@ class AggregateBinder:
             arg = inner[0]
         # COUNT(1), COUNT('x'), COUNT(true): a non-NULL constant counts rows, like COUNT(*)
         constant = isinstance(arg, exp.Literal | exp.Boolean)
-        if kind == "count" and (arg is None or isinstance(arg, exp.Star) or constant):
+        if the.counts and (arg is None or isinstance(arg, exp.Star) or constant):
             if distinct:
                 raise self.scope.refuse("COUNT(DISTINCT *) is not supported", node, "COUNT(*)")
-            return AggregateCall("count", None)
-        if len(node.expressions) > 0 or (kind in ("min", "max") and node.args.get("count")):
+            return AggregateCall(kind, None)
+        # a second argument: COUNT(a, b), DuckDB's MIN(x, n) / MAX(x, n) (sqlglot's ``count``)
+        if len(node.expressions) > 0 or node.args.get("count"):
             raise self.scope.refuse(
                 f"{kind.upper()} takes one argument",
                 node,
@@ -72,7 +74,7 @@ class AggregateBinder:
                 raise self.scope.refuse(
                     "DISTINCT takes one column", node, "COUNT(DISTINCT <privacy unit>)"
                 )
-            if not KINDS[kind].takes_expressions:
+            if not the.takes_expressions:
                 raise self.scope.refuse(
                     f"{kind.upper()} takes a column, not an expression",
                     node,
@@ -81,30 +83,30 @@ class AggregateBinder:
             return self._expression_aggregate(kind, node, arg, level)
         column = self.scope.column_name(arg)
         spec = self.scope.table.columns[column]
-        if distinct and kind not in ("count", "sum"):
+        if distinct and the.distinct is None:
             raise self.scope.refuse(
                 f"{snippet(node)}: DISTINCT is only supported in COUNT(DISTINCT column)"
                 " and SUM(DISTINCT column)",
                 node,
                 f"{kind.upper()}({column}), or COUNT(DISTINCT {column})",
             )
-        if distinct and kind == "count":
-            if column == self.scope.table.privacy_unit:
-                return AggregateCall("count_units", column)
-            return AggregateCall("count_distinct", column)
-        if kind == "count":
-            return AggregateCall("count", column)
+        if the.counts:  # of any column, the privacy unit's too: no range, no column problem
+            if not distinct:
+                return AggregateCall(kind, column)
+            if column == self.scope.table.privacy_unit and the.distinct_unit is not None:
+                return AggregateCall(the.distinct_unit, column)
+            return AggregateCall(the.distinct, column)  # type: ignore[arg-type]
         if column == self.scope.table.privacy_unit:
             raise self.scope.refuse(
                 f"{kind.upper()} of the privacy unit is meaningless",
                 node,
                 f"COUNT(DISTINCT {column}) counts units",
             )
-        problem = KINDS[kind].column_problem(kind.upper(), spec, self.scope.table.name)
+        problem = the.column_problem(kind.upper(), spec, self.scope.table.name)
         if problem is not None:  # each kind says what it can aggregate (dpsql.aggregates)
             raise self.scope.refuse(problem[0], node, problem[1])
         if distinct:  # SUM(DISTINCT x): the distinct fixed-point values of x (bounded rows)
-            return AggregateCall("sum_distinct", column)
+            return AggregateCall(the.distinct, column)  # type: ignore[arg-type]
         return AggregateCall(kind, column, level=level)
 
     def _quantile_level(self, node: exp.AggFunc) -> float:
@@ -148,8 +150,8 @@ class AggregateBinder:
         self.scope.check_literal_types(arg)
         expr = self.scope.normalise_columns(arg)
         shown = snippet(arg)
-        if kind == "count":
-            return AggregateCall("count", self._computed_column(expr, None).name, shown)
+        if KINDS[kind].counts:  # COUNT needs no range
+            return AggregateCall(kind, self._computed_column(expr, None).name, shown)
         if any(c.name == self.scope.table.privacy_unit for c in expr.find_all(exp.Column)):
             raise self.scope.refuse(
                 f"{kind.upper()} of an expression of the privacy unit is not allowed",
