@@ -48,8 +48,6 @@ RECORDED: dict[str, int] = {
     "dpsql/lower/prepared_plan.py": 2,
     # the count shares' fine grid: the rows and units measures
     "dpsql/plan/annotated.py": 1,
-    # shared counts: COUNT(col) of a non-NULL column is COUNT(*), R = 1 rows are units
-    "dpsql/plan/sharing.py": 2,
     # a quantile target's (min / max) level
     "dpsql/plan/values.py": 2,
     # the exponential mechanism's targets (min, max)
@@ -189,6 +187,16 @@ def test_what_the_binder_asks_of_an_aggregate_kind():
         q: quantile_target(SimpleNamespace(kind="percentile_cont", level=q)) for q in (0, 0.3, 1)
     }
     assert levels == {0: ("min", None), 0.3: ("quantile", 0.3), 1: ("max", None)}
+
+
+def test_a_measure_kind_names_the_measure_it_equals():
+    """dpsql.plan.sharing.canonical asks the measure kind: a count of a never-NULL column's
+    values is the row count; with one row per unit and group, the row count is the units'."""
+    assert {n: k.non_null for n, k in MEASURE_KINDS.items() if k.non_null} == {"values": "rows"}
+    assert {n: k.one_row for n, k in MEASURE_KINDS.items() if k.one_row} == {"rows": "units"}
+    for kind in MEASURE_KINDS.values():
+        for other in (kind.non_null, kind.one_row):
+            assert other is None or MEASURE_KINDS[other].counted == kind.counted, kind.name
 
 
 def test_the_bias_measures_are_objects():

@@ -21,7 +21,11 @@ object here (``Measure.measure_kind``), so a new measure kind is one more object
 - ``bias``: a bias estimate (dpsql.plan.bias), never an answer; ``bias_note``: what it
   measures in the bias note's words ({column}, {cap}: C = 2R);
 - ``centred`` and ``squared``: fixed-point values centred on the range's midpoint when the
-  column's count is measured anyway; a sum of squares;
+  column's count is measured anyway (the planner's count_of: the count of each centred
+  kind's column); a sum of squares;
+- ``non_null`` / ``one_row``: the measure it is equal to on every dataset where its column is
+  never NULL (values: rows) and where a unit keeps one row per group with the units measured
+  anyway (rows: units): dpsql.plan.sharing.canonical makes them one measure;
 - ``stored`` / ``programmed``: the lowerings besides engine SQL that know the kind: the
   prepared store's plans (dpsql.lower.prepared_plan) and the numpy column programs
   (dpsql.lower.local_plan); a kind either does not know (a new one, by default) keeps the plain
@@ -127,6 +131,11 @@ class MeasureKind:
     stored: bool = False
     programmed: bool = False
     least_noise: bool = False
+    # the measure it is equal to on every dataset (dpsql.plan.sharing.canonical): where its
+    # column is never NULL (COUNT(col) is COUNT(*): values -> rows), and where a unit keeps one
+    # row per group (R = 1) and the units are measured anyway (COUNT(*) is the unit count)
+    non_null: str | None = None
+    one_row: str | None = None
     # how the engines' programs compute it (dpsql.engine.columnar's numpy programs and its
     # compiled store pass, dpsql.engine.clustered; module doc)
     tallied: bool = False
@@ -298,6 +307,7 @@ MEASURE_KINDS: dict[str, MeasureKind] = _kinds(
         rounded=True,
         stored=True,
         programmed=True,
+        one_row="units",
         aggregate_sql=_count_rows,
     ),
     MeasureKind(
@@ -310,6 +320,7 @@ MEASURE_KINDS: dict[str, MeasureKind] = _kinds(
         rounded=True,
         stored=True,
         programmed=True,
+        non_null="rows",
         kernel="VALUES",
         reads="nulls",
         row_sql=_value_flag,

@@ -24,6 +24,7 @@ from fractions import Fraction
 
 from dpsql.aggregates import KINDS
 from dpsql.frontend.nullability import column_may_be_null
+from dpsql.plan.measure_kinds import MEASURE_KINDS
 from dpsql.policy import TablePolicy
 from dpsql.privacy.mechanisms import Mechanism
 
@@ -35,12 +36,15 @@ SELECTION_MODES = ("auto", "optimal", "threshold")
 def canonical(table: TablePolicy, spec: Spec, units_measured: bool, max_rows: int) -> Spec:
     """The one measure that stands for ``spec`` (see the module docstring)."""
     kind, column = spec
-    if kind == "values" and column is not None:
+    # each measure kind names the measure it equals (dpsql.plan.measure_kinds: non_null, one_row)
+    non_null = MEASURE_KINDS[kind].non_null
+    if non_null is not None and column is not None:
         col = table.columns[column]
         if not column_may_be_null(col):  # the rule of a column's nullable fact
-            kind, column = "rows", None
-    if kind == "rows" and units_measured and max_rows == 1:
-        kind = "units"
+            kind, column = non_null, None
+    one_row = MEASURE_KINDS[kind].one_row
+    if one_row is not None and units_measured and max_rows == 1:
+        kind = one_row
     return kind, column
 
 
