@@ -39,15 +39,8 @@ RECORDED: dict[str, int] = {
     # values_measure: the values measure a centred sum's count is, picked by name (the
     # measure kinds import this module, through dpsql.plan.bias)
     "dpsql/aggregates/__init__.py": 1,
-    # the bounded plan's final totals: the rows measure is SUM(__n), the units measure
-    # SUM(__units) or COUNT(*) (columns of the bounded pairs, not of one measure's rows)
-    "dpsql/lower/bounding.py": 2,
     # contribution_query's "rows" histogram (rows per unit, not a measure kind)
     "dpsql/lower/compile.py": 1,
-    # the store's plans: the rows measure is the pairs' __n column
-    "dpsql/lower/prepared_plan.py": 2,
-    # the count shares' fine grid: the rows and units measures
-    "dpsql/plan/annotated.py": 1,
     # a quantile target's (min / max) level
     "dpsql/plan/values.py": 2,
     # the exponential mechanism's targets (min, max)
@@ -149,6 +142,9 @@ def test_every_programmed_kind_says_how_the_engines_compute_it():
         assert (kind.reads == "") == (kind.kernel == "DROPPED"), name
     tallies = {name for name, kind in MEASURE_KINDS.items() if kind.tallied}
     assert tallies == {"rows", "units"}
+    # the bounded pairs' columns (dpsql.lower.bounding, dpsql.lower.prepared_plan): a tally per
+    # row sums the pairs' __n, one per pair counts the pairs
+    assert {n for n in tallies if not MEASURE_KINDS[n].per_pair} == {"rows"}
 
 
 def test_what_the_service_and_the_plots_ask_of_an_aggregate_kind():

@@ -435,9 +435,10 @@ def finish_bounded(
         final_source = "rounded"
     items: list[exp.Expression] = [_alias(_name(k), f"k{i}") for i, k in enumerate(ks)]
     for m in plan.measures:
-        if m.kind == "rows":
+        # a tally (MeasureKind.tallied): per row, the pairs' rows kept; per pair, the pairs
+        if m.measure_kind.tallied and not m.measure_kind.per_pair:
             total: exp.Expression = exp.Sum(this=_name("__n"))
-        elif m.kind == "units":
+        elif m.measure_kind.tallied:
             total = exp.Sum(this=_name("__units")) if plan.group_scaling else _count_star()
         elif m.measure_kind.distinct:
             total = _number(0)  # from its own query over the bounded rows (CompiledQuery.extras)

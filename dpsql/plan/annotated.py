@@ -175,6 +175,4 @@ def value_measures(plan: Plan) -> list[Measure]:
 def count_scale(plan: Plan) -> int:
     """The fine grid of the plan's row and unit counts' pair shares (all share it: row bound
     1), before the per-unit rounding brings them back to integers (dpsql.plan.values)."""
-    return next(
-        (m.pair_scale for m in plan.measures if m.kind in ("rows", "units")), rescale_factor(1)
-    )
+    return next((m.pair_scale for m in plan.measures if m.measure_kind.tallied), rescale_factor(1))
