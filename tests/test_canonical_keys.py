@@ -14,11 +14,7 @@ shapes) always holds the tree a fresh bind and plan of that text gives.
 from __future__ import annotations
 
 import itertools
-import os
 import re
-import subprocess
-import sys
-import textwrap
 import time
 import tomllib
 from dataclasses import dataclass, replace
@@ -598,37 +594,3 @@ def test_a_policy_edit_of_the_table_is_another_model(query):
     finally:
         for service in services:
             service.close()
-
-
-_KEY_IN_A_PROCESS = textwrap.dedent(
-    """
-    import sys
-    sys.path.insert(0, sys.argv[1])
-    import dpsql
-    from test_canonical_keys import _plan, _star_policy
-    from dpsql.plan.canonical import answer_key
-    from dpsql.privacy.ledger import MemoryLedger
-    service = dpsql.Service(_star_policy(), ledger=MemoryLedger())
-    text = ("SELECT d.name, COUNT(v.visit_id) FROM departments d LEFT JOIN visits v "
-            "ON v.dept_id = d.id GROUP BY d.name")
-    print(answer_key(_plan(service, text)))
-    """
-)
-
-
-def test_a_public_groups_key_is_the_same_in_every_process():
-    """Public groups' values (the key's domain) were in a set's order, which follows the
-    process's hash seed: the same query had another answer key in another process, so a
-    second worker planned and charged it again instead of serving the remembered answer."""
-    keys = set()
-    for seed in ("1", "2", "3"):
-        run = subprocess.run(
-            [sys.executable, "-c", _KEY_IN_A_PROCESS, str(Path(__file__).parent)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env={**os.environ, "PYTHONHASHSEED": seed},
-        )
-        assert run.returncode == 0, run.stderr[-2000:]
-        keys.add(run.stdout.strip())
-    assert len(keys) == 1, keys
