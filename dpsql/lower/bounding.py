@@ -436,7 +436,7 @@ def finish_bounded(
     items: list[exp.Expression] = [_alias(_name(k), f"k{i}") for i, k in enumerate(ks)]
     for m in plan.measures:
         # a tally (MeasureKind.tallied): per row, the pairs' rows kept; per pair, the pairs
-        if m.measure_kind.tallied and not m.measure_kind.per_pair:
+        if m.measure_kind.row_tally:
             total: exp.Expression = exp.Sum(this=_name("__n"))
         elif m.measure_kind.tallied:
             total = exp.Sum(this=_name("__units")) if plan.group_scaling else _count_star()

@@ -343,11 +343,6 @@ def _sampled(plan: Plan, store: StoreInfo, ks: list[str], heavy: exp.Expression)
     return sampled
 
 
-def _pair_rows(m: Measure) -> bool:
-    """The rows measure, a tally per row (MeasureKind.tallied): the pairs' ``__n`` column."""
-    return m.measure_kind.tallied and not m.measure_kind.per_pair
-
-
 def _two_phase(plan: Plan, store: StoreInfo) -> exp.Select:
     """direct (pair within R, unit within G) + light (pair within R, unit maybe over G: its
     pairs as they are) + sampled (pair maybe over R), the last two ranked as before."""
@@ -392,7 +387,7 @@ def _two_phase(plan: Plan, store: StoreInfo) -> exp.Select:
     parts = [*ks, "__n", *[f"v_{m.name}" for m in value_measures(plan)]]
     direct: list[exp.Expression] = [row_values.internal_name(n) for n in ks]
     rows: exp.Expression = row_values.internal_name("__n")
-    rows_scale = next((m.scale for m in plan.measures if _pair_rows(m)), 1)
+    rows_scale = next((m.scale for m in plan.measures if m.measure_kind.row_tally), 1)
     if rows_scale != 1:  # a direct pair's unit is within G: its row count in the rows' grid
         rows = builders.alias(exp.Mul(this=rows, expression=row_values.number(rows_scale)), "__n")
     direct.append(rows)
@@ -414,7 +409,7 @@ def _two_phase(plan: Plan, store: StoreInfo) -> exp.Select:
         builders.alias(row_values.internal_name(k), f"k{i}") for i, k in enumerate(ks)
     ]
     for m in plan.measures:
-        name = "__n" if _pair_rows(m) else f"v_{m.name}"
+        name = "__n" if m.measure_kind.row_tally else f"v_{m.name}"
         items.append(builders.alias(exp.Sum(this=row_values.internal_name(name)), m.name))
     final = builders.select(
         items, builders.subquery(both, "f"), group=[row_values.internal_name(k) for k in ks] or None

@@ -177,6 +177,12 @@ class MeasureKind:
             or self.divided
         )
 
+    @property
+    def row_tally(self) -> bool:
+        """The programs' own count of the rows kept (``tallied``, per row): in the bounded
+        pairs' SQL, each pair's ``__n``."""
+        return self.tallied and not self.per_pair
+
     def row_bound(self, lo: int, hi: int, center: int, center2: int, R: int) -> int:
         """The largest |value| one row (one pair: ``per_pair``) adds to a measure of this
         kind with the fixed-point range [lo, hi], centre and (sumsq) second centre; a bias
