@@ -68,8 +68,8 @@ from sqlglot import exp
 from dpsql.errors import PrivacyError, UndefinedColumnError
 from dpsql.frontend.per_unit_kinds import BOUND, FUNCTIONS, KINDS, LISTED, PerUnitKind
 from dpsql.frontend.per_unit_kinds import SHAPE as _HINT
-from dpsql.frontend.per_unit_kinds import granularity_of as _granularity
 from dpsql.frontend.positions import position_of, snippet
+from dpsql.policy import default_granularity
 
 # Clauses that make a relation depend on other rows than its own, or on an order: refused in
 # a per-unit relation here and in a row-level one (dpsql.frontend.inline), one list for both.
@@ -543,7 +543,7 @@ class _Columns:
             and not all(float(v).is_integer() for v in clamp if math.isfinite(v))
         ):
             out_type = "float"
-            granularity = min(granularity, _granularity(lo, hi))
+            granularity = min(granularity, default_granularity("float", lo, hi))
         if out_type == "int" and max(abs(lo), abs(hi)) >= _WIDEST_INT:
             raise self.shape.refuse(
                 f"the per-unit column {name!r} ranges over [{lo:g}, {hi:g}]: too wide for an "

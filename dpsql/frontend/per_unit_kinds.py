@@ -27,12 +27,13 @@ A new kind is one more object here.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from sqlglot import exp
+
+from dpsql.policy import default_granularity
 
 #: the functions a per-unit relation computes, as its refusals list them
 LISTED = "COUNT, COUNT(DISTINCT col), SUM, AVG, MIN or MAX"
@@ -74,12 +75,6 @@ class PerUnitKind:
     row_bounded: bool = False
 
 
-def granularity_of(lower: float, upper: float) -> float:
-    """dpsql.policy.default_granularity for a float (a power of 10, ~1e-4 of the magnitude)."""
-    magnitude = max(abs(lower), abs(upper), 1e-12)
-    return 10.0 ** (math.floor(math.log10(magnitude)) - 4)
-
-
 def _declared(column: Any) -> tuple[float, float]:
     assert column is not None and column.lower is not None and column.upper is not None
     return float(column.lower), float(column.upper)
@@ -113,7 +108,9 @@ def _summed(column: Any, rows: int) -> Ranged:
 
 def _averaged(column: Any, rows: int) -> Ranged:
     lo, hi = _declared(column)
-    granularity = granularity_of(lo, hi) if column.type == "int" else column.granularity
+    granularity = (
+        default_granularity("float", lo, hi) if column.type == "int" else column.granularity
+    )
     return _values(column, (lo, hi), "float", granularity)
 
 
